@@ -1,0 +1,14 @@
+# Every dependency comes from a Debian package (see scripts/deps and README "Dependencies").
+find_package(PkgConfig REQUIRED)
+find_package(Threads REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)   # manifest JSON (public: savepoint/value.h exposes Json)
+find_package(fmt REQUIRED)                  # message formatting inside the library
+find_package(spdlog REQUIRED)               # library logging
+pkg_check_modules(ISAL REQUIRED IMPORTED_TARGET libisal)   # CRC32C (crc32_iscsi), SIMD-accelerated
+find_package(OpenSSL REQUIRED)              # base64 of bytes values; AES-GCM encryption later
+if(SAVEPOINT_BUILD_TOOLS)
+  find_package(CLI11 REQUIRED)
+endif()
+if(SAVEPOINT_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()

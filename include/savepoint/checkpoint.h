@@ -1,0 +1,129 @@
+// Saving and loading checkpoints in savepoint's native format (docs/FORMAT.md).
+//
+// A checkpoint is a directory. Save writes it under a hidden temporary name, syncs every file,
+// writes the manifest last, and renames the directory into place (the commit). A reader never
+// sees a half-written checkpoint: a directory without a valid MANIFEST is not a checkpoint.
+//
+// Thread safety: Save/Load/Verify are reentrant (distinct paths may be used concurrently).
+// A CheckpointReader may be used from several threads at once.
+#ifndef SAVEPOINT_CHECKPOINT_H_
+#define SAVEPOINT_CHECKPOINT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "savepoint/dtype.h"
+#include "savepoint/filesystem.h"
+#include "savepoint/state.h"
+#include "savepoint/status.h"
+#include "savepoint/tensor.h"
+
+namespace savepoint {
+
+// Statistics of one save, load or verify.
+struct IoStats {
+  uint64_t bytes = 0;        // tensor bytes moved (excluding padding and manifest)
+  uint64_t chunks = 0;       // chunks written or verified
+  double seconds = 0;        // wall time of the whole call
+  bool direct_io = false;    // whether O_DIRECT was in effect for the data files
+  double throughput_gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+};
+
+struct SaveOptions {
+  // File system to write through. Default: nullptr = DefaultFileSystem() (POSIX).
+  FileSystem* fs = nullptr;
+  // Bytes per checksummed chunk: a multiple of 4096 in [4096, 1 GiB]. Default: 8 MiB.
+  uint64_t chunk_bytes = uint64_t{8} << 20;
+  // Threads copying, checksumming and writing chunks in parallel (1..64). Default: 4.
+  int io_threads = 4;
+  // Write data files with O_DIRECT where the file system allows it. Default: true.
+  bool direct_io = true;
+  // Replace an existing checkpoint at the path. The old one stays intact until the new one is
+  // committed; a crash in between leaves either (see docs/FORMAT.md, "Overwrite"). Default: false
+  // (AlreadyExists).
+  bool overwrite = false;
+  // Create missing parent directories. Default: true.
+  bool create_parents = true;
+  // Optional: receives statistics of the save.
+  IoStats* stats = nullptr;
+};
+
+// Saves `state` as a checkpoint directory at `path`. Returns only after the checkpoint is
+// durable (data, manifest and directory entry synced). On error nothing is committed, the
+// temporary directory is removed (best effort), and any checkpoint previously at `path` is intact.
+Status Save(const State& state, const std::string& path, const SaveOptions& options = {});
+
+struct LoadOptions {
+  // File system to read through. Default: nullptr = DefaultFileSystem().
+  FileSystem* fs = nullptr;
+  // Entries to load: exact names or glob patterns ('*', '?', '[...]'; '*' also matches '.').
+  // Empty = everything. A name or pattern that matches nothing fails with NotFound.
+  std::vector<std::string> names;
+  // Verify every chunk's CRC32C while reading. Default: true.
+  bool verify_checksums = true;
+  // Threads reading (and verifying) chunks in parallel (1..64). Default: 4.
+  int io_threads = 4;
+  // Read with O_DIRECT where possible (cold reads, no page-cache pollution). Default: true.
+  bool direct_io = true;
+  // Optional: receives statistics.
+  IoStats* stats = nullptr;
+};
+
+// Loads a checkpoint into freshly allocated, aligned tensors (plus values and metadata).
+Result<State> Load(const std::string& path, const LoadOptions& options = {});
+
+// Loads into caller-provided buffers: every tensor entry of `targets` (owned or borrowed) is filled
+// from the checkpoint tensor of the same name, which must have the same dtype and shape. Value
+// entries of `targets` are replaced by the checkpoint's. `options.names` is ignored.
+Status LoadInto(const std::string& path, State& targets, const LoadOptions& options = {});
+
+// Description of one tensor in a checkpoint (from the manifest; no data read).
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kU8;
+  Shape shape;
+  uint64_t nbytes = 0;
+  size_t num_shards = 0;
+  size_t num_chunks = 0;
+};
+
+// An open checkpoint: the manifest has been read and validated; data files are opened on demand.
+class CheckpointReader {
+ public:
+  virtual ~CheckpointReader() = default;
+
+  // Opens and validates the manifest of the checkpoint at `path`. Reads no tensor data.
+  static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
+                                                        const LoadOptions& options = {});
+
+  virtual const std::string& path() const = 0;
+  virtual uint32_t format_version() const = 0;
+  virtual int64_t created_ns() const = 0;
+  // Tensors in name order.
+  virtual const std::vector<TensorInfo>& tensors() const = 0;
+  // Sum of the sizes of the checkpoint's files (data + manifest).
+  virtual uint64_t total_file_bytes() const = 0;
+  virtual const TensorInfo* FindTensor(const std::string& name) const = 0;
+  // Non-tensor values and user metadata (a State without tensors).
+  virtual const State& values() const = 0;
+  // The manifest as JSON (what `savepoint inspect --json` prints under "manifest").
+  virtual const Json& manifest_json() const = 0;
+
+  // Reads one tensor into `dst`, which must match its dtype and shape.
+  virtual Status ReadTensor(const std::string& name, const TensorView& dst) = 0;
+  // Reads one tensor into a new aligned Tensor.
+  virtual Result<Tensor> ReadTensor(const std::string& name) = 0;
+  // Re-reads every chunk of every tensor and checks its CRC32C. The first mismatch is returned
+  // as Corruption naming checkpoint, tensor, chunk, file and offset.
+  virtual Status Verify(IoStats* stats = nullptr) = 0;
+};
+
+// Convenience: CheckpointReader::Open(path)->Verify().
+Status VerifyCheckpoint(const std::string& path, const LoadOptions& options = {},
+                        IoStats* stats = nullptr);
+
+}  // namespace savepoint
+
+#endif  // SAVEPOINT_CHECKPOINT_H_

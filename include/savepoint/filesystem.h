@@ -1,0 +1,125 @@
+// FileSystem: the only way savepoint touches storage.
+//
+// Every byte savepoint reads or writes goes through this interface, so tests can swap in an
+// in-memory file system that models power loss, or a wrapper that fails the n-th call. Shaped
+// after LevelDB's Env and RocksDB's FileSystem.
+//
+// Paths are '/'-separated strings. Implementations:
+//  - DefaultFileSystem(): POSIX (open/pwrite/pread/fsync/renameat2), with optional O_DIRECT.
+//  - src/io/mem_fs.h: MemFileSystem, in memory, with a durability model (see there).
+//  - src/io/fault_fs.h: FaultInjectionFileSystem, wraps another and injects failures.
+//
+// Thread safety: FileSystem methods are thread-safe. A WritableFile may receive concurrent WriteAt
+// calls for non-overlapping ranges; Sync/Close must not race with writes. RandomAccessFile::ReadAt
+// is thread-safe.
+#ifndef SAVEPOINT_FILESYSTEM_H_
+#define SAVEPOINT_FILESYSTEM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "savepoint/status.h"
+
+namespace savepoint {
+
+// Alignment that offsets, sizes and buffer addresses must have when a file is in direct mode.
+inline constexpr size_t kDirectIOAlignment = 4096;
+
+struct FileInfo {
+  std::string name;       // last path component
+  bool is_dir = false;
+  uint64_t size = 0;      // bytes (files only)
+  int64_t mtime_ns = 0;   // modification time, ns since the Unix epoch (0 if unknown)
+};
+
+struct FileOptions {
+  // Ask for O_DIRECT (bypass the page cache). Implementations that cannot do it open the file
+  // normally; check `direct()` on the opened file. Default: false.
+  bool direct_io = false;
+};
+
+// A file being written. Positional writes, so several threads can fill disjoint ranges.
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  // Writes all of `data` at `offset` (looping over short writes), growing the file as needed.
+  // In direct mode offset, size and the address of `data` must be multiples of
+  // kDirectIOAlignment, else InvalidArgument.
+  virtual Status WriteAt(uint64_t offset, std::span<const std::byte> data) = 0;
+  // Makes the written data durable (fsync). Not the directory entry: see FileSystem::SyncDir.
+  virtual Status Sync() = 0;
+  // Closes the file. Further calls fail with FailedPrecondition. The destructor closes silently.
+  virtual Status Close() = 0;
+  // Whether writes bypass the page cache.
+  virtual bool direct() const = 0;
+  virtual const std::string& path() const = 0;
+};
+
+// A file being read.
+class RandomAccessFile {
+ public:
+  virtual ~RandomAccessFile() = default;
+  // Fills all of `dst` from `offset`. Reading past end of file fails with OutOfRange naming the
+  // file, offset and size. In direct mode the alignment rules of WriteAt apply.
+  virtual Status ReadAt(uint64_t offset, std::span<std::byte> dst) const = 0;
+  // File size when opened.
+  virtual uint64_t size() const = 0;
+  virtual bool direct() const = 0;
+  virtual const std::string& path() const = 0;
+};
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+
+  // Creates (or truncates) a file for writing. The parent directory must exist.
+  virtual Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
+                                                                const FileOptions& options) = 0;
+  // Opens an existing file for reading. NotFound if absent.
+  virtual Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path, const FileOptions& options) = 0;
+  // Creates one directory. AlreadyExists if the path exists; NotFound if the parent does not.
+  virtual Status CreateDir(const std::string& path) = 0;
+  // Entries of a directory (no "." or ".."), in unspecified order.
+  virtual Result<std::vector<FileInfo>> ListDir(const std::string& path) = 0;
+  // Information about one path. NotFound if absent.
+  virtual Result<FileInfo> Stat(const std::string& path) = 0;
+  // Removes a file.
+  virtual Status RemoveFile(const std::string& path) = 0;
+  // Removes an empty directory.
+  virtual Status RemoveDir(const std::string& path) = 0;
+  // Atomically renames a file or directory. Fails with AlreadyExists if `to` exists (never
+  // replaces). Durable only after SyncDir of both parents.
+  virtual Status Rename(const std::string& from, const std::string& to) = 0;
+  // Makes the directory's entries (creations, renames, removals in it) durable.
+  virtual Status SyncDir(const std::string& path) = 0;
+
+  // --- Helpers built on the calls above (not virtual). ---
+  // True if the path exists (errors other than NotFound count as "exists").
+  bool Exists(const std::string& path);
+  // Removes a file, or a directory and everything under it. OK if absent.
+  Status RemoveAll(const std::string& path);
+  // Creates the directory and missing parents. OK if it already exists as a directory.
+  Status CreateDirs(const std::string& path);
+  // Reads a whole file, failing with ResourceExhausted if it is larger than `max_bytes`.
+  Result<std::string> ReadFile(const std::string& path, uint64_t max_bytes);
+  // Writes a whole file (buffered) and syncs it.
+  Status WriteFileSynced(const std::string& path, std::string_view contents);
+};
+
+// The process-wide POSIX file system. Never null; lives for the whole process.
+FileSystem* DefaultFileSystem();
+
+// Path helpers: JoinPath("a", "b") == "a/b"; Dirname("a/b") == "a"; Basename("a/b") == "b".
+std::string JoinPath(std::string_view a, std::string_view b);
+std::string Dirname(std::string_view path);
+std::string Basename(std::string_view path);
+
+}  // namespace savepoint
+
+#endif  // SAVEPOINT_FILESYSTEM_H_

@@ -1,0 +1,19 @@
+// Umbrella header: everything a user of savepoint needs.
+#ifndef SAVEPOINT_SAVEPOINT_H_
+#define SAVEPOINT_SAVEPOINT_H_
+
+#include "savepoint/catalog.h"     // IWYU pragma: export
+#include "savepoint/checkpoint.h"  // IWYU pragma: export
+#include "savepoint/dtype.h"       // IWYU pragma: export
+#include "savepoint/filesystem.h"  // IWYU pragma: export
+#include "savepoint/state.h"       // IWYU pragma: export
+#include "savepoint/status.h"      // IWYU pragma: export
+#include "savepoint/tensor.h"      // IWYU pragma: export
+#include "savepoint/value.h"       // IWYU pragma: export
+
+namespace savepoint {
+// Library version, e.g. "0.1.0".
+const char* Version();
+}  // namespace savepoint
+
+#endif  // SAVEPOINT_SAVEPOINT_H_

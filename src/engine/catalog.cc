@@ -1,0 +1,129 @@
+// Listing checkpoints under a root, garbage-collecting debris of crashed saves, crash-safe delete.
+#include "savepoint/catalog.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include <fmt/format.h>
+
+#include "engine/paths.h"
+#include "engine/reader.h"
+
+namespace savepoint {
+namespace {
+
+FileSystem* Fs(FileSystem* fs) { return fs != nullptr ? fs : DefaultFileSystem(); }
+
+// Sum of the sizes of the files directly inside `dir`.
+uint64_t DirBytes(FileSystem* fs, const std::string& dir) {
+  Result<std::vector<FileInfo>> entries = fs->ListDir(dir);
+  uint64_t n = 0;
+  if (entries.ok()) {
+    for (const auto& e : *entries) n += e.is_dir ? 0 : e.size;
+  }
+  return n;
+}
+
+std::optional<int64_t> StepOf(const State& values) {
+  if (const Value* v = values.FindValue("step"); v != nullptr && v->is_int()) return v->as_int();
+  const Json& meta = values.metadata();
+  if (meta.is_object() && meta.contains("step") && meta["step"].is_number_integer()) {
+    return meta["step"].get<int64_t>();
+  }
+  return std::nullopt;
+}
+
+CheckpointEntry Describe(FileSystem* fs, const std::string& root, const FileInfo& info) {
+  CheckpointEntry e;
+  e.name = info.name;
+  e.path = JoinPath(root, info.name);
+  e.bytes = DirBytes(fs, e.path);
+  e.created_ns = info.mtime_ns;
+  std::string ckpt;
+  int64_t pid;
+  switch (engine::ClassifyDebris(info.name, &ckpt, &pid)) {
+    case engine::DebrisKind::kTmp:
+      e.problem = fmt::format("temporary directory of an unfinished save of {:?}", ckpt);
+      return e;
+    case engine::DebrisKind::kOld:
+      e.problem = fmt::format("set-aside copy of {:?} from an interrupted overwrite", ckpt);
+      return e;
+    case engine::DebrisKind::kDeleted:
+      e.problem = fmt::format("remains of an interrupted delete of {:?}", ckpt);
+      return e;
+    case engine::DebrisKind::kNone: break;
+  }
+  LoadOptions o;
+  o.fs = fs;
+  Result<std::unique_ptr<engine::Reader>> r = engine::Reader::OpenImpl(e.path, o);
+  if (!r.ok()) {
+    e.problem = r.status().ToString();
+    return e;
+  }
+  e.committed = true;
+  e.created_ns = (*r)->created_ns();
+  e.num_tensors = (*r)->tensors().size();
+  e.step = StepOf((*r)->values());
+  return e;
+}
+
+bool ProcessAlive(int64_t pid) {
+  return pid > 0 && pid != ::getpid() && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+}
+
+}  // namespace
+
+Result<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& root, FileSystem* fs) {
+  fs = Fs(fs);
+  SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(root));
+  std::vector<CheckpointEntry> out;
+  for (const FileInfo& info : entries) {
+    if (info.is_dir) out.push_back(Describe(fs, root, info));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.created_ns, a.name) < std::tie(b.created_ns, b.name);
+  });
+  return out;
+}
+
+Result<std::vector<std::string>> GarbageCollect(const std::string& root, const GcOptions& o) {
+  FileSystem* fs = Fs(o.fs);
+  SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(root));
+  int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::system_clock::now().time_since_epoch()).count();
+  std::vector<std::string> done;
+  for (const FileInfo& info : entries) {
+    std::string ckpt;
+    int64_t pid;
+    engine::DebrisKind kind = engine::ClassifyDebris(info.name, &ckpt, &pid);
+    if (kind == engine::DebrisKind::kNone || !info.is_dir) continue;
+    if (now - info.mtime_ns < o.min_age_seconds * 1'000'000'000LL) continue;
+    if (kind == engine::DebrisKind::kTmp && ProcessAlive(pid)) continue;  // a save in progress
+    std::string path = JoinPath(root, info.name);
+    std::string target = JoinPath(root, ckpt);
+    done.push_back(path);
+    if (o.dry_run) continue;
+    if (kind == engine::DebrisKind::kOld && !fs->Exists(target)) {
+      SP_RETURN_IF_ERROR(fs->Rename(path, target));  // interrupted overwrite: restore the old one
+    } else {
+      SP_RETURN_IF_ERROR(fs->RemoveAll(path));
+    }
+  }
+  if (!done.empty() && !o.dry_run) SP_RETURN_IF_ERROR(fs->SyncDir(root));
+  return done;
+}
+
+Status DeleteCheckpoint(const std::string& raw_path, FileSystem* fs) {
+  fs = Fs(fs);
+  SP_ASSIGN_OR_RETURN(std::string path, engine::NormalizeCheckpointPath(raw_path));
+  std::string old = engine::DelPathFor(path);
+  std::string context = fmt::format("delete {}", path);
+  Status s = fs->Rename(path, old);
+  if (s.ok()) s = fs->SyncDir(Dirname(path));
+  if (s.ok()) s = fs->RemoveAll(old);
+  return s.WithContext(context);
+}
+
+}  // namespace savepoint

@@ -1,0 +1,111 @@
+// Load, LoadInto and VerifyCheckpoint on top of engine::Reader.
+#include <fnmatch.h>
+
+#include <fmt/format.h>
+
+#include "engine/reader.h"
+#include "savepoint/checkpoint.h"
+#include "savepoint/savepoint.h"
+
+namespace savepoint {
+namespace {
+
+bool IsPattern(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
+
+bool Matches(const std::string& pattern, const std::string& name) {
+  return IsPattern(pattern) ? fnmatch(pattern.c_str(), name.c_str(), 0) == 0 : pattern == name;
+}
+
+// Which entries `names` selects; NotFound for a name or pattern that selects nothing.
+Result<std::vector<bool>> Select(const std::vector<std::string>& names,
+                                 const std::vector<std::string>& all, const State& values,
+                                 const std::string& path) {
+  std::vector<bool> keep(all.size(), names.empty());
+  for (const std::string& n : names) {
+    bool hit = false;
+    for (size_t i = 0; i < all.size(); ++i) {
+      if (Matches(n, all[i])) keep[i] = hit = true;
+    }
+    for (const auto& [vn, e] : values.entries()) hit = hit || Matches(n, vn);
+    if (!hit) return NotFoundError(fmt::format("checkpoint {}: nothing matches {:?}", path, n));
+  }
+  return keep;
+}
+
+bool Selected(const std::vector<std::string>& names, const std::string& name) {
+  if (names.empty()) return true;
+  for (const std::string& n : names) {
+    if (Matches(n, name)) return true;
+  }
+  return false;
+}
+
+Status CopyValues(const State& from, const std::vector<std::string>& names, State* to) {
+  for (const auto& [name, e] : from.entries()) {
+    if (!Selected(names, name)) continue;
+    if (to->FindTensor(name) != nullptr) {
+      return InvalidArgumentError(fmt::format("{:?} is a value in the checkpoint but a tensor in the target", name));
+    }
+    to->Erase(name);
+    SP_RETURN_IF_ERROR(to->PutValue(name, e.value()));
+  }
+  to->metadata() = from.metadata();
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::string& path,
+                                                                 const LoadOptions& options) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<engine::Reader> r, engine::Reader::OpenImpl(path, options));
+  return std::unique_ptr<CheckpointReader>(std::move(r));
+}
+
+Result<State> Load(const std::string& path, const LoadOptions& options) {
+  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options));
+  std::vector<std::string> all;
+  for (const auto& t : reader->tensors()) all.push_back(t.name);
+  SP_ASSIGN_OR_RETURN(std::vector<bool> keep, Select(options.names, all, reader->values(), path));
+  State state;
+  std::vector<std::pair<size_t, engine::Destination>> jobs;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (!keep[i]) continue;
+    const TensorInfo& info = reader->tensors()[i];
+    SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(info.dtype, info.shape));
+    jobs.emplace_back(i, engine::Destination{t.data(), t.capacity()});
+    SP_RETURN_IF_ERROR(state.Put(info.name, std::move(t)));
+  }
+  SP_RETURN_IF_ERROR(reader->ReadMany(jobs, options.stats, options.verify_checksums));
+  SP_RETURN_IF_ERROR(CopyValues(reader->values(), options.names, &state));
+  return state;
+}
+
+Status LoadInto(const std::string& path, State& targets, const LoadOptions& options) {
+  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options));
+  std::vector<std::pair<size_t, engine::Destination>> jobs;
+  for (const auto& [name, e] : targets.entries()) {
+    if (!e.is_tensor()) continue;
+    int64_t i = reader->IndexOf(name);
+    if (i < 0) return NotFoundError(fmt::format("checkpoint {}: no tensor {:?}", path, name));
+    const TensorInfo& info = reader->tensors()[i];
+    const TensorView& v = e.tensor();
+    if (info.dtype != v.dtype() || info.shape != v.shape()) {
+      return InvalidArgumentError(fmt::format(
+          "checkpoint {}: tensor {:?} is {} {}, target is {} {}", path, name, DTypeName(info.dtype),
+          ShapeToString(info.shape), DTypeName(v.dtype()), ShapeToString(v.shape())));
+    }
+    const Tensor* owned = std::get_if<Tensor>(&e.item);
+    jobs.emplace_back(i, engine::Destination{v.data(), owned ? owned->capacity() : v.nbytes()});
+  }
+  SP_RETURN_IF_ERROR(reader->ReadMany(jobs, options.stats, options.verify_checksums));
+  return CopyValues(reader->values(), {}, &targets);
+}
+
+Status VerifyCheckpoint(const std::string& path, const LoadOptions& options, IoStats* stats) {
+  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options));
+  return reader->Verify(stats);
+}
+
+const char* Version() { return SAVEPOINT_VERSION; }
+
+}  // namespace savepoint

@@ -1,0 +1,196 @@
+// Reading checkpoints: open (manifest only), parallel verified chunk reads, Verify.
+#include "engine/reader.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "engine/box.h"
+#include "util/crc32c.h"
+#include "util/parallel.h"
+
+namespace savepoint::engine {
+
+using format::AlignUp;
+using format::kAlignment;
+
+struct Reader::Task {
+  const format::TensorRecord* tensor;
+  const format::ShardRecord* shard;
+  uint64_t chunk;
+  Destination dst;  // where this chunk's first byte goes
+};
+
+Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const LoadOptions& o) {
+  if (o.io_threads < 1 || o.io_threads > 64) {
+    return InvalidArgumentError(fmt::format("LoadOptions.io_threads = {}: must be in [1, 64]", o.io_threads));
+  }
+  std::unique_ptr<Reader> r(new Reader());
+  r->fs_ = o.fs != nullptr ? o.fs : DefaultFileSystem();
+  r->options_ = o;
+  r->path_ = path;
+  std::string mpath = JoinPath(path, format::kManifestFileName);
+  Result<std::string> bytes =
+      r->fs_->ReadFile(mpath, format::kMaxManifestBodyBytes + format::kManifestHeaderBytes);
+  if (!bytes.ok()) {
+    if (bytes.status().code() == StatusCode::kNotFound) {
+      return NotFoundError(fmt::format("{}: not a committed checkpoint (no {})", path, format::kManifestFileName));
+    }
+    return bytes.status().WithContext(fmt::format("checkpoint {}", path));
+  }
+  SP_ASSIGN_OR_RETURN(r->m_, format::DecodeManifest(*bytes, mpath));
+  r->json_ = format::ManifestToJson(r->m_);
+  r->total_bytes_ = bytes->size();
+  for (const auto& f : r->m_.files) r->total_bytes_ += f.bytes;
+  for (const auto& t : r->m_.tensors) {
+    size_t chunks = 0;
+    for (const auto& s : t.shards) chunks += s.crc32c.size();
+    r->infos_.push_back({t.name, t.dtype, t.shape, NumBytes(t.dtype, t.shape).value(),
+                         t.shards.size(), chunks});
+  }
+  r->files_.resize(r->m_.files.size());
+  return r;
+}
+
+int64_t Reader::IndexOf(std::string_view name) const {
+  auto it = std::lower_bound(m_.tensors.begin(), m_.tensors.end(), name,
+                             [](const auto& t, std::string_view n) { return t.name < n; });
+  return it != m_.tensors.end() && it->name == name ? it - m_.tensors.begin() : -1;
+}
+
+const TensorInfo* Reader::FindTensor(const std::string& name) const {
+  int64_t i = IndexOf(name);
+  return i < 0 ? nullptr : &infos_[i];
+}
+
+// Opens data file `index` once, checking its header and size against the manifest.
+Result<RandomAccessFile*> Reader::File(uint32_t index) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (files_[index]) return files_[index].get();
+  const format::FileRecord& rec = m_.files[index];
+  std::string fpath = JoinPath(path_, rec.name);
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f,
+                      fs_->NewRandomAccessFile(fpath, FileOptions{.direct_io = options_.direct_io}));
+  if (f->size() < rec.bytes) {
+    return CorruptionError(fmt::format("checkpoint {}: data file {} is truncated: {} bytes, manifest says {}",
+                                       path_, rec.name, f->size(), rec.bytes));
+  }
+  SP_ASSIGN_OR_RETURN(Tensor header, Tensor::Empty(DType::kU8, {int64_t(format::kDataHeaderBytes)}));
+  SP_RETURN_IF_ERROR(f->ReadAt(0, {header.data(), format::kDataHeaderBytes}));
+  SP_RETURN_IF_ERROR(format::CheckDataHeader(
+      std::string_view(reinterpret_cast<const char*>(header.data()), format::kDataHeaderBytes),
+      m_.checkpoint_id, index, fpath));
+  spdlog::debug("savepoint: reading {} ({})", fpath, f->direct() ? "O_DIRECT" : "buffered");
+  files_[index] = std::move(f);
+  return files_[index].get();
+}
+
+Status Reader::ReadChunk(const Task& t, std::byte* staging, bool verify) {
+  const format::ShardRecord& s = *t.shard;
+  uint64_t pos = t.chunk * m_.chunk_bytes;
+  uint64_t len = std::min(m_.chunk_bytes, s.bytes - pos);
+  uint64_t off = s.offset + pos;
+  SP_ASSIGN_OR_RETURN(RandomAccessFile * f, File(s.file));
+  auto where = [&] {
+    return fmt::format("checkpoint {}: tensor {:?} chunk {} (file {} offset {}, {} bytes)", path_,
+                       t.tensor->name, t.chunk, m_.files[s.file].name, off, len);
+  };
+  std::byte* out = t.dst.data;
+  bool aligned = out != nullptr && reinterpret_cast<uintptr_t>(out) % kAlignment == 0;
+  Status st;
+  if (out != nullptr && (!f->direct() || (aligned && AlignUp(len) <= t.dst.capacity))) {
+    st = f->ReadAt(off, {out, f->direct() ? AlignUp(len) : len});
+  } else {
+    st = f->ReadAt(off, {staging, f->direct() ? AlignUp(len) : len});
+    if (st.ok() && out != nullptr) std::memcpy(out, staging, len);
+    if (out == nullptr) out = staging;
+  }
+  if (!st.ok()) return st.WithContext(where());
+  if (!verify) return Status::OK();
+  uint32_t crc = Crc32c({out, len});
+  if (crc != s.crc32c[t.chunk]) {
+    return CorruptionError(fmt::format("{}: CRC32C mismatch (stored {:08x}, computed {:08x})",
+                                       where(), s.crc32c[t.chunk], crc));
+  }
+  return Status::OK();
+}
+
+Status Reader::AddTasks(size_t ti, Destination dst, std::vector<Task>* tasks,
+                        std::vector<Scatter>* scatter) {
+  const format::TensorRecord& t = m_.tensors[ti];
+  for (const auto& s : t.shards) {
+    Destination base = dst;
+    if (dst.data != nullptr && s.sizes != t.shape) {  // a box of the tensor: read, then scatter
+      SP_ASSIGN_OR_RETURN(Tensor buf, Tensor::Empty(t.dtype, s.sizes));
+      base = Destination{buf.data(), buf.capacity()};
+      scatter->push_back({std::move(buf), &t, &s, dst});
+    }
+    for (uint64_t c = 0; c < s.crc32c.size(); ++c) {
+      uint64_t pos = c * m_.chunk_bytes;
+      Destination d = base.data == nullptr ? base : Destination{base.data + pos, base.capacity - pos};
+      tasks->push_back({&t, &s, c, d});
+    }
+  }
+  return Status::OK();
+}
+
+Status Reader::ReadMany(const std::vector<std::pair<size_t, Destination>>& jobs, IoStats* stats,
+                        bool verify) {
+  auto start = std::chrono::steady_clock::now();
+  std::vector<Task> tasks;
+  std::vector<Scatter> scatter;
+  for (const auto& [ti, dst] : jobs) SP_RETURN_IF_ERROR(AddTasks(ti, dst, &tasks, &scatter));
+  std::vector<Tensor> staging(options_.io_threads);
+  SP_RETURN_IF_ERROR(ParallelFor(tasks.size(), options_.io_threads, [&](size_t i, int w) -> Status {
+    if (staging[w].data() == nullptr) {
+      SP_ASSIGN_OR_RETURN(staging[w], Tensor::Empty(DType::kU8, {int64_t(m_.chunk_bytes)}));
+    }
+    return ReadChunk(tasks[i], staging[w].data(), verify);
+  }));
+  for (const Scatter& sc : scatter) {
+    CopyBoxIntoTensor(sc.buffer.data(), sc.shard->offsets, sc.shard->sizes, sc.dst.data,
+                      sc.tensor->shape, DTypeSize(sc.tensor->dtype));
+  }
+  if (stats != nullptr) {
+    *stats = IoStats{0, tasks.size(), 0, false};
+    for (const auto& f : files_) stats->direct_io = stats->direct_io || (f && f->direct());
+    for (const auto& [ti, dst] : jobs) stats->bytes += infos_[ti].nbytes;
+    stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return Status::OK();
+}
+
+Status Reader::ReadTensor(const std::string& name, const TensorView& dst) {
+  int64_t i = IndexOf(name);
+  if (i < 0) return NotFoundError(fmt::format("checkpoint {}: no tensor {:?}", path_, name));
+  const TensorInfo& info = infos_[i];
+  if (info.dtype != dst.dtype() || info.shape != dst.shape()) {
+    return InvalidArgumentError(fmt::format(
+        "checkpoint {}: tensor {:?} is {} {}, destination is {} {}", path_, name,
+        DTypeName(info.dtype), ShapeToString(info.shape), DTypeName(dst.dtype()), ShapeToString(dst.shape())));
+  }
+  SP_RETURN_IF_ERROR(dst.Validate());
+  return ReadMany({{static_cast<size_t>(i), Destination{dst.data(), dst.nbytes()}}}, nullptr,
+                  options_.verify_checksums);
+}
+
+Result<Tensor> Reader::ReadTensor(const std::string& name) {
+  const TensorInfo* info = FindTensor(name);
+  if (info == nullptr) return NotFoundError(fmt::format("checkpoint {}: no tensor {:?}", path_, name));
+  SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(info->dtype, info->shape));
+  SP_RETURN_IF_ERROR(ReadMany({{static_cast<size_t>(info - infos_.data()), Destination{t.data(), t.capacity()}}}, nullptr,
+                               options_.verify_checksums));
+  return t;
+}
+
+Status Reader::Verify(IoStats* stats) {
+  for (uint32_t f = 0; f < m_.files.size(); ++f) SP_RETURN_IF_ERROR(File(f).status());
+  std::vector<std::pair<size_t, Destination>> jobs;
+  for (size_t i = 0; i < m_.tensors.size(); ++i) jobs.emplace_back(i, Destination{});
+  return ReadMany(jobs, stats, /*verify=*/true);
+}
+
+}  // namespace savepoint::engine

@@ -1,0 +1,103 @@
+// The native on-disk format, version 1: constants, the manifest model, and its encoder and
+// validating decoder. docs/FORMAT.md is the specification; this file implements it.
+//
+// Everything here treats input as hostile: every size is capped, every offset is checked with
+// overflow-safe arithmetic, every name is validated, and errors are Corruption (bad bytes) or
+// Unimplemented (a newer format) with a message naming what and where.
+#ifndef SAVEPOINT_FORMAT_MANIFEST_H_
+#define SAVEPOINT_FORMAT_MANIFEST_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "savepoint/state.h"
+#include "savepoint/status.h"
+#include "savepoint/tensor.h"
+
+namespace savepoint::format {
+
+inline constexpr std::string_view kManifestMagic = "SVPTMNFT";  // 8 bytes
+inline constexpr std::string_view kDataMagic = "SVPTDATA";      // 8 bytes
+inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr std::string_view kManifestFileName = "MANIFEST";
+
+inline constexpr uint64_t kManifestHeaderBytes = 64;
+inline constexpr uint64_t kDataHeaderBytes = 4096;
+inline constexpr uint64_t kAlignment = 4096;
+
+// Caps (a file exceeding one is rejected as corrupt or hostile).
+inline constexpr uint64_t kMaxManifestBodyBytes = uint64_t{256} << 20;
+inline constexpr uint64_t kMinChunkBytes = 4096;
+inline constexpr uint64_t kMaxChunkBytes = uint64_t{1} << 30;
+inline constexpr size_t kMaxFiles = size_t{1} << 20;
+inline constexpr size_t kMaxTensors = size_t{1} << 24;
+inline constexpr size_t kMaxShardsPerTensor = size_t{1} << 20;
+inline constexpr size_t kMaxBytesValue = size_t{64} << 20;
+inline constexpr size_t kMaxJsonDepth = 64;
+inline constexpr size_t kMaxFileNameBytes = 255;
+
+struct FileRecord {
+  std::string name;  // plain file name inside the checkpoint directory
+  uint64_t bytes = 0;
+};
+
+// One stored box of a tensor: the region [offsets, offsets + sizes) of the global tensor, stored
+// C-order and contiguously at [offset, offset + bytes) of files[file].
+struct ShardRecord {
+  Shape offsets;
+  Shape sizes;
+  uint32_t file = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  std::vector<uint32_t> crc32c;  // one per chunk of `chunk_bytes` (last may be shorter)
+};
+
+struct TensorRecord {
+  std::string name;
+  DType dtype = DType::kU8;
+  Shape shape;
+  std::vector<ShardRecord> shards;
+};
+
+struct Manifest {
+  uint32_t version = kFormatVersion;
+  uint64_t checkpoint_id = 0;  // random; also stamped in every data file header
+  int64_t created_ns = 0;
+  std::string writer;
+  uint64_t chunk_bytes = uint64_t{8} << 20;
+  std::vector<FileRecord> files;
+  std::vector<TensorRecord> tensors;  // sorted by name
+  State values;                        // values and metadata only (no tensors)
+};
+
+// Number of chunks of a shard of `bytes` bytes.
+inline uint64_t NumChunks(uint64_t bytes, uint64_t chunk_bytes) {
+  return bytes == 0 ? 0 : (bytes - 1) / chunk_bytes + 1;
+}
+inline uint64_t AlignUp(uint64_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+
+// OK if `name` may be a file name inside a checkpoint: 1..255 bytes of [A-Za-z0-9._-], not
+// starting with '.', so never "..", never a path.
+Status ValidateFileName(std::string_view name);
+
+// The manifest body as JSON (the documented, stable schema).
+Json ManifestToJson(const Manifest& m);
+
+// Header + body, ready to be written to MANIFEST.
+std::string EncodeManifest(const Manifest& m);
+
+// Parses and fully validates MANIFEST bytes. `where` names the file in error messages.
+Result<Manifest> DecodeManifest(std::string_view bytes, std::string_view where);
+
+// The 4096-byte header of data file `file_index`.
+std::string EncodeDataHeader(uint64_t checkpoint_id, uint32_t file_index);
+
+// Checks a data file header against the manifest.
+Status CheckDataHeader(std::string_view header, uint64_t checkpoint_id, uint32_t file_index,
+                       std::string_view where);
+
+}  // namespace savepoint::format
+
+#endif  // SAVEPOINT_FORMAT_MANIFEST_H_

@@ -1,0 +1,371 @@
+// Validating decoder of MANIFEST (docs/FORMAT.md, "Manifest"). Input is untrusted: every field is
+// type-checked, every size capped, every offset range checked without overflow, and shards must
+// tile their tensor exactly. nlohmann::json is used without exceptions where possible; any that
+// escape are caught at the top and reported as Corruption.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "format/endian.h"
+#include "format/manifest.h"
+#include "util/base64.h"
+#include "util/crc32c.h"
+
+namespace savepoint::format {
+namespace {
+
+// Context for error messages: "<file>: <path in manifest>: ...".
+struct Ctx {
+  std::string_view where;
+  Status Bad(std::string_view what) const {
+    return CorruptionError(fmt::format("{}: {}", where, what));
+  }
+};
+
+// Rejects JSON nested deeper than kMaxJsonDepth before handing it to the parser.
+Status CheckDepth(std::string_view body, const Ctx& ctx) {
+  size_t depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : body) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) return ctx.Bad("JSON nested too deeply");
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return Status::OK();
+}
+
+Result<const Json*> Field(const Json& obj, const char* key, const Ctx& ctx, std::string_view in) {
+  if (!obj.is_object()) return ctx.Bad(fmt::format("{} is not an object", in));
+  auto it = obj.find(key);
+  if (it == obj.end()) return ctx.Bad(fmt::format("{} lacks field \"{}\"", in, key));
+  return &*it;
+}
+
+Result<uint64_t> U64(const Json& obj, const char* key, const Ctx& ctx, std::string_view in) {
+  SP_ASSIGN_OR_RETURN(const Json* j, Field(obj, key, ctx, in));
+  if (!j->is_number_unsigned()) {
+    return ctx.Bad(fmt::format("{}.{} is not a non-negative integer", in, key));
+  }
+  return j->get<uint64_t>();
+}
+
+Result<std::string> Str(const Json& obj, const char* key, const Ctx& ctx, std::string_view in) {
+  SP_ASSIGN_OR_RETURN(const Json* j, Field(obj, key, ctx, in));
+  if (!j->is_string()) return ctx.Bad(fmt::format("{}.{} is not a string", in, key));
+  return j->get<std::string>();
+}
+
+Result<const Json*> Array(const Json& obj, const char* key, size_t max, const Ctx& ctx,
+                          std::string_view in) {
+  SP_ASSIGN_OR_RETURN(const Json* j, Field(obj, key, ctx, in));
+  if (!j->is_array()) return ctx.Bad(fmt::format("{}.{} is not an array", in, key));
+  if (j->size() > max) {
+    return ctx.Bad(fmt::format("{}.{} has {} entries (limit {})", in, key, j->size(), max));
+  }
+  return j;
+}
+
+Result<Shape> Dims(const Json& obj, const char* key, const Ctx& ctx, std::string_view in) {
+  SP_ASSIGN_OR_RETURN(const Json* arr, Array(obj, key, kMaxRank, ctx, in));
+  Shape out;
+  for (const Json& d : *arr) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{1} << 62) {
+      return ctx.Bad(fmt::format("{}.{} holds a negative, huge or non-integer dimension", in, key));
+    }
+    out.push_back(static_cast<int64_t>(d.get<uint64_t>()));
+  }
+  return out;
+}
+
+Status DecodeFiles(const Json& root, const Ctx& ctx, Manifest* m) {
+  SP_ASSIGN_OR_RETURN(const Json* files, Array(root, "files", kMaxFiles, ctx, "manifest"));
+  std::set<std::string> seen;
+  for (size_t i = 0; i < files->size(); ++i) {
+    std::string in = fmt::format("files[{}]", i);
+    FileRecord f;
+    SP_ASSIGN_OR_RETURN(f.name, Str((*files)[i], "name", ctx, in));
+    Status s = ValidateFileName(f.name);
+    if (!s.ok()) return s.WithContext(fmt::format("{}: {}", ctx.where, in));
+    if (!seen.insert(f.name).second) return ctx.Bad(fmt::format("{} repeats {:?}", in, f.name));
+    SP_ASSIGN_OR_RETURN(f.bytes, U64((*files)[i], "bytes", ctx, in));
+    m->files.push_back(std::move(f));
+  }
+  return Status::OK();
+}
+
+Status CheckShardRange(const TensorRecord& t, const ShardRecord& s, const Manifest& m,
+                       const Ctx& ctx, const std::string& in) {
+  if (s.offsets.size() != t.shape.size() || s.sizes.size() != t.shape.size()) {
+    return ctx.Bad(fmt::format("{}: rank of offsets/sizes differs from shape {}", in,
+                               ShapeToString(t.shape)));
+  }
+  for (size_t d = 0; d < t.shape.size(); ++d) {
+    if (s.offsets[d] + s.sizes[d] > t.shape[d]) {  // each < 2^62: no overflow
+      return ctx.Bad(fmt::format("{}: box exceeds shape {} in dim {}", in, ShapeToString(t.shape), d));
+    }
+  }
+  Result<uint64_t> expect = NumBytes(t.dtype, s.sizes);
+  if (!expect.ok() || *expect != s.bytes) {
+    return ctx.Bad(fmt::format("{}: bytes {} do not match its box", in, s.bytes));
+  }
+  if (s.file >= m.files.size()) return ctx.Bad(fmt::format("{}: file index {} out of range", in, s.file));
+  uint64_t end = 0;
+  if (s.offset < kDataHeaderBytes || s.offset % kAlignment != 0 ||
+      __builtin_add_overflow(s.offset, s.bytes, &end) || end > m.files[s.file].bytes) {
+    return ctx.Bad(fmt::format("{}: extent [{}, +{}) is misaligned or outside file {:?} ({} bytes)",
+                               in, s.offset, s.bytes, m.files[s.file].name, m.files[s.file].bytes));
+  }
+  if (s.crc32c.size() != NumChunks(s.bytes, m.chunk_bytes)) {
+    return ctx.Bad(fmt::format("{}: {} checksums for {} chunks", in, s.crc32c.size(),
+                               NumChunks(s.bytes, m.chunk_bytes)));
+  }
+  return Status::OK();
+}
+
+Result<ShardRecord> DecodeShard(const Json& j, const TensorRecord& t, const Manifest& m,
+                                const Ctx& ctx, const std::string& in) {
+  ShardRecord s;
+  SP_ASSIGN_OR_RETURN(s.offsets, Dims(j, "offsets", ctx, in));
+  SP_ASSIGN_OR_RETURN(s.sizes, Dims(j, "sizes", ctx, in));
+  SP_ASSIGN_OR_RETURN(uint64_t file, U64(j, "file", ctx, in));
+  s.file = file > kMaxFiles ? static_cast<uint32_t>(kMaxFiles) : static_cast<uint32_t>(file);
+  SP_ASSIGN_OR_RETURN(s.offset, U64(j, "offset", ctx, in));
+  SP_ASSIGN_OR_RETURN(s.bytes, U64(j, "bytes", ctx, in));
+  uint64_t max_chunks = NumChunks(std::min<uint64_t>(s.bytes, uint64_t{1} << 62), m.chunk_bytes);
+  SP_ASSIGN_OR_RETURN(const Json* crcs, Array(j, "crc32c", max_chunks, ctx, in));
+  for (const Json& c : *crcs) {
+    if (!c.is_number_unsigned() || c.get<uint64_t>() > 0xffffffffu) {
+      return ctx.Bad(fmt::format("{}: checksum is not a u32", in));
+    }
+    s.crc32c.push_back(static_cast<uint32_t>(c.get<uint64_t>()));
+  }
+  SP_RETURN_IF_ERROR(CheckShardRange(t, s, m, ctx, in));
+  return s;
+}
+
+bool BoxesOverlap(const ShardRecord& a, const ShardRecord& b) {
+  for (size_t d = 0; d < a.offsets.size(); ++d) {
+    if (a.offsets[d] + a.sizes[d] <= b.offsets[d] || b.offsets[d] + b.sizes[d] <= a.offsets[d]) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Shards must cover the tensor exactly: no two overlap and their volumes add up to the whole.
+Status CheckTiling(const TensorRecord& t, const Ctx& ctx, const std::string& in) {
+  SP_ASSIGN_OR_RETURN(int64_t total, NumElements(t.shape));
+  std::vector<const ShardRecord*> boxes;
+  int64_t covered = 0;
+  for (const auto& s : t.shards) {
+    int64_t n = NumElements(s.sizes).value();  // sizes fit in shape: checked already
+    if (n == 0) continue;
+    covered += n;
+    boxes.push_back(&s);
+  }
+  std::sort(boxes.begin(), boxes.end(), [](auto* a, auto* b) { return a->offsets < b->offsets; });
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    for (size_t k = i + 1; k < boxes.size(); ++k) {
+      if (!t.shape.empty() && boxes[k]->offsets[0] >= boxes[i]->offsets[0] + boxes[i]->sizes[0]) break;
+      if (BoxesOverlap(*boxes[i], *boxes[k])) return ctx.Bad(fmt::format("{}: shards overlap", in));
+    }
+  }
+  if (covered != total) {
+    return ctx.Bad(fmt::format("{}: shards cover {} of {} elements", in, covered, total));
+  }
+  return Status::OK();
+}
+
+Result<TensorRecord> DecodeTensor(const Json& j, const Manifest& m, const Ctx& ctx, size_t i) {
+  std::string in = fmt::format("tensors[{}]", i);
+  TensorRecord t;
+  SP_ASSIGN_OR_RETURN(t.name, Str(j, "name", ctx, in));
+  Status s = ValidateName(t.name);
+  if (!s.ok()) return CorruptionError(fmt::format("{}: {}.name: {}", ctx.where, in, s.message()));
+  in = fmt::format("tensor {:?}", t.name);
+  SP_ASSIGN_OR_RETURN(std::string dtype, Str(j, "dtype", ctx, in));
+  std::optional<DType> dt = DTypeFromName(dtype);
+  if (!dt) return ctx.Bad(fmt::format("{}: unknown dtype {:?}", in, dtype.substr(0, 32)));
+  t.dtype = *dt;
+  SP_ASSIGN_OR_RETURN(t.shape, Dims(j, "shape", ctx, in));
+  if (!NumBytes(t.dtype, t.shape).ok()) return ctx.Bad(fmt::format("{}: shape too large", in));
+  SP_ASSIGN_OR_RETURN(const Json* shards, Array(j, "shards", kMaxShardsPerTensor, ctx, in));
+  for (size_t k = 0; k < shards->size(); ++k) {
+    SP_ASSIGN_OR_RETURN(ShardRecord sh,
+                        DecodeShard((*shards)[k], t, m, ctx, fmt::format("{} shard {}", in, k)));
+    t.shards.push_back(std::move(sh));
+  }
+  SP_RETURN_IF_ERROR(CheckTiling(t, ctx, in));
+  return t;
+}
+
+// No two extents in one file may overlap (a hostile manifest could alias tensors).
+Status CheckExtents(const Manifest& m, const Ctx& ctx) {
+  std::vector<std::tuple<uint32_t, uint64_t, uint64_t, const std::string*>> ext;
+  for (const auto& t : m.tensors) {
+    for (const auto& s : t.shards) {
+      if (s.bytes > 0) ext.emplace_back(s.file, s.offset, s.offset + s.bytes, &t.name);
+    }
+  }
+  std::sort(ext.begin(), ext.end());
+  for (size_t i = 1; i < ext.size(); ++i) {
+    auto& [f0, b0, e0, n0] = ext[i - 1];
+    auto& [f1, b1, e1, n1] = ext[i];
+    if (f0 == f1 && b1 < e0) {
+      return ctx.Bad(fmt::format("extents of tensors {:?} and {:?} overlap in file {:?}", *n0, *n1,
+                                 m.files[f0].name));
+    }
+  }
+  return Status::OK();
+}
+
+Result<Value> DecodeFloat(const Json& v, const Ctx& ctx, const std::string& in) {
+  if (v.is_number()) return Value(v.get<double>());
+  if (v.is_string()) {
+    std::string s = v.get<std::string>();
+    if (s == "nan") return Value(std::numeric_limits<double>::quiet_NaN());
+    if (s == "inf") return Value(std::numeric_limits<double>::infinity());
+    if (s == "-inf") return Value(-std::numeric_limits<double>::infinity());
+  }
+  return ctx.Bad(fmt::format("{}: bad float", in));
+}
+
+Result<Value> DecodeValue(const Json& j, const std::string& kind, const Ctx& ctx,
+                          const std::string& in) {
+  SP_ASSIGN_OR_RETURN(const Json* v, Field(j, "value", ctx, in));
+  if (kind == "int" && v->is_number_integer()) {
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX}) {
+      return ctx.Bad(fmt::format("{}: int out of range", in));
+    }
+    return Value(v->get<int64_t>());
+  }
+  if (kind == "float") return DecodeFloat(*v, ctx, in);
+  if (kind == "bool" && v->is_boolean()) return Value(v->get<bool>());
+  if (kind == "string" && v->is_string()) return Value(v->get<std::string>());
+  if (kind == "json") return Value::FromJson(*v);
+  if (kind == "bytes" && v->is_string()) {
+    const std::string& text = v->get_ref<const std::string&>();
+    if (text.size() / 4 * 3 > kMaxBytesValue) return ctx.Bad(fmt::format("{}: bytes too large", in));
+    Result<std::vector<uint8_t>> data = Base64Decode(text);
+    if (!data.ok()) return ctx.Bad(fmt::format("{}: {}", in, data.status().message()));
+    return Value(Bytes{std::move(*data)});
+  }
+  return ctx.Bad(fmt::format("{}: unknown kind {:?} or value of the wrong type", in, kind.substr(0, 32)));
+}
+
+Status DecodeValues(const Json& root, const Ctx& ctx, Manifest* m) {
+  SP_ASSIGN_OR_RETURN(const Json* values, Array(root, "values", kMaxTensors, ctx, "manifest"));
+  for (size_t i = 0; i < values->size(); ++i) {
+    std::string in = fmt::format("values[{}]", i);
+    SP_ASSIGN_OR_RETURN(std::string name, Str((*values)[i], "name", ctx, in));
+    SP_ASSIGN_OR_RETURN(std::string kind, Str((*values)[i], "kind", ctx, in));
+    SP_ASSIGN_OR_RETURN(Value v, DecodeValue((*values)[i], kind, ctx, in));
+    Status s = m->values.PutValue(name, std::move(v));
+    if (!s.ok()) return ctx.Bad(fmt::format("{}: {}", in, s.message()));
+  }
+  auto meta = root.find("metadata");
+  if (meta != root.end()) m->values.metadata() = *meta;
+  return Status::OK();
+}
+
+Status DecodeTop(const Json& root, const Ctx& ctx, Manifest* m) {
+  if (!root.is_object()) return ctx.Bad("manifest body is not a JSON object");
+  SP_ASSIGN_OR_RETURN(std::string format, Str(root, "format", ctx, "manifest"));
+  if (format != "savepoint") return ctx.Bad("manifest.format is not \"savepoint\"");
+  SP_ASSIGN_OR_RETURN(const Json* features, Array(root, "required_features", 64, ctx, "manifest"));
+  if (!features->empty()) {
+    return UnimplementedError(fmt::format("{}: requires features {} unknown to this build",
+                                          ctx.where, features->dump()));
+  }
+  SP_ASSIGN_OR_RETURN(std::string writer, Str(root, "writer", ctx, "manifest"));
+  m->writer = writer.substr(0, 256);
+  SP_ASSIGN_OR_RETURN(uint64_t created, U64(root, "created_ns", ctx, "manifest"));
+  m->created_ns = static_cast<int64_t>(std::min<uint64_t>(created, INT64_MAX));
+  SP_ASSIGN_OR_RETURN(m->chunk_bytes, U64(root, "chunk_bytes", ctx, "manifest"));
+  if (m->chunk_bytes < kMinChunkBytes || m->chunk_bytes > kMaxChunkBytes ||
+      m->chunk_bytes % kAlignment != 0) {
+    return ctx.Bad(fmt::format("chunk_bytes {} is not a multiple of 4096 in [4 KiB, 1 GiB]",
+                               m->chunk_bytes));
+  }
+  return Status::OK();
+}
+
+Status DecodeBody(std::string_view body, const Ctx& ctx, Manifest* m) {
+  SP_RETURN_IF_ERROR(CheckDepth(body, ctx));
+  Json root = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return ctx.Bad("manifest body is not valid JSON");
+  SP_RETURN_IF_ERROR(DecodeTop(root, ctx, m));
+  SP_RETURN_IF_ERROR(DecodeFiles(root, ctx, m));
+  SP_ASSIGN_OR_RETURN(const Json* tensors, Array(root, "tensors", kMaxTensors, ctx, "manifest"));
+  for (size_t i = 0; i < tensors->size(); ++i) {
+    SP_ASSIGN_OR_RETURN(TensorRecord t, DecodeTensor((*tensors)[i], *m, ctx, i));
+    m->tensors.push_back(std::move(t));
+  }
+  std::sort(m->tensors.begin(), m->tensors.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  for (size_t i = 1; i < m->tensors.size(); ++i) {
+    if (m->tensors[i].name == m->tensors[i - 1].name) {
+      return ctx.Bad(fmt::format("tensor {:?} appears twice", m->tensors[i].name));
+    }
+  }
+  SP_RETURN_IF_ERROR(CheckExtents(*m, ctx));
+  SP_RETURN_IF_ERROR(DecodeValues(root, ctx, m));
+  for (const auto& t : m->tensors) {
+    if (m->values.Contains(t.name)) return ctx.Bad(fmt::format("name {:?} is both tensor and value", t.name));
+  }
+  return Status::OK();
+}
+
+Status CheckHeader(std::string_view bytes, const Ctx& ctx, Manifest* m) {
+  if (bytes.size() < kManifestHeaderBytes) {
+    return ctx.Bad(fmt::format("truncated: {} bytes, header needs {}", bytes.size(), kManifestHeaderBytes));
+  }
+  if (bytes.substr(0, 8) != kManifestMagic) return ctx.Bad("not a savepoint manifest (bad magic)");
+  if (GetU32(bytes, 60) != Crc32c(bytes.substr(0, 60))) return ctx.Bad("header checksum mismatch");
+  m->version = GetU32(bytes, 8);
+  if (m->version != kFormatVersion) {
+    return UnimplementedError(fmt::format("{}: format version {} (this build reads version {})",
+                                          ctx.where, m->version, kFormatVersion));
+  }
+  if (GetU32(bytes, 12) != kManifestHeaderBytes) return ctx.Bad("bad header size");
+  uint64_t body = GetU64(bytes, 16);
+  if (body > kMaxManifestBodyBytes) {
+    return ctx.Bad(fmt::format("body of {} bytes exceeds the cap of {}", body, kMaxManifestBodyBytes));
+  }
+  if (body != bytes.size() - kManifestHeaderBytes) {
+    return ctx.Bad(fmt::format("body is {} bytes, header says {} (truncated or padded)",
+                               bytes.size() - kManifestHeaderBytes, body));
+  }
+  m->checkpoint_id = GetU64(bytes, 24);
+  if (GetU32(bytes, 32) != Crc32c(bytes.substr(kManifestHeaderBytes))) {
+    return ctx.Bad("body checksum mismatch");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<Manifest> DecodeManifest(std::string_view bytes, std::string_view where) {
+  Ctx ctx{where};
+  Manifest m;
+  try {
+    SP_RETURN_IF_ERROR(CheckHeader(bytes, ctx, &m));
+    SP_RETURN_IF_ERROR(DecodeBody(bytes.substr(kManifestHeaderBytes), ctx, &m));
+  } catch (const std::exception& e) {
+    return ctx.Bad(fmt::format("malformed manifest ({})", e.what()));
+  }
+  return m;
+}
+
+}  // namespace savepoint::format

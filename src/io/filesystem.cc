@@ -1,0 +1,119 @@
+// Implementation-independent parts of savepoint/filesystem.h: the non-virtual FileSystem helpers
+// (built only on the virtual calls, so they work for every implementation) and the path helpers.
+//
+// Thread safety: the helpers are as thread-safe as the FileSystem they run on; the path helpers
+// are pure functions.
+#include "savepoint/filesystem.h"
+
+#include <fmt/format.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "savepoint/status.h"
+
+namespace savepoint {
+namespace {
+
+// Removes trailing slashes, keeping a lone "/".
+std::string_view StripTrailingSlashes(std::string_view path) {
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  return path;
+}
+
+bool IsNotFound(const Status& status) { return status.code() == StatusCode::kNotFound; }
+
+}  // namespace
+
+bool FileSystem::Exists(const std::string& path) {
+  Result<FileInfo> info = Stat(path);
+  return info.ok() || !IsNotFound(info.status());
+}
+
+Status FileSystem::RemoveAll(const std::string& path) {
+  Result<FileInfo> info = Stat(path);
+  if (!info.ok()) return IsNotFound(info.status()) ? Status::OK() : info.status();
+  if (!info->is_dir) {
+    Status status = RemoveFile(path);
+    return IsNotFound(status) ? Status::OK() : status;
+  }
+  Result<std::vector<FileInfo>> entries = ListDir(path);
+  if (!entries.ok()) return IsNotFound(entries.status()) ? Status::OK() : entries.status();
+  for (const FileInfo& entry : *entries) {
+    SP_RETURN_IF_ERROR(RemoveAll(JoinPath(path, entry.name)));
+  }
+  Status status = RemoveDir(path);
+  return IsNotFound(status) ? Status::OK() : status;
+}
+
+Status FileSystem::CreateDirs(const std::string& path) {
+  Result<FileInfo> info = Stat(path);
+  if (info.ok()) {
+    if (info->is_dir) return Status::OK();
+    return AlreadyExistsError(
+        fmt::format("create directory {}: exists and is not a directory", path));
+  }
+  if (!IsNotFound(info.status())) return info.status();
+  const std::string parent = Dirname(path);
+  if (parent != path && parent != "." && parent != "/") SP_RETURN_IF_ERROR(CreateDirs(parent));
+  Status status = CreateDir(path);
+  if (status.code() == StatusCode::kAlreadyExists) {
+    // Lost a race with another creator: fine if the winner made a directory.
+    Result<FileInfo> again = Stat(path);
+    if (again.ok() && again->is_dir) return Status::OK();
+  }
+  return status;
+}
+
+Result<std::string> FileSystem::ReadFile(const std::string& path, uint64_t max_bytes) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file,
+                      NewRandomAccessFile(path, FileOptions{}));
+  const uint64_t size = file->size();
+  if (size > max_bytes) {
+    return ResourceExhaustedError(fmt::format(
+        "read {}: file is {} bytes, larger than the limit of {} bytes", path, size, max_bytes));
+  }
+  std::string contents(static_cast<size_t>(size), '\0');
+  std::span<std::byte> dst(reinterpret_cast<std::byte*>(contents.data()), contents.size());
+  SP_RETURN_IF_ERROR(file->ReadAt(0, dst));
+  return contents;
+}
+
+Status FileSystem::WriteFileSynced(const std::string& path, std::string_view contents) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, NewWritableFile(path, FileOptions{}));
+  SP_RETURN_IF_ERROR(file->WriteAt(0, std::as_bytes(std::span(contents.data(), contents.size()))));
+  SP_RETURN_IF_ERROR(file->Sync());
+  return file->Close();
+}
+
+std::string JoinPath(std::string_view a, std::string_view b) {
+  a = StripTrailingSlashes(a);
+  while (!b.empty() && b.front() == '/') b.remove_prefix(1);
+  if (a.empty()) return std::string(b);
+  if (b.empty()) return std::string(a);
+  if (a == "/") return fmt::format("/{}", b);
+  return fmt::format("{}/{}", a, b);
+}
+
+std::string Dirname(std::string_view path) {
+  path = StripTrailingSlashes(path);
+  const size_t slash = path.rfind('/');
+  if (slash == std::string_view::npos) return ".";
+  std::string_view dir = StripTrailingSlashes(path.substr(0, slash));
+  return dir.empty() ? "/" : std::string(dir);
+}
+
+std::string Basename(std::string_view path) {
+  path = StripTrailingSlashes(path);
+  if (path == "/") return "/";
+  const size_t slash = path.rfind('/');
+  return std::string(slash == std::string_view::npos ? path : path.substr(slash + 1));
+}
+
+}  // namespace savepoint

@@ -1,0 +1,56 @@
+// Shared test fixtures: temporary directories, seeded random states, state comparison.
+#ifndef SAVEPOINT_TESTS_TESTUTIL_TESTUTIL_H_
+#define SAVEPOINT_TESTS_TESTUTIL_TESTUTIL_H_
+
+#include <cstdint>
+#include <random>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "savepoint/savepoint.h"
+
+namespace savepoint::testing {
+
+// A fresh directory under $TMPDIR (or /tmp), removed with everything in it on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string Sub(std::string_view name) const { return JoinPath(path_, name); }
+
+ private:
+  std::string path_;
+};
+
+// A seed for a randomised test: $SAVEPOINT_TEST_SEED if set, else random. Printed to stdout so a
+// failure can be replayed.
+uint64_t TestSeed(std::string_view test_name);
+
+// Fills a tensor's bytes deterministically from `seed`.
+void FillPattern(const TensorView& t, uint64_t seed);
+
+// A state with `num_tensors` tensors of random dtypes/shapes (total about `approx_bytes`), a few
+// values of every kind and some metadata, all derived from `seed`.
+State RandomState(uint64_t seed, int num_tensors, uint64_t approx_bytes);
+
+// Asserts that two states hold the same names, dtypes, shapes, bytes, values and metadata.
+::testing::AssertionResult StatesEqual(const State& a, const State& b);
+
+}  // namespace savepoint::testing
+
+#define SP_ASSERT_OK(expr)                                        \
+  do {                                                            \
+    ::savepoint::Status sp_s_ = (expr);                           \
+    ASSERT_TRUE(sp_s_.ok()) << #expr << " -> " << sp_s_.ToString(); \
+  } while (0)
+#define SP_EXPECT_OK(expr)                                        \
+  do {                                                            \
+    ::savepoint::Status sp_s_ = (expr);                           \
+    EXPECT_TRUE(sp_s_.ok()) << #expr << " -> " << sp_s_.ToString(); \
+  } while (0)
+
+#endif  // SAVEPOINT_TESTS_TESTUTIL_TESTUTIL_H_
