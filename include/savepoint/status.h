@@ -96,11 +96,12 @@ class [[nodiscard]] Result {
 
   T& value() & { return std::get<T>(v_); }
   const T& value() const& { return std::get<T>(v_); }
-  T&& value() && { return std::get<T>(std::move(v_)); }
+  // Moves the value out (by value, so `for (auto& x : f().value())` does not dangle).
+  T value() && { return std::get<T>(std::move(v_)); }
 
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
-  T&& operator*() && { return std::move(*this).value(); }
+  T operator*() && { return std::move(*this).value(); }
   T* operator->() { return &value(); }
   const T* operator->() const { return &value(); }
 

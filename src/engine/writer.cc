@@ -128,6 +128,18 @@ Status CopyValues(const State& from, State* to) {
   return Status::OK();
 }
 
+// Creates `dir` and its missing ancestors so that they survive power loss: each new directory's
+// entry is synced in its parent.
+Status CreateDirsDurably(FileSystem* fs, const std::string& dir) {
+  if (dir.empty() || dir == "/" || dir == "." || fs->Exists(dir)) return Status::OK();
+  std::string parent = Dirname(dir);
+  SP_RETURN_IF_ERROR(CreateDirsDurably(fs, parent));
+  Status s = fs->CreateDir(dir);
+  if (s.code() == StatusCode::kAlreadyExists) return Status::OK();  // a concurrent creator
+  SP_RETURN_IF_ERROR(s);
+  return fs->SyncDir(parent);
+}
+
 // Steps 6-9 of the protocol.
 Status Commit(FileSystem* fs, const std::string& tmp, const std::string& path, bool overwrite) {
   std::string parent = Dirname(path);
@@ -182,7 +194,7 @@ Status Save(const State& state, const std::string& raw_path, const SaveOptions& 
     return AlreadyExistsError(fmt::format("{}: a checkpoint already exists there", context));
   }
   if (o.create_parents) {
-    Status s = fs->CreateDirs(Dirname(path));
+    Status s = CreateDirsDurably(fs, Dirname(path));
     if (!s.ok()) return s.WithContext(context);
   }
   std::string tmp = engine::TmpPathFor(path);

@@ -1,0 +1,164 @@
+// `savepoint inspect PATH [--json] [--manifest]`: describes a checkpoint from its manifest alone
+// (no tensor data is read): tensors, non-tensor values, user metadata and totals.
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "commands.h"
+#include "common.h"
+#include "savepoint/savepoint.h"
+
+namespace savepoint::cli {
+namespace {
+
+constexpr char kCommand[] = "inspect";
+
+struct InspectArgs {
+  std::string path;
+  bool json = false;
+  bool manifest = false;
+};
+
+// Non-finite floats have no JSON number: they are written as "nan", "inf" or "-inf".
+Json FloatJson(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+// The value as JSON; bytes values as {"bytes": <length>}.
+Json ValueJson(const Value& v) {
+  switch (v.kind()) {
+    case ValueKind::kInt: return v.as_int();
+    case ValueKind::kFloat: return FloatJson(v.as_float());
+    case ValueKind::kBool: return v.as_bool();
+    case ValueKind::kString: return v.as_string();
+    case ValueKind::kBytes: return Json{{"bytes", v.as_bytes().data.size()}};
+    case ValueKind::kJson: return v.as_json();
+  }
+  return nullptr;
+}
+
+// The value as one line of text: strings quoted, bytes as "<N bytes>", JSON compact.
+std::string ValueText(const Value& v) {
+  switch (v.kind()) {
+    case ValueKind::kInt: return fmt::format("{}", v.as_int());
+    case ValueKind::kFloat: return fmt::format("{}", v.as_float());
+    case ValueKind::kBool: return v.as_bool() ? "true" : "false";
+    case ValueKind::kString: return CompactJson(Json(v.as_string()));
+    case ValueKind::kBytes: return fmt::format("<{} bytes>", v.as_bytes().data.size());
+    case ValueKind::kJson: return CompactJson(v.as_json());
+  }
+  return "?";
+}
+
+uint64_t TensorBytes(const CheckpointReader& r) {
+  uint64_t n = 0;
+  for (const TensorInfo& t : r.tensors()) n += t.nbytes;
+  return n;
+}
+
+void PrintTensorTable(const CheckpointReader& r) {
+  if (r.tensors().empty()) return;
+  Table table({"NAME", "DTYPE", "SHAPE", "BYTES", "SHARDS", "CHUNKS"},
+              {false, false, false, true, true, true});
+  for (const TensorInfo& t : r.tensors()) {
+    table.AddRow({t.name, std::string(DTypeName(t.dtype)), ShapeToString(t.shape),
+                  HumanBytes(t.nbytes), std::to_string(t.num_shards),
+                  std::to_string(t.num_chunks)});
+  }
+  fmt::print("\ntensors:\n");
+  table.Print(stdout);
+}
+
+void PrintValueTable(const CheckpointReader& r) {
+  Table table({"NAME", "KIND", "VALUE"});
+  size_t rows = 0;
+  for (const auto& [name, entry] : r.values().entries()) {
+    if (entry.is_tensor()) continue;
+    const Value& v = entry.value();
+    table.AddRow({name, std::string(ValueKindName(v.kind())), ValueText(v)});
+    ++rows;
+  }
+  if (rows == 0) return;
+  fmt::print("\nvalues:\n");
+  table.Print(stdout);
+}
+
+void PrintHuman(const CheckpointReader& r) {
+  fmt::print("checkpoint {} (format version {}, created {}, {} on disk)\n", r.path(),
+             r.format_version(), IsoTimeUtc(r.created_ns()), HumanBytes(r.total_file_bytes()));
+  PrintTensorTable(r);
+  PrintValueTable(r);
+  const Json& meta = r.values().metadata();
+  fmt::print("\nmetadata: {}\n", meta.is_null() ? "none" : CompactJson(meta));
+  uint64_t bytes = TensorBytes(r);
+  fmt::print("total: {} tensors, {} bytes ({})\n", r.tensors().size(), bytes, HumanBytes(bytes));
+}
+
+Json TensorsJson(const CheckpointReader& r) {
+  Json out = Json::array();
+  for (const TensorInfo& t : r.tensors()) {
+    out.push_back({{"name", t.name},
+                   {"dtype", DTypeName(t.dtype)},
+                   {"shape", t.shape},
+                   {"bytes", t.nbytes},
+                   {"shards", t.num_shards},
+                   {"chunks", t.num_chunks}});
+  }
+  return out;
+}
+
+Json ValuesJson(const CheckpointReader& r) {
+  Json out = Json::array();
+  for (const auto& [name, entry] : r.values().entries()) {
+    if (entry.is_tensor()) continue;
+    const Value& v = entry.value();
+    out.push_back({{"name", name}, {"kind", ValueKindName(v.kind())}, {"value", ValueJson(v)}});
+  }
+  return out;
+}
+
+void PrintJsonReport(const CheckpointReader& r, bool with_manifest) {
+  Json out = Json::object();
+  out["path"] = r.path();
+  out["format_version"] = r.format_version();
+  out["created_ns"] = r.created_ns();
+  out["total_file_bytes"] = r.total_file_bytes();
+  out["tensors"] = TensorsJson(r);
+  out["values"] = ValuesJson(r);
+  out["metadata"] = r.values().metadata();
+  out["totals"] = {{"tensors", r.tensors().size()}, {"tensor_bytes", TensorBytes(r)}};
+  if (with_manifest) out["manifest"] = r.manifest_json();
+  PrintJson(out);
+}
+
+int RunInspect(const InspectArgs& args) {
+  Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(args.path);
+  if (!reader.ok()) return Fail(kCommand, reader.status());
+  if (args.json) {
+    PrintJsonReport(**reader, args.manifest);
+  } else {
+    PrintHuman(**reader);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterInspect(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<InspectArgs>();
+  CLI::App* sub = app.add_subcommand(
+      kCommand, "Describe a checkpoint (tensors, values, metadata) without reading tensor data");
+  sub->add_option("PATH", args->path, "Checkpoint directory")->required();
+  CLI::Option* json = sub->add_flag("--json", args->json, "Print one JSON object (docs/CLI.md)");
+  sub->add_flag("--manifest", args->manifest, "With --json: also include the raw manifest")
+      ->needs(json);
+  sub->callback([args, exit_code] {
+    *exit_code = RunGuarded(kCommand, [&] { return RunInspect(*args); });
+  });
+}
+
+}  // namespace savepoint::cli
