@@ -25,6 +25,9 @@ constexpr char kCommand[] = "gc";
 constexpr std::string_view kTmpMarker = ".savepoint-tmp.";  // ".<name>.savepoint-tmp.<pid>.<hex>"
 constexpr std::string_view kOldMarker = ".savepoint-old.";  // ".<name>.savepoint-old.<hex>"
 
+// Upper bound of --min-age (about 285 years), so that it converts to nanoseconds without overflow.
+constexpr int64_t kMaxMinAgeSeconds = 9'000'000'000;
+
 struct GcArgs {
   std::string root;
   bool dry_run = false;
@@ -141,7 +144,7 @@ void RegisterGc(CLI::App& app, int* exit_code) {
   sub->add_option("--min-age", args->min_age_seconds,
                   "Only touch debris last modified at least SECONDS ago")
       ->option_text("SECONDS")
-      ->check(CLI::NonNegativeNumber)
+      ->check(CLI::Range(int64_t{0}, kMaxMinAgeSeconds))
       ->capture_default_str();
   sub->add_flag("--json", args->json, "Print one JSON object (docs/CLI.md)");
   sub->callback([args, exit_code] {

@@ -13,12 +13,16 @@
 namespace savepoint::cli {
 namespace {
 
-// "savepoint: [<subcommand>: ]<CLI11 message>" plus a pointer to --help, for usage errors.
+// "savepoint: [<subcommand>: ]<message>" plus a pointer to --help, for usage errors.
 std::string UsageFailure(const CLI::App* app, const CLI::Error& e) {
   std::string where = "savepoint";
   for (const CLI::App* sub : app->get_subcommands()) where += " " + sub->get_name();
-  std::string prefix = where == "savepoint" ? "savepoint: " : where + ": ";
-  return fmt::format("{}{}\nRun '{} --help' for usage.\n", prefix, e.what(), where);
+  std::string message = e.what();
+  if (app->get_subcommands().empty() && !app->remaining().empty()) {
+    message = fmt::format("unknown subcommand '{}'", app->remaining().front());
+  }
+  std::string prefix = where == "savepoint" ? "" : where.substr(where.find(' ') + 1) + ": ";
+  return fmt::format("savepoint: {}{}\nRun '{} --help' for usage.\n", prefix, message, where);
 }
 
 int Main(int argc, char** argv) {
