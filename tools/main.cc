@@ -19,7 +19,8 @@ std::string UsageFailure(const CLI::App* app, const CLI::Error& e) {
   for (const CLI::App* sub : app->get_subcommands()) where += " " + sub->get_name();
   std::string message = e.what();
   if (app->get_subcommands().empty() && !app->remaining().empty()) {
-    message = fmt::format("unknown subcommand '{}'", app->remaining().front());
+    const std::string& arg = app->remaining().front();
+    message = fmt::format("unknown {} '{}'", arg.starts_with('-') ? "option" : "subcommand", arg);
   }
   std::string prefix = where == "savepoint" ? "" : where.substr(where.find(' ') + 1) + ": ";
   return fmt::format("savepoint: {}{}\nRun '{} --help' for usage.\n", prefix, message, where);
