@@ -2,6 +2,8 @@
 // under a root directory (temporary directories of unfinished saves, leftovers of interrupted
 // overwrites and deletes). A checkpoint set aside by an overwrite that crashed before the new one
 // was committed is restored instead. Committed checkpoints are never touched.
+#include <fmt/format.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -9,8 +11,6 @@
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "commands.h"
 #include "common.h"
@@ -147,9 +147,8 @@ void RegisterGc(CLI::App& app, int* exit_code) {
       ->check(CLI::Range(int64_t{0}, kMaxMinAgeSeconds))
       ->capture_default_str();
   sub->add_flag("--json", args->json, "Print one JSON object (docs/CLI.md)");
-  sub->callback([args, exit_code] {
-    *exit_code = RunGuarded(kCommand, [&] { return RunGc(*args); });
-  });
+  sub->callback(
+      [args, exit_code] { *exit_code = RunGuarded(kCommand, [&] { return RunGc(*args); }); });
 }
 
 }  // namespace savepoint::cli

@@ -1,10 +1,10 @@
 // `savepoint inspect PATH [--json] [--manifest]`: describes a checkpoint from its manifest alone
 // (no tensor data is read): tensors, non-tensor values, user metadata and totals.
+#include <fmt/format.h>
+
 #include <cmath>
 #include <memory>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "commands.h"
 #include "common.h"
@@ -31,12 +31,18 @@ Json FloatJson(double v) {
 // The value as JSON; bytes values as {"bytes": <length>}.
 Json ValueJson(const Value& v) {
   switch (v.kind()) {
-    case ValueKind::kInt: return v.as_int();
-    case ValueKind::kFloat: return FloatJson(v.as_float());
-    case ValueKind::kBool: return v.as_bool();
-    case ValueKind::kString: return v.as_string();
-    case ValueKind::kBytes: return Json{{"bytes", v.as_bytes().data.size()}};
-    case ValueKind::kJson: return v.as_json();
+    case ValueKind::kInt:
+      return v.as_int();
+    case ValueKind::kFloat:
+      return FloatJson(v.as_float());
+    case ValueKind::kBool:
+      return v.as_bool();
+    case ValueKind::kString:
+      return v.as_string();
+    case ValueKind::kBytes:
+      return Json{{"bytes", v.as_bytes().data.size()}};
+    case ValueKind::kJson:
+      return v.as_json();
   }
   return nullptr;
 }
@@ -44,12 +50,18 @@ Json ValueJson(const Value& v) {
 // The value as one line of text: strings quoted, bytes as "<N bytes>", JSON compact.
 std::string ValueText(const Value& v) {
   switch (v.kind()) {
-    case ValueKind::kInt: return fmt::format("{}", v.as_int());
-    case ValueKind::kFloat: return fmt::format("{}", v.as_float());
-    case ValueKind::kBool: return v.as_bool() ? "true" : "false";
-    case ValueKind::kString: return CompactJson(Json(v.as_string()));
-    case ValueKind::kBytes: return fmt::format("<{} bytes>", v.as_bytes().data.size());
-    case ValueKind::kJson: return CompactJson(v.as_json());
+    case ValueKind::kInt:
+      return fmt::format("{}", v.as_int());
+    case ValueKind::kFloat:
+      return fmt::format("{}", v.as_float());
+    case ValueKind::kBool:
+      return v.as_bool() ? "true" : "false";
+    case ValueKind::kString:
+      return CompactJson(Json(v.as_string()));
+    case ValueKind::kBytes:
+      return fmt::format("<{} bytes>", v.as_bytes().data.size());
+    case ValueKind::kJson:
+      return CompactJson(v.as_json());
   }
   return "?";
 }
@@ -156,9 +168,8 @@ void RegisterInspect(CLI::App& app, int* exit_code) {
   CLI::Option* json = sub->add_flag("--json", args->json, "Print one JSON object (docs/CLI.md)");
   sub->add_flag("--manifest", args->manifest, "With --json: also include the raw manifest")
       ->needs(json);
-  sub->callback([args, exit_code] {
-    *exit_code = RunGuarded(kCommand, [&] { return RunInspect(*args); });
-  });
+  sub->callback(
+      [args, exit_code] { *exit_code = RunGuarded(kCommand, [&] { return RunInspect(*args); }); });
 }
 
 }  // namespace savepoint::cli

@@ -1,10 +1,10 @@
 // `savepoint ls ROOT [--json]`: lists the checkpoints under a root directory, committed ones and
 // debris of crashed saves, oldest first.
+#include <fmt/format.h>
+
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "commands.h"
 #include "common.h"
@@ -73,9 +73,8 @@ void RegisterLs(CLI::App& app, int* exit_code) {
       kCommand, "List checkpoints under a directory, including debris of crashed saves");
   sub->add_option("ROOT", args->root, "Directory holding checkpoint directories")->required();
   sub->add_flag("--json", args->json, "Print one JSON object (docs/CLI.md)");
-  sub->callback([args, exit_code] {
-    *exit_code = RunGuarded(kCommand, [&] { return RunLs(*args); });
-  });
+  sub->callback(
+      [args, exit_code] { *exit_code = RunGuarded(kCommand, [&] { return RunLs(*args); }); });
 }
 
 }  // namespace savepoint::cli

@@ -1,10 +1,10 @@
 // `savepoint verify PATH [--json] [--threads N]`: re-reads every chunk of every tensor and checks
 // its CRC32C. Exits 0 when the checkpoint is intact; otherwise with the code of the error
 // (corruption 2, not found 3, unimplemented 4, anything else 1).
+#include <fmt/format.h>
+
 #include <memory>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "commands.h"
 #include "common.h"
@@ -73,16 +73,15 @@ int RunVerify(const VerifyArgs& args) {
 
 void RegisterVerify(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<VerifyArgs>();
-  CLI::App* sub =
-      app.add_subcommand(kCommand, "Check the CRC32C of every chunk of every tensor of a checkpoint");
+  CLI::App* sub = app.add_subcommand(
+      kCommand, "Check the CRC32C of every chunk of every tensor of a checkpoint");
   sub->add_option("PATH", args->path, "Checkpoint directory")->required();
   sub->add_flag("--json", args->json, "Print one JSON object (docs/CLI.md)");
   sub->add_option("--threads", args->threads, "Threads reading and checking chunks")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  sub->callback([args, exit_code] {
-    *exit_code = RunGuarded(kCommand, [&] { return RunVerify(*args); });
-  });
+  sub->callback(
+      [args, exit_code] { *exit_code = RunGuarded(kCommand, [&] { return RunVerify(*args); }); });
 }
 
 }  // namespace savepoint::cli

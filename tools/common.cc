@@ -1,22 +1,26 @@
 // Helpers shared by the subcommands of the `savepoint` tool.
 #include "common.h"
 
+#include <fmt/format.h>
 #include <time.h>
 
 #include <algorithm>
 #include <exception>
 
-#include <fmt/format.h>
-
 namespace savepoint::cli {
 
 int ExitCodeFor(const Status& status) {
   switch (status.code()) {
-    case StatusCode::kOk: return kExitOk;
-    case StatusCode::kCorruption: return kExitCorruption;
-    case StatusCode::kNotFound: return kExitNotFound;
-    case StatusCode::kUnimplemented: return kExitUnimplemented;
-    default: return kExitError;
+    case StatusCode::kOk:
+      return kExitOk;
+    case StatusCode::kCorruption:
+      return kExitCorruption;
+    case StatusCode::kNotFound:
+      return kExitNotFound;
+    case StatusCode::kUnimplemented:
+      return kExitUnimplemented;
+    default:
+      return kExitError;
   }
 }
 

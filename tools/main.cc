@@ -1,10 +1,10 @@
 // The `savepoint` command-line tool: inspect, verify, list and clean up checkpoints.
 // Usage and exit codes: docs/CLI.md. Each subcommand lives in its own cmd_*.cc file.
-#include <exception>
-#include <string>
+#include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
-#include <fmt/format.h>
+#include <exception>
+#include <string>
 
 #include "commands.h"
 #include "common.h"
@@ -19,7 +19,7 @@ std::string UsageFailure(const CLI::App* app, const CLI::Error& e) {
   for (const CLI::App* sub : app->get_subcommands()) where += " " + sub->get_name();
   std::string message = e.what();
   if (app->get_subcommands().empty() && !app->remaining().empty()) {
-    const std::string& arg = app->remaining().front();
+    std::string arg = app->remaining().front();  // remaining() returns a copy
     message = fmt::format("unknown {} '{}'", arg.starts_with('-') ? "option" : "subcommand", arg);
   }
   std::string prefix = where == "savepoint" ? "" : where.substr(where.find(' ') + 1) + ": ";

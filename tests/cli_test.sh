@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# End-to-end test of the `savepoint` command-line tool (docs/CLI.md).
+#
+# Usage: tests/cli_test.sh SAVEPOINT_BIN CKPT_DIR
+#   SAVEPOINT_BIN  the savepoint executable
+#   CKPT_DIR       a committed checkpoint with at least one tensor whose data covers byte 4106 of
+#                  data-00000-00000.spd (the first tensor extent starts at 4096), and an int value
+#                  named "step". It is copied, never modified.
+# Needs bash, coreutils, od, dd and python3. Prints "N passed, M failed"; exits 1 on any failure.
+set -u
+
+if [[ $# -ne 2 ]]; then
+  echo "usage: $0 SAVEPOINT_BIN CKPT_DIR" >&2
+  exit 2
+fi
+SP=$1
+SRC=${2%/}
+if [[ ! -x $SP ]]; then echo "$0: not an executable: $SP" >&2; exit 2; fi
+if [[ ! -f $SRC/MANIFEST ]]; then echo "$0: not a checkpoint: $SRC" >&2; exit 2; fi
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/savepoint-cli-test.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+NAME=$(basename "$SRC")
+OUT=$TMP/stdout
+ERR=$TMP/stderr
+PASSED=0
+FAILED=0
+
+# run CMD...: runs CMD, keeping its stdout in $OUT, stderr in $ERR and exit status in $RC.
+run() {
+  "$@" >"$OUT" 2>"$ERR"
+  RC=$?
+}
+
+pass() { PASSED=$((PASSED + 1)); echo "PASS: $1"; }
+
+fail() {
+  FAILED=$((FAILED + 1))
+  echo "FAIL: $1 (exit $RC)"
+  echo "  --- stdout:"; sed -n '1,20s/^/  | /p' "$OUT"
+  echo "  --- stderr:"; sed -n '1,20s/^/  | /p' "$ERR"
+}
+
+# check DESCRIPTION CONDITION...: passes when CONDITION (a command) succeeds.
+check() {
+  local what=$1
+  shift
+  if "$@"; then pass "$what"; else fail "$what"; fi
+}
+
+rc_is() { [[ $RC -eq $1 ]]; }
+out_has() { grep -qF -- "$1" "$OUT"; }
+err_has() { grep -qF -- "$1" "$ERR"; }
+# json_ok PYTHON_EXPR: stdout is one JSON document `j` for which PYTHON_EXPR is true.
+json_ok() {
+  python3 -c '
+import json, sys
+try:
+    j = json.load(sys.stdin)
+    ok = eval(sys.argv[1])
+except Exception as e:  # invalid JSON, or a key the expression needs is missing
+    print("  json_ok: %s: %s" % (type(e).__name__, e))
+    ok = False
+sys.exit(0 if ok else 1)' "$1" <"$OUT"
+}
+
+# copy DEST_ROOT: a fresh copy of the checkpoint at DEST_ROOT/$NAME.
+copy() {
+  mkdir -p "$1" && cp -r "$SRC" "$1/$NAME"
+}
+
+# flip_byte FILE OFFSET: replaces the byte at OFFSET by its complement, in place.
+flip_byte() {
+  local old
+  old=$(od -An -tu1 -j "$2" -N1 "$1" | tr -d ' ')
+  printf "\\$(printf '%03o' $((255 - old)))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
+}
+
+ROOT=$TMP/root
+CKPT=$ROOT/$NAME
+copy "$ROOT"
+
+# --- global -------------------------------------------------------------------------------------
+run "$SP" --version
+check "--version exits 0 and prints the version" eval 'rc_is 0 && out_has "savepoint "'
+run "$SP" --help
+check "--help exits 0 and lists the subcommands" eval 'rc_is 0 && out_has inspect && out_has gc'
+run "$SP"
+check "no subcommand is a usage error (64)" eval 'rc_is 64 && err_has "savepoint: "'
+run "$SP" frobnicate "$CKPT"
+check "unknown subcommand exits 64" eval 'rc_is 64 && err_has "unknown subcommand"'
+run "$SP" inspect --no-such-option "$CKPT"
+check "unknown option exits 64" eval 'rc_is 64 && err_has "savepoint: inspect: "'
+run "$SP" verify --threads 0 "$CKPT"
+check "verify --threads 0 is rejected" rc_is 64
+
+# --- inspect ------------------------------------------------------------------------------------
+run "$SP" inspect "$CKPT"
+check "inspect exits 0" rc_is 0
+check "inspect prints a header line" eval 'head -n1 "$OUT" | grep -q "^checkpoint $CKPT (format version 1, created [0-9-]*T[0-9:]*Z, "'
+check "inspect prints the tensor table" eval 'out_has "NAME" && out_has "DTYPE" && out_has "CHUNKS"'
+check "inspect prints the step value" eval 'grep -Eq "^step +int +[0-9-]+$" "$OUT"'
+check "inspect prints totals" eval 'grep -Eq "^total: [1-9][0-9]* tensors, [0-9]+ bytes" "$OUT"'
+run "$SP" inspect --json "$CKPT"
+check "inspect --json exits 0" rc_is 0
+check "inspect --json prints valid JSON" json_ok True
+check "inspect --json has the documented keys" json_ok \
+  'set(j) == {"path","format_version","created_ns","total_file_bytes","tensors","values","metadata","totals"}'
+check "inspect --json tensors are well-formed" json_ok \
+  'len(j["tensors"]) >= 1 and all(set(t) == {"name","dtype","shape","bytes","shards","chunks"} for t in j["tensors"])'
+check "inspect --json totals add up" json_ok \
+  'j["totals"] == {"tensors": len(j["tensors"]), "tensor_bytes": sum(t["bytes"] for t in j["tensors"])}'
+check "inspect --json has the int value step" json_ok \
+  'any(v["name"] == "step" and v["kind"] == "int" and isinstance(v["value"], int) for v in j["values"])'
+run "$SP" inspect --json --manifest "$CKPT"
+check "inspect --json --manifest adds the manifest" json_ok 'isinstance(j["manifest"], dict)'
+run "$SP" inspect "$TMP/no-such-checkpoint"
+check "inspect of a missing path exits 3" eval 'rc_is 3 && err_has "savepoint: inspect: not found: "'
+run "$SP" inspect "$ROOT"
+check "inspect of a non-checkpoint directory exits 3" eval 'rc_is 3 && [[ ! -s $OUT ]]'
+
+# --- verify -------------------------------------------------------------------------------------
+run "$SP" verify "$CKPT"
+check "verify of an intact checkpoint exits 0" eval 'rc_is 0 && grep -Eq "^OK: .*: [0-9]+ tensors, [0-9]+ bytes, [0-9]+ chunks verified in [0-9.]+ s \([0-9.]+ GB/s\)$" "$OUT"'
+run "$SP" verify --json --threads 2 "$CKPT"
+check "verify --json of an intact checkpoint" eval 'rc_is 0 && json_ok "j[\"ok\"] is True and j[\"error\"] is None and j[\"code\"] == \"ok\" and j[\"chunks\"] >= 1"'
+
+BAD=$TMP/bad
+copy "$BAD"
+flip_byte "$BAD/$NAME/data-00000-00000.spd" $((4096 + 10))
+run "$SP" verify "$BAD/$NAME"
+check "verify of a flipped byte exits 2 (corruption)" rc_is 2
+check "verify reports the CRC32C mismatch" eval 'err_has "CRC32C mismatch" && err_has "savepoint: verify: corruption: "'
+run "$SP" verify --json "$BAD/$NAME"
+check "verify --json reports the corruption" eval 'rc_is 2 && json_ok "j[\"ok\"] is False and j[\"code\"] == \"corruption\" and \"CRC32C mismatch\" in j[\"error\"]"'
+
+NOMAN=$TMP/nomanifest
+copy "$NOMAN"
+rm "$NOMAN/$NAME/MANIFEST"
+run "$SP" verify "$NOMAN/$NAME"
+check "verify without MANIFEST exits 3 (not found)" eval 'rc_is 3 && err_has "savepoint: verify: not found: "'
+
+# --- ls and gc ----------------------------------------------------------------------------------
+run "$SP" ls "$ROOT"
+check "ls lists the checkpoint as ok" eval 'rc_is 0 && grep -Eq "^$NAME +[0-9-]+ .* ok$" "$OUT"'
+run "$SP" ls --json "$ROOT"
+check "ls --json lists the committed checkpoint" json_ok \
+  'len(j["checkpoints"]) == 1 and j["checkpoints"][0]["committed"] is True and j["checkpoints"][0]["problem"] is None and isinstance(j["checkpoints"][0]["step"], int)'
+
+DEBRIS=".x.savepoint-tmp.999999999.0123456789abcdef"
+mkdir "$ROOT/$DEBRIS"
+echo junk >"$ROOT/$DEBRIS/data-00000-00000.spd"
+run "$SP" ls "$ROOT"
+check "ls shows the debris as INCOMPLETE" eval 'rc_is 0 && grep -Eq "^\\$DEBRIS .* INCOMPLETE: " "$OUT" && grep -Eq "^$NAME .* ok$" "$OUT"'
+run "$SP" ls --json "$ROOT"
+check "ls --json marks the debris uncommitted" json_ok \
+  'any(c["name"] == "'"$DEBRIS"'" and c["committed"] is False and c["problem"] and c["step"] is None for c in j["checkpoints"])'
+run "$SP" gc --dry-run "$ROOT"
+check "gc --dry-run reports the debris" eval 'rc_is 0 && out_has "would remove $ROOT/$DEBRIS"'
+check "gc --dry-run keeps the debris" test -d "$ROOT/$DEBRIS"
+run "$SP" gc --min-age 3600 "$ROOT"
+check "gc --min-age 3600 keeps fresh debris" eval 'rc_is 0 && [[ -d $ROOT/$DEBRIS ]] && out_has "0 removed"'
+run "$SP" gc "$ROOT"
+check "gc removes the debris" eval 'rc_is 0 && out_has "removed $ROOT/$DEBRIS" && out_has "1 removed, 0 restored" && [[ ! -e $ROOT/$DEBRIS ]]'
+check "gc keeps the committed checkpoint" test -f "$CKPT/MANIFEST"
+run "$SP" gc --json "$ROOT"
+check "gc --json on a clean root" json_ok 'j["removed"] == [] and j["restored"] == [] and j["dry_run"] is False'
+run "$SP" verify "$CKPT"
+check "the checkpoint still verifies after gc" rc_is 0
+run "$SP" ls "$TMP/no-such-root"
+check "ls of a missing root exits 3" eval 'rc_is 3 && err_has "savepoint: ls: "'
+run "$SP" gc "$TMP/no-such-root"
+check "gc of a missing root exits 3" eval 'rc_is 3 && err_has "savepoint: gc: "'
+
+echo "$PASSED passed, $FAILED failed"
+[[ $FAILED -eq 0 ]]
