@@ -103,10 +103,10 @@ int Load(const std::string& dir, uint64_t mib) {
                                : got->value() == e.value());
     if (!same) return Fail(CorruptionError("loaded entry differs: " + name));
   }
-  std::printf("loaded  %s/step-1000: %.2f GiB in %.2f s = %.2f GB/s, CRC32C verified, "
-              "all %zu entries identical to what was saved\n",
-              dir.c_str(), stats.bytes / 1073741824.0, secs, stats.bytes / secs / 1e9,
-              expect->size());
+  std::printf(
+      "loaded  %s/step-1000: %.2f GiB in %.2f s = %.2f GB/s, CRC32C verified, "
+      "all %zu entries identical to what was saved\n",
+      dir.c_str(), stats.bytes / 1073741824.0, secs, stats.bytes / secs / 1e9, expect->size());
   return 0;
 }
 

@@ -3,14 +3,13 @@
 // which verifies and holds exactly the state that was saved under its name, and the newest loads.
 //
 // Iterations: 50 by default; set SAVEPOINT_CRASH_ITERATIONS for a longer manual run.
+#include <fmt/format.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <thread>
-
-#include <fmt/format.h>
 
 #include "testutil/testutil.h"
 

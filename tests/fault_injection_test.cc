@@ -2,9 +2,9 @@
 // commit nothing torn, leave the previous checkpoint loadable, and not block the next save.
 // Power loss (MemFileSystem::SimulatePowerLoss) at every step of the commit protocol must keep
 // the last committed checkpoint.
-#include <cerrno>
-
 #include <fmt/format.h>
+
+#include <cerrno>
 
 #include "io/fault_fs.h"
 #include "io/mem_fs.h"
@@ -17,9 +17,9 @@ using Op = FaultInjectionFileSystem::Op;
 using testing::RandomState;
 using testing::StatesEqual;
 
-constexpr Op kMutatingOps[] = {Op::kCreate,     Op::kWrite,     Op::kSync,
-                               Op::kClose,      Op::kCreateDir, Op::kRemoveFile,
-                               Op::kRemoveDir,  Op::kRename,    Op::kSyncDir};
+constexpr Op kMutatingOps[] = {Op::kCreate,    Op::kWrite,     Op::kSync,
+                               Op::kClose,     Op::kCreateDir, Op::kRemoveFile,
+                               Op::kRemoveDir, Op::kRename,    Op::kSyncDir};
 
 // One scenario: checkpoint A committed at /root/a, then a save of B through a fault wrapper.
 struct World {
@@ -74,12 +74,14 @@ TEST(FaultInjection, EveryFailingCallReturnsErrorAndKeepsOldCheckpoint) {
     uint64_t n_calls = CountOps(op, false);
     for (uint64_t n = 1; n <= n_calls; ++n) {
       for (int err : {EIO, ENOSPC}) {
-        SCOPED_TRACE(fmt::format("fail call {} of {} with {}", n, FaultInjectionFileSystem::OpName(op), err));
+        SCOPED_TRACE(fmt::format("fail call {} of {} with {}", n,
+                                 FaultInjectionFileSystem::OpName(op), err));
         World w;
         w.fault.FailNth(op, n, err);
         Status s = w.SaveB("/root/b");
         ASSERT_FALSE(s.ok());
-        EXPECT_EQ(s.code(), err == ENOSPC ? StatusCode::kNoSpace : StatusCode::kIOError) << s.ToString();
+        EXPECT_EQ(s.code(), err == ENOSPC ? StatusCode::kNoSpace : StatusCode::kIOError)
+            << s.ToString();
         EXPECT_NE(s.message().find("/root/b"), std::string::npos) << s.ToString();
         ExpectAIntact(w);
         Result<State> b = w.LoadPath("/root/b");

@@ -1,8 +1,8 @@
 // Save/load round trips through the public API, on the POSIX and in-memory file systems.
+#include <fmt/format.h>
+
 #include <cstring>
 #include <limits>
-
-#include <fmt/format.h>
 
 #include "io/mem_fs.h"
 #include "testutil/testutil.h"

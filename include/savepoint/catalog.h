@@ -16,13 +16,13 @@
 namespace savepoint {
 
 struct CheckpointEntry {
-  std::string name;           // directory name under the root
-  std::string path;           // root/name
-  bool committed = false;     // a valid, committed checkpoint (MANIFEST parses and checks out)
-  std::string problem;        // why not committed: "temporary directory of an unfinished save", ...
+  std::string name;        // directory name under the root
+  std::string path;        // root/name
+  bool committed = false;  // a valid, committed checkpoint (MANIFEST parses and checks out)
+  std::string problem;     // why not committed: "temporary directory of an unfinished save", ...
   std::optional<int64_t> step;  // the int value named "step" (or metadata "step"), if any
-  uint64_t bytes = 0;         // total file bytes in the directory
-  int64_t created_ns = 0;     // manifest creation time, or directory mtime when not committed
+  uint64_t bytes = 0;           // total file bytes in the directory
+  int64_t created_ns = 0;       // manifest creation time, or directory mtime when not committed
   size_t num_tensors = 0;
 };
 
@@ -33,7 +33,7 @@ Result<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& root,
                                                      FileSystem* fs = nullptr);
 
 struct GcOptions {
-  FileSystem* fs = nullptr;   // Default: DefaultFileSystem()
+  FileSystem* fs = nullptr;  // Default: DefaultFileSystem()
   // Only remove debris whose modification time is at least this old. Default: 0.
   int64_t min_age_seconds = 0;
   // Report what would be removed without removing it. Default: false.

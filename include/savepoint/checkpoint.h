@@ -24,10 +24,10 @@ namespace savepoint {
 
 // Statistics of one save, load or verify.
 struct IoStats {
-  uint64_t bytes = 0;        // tensor bytes moved (excluding padding and manifest)
-  uint64_t chunks = 0;       // chunks written or verified
-  double seconds = 0;        // wall time of the whole call
-  bool direct_io = false;    // whether O_DIRECT was in effect for the data files
+  uint64_t bytes = 0;      // tensor bytes moved (excluding padding and manifest)
+  uint64_t chunks = 0;     // chunks written or verified
+  double seconds = 0;      // wall time of the whole call
+  bool direct_io = false;  // whether O_DIRECT was in effect for the data files
   double throughput_gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
 };
 

@@ -14,23 +14,23 @@
 namespace savepoint {
 
 enum class DType : unsigned char {
-  kBool,     // "BOOL": one byte, 0 or 1
-  kU8,       // "U8"
-  kI8,       // "I8"
-  kU16,      // "U16"
-  kI16,      // "I16"
-  kU32,      // "U32"
-  kI32,      // "I32"
-  kU64,      // "U64"
-  kI64,      // "I64"
-  kF16,      // "F16": IEEE binary16
-  kBF16,     // "BF16": bfloat16
-  kF32,      // "F32"
-  kF64,      // "F64"
-  kF8E4M3,   // "F8_E4M3": float8 e4m3fn (no infinities)
-  kF8E5M2,   // "F8_E5M2"
-  kC64,      // "C64": complex of two F32
-  kC128,     // "C128": complex of two F64 (savepoint name; safetensors has no code)
+  kBool,    // "BOOL": one byte, 0 or 1
+  kU8,      // "U8"
+  kI8,      // "I8"
+  kU16,     // "U16"
+  kI16,     // "I16"
+  kU32,     // "U32"
+  kI32,     // "I32"
+  kU64,     // "U64"
+  kI64,     // "I64"
+  kF16,     // "F16": IEEE binary16
+  kBF16,    // "BF16": bfloat16
+  kF32,     // "F32"
+  kF64,     // "F64"
+  kF8E4M3,  // "F8_E4M3": float8 e4m3fn (no infinities)
+  kF8E5M2,  // "F8_E5M2"
+  kC64,     // "C64": complex of two F32
+  kC128,    // "C128": complex of two F64 (savepoint name; safetensors has no code)
 };
 
 // Every dtype, in enum order.

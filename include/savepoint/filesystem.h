@@ -31,10 +31,10 @@ namespace savepoint {
 inline constexpr size_t kDirectIOAlignment = 4096;
 
 struct FileInfo {
-  std::string name;       // last path component
+  std::string name;  // last path component
   bool is_dir = false;
-  uint64_t size = 0;      // bytes (files only)
-  int64_t mtime_ns = 0;   // modification time, ns since the Unix epoch (0 if unknown)
+  uint64_t size = 0;     // bytes (files only)
+  int64_t mtime_ns = 0;  // modification time, ns since the Unix epoch (0 if unknown)
 };
 
 struct FileOptions {

@@ -86,7 +86,7 @@ Status ErrnoToStatus(int err, std::string_view context);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT: implicit by design
+  Result(T value) : v_(std::move(value)) {}        // NOLINT: implicit by design
   Result(Status status) : v_(std::move(status)) {  // NOLINT: implicit by design
     if (std::get<Status>(v_).ok()) v_ = Status(StatusCode::kInternal, "Result built from OK");
   }
@@ -115,10 +115,10 @@ class [[nodiscard]] Result {
 #define SP_STATUS_CONCAT_(a, b) SP_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (a Status) is not OK.
-#define SP_RETURN_IF_ERROR(expr)                  \
-  do {                                            \
-    ::savepoint::Status sp_status_ = (expr);      \
-    if (!sp_status_.ok()) return sp_status_;      \
+#define SP_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::savepoint::Status sp_status_ = (expr); \
+    if (!sp_status_.ok()) return sp_status_; \
   } while (0)
 
 // `lhs = value of expr` (a Result<T>), or returns its error from the enclosing function.

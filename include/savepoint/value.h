@@ -6,12 +6,11 @@
 #define SAVEPOINT_VALUE_H_
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace savepoint {
 
@@ -30,13 +29,13 @@ enum class ValueKind { kInt, kFloat, kBool, kString, kBytes, kJson };
 class Value {
  public:
   Value() : v_(int64_t{0}) {}
-  Value(int64_t v) : v_(v) {}  // NOLINT: implicit by design, like a literal
-  Value(int v) : v_(int64_t{v}) {}  // NOLINT
-  Value(double v) : v_(v) {}  // NOLINT
-  Value(bool v) : v_(v) {}  // NOLINT
-  Value(std::string v) : v_(std::move(v)) {}  // NOLINT
+  Value(int64_t v) : v_(v) {}                   // NOLINT: implicit by design, like a literal
+  Value(int v) : v_(int64_t{v}) {}              // NOLINT
+  Value(double v) : v_(v) {}                    // NOLINT
+  Value(bool v) : v_(v) {}                      // NOLINT
+  Value(std::string v) : v_(std::move(v)) {}    // NOLINT
   Value(const char* v) : v_(std::string(v)) {}  // NOLINT
-  Value(Bytes v) : v_(std::move(v)) {}  // NOLINT
+  Value(Bytes v) : v_(std::move(v)) {}          // NOLINT
   // A JSON document. Use Value::FromJson to make the intent explicit.
   static Value FromJson(Json j) {
     Value v;

@@ -9,14 +9,14 @@ namespace savepoint {
 Status ValidateName(std::string_view name) {
   if (name.empty()) return InvalidArgumentError("empty name");
   if (name.size() > kMaxNameBytes) {
-    return InvalidArgumentError(fmt::format("name of {} bytes exceeds the limit of {} bytes",
-                                            name.size(), kMaxNameBytes));
+    return InvalidArgumentError(
+        fmt::format("name of {} bytes exceeds the limit of {} bytes", name.size(), kMaxNameBytes));
   }
   for (size_t i = 0; i < name.size(); ++i) {
     unsigned char c = static_cast<unsigned char>(name[i]);
     if (c < 0x20 || c == 0x7f) {
-      return InvalidArgumentError(
-          fmt::format("name {:?} has control character 0x{:02x} at byte {}", name.substr(0, 64), c, i));
+      return InvalidArgumentError(fmt::format("name {:?} has control character 0x{:02x} at byte {}",
+                                              name.substr(0, 64), c, i));
     }
   }
   if (!IsValidUtf8(name)) {

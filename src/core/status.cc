@@ -8,19 +8,32 @@ namespace savepoint {
 
 std::string_view StatusCodeName(StatusCode code) {
   switch (code) {
-    case StatusCode::kOk: return "ok";
-    case StatusCode::kInvalidArgument: return "invalid argument";
-    case StatusCode::kNotFound: return "not found";
-    case StatusCode::kAlreadyExists: return "already exists";
-    case StatusCode::kCorruption: return "corruption";
-    case StatusCode::kIOError: return "I/O error";
-    case StatusCode::kNoSpace: return "no space";
-    case StatusCode::kUnimplemented: return "unimplemented";
-    case StatusCode::kFailedPrecondition: return "failed precondition";
-    case StatusCode::kOutOfRange: return "out of range";
-    case StatusCode::kPermissionDenied: return "permission denied";
-    case StatusCode::kResourceExhausted: return "resource exhausted";
-    case StatusCode::kInternal: return "internal";
+    case StatusCode::kOk:
+      return "ok";
+    case StatusCode::kInvalidArgument:
+      return "invalid argument";
+    case StatusCode::kNotFound:
+      return "not found";
+    case StatusCode::kAlreadyExists:
+      return "already exists";
+    case StatusCode::kCorruption:
+      return "corruption";
+    case StatusCode::kIOError:
+      return "I/O error";
+    case StatusCode::kNoSpace:
+      return "no space";
+    case StatusCode::kUnimplemented:
+      return "unimplemented";
+    case StatusCode::kFailedPrecondition:
+      return "failed precondition";
+    case StatusCode::kOutOfRange:
+      return "out of range";
+    case StatusCode::kPermissionDenied:
+      return "permission denied";
+    case StatusCode::kResourceExhausted:
+      return "resource exhausted";
+    case StatusCode::kInternal:
+      return "internal";
   }
   return "unknown";
 }
@@ -63,16 +76,22 @@ Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m
 static StatusCode CodeForErrno(int err) {
   switch (err) {
     case ENOSPC:
-    case EDQUOT: return StatusCode::kNoSpace;
+    case EDQUOT:
+      return StatusCode::kNoSpace;
     case ENOENT:
-    case ENOTDIR: return StatusCode::kNotFound;
+    case ENOTDIR:
+      return StatusCode::kNotFound;
     case EEXIST:
-    case ENOTEMPTY: return StatusCode::kAlreadyExists;
+    case ENOTEMPTY:
+      return StatusCode::kAlreadyExists;
     case EACCES:
     case EPERM:
-    case EROFS: return StatusCode::kPermissionDenied;
-    case EINVAL: return StatusCode::kInvalidArgument;
-    default: return StatusCode::kIOError;
+    case EROFS:
+      return StatusCode::kPermissionDenied;
+    case EINVAL:
+      return StatusCode::kInvalidArgument;
+    default:
+      return StatusCode::kIOError;
   }
 }
 

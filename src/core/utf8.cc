@@ -7,10 +7,30 @@ namespace {
 
 // Length of the sequence starting with lead byte `c`, and the minimum code point it may encode.
 bool LeadInfo(uint8_t c, int* len, uint32_t* cp, uint32_t* min) {
-  if (c < 0x80) { *len = 1; *cp = c; *min = 0; return true; }
-  if ((c & 0xE0) == 0xC0) { *len = 2; *cp = c & 0x1F; *min = 0x80; return true; }
-  if ((c & 0xF0) == 0xE0) { *len = 3; *cp = c & 0x0F; *min = 0x800; return true; }
-  if ((c & 0xF8) == 0xF0) { *len = 4; *cp = c & 0x07; *min = 0x10000; return true; }
+  if (c < 0x80) {
+    *len = 1;
+    *cp = c;
+    *min = 0;
+    return true;
+  }
+  if ((c & 0xE0) == 0xC0) {
+    *len = 2;
+    *cp = c & 0x1F;
+    *min = 0x80;
+    return true;
+  }
+  if ((c & 0xF0) == 0xE0) {
+    *len = 3;
+    *cp = c & 0x0F;
+    *min = 0x800;
+    return true;
+  }
+  if ((c & 0xF8) == 0xF0) {
+    *len = 4;
+    *cp = c & 0x07;
+    *min = 0x10000;
+    return true;
+  }
   return false;
 }
 

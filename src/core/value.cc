@@ -15,12 +15,18 @@ bool operator==(const Value& a, const Value& b) {
 
 std::string_view ValueKindName(ValueKind kind) {
   switch (kind) {
-    case ValueKind::kInt: return "int";
-    case ValueKind::kFloat: return "float";
-    case ValueKind::kBool: return "bool";
-    case ValueKind::kString: return "string";
-    case ValueKind::kBytes: return "bytes";
-    case ValueKind::kJson: return "json";
+    case ValueKind::kInt:
+      return "int";
+    case ValueKind::kFloat:
+      return "float";
+    case ValueKind::kBool:
+      return "bool";
+    case ValueKind::kString:
+      return "string";
+    case ValueKind::kBytes:
+      return "bytes";
+    case ValueKind::kJson:
+      return "json";
   }
   return "unknown";
 }

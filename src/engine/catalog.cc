@@ -1,12 +1,11 @@
 // Listing checkpoints under a root, garbage-collecting debris of crashed saves, crash-safe delete.
 #include "savepoint/catalog.h"
 
+#include <fmt/format.h>
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
-
-#include <fmt/format.h>
 
 #include "engine/paths.h"
 #include "engine/reader.h"
@@ -53,7 +52,8 @@ CheckpointEntry Describe(FileSystem* fs, const std::string& root, const FileInfo
     case engine::DebrisKind::kDeleted:
       e.problem = fmt::format("remains of an interrupted delete of {:?}", ckpt);
       return e;
-    case engine::DebrisKind::kNone: break;
+    case engine::DebrisKind::kNone:
+      break;
   }
   LoadOptions o;
   o.fs = fs;
@@ -70,7 +70,8 @@ CheckpointEntry Describe(FileSystem* fs, const std::string& root, const FileInfo
 }
 
 bool ProcessAlive(int64_t pid) {
-  return pid > 0 && pid != ::getpid() && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
+  return pid > 0 && pid != ::getpid() &&
+         (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
 }
 
 }  // namespace
@@ -92,7 +93,8 @@ Result<std::vector<std::string>> GarbageCollect(const std::string& root, const G
   FileSystem* fs = Fs(o.fs);
   SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(root));
   int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                    std::chrono::system_clock::now().time_since_epoch()).count();
+                    std::chrono::system_clock::now().time_since_epoch())
+                    .count();
   std::vector<std::string> done;
   for (const FileInfo& info : entries) {
     std::string ckpt;

@@ -1,7 +1,6 @@
 // Load, LoadInto and VerifyCheckpoint on top of engine::Reader.
-#include <fnmatch.h>
-
 #include <fmt/format.h>
+#include <fnmatch.h>
 
 #include "engine/reader.h"
 #include "savepoint/checkpoint.h"
@@ -44,7 +43,8 @@ Status CopyValues(const State& from, const std::vector<std::string>& names, Stat
   for (const auto& [name, e] : from.entries()) {
     if (!Selected(names, name)) continue;
     if (to->FindTensor(name) != nullptr) {
-      return InvalidArgumentError(fmt::format("{:?} is a value in the checkpoint but a tensor in the target", name));
+      return InvalidArgumentError(
+          fmt::format("{:?} is a value in the checkpoint but a tensor in the target", name));
     }
     to->Erase(name);
     SP_RETURN_IF_ERROR(to->PutValue(name, e.value()));

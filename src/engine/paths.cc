@@ -1,11 +1,10 @@
 #include "engine/paths.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <charconv>
 #include <random>
-
-#include <fmt/format.h>
 
 #include "savepoint/filesystem.h"
 
@@ -56,8 +55,8 @@ DebrisKind ClassifyDebris(std::string_view entry, std::string* checkpoint_name, 
     std::from_chars(rest.data(), rest.data() + rest.size(), *pid);
     return DebrisKind::kTmp;
   }
-  for (auto [marker, kind] : {std::pair{kOldMarker, DebrisKind::kOld},
-                               std::pair{kDelMarker, DebrisKind::kDeleted}}) {
+  for (auto [marker, kind] :
+       {std::pair{kOldMarker, DebrisKind::kOld}, std::pair{kDelMarker, DebrisKind::kDeleted}}) {
     at = entry.rfind(marker);
     if (at != std::string_view::npos && at > 1) {
       *checkpoint_name = std::string(entry.substr(1, at - 1));

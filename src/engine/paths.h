@@ -37,8 +37,7 @@ uint64_t RandomU64();
 
 // For a debris entry name under a root, the checkpoint name it belongs to and its kind.
 enum class DebrisKind { kNone, kTmp, kOld, kDeleted };
-DebrisKind ClassifyDebris(std::string_view entry_name, std::string* checkpoint_name,
-                          int64_t* pid);
+DebrisKind ClassifyDebris(std::string_view entry_name, std::string* checkpoint_name, int64_t* pid);
 
 }  // namespace savepoint::engine
 

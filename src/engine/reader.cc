@@ -1,12 +1,12 @@
 // Reading checkpoints: open (manifest only), parallel verified chunk reads, Verify.
 #include "engine/reader.h"
 
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-
-#include <fmt/format.h>
-#include <spdlog/spdlog.h>
 
 #include "engine/box.h"
 #include "util/crc32c.h"
@@ -26,7 +26,8 @@ struct Reader::Task {
 
 Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const LoadOptions& o) {
   if (o.io_threads < 1 || o.io_threads > 64) {
-    return InvalidArgumentError(fmt::format("LoadOptions.io_threads = {}: must be in [1, 64]", o.io_threads));
+    return InvalidArgumentError(
+        fmt::format("LoadOptions.io_threads = {}: must be in [1, 64]", o.io_threads));
   }
   std::unique_ptr<Reader> r(new Reader());
   r->fs_ = o.fs != nullptr ? o.fs : DefaultFileSystem();
@@ -37,7 +38,8 @@ Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const 
       r->fs_->ReadFile(mpath, format::kMaxManifestBodyBytes + format::kManifestHeaderBytes);
   if (!bytes.ok()) {
     if (bytes.status().code() == StatusCode::kNotFound) {
-      return NotFoundError(fmt::format("{}: not a committed checkpoint (no {})", path, format::kManifestFileName));
+      return NotFoundError(
+          fmt::format("{}: not a committed checkpoint (no {})", path, format::kManifestFileName));
     }
     return bytes.status().WithContext(fmt::format("checkpoint {}", path));
   }
@@ -48,8 +50,8 @@ Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const 
   for (const auto& t : r->m_.tensors) {
     size_t chunks = 0;
     for (const auto& s : t.shards) chunks += s.crc32c.size();
-    r->infos_.push_back({t.name, t.dtype, t.shape, NumBytes(t.dtype, t.shape).value(),
-                         t.shards.size(), chunks});
+    r->infos_.push_back(
+        {t.name, t.dtype, t.shape, NumBytes(t.dtype, t.shape).value(), t.shards.size(), chunks});
   }
   r->files_.resize(r->m_.files.size());
   return r;
@@ -72,13 +74,16 @@ Result<RandomAccessFile*> Reader::File(uint32_t index) {
   if (files_[index]) return files_[index].get();
   const format::FileRecord& rec = m_.files[index];
   std::string fpath = JoinPath(path_, rec.name);
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f,
-                      fs_->NewRandomAccessFile(fpath, FileOptions{.direct_io = options_.direct_io}));
+  SP_ASSIGN_OR_RETURN(
+      std::unique_ptr<RandomAccessFile> f,
+      fs_->NewRandomAccessFile(fpath, FileOptions{.direct_io = options_.direct_io}));
   if (f->size() < rec.bytes) {
-    return CorruptionError(fmt::format("checkpoint {}: data file {} is truncated: {} bytes, manifest says {}",
-                                       path_, rec.name, f->size(), rec.bytes));
+    return CorruptionError(
+        fmt::format("checkpoint {}: data file {} is truncated: {} bytes, manifest says {}", path_,
+                    rec.name, f->size(), rec.bytes));
   }
-  SP_ASSIGN_OR_RETURN(Tensor header, Tensor::Empty(DType::kU8, {int64_t(format::kDataHeaderBytes)}));
+  SP_ASSIGN_OR_RETURN(Tensor header,
+                      Tensor::Empty(DType::kU8, {int64_t(format::kDataHeaderBytes)}));
   SP_RETURN_IF_ERROR(f->ReadAt(0, {header.data(), format::kDataHeaderBytes}));
   SP_RETURN_IF_ERROR(format::CheckDataHeader(
       std::string_view(reinterpret_cast<const char*>(header.data()), format::kDataHeaderBytes),
@@ -130,7 +135,8 @@ Status Reader::AddTasks(size_t ti, Destination dst, std::vector<Task>* tasks,
     }
     for (uint64_t c = 0; c < s.crc32c.size(); ++c) {
       uint64_t pos = c * m_.chunk_bytes;
-      Destination d = base.data == nullptr ? base : Destination{base.data + pos, base.capacity - pos};
+      Destination d =
+          base.data == nullptr ? base : Destination{base.data + pos, base.capacity - pos};
       tasks->push_back({&t, &s, c, d});
     }
   }
@@ -158,7 +164,8 @@ Status Reader::ReadMany(const std::vector<std::pair<size_t, Destination>>& jobs,
     *stats = IoStats{0, tasks.size(), 0, false};
     for (const auto& f : files_) stats->direct_io = stats->direct_io || (f && f->direct());
     for (const auto& [ti, dst] : jobs) stats->bytes += infos_[ti].nbytes;
-    stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    stats->seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   return Status::OK();
 }
@@ -168,9 +175,10 @@ Status Reader::ReadTensor(const std::string& name, const TensorView& dst) {
   if (i < 0) return NotFoundError(fmt::format("checkpoint {}: no tensor {:?}", path_, name));
   const TensorInfo& info = infos_[i];
   if (info.dtype != dst.dtype() || info.shape != dst.shape()) {
-    return InvalidArgumentError(fmt::format(
-        "checkpoint {}: tensor {:?} is {} {}, destination is {} {}", path_, name,
-        DTypeName(info.dtype), ShapeToString(info.shape), DTypeName(dst.dtype()), ShapeToString(dst.shape())));
+    return InvalidArgumentError(
+        fmt::format("checkpoint {}: tensor {:?} is {} {}, destination is {} {}", path_, name,
+                    DTypeName(info.dtype), ShapeToString(info.shape), DTypeName(dst.dtype()),
+                    ShapeToString(dst.shape())));
   }
   SP_RETURN_IF_ERROR(dst.Validate());
   return ReadMany({{static_cast<size_t>(i), Destination{dst.data(), dst.nbytes()}}}, nullptr,
@@ -179,10 +187,12 @@ Status Reader::ReadTensor(const std::string& name, const TensorView& dst) {
 
 Result<Tensor> Reader::ReadTensor(const std::string& name) {
   const TensorInfo* info = FindTensor(name);
-  if (info == nullptr) return NotFoundError(fmt::format("checkpoint {}: no tensor {:?}", path_, name));
+  if (info == nullptr)
+    return NotFoundError(fmt::format("checkpoint {}: no tensor {:?}", path_, name));
   SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(info->dtype, info->shape));
-  SP_RETURN_IF_ERROR(ReadMany({{static_cast<size_t>(info - infos_.data()), Destination{t.data(), t.capacity()}}}, nullptr,
-                               options_.verify_checksums));
+  SP_RETURN_IF_ERROR(
+      ReadMany({{static_cast<size_t>(info - infos_.data()), Destination{t.data(), t.capacity()}}},
+               nullptr, options_.verify_checksums));
   return t;
 }
 

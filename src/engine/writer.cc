@@ -14,11 +14,11 @@
 //   9. Overwrite only: remove the old checkpoint (best effort; gc finishes it after a crash).
 // A crash before 7 leaves only hidden debris; between 6 and 7 the old checkpoint is restored by
 // GarbageCollect. Readers only accept directories whose MANIFEST validates.
-#include <chrono>
-#include <cstring>
-
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstring>
 
 #include "engine/paths.h"
 #include "format/manifest.h"
@@ -44,11 +44,13 @@ struct ChunkTask {
 Status CheckOptions(const SaveOptions& o) {
   if (o.chunk_bytes < format::kMinChunkBytes || o.chunk_bytes > format::kMaxChunkBytes ||
       o.chunk_bytes % kAlignment != 0) {
-    return InvalidArgumentError(fmt::format(
-        "SaveOptions.chunk_bytes = {}: must be a multiple of 4096 in [4 KiB, 1 GiB]", o.chunk_bytes));
+    return InvalidArgumentError(
+        fmt::format("SaveOptions.chunk_bytes = {}: must be a multiple of 4096 in [4 KiB, 1 GiB]",
+                    o.chunk_bytes));
   }
   if (o.io_threads < 1 || o.io_threads > 64) {
-    return InvalidArgumentError(fmt::format("SaveOptions.io_threads = {}: must be in [1, 64]", o.io_threads));
+    return InvalidArgumentError(
+        fmt::format("SaveOptions.io_threads = {}: must be in [1, 64]", o.io_threads));
   }
   return Status::OK();
 }
@@ -71,7 +73,8 @@ std::vector<ChunkTask> Plan(const State& state, format::Manifest* m) {
     const std::byte* src = state.FindTensor(t.name)->data();
     for (uint64_t c = 0; c < s.crc32c.size(); ++c) {
       uint64_t pos = c * m->chunk_bytes;
-      tasks.push_back({src + pos, std::min(m->chunk_bytes, s.bytes - pos), s.offset + pos, &s.crc32c[c]});
+      tasks.push_back(
+          {src + pos, std::min(m->chunk_bytes, s.bytes - pos), s.offset + pos, &s.crc32c[c]});
     }
   }
   return tasks;
@@ -105,7 +108,8 @@ Status WriteDataFile(FileSystem* fs, const std::string& dir, const std::vector<C
   *direct = f->direct();
   spdlog::debug("savepoint: writing {} ({} chunks, {} threads, {})", path, tasks.size(),
                 o.io_threads, f->direct() ? "O_DIRECT" : "buffered");
-  SP_ASSIGN_OR_RETURN(Tensor header, Tensor::Zeros(DType::kU8, {int64_t(format::kDataHeaderBytes)}));
+  SP_ASSIGN_OR_RETURN(Tensor header,
+                      Tensor::Zeros(DType::kU8, {int64_t(format::kDataHeaderBytes)}));
   std::string h = format::EncodeDataHeader(m.checkpoint_id, 0);
   std::memcpy(header.data(), h.data(), h.size());
   SP_RETURN_IF_ERROR(f->WriteAt(0, {header.data(), h.size()}));
@@ -161,12 +165,13 @@ Status Commit(FileSystem* fs, const std::string& tmp, const std::string& path, b
   return Status::OK();
 }
 
-Status SaveToTmp(const State& state, const std::string& tmp, FileSystem* fs,
-                 const SaveOptions& o, bool* direct) {
+Status SaveToTmp(const State& state, const std::string& tmp, FileSystem* fs, const SaveOptions& o,
+                 bool* direct) {
   format::Manifest m;
   m.checkpoint_id = engine::RandomU64();
   m.created_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                     std::chrono::system_clock::now().time_since_epoch()).count();
+                     std::chrono::system_clock::now().time_since_epoch())
+                     .count();
   m.writer = "savepoint " SAVEPOINT_VERSION;
   m.chunk_bytes = o.chunk_bytes;
   std::vector<ChunkTask> tasks = Plan(state, &m);
@@ -177,8 +182,7 @@ Status SaveToTmp(const State& state, const std::string& tmp, FileSystem* fs,
     return ResourceExhaustedError(fmt::format("manifest of {} bytes exceeds the cap of {}",
                                               manifest.size(), format::kMaxManifestBodyBytes));
   }
-  SP_RETURN_IF_ERROR(
-      fs->WriteFileSynced(JoinPath(tmp, format::kManifestFileName), manifest));
+  SP_RETURN_IF_ERROR(fs->WriteFileSynced(JoinPath(tmp, format::kManifestFileName), manifest));
   return fs->SyncDir(tmp);
 }
 
@@ -211,7 +215,8 @@ Status Save(const State& state, const std::string& raw_path, const SaveOptions& 
     for (const auto& [n, e] : state.entries()) {
       if (e.is_tensor()) o.stats->chunks += format::NumChunks(e.tensor().nbytes(), o.chunk_bytes);
     }
-    o.stats->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    o.stats->seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   return Status::OK();
 }

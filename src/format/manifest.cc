@@ -2,9 +2,10 @@
 // Decoding and validation of the JSON body live in manifest_decode.cc.
 #include "format/manifest.h"
 
-#include <cmath>
-
 #include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include "format/endian.h"
 #include "util/base64.h"
@@ -16,11 +17,21 @@ namespace {
 Json ValueToJson(const std::string& name, const Value& v) {
   Json j = {{"name", name}, {"kind", ValueKindName(v.kind())}};
   switch (v.kind()) {
-    case ValueKind::kInt: j["value"] = v.as_int(); break;
-    case ValueKind::kBool: j["value"] = v.as_bool(); break;
-    case ValueKind::kString: j["value"] = v.as_string(); break;
-    case ValueKind::kBytes: j["value"] = Base64Encode(v.as_bytes().data); break;
-    case ValueKind::kJson: j["value"] = v.as_json(); break;
+    case ValueKind::kInt:
+      j["value"] = v.as_int();
+      break;
+    case ValueKind::kBool:
+      j["value"] = v.as_bool();
+      break;
+    case ValueKind::kString:
+      j["value"] = v.as_string();
+      break;
+    case ValueKind::kBytes:
+      j["value"] = Base64Encode(v.as_bytes().data);
+      break;
+    case ValueKind::kJson:
+      j["value"] = v.as_json();
+      break;
     case ValueKind::kFloat: {
       double d = v.as_float();
       if (std::isnan(d)) {
@@ -45,8 +56,8 @@ Json ShardToJson(const ShardRecord& s) {
 
 Status ValidateFileName(std::string_view name) {
   if (name.empty() || name.size() > kMaxFileNameBytes) {
-    return CorruptionError(fmt::format("file name of {} bytes (allowed 1..{})", name.size(),
-                                       kMaxFileNameBytes));
+    return CorruptionError(
+        fmt::format("file name of {} bytes (allowed 1..{})", name.size(), kMaxFileNameBytes));
   }
   if (name[0] == '.') return CorruptionError(fmt::format("file name {:?} starts with '.'", name));
   for (char c : name) {
@@ -75,7 +86,7 @@ Json ManifestToJson(const Manifest& m) {
           {"version", m.version},
           {"required_features", Json::array()},
           {"checkpoint_id", fmt::format("{:016x}", m.checkpoint_id)},
-          {"created_ns", m.created_ns},
+          {"created_ns", std::max<int64_t>(m.created_ns, 0)},
           {"writer", m.writer},
           {"chunk_bytes", m.chunk_bytes},
           {"alignment", kAlignment},

@@ -69,7 +69,7 @@ struct Manifest {
   uint64_t chunk_bytes = uint64_t{8} << 20;
   std::vector<FileRecord> files;
   std::vector<TensorRecord> tensors;  // sorted by name
-  State values;                        // values and metadata only (no tensors)
+  State values;                       // values and metadata only (no tensors)
 };
 
 // Number of chunks of a shard of `bytes` bytes.

@@ -2,12 +2,12 @@
 // type-checked, every size capped, every offset range checked without overflow, and shards must
 // tile their tensor exactly. nlohmann::json is used without exceptions where possible; any that
 // escape are caught at the top and reported as Corruption.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <set>
-
-#include <fmt/format.h>
 
 #include "format/endian.h"
 #include "format/manifest.h"
@@ -31,9 +31,12 @@ Status CheckDepth(std::string_view body, const Ctx& ctx) {
   bool in_string = false, escaped = false;
   for (char c : body) {
     if (in_string) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') in_string = false;
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
     } else if (c == '"') {
       in_string = true;
     } else if (c == '[' || c == '{') {
@@ -107,19 +110,22 @@ Status DecodeFiles(const Json& root, const Ctx& ctx, Manifest* m) {
 Status CheckShardRange(const TensorRecord& t, const ShardRecord& s, const Manifest& m,
                        const Ctx& ctx, const std::string& in) {
   if (s.offsets.size() != t.shape.size() || s.sizes.size() != t.shape.size()) {
-    return ctx.Bad(fmt::format("{}: rank of offsets/sizes differs from shape {}", in,
-                               ShapeToString(t.shape)));
+    return ctx.Bad(
+        fmt::format("{}: rank of offsets/sizes differs from shape {}", in, ShapeToString(t.shape)));
   }
   for (size_t d = 0; d < t.shape.size(); ++d) {
-    if (s.offsets[d] + s.sizes[d] > t.shape[d]) {  // each < 2^62: no overflow
-      return ctx.Bad(fmt::format("{}: box exceeds shape {} in dim {}", in, ShapeToString(t.shape), d));
+    // Each value is in [0, 2^62]: the difference cannot overflow, the sum could (2^62 + 2^62).
+    if (s.offsets[d] > t.shape[d] || s.sizes[d] > t.shape[d] - s.offsets[d]) {
+      return ctx.Bad(
+          fmt::format("{}: box exceeds shape {} in dim {}", in, ShapeToString(t.shape), d));
     }
   }
   Result<uint64_t> expect = NumBytes(t.dtype, s.sizes);
   if (!expect.ok() || *expect != s.bytes) {
     return ctx.Bad(fmt::format("{}: bytes {} do not match its box", in, s.bytes));
   }
-  if (s.file >= m.files.size()) return ctx.Bad(fmt::format("{}: file index {} out of range", in, s.file));
+  if (s.file >= m.files.size())
+    return ctx.Bad(fmt::format("{}: file index {} out of range", in, s.file));
   uint64_t end = 0;
   if (s.offset < kDataHeaderBytes || s.offset % kAlignment != 0 ||
       __builtin_add_overflow(s.offset, s.bytes, &end) || end > m.files[s.file].bytes) {
@@ -174,11 +180,30 @@ Status CheckTiling(const TensorRecord& t, const Ctx& ctx, const std::string& in)
     covered += n;
     boxes.push_back(&s);
   }
-  std::sort(boxes.begin(), boxes.end(), [](auto* a, auto* b) { return a->offsets < b->offsets; });
+  // Sweep along the dimension in which the shards' offsets take the most distinct values (so
+  // shards side by side in any one dimension are not compared pairwise), with a cap on the pairs
+  // compared so that a hostile layout cannot make validation quadratic.
+  size_t sweep = 0, most = 0;
+  for (size_t d = 0; d < t.shape.size(); ++d) {
+    std::set<int64_t> distinct;
+    for (const ShardRecord* b : boxes) distinct.insert(b->offsets[d]);
+    if (distinct.size() > most) most = distinct.size(), sweep = d;
+  }
+  std::sort(boxes.begin(), boxes.end(), [&](auto* a, auto* b) {
+    return t.shape.empty() ? false : a->offsets[sweep] < b->offsets[sweep];
+  });
+  uint64_t budget = (uint64_t{1} << 24) + 64 * uint64_t{boxes.size()};
   for (size_t i = 0; i < boxes.size(); ++i) {
     for (size_t k = i + 1; k < boxes.size(); ++k) {
-      if (!t.shape.empty() && boxes[k]->offsets[0] >= boxes[i]->offsets[0] + boxes[i]->sizes[0]) break;
+      if (!t.shape.empty() &&
+          boxes[k]->offsets[sweep] >= boxes[i]->offsets[sweep] + boxes[i]->sizes[sweep]) {
+        break;
+      }
       if (BoxesOverlap(*boxes[i], *boxes[k])) return ctx.Bad(fmt::format("{}: shards overlap", in));
+      if (--budget == 0) {
+        return ctx.Bad(
+            fmt::format("{}: layout of {} shards is too complex to validate", in, boxes.size()));
+      }
     }
   }
   if (covered != total) {
@@ -256,12 +281,14 @@ Result<Value> DecodeValue(const Json& j, const std::string& kind, const Ctx& ctx
   if (kind == "json") return Value::FromJson(*v);
   if (kind == "bytes" && v->is_string()) {
     const std::string& text = v->get_ref<const std::string&>();
-    if (text.size() / 4 * 3 > kMaxBytesValue) return ctx.Bad(fmt::format("{}: bytes too large", in));
+    if (text.size() / 4 * 3 > kMaxBytesValue)
+      return ctx.Bad(fmt::format("{}: bytes too large", in));
     Result<std::vector<uint8_t>> data = Base64Decode(text);
     if (!data.ok()) return ctx.Bad(fmt::format("{}: {}", in, data.status().message()));
     return Value(Bytes{std::move(*data)});
   }
-  return ctx.Bad(fmt::format("{}: unknown kind {:?} or value of the wrong type", in, kind.substr(0, 32)));
+  return ctx.Bad(
+      fmt::format("{}: unknown kind {:?} or value of the wrong type", in, kind.substr(0, 32)));
 }
 
 Status DecodeValues(const Json& root, const Ctx& ctx, Manifest* m) {
@@ -285,8 +312,13 @@ Status DecodeTop(const Json& root, const Ctx& ctx, Manifest* m) {
   if (format != "savepoint") return ctx.Bad("manifest.format is not \"savepoint\"");
   SP_ASSIGN_OR_RETURN(const Json* features, Array(root, "required_features", 64, ctx, "manifest"));
   if (!features->empty()) {
-    return UnimplementedError(fmt::format("{}: requires features {} unknown to this build",
-                                          ctx.where, features->dump()));
+    return UnimplementedError(
+        fmt::format("{}: requires features {} unknown to this build", ctx.where, features->dump()));
+  }
+  SP_ASSIGN_OR_RETURN(std::string id, Str(root, "checkpoint_id", ctx, "manifest"));
+  if (id != fmt::format("{:016x}", m->checkpoint_id)) {
+    return ctx.Bad(fmt::format("body checkpoint_id {:?} differs from the header's {:016x}",
+                               id.substr(0, 32), m->checkpoint_id));
   }
   SP_ASSIGN_OR_RETURN(std::string writer, Str(root, "writer", ctx, "manifest"));
   m->writer = writer.substr(0, 256);
@@ -295,8 +327,8 @@ Status DecodeTop(const Json& root, const Ctx& ctx, Manifest* m) {
   SP_ASSIGN_OR_RETURN(m->chunk_bytes, U64(root, "chunk_bytes", ctx, "manifest"));
   if (m->chunk_bytes < kMinChunkBytes || m->chunk_bytes > kMaxChunkBytes ||
       m->chunk_bytes % kAlignment != 0) {
-    return ctx.Bad(fmt::format("chunk_bytes {} is not a multiple of 4096 in [4 KiB, 1 GiB]",
-                               m->chunk_bytes));
+    return ctx.Bad(
+        fmt::format("chunk_bytes {} is not a multiple of 4096 in [4 KiB, 1 GiB]", m->chunk_bytes));
   }
   return Status::OK();
 }
@@ -322,14 +354,16 @@ Status DecodeBody(std::string_view body, const Ctx& ctx, Manifest* m) {
   SP_RETURN_IF_ERROR(CheckExtents(*m, ctx));
   SP_RETURN_IF_ERROR(DecodeValues(root, ctx, m));
   for (const auto& t : m->tensors) {
-    if (m->values.Contains(t.name)) return ctx.Bad(fmt::format("name {:?} is both tensor and value", t.name));
+    if (m->values.Contains(t.name))
+      return ctx.Bad(fmt::format("name {:?} is both tensor and value", t.name));
   }
   return Status::OK();
 }
 
 Status CheckHeader(std::string_view bytes, const Ctx& ctx, Manifest* m) {
   if (bytes.size() < kManifestHeaderBytes) {
-    return ctx.Bad(fmt::format("truncated: {} bytes, header needs {}", bytes.size(), kManifestHeaderBytes));
+    return ctx.Bad(
+        fmt::format("truncated: {} bytes, header needs {}", bytes.size(), kManifestHeaderBytes));
   }
   if (bytes.substr(0, 8) != kManifestMagic) return ctx.Bad("not a savepoint manifest (bad magic)");
   if (GetU32(bytes, 60) != Crc32c(bytes.substr(0, 60))) return ctx.Bad("header checksum mismatch");
@@ -341,7 +375,8 @@ Status CheckHeader(std::string_view bytes, const Ctx& ctx, Manifest* m) {
   if (GetU32(bytes, 12) != kManifestHeaderBytes) return ctx.Bad("bad header size");
   uint64_t body = GetU64(bytes, 16);
   if (body > kMaxManifestBodyBytes) {
-    return ctx.Bad(fmt::format("body of {} bytes exceeds the cap of {}", body, kMaxManifestBodyBytes));
+    return ctx.Bad(
+        fmt::format("body of {} bytes exceeds the cap of {}", body, kMaxManifestBodyBytes));
   }
   if (body != bytes.size() - kManifestHeaderBytes) {
     return ctx.Bad(fmt::format("body is {} bytes, header says {} (truncated or padded)",

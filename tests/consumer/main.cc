@@ -1,7 +1,7 @@
 // Saves and loads one tensor through an installed savepoint.
-#include <cstdio>
-
 #include <savepoint/savepoint.h>
+
+#include <cstdio>
 
 int main(int argc, char** argv) {
   if (argc != 2) return 2;

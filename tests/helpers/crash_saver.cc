@@ -4,11 +4,11 @@
 // For step = FIRST_STEP, FIRST_STEP+1, ...: saves RandomState(step) to ROOT/step-<step:08>, then
 // deletes checkpoints more than 3 steps old, and every third step also overwrites ROOT/latest.
 // The parent kills it with SIGKILL at a random moment and checks what is on disk.
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-
-#include <fmt/format.h>
 
 #include "testutil/testutil.h"
 

@@ -1,10 +1,10 @@
 #include "testutil/testutil.h"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
-
-#include <fmt/format.h>
 
 namespace savepoint::testing {
 
@@ -47,9 +47,15 @@ State RandomState(uint64_t seed, int num_tensors, uint64_t approx_bytes) {
     int64_t elems = static_cast<int64_t>(per / DTypeSize(dt)) + static_cast<int64_t>(rng() % 7);
     Shape shape;
     switch (rng() % 3) {
-      case 0: shape = {elems}; break;
-      case 1: shape = {std::max<int64_t>(elems / 4, 0), 4}; break;
-      default: shape = {2, std::max<int64_t>(elems / 6, 0), 3}; break;
+      case 0:
+        shape = {elems};
+        break;
+      case 1:
+        shape = {std::max<int64_t>(elems / 4, 0), 4};
+        break;
+      default:
+        shape = {2, std::max<int64_t>(elems / 6, 0), 3};
+        break;
     }
     Tensor t = Tensor::Empty(dt, shape).value();
     FillPattern(t.view(), rng());
@@ -60,7 +66,8 @@ State RandomState(uint64_t seed, int num_tensors, uint64_t approx_bytes) {
   s.PutValue("flag", (rng() & 1) == 1).IgnoreError();
   s.PutValue("note", fmt::format("seed {}", seed)).IgnoreError();
   s.PutValue("rng", Bytes{{1, 2, 3, static_cast<uint8_t>(rng())}}).IgnoreError();
-  s.PutValue("config", Value::FromJson(Json{{"layers", num_tensors}, {"seed", seed}})).IgnoreError();
+  s.PutValue("config", Value::FromJson(Json{{"layers", num_tensors}, {"seed", seed}}))
+      .IgnoreError();
   s.metadata() = Json{{"run", "test"}, {"seed", seed}};
   return s;
 }
@@ -72,7 +79,8 @@ State RandomState(uint64_t seed, int num_tensors, uint64_t approx_bytes) {
   for (const auto& [name, ea] : a.entries()) {
     const State::Entry* eb = b.Find(name);
     if (eb == nullptr) return ::testing::AssertionFailure() << "missing " << name;
-    if (ea.is_tensor() != eb->is_tensor()) return ::testing::AssertionFailure() << "kind of " << name;
+    if (ea.is_tensor() != eb->is_tensor())
+      return ::testing::AssertionFailure() << "kind of " << name;
     if (!ea.is_tensor()) {
       if (!(ea.value() == eb->value())) return ::testing::AssertionFailure() << "value " << name;
       continue;

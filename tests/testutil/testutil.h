@@ -2,11 +2,11 @@
 #ifndef SAVEPOINT_TESTS_TESTUTIL_TESTUTIL_H_
 #define SAVEPOINT_TESTS_TESTUTIL_TESTUTIL_H_
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <random>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "savepoint/savepoint.h"
 
@@ -42,14 +42,14 @@ State RandomState(uint64_t seed, int num_tensors, uint64_t approx_bytes);
 
 }  // namespace savepoint::testing
 
-#define SP_ASSERT_OK(expr)                                        \
-  do {                                                            \
-    ::savepoint::Status sp_s_ = (expr);                           \
+#define SP_ASSERT_OK(expr)                                          \
+  do {                                                              \
+    ::savepoint::Status sp_s_ = (expr);                             \
     ASSERT_TRUE(sp_s_.ok()) << #expr << " -> " << sp_s_.ToString(); \
   } while (0)
-#define SP_EXPECT_OK(expr)                                        \
-  do {                                                            \
-    ::savepoint::Status sp_s_ = (expr);                           \
+#define SP_EXPECT_OK(expr)                                          \
+  do {                                                              \
+    ::savepoint::Status sp_s_ = (expr);                             \
     EXPECT_TRUE(sp_s_.ok()) << #expr << " -> " << sp_s_.ToString(); \
   } while (0)
 
