@@ -5,6 +5,9 @@ find_package(nlohmann_json 3.10 REQUIRED)   # manifest JSON (public: savepoint/v
 find_package(fmt REQUIRED)                  # message formatting inside the library
 find_package(spdlog REQUIRED)               # library logging
 pkg_check_modules(ISAL REQUIRED IMPORTED_TARGET libisal)   # CRC32C (crc32_iscsi), SIMD-accelerated
+pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)  # per-chunk compression (zstd)
+pkg_check_modules(LZ4 REQUIRED IMPORTED_TARGET liblz4)     # per-chunk compression (lz4)
+pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing) # io_uring submission of direct I/O
 find_package(OpenSSL REQUIRED)              # base64 of bytes values; AES-GCM encryption later
 if(SAVEPOINT_BUILD_TOOLS)
   find_package(CLI11 REQUIRED)
