@@ -14,6 +14,8 @@
 //   9. Overwrite only: remove the old checkpoint (best effort; gc finishes it after a crash).
 // A crash before 7 leaves only hidden debris; between 6 and 7 the old checkpoint is restored by
 // GarbageCollect. Readers only accept directories whose MANIFEST validates.
+#include "engine/writer.h"
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -21,64 +23,16 @@
 #include <cstring>
 
 #include "engine/paths.h"
-#include "format/manifest.h"
-#include "savepoint/checkpoint.h"
 #include "util/crc32c.h"
 #include "util/parallel.h"
 
-namespace savepoint {
+namespace savepoint::engine {
 namespace {
 
 using format::AlignUp;
 using format::kAlignment;
 
 constexpr uint64_t kCacheSlice = 256 << 10;  // copy+checksum granularity (fits in L2)
-
-struct ChunkTask {
-  const std::byte* src;
-  uint64_t len;
-  uint64_t file_offset;
-  uint32_t* crc;
-};
-
-Status CheckOptions(const SaveOptions& o) {
-  if (o.chunk_bytes < format::kMinChunkBytes || o.chunk_bytes > format::kMaxChunkBytes ||
-      o.chunk_bytes % kAlignment != 0) {
-    return InvalidArgumentError(
-        fmt::format("SaveOptions.chunk_bytes = {}: must be a multiple of 4096 in [4 KiB, 1 GiB]",
-                    o.chunk_bytes));
-  }
-  if (o.io_threads < 1 || o.io_threads > 64) {
-    return InvalidArgumentError(
-        fmt::format("SaveOptions.io_threads = {}: must be in [1, 64]", o.io_threads));
-  }
-  return Status::OK();
-}
-
-// Lays out every tensor of `state` in data file 0 and returns the chunk tasks that fill it.
-std::vector<ChunkTask> Plan(const State& state, format::Manifest* m) {
-  uint64_t offset = format::kDataHeaderBytes;
-  for (const auto& [name, e] : state.entries()) {
-    if (!e.is_tensor()) continue;
-    const TensorView& v = e.tensor();
-    format::ShardRecord s{Shape(v.shape().size(), 0), v.shape(), 0, offset, v.nbytes(), {}};
-    s.crc32c.resize(format::NumChunks(s.bytes, m->chunk_bytes));
-    m->tensors.push_back({name, v.dtype(), v.shape(), {std::move(s)}});
-    offset = AlignUp(offset + v.nbytes());
-  }
-  m->files.push_back({engine::DataFileName(0, 0), offset});
-  std::vector<ChunkTask> tasks;
-  for (auto& t : m->tensors) {
-    format::ShardRecord& s = t.shards[0];
-    const std::byte* src = state.FindTensor(t.name)->data();
-    for (uint64_t c = 0; c < s.crc32c.size(); ++c) {
-      uint64_t pos = c * m->chunk_bytes;
-      tasks.push_back(
-          {src + pos, std::min(m->chunk_bytes, s.bytes - pos), s.offset + pos, &s.crc32c[c]});
-    }
-  }
-  return tasks;
-}
 
 // Writes one chunk: straight from the caller's memory when the file's alignment rules allow it,
 // else through this worker's aligned staging buffer. The CRC is taken on the bytes being written.
@@ -98,30 +52,6 @@ Status WriteChunk(const ChunkTask& t, WritableFile* f, std::byte* staging) {
   std::memset(staging + t.len, 0, padded - t.len);
   *t.crc = crc;
   return f->WriteAt(t.file_offset, {staging, padded});
-}
-
-Status WriteDataFile(FileSystem* fs, const std::string& dir, const std::vector<ChunkTask>& tasks,
-                     const format::Manifest& m, const SaveOptions& o, bool* direct) {
-  std::string path = JoinPath(dir, m.files[0].name);
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
-                      fs->NewWritableFile(path, FileOptions{.direct_io = o.direct_io}));
-  *direct = f->direct();
-  spdlog::debug("savepoint: writing {} ({} chunks, {} threads, {})", path, tasks.size(),
-                o.io_threads, f->direct() ? "O_DIRECT" : "buffered");
-  SP_ASSIGN_OR_RETURN(Tensor header,
-                      Tensor::Zeros(DType::kU8, {int64_t(format::kDataHeaderBytes)}));
-  std::string h = format::EncodeDataHeader(m.checkpoint_id, 0);
-  std::memcpy(header.data(), h.data(), h.size());
-  SP_RETURN_IF_ERROR(f->WriteAt(0, {header.data(), h.size()}));
-  std::vector<Tensor> staging(o.io_threads);
-  SP_RETURN_IF_ERROR(ParallelFor(tasks.size(), o.io_threads, [&](size_t i, int w) -> Status {
-    if (staging[w].data() == nullptr) {
-      SP_ASSIGN_OR_RETURN(staging[w], Tensor::Zeros(DType::kU8, {int64_t(m.chunk_bytes)}));
-    }
-    return WriteChunk(tasks[i], f.get(), staging[w].data());
-  }));
-  SP_RETURN_IF_ERROR(f->Sync());
-  return f->Close();
 }
 
 Status CopyValues(const State& from, State* to) {
@@ -144,17 +74,107 @@ Status CreateDirsDurably(FileSystem* fs, const std::string& dir) {
   return fs->SyncDir(parent);
 }
 
-// Steps 6-9 of the protocol.
-Status Commit(FileSystem* fs, const std::string& tmp, const std::string& path, bool overwrite) {
-  std::string parent = Dirname(path);
-  std::string old;
-  if (overwrite && fs->Exists(path)) {
-    old = engine::OldPathFor(path);
-    SP_RETURN_IF_ERROR(fs->Rename(path, old));
+}  // namespace
+
+Status CheckSaveOptions(const SaveOptions& o) {
+  if (o.chunk_bytes < format::kMinChunkBytes || o.chunk_bytes > format::kMaxChunkBytes ||
+      o.chunk_bytes % kAlignment != 0) {
+    return InvalidArgumentError(
+        fmt::format("SaveOptions.chunk_bytes = {}: must be a multiple of 4096 in [4 KiB, 1 GiB]",
+                    o.chunk_bytes));
   }
-  Status s = fs->Rename(tmp, path);
+  if (o.io_threads < 1 || o.io_threads > 64) {
+    return InvalidArgumentError(
+        fmt::format("SaveOptions.io_threads = {}: must be in [1, 64]", o.io_threads));
+  }
+  return Status::OK();
+}
+
+Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o) {
+  SaveTarget t;
+  t.fs = o.fs != nullptr ? o.fs : DefaultFileSystem();
+  SP_RETURN_IF_ERROR(CheckSaveOptions(o));
+  SP_ASSIGN_OR_RETURN(t.path, NormalizeCheckpointPath(raw_path));
+  std::string context = fmt::format("save {}", t.path);
+  if (!o.overwrite && t.fs->Exists(t.path)) {
+    return AlreadyExistsError(fmt::format("{}: a checkpoint already exists there", context));
+  }
+  Status s = o.create_parents ? CreateDirsDurably(t.fs, Dirname(t.path)) : Status::OK();
+  t.tmp = TmpPathFor(t.path);
+  if (s.ok()) s = t.fs->CreateDir(t.tmp);
+  if (!s.ok()) return s.WithContext(context);
+  return t;
+}
+
+Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes,
+                                        format::Manifest* m) {
+  m->checkpoint_id = RandomU64();
+  m->created_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  m->writer = "savepoint " SAVEPOINT_VERSION;
+  m->chunk_bytes = chunk_bytes;
+  SP_RETURN_IF_ERROR(CopyValues(state, &m->values));
+  uint64_t offset = format::kDataHeaderBytes;
+  for (const auto& [name, e] : state.entries()) {
+    if (!e.is_tensor()) continue;
+    const TensorView& v = e.tensor();
+    format::ShardRecord s{Shape(v.shape().size(), 0), v.shape(), 0, offset, v.nbytes(), {}};
+    s.crc32c.resize(format::NumChunks(s.bytes, chunk_bytes));
+    m->tensors.push_back({name, v.dtype(), v.shape(), {std::move(s)}});
+    offset = AlignUp(offset + v.nbytes());
+  }
+  m->files.push_back({DataFileName(0, 0), offset});
+  std::vector<ChunkTask> tasks;
+  for (auto& t : m->tensors) {
+    format::ShardRecord& s = t.shards[0];
+    const std::byte* src = state.FindTensor(t.name)->data();
+    for (uint64_t c = 0; c < s.crc32c.size(); ++c) {
+      uint64_t pos = c * chunk_bytes;
+      tasks.push_back(
+          {src + pos, std::min(chunk_bytes, s.bytes - pos), s.offset + pos, &s.crc32c[c]});
+    }
+  }
+  return tasks;
+}
+
+Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const format::Manifest& m,
+                                                     bool direct_io) {
+  std::string path = JoinPath(t.tmp, m.files[0].name);
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
+                      t.fs->NewWritableFile(path, FileOptions{.direct_io = direct_io}));
+  spdlog::debug("savepoint: writing {} ({})", path, f->direct() ? "O_DIRECT" : "buffered");
+  SP_ASSIGN_OR_RETURN(Tensor header,
+                      Tensor::Zeros(DType::kU8, {int64_t(format::kDataHeaderBytes)}));
+  std::string h = format::EncodeDataHeader(m.checkpoint_id, 0);
+  std::memcpy(header.data(), h.data(), h.size());
+  SP_RETURN_IF_ERROR(f->WriteAt(0, {header.data(), h.size()}));
+  return f;
+}
+
+Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manifest& m) {
+  SP_RETURN_IF_ERROR(data->Sync());
+  SP_RETURN_IF_ERROR(data->Close());
+  std::string manifest = format::EncodeManifest(m);
+  if (manifest.size() - format::kManifestHeaderBytes > format::kMaxManifestBodyBytes) {
+    return ResourceExhaustedError(fmt::format("manifest of {} bytes exceeds the cap of {}",
+                                              manifest.size(), format::kMaxManifestBodyBytes));
+  }
+  SP_RETURN_IF_ERROR(t.fs->WriteFileSynced(JoinPath(t.tmp, format::kManifestFileName), manifest));
+  return t.fs->SyncDir(t.tmp);
+}
+
+Status CommitSave(const SaveTarget& t, bool overwrite) {
+  FileSystem* fs = t.fs;
+  std::string parent = Dirname(t.path);
+  std::string old;
+  if (overwrite && fs->Exists(t.path)) {
+    old = OldPathFor(t.path);
+    SP_RETURN_IF_ERROR(fs->Rename(t.path, old));
+  }
+  Status s = fs->Rename(t.tmp, t.path);
   if (!s.ok()) {
-    if (!old.empty()) fs->Rename(old, path).IgnoreError();  // put the old one back
+    if (!old.empty()) fs->Rename(old, t.path).IgnoreError();  // put the old one back
     return s;
   }
   SP_RETURN_IF_ERROR(fs->SyncDir(parent));
@@ -165,50 +185,40 @@ Status Commit(FileSystem* fs, const std::string& tmp, const std::string& path, b
   return Status::OK();
 }
 
-Status SaveToTmp(const State& state, const std::string& tmp, FileSystem* fs, const SaveOptions& o,
-                 bool* direct) {
+void AbandonSave(const SaveTarget& t) { t.fs->RemoveAll(t.tmp).IgnoreError(); }
+
+namespace {
+
+Status WriteAndCommit(const State& state, const SaveTarget& target, const SaveOptions& o,
+                      bool* direct) {
   format::Manifest m;
-  m.checkpoint_id = engine::RandomU64();
-  m.created_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                     std::chrono::system_clock::now().time_since_epoch())
-                     .count();
-  m.writer = "savepoint " SAVEPOINT_VERSION;
-  m.chunk_bytes = o.chunk_bytes;
-  std::vector<ChunkTask> tasks = Plan(state, &m);
-  SP_RETURN_IF_ERROR(CopyValues(state, &m.values));
-  SP_RETURN_IF_ERROR(WriteDataFile(fs, tmp, tasks, m, o, direct));
-  std::string manifest = format::EncodeManifest(m);
-  if (manifest.size() - format::kManifestHeaderBytes > format::kMaxManifestBodyBytes) {
-    return ResourceExhaustedError(fmt::format("manifest of {} bytes exceeds the cap of {}",
-                                              manifest.size(), format::kMaxManifestBodyBytes));
-  }
-  SP_RETURN_IF_ERROR(fs->WriteFileSynced(JoinPath(tmp, format::kManifestFileName), manifest));
-  return fs->SyncDir(tmp);
+  SP_ASSIGN_OR_RETURN(std::vector<ChunkTask> tasks, PlanSave(state, o.chunk_bytes, &m));
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, CreateDataFile(target, m, o.direct_io));
+  *direct = f->direct();
+  std::vector<Tensor> staging(o.io_threads);
+  SP_RETURN_IF_ERROR(ParallelFor(tasks.size(), o.io_threads, [&](size_t i, int w) -> Status {
+    if (staging[w].data() == nullptr) {
+      SP_ASSIGN_OR_RETURN(staging[w], Tensor::Empty(DType::kU8, {int64_t(m.chunk_bytes)}));
+    }
+    return WriteChunk(tasks[i], f.get(), staging[w].data());
+  }));
+  SP_RETURN_IF_ERROR(FinishFiles(target, f.get(), m));
+  return CommitSave(target, o.overwrite);
 }
 
 }  // namespace
+}  // namespace savepoint::engine
 
-Status Save(const State& state, const std::string& raw_path, const SaveOptions& o) {
+namespace savepoint {
+
+Status Save(const State& state, const std::string& path, const SaveOptions& o) {
   auto start = std::chrono::steady_clock::now();
-  FileSystem* fs = o.fs != nullptr ? o.fs : DefaultFileSystem();
-  SP_RETURN_IF_ERROR(CheckOptions(o));
-  SP_ASSIGN_OR_RETURN(std::string path, engine::NormalizeCheckpointPath(raw_path));
-  std::string context = fmt::format("save {}", path);
-  if (!o.overwrite && fs->Exists(path)) {
-    return AlreadyExistsError(fmt::format("{}: a checkpoint already exists there", context));
-  }
-  if (o.create_parents) {
-    Status s = CreateDirsDurably(fs, Dirname(path));
-    if (!s.ok()) return s.WithContext(context);
-  }
-  std::string tmp = engine::TmpPathFor(path);
-  Status s = fs->CreateDir(tmp);
+  SP_ASSIGN_OR_RETURN(engine::SaveTarget target, engine::BeginSave(path, o));
   bool direct = false;
-  if (s.ok()) s = SaveToTmp(state, tmp, fs, o, &direct);
-  if (s.ok()) s = Commit(fs, tmp, path, o.overwrite);
+  Status s = engine::WriteAndCommit(state, target, o, &direct);
   if (!s.ok()) {
-    fs->RemoveAll(tmp).IgnoreError();
-    return s.WithContext(context);
+    engine::AbandonSave(target);
+    return s.WithContext(fmt::format("save {}", target.path));
   }
   if (o.stats != nullptr) {
     *o.stats = IoStats{state.tensor_bytes(), 0, 0, direct};
