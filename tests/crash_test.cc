@@ -2,6 +2,7 @@
 // SIGKILLed at random moments. After every kill, gc must leave only committed checkpoints, each of
 // which verifies and holds exactly the state that was saved under its name, and the newest loads.
 //
+// Both synchronous saves and asynchronous ones (killed during snapshot or background persist).
 // Iterations: 50 by default; set SAVEPOINT_CRASH_ITERATIONS for a longer manual run.
 #include <fmt/format.h>
 #include <signal.h>
@@ -21,11 +22,12 @@ int Iterations() {
   return env != nullptr ? std::atoi(env) : 50;
 }
 
-pid_t Spawn(const std::string& root, uint64_t first_step) {
+pid_t Spawn(const std::string& root, uint64_t first_step, bool async) {
   pid_t pid = ::fork();
   if (pid == 0) {
     std::string step = std::to_string(first_step);
-    ::execl(CRASH_SAVER_PATH, CRASH_SAVER_PATH, root.c_str(), step.c_str(), nullptr);
+    ::execl(CRASH_SAVER_PATH, CRASH_SAVER_PATH, root.c_str(), step.c_str(),
+            async ? "async" : nullptr, nullptr);
     ::_exit(127);
   }
   return pid;
@@ -57,14 +59,14 @@ uint64_t CheckRoot(const std::string& root) {
   return newest;
 }
 
-TEST(Crash, SigkillDuringSaveLoop) {
-  uint64_t seed = testing::TestSeed("Crash.SigkillDuringSaveLoop");
+void KillLoop(bool async, const char* name) {
+  uint64_t seed = testing::TestSeed(name);
   std::mt19937_64 rng(seed);
   testing::TempDir dir;
   uint64_t next = 1;
   int with_checkpoints = 0;
   for (int i = 0; i < Iterations(); ++i) {
-    pid_t pid = Spawn(dir.path(), next);
+    pid_t pid = Spawn(dir.path(), next, async);
     ASSERT_GT(pid, 0);
     std::this_thread::sleep_for(std::chrono::microseconds(2000 + rng() % 120000));
     ::kill(pid, SIGKILL);
@@ -73,12 +75,15 @@ TEST(Crash, SigkillDuringSaveLoop) {
     ASSERT_TRUE(WIFSIGNALED(status)) << "saver exited by itself with status " << status;
     SCOPED_TRACE(fmt::format("after kill {}", i));
     uint64_t newest = CheckRoot(dir.path());
-    if (HasFatalFailure()) return;
+    if (::testing::Test::HasFatalFailure()) return;
     with_checkpoints += newest > 0;
     next = std::max(next, newest + 1);
   }
   EXPECT_GT(with_checkpoints, 0) << "the saver never committed anything before being killed";
 }
+
+TEST(Crash, SigkillDuringSaveLoop) { KillLoop(false, "Crash.SigkillDuringSaveLoop"); }
+TEST(Crash, SigkillDuringAsyncSaveLoop) { KillLoop(true, "Crash.SigkillDuringAsyncSaveLoop"); }
 
 }  // namespace
 }  // namespace savepoint

@@ -67,6 +67,23 @@ struct LoadOptions {
   int io_threads = 4;
   // Read with O_DIRECT where possible (cold reads, no page-cache pollution). Default: true.
   bool direct_io = true;
+  // Map data files instead of reading them. Load returns tensors that are views into the mapping
+  // (zero-copy) where possible; verification is lazy (see CheckpointReader::MapTensor).
+  // Details (Load only; LoadInto, Verify and CheckpointReader::ReadTensor ignore it):
+  //  - A tensor stored as one shard becomes a borrowed TensorView straight into the read-only
+  //    mapping of its data file; the returned State keeps the mappings alive (State::KeepAlive),
+  //    so its views stay valid after Load returns, until the State is destroyed. The memory is
+  //    read-only: with the POSIX file system it is mapped PROT_READ, so writing through the view's
+  //    pointer crashes (SIGSEGV). Copy a tensor (Tensor::CopyOf) to modify it.
+  //  - A tensor stored as several shards is read and assembled into an owned Tensor as usual.
+  //  - With verify_checksums, Load checks every chunk of every mapped tensor once before
+  //    returning; this touches every page (the whole selection is read from storage, though not
+  //    copied). With verify_checksums = false nothing but the data file headers is read at Load:
+  //    pages are read on first access, and corruption goes undetected.
+  //  - On a file system that cannot map (FileSystem::MapFile is Unimplemented), tensors are read
+  //    into owned Tensors instead. A data file truncated while mapped makes access raise SIGBUS.
+  // Default: false.
+  bool mmap = false;
   // Optional: receives statistics.
   IoStats* stats = nullptr;
 };
@@ -115,6 +132,18 @@ class CheckpointReader {
   virtual Status ReadTensor(const std::string& name, const TensorView& dst) = 0;
   // Reads one tensor into a new aligned Tensor.
   virtual Result<Tensor> ReadTensor(const std::string& name) = 0;
+  // Zero-copy access: a read-only view of the tensor's bytes inside a mapping of its data file
+  // (FileSystem::MapFile). The reader maps each data file once, lazily, after checking its header
+  // and that the mapping covers the manifest's size, and keeps the mappings alive: views are valid
+  // while the reader lives. The memory is read-only (POSIX: PROT_READ, writing through it crashes).
+  // With `verify`, every chunk of the tensor is checked against its CRC32C first (this reads the
+  // whole tensor); a mismatch is Corruption naming checkpoint, tensor, chunk, file and offset, like
+  // ReadTensor's. Without it, nothing of the tensor is read until the caller touches its pages.
+  // Errors: NotFound (no such tensor); FailedPrecondition (the tensor is stored as several shards,
+  // so no contiguous copy of it exists: use ReadTensor); Unimplemented (the file system cannot
+  // map); Corruption (bad data file header, file shorter than the manifest says, CRC mismatch).
+  // An empty tensor gives a view whose data() may be null.
+  virtual Result<TensorView> MapTensor(const std::string& name, bool verify) = 0;
   // Re-reads every chunk of every tensor and checks its CRC32C. The first mismatch is returned
   // as Corruption naming checkpoint, tensor, chunk, file and offset.
   virtual Status Verify(IoStats* stats = nullptr) = 0;

@@ -5,13 +5,13 @@
 // after LevelDB's Env and RocksDB's FileSystem.
 //
 // Paths are '/'-separated strings. Implementations:
-//  - DefaultFileSystem(): POSIX (open/pwrite/pread/fsync/renameat2), with optional O_DIRECT.
+//  - DefaultFileSystem(): POSIX (open/pwrite/pread/fsync/renameat2/mmap), with optional O_DIRECT.
 //  - src/io/mem_fs.h: MemFileSystem, in memory, with a durability model (see there).
 //  - src/io/fault_fs.h: FaultInjectionFileSystem, wraps another and injects failures.
 //
 // Thread safety: FileSystem methods are thread-safe. A WritableFile may receive concurrent WriteAt
 // calls for non-overlapping ranges; Sync/Close must not race with writes. RandomAccessFile::ReadAt
-// is thread-safe.
+// is thread-safe. A MappedFile is immutable and may be read from any number of threads.
 #ifndef SAVEPOINT_FILESYSTEM_H_
 #define SAVEPOINT_FILESYSTEM_H_
 
@@ -73,6 +73,26 @@ class RandomAccessFile {
   virtual const std::string& path() const = 0;
 };
 
+// A read-only view of a whole file's bytes in memory (a memory mapping, or a snapshot copy on file
+// systems that cannot map). Obtained from FileSystem::MapFile, usually held by shared_ptr.
+//
+// Ownership: the object owns the mapping; data() is valid until it is destroyed. The memory is
+// read-only (the POSIX mapping is PROT_READ: writing through a const_cast pointer crashes with
+// SIGSEGV). With the POSIX file system, pages are read lazily on first access, and truncating the
+// file while it is mapped makes access to the lost pages raise SIGBUS (savepoint never truncates
+// a committed checkpoint's files).
+//
+// Thread safety: immutable; data() may be read concurrently.
+class MappedFile {
+ public:
+  virtual ~MappedFile() = default;
+  // The file's bytes; the size is the file's size at MapFile time (empty for an empty file).
+  // Whether later writes to the file show through depends on the file system (POSIX: yes, the
+  // mapping is MAP_SHARED; MemFileSystem: no, it is a snapshot).
+  virtual std::span<const std::byte> data() const = 0;
+  virtual const std::string& path() const = 0;
+};
+
 class FileSystem {
  public:
   virtual ~FileSystem() = default;
@@ -98,6 +118,11 @@ class FileSystem {
   virtual Status Rename(const std::string& from, const std::string& to) = 0;
   // Makes the directory's entries (creations, renames, removals in it) durable.
   virtual Status SyncDir(const std::string& path) = 0;
+  // Maps a whole existing file read-only into memory (see MappedFile). NotFound if absent. The
+  // default fails with Unimplemented naming the path; file systems that can map override it.
+  virtual Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path) {
+    return UnimplementedError("map " + path + ": this file system does not support mapping files");
+  }
 
   // --- Helpers built on the calls above (not virtual). ---
   // True if the path exists (errors other than NotFound count as "exists").

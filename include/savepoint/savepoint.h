@@ -2,6 +2,7 @@
 #ifndef SAVEPOINT_SAVEPOINT_H_
 #define SAVEPOINT_SAVEPOINT_H_
 
+#include "savepoint/async.h"       // IWYU pragma: export
 #include "savepoint/catalog.h"     // IWYU pragma: export
 #include "savepoint/checkpoint.h"  // IWYU pragma: export
 #include "savepoint/dtype.h"       // IWYU pragma: export

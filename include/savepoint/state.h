@@ -10,7 +10,9 @@
 //  - a borrowed TensorView (the caller keeps the memory alive while the State is used; this is how
 //    Save avoids copying the caller's buffers and how Load fills caller-provided buffers),
 //  - a Value (int, float, bool, string, bytes, JSON).
-// Plus one JSON object of free-form user metadata.
+// Plus one JSON object of free-form user metadata, and a list of opaque keep-alive owners (see
+// KeepAlive) that let borrowed views point into memory the State itself keeps alive, e.g. the
+// read-only file mappings behind Load(..., {.mmap = true}).
 //
 // Thread safety: const methods may be called concurrently; mutation needs external locking.
 #ifndef SAVEPOINT_STATE_H_
@@ -18,6 +20,7 @@
 
 #include <cstddef>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -76,10 +79,18 @@ class State {
   Json& metadata() { return metadata_; }
   const Json& metadata() const { return metadata_; }
 
+  // Keeps `owner` alive for as long as this State lives (moves with it; released when the State
+  // is destroyed or assigned over). Views in this State may point into memory owned by these
+  // objects, so they stay valid without the caller holding the owner. Null is ignored. Erasing an
+  // entry does not release owners.
+  void KeepAlive(std::shared_ptr<const void> owner);
+  size_t num_keep_alive() const { return keep_alive_.size(); }
+
  private:
   Status Insert(std::string name, Entry entry);
   std::map<std::string, Entry, std::less<>> entries_;
   Json metadata_;
+  std::vector<std::shared_ptr<const void>> keep_alive_;
 };
 
 }  // namespace savepoint

@@ -74,6 +74,10 @@ const Value* State::FindValue(std::string_view name) const {
   return e != nullptr && !e->is_tensor() ? &e->value() : nullptr;
 }
 
+void State::KeepAlive(std::shared_ptr<const void> owner) {
+  if (owner != nullptr) keep_alive_.push_back(std::move(owner));
+}
+
 size_t State::num_tensors() const {
   size_t n = 0;
   for (const auto& [name, e] : entries_) n += e.is_tensor() ? 1 : 0;

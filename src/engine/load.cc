@@ -2,6 +2,11 @@
 #include <fmt/format.h>
 #include <fnmatch.h>
 
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <vector>
+
 #include "engine/reader.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/savepoint.h"
@@ -53,6 +58,56 @@ Status CopyValues(const State& from, const std::vector<std::string>& names, Stat
   return Status::OK();
 }
 
+// Load with LoadOptions::mmap: single-shard tensors become views into the data files' mappings
+// (kept alive by the State), multi-shard ones are read into owned tensors. With verify_checksums,
+// the mapped tensors' chunks are checked once here. On a file system that cannot map, every
+// tensor is read instead.
+Status LoadMapped(engine::Reader& reader, const std::vector<bool>& keep, const LoadOptions& options,
+                  State* state) {
+  auto start = std::chrono::steady_clock::now();
+  std::vector<std::pair<size_t, engine::Destination>> jobs;
+  std::vector<size_t> mapped;
+  std::vector<std::shared_ptr<const MappedFile>> mappings;
+  bool can_map = true;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < keep.size(); ++i) {
+    if (!keep[i]) continue;
+    const TensorInfo& info = reader.tensors()[i];
+    bytes += info.nbytes;
+    if (can_map && info.num_shards <= 1) {
+      std::shared_ptr<const MappedFile> mapping;
+      Result<TensorView> view = reader.MapIndex(i, &mapping);
+      if (view.ok()) {
+        SP_RETURN_IF_ERROR(state->PutView(info.name, *view));
+        mapped.push_back(i);
+        if (mapping != nullptr &&
+            std::find(mappings.begin(), mappings.end(), mapping) == mappings.end()) {
+          mappings.push_back(std::move(mapping));
+        }
+        continue;
+      }
+      if (view.status().code() != StatusCode::kUnimplemented) return view.status();
+      can_map = false;  // the file system cannot map: read this and every later tensor
+    }
+    SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(info.dtype, info.shape));
+    jobs.emplace_back(i, engine::Destination{t.data(), t.capacity()});
+    SP_RETURN_IF_ERROR(state->Put(info.name, std::move(t)));
+  }
+  for (auto& m : mappings) state->KeepAlive(std::move(m));
+  uint64_t verified = 0;
+  if (options.verify_checksums) SP_RETURN_IF_ERROR(reader.VerifyMapped(mapped, &verified));
+  IoStats read_stats;
+  SP_RETURN_IF_ERROR(reader.ReadMany(jobs, &read_stats, options.verify_checksums));
+  if (options.stats != nullptr) {
+    // (The data files are opened for their header checks even when nothing is read from them.)
+    bool direct = !jobs.empty() && read_stats.direct_io;
+    *options.stats = IoStats{bytes, verified + read_stats.chunks, 0, direct};
+    options.stats->seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::string& path,
@@ -67,6 +122,11 @@ Result<State> Load(const std::string& path, const LoadOptions& options) {
   for (const auto& t : reader->tensors()) all.push_back(t.name);
   SP_ASSIGN_OR_RETURN(std::vector<bool> keep, Select(options.names, all, reader->values(), path));
   State state;
+  if (options.mmap) {
+    SP_RETURN_IF_ERROR(LoadMapped(*reader, keep, options, &state));
+    SP_RETURN_IF_ERROR(CopyValues(reader->values(), options.names, &state));
+    return state;
+  }
   std::vector<std::pair<size_t, engine::Destination>> jobs;
   for (size_t i = 0; i < all.size(); ++i) {
     if (!keep[i]) continue;

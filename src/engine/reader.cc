@@ -54,6 +54,7 @@ Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const 
         {t.name, t.dtype, t.shape, NumBytes(t.dtype, t.shape).value(), t.shards.size(), chunks});
   }
   r->files_.resize(r->m_.files.size());
+  r->maps_.resize(r->m_.files.size());
   return r;
 }
 
@@ -93,16 +94,28 @@ Result<RandomAccessFile*> Reader::File(uint32_t index) {
   return files_[index].get();
 }
 
+std::string Reader::ChunkWhere(const format::TensorRecord& t, const format::ShardRecord& s,
+                               uint64_t chunk) const {
+  uint64_t pos = chunk * m_.chunk_bytes;
+  return fmt::format("checkpoint {}: tensor {:?} chunk {} (file {} offset {}, {} bytes)", path_,
+                     t.name, chunk, m_.files[s.file].name, s.offset + pos,
+                     std::min(m_.chunk_bytes, s.bytes - pos));
+}
+
+Status Reader::CheckChunk(const format::TensorRecord& t, const format::ShardRecord& s,
+                          uint64_t chunk, std::span<const std::byte> bytes) const {
+  uint32_t crc = Crc32c(bytes);
+  if (crc == s.crc32c[chunk]) return Status::OK();
+  return CorruptionError(fmt::format("{}: CRC32C mismatch (stored {:08x}, computed {:08x})",
+                                     ChunkWhere(t, s, chunk), s.crc32c[chunk], crc));
+}
+
 Status Reader::ReadChunk(const Task& t, std::byte* staging, bool verify) {
   const format::ShardRecord& s = *t.shard;
   uint64_t pos = t.chunk * m_.chunk_bytes;
   uint64_t len = std::min(m_.chunk_bytes, s.bytes - pos);
   uint64_t off = s.offset + pos;
   SP_ASSIGN_OR_RETURN(RandomAccessFile * f, File(s.file));
-  auto where = [&] {
-    return fmt::format("checkpoint {}: tensor {:?} chunk {} (file {} offset {}, {} bytes)", path_,
-                       t.tensor->name, t.chunk, m_.files[s.file].name, off, len);
-  };
   std::byte* out = t.dst.data;
   bool aligned = out != nullptr && reinterpret_cast<uintptr_t>(out) % kAlignment == 0;
   Status st;
@@ -113,14 +126,9 @@ Status Reader::ReadChunk(const Task& t, std::byte* staging, bool verify) {
     if (st.ok() && out != nullptr) std::memcpy(out, staging, len);
     if (out == nullptr) out = staging;
   }
-  if (!st.ok()) return st.WithContext(where());
+  if (!st.ok()) return st.WithContext(ChunkWhere(*t.tensor, s, t.chunk));
   if (!verify) return Status::OK();
-  uint32_t crc = Crc32c({out, len});
-  if (crc != s.crc32c[t.chunk]) {
-    return CorruptionError(fmt::format("{}: CRC32C mismatch (stored {:08x}, computed {:08x})",
-                                       where(), s.crc32c[t.chunk], crc));
-  }
-  return Status::OK();
+  return CheckChunk(*t.tensor, s, t.chunk, {out, len});
 }
 
 Status Reader::AddTasks(size_t ti, Destination dst, std::vector<Task>* tasks,

@@ -1,10 +1,17 @@
-// CheckpointReader implementation and the chunk-read pipeline shared by Load, LoadInto and Verify.
+// CheckpointReader implementation and the chunk-read pipeline shared by Load, LoadInto and Verify,
+// plus zero-copy access through read-only mappings of the data files (mmap.cc).
+//
+// Ownership: a Reader owns its open data files and mappings; views returned by MapTensor/MapIndex
+// point into mappings it keeps alive until it is destroyed (callers that need a view to outlive it
+// take the mapping's shared_ptr, as Load(mmap) does).
+// Thread safety: all public methods may be called concurrently (files_ and maps_ are locked).
 #ifndef SAVEPOINT_ENGINE_READER_H_
 #define SAVEPOINT_ENGINE_READER_H_
 
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -35,6 +42,7 @@ class Reader final : public CheckpointReader {
   Status ReadTensor(const std::string& name, const TensorView& dst) override;
   Result<Tensor> ReadTensor(const std::string& name) override;
   Status Verify(IoStats* stats) override;
+  Result<TensorView> MapTensor(const std::string& name, bool verify) override;
 
   // Reads several tensors (by index into the manifest) into their destinations in one parallel
   // pass. Destinations of multi-shard tensors receive the assembled global tensor.
@@ -42,6 +50,16 @@ class Reader final : public CheckpointReader {
                   bool verify);
   // Index of a tensor in the manifest, or -1.
   int64_t IndexOf(std::string_view name) const;
+
+  // --- Mapping (mmap.cc). ---
+  // A read-only view of tensor `index` inside its data file's mapping, without verification.
+  // FailedPrecondition for a tensor of several shards; the mapping's errors (Unimplemented when
+  // the file system cannot map). `mapping`, when not null, receives the mapping the view points
+  // into (null for an empty tensor stored without shards).
+  Result<TensorView> MapIndex(size_t index, std::shared_ptr<const MappedFile>* mapping);
+  // Checks the CRC32C of every chunk of the given single-shard tensors in their mappings, on
+  // io_threads threads. Returns the number of chunks checked in *chunks (when not null).
+  Status VerifyMapped(const std::vector<size_t>& tensors, uint64_t* chunks);
 
  private:
   Reader() = default;
@@ -54,7 +72,15 @@ class Reader final : public CheckpointReader {
     Destination dst;
   };
   Result<RandomAccessFile*> File(uint32_t index);
+  // Data file `index` mapped read-only, once, after File(index) has checked its header and size.
+  Result<std::shared_ptr<const MappedFile>> Mapping(uint32_t index);
   Status ReadChunk(const Task& t, std::byte* staging, bool verify);
+  // "checkpoint P: tensor "T" chunk C (file F offset O, N bytes)": names a chunk in messages.
+  std::string ChunkWhere(const format::TensorRecord& t, const format::ShardRecord& s,
+                         uint64_t chunk) const;
+  // Corruption (naming the chunk) unless `bytes` (chunk `chunk` of shard `s`) match its CRC32C.
+  Status CheckChunk(const format::TensorRecord& t, const format::ShardRecord& s, uint64_t chunk,
+                    std::span<const std::byte> bytes) const;
   Status AddTasks(size_t tensor, Destination dst, std::vector<Task>* tasks,
                   std::vector<Scatter>* scatter);
 
@@ -67,6 +93,8 @@ class Reader final : public CheckpointReader {
   uint64_t total_bytes_ = 0;
   std::mutex mu_;  // guards files_
   std::vector<std::unique_ptr<RandomAccessFile>> files_;
+  std::mutex map_mu_;  // guards maps_; never held while taking mu_ (Mapping calls File first)
+  std::vector<std::shared_ptr<const MappedFile>> maps_;
 };
 
 }  // namespace savepoint::engine

@@ -174,6 +174,11 @@ Status FaultInjectionFileSystem::SyncDir(const std::string& path) {
                 [&](int) { return base_->SyncDir(path); });
 }
 
+Result<std::shared_ptr<const MappedFile>> FaultInjectionFileSystem::MapFile(
+    const std::string& path) {
+  return base_->MapFile(path);
+}
+
 void FaultInjectionFileSystem::FailNth(Op op, uint64_t n, int err) {
   std::lock_guard<std::mutex> lock(mu_);
   fail_nth_.push_back(Fault{op, n, err});

@@ -1,7 +1,7 @@
 // FaultInjectionFileSystem: wraps another FileSystem and makes chosen calls fail.
 //
 // It counts calls per operation kind (Op) and "mutating operations" (everything except kRead and
-// the pass-through calls ListDir, Stat and NewRandomAccessFile):
+// the pass-through calls ListDir, Stat, NewRandomAccessFile and MapFile):
 //   NewWritableFile (kCreate), WritableFile::WriteAt (kWrite), WritableFile::Sync (kSync),
 //   WritableFile::Close (kClose), CreateDir, RemoveFile, RemoveDir, Rename, SyncDir.
 // Faults:
@@ -14,6 +14,8 @@
 //    fails with IOError "<operation> <path>: injected crash" without reaching the base, as if the
 //    process had died there. Reads and pass-through calls keep working. While a crash point is
 //    armed, mutating operations are serialised so that exactly n get through.
+// MapFile goes straight to the base: it is neither counted nor faulted, and reads through the
+// mapping bypass the kRead fault.
 // A call counts in count(op) whether or not it fails. mutation_count() is the number of mutating
 // operations that reached the base and succeeded; running a workload once without faults and
 // reading mutation_count() gives the crash points 0..N to sweep with CrashAfter.
@@ -73,6 +75,7 @@ class FaultInjectionFileSystem : public FileSystem {
   Status RemoveDir(const std::string& path) override;
   Status Rename(const std::string& from, const std::string& to) override;
   Status SyncDir(const std::string& path) override;
+  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path) override;
 
   // Fault setup; see the file comment. Several FailNth faults may be armed at once.
   void FailNth(Op op, uint64_t n, int err);

@@ -1,7 +1,7 @@
 // Conformance tests for the FileSystem interface, run against every implementation:
 // DefaultFileSystem() in a fresh temporary directory, MemFileSystem, and a fault-free
-// FaultInjectionFileSystem over MemFileSystem. Plus POSIX-only direct I/O checks and the path
-// helpers.
+// FaultInjectionFileSystem over MemFileSystem. Plus POSIX-only direct I/O and mmap checks,
+// MemFileSystem's MapFile snapshot, the base class's MapFile default, and the path helpers.
 #include "savepoint/filesystem.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <span>
@@ -326,6 +327,45 @@ TEST_P(FileSystemTest, SyncDirAndWrongTypes) {
   EXPECT_TRUE(fs_->Exists(Path("f")));
 }
 
+TEST_P(FileSystemTest, MapFileReadsWholeFile) {
+  const std::string path = Path("mapped.spd");
+  const std::vector<std::byte> data = Pattern(3 * 4096 + 123, 5);  // not a multiple of pages
+  WriteWhole(path, data);
+  Result<std::shared_ptr<const MappedFile>> map = fs_->MapFile(path);
+  ASSERT_TRUE(map.ok()) << map.status().ToString();
+  ASSERT_NE(*map, nullptr);
+  EXPECT_EQ((*map)->path(), path);
+  std::span<const std::byte> bytes = (*map)->data();
+  ASSERT_EQ(bytes.size(), data.size());
+  EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), data.begin()));
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(bytes.data()) % 4096, 0u) << "not page aligned";
+  // Two mappings of one file are independent objects with the same bytes.
+  Result<std::shared_ptr<const MappedFile>> again = fs_->MapFile(path);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), (*again)->data().begin()));
+  // The mapping outlives the file's name.
+  ASSERT_TRUE(fs_->RemoveFile(path).ok());
+  EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), data.begin()));
+}
+
+TEST_P(FileSystemTest, MapFileOfEmptyFile) {
+  const std::string path = Path("empty");
+  WriteWhole(path, {});
+  Result<std::shared_ptr<const MappedFile>> map = fs_->MapFile(path);
+  ASSERT_TRUE(map.ok()) << map.status().ToString();
+  EXPECT_TRUE((*map)->data().empty());
+  EXPECT_EQ((*map)->path(), path);
+}
+
+TEST_P(FileSystemTest, MapFileErrors) {
+  Result<std::shared_ptr<const MappedFile>> missing = fs_->MapFile(Path("nope"));
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find(Path("nope")), std::string::npos)
+      << missing.status().ToString();
+  ASSERT_TRUE(fs_->CreateDir(Path("dir")).ok());
+  EXPECT_FALSE(fs_->MapFile(Path("dir")).ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(AllFileSystems, FileSystemTest,
                          testing::Values(Kind::kPosix, Kind::kMem, Kind::kFaultOverMem), KindName);
 
@@ -380,6 +420,87 @@ TEST(PosixFileSystemTest, DirectIOAlignmentOrFallback) {
     ASSERT_TRUE((*reader)->ReadAt(3, aligned.first(10)).ok());
   }
   EXPECT_TRUE(fs->RemoveAll(root).ok());
+}
+
+TEST(PosixFileSystemTest, MapFileIsSharedAndReadOnly) {
+  FileSystem* fs = DefaultFileSystem();
+  const std::string root = MakeTempDir();
+  ASSERT_FALSE(root.empty());
+  const std::string path = JoinPath(root, "shared.spd");
+  const std::vector<std::byte> data = Pattern(2 * 4096, 3);
+  ASSERT_TRUE(fs->WriteFileSynced(
+                    path, std::string_view(reinterpret_cast<const char*>(data.data()), data.size()))
+                  .ok());
+  Result<std::shared_ptr<const MappedFile>> map = fs->MapFile(path);
+  ASSERT_TRUE(map.ok()) << map.status().ToString();
+  const std::byte* p = (*map)->data().data();
+  // MAP_SHARED: a later in-place write to the file shows through the mapping.
+  {
+    FILE* f = std::fopen(path.c_str(), "r+b");  // in place: no truncation
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, 100, SEEK_SET);
+    std::fputc(0x5a, f);
+    std::fclose(f);
+  }
+  EXPECT_EQ(p[100], std::byte{0x5a});
+  // PROT_READ: writing through the mapping crashes.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH({ const_cast<std::byte*>(p)[0] = std::byte{1}; }, "");
+  // The fd is closed right after mmap: the mapping survives unlink and needs no descriptor.
+  ASSERT_TRUE(fs->RemoveAll(root).ok());
+  EXPECT_EQ(p[1], data[1]);
+}
+
+TEST(MemFileSystemMapTest, MapFileIsASnapshot) {
+  MemFileSystem fs;
+  ASSERT_TRUE(fs.WriteFileSynced("/f", "hello world").ok());
+  Result<std::shared_ptr<const MappedFile>> map = fs.MapFile("/f");
+  ASSERT_TRUE(map.ok()) << map.status().ToString();
+  ASSERT_TRUE(fs.WriteFileSynced("/f", "HELLO").ok());  // truncates and rewrites
+  fs.SimulatePowerLoss();
+  std::span<const std::byte> bytes = (*map)->data();
+  EXPECT_EQ(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+            "hello world");
+  // A file larger than one 1 MiB storage block, written sparsely: holes read as zeros.
+  auto file = fs.NewWritableFile("/big", FileOptions{});
+  ASSERT_TRUE(file.ok());
+  const std::vector<std::byte> tail = Pattern(1000, 1);
+  ASSERT_TRUE((*file)->WriteAt(3 << 20, tail).ok());
+  Result<std::shared_ptr<const MappedFile>> big = fs.MapFile("/big");
+  ASSERT_TRUE(big.ok());
+  ASSERT_EQ((*big)->data().size(), (3u << 20) + 1000u);
+  EXPECT_EQ((*big)->data()[12345], std::byte{0});
+  EXPECT_TRUE(std::equal(tail.begin(), tail.end(), (*big)->data().begin() + (3 << 20)));
+}
+
+// A file system that implements only the pure virtual calls (as a third-party one might).
+class MinimalFileSystem final : public FileSystem {
+ public:
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string&,
+                                                        const FileOptions&) override {
+    return UnimplementedError("x");
+  }
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string&,
+                                                                const FileOptions&) override {
+    return UnimplementedError("x");
+  }
+  Status CreateDir(const std::string&) override { return UnimplementedError("x"); }
+  Result<std::vector<FileInfo>> ListDir(const std::string&) override {
+    return UnimplementedError("x");
+  }
+  Result<FileInfo> Stat(const std::string&) override { return UnimplementedError("x"); }
+  Status RemoveFile(const std::string&) override { return UnimplementedError("x"); }
+  Status RemoveDir(const std::string&) override { return UnimplementedError("x"); }
+  Status Rename(const std::string&, const std::string&) override { return UnimplementedError("x"); }
+  Status SyncDir(const std::string&) override { return UnimplementedError("x"); }
+};
+
+TEST(FileSystemDefaultsTest, MapFileIsUnimplementedByDefault) {
+  MinimalFileSystem fs;
+  Result<std::shared_ptr<const MappedFile>> map = fs.MapFile("/some/file.spd");
+  EXPECT_EQ(map.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(map.status().message().find("/some/file.spd"), std::string::npos)
+      << map.status().ToString();
 }
 
 TEST(PosixFileSystemTest, DefaultFileSystemIsASingleton) {

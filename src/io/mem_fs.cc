@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -256,6 +257,27 @@ class MemRandomAccessFile final : public RandomAccessFile {
   const uint64_t size_;
 };
 
+// A snapshot of a file's bytes in one aligned heap buffer (see "MapFile" in mem_fs.h).
+class MemMappedFile final : public MappedFile {
+ public:
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  MemMappedFile(std::string path, std::unique_ptr<std::byte, Free> buffer, size_t size)
+      : path_(std::move(path)), buffer_(std::move(buffer)), size_(size) {}
+
+  std::span<const std::byte> data() const override { return {buffer_.get(), size_}; }
+  const std::string& path() const override { return path_; }
+
+ private:
+  const std::string path_;
+  const std::unique_ptr<std::byte, Free> buffer_;  // null when size_ == 0
+  const size_t size_;
+};
+
+// Alignment of a snapshot's buffer, like a page-aligned mapping.
+constexpr size_t kMapAlignment = 4096;
+
 }  // namespace
 
 MemFileSystem::MemFileSystem() : state_(std::make_shared<State>()) {}
@@ -399,6 +421,28 @@ Status MemFileSystem::SyncDir(const std::string& path) {
   if (err != 0) return ErrnoToStatus(err, fmt::format("sync directory {}", path));
   dir->durable_entries = dir->entries;
   return Status::OK();
+}
+
+Result<std::shared_ptr<const MappedFile>> MemFileSystem::MapFile(const std::string& path) {
+  const std::string context = fmt::format("open {} for mapping", path);
+  const std::vector<std::string> parts = Components(path);
+  std::lock_guard<std::mutex> lock(state_->mu);
+  int err = 0;
+  std::shared_ptr<Inode> inode = state_->Find(parts, &err);
+  if (inode == nullptr) return ErrnoToStatus(err, context);
+  if (inode->is_dir) return ErrnoToStatus(EISDIR, context);
+  const uint64_t size = inode->data.size;
+  std::unique_ptr<std::byte, MemMappedFile::Free> buffer;
+  if (size > 0) {
+    const uint64_t capacity = (size + kMapAlignment - 1) / kMapAlignment * kMapAlignment;
+    buffer.reset(static_cast<std::byte*>(std::aligned_alloc(kMapAlignment, capacity)));
+    if (buffer == nullptr) {
+      return ErrnoToStatus(ENOMEM, fmt::format("map {} ({} bytes)", path, size));
+    }
+    ReadData(inode->data, 0, {buffer.get(), static_cast<size_t>(size)});
+  }
+  return std::shared_ptr<const MappedFile>(
+      std::make_shared<MemMappedFile>(path, std::move(buffer), static_cast<size_t>(size)));
 }
 
 void MemFileSystem::SimulatePowerLoss() {

@@ -17,6 +17,10 @@
 //    a breadth-first walk in name order, so the result is always a tree.
 //  - Handles opened before SimulatePowerLoss() belong to the "dead" process: every later call on
 //    them (WriteAt, Sync, Close, ReadAt) fails with FailedPrecondition and changes nothing.
+//  - MapFile returns a snapshot: a contiguous, immutable, 4096-aligned copy of the file's current
+//    bytes, made at the call (it costs the file's size in memory). Later writes, truncations and
+//    power loss do not change it; it stays valid for as long as it is held, even after the file or
+//    the MemFileSystem is gone.
 //  - FileOptions::direct_io is accepted; files report direct() == false and have no alignment
 //    rules.
 //  - Storage is sparse and copy-on-write in 1 MiB blocks: holes read as zeros, a file far larger
@@ -59,6 +63,7 @@ class MemFileSystem : public FileSystem {
   Status RemoveDir(const std::string& path) override;
   Status Rename(const std::string& from, const std::string& to) override;
   Status SyncDir(const std::string& path) override;
+  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path) override;
 
   // Reverts everything to its durable state (see the model above) and invalidates open handles.
   void SimulatePowerLoss();

@@ -7,12 +7,16 @@
 // falls back to "stat the target, then rename(2)", which cannot replace a target that exists
 // before the call but can race with a concurrent creator of the same target.
 //
+// MapFile maps the whole file with mmap(PROT_READ, MAP_SHARED) and closes the fd right away (the
+// mapping keeps the file referenced). No madvise: pages are read lazily, on first access. An
+// empty file maps to an empty span without calling mmap (mmap of length 0 is EINVAL).
+//
 // Symbolic links: Stat follows them; ListDir does not (a link is listed as a non-directory), so
 // RemoveAll on a tree never descends through a link.
 //
 // Thread safety: the file system object is stateless and thread-safe. A PosixWritableFile accepts
 // concurrent WriteAt calls (pwrite is positional); Sync/Close must not race with writes.
-// PosixRandomAccessFile::ReadAt is thread-safe.
+// PosixRandomAccessFile::ReadAt is thread-safe. A PosixMappedFile is immutable.
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE  // renameat2, O_DIRECT
 #endif
@@ -20,6 +24,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -191,6 +196,29 @@ class PosixRandomAccessFile final : public RandomAccessFile {
   const uint64_t size_;
 };
 
+// A read-only mapping of a whole file. Owns the mapping (munmap on destruction), not an fd.
+class PosixMappedFile final : public MappedFile {
+ public:
+  // `addr` is the mmap result for `size` bytes, or nullptr when size == 0 (nothing mapped).
+  PosixMappedFile(std::string path, void* addr, size_t size)
+      : path_(std::move(path)), addr_(addr), size_(size) {}
+  ~PosixMappedFile() override {
+    if (addr_ != nullptr) ::munmap(addr_, size_);
+  }
+  PosixMappedFile(const PosixMappedFile&) = delete;
+  PosixMappedFile& operator=(const PosixMappedFile&) = delete;
+
+  std::span<const std::byte> data() const override {
+    return {static_cast<const std::byte*>(addr_), size_};
+  }
+  const std::string& path() const override { return path_; }
+
+ private:
+  const std::string path_;
+  void* const addr_;
+  const size_t size_;
+};
+
 // Closes a DIR* on scope exit.
 struct DirCloser {
   void operator()(DIR* dir) const { ::closedir(dir); }
@@ -224,6 +252,36 @@ class PosixFileSystem final : public FileSystem {
     }
     return std::unique_ptr<RandomAccessFile>(std::make_unique<PosixRandomAccessFile>(
         path, fd, direct, static_cast<uint64_t>(st.st_size)));
+  }
+
+  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path) override {
+    int fd;
+    do {
+      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return ErrnoToStatus(errno, fmt::format("open {} for mapping", path));
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+      Status status = ErrnoToStatus(errno, fmt::format("stat {}", path));
+      ::close(fd);
+      return status;
+    }
+    if (S_ISDIR(st.st_mode)) {
+      ::close(fd);
+      return ErrnoToStatus(EISDIR, fmt::format("open {} for mapping", path));
+    }
+    const size_t size = static_cast<size_t>(st.st_size);  // 64-bit Linux: size_t holds off_t
+    void* addr = nullptr;
+    if (size > 0) {
+      addr = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+      if (addr == MAP_FAILED) {
+        Status status = ErrnoToStatus(errno, fmt::format("map {} ({} bytes)", path, size));
+        ::close(fd);
+        return status;
+      }
+    }
+    ::close(fd);  // the mapping keeps its own reference to the file
+    return std::shared_ptr<const MappedFile>(std::make_shared<PosixMappedFile>(path, addr, size));
   }
 
   Status CreateDir(const std::string& path) override {

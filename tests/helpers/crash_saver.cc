@@ -1,6 +1,8 @@
 // Child process for crash_test: saves checkpoints in a loop until it is killed.
 //
-// Usage: crash_saver ROOT FIRST_STEP
+// Usage: crash_saver ROOT FIRST_STEP [async]
+// With "async", saves go through a Checkpointer (snapshot, then background persist) with a small
+// staging pool, so kills land in the background phase too.
 // For step = FIRST_STEP, FIRST_STEP+1, ...: saves RandomState(step) to ROOT/step-<step:08>, then
 // deletes checkpoints more than 3 steps old, and every third step also overwrites ROOT/latest.
 // The parent kills it with SIGKILL at a random moment and checks what is on disk.
@@ -10,24 +12,37 @@
 #include <cstdlib>
 #include <string>
 
+#include "savepoint/async.h"
 #include "testutil/testutil.h"
 
 int main(int argc, char** argv) {
   using namespace savepoint;
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: crash_saver ROOT FIRST_STEP\n");
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr, "usage: crash_saver ROOT FIRST_STEP [async]\n");
     return 2;
   }
+  std::unique_ptr<Checkpointer> async;
+  if (argc == 4) {
+    CheckpointerOptions o;
+    o.staging_bytes = 1 << 20;
+    o.slab_bytes = 64 << 10;
+    async = Checkpointer::Create(o).value();
+  }
+  auto save = [&](const State& s, const std::string& path, const SaveOptions& so) {
+    if (!async) return Save(s, path, so);
+    Result<SaveHandle> h = async->SaveAsync(s, path, so);
+    return h.ok() ? h->Wait() : h.status();
+  };
   std::string root = argv[1];
   uint64_t step = std::strtoull(argv[2], nullptr, 10);
   for (;; ++step) {
     State s = savepoint::testing::RandomState(step, 8, 2 << 20);
     SaveOptions so;
     so.chunk_bytes = 64 << 10;
-    Status st = Save(s, fmt::format("{}/step-{:08}", root, step), so);
+    Status st = save(s, fmt::format("{}/step-{:08}", root, step), so);
     if (st.ok() && step % 3 == 0) {
       so.overwrite = true;
-      st = Save(s, root + "/latest", so);
+      st = save(s, root + "/latest", so);
     }
     if (st.ok() && step >= 3) {
       std::string old = fmt::format("{}/step-{:08}", root, step - 3);

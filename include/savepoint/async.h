@@ -1,0 +1,121 @@
+// Asynchronous, two-phase saves: training is blocked only while the state is copied.
+//
+//   auto ckpt = savepoint::Checkpointer::Create({}).value();
+//   auto handle = ckpt->SaveAsync(state, "/ckpt/step-1000").value();  // returns after the copy
+//   ... keep training; the caller may now modify its tensors ...
+//   savepoint::Status s = handle.Wait();                              // durable when OK
+//
+// Phase 1, snapshot (on the caller's thread): every tensor is copied into a staging pool laid out
+// as the data file will be (4 KiB-aligned extents packed into fixed-size slabs), and each chunk's
+// CRC32C is computed while its bytes are hot in cache. Phase 2, persist (background threads):
+// full slabs are written with direct I/O as soon as they are filled, then the manifest is written
+// and the checkpoint committed exactly like a synchronous Save (docs/FORMAT.md §5).
+//
+// Memory is bounded: the pool never holds more than `staging_bytes`. When the state is larger,
+// the snapshot fills slabs as fast as the persist threads drain them, so the caller is blocked for
+// roughly (state bytes - staging bytes) / disk bandwidth on top of the copy. Slabs are reused
+// across saves, so a steady training loop does not page-fault on every save.
+//
+// Thread safety: a Checkpointer may be used from several threads; SaveHandle is a shared,
+// thread-safe reference to one save.
+#ifndef SAVEPOINT_ASYNC_H_
+#define SAVEPOINT_ASYNC_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "savepoint/checkpoint.h"
+#include "savepoint/state.h"
+#include "savepoint/status.h"
+
+namespace savepoint {
+
+// Copies tensor bytes into host staging memory during the snapshot. The default copies with
+// memcpy and checksums in the same pass. A device copier (e.g. CUDA device-to-host) implements
+// this to snapshot accelerator memory; the CRC is then computed on the staged host bytes.
+class SnapshotCopier {
+ public:
+  virtual ~SnapshotCopier() = default;
+  // Copies `n` bytes from `src` (tensor memory as given in the State) to `dst` (host memory).
+  virtual Status Copy(const std::byte* src, std::byte* dst, uint64_t n) = 0;
+};
+
+struct CheckpointerOptions {
+  // Cap on staging memory in bytes. Default: 0 = a quarter of physical RAM, at most 16 GiB.
+  // At least two slabs are always used.
+  uint64_t staging_bytes = 0;
+  // Slab size: the unit of staging and of each background write; also the checksum chunk size.
+  // A multiple of 4096 in [64 KiB, 1 GiB]. Default: 8 MiB.
+  uint64_t slab_bytes = uint64_t{8} << 20;
+  // Background writer threads (1..64). Default: 2.
+  int io_threads = 2;
+  // Allow a new SaveAsync while an earlier save is still persisting. Default: false (SaveAsync
+  // first waits for the previous save to finish, bounding memory and disk contention).
+  bool allow_concurrent_saves = false;
+  // Snapshot copier (not owned; must outlive the Checkpointer). Default: nullptr = memcpy.
+  SnapshotCopier* copier = nullptr;
+};
+
+// Statistics of one asynchronous save.
+struct SaveStats {
+  uint64_t bytes = 0;           // tensor bytes
+  double blocked_seconds = 0;   // time SaveAsync blocked the caller (includes waiting for the
+                                // previous save and for pool slabs)
+  double snapshot_seconds = 0;  // copy + checksum time of phase 1
+  double persist_seconds = 0;   // from SaveAsync's start to the commit
+  bool direct_io = false;
+  double persist_gbps() const { return persist_seconds > 0 ? bytes / persist_seconds / 1e9 : 0; }
+};
+
+// A future-like reference to one save. Copyable; all copies refer to the same save.
+class SaveHandle {
+ public:
+  struct Shared;
+  SaveHandle() = default;
+  explicit SaveHandle(std::shared_ptr<Shared> s) : s_(std::move(s)) {}
+
+  // True once the save has committed or failed (never blocks).
+  bool Poll() const;
+  // Blocks until the save finishes; returns its result. OK means committed and durable.
+  Status Wait() const;
+  // Waits at most `timeout`; true if the save finished within it.
+  bool WaitFor(std::chrono::milliseconds timeout) const;
+  // The result if finished, else FailedPrecondition("still running").
+  Status status() const;
+  // Statistics; persist fields are final once Poll() is true.
+  SaveStats stats() const;
+  // The checkpoint path.
+  const std::string& path() const;
+
+ private:
+  std::shared_ptr<Shared> s_;
+};
+
+class Checkpointer {
+ public:
+  virtual ~Checkpointer() = default;  // waits for every save in flight
+
+  static Result<std::unique_ptr<Checkpointer>> Create(const CheckpointerOptions& options = {});
+
+  // Snapshots `state` and returns once the caller may modify its tensors again; the save
+  // continues in the background. Errors found before the background phase (bad path, existing
+  // checkpoint, bad options) are returned here; later errors through the handle. A failed save
+  // never commits; its staging memory returns to the pool. `options.chunk_bytes` is ignored (the
+  // slab size is used); `options.io_threads` is ignored (the Checkpointer's are used).
+  virtual Result<SaveHandle> SaveAsync(const State& state, const std::string& path,
+                                       const SaveOptions& options = {}) = 0;
+
+  // Blocks until every save started so far has finished; returns the first error among them.
+  virtual Status WaitAll() = 0;
+
+  // Staging memory currently allocated (slabs in use or cached for reuse), and its cap.
+  virtual uint64_t staging_allocated_bytes() const = 0;
+  virtual uint64_t staging_in_use_bytes() const = 0;
+  virtual uint64_t staging_cap_bytes() const = 0;
+};
+
+}  // namespace savepoint
+
+#endif  // SAVEPOINT_ASYNC_H_

@@ -1,0 +1,51 @@
+// StagingPool: a capped set of reusable, 4 KiB-aligned slabs for asynchronous saves.
+//
+// Slabs are allocated on first demand up to `max_slabs` and then recycled, so steady-state saves
+// neither allocate nor page-fault. Acquire blocks while every slab is in use.
+//
+// Thread safety: all methods are thread-safe.
+#ifndef SAVEPOINT_ENGINE_STAGING_POOL_H_
+#define SAVEPOINT_ENGINE_STAGING_POOL_H_
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+#include "savepoint/status.h"
+#include "savepoint/tensor.h"
+
+namespace savepoint::engine {
+
+class StagingPool {
+ public:
+  StagingPool(uint64_t slab_bytes, size_t max_slabs);
+
+  // A free slab, blocking until one is released. Returns nullptr if `cancelled()` becomes true
+  // while waiting (re-checked whenever Wake() or Release() is called), or an error if memory
+  // cannot be allocated.
+  Result<std::byte*> Acquire(const std::function<bool()>& cancelled);
+  // Returns a slab obtained from Acquire.
+  void Release(std::byte* slab);
+  // Wakes waiters so they re-check their cancellation condition.
+  void Wake();
+
+  uint64_t slab_bytes() const { return slab_bytes_; }
+  uint64_t cap_bytes() const { return slab_bytes_ * max_slabs_; }
+  uint64_t allocated_bytes() const;
+  uint64_t in_use_bytes() const;
+
+ private:
+  const uint64_t slab_bytes_;
+  const size_t max_slabs_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Tensor> slabs_;     // every slab ever allocated
+  std::vector<std::byte*> free_;  // slabs ready for reuse
+};
+
+}  // namespace savepoint::engine
+
+#endif  // SAVEPOINT_ENGINE_STAGING_POOL_H_

@@ -1,0 +1,288 @@
+// Asynchronous two-phase saves (Checkpointer): round trips, bounded staging memory, snapshot
+// isolation from later mutation, background faults, one save in flight, custom copiers.
+#include "savepoint/async.h"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "io/fault_fs.h"
+#include "io/mem_fs.h"
+#include "testutil/testutil.h"
+
+namespace savepoint {
+namespace {
+
+using testing::RandomState;
+using testing::StatesEqual;
+
+std::unique_ptr<Checkpointer> Make(uint64_t staging, uint64_t slab = 64 << 10, int threads = 2) {
+  CheckpointerOptions o;
+  o.staging_bytes = staging;
+  o.slab_bytes = slab;
+  o.io_threads = threads;
+  return Checkpointer::Create(o).value();
+}
+
+State LoadFrom(FileSystem* fs, const std::string& path) {
+  LoadOptions lo;
+  lo.fs = fs;
+  Result<State> s = Load(path, lo);
+  EXPECT_TRUE(s.ok()) << s.status().ToString();
+  return s.ok() ? std::move(s).value() : State();
+}
+
+TEST(Async, RoundTripOnDisk) {
+  uint64_t seed = testing::TestSeed("Async.RoundTripOnDisk");
+  testing::TempDir dir;
+  State s = RandomState(seed, 12, 3 << 20);
+  auto ckpt = Make(uint64_t{64} << 20, 1 << 20);
+  Result<SaveHandle> h = ckpt->SaveAsync(s, dir.Sub("a"));
+  SP_ASSERT_OK(h.status());
+  SP_ASSERT_OK(h->Wait());
+  EXPECT_TRUE(h->Poll());
+  SaveStats st = h->stats();
+  EXPECT_EQ(st.bytes, s.tensor_bytes());
+  EXPECT_GT(st.persist_seconds, 0);
+  EXPECT_TRUE(StatesEqual(s, LoadFrom(DefaultFileSystem(), dir.Sub("a"))));
+  SP_EXPECT_OK(VerifyCheckpoint(dir.Sub("a")));
+}
+
+TEST(Async, StateLargerThanStagingStaysWithinCap) {
+  uint64_t seed = testing::TestSeed("Async.StateLargerThanStagingStaysWithinCap");
+  MemFileSystem fs;
+  State s = RandomState(seed, 20, 8 << 20);  // 8 MiB through a 256 KiB pool
+  auto ckpt = Make(256 << 10);
+  SaveOptions so;
+  so.fs = &fs;
+  Result<SaveHandle> h = ckpt->SaveAsync(s, "/a", so);
+  SP_ASSERT_OK(h.status());
+  SP_ASSERT_OK(h->Wait());
+  EXPECT_LE(ckpt->staging_allocated_bytes(), ckpt->staging_cap_bytes());
+  EXPECT_EQ(ckpt->staging_cap_bytes(), 256u << 10);
+  EXPECT_EQ(ckpt->staging_in_use_bytes(), 0u);
+  EXPECT_TRUE(StatesEqual(s, LoadFrom(&fs, "/a")));
+}
+
+TEST(Async, MutatingAfterSnapshotDoesNotChangeWhatIsSaved) {
+  MemFileSystem fs;
+  Tensor w = Tensor::Empty(DType::kF32, {1000, 333}).value();
+  testing::FillPattern(w.view(), 7);
+  Tensor copy = Tensor::CopyOf(w.view()).value();
+  State s;
+  SP_ASSERT_OK(s.PutView("w", w.view()));
+  auto ckpt = Make(64 << 20);
+  SaveOptions so;
+  so.fs = &fs;
+  Result<SaveHandle> h = ckpt->SaveAsync(s, "/a", so);
+  SP_ASSERT_OK(h.status());
+  std::memset(w.data(), 0xEE, w.nbytes());  // the "optimizer step" after the snapshot
+  SP_ASSERT_OK(h->Wait());
+  State back = LoadFrom(&fs, "/a");
+  ASSERT_NE(back.FindTensor("w"), nullptr);
+  EXPECT_EQ(std::memcmp(back.FindTensor("w")->data(), copy.data(), copy.nbytes()), 0);
+}
+
+TEST(Async, ManySmallTensorsAndEmptyState) {
+  MemFileSystem fs;
+  State s;
+  for (int i = 0; i < 2000; ++i) {
+    Tensor t = Tensor::Empty(DType::kBF16, {i % 50}).value();
+    testing::FillPattern(t.view(), i);
+    SP_ASSERT_OK(s.Put(fmt::format("p.{}", i), std::move(t)));
+  }
+  auto ckpt = Make(1 << 20);
+  SaveOptions so;
+  so.fs = &fs;
+  SP_ASSERT_OK(ckpt->SaveAsync(s, "/small", so).value().Wait());
+  EXPECT_TRUE(StatesEqual(s, LoadFrom(&fs, "/small")));
+  SP_ASSERT_OK(ckpt->SaveAsync(State(), "/empty", so).value().Wait());
+  EXPECT_EQ(LoadFrom(&fs, "/empty").size(), 0u);
+}
+
+TEST(Async, OneSaveInFlightByDefault) {
+  MemFileSystem fs;
+  auto ckpt = Make(128 << 10);
+  SaveOptions so;
+  so.fs = &fs;
+  std::vector<SaveHandle> handles;
+  std::vector<State> states;
+  for (int i = 0; i < 5; ++i) states.push_back(RandomState(100 + i, 4, 1 << 20));
+  for (int i = 0; i < 5; ++i) {
+    Result<SaveHandle> h = ckpt->SaveAsync(states[i], fmt::format("/s{}", i), so);
+    SP_ASSERT_OK(h.status());
+    if (i > 0) {
+      EXPECT_TRUE(handles.back().Poll()) << "previous save still running when the next started";
+    }
+    handles.push_back(*h);
+  }
+  SP_ASSERT_OK(ckpt->WaitAll());
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_TRUE(StatesEqual(states[i], LoadFrom(&fs, fmt::format("/s{}", i))));
+  }
+}
+
+TEST(Async, ConcurrentSavesWhenAllowed) {
+  MemFileSystem fs;
+  CheckpointerOptions o;
+  o.staging_bytes = 512 << 10;
+  o.slab_bytes = 64 << 10;
+  o.allow_concurrent_saves = true;
+  auto ckpt = Checkpointer::Create(o).value();
+  SaveOptions so;
+  so.fs = &fs;
+  State a = RandomState(1, 4, 1 << 20), b = RandomState(2, 4, 1 << 20);
+  SaveHandle ha = ckpt->SaveAsync(a, "/a", so).value();
+  SaveHandle hb = ckpt->SaveAsync(b, "/b", so).value();
+  SP_ASSERT_OK(ha.Wait());
+  SP_ASSERT_OK(hb.Wait());
+  EXPECT_TRUE(StatesEqual(a, LoadFrom(&fs, "/a")));
+  EXPECT_TRUE(StatesEqual(b, LoadFrom(&fs, "/b")));
+}
+
+// Background failures: the handle reports them, nothing commits, the pool drains, the next save
+// works.
+TEST(Async, BackgroundFaultsAreReportedAndRecovered) {
+  using Op = FaultInjectionFileSystem::Op;
+  State s = RandomState(5, 8, 2 << 20);
+  struct Case {
+    Op op;
+    uint64_t n;
+    int err;
+  };
+  for (Case c : {Case{Op::kWrite, 1, EIO}, Case{Op::kWrite, 9, ENOSPC}, Case{Op::kWrite, 30, EIO},
+                 Case{Op::kSync, 1, EIO}, Case{Op::kRename, 1, EIO}, Case{Op::kSyncDir, 1, EIO},
+                 Case{Op::kCreate, 2, ENOSPC}}) {
+    SCOPED_TRACE(
+        fmt::format("{} #{} errno {}", FaultInjectionFileSystem::OpName(c.op), c.n, c.err));
+    MemFileSystem mem;
+    FaultInjectionFileSystem fault(&mem);
+    auto ckpt = Make(256 << 10);
+    SaveOptions so;
+    so.fs = &fault;
+    fault.FailNth(c.op, c.n, c.err);
+    Result<SaveHandle> h = ckpt->SaveAsync(s, "/root/a", so);
+    Status st = h.ok() ? h->Wait() : h.status();
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), c.err == ENOSPC ? StatusCode::kNoSpace : StatusCode::kIOError);
+    EXPECT_NE(st.message().find("/root/a"), std::string::npos) << st.ToString();
+    EXPECT_EQ(ckpt->staging_in_use_bytes(), 0u);
+    LoadOptions lo;
+    lo.fs = &mem;
+    Result<State> back = Load("/root/a", lo);
+    if (c.op != Op::kSyncDir) {
+      EXPECT_EQ(back.status().code(), StatusCode::kNotFound);
+      fault.Reset();
+      SP_ASSERT_OK(ckpt->SaveAsync(s, "/root/a", so).value().Wait());
+      EXPECT_TRUE(StatesEqual(s, LoadFrom(&mem, "/root/a")));
+    }
+  }
+}
+
+TEST(Async, PowerLossDuringPersistNeverCommitsATornCheckpoint) {
+  State a = RandomState(1, 6, 512 << 10), b = RandomState(2, 6, 512 << 10);
+  auto run = [&](MemFileSystem& mem, FileSystem* fs) {
+    auto ckpt = Make(128 << 10);
+    SaveOptions so;
+    so.fs = fs;
+    Result<SaveHandle> h = ckpt->SaveAsync(b, "/root/b", so);
+    return h.ok() ? h->Wait() : h.status();
+    (void)mem;
+  };
+  uint64_t total;
+  {
+    MemFileSystem mem;
+    FaultInjectionFileSystem fault(&mem);
+    SP_ASSERT_OK(Save(a, "/root/a", SaveOptions{.fs = &mem}));
+    SP_ASSERT_OK(run(mem, &fault));
+    total = fault.mutation_count();
+  }
+  for (uint64_t k = 0; k <= total; ++k) {
+    SCOPED_TRACE(fmt::format("crash after {} of {}", k, total));
+    MemFileSystem mem;
+    FaultInjectionFileSystem fault(&mem);
+    SP_ASSERT_OK(Save(a, "/root/a", SaveOptions{.fs = &mem}));
+    fault.CrashAfter(k);
+    Status st = run(mem, &fault);
+    EXPECT_EQ(st.ok(), k >= total);
+    mem.SimulatePowerLoss();
+    EXPECT_TRUE(StatesEqual(a, LoadFrom(&mem, "/root/a")));
+    LoadOptions lo;
+    lo.fs = &mem;
+    Result<State> got = Load("/root/b", lo);
+    if (got.ok()) {
+      EXPECT_TRUE(StatesEqual(b, *got));
+    } else {
+      EXPECT_EQ(got.status().code(), StatusCode::kNotFound);
+      EXPECT_LT(k, total);
+    }
+  }
+}
+
+class CountingCopier : public SnapshotCopier {
+ public:
+  Status Copy(const std::byte* src, std::byte* dst, uint64_t n) override {
+    calls++;
+    bytes += n;
+    std::memcpy(dst, src, n);
+    return Status::OK();
+  }
+  int calls = 0;
+  uint64_t bytes = 0;
+};
+
+class FailingCopier : public SnapshotCopier {
+ public:
+  Status Copy(const std::byte*, std::byte*, uint64_t) override {
+    return IOError("device-to-host copy failed");
+  }
+};
+
+TEST(Async, PluggableCopier) {
+  MemFileSystem fs;
+  State s = RandomState(9, 5, 1 << 20);
+  CountingCopier copier;
+  CheckpointerOptions o;
+  o.copier = &copier;
+  o.staging_bytes = 1 << 20;
+  o.slab_bytes = 128 << 10;
+  auto ckpt = Checkpointer::Create(o).value();
+  SaveOptions so;
+  so.fs = &fs;
+  SP_ASSERT_OK(ckpt->SaveAsync(s, "/a", so).value().Wait());
+  EXPECT_EQ(copier.bytes, s.tensor_bytes());
+  EXPECT_GT(copier.calls, 0);
+  EXPECT_TRUE(StatesEqual(s, LoadFrom(&fs, "/a")));
+
+  FailingCopier bad;
+  o.copier = &bad;
+  auto ckpt2 = Checkpointer::Create(o).value();
+  Result<SaveHandle> h = ckpt2->SaveAsync(s, "/b", so);
+  Status st = h.ok() ? h->Wait() : h.status();
+  EXPECT_NE(st.message().find("device-to-host"), std::string::npos) << st.ToString();
+  EXPECT_FALSE(fs.Exists("/b"));
+}
+
+TEST(Async, HandleApiAndBadOptions) {
+  MemFileSystem fs;
+  auto ckpt = Make(1 << 20);
+  SaveOptions so;
+  so.fs = &fs;
+  State s = RandomState(3, 3, 256 << 10);
+  SaveHandle h = ckpt->SaveAsync(s, "/a", so).value();
+  EXPECT_TRUE(h.WaitFor(std::chrono::seconds(30)));
+  SP_EXPECT_OK(h.status());
+  EXPECT_EQ(h.path(), "/a");
+  EXPECT_EQ(ckpt->SaveAsync(s, "/a", so).status().code(), StatusCode::kAlreadyExists);
+  CheckpointerOptions bad;
+  bad.slab_bytes = 1000;
+  EXPECT_EQ(Checkpointer::Create(bad).status().code(), StatusCode::kInvalidArgument);
+  bad.slab_bytes = 1 << 20;
+  bad.io_threads = 0;
+  EXPECT_EQ(Checkpointer::Create(bad).status().code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace savepoint
