@@ -7,6 +7,7 @@
 #include "savepoint/checkpoint.h"  // IWYU pragma: export
 #include "savepoint/dtype.h"       // IWYU pragma: export
 #include "savepoint/filesystem.h"  // IWYU pragma: export
+#include "savepoint/logging.h"     // IWYU pragma: export
 #include "savepoint/state.h"       // IWYU pragma: export
 #include "savepoint/status.h"      // IWYU pragma: export
 #include "savepoint/tensor.h"      // IWYU pragma: export
