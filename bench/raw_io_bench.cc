@@ -1,0 +1,220 @@
+// raw_io_bench: the disk's ceiling for savepoint's I/O pattern, without savepoint.
+//
+//   raw_io_bench --file PATH --bytes N [--threads T] [--chunk-mb C] [--fallocate] [--crc]
+//                [--buffered]
+//
+// Writes N bytes of xorshift data to a new file the way Save writes a data file: T threads claim
+// C-byte chunks in index order and pwrite them with O_DIRECT at their offsets, then one fdatasync.
+// Then reads it back the way LoadInto does (T threads, pread with O_DIRECT into a preallocated,
+// already-touched buffer) and compares every byte. Nothing else: no header, manifest, directory
+// syncs or rename. With --crc each thread also takes the CRC32C (ISA-L) of each chunk before writing
+// it and after reading it, as savepoint does. With --fallocate the file is preallocated
+// (fallocate(2), mode 0) before the writes, which savepoint's writer does not do today.
+//
+// Prints, like save_load_bench:
+//   raw-write  bytes=N seconds=S gbps=G user=U sys=Y
+//   raw-read   bytes=N seconds=S gbps=G user=U sys=Y
+// The file is removed at the end.
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <isa-l/crc.h>
+
+namespace {
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+struct Args {
+  std::string file;
+  uint64_t bytes = 0;
+  int threads = 4;
+  uint64_t chunk = 8 * kMiB;
+  bool fallocate = false;
+  bool crc = false;
+  bool direct = true;
+};
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "raw_io_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+[[noreturn]] void Usage(const std::string& error) {
+  std::fprintf(stderr,
+               "raw_io_bench: %s\nusage: raw_io_bench --file PATH --bytes N [--threads T] "
+               "[--chunk-mb C] [--fallocate] [--crc] [--buffered]\n",
+               error.c_str());
+  std::exit(64);
+}
+
+// Parses "123", "4K", "8M", "2G" (binary units).
+uint64_t ParseSize(const char* flag, const char* s) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(s, &end, 10);
+  if (errno != 0 || end == s || *s == '-') Usage(std::string(flag) + ": not a size");
+  int shift = 0;
+  if (*end == 'K' || *end == 'k') shift = 10;
+  if (*end == 'M' || *end == 'm') shift = 20;
+  if (*end == 'G' || *end == 'g') shift = 30;
+  if (shift > 0) ++end;
+  if (*end != '\0') Usage(std::string(flag) + ": not a size");
+  return static_cast<uint64_t>(v) << shift;
+}
+
+Args ParseArgs(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string f = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) Usage(f + " needs a value");
+      return argv[++i];
+    };
+    if (f == "--file") {
+      a.file = next();
+    } else if (f == "--bytes") {
+      a.bytes = ParseSize("--bytes", next());
+    } else if (f == "--threads") {
+      a.threads = static_cast<int>(ParseSize("--threads", next()));
+    } else if (f == "--chunk-mb") {
+      a.chunk = ParseSize("--chunk-mb", next()) * kMiB;
+    } else if (f == "--fallocate") {
+      a.fallocate = true;
+    } else if (f == "--crc") {
+      a.crc = true;
+    } else if (f == "--buffered") {
+      a.direct = false;
+    } else {
+      Usage("unknown argument " + f);
+    }
+  }
+  if (a.file.empty()) Usage("--file is required");
+  if (a.threads < 1 || a.threads > 64) Usage("--threads must be in [1, 64]");
+  if (a.chunk == 0 || a.chunk > 1024 * kMiB) Usage("--chunk-mb must be in [1, 1024]");
+  if (a.bytes < a.chunk || a.bytes % 4096 != 0) Usage("--bytes must be a multiple of 4096, >= one chunk");
+  return a;
+}
+
+class Timer {
+ public:
+  Timer() : wall_(std::chrono::steady_clock::now()), cpu_(Cpu()) {}
+  void Print(const char* name, uint64_t bytes) const {
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_).count();
+    auto [user, sys] = Cpu();
+    std::printf("%-10s bytes=%llu seconds=%.4f gbps=%.3f user=%.3f sys=%.3f\n", name,
+                static_cast<unsigned long long>(bytes), secs, static_cast<double>(bytes) / secs / 1e9,
+                user - cpu_.first, sys - cpu_.second);
+    std::fflush(stdout);
+  }
+
+ private:
+  static std::pair<double, double> Cpu() {
+    struct rusage ru {};
+    ::getrusage(RUSAGE_SELF, &ru);
+    auto sec = [](const timeval& tv) { return static_cast<double>(tv.tv_sec) + tv.tv_usec / 1e6; };
+    return {sec(ru.ru_utime), sec(ru.ru_stime)};
+  }
+  std::chrono::steady_clock::time_point wall_;
+  std::pair<double, double> cpu_;
+};
+
+// Runs fn(chunk_index) on `threads` threads, chunks claimed in index order.
+template <typename Fn>
+void ParallelChunks(uint64_t n, int threads, Fn fn) {
+  std::atomic<uint64_t> next{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&] {
+      for (uint64_t i; (i = next.fetch_add(1)) < n;) fn(i);
+    });
+  }
+  for (auto& th : pool) th.join();
+}
+
+std::byte* AllocTouched(uint64_t n) {
+  void* p = std::aligned_alloc(4096, n);
+  if (p == nullptr) Die("out of memory");
+  std::memset(p, 0, n);
+  return static_cast<std::byte*>(p);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a = ParseArgs(argc, argv);
+  const uint64_t n = (a.bytes + a.chunk - 1) / a.chunk;
+  std::byte* src = AllocTouched(a.bytes);
+  ParallelChunks(n, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), [&](uint64_t i) {
+    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull;
+    uint64_t end = std::min(a.bytes, (i + 1) * a.chunk);
+    for (uint64_t p = i * a.chunk; p + 8 <= end; p += 8) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      std::memcpy(src + p, &x, 8);
+    }
+  });
+  std::vector<uint32_t> crcs(n);
+  std::atomic<uint32_t> sink{0};
+  auto io = [&](bool write, int fd, std::byte* buf, uint64_t i) {
+    uint64_t off = i * a.chunk;
+    uint64_t len = std::min(a.chunk, a.bytes - off);
+    if (write && a.crc) crcs[i] = crc32_iscsi(reinterpret_cast<unsigned char*>(buf + off), static_cast<int>(len), 0);
+    for (uint64_t done = 0; done < len;) {
+      ssize_t r = write ? ::pwrite(fd, buf + off + done, len - done, static_cast<off_t>(off + done))
+                        : ::pread(fd, buf + off + done, len - done, static_cast<off_t>(off + done));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) Die(std::string(write ? "pwrite " : "pread ") + a.file + ": " + std::strerror(errno));
+      done += static_cast<uint64_t>(r);
+    }
+    if (!write && a.crc) {
+      uint32_t c = crc32_iscsi(reinterpret_cast<unsigned char*>(buf + off), static_cast<int>(len), 0);
+      if (c != crcs[i]) sink.fetch_add(1);
+    }
+  };
+  int flags = a.direct ? O_DIRECT : 0;
+
+  ::unlink(a.file.c_str());
+  {
+    Timer t;
+    int fd = ::open(a.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | flags, 0644);
+    if (fd < 0) Die("open " + a.file + ": " + std::strerror(errno));
+    if (a.fallocate && ::fallocate(fd, 0, 0, static_cast<off_t>(a.bytes)) != 0) {
+      Die("fallocate " + a.file + ": " + std::strerror(errno));
+    }
+    ParallelChunks(n, a.threads, [&](uint64_t i) { io(true, fd, src, i); });
+    if (::fdatasync(fd) != 0 || ::close(fd) != 0) Die("sync " + a.file + ": " + std::strerror(errno));
+    t.Print(a.fallocate ? "raw-write-falloc" : "raw-write", a.bytes);
+  }
+  std::byte* dst = AllocTouched(a.bytes);
+  {
+    int fd = ::open(a.file.c_str(), O_RDONLY | O_CLOEXEC | flags);
+    if (fd < 0) Die("open " + a.file + ": " + std::strerror(errno));
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    Timer t;
+    ParallelChunks(n, a.threads, [&](uint64_t i) { io(false, fd, dst, i); });
+    t.Print("raw-read", a.bytes);
+    ::close(fd);
+  }
+  ::unlink(a.file.c_str());
+  if (sink.load() != 0 || std::memcmp(src, dst, a.bytes) != 0) Die("read back differs from what was written");
+  std::free(src);
+  std::free(dst);
+  return 0;
+}

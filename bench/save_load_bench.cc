@@ -1,0 +1,516 @@
+// save_load_bench: end-to-end throughput of Save, Load, Verify and LoadInto on a real file system.
+//
+//   save_load_bench --dir DIR --bytes N [--tensors K] [--threads T] [--chunk-mb C] [--no-direct]
+//                   [--json] [--phases LIST] [--keep-cache] [--seed S]
+//
+// Generates a training-like state of N bytes (rounded down to a multiple of 4; K large tensors alternating F32 and BF16,
+// default one per ~64 MiB, filled with xorshift data; plus four small odd-sized tensors and a few
+// values), then runs the phases (default save,load,verify,loadinto, in the order given; save always
+// runs first, read phases may repeat):
+//   save        Save to DIR/ckpt (durable when it returns: includes every fsync and the commit)
+//   load        Load with CRC32C verification into freshly allocated tensors
+//   verify      VerifyCheckpoint (re-reads and checksums every chunk, keeps nothing)
+//   loadinto    LoadInto preallocated, already-touched aligned tensors (verified)
+//   load-nocrc  Load with verify_checksums = false (isolates the checksum cost; not by default)
+// Before every read phase the checkpoint is dropped from the page cache: posix_fadvise(DONTNEED)
+// on each of its files, plus `echo 1 > /proc/sys/vm/drop_caches` when that file is writable
+// (unless --keep-cache). Every loaded byte is compared with the generated state; a mismatch exits 2.
+// The checkpoint is removed at the end (also on failure).
+//
+// Sizes accept a K/M/G/T suffix (binary). Throughput is tensor bytes / wall seconds of the call,
+// in GB/s (1e9 bytes per second), the unit dd prints.
+//
+// Output: one line per measurement,
+//   save       bytes=2147483648 seconds=1.2345 gbps=1.740 io_seconds=1.2301 chunks=256 direct=1
+// or, with --json, one JSON object (see PrintJson).
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "savepoint/savepoint.h"
+
+namespace {
+
+using namespace savepoint;
+namespace fs = std::filesystem;
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+struct Args {
+  std::string dir;
+  uint64_t bytes = 0;
+  uint64_t tensors = 0;  // 0 = one per ~64 MiB
+  int threads = SaveOptions{}.io_threads;
+  uint64_t chunk_bytes = SaveOptions{}.chunk_bytes;
+  bool direct = true;
+  bool json = false;
+  bool drop_caches = true;
+  uint64_t seed = 42;
+  std::vector<std::string> phases = {"save", "load", "verify", "loadinto"};
+};
+
+struct Measurement {
+  std::string name;
+  uint64_t bytes = 0;
+  double seconds = 0;     // wall time around the call, as the caller sees it
+  double io_seconds = 0;  // IoStats::seconds (the library's own timing of its data path)
+  uint64_t chunks = 0;
+  bool direct = false;
+  double user_seconds = 0;  // CPU time of the whole process (all threads) during the call
+  double sys_seconds = 0;
+  double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
+};
+
+[[noreturn]] void Usage(const std::string& error) {
+  std::fprintf(error.empty() ? stdout : stderr,
+               "%s%s"
+               "usage: save_load_bench --dir DIR --bytes N [--tensors K] [--threads T] "
+               "[--chunk-mb C] [--no-direct] [--json] [--phases save,load,verify,loadinto,load-nocrc] "
+               "[--keep-cache] [--seed S]\n",
+               error.empty() ? "" : "save_load_bench: ", error.empty() ? "" : (error + "\n").c_str());
+  std::exit(error.empty() ? 0 : 64);
+}
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "save_load_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+std::optional<uint64_t> ParseSize(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (errno != 0 || end == s.c_str() || s[0] == '-') return std::nullopt;
+  std::string suffix(end);
+  int shift = 0;
+  if (suffix.empty()) {
+    shift = 0;
+  } else if (suffix == "K" || suffix == "k" || suffix == "KiB") {
+    shift = 10;
+  } else if (suffix == "M" || suffix == "m" || suffix == "MiB") {
+    shift = 20;
+  } else if (suffix == "G" || suffix == "g" || suffix == "GiB") {
+    shift = 30;
+  } else if (suffix == "T" || suffix == "t" || suffix == "TiB") {
+    shift = 40;
+  } else {
+    return std::nullopt;
+  }
+  if (shift > 0 && v > (~uint64_t{0} >> shift)) return std::nullopt;
+  return static_cast<uint64_t>(v) << shift;
+}
+
+std::vector<std::string> SplitComma(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    if (comma == std::string::npos) comma = s.size();
+    if (comma > start) out.push_back(s.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
+
+Args ParseArgs(int argc, char** argv) {
+  Args a;
+  auto value = [&](int& i) -> std::string {
+    if (i + 1 >= argc) Usage(fmt::format("{} needs a value", argv[i]));
+    return argv[++i];
+  };
+  auto size = [&](int& i) -> uint64_t {
+    std::string flag = argv[i];
+    std::string v = value(i);
+    std::optional<uint64_t> n = ParseSize(v);
+    if (!n) Usage(fmt::format("{} {}: not a size", flag, v));
+    return *n;
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string f = argv[i];
+    if (f == "--dir") {
+      a.dir = value(i);
+    } else if (f == "--bytes") {
+      a.bytes = size(i);
+    } else if (f == "--tensors") {
+      a.tensors = size(i);
+    } else if (f == "--threads") {
+      uint64_t t = size(i);
+      if (t < 1 || t > 64) Usage("--threads must be in [1, 64]");
+      a.threads = static_cast<int>(t);
+    } else if (f == "--chunk-mb") {
+      uint64_t c = size(i);
+      if (c < 1 || c > 1024) Usage("--chunk-mb must be in [1, 1024]");
+      a.chunk_bytes = c * kMiB;
+    } else if (f == "--chunk-kb") {  // finer control (multiple of 4)
+      uint64_t c = size(i);
+      if (c < 4 || c % 4 != 0 || c > 1024 * 1024) Usage("--chunk-kb must be a multiple of 4 in [4, 1048576]");
+      a.chunk_bytes = c << 10;
+    } else if (f == "--no-direct") {
+      a.direct = false;
+    } else if (f == "--json") {
+      a.json = true;
+    } else if (f == "--keep-cache") {
+      a.drop_caches = false;
+    } else if (f == "--seed") {
+      a.seed = size(i);
+    } else if (f == "--phases") {
+      a.phases = SplitComma(value(i));
+      for (const auto& p : a.phases) {
+        if (p != "save" && p != "load" && p != "verify" && p != "loadinto" && p != "load-nocrc") {
+          Usage(fmt::format("unknown phase {:?}", p));
+        }
+      }
+    } else if (f == "-h" || f == "--help") {
+      Usage("");
+    } else {
+      Usage(fmt::format("unknown argument {:?}", f));
+    }
+  }
+  if (a.dir.empty()) Usage("--dir is required");
+  if (a.bytes < kMiB) Usage("--bytes is required and must be at least 1 MiB");
+  if (a.tensors == 0) a.tensors = std::max<uint64_t>(1, (a.bytes + 64 * kMiB - 1) / (64 * kMiB));
+  // The four small tensors take 25064 bytes; every large one at least 4 KiB.
+  if (a.tensors > (a.bytes - 25064) / 4096) Usage("--tensors too large for --bytes (tensors must be >= 4 KiB)");
+  return a;
+}
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Wall and CPU (user, system) time of one call.
+class Timer {
+ public:
+  Timer() : wall_(std::chrono::steady_clock::now()), cpu_(Cpu()) {}
+  // Fills m.seconds, m.user_seconds and m.sys_seconds.
+  void Stop(Measurement* m) const {
+    m->seconds = Since(wall_);
+    std::pair<double, double> now = Cpu();
+    m->user_seconds = now.first - cpu_.first;
+    m->sys_seconds = now.second - cpu_.second;
+  }
+
+ private:
+  static std::pair<double, double> Cpu() {
+    struct rusage ru {};
+    ::getrusage(RUSAGE_SELF, &ru);
+    auto sec = [](const timeval& tv) { return static_cast<double>(tv.tv_sec) + tv.tv_usec / 1e6; };
+    return {sec(ru.ru_utime), sec(ru.ru_stime)};
+  }
+  std::chrono::steady_clock::time_point wall_;
+  std::pair<double, double> cpu_;
+};
+
+// xorshift64 fill: deterministic, fast (several GB/s per core), not compressible, never all zero.
+void Fill(std::byte* p, uint64_t n, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
+  if (x == 0) x = 1;
+  uint64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(p + i, &x, 8);
+  }
+  for (; i < n; ++i) p[i] = static_cast<std::byte>(x >> (8 * (i % 8)));
+}
+
+struct Spec {
+  std::string name;
+  DType dtype;
+  Shape shape;
+};
+
+// The tensors of the generated state: `bytes` in total, `k` large tensors plus four small ones.
+std::vector<Spec> MakeSpecs(uint64_t bytes, uint64_t k) {
+  // Small tensors, as in a real model (norm weights, biases, a step counter): odd sizes that are
+  // not multiples of 4 KiB, so they take the library's staging-buffer path.
+  std::vector<Spec> small = {
+      {"model.final_norm.weight", DType::kF32, {1000}},
+      {"model.lm_head.bias", DType::kBF16, {3, 778}},
+      {"optimizer.state.step", DType::kI64, {}},
+      {"model.layers.0.attn.rotary.inv_freq", DType::kF32, {4097}},
+  };
+  uint64_t small_bytes = 0;
+  for (const auto& s : small) small_bytes += NumBytes(s.dtype, s.shape).value();
+  uint64_t big = bytes - small_bytes;  // ParseArgs ensures bytes >= small_bytes + 4096 * k
+  uint64_t per = big / k / 4096 * 4096;
+  std::vector<Spec> specs;
+  uint64_t used = 0;
+  for (uint64_t i = 0; i < k; ++i) {
+    DType dt = i % 2 == 0 ? DType::kF32 : DType::kBF16;
+    uint64_t esize = DTypeSize(dt);
+    uint64_t nb = i + 1 < k ? per : (big - used) / 4 * 4;
+    int64_t elems = static_cast<int64_t>(nb / esize);
+    Shape shape = elems % 1024 == 0 ? Shape{elems / 1024, 1024} : Shape{elems};
+    std::string name = i % 4 == 0   ? fmt::format("model.layers.{}.mlp.fc.weight", i / 4)
+                       : i % 4 == 1 ? fmt::format("model.layers.{}.attn.qkv.weight", i / 4)
+                       : i % 4 == 2 ? fmt::format("optimizer.state.{}.exp_avg", i / 4)
+                                    : fmt::format("optimizer.state.{}.exp_avg_sq", i / 4);
+    specs.push_back({name, dt, shape});
+    used += nb;
+  }
+  for (auto& s : small) specs.push_back(std::move(s));
+  return specs;
+}
+
+State MakeState(const Args& a) {
+  std::vector<Spec> specs = MakeSpecs(a.bytes, a.tensors);
+  std::vector<Tensor> tensors;
+  for (const auto& s : specs) {
+    Result<Tensor> t = Tensor::Empty(s.dtype, s.shape);
+    if (!t.ok()) Die(t.status().ToString());
+    tensors.push_back(std::move(t).value());
+  }
+  // Fill in parallel: tensor i on thread i % hw.
+  unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  std::vector<std::thread> pool;
+  for (unsigned w = 0; w < hw; ++w) {
+    pool.emplace_back([&, w] {
+      for (size_t i = w; i < tensors.size(); i += hw) {
+        Fill(tensors[i].data(), tensors[i].nbytes(), a.seed + i);
+      }
+    });
+  }
+  for (auto& t : pool) t.join();
+  State state;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    Status s = state.Put(specs[i].name, std::move(tensors[i]));
+    if (!s.ok()) Die(s.ToString());
+  }
+  auto put = [&](const std::string& n, Value v) {
+    Status s = state.PutValue(n, std::move(v));
+    if (!s.ok()) Die(s.ToString());
+  };
+  put("step", int64_t{1000});
+  put("epoch", int64_t{3});
+  put("optimizer.lr", 3e-4);
+  put("rng.cpu", Bytes{std::vector<uint8_t>(5056, 7)});
+  put("run.name", std::string("save_load_bench"));
+  state.metadata() = Json{{"generator", "save_load_bench"}, {"bytes", a.bytes}, {"seed", a.seed}};
+  return state;
+}
+
+// Drops the files under `dir` from the page cache. Returns the method used.
+std::string DropCaches(const std::string& dir, bool global) {
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(dir, ec)) {
+    if (!e.is_regular_file()) continue;
+    int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::fdatasync(fd);  // dirty pages cannot be dropped
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+  if (!global) return "fadvise";
+  ::sync();
+  FILE* f = std::fopen("/proc/sys/vm/drop_caches", "w");
+  if (f == nullptr) return "fadvise";
+  bool ok = std::fputs("1\n", f) >= 0;
+  ok = std::fclose(f) == 0 && ok;
+  return ok ? "fadvise+drop_caches" : "fadvise";
+}
+
+// Compares every tensor, value and the metadata of `got` with `want`. Exits 2 on a mismatch.
+void Compare(const State& want, const State& got, const char* phase) {
+  if (want.size() != got.size()) {
+    std::fprintf(stderr, "save_load_bench: %s: %zu entries, expected %zu\n", phase, got.size(), want.size());
+    std::exit(2);
+  }
+  for (const auto& [name, e] : want.entries()) {
+    const State::Entry* g = got.Find(name);
+    bool same = g != nullptr && g->is_tensor() == e.is_tensor();
+    if (same && e.is_tensor()) {
+      const TensorView& a = e.tensor();
+      const TensorView& b = g->tensor();
+      same = a.dtype() == b.dtype() && a.shape() == b.shape() &&
+             std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+    } else if (same) {
+      same = e.value() == g->value();
+    }
+    if (!same) {
+      std::fprintf(stderr, "save_load_bench: %s: entry \"%s\" differs from the generated state\n",
+                   phase, name.c_str());
+      std::exit(2);
+    }
+  }
+  if (want.metadata() != got.metadata()) {
+    std::fprintf(stderr, "save_load_bench: %s: metadata differs\n", phase);
+    std::exit(2);
+  }
+}
+
+// The checkpoint to remove at exit (normal or through Die/Compare's std::exit), with any hidden
+// temporary or old directories a failed save left beside it.
+std::string g_ckpt;
+
+void RemoveCheckpoint() {
+  if (g_ckpt.empty()) return;
+  std::error_code ec;
+  fs::remove_all(g_ckpt, ec);
+  fs::path parent = fs::path(g_ckpt).parent_path();
+  std::string prefix = "." + fs::path(g_ckpt).filename().string() + ".savepoint-";
+  for (const auto& e : fs::directory_iterator(parent, ec)) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) fs::remove_all(e.path(), ec);
+  }
+}
+
+// Copies what the library measured into `m`.
+void Record(Measurement* m, const IoStats& st) {
+  m->bytes = st.bytes;
+  m->io_seconds = st.seconds;
+  m->chunks = st.chunks;
+  m->direct = st.direct_io;
+}
+
+void PrintLine(const Measurement& m) {
+  std::printf("%-10s bytes=%llu seconds=%.4f gbps=%.3f io_seconds=%.4f chunks=%llu direct=%d "
+              "user=%.3f sys=%.3f\n",
+              m.name.c_str(), static_cast<unsigned long long>(m.bytes), m.seconds, m.gbps(),
+              m.io_seconds, static_cast<unsigned long long>(m.chunks), m.direct ? 1 : 0,
+              m.user_seconds, m.sys_seconds);
+  std::fflush(stdout);
+}
+
+void PrintJson(const Args& a, const std::string& cache_method, uint64_t tensor_bytes, size_t tensors,
+               double gen_seconds, const std::vector<Measurement>& ms) {
+  Json results = Json::array();
+  for (const auto& m : ms) {
+    results.push_back({{"name", m.name},
+                       {"bytes", m.bytes},
+                       {"seconds", m.seconds},
+                       {"gbps", m.gbps()},
+                       {"io_seconds", m.io_seconds},
+                       {"chunks", m.chunks},
+                       {"direct_io", m.direct},
+                       {"user_seconds", m.user_seconds},
+                       {"sys_seconds", m.sys_seconds}});
+  }
+  Json j = {{"dir", a.dir},
+            {"bytes", tensor_bytes},
+            {"tensors", tensors},
+            {"threads", a.threads},
+            {"chunk_bytes", a.chunk_bytes},
+            {"direct_io_requested", a.direct},
+            {"cache_drop", cache_method},
+            {"generate_seconds", gen_seconds},
+            {"results", results}};
+  std::printf("%s\n", j.dump().c_str());
+}
+
+bool Has(const Args& a, const std::string& phase) {
+  return std::find(a.phases.begin(), a.phases.end(), phase) != a.phases.end();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a = ParseArgs(argc, argv);
+  std::error_code ec;
+  fs::create_directories(a.dir, ec);
+  if (ec) Die(fmt::format("create {}: {}", a.dir, ec.message()));
+  const std::string ckpt = (fs::path(a.dir) / "ckpt").string();
+  if (fs::exists(ckpt)) Die(fmt::format("{} already exists; remove it first", ckpt));
+  g_ckpt = ckpt;
+  std::atexit(RemoveCheckpoint);
+
+  auto t0 = std::chrono::steady_clock::now();
+  const State state = MakeState(a);
+  const double gen_seconds = Since(t0);
+  const uint64_t tensor_bytes = state.tensor_bytes();
+
+  std::vector<Measurement> ms;
+  std::string cache_method = "none";
+  auto report = [&](Measurement m) {
+    if (!a.json) PrintLine(m);
+    ms.push_back(std::move(m));
+  };
+  auto check = [&](const Status& s, const char* what) {
+    if (!s.ok()) Die(fmt::format("{}: {}", what, s.ToString()));
+  };
+  LoadOptions lo;
+  lo.io_threads = a.threads;
+  lo.direct_io = a.direct;
+  auto cold = [&] { cache_method = DropCaches(ckpt, a.drop_caches); };
+
+  // (a) Save.
+  {
+    IoStats st;
+    SaveOptions so;
+    so.io_threads = a.threads;
+    so.chunk_bytes = a.chunk_bytes;
+    so.direct_io = a.direct;
+    so.stats = &st;
+    Measurement m{"save"};
+    Timer t;
+    check(Save(state, ckpt, so), "save");
+    t.Stop(&m);
+    Record(&m, st);
+    if (Has(a, "save")) report(m);
+  }
+  // (b)-(e) The read phases, in the order --phases lists them (a phase may be listed twice).
+  for (const std::string& phase : a.phases) {
+    if (phase == "save") continue;
+    Measurement m{phase};
+    IoStats st;
+    LoadOptions o = lo;
+    o.stats = &st;
+    if (phase == "load" || phase == "load-nocrc") {
+      // Load into fresh tensors (allocation and first-touch page faults are part of the cost).
+      o.verify_checksums = phase == "load";
+      cold();
+      Timer t;
+      Result<State> loaded = Load(ckpt, o);
+      t.Stop(&m);
+      check(loaded.status(), phase.c_str());
+      Compare(state, *loaded, phase.c_str());
+    } else if (phase == "verify") {
+      cold();
+      Timer t;
+      check(VerifyCheckpoint(ckpt, lo, &st), "verify");
+      t.Stop(&m);
+    } else if (phase == "loadinto") {
+      // LoadInto preallocated, already-touched aligned tensors (a training loop resuming).
+      State targets;
+      for (const auto& [name, e] : state.entries()) {
+        if (!e.is_tensor()) continue;
+        Result<Tensor> t = Tensor::Zeros(e.tensor().dtype(), e.tensor().shape());
+        check(t.status(), "allocate targets");
+        check(targets.Put(name, std::move(t).value()), "allocate targets");
+      }
+      cold();
+      Timer t;
+      check(LoadInto(ckpt, targets, o), "loadinto");
+      t.Stop(&m);
+      Compare(state, targets, "loadinto");
+    }
+    Record(&m, st);
+    report(m);
+  }
+  if (a.json) {
+    PrintJson(a, cache_method, tensor_bytes, state.num_tensors(), gen_seconds, ms);
+  } else {
+    std::printf("# %llu tensor bytes in %zu tensors, threads=%d chunk=%llu KiB direct_io=%s "
+                "cache_drop=%s (generated in %.2f s)\n",
+                static_cast<unsigned long long>(tensor_bytes), state.num_tensors(), a.threads,
+                static_cast<unsigned long long>(a.chunk_bytes >> 10), a.direct ? "requested" : "off",
+                cache_method.c_str(), gen_seconds);
+  }
+  return 0;
+}
