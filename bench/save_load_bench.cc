@@ -12,6 +12,8 @@
 //   verify      VerifyCheckpoint (re-reads and checksums every chunk, keeps nothing)
 //   loadinto    LoadInto preallocated, already-touched aligned tensors (verified)
 //   load-nocrc  Load with verify_checksums = false (isolates the checksum cost; not by default)
+//   load-mmap   Load with LoadOptions::mmap (zero-copy views into the mapped data file, every chunk
+//               verified, so every page is read; not by default)
 // Before every read phase the checkpoint is dropped from the page cache: posix_fadvise(DONTNEED)
 // on each of its files, plus `echo 1 > /proc/sys/vm/drop_caches` when that file is writable
 // (unless --keep-cache). Every loaded byte is compared with the generated state; a mismatch exits 2.
@@ -80,7 +82,8 @@ struct Measurement {
   std::fprintf(error.empty() ? stdout : stderr,
                "%s%s"
                "usage: save_load_bench --dir DIR --bytes N [--tensors K] [--threads T] "
-               "[--chunk-mb C] [--no-direct] [--json] [--phases save,load,verify,loadinto,load-nocrc] "
+               "[--chunk-mb C] [--no-direct] [--json] "
+               "[--phases save,load,verify,loadinto,load-nocrc,load-mmap] "
                "[--keep-cache] [--seed S]\n",
                error.empty() ? "" : "save_load_bench: ", error.empty() ? "" : (error + "\n").c_str());
   std::exit(error.empty() ? 0 : 64);
@@ -172,7 +175,8 @@ Args ParseArgs(int argc, char** argv) {
     } else if (f == "--phases") {
       a.phases = SplitComma(value(i));
       for (const auto& p : a.phases) {
-        if (p != "save" && p != "load" && p != "verify" && p != "loadinto" && p != "load-nocrc") {
+        if (p != "save" && p != "load" && p != "verify" && p != "loadinto" && p != "load-nocrc" &&
+            p != "load-mmap") {
           Usage(fmt::format("unknown phase {:?}", p));
         }
       }
@@ -471,9 +475,11 @@ int main(int argc, char** argv) {
     IoStats st;
     LoadOptions o = lo;
     o.stats = &st;
-    if (phase == "load" || phase == "load-nocrc") {
-      // Load into fresh tensors (allocation and first-touch page faults are part of the cost).
-      o.verify_checksums = phase == "load";
+    if (phase == "load" || phase == "load-nocrc" || phase == "load-mmap") {
+      // Load into fresh tensors (allocation and first-touch page faults are part of the cost), or
+      // with mmap into views of the mapped file (page-cache faults instead).
+      o.verify_checksums = phase != "load-nocrc";
+      o.mmap = phase == "load-mmap";
       cold();
       Timer t;
       Result<State> loaded = Load(ckpt, o);
