@@ -7,8 +7,8 @@
 // C-byte chunks in index order and pwrite them with O_DIRECT at their offsets, then one fdatasync.
 // Then reads it back the way LoadInto does (T threads, pread with O_DIRECT into a preallocated,
 // already-touched buffer) and compares every byte. Nothing else: no header, manifest, directory
-// syncs or rename. With --crc each thread also takes the CRC32C (ISA-L) of each chunk before writing
-// it and after reading it, as savepoint does. With --fallocate the file is preallocated
+// syncs or rename. With --crc each thread also takes the CRC32C (ISA-L) of each chunk before
+// writing it and after reading it, as savepoint does. With --fallocate the file is preallocated
 // (fallocate(2), mode 0) before the writes, which savepoint's writer does not do today.
 //
 // Prints, like save_load_bench:
@@ -19,6 +19,7 @@
 #define _GNU_SOURCE
 #endif
 #include <fcntl.h>
+#include <isa-l/crc.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -33,8 +34,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <isa-l/crc.h>
 
 namespace {
 
@@ -107,7 +106,8 @@ Args ParseArgs(int argc, char** argv) {
   if (a.file.empty()) Usage("--file is required");
   if (a.threads < 1 || a.threads > 64) Usage("--threads must be in [1, 64]");
   if (a.chunk == 0 || a.chunk > 1024 * kMiB) Usage("--chunk-mb must be in [1, 1024]");
-  if (a.bytes < a.chunk || a.bytes % 4096 != 0) Usage("--bytes must be a multiple of 4096, >= one chunk");
+  if (a.bytes < a.chunk || a.bytes % 4096 != 0)
+    Usage("--bytes must be a multiple of 4096, >= one chunk");
   return a;
 }
 
@@ -118,8 +118,8 @@ class Timer {
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_).count();
     auto [user, sys] = Cpu();
     std::printf("%-10s bytes=%llu seconds=%.4f gbps=%.3f user=%.3f sys=%.3f\n", name,
-                static_cast<unsigned long long>(bytes), secs, static_cast<double>(bytes) / secs / 1e9,
-                user - cpu_.first, sys - cpu_.second);
+                static_cast<unsigned long long>(bytes), secs,
+                static_cast<double>(bytes) / secs / 1e9, user - cpu_.first, sys - cpu_.second);
     std::fflush(stdout);
   }
 
@@ -160,31 +160,35 @@ int main(int argc, char** argv) {
   Args a = ParseArgs(argc, argv);
   const uint64_t n = (a.bytes + a.chunk - 1) / a.chunk;
   std::byte* src = AllocTouched(a.bytes);
-  ParallelChunks(n, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), [&](uint64_t i) {
-    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull;
-    uint64_t end = std::min(a.bytes, (i + 1) * a.chunk);
-    for (uint64_t p = i * a.chunk; p + 8 <= end; p += 8) {
-      x ^= x << 13;
-      x ^= x >> 7;
-      x ^= x << 17;
-      std::memcpy(src + p, &x, 8);
-    }
-  });
+  ParallelChunks(n, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())),
+                 [&](uint64_t i) {
+                   uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull;
+                   uint64_t end = std::min(a.bytes, (i + 1) * a.chunk);
+                   for (uint64_t p = i * a.chunk; p + 8 <= end; p += 8) {
+                     x ^= x << 13;
+                     x ^= x >> 7;
+                     x ^= x << 17;
+                     std::memcpy(src + p, &x, 8);
+                   }
+                 });
   std::vector<uint32_t> crcs(n);
   std::atomic<uint32_t> sink{0};
   auto io = [&](bool write, int fd, std::byte* buf, uint64_t i) {
     uint64_t off = i * a.chunk;
     uint64_t len = std::min(a.chunk, a.bytes - off);
-    if (write && a.crc) crcs[i] = crc32_iscsi(reinterpret_cast<unsigned char*>(buf + off), static_cast<int>(len), 0);
+    if (write && a.crc)
+      crcs[i] = crc32_iscsi(reinterpret_cast<unsigned char*>(buf + off), static_cast<int>(len), 0);
     for (uint64_t done = 0; done < len;) {
       ssize_t r = write ? ::pwrite(fd, buf + off + done, len - done, static_cast<off_t>(off + done))
                         : ::pread(fd, buf + off + done, len - done, static_cast<off_t>(off + done));
       if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) Die(std::string(write ? "pwrite " : "pread ") + a.file + ": " + std::strerror(errno));
+      if (r <= 0)
+        Die(std::string(write ? "pwrite " : "pread ") + a.file + ": " + std::strerror(errno));
       done += static_cast<uint64_t>(r);
     }
     if (!write && a.crc) {
-      uint32_t c = crc32_iscsi(reinterpret_cast<unsigned char*>(buf + off), static_cast<int>(len), 0);
+      uint32_t c =
+          crc32_iscsi(reinterpret_cast<unsigned char*>(buf + off), static_cast<int>(len), 0);
       if (c != crcs[i]) sink.fetch_add(1);
     }
   };
@@ -199,7 +203,8 @@ int main(int argc, char** argv) {
       Die("fallocate " + a.file + ": " + std::strerror(errno));
     }
     ParallelChunks(n, a.threads, [&](uint64_t i) { io(true, fd, src, i); });
-    if (::fdatasync(fd) != 0 || ::close(fd) != 0) Die("sync " + a.file + ": " + std::strerror(errno));
+    if (::fdatasync(fd) != 0 || ::close(fd) != 0)
+      Die("sync " + a.file + ": " + std::strerror(errno));
     t.Print(a.fallocate ? "raw-write-falloc" : "raw-write", a.bytes);
   }
   std::byte* dst = AllocTouched(a.bytes);
@@ -213,7 +218,8 @@ int main(int argc, char** argv) {
     ::close(fd);
   }
   ::unlink(a.file.c_str());
-  if (sink.load() != 0 || std::memcmp(src, dst, a.bytes) != 0) Die("read back differs from what was written");
+  if (sink.load() != 0 || std::memcmp(src, dst, a.bytes) != 0)
+    Die("read back differs from what was written");
   std::free(src);
   std::free(dst);
   return 0;

@@ -3,10 +3,10 @@
 //   save_load_bench --dir DIR --bytes N [--tensors K] [--threads T] [--chunk-mb C] [--no-direct]
 //                   [--json] [--phases LIST] [--keep-cache] [--seed S]
 //
-// Generates a training-like state of N bytes (rounded down to a multiple of 4; K large tensors alternating F32 and BF16,
-// default one per ~64 MiB, filled with xorshift data; plus four small odd-sized tensors and a few
-// values), then runs the phases (default save,load,verify,loadinto, in the order given; save always
-// runs first, read phases may repeat):
+// Generates a training-like state of N bytes (rounded down to a multiple of 4; K large tensors
+// alternating F32 and BF16, default one per ~64 MiB, filled with xorshift data; plus four small
+// odd-sized tensors and a few values), then runs the phases (default save,load,verify,loadinto, in
+// the order given; save always runs first, read phases may repeat):
 //   save        Save to DIR/ckpt (durable when it returns: includes every fsync and the commit)
 //   load        Load with CRC32C verification into freshly allocated tensors
 //   verify      VerifyCheckpoint (re-reads and checksums every chunk, keeps nothing)
@@ -16,8 +16,8 @@
 //               verified, so every page is read; not by default)
 // Before every read phase the checkpoint is dropped from the page cache: posix_fadvise(DONTNEED)
 // on each of its files, plus `echo 1 > /proc/sys/vm/drop_caches` when that file is writable
-// (unless --keep-cache). Every loaded byte is compared with the generated state; a mismatch exits 2.
-// The checkpoint is removed at the end (also on failure).
+// (unless --keep-cache). Every loaded byte is compared with the generated state; a mismatch
+// exits 2. The checkpoint is removed at the end (also on failure).
 //
 // Sizes accept a K/M/G/T suffix (binary). Throughput is tensor bytes / wall seconds of the call,
 // in GB/s (1e9 bytes per second), the unit dd prints.
@@ -26,6 +26,7 @@
 //   save       bytes=2147483648 seconds=1.2345 gbps=1.740 io_seconds=1.2301 chunks=256 direct=1
 // or, with --json, one JSON object (see PrintJson).
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -41,8 +42,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <fmt/format.h>
 
 #include "savepoint/savepoint.h"
 
@@ -79,13 +78,14 @@ struct Measurement {
 };
 
 [[noreturn]] void Usage(const std::string& error) {
-  std::fprintf(error.empty() ? stdout : stderr,
-               "%s%s"
-               "usage: save_load_bench --dir DIR --bytes N [--tensors K] [--threads T] "
-               "[--chunk-mb C] [--no-direct] [--json] "
-               "[--phases save,load,verify,loadinto,load-nocrc,load-mmap] "
-               "[--keep-cache] [--seed S]\n",
-               error.empty() ? "" : "save_load_bench: ", error.empty() ? "" : (error + "\n").c_str());
+  std::fprintf(
+      error.empty() ? stdout : stderr,
+      "%s%s"
+      "usage: save_load_bench --dir DIR --bytes N [--tensors K] [--threads T] "
+      "[--chunk-mb C] [--no-direct] [--json] "
+      "[--phases save,load,verify,loadinto,load-nocrc,load-mmap] "
+      "[--keep-cache] [--seed S]\n",
+      error.empty() ? "" : "save_load_bench: ", error.empty() ? "" : (error + "\n").c_str());
   std::exit(error.empty() ? 0 : 64);
 }
 
@@ -162,7 +162,8 @@ Args ParseArgs(int argc, char** argv) {
       a.chunk_bytes = c * kMiB;
     } else if (f == "--chunk-kb") {  // finer control (multiple of 4)
       uint64_t c = size(i);
-      if (c < 4 || c % 4 != 0 || c > 1024 * 1024) Usage("--chunk-kb must be a multiple of 4 in [4, 1048576]");
+      if (c < 4 || c % 4 != 0 || c > 1024 * 1024)
+        Usage("--chunk-kb must be a multiple of 4 in [4, 1048576]");
       a.chunk_bytes = c << 10;
     } else if (f == "--no-direct") {
       a.direct = false;
@@ -190,7 +191,8 @@ Args ParseArgs(int argc, char** argv) {
   if (a.bytes < kMiB) Usage("--bytes is required and must be at least 1 MiB");
   if (a.tensors == 0) a.tensors = std::max<uint64_t>(1, (a.bytes + 64 * kMiB - 1) / (64 * kMiB));
   // The four small tensors take 25064 bytes; every large one at least 4 KiB.
-  if (a.tensors > (a.bytes - 25064) / 4096) Usage("--tensors too large for --bytes (tensors must be >= 4 KiB)");
+  if (a.tensors > (a.bytes - 25064) / 4096)
+    Usage("--tensors too large for --bytes (tensors must be >= 4 KiB)");
   return a;
 }
 
@@ -334,7 +336,8 @@ std::string DropCaches(const std::string& dir, bool global) {
 // Compares every tensor, value and the metadata of `got` with `want`. Exits 2 on a mismatch.
 void Compare(const State& want, const State& got, const char* phase) {
   if (want.size() != got.size()) {
-    std::fprintf(stderr, "save_load_bench: %s: %zu entries, expected %zu\n", phase, got.size(), want.size());
+    std::fprintf(stderr, "save_load_bench: %s: %zu entries, expected %zu\n", phase, got.size(),
+                 want.size());
     std::exit(2);
   }
   for (const auto& [name, e] : want.entries()) {
@@ -384,16 +387,16 @@ void Record(Measurement* m, const IoStats& st) {
 }
 
 void PrintLine(const Measurement& m) {
-  std::printf("%-10s bytes=%llu seconds=%.4f gbps=%.3f io_seconds=%.4f chunks=%llu direct=%d "
-              "user=%.3f sys=%.3f\n",
-              m.name.c_str(), static_cast<unsigned long long>(m.bytes), m.seconds, m.gbps(),
-              m.io_seconds, static_cast<unsigned long long>(m.chunks), m.direct ? 1 : 0,
-              m.user_seconds, m.sys_seconds);
+  std::printf(
+      "%-10s bytes=%llu seconds=%.4f gbps=%.3f io_seconds=%.4f chunks=%llu direct=%d "
+      "user=%.3f sys=%.3f\n",
+      m.name.c_str(), static_cast<unsigned long long>(m.bytes), m.seconds, m.gbps(), m.io_seconds,
+      static_cast<unsigned long long>(m.chunks), m.direct ? 1 : 0, m.user_seconds, m.sys_seconds);
   std::fflush(stdout);
 }
 
-void PrintJson(const Args& a, const std::string& cache_method, uint64_t tensor_bytes, size_t tensors,
-               double gen_seconds, const std::vector<Measurement>& ms) {
+void PrintJson(const Args& a, const std::string& cache_method, uint64_t tensor_bytes,
+               size_t tensors, double gen_seconds, const std::vector<Measurement>& ms) {
   Json results = Json::array();
   for (const auto& m : ms) {
     results.push_back({{"name", m.name},
@@ -512,11 +515,12 @@ int main(int argc, char** argv) {
   if (a.json) {
     PrintJson(a, cache_method, tensor_bytes, state.num_tensors(), gen_seconds, ms);
   } else {
-    std::printf("# %llu tensor bytes in %zu tensors, threads=%d chunk=%llu KiB direct_io=%s "
-                "cache_drop=%s (generated in %.2f s)\n",
-                static_cast<unsigned long long>(tensor_bytes), state.num_tensors(), a.threads,
-                static_cast<unsigned long long>(a.chunk_bytes >> 10), a.direct ? "requested" : "off",
-                cache_method.c_str(), gen_seconds);
+    std::printf(
+        "# %llu tensor bytes in %zu tensors, threads=%d chunk=%llu KiB direct_io=%s "
+        "cache_drop=%s (generated in %.2f s)\n",
+        static_cast<unsigned long long>(tensor_bytes), state.num_tensors(), a.threads,
+        static_cast<unsigned long long>(a.chunk_bytes >> 10), a.direct ? "requested" : "off",
+        cache_method.c_str(), gen_seconds);
   }
   return 0;
 }
