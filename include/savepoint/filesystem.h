@@ -51,6 +51,13 @@ class WritableFile {
   // In direct mode offset, size and the address of `data` must be multiples of
   // kDirectIOAlignment, else InvalidArgument.
   virtual Status WriteAt(uint64_t offset, std::span<const std::byte> data) = 0;
+  // Reserves space for bytes [0, bytes) (fallocate), so later writes do not extend the file (which
+  // lets parallel direct writes proceed concurrently on ext4/xfs), fail midway with ENOSPC, or
+  // fragment it. A no-op where unsupported. Default implementation: no-op.
+  virtual Status Preallocate(uint64_t bytes) {
+    (void)bytes;
+    return Status::OK();
+  }
   // Makes the written data durable (fsync). Not the directory entry: see FileSystem::SyncDir.
   virtual Status Sync() = 0;
   // Closes the file. Further calls fail with FailedPrecondition. The destructor closes silently.

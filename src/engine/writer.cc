@@ -144,6 +144,7 @@ Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const 
   SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
                       t.fs->NewWritableFile(path, FileOptions{.direct_io = direct_io}));
   spdlog::debug("savepoint: writing {} ({})", path, f->direct() ? "O_DIRECT" : "buffered");
+  SP_RETURN_IF_ERROR(f->Preallocate(m.files[0].bytes));
   SP_ASSIGN_OR_RETURN(Tensor header,
                       Tensor::Zeros(DType::kU8, {int64_t(format::kDataHeaderBytes)}));
   std::string h = format::EncodeDataHeader(m.checkpoint_id, 0);

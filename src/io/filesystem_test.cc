@@ -531,3 +531,27 @@ TEST(PathTest, JoinDirnameBasename) {
 
 }  // namespace
 }  // namespace savepoint
+
+namespace savepoint {
+namespace {
+
+TEST(PosixPreallocate, ReservesTheWholeRangeAndKeepsData) {
+  char tmpl[] = "/tmp/savepoint-prealloc-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  FileSystem* fs = DefaultFileSystem();
+  std::string path = std::string(tmpl) + "/pre";
+  auto f = fs->NewWritableFile(path, FileOptions{}).value();
+  ASSERT_TRUE((f->Preallocate(1 << 20)).ok());
+  EXPECT_EQ(fs->Stat(path).value().size, 1u << 20);
+  std::string hello = "hello";
+  ASSERT_TRUE((f->WriteAt(4096, std::as_bytes(std::span<const char>(hello.data(), 5)))).ok());
+  ASSERT_TRUE((f->Close()).ok());
+  EXPECT_EQ(fs->Stat(path).value().size, 1u << 20);  // a write inside does not change the size
+  std::string all = fs->ReadFile(path, 1 << 20).value();
+  EXPECT_EQ(all.substr(4096, 5), "hello");
+  EXPECT_EQ(all[0], '\0');
+  EXPECT_TRUE((fs->RemoveAll(tmpl)).ok());
+}
+
+}  // namespace
+}  // namespace savepoint

@@ -127,6 +127,14 @@ class PosixWritableFile final : public WritableFile {
     return Status::OK();
   }
 
+  Status Preallocate(uint64_t bytes) override {
+    if (fd_ < 0)
+      return FailedPreconditionError(fmt::format("preallocate {}: file is closed", path_));
+    if (bytes == 0 || ::fallocate(fd_, 0, 0, static_cast<off_t>(bytes)) == 0) return Status::OK();
+    if (errno == EOPNOTSUPP || errno == ENOSYS) return Status::OK();  // e.g. some network FSs
+    return ErrnoToStatus(errno, fmt::format("preallocate {} bytes for {}", bytes, path_));
+  }
+
   Status Sync() override {
     if (fd_ < 0) return FailedPreconditionError(fmt::format("sync {}: file is closed", path_));
     if (::fdatasync(fd_) != 0) return ErrnoToStatus(errno, fmt::format("sync {}", path_));
