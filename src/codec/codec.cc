@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -209,58 +210,55 @@ void CopyBytes(const std::byte* in, std::byte* out, size_t size) {
 
 }  // namespace
 
-void Shuffle(size_t elem_size, std::span<const std::byte> in, std::span<std::byte> out) {
+namespace {
+
+// Shared dispatch of Shuffle and Unshuffle: fixed-width fast paths for common element sizes, a
+// scalar loop otherwise; trailing bytes that do not form a whole element are copied as they are.
+template <bool kForward>
+void Reorder(size_t elem_size, std::span<const std::byte> in, std::span<std::byte> out) {
   const size_t size = std::min(in.size(), out.size());
   const size_t es = std::max<size_t>(elem_size, 1);
   const size_t n = size / es;
+  auto fixed = [&](auto width) {
+    if constexpr (kForward) {
+      ShuffleFixed<decltype(width)::value>(in.data(), out.data(), n);
+    } else {
+      UnshuffleFixed<decltype(width)::value>(in.data(), out.data(), n);
+    }
+  };
   switch (es) {
     case 1:
-      CopyBytes(in.data(), out.data(), size);
-      return;
+      return CopyBytes(in.data(), out.data(), size);
     case 2:
-      ShuffleFixed<2>(in.data(), out.data(), n);
+      fixed(std::integral_constant<size_t, 2>{});
       break;
     case 4:
-      ShuffleFixed<4>(in.data(), out.data(), n);
+      fixed(std::integral_constant<size_t, 4>{});
       break;
     case 8:
-      ShuffleFixed<8>(in.data(), out.data(), n);
+      fixed(std::integral_constant<size_t, 8>{});
       break;
     case 16:
-      ShuffleFixed<16>(in.data(), out.data(), n);
+      fixed(std::integral_constant<size_t, 16>{});
       break;
     default:
-      ShuffleScalar<0>(es, in.data(), out.data(), 0, n);
-      break;
+      if constexpr (kForward) {
+        ShuffleScalar<0>(es, in.data(), out.data(), 0, n);
+      } else {
+        UnshuffleScalar<0>(es, in.data(), out.data(), 0, n);
+      }
   }
   CopyBytes(in.data() + n * es, out.data() + n * es, size - n * es);
 }
 
+}  // namespace
+
+void Shuffle(size_t elem_size, std::span<const std::byte> in, std::span<std::byte> out) {
+  Reorder<true>(elem_size, in, out);
+}
+
 void Unshuffle(size_t elem_size, std::span<const std::byte> in, std::span<std::byte> out) {
-  const size_t size = std::min(in.size(), out.size());
-  const size_t es = std::max<size_t>(elem_size, 1);
-  const size_t n = size / es;
-  switch (es) {
-    case 1:
-      CopyBytes(in.data(), out.data(), size);
-      return;
-    case 2:
-      UnshuffleFixed<2>(in.data(), out.data(), n);
-      break;
-    case 4:
-      UnshuffleFixed<4>(in.data(), out.data(), n);
-      break;
-    case 8:
-      UnshuffleFixed<8>(in.data(), out.data(), n);
-      break;
-    case 16:
-      UnshuffleFixed<16>(in.data(), out.data(), n);
-      break;
-    default:
-      UnshuffleScalar<0>(es, in.data(), out.data(), 0, n);
-      break;
-  }
-  CopyBytes(in.data() + n * es, out.data() + n * es, size - n * es);
+  Reorder<false>(elem_size, in, out);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -84,6 +84,24 @@ int OpenMaybeDirect(const std::string& path, int flags, bool want_direct, bool* 
   return fd;
 }
 
+// Opens an existing regular file read-only (O_DIRECT when asked and possible) and stats it.
+// `what` names the purpose in error messages ("reading", "mapping").
+Result<int> OpenRegularForRead(const std::string& path, bool want_direct, bool* direct,
+                               struct stat* st, std::string_view what) {
+  const int fd = OpenMaybeDirect(path, O_RDONLY | O_CLOEXEC, want_direct, direct);
+  if (fd < 0) return ErrnoToStatus(errno, fmt::format("open {} for {}", path, what));
+  if (::fstat(fd, st) != 0) {
+    Status status = ErrnoToStatus(errno, fmt::format("stat {}", path));
+    ::close(fd);
+    return status;
+  }
+  if (S_ISDIR(st->st_mode)) {
+    ::close(fd);
+    return ErrnoToStatus(EISDIR, fmt::format("open {} for {}", path, what));
+  }
+  return fd;
+}
+
 int64_t MtimeNs(const struct stat& st) {
   return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
 }
@@ -246,38 +264,17 @@ class PosixFileSystem final : public FileSystem {
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
       const std::string& path, const FileOptions& options) override {
     bool direct = false;
-    const int fd = OpenMaybeDirect(path, O_RDONLY | O_CLOEXEC, options.direct_io, &direct);
-    if (fd < 0) return ErrnoToStatus(errno, fmt::format("open {} for reading", path));
     struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      Status status = ErrnoToStatus(errno, fmt::format("stat {}", path));
-      ::close(fd);
-      return status;
-    }
-    if (S_ISDIR(st.st_mode)) {
-      ::close(fd);
-      return ErrnoToStatus(EISDIR, fmt::format("open {} for reading", path));
-    }
+    SP_ASSIGN_OR_RETURN(const int fd,
+                        OpenRegularForRead(path, options.direct_io, &direct, &st, "reading"));
     return std::unique_ptr<RandomAccessFile>(std::make_unique<PosixRandomAccessFile>(
         path, fd, direct, static_cast<uint64_t>(st.st_size)));
   }
 
   Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path) override {
-    int fd;
-    do {
-      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0) return ErrnoToStatus(errno, fmt::format("open {} for mapping", path));
+    bool direct = false;
     struct stat st;
-    if (::fstat(fd, &st) != 0) {
-      Status status = ErrnoToStatus(errno, fmt::format("stat {}", path));
-      ::close(fd);
-      return status;
-    }
-    if (S_ISDIR(st.st_mode)) {
-      ::close(fd);
-      return ErrnoToStatus(EISDIR, fmt::format("open {} for mapping", path));
-    }
+    SP_ASSIGN_OR_RETURN(const int fd, OpenRegularForRead(path, false, &direct, &st, "mapping"));
     const size_t size = static_cast<size_t>(st.st_size);  // 64-bit Linux: size_t holds off_t
     void* addr = nullptr;
     if (size > 0) {
