@@ -33,9 +33,11 @@ set_median() {
     awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else if (NR % 2) print v[(NR + 1) / 2];
                               else printf "%.4f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
+# The values of every round for (name, key), times $3 (default 1).
 set_runs() {
-  awk -v n="$1" -v k="$2" '$1 == n && $2 == k { printf "%s%s", sep, $3; sep = " " }
-                           END { print "" }' "$set_results"
+  awk -v n="$1" -v k="$2" -v f="${3:-1}" '$1 == n && $2 == k {
+        if (f == 1) printf "%s%s", sep, $3; else printf "%s%.1f", sep, $3 * f; sep = " " }
+      END { print "" }' "$set_results"
 }
 
 set_busy=""
@@ -102,15 +104,15 @@ set_row "cold load (O_DIRECT)" "$(g load)" GB/s "$(g dd-read)" "dd read" "ge 0.9
   "$(set_runs load gbps)"
 set_row "cold loadinto" "$(g loadinto)" GB/s "$(g dd-read)" "dd read" "" \
   "$(set_runs loadinto gbps)"
-set_row "memcpy, 1 thread" "$(ms memcpy)" ms "" "(reference)" "" "$(set_runs memcpy seconds)"
+set_row "memcpy, 1 thread" "$(ms memcpy)" ms "" "(reference)" "" "$(set_runs memcpy seconds 1000)"
 set_row "async stall (2nd save)" "$(ms async-stall)" ms "$(ms memcpy)" "memcpy" "le 1.2" \
-  "$(set_runs async-stall seconds)"
+  "$(set_runs async-stall seconds 1000)"
 set_row "async stall (1st save)" "$(ms async-first-stall)" ms "$(ms memcpy)" "memcpy" "" \
-  "$(set_runs async-first-stall seconds)"
+  "$(set_runs async-first-stall seconds 1000)"
 set_row "async persist" "$(g async-persist)" GB/s "$(g dd-write)" "dd write" "" \
   "$(set_runs async-persist gbps)"
 set_row "mmap open+access 1 tensor" "$(ms mmap-one)" ms "" "" "lt 50" \
-  "$(set_runs mmap-one seconds)"
+  "$(set_runs mmap-one seconds 1000)"
 echo "  mmap-one breakdown (medians): open $(set_median mmap-one open_ms) ms," \
   "map $(set_median mmap-one map_ms) ms, touch $(set_median mmap-one touch_ms) ms"
 
