@@ -223,7 +223,7 @@ Result<bool> Reconcile(FileSystem* fs, const std::string& dir,
   std::set<std::string> known;
   std::erase_if(records, [&](const CheckpointRecord& r) {
     bool gone = on_disk.count(r.name) == 0 || !known.insert(r.name).second;
-    if (gone) spdlog::warn("savepoint: index entry {} has no checkpoint: dropped", r.path);
+    if (gone) spdlog::info("savepoint: index entry {} has no checkpoint: dropped", r.path);
     changed |= gone;
     return gone;
   });
