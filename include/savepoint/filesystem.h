@@ -199,6 +199,22 @@ class FileSystem {
   Result<std::string> ReadFile(const std::string& path, uint64_t max_bytes);
   // Writes a whole file (buffered) and syncs it.
   Status WriteFileSynced(const std::string& path, std::string_view contents);
+
+  // --- Advisory locks. ---
+  // An exclusive lock on a lock file, held until the returned object is destroyed. Takes the lock
+  // without waiting: FailedPrecondition "lock <path> is held by <holder>" when another holder has
+  // it (another process, or another FileLock in this process). The lock file is created if absent
+  // (its parent must exist) and left in place on release. POSIX: flock(2) on the file (released by
+  // the kernel when the process dies, so a SIGKILLed holder never leaves a stale lock); it records
+  // the holder's pid in the file for the message. The default implementation (used by MemFileSystem
+  // and wrappers) is a process-local table keyed by (file system, path): it excludes holders within
+  // this process only.
+  class FileLock {
+   public:
+    virtual ~FileLock() = default;
+    virtual const std::string& path() const = 0;
+  };
+  virtual Result<std::unique_ptr<FileLock>> LockFile(const std::string& path);
 };
 
 // The process-wide POSIX file system. Never null; lives for the whole process.

@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
@@ -148,6 +150,43 @@ Status FileSystem::WriteFileSynced(const std::string& path, std::string_view con
   SP_RETURN_IF_ERROR(file->WriteAt(0, std::as_bytes(std::span(contents.data(), contents.size()))));
   SP_RETURN_IF_ERROR(file->Sync());
   return file->Close();
+}
+
+namespace {
+
+// The default FileLock: an entry in a process-wide table of (file system, path) pairs.
+class TableLock final : public FileSystem::FileLock {
+ public:
+  static std::mutex& Mu() {
+    static std::mutex mu;
+    return mu;
+  }
+  static std::set<std::pair<const FileSystem*, std::string>>& Held() {
+    static auto* held = new std::set<std::pair<const FileSystem*, std::string>>();
+    return *held;
+  }
+  TableLock(const FileSystem* fs, std::string path) : fs_(fs), path_(std::move(path)) {}
+  ~TableLock() override {
+    std::lock_guard<std::mutex> lock(Mu());
+    Held().erase({fs_, path_});
+  }
+  const std::string& path() const override { return path_; }
+
+ private:
+  const FileSystem* fs_;
+  std::string path_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<FileSystem::FileLock>> FileSystem::LockFile(const std::string& path) {
+  if (!Exists(path)) SP_RETURN_IF_ERROR(WriteFileSynced(path, ""));
+  std::lock_guard<std::mutex> lock(TableLock::Mu());
+  if (!TableLock::Held().insert({this, path}).second) {
+    return FailedPreconditionError(
+        fmt::format("lock {} is held by another holder in this process", path));
+  }
+  return std::unique_ptr<FileLock>(std::make_unique<TableLock>(this, path));
 }
 
 std::string JoinPath(std::string_view a, std::string_view b) {

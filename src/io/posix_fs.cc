@@ -26,6 +26,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -378,6 +379,8 @@ class PosixFileSystem final : public FileSystem {
     return Status::OK();
   }
 
+  Result<std::unique_ptr<FileLock>> LockFile(const std::string& path) override;
+
   Status SyncDir(const std::string& path) override {
     const std::string context = fmt::format("sync directory {}", path);
     int fd;
@@ -391,6 +394,40 @@ class PosixFileSystem final : public FileSystem {
     return status;
   }
 };
+
+// An flock(2) lock on an open file; closing the descriptor releases it.
+class PosixFileLock final : public FileSystem::FileLock {
+ public:
+  PosixFileLock(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixFileLock() override { ::close(fd_); }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+Result<std::unique_ptr<FileSystem::FileLock>> PosixFileSystem::LockFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, fmt::format("open lock file {}", path));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[32] = {0};
+    ssize_t n = ::pread(fd, holder, sizeof(holder) - 1, 0);
+    ::close(fd);
+    if (err != EWOULDBLOCK) return ErrnoToStatus(err, fmt::format("lock {}", path));
+    std::string pid = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "unknown";
+    return FailedPreconditionError(
+        fmt::format("lock {} is held by another holder (pid {})", path, pid));
+  }
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    Status status = ErrnoToStatus(errno, fmt::format("write lock file {}", path));
+    ::close(fd);
+    return status;
+  }
+  return std::unique_ptr<FileLock>(std::make_unique<PosixFileLock>(path, fd));
+}
 
 }  // namespace
 
