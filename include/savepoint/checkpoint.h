@@ -109,7 +109,8 @@ struct LoadOptions {
   // Map data files instead of reading them. Load returns tensors that are views into the mapping
   // (zero-copy) where possible; verification is lazy (see CheckpointReader::MapTensor).
   // Details (Load only; LoadInto, Verify and CheckpointReader::ReadTensor ignore it):
-  //  - A tensor stored as one uncompressed shard becomes a borrowed TensorView straight into the read-only
+  //  - A tensor stored as one uncompressed shard becomes a borrowed TensorView straight into the
+  //  read-only
   //    mapping of its data file; the returned State keeps the mappings alive (State::KeepAlive),
   //    so its views stay valid after Load returns, until the State is destroyed. The memory is
   //    read-only: with the POSIX file system it is mapped PROT_READ, so writing through the view's
@@ -187,9 +188,9 @@ class CheckpointReader {
   // whole tensor); a mismatch is Corruption naming checkpoint, tensor, chunk, file and offset, like
   // ReadTensor's. Without it, nothing of the tensor is read until the caller touches its pages.
   // Errors: NotFound (no such tensor); FailedPrecondition (the tensor is stored as several shards
-  // or compressed, so no contiguous copy of it exists: use ReadTensor); Unimplemented (the file system cannot
-  // map); Corruption (bad data file header, file shorter than the manifest says, CRC mismatch).
-  // An empty tensor gives a view whose data() may be null.
+  // or compressed, so no contiguous copy of it exists: use ReadTensor); Unimplemented (the file
+  // system cannot map); Corruption (bad data file header, file shorter than the manifest says, CRC
+  // mismatch). An empty tensor gives a view whose data() may be null.
   virtual Result<TensorView> MapTensor(const std::string& name, bool verify) = 0;
   // Re-reads every chunk of every tensor and checks its CRC32C. The first mismatch is returned
   // as Corruption naming checkpoint, tensor, chunk, file and offset. Compressed chunks are checked

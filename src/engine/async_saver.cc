@@ -93,9 +93,9 @@ struct SaveHandle::Shared {
   }
   // Compresses and writes a staged chunk (or writes it raw if it does not shrink).
   Status WriteStaged(const Slab& slab, engine::CompressBuffers* b) {
-    SP_ASSIGN_OR_RETURN(bool done, engine::WriteCompressedChunk(*slab.task, slab.data,
-                                                                manifest.chunk_bytes, file.get(),
-                                                                &alloc, b));
+    SP_ASSIGN_OR_RETURN(bool done,
+                        engine::WriteCompressedChunk(*slab.task, slab.data, manifest.chunk_bytes,
+                                                     file.get(), &alloc, b));
     if (done) return Status::OK();
     return engine::StoreRawChunk(*slab.task, slab.data, slab.crc, file.get(), &alloc, nullptr);
   }
@@ -224,7 +224,8 @@ class Snapshotter {
   // Compressed saves: copies one chunk into a slab of its own (CRC fused with the copy, for the
   // case that it does not compress) and queues it for compression.
   Status StageWhole(const ChunkTask& t) {
-    SP_ASSIGN_OR_RETURN(std::byte* slab, job_->pool->Acquire([this] { return job_->failed.load(); }));
+    SP_ASSIGN_OR_RETURN(std::byte * slab,
+                        job_->pool->Acquire([this] { return job_->failed.load(); }));
     if (slab == nullptr) return Status::OK();  // cancelled: the job failed
     uint32_t crc = 0;
     for (uint64_t done = 0; done < t.len;) {

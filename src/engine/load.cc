@@ -59,9 +59,9 @@ Status CopyValues(const State& from, const std::vector<std::string>& names, Stat
 }
 
 // Load with LoadOptions::mmap: single-shard tensors become views into the data files' mappings
-// (kept alive by the State), multi-shard and compressed ones are read into owned tensors. With verify_checksums,
-// the mapped tensors' chunks are checked once here. On a file system that cannot map, every
-// tensor is read instead.
+// (kept alive by the State), multi-shard and compressed ones are read into owned tensors. With
+// verify_checksums, the mapped tensors' chunks are checked once here. On a file system that cannot
+// map, every tensor is read instead.
 Status LoadMapped(engine::Reader& reader, const std::vector<bool>& keep, const LoadOptions& options,
                   State* state) {
   auto start = std::chrono::steady_clock::now();

@@ -67,8 +67,8 @@ Status CheckCompression(const Compression& c) {
                     static_cast<int>(c.shuffle)));
   }
   if (c.codec == Compression::Codec::kZstd && (c.zstd_level < -7 || c.zstd_level > 22)) {
-    return InvalidArgumentError(fmt::format(
-        "SaveOptions.compression.zstd_level = {}: must be in [-7, 22]", c.zstd_level));
+    return InvalidArgumentError(
+        fmt::format("SaveOptions.compression.zstd_level = {}: must be in [-7, 22]", c.zstd_level));
   }
   return Status::OK();
 }
@@ -120,7 +120,6 @@ Status WriteChunk(const ChunkTask& t, WritableFile* f, std::byte* staging) {
   *t.crc = crc;
   return f->WriteAt(t.file_offset, {staging, padded});
 }
-
 
 Result<bool> WriteCompressedChunk(const ChunkTask& t, const std::byte* raw, uint64_t chunk_bytes,
                                   WritableFile* f, ExtentAllocator* alloc, CompressBuffers* b) {
@@ -294,8 +293,8 @@ Status WriteAndCommit(const State& state, const SaveTarget& target, const SaveOp
     }
     const ChunkTask& t = tasks[i];
     if (t.stored == nullptr) return WriteChunk(t, f.get(), staging[w].data());
-    SP_ASSIGN_OR_RETURN(bool done,
-                        WriteCompressedChunk(t, t.src, m.chunk_bytes, f.get(), &alloc, &buffers[w]));
+    SP_ASSIGN_OR_RETURN(
+        bool done, WriteCompressedChunk(t, t.src, m.chunk_bytes, f.get(), &alloc, &buffers[w]));
     return done ? Status::OK() : StoreRawChunk(t, nullptr, 0, f.get(), &alloc, staging[w].data());
   }));
   if (format::UsesCompression(m)) m.files[0].bytes = alloc.end();

@@ -132,8 +132,9 @@ Status CheckStoredChunks(const ShardRecord& s, const Manifest& m, const Ctx& ctx
     const StoredChunk& sc = s.stored[c];
     const uint64_t raw = ChunkLen(s.bytes, c, m.chunk_bytes);
     if (sc.compressed ? (sc.bytes == 0 || sc.bytes > raw) : sc.bytes != raw) {
-      return ctx.Bad(fmt::format("{} chunk {}: stored size {} is impossible for {} {} raw bytes", in,
-                                 c, sc.bytes, sc.compressed ? "compressed" : "uncompressed", raw));
+      return ctx.Bad(fmt::format("{} chunk {}: stored size {} is impossible for {} {} raw bytes",
+                                 in, c, sc.bytes, sc.compressed ? "compressed" : "uncompressed",
+                                 raw));
     }
     if (!ExtentInFile(sc.offset, sc.bytes, f)) {
       return ctx.Bad(
@@ -186,8 +187,8 @@ Result<std::vector<uint64_t>> U64Array(const Json& obj, const char* key, uint64_
   out.reserve(arr->size());
   for (const Json& v : *arr) {
     if (!v.is_number_unsigned() || v.get<uint64_t>() > limit) {
-      return ctx.Bad(fmt::format("{}: {} holds a value that is not an integer in [0, {}]", in, key,
-                                 limit));
+      return ctx.Bad(
+          fmt::format("{}: {} holds a value that is not an integer in [0, {}]", in, key, limit));
     }
     out.push_back(v.get<uint64_t>());
   }
@@ -212,8 +213,8 @@ Status DecodeStored(const Json& j, uint64_t max_chunks, const Ctx& ctx, const st
   SP_ASSIGN_OR_RETURN(auto sizes, U64Array(j, "stored_bytes", max_chunks, kMax, ctx, in));
   SP_ASSIGN_OR_RETURN(auto flags, U64Array(j, "stored_compressed", max_chunks, 1, ctx, in));
   if (offsets.size() != sizes.size() || offsets.size() != flags.size()) {
-    return ctx.Bad(fmt::format("{}: stored_offsets, stored_bytes, stored_compressed differ in length",
-                               in));
+    return ctx.Bad(
+        fmt::format("{}: stored_offsets, stored_bytes, stored_compressed differ in length", in));
   }
   for (size_t i = 0; i < offsets.size(); ++i) {
     s->stored.push_back({offsets[i], sizes[i], flags[i] == 1});
