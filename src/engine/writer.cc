@@ -4,7 +4,9 @@
 //   1. CreateDir(tmp), tmp = <parent>/.<name>.savepoint-tmp.<pid>.<random>
 //   2. Write data file tmp/data-00000-00000.spd: a 4 KiB header, then every tensor as one
 //      4 KiB-aligned extent, cut into chunks that worker threads copy, checksum (CRC32C, while the
-//      bytes are hot in cache) and write in parallel.
+//      bytes are hot in cache) and write in parallel. With compression (docs/FORMAT.md §7) each
+//      chunk is compressed instead, its CRC32C taken on the compressed bytes right after, and its
+//      stored form written at the next free 4 KiB-aligned offset (ExtentAllocator) as it finishes.
 //   3. Sync and close the data file.
 //   4. Write tmp/MANIFEST (it names every file, extent and checksum) and sync it.
 //   5. SyncDir(tmp): the directory's entries are durable.
