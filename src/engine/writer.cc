@@ -137,7 +137,9 @@ Result<bool> WriteCompressedChunk(const ChunkTask& t, const std::byte* raw, uint
   std::span<std::byte> scratch(b->scratch.data(), shuffle ? t.len : 0);
   SP_ASSIGN_OR_RETURN(codec::CompressedChunk c,
                       codec::CompressChunk(t.codec, t.elem_size, {raw, t.len}, out, scratch));
-  if (!c.compressed) return false;
+  // Keep the compressed form only if it saves at least one 4 KiB block on disk; otherwise the raw
+  // bytes cost no more space and need no decompression.
+  if (!c.compressed || AlignUp(c.stored_bytes) >= AlignUp(t.len)) return false;
   *t.crc = Crc32c({out.data(), c.stored_bytes});  // the output is still hot in cache
   const uint64_t padded = AlignUp(c.stored_bytes);
   std::memset(out.data() + c.stored_bytes, 0, padded - c.stored_bytes);
