@@ -35,6 +35,8 @@ class ToyTrainer {
     }
   }
   int64_t step() const { return loader_.t; }
+  const std::vector<float>& weights() const { return w_; }
+  const std::vector<float>& momentum() const { return m_; }
   int64_t epoch() const { return loader_.t == 0 ? 1 : (loader_.t - 1) / kStepsPerEpoch + 1; }
 
   Status Register(CheckpointManager& m) {
