@@ -22,6 +22,16 @@ class ToyTrainer {
     for (float& x : w_) x = static_cast<float>(rng_() >> 40) / 16777216.0f;
   }
 
+  // Copies the training state (not registrations: the copy's Stateful adapters point at the copy).
+  ToyTrainer(const ToyTrainer& o) : rng_(o.rng_), w_(o.w_), m_(o.m_) { CopyLoader(o); }
+  ToyTrainer& operator=(const ToyTrainer& o) {
+    rng_ = o.rng_;
+    w_ = o.w_;
+    m_ = o.m_;
+    CopyLoader(o);
+    return *this;
+  }
+
   void Step() {
     for (int i = 0; i < kSize; ++i) {
       const float g = static_cast<float>(rng_() >> 40) / 16777216.0f - 0.5f;
@@ -76,6 +86,12 @@ class ToyTrainer {
       return Status::OK();
     }
   };
+
+  void CopyLoader(const ToyTrainer& o) {
+    loader_.t = o.loader_.t;
+    loader_.epoch = o.loader_.epoch;
+    loader_.cursor = o.loader_.cursor;
+  }
 
   std::mt19937_64 rng_;
   std::vector<float> w_, m_;
