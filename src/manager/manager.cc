@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <exception>
@@ -429,6 +430,9 @@ class ManagerImpl final : public CheckpointManager {
 
   void ApplyRetention() {
     for (const std::string& name : SelectForDeletion(index_.records, policy_)) {
+      bool in_flight = std::any_of(pending_.begin(), pending_.end(),
+                                   [&](const Pending& p) { return p.record.name == name; });
+      if (in_flight) continue;  // being overwritten by a save in flight
       auto t0 = std::chrono::steady_clock::now();
       const std::string path = JoinPath(dir_, name);
       Status s = DeleteCheckpoint(path, fs_);
