@@ -85,7 +85,12 @@ TEST(ManagerCrash, ResumeAfterSigkillAtRandomPoints) {
     const size_t logged = Lines(log).size();
     pid_t pid = Spawn(dir, 1'000'000);
     ASSERT_GT(pid, 0);
-    std::this_thread::sleep_for(std::chrono::microseconds(5000 + rng() % 60000));
+    // Kill at a random moment after the child has restored (up to 5 s for a slow start, as
+    // under sanitizers), so every kill interrupts training and saving.
+    for (int waited = 0; Lines(log).size() == logged && waited < 5000; ++waited) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 40000));
     ::kill(pid, SIGKILL);
     int status = 0;
     ::waitpid(pid, &status, 0);
