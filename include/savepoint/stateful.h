@@ -47,11 +47,12 @@ class Stateful {
   // returns, and the object must not change that memory until then.
   virtual Status SaveState(State& out) = 0;
 
-  // Takes back a state in the layout SaveState produces. Tensors that SaveState exposed as
-  // borrowed views have already been filled in place when this is called (the manager reads the
-  // checkpoint straight into them); `in` holds those same views plus every value, and owned
-  // copies of tensors SaveState handed over as owned Tensors. With lenient matching (LoadConfig),
-  // entries the checkpoint lacks are absent from `in`.
+  // Takes back a state in the layout SaveState produces. For restoring, the manager first calls
+  // SaveState to learn the layout, then reads every tensor straight into the memory SaveState
+  // gave: tensors exposed as borrowed views are therefore already filled in place when this is
+  // called; tensors handed over as owned Tensors were read into those Tensors, and `in` holds
+  // views of them (valid during this call only: copy what you keep). `in` also holds every value.
+  // With lenient matching (LoadConfig), entries the checkpoint lacks are absent from `in`.
   virtual Status LoadState(const State& in) = 0;
 };
 

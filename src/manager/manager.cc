@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <exception>
@@ -32,6 +33,18 @@ constexpr const char* kLockName = "savepoint.lock";
 
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Creates `dir` and its missing parents, and syncs the parent of each one created, so the
+// directory survives power loss once a checkpoint in it is committed.
+Status CreateDirsDurably(FileSystem* fs, const std::string& dir) {
+  std::vector<std::string> missing;
+  for (std::string d = dir; !fs->Exists(d) && d != Dirname(d); d = Dirname(d)) {
+    missing.push_back(d);
+  }
+  SP_RETURN_IF_ERROR(fs->CreateDirs(dir));
+  for (const std::string& d : missing) SP_RETURN_IF_ERROR(fs->SyncDir(Dirname(d)));
+  return Status::OK();
 }
 
 // A State that borrows `s`'s tensors and copies its values and metadata.
@@ -234,7 +247,7 @@ class ManagerImpl final : public CheckpointManager {
   // --- Directory. ---
   Status OpenDirectory(const std::string& dir) {
     const std::string context = fmt::format("open checkpoint directory {}", dir);
-    SP_RETURN_IF_ERROR(fs_->CreateDirs(dir).WithContext(context));
+    SP_RETURN_IF_ERROR(CreateDirsDurably(fs_, dir).WithContext(context));
     Result<std::unique_ptr<FileSystem::FileLock>> lock = fs_->LockFile(JoinPath(dir, kLockName));
     if (!lock.ok()) {
       return lock.status().WithContext(
@@ -417,12 +430,15 @@ class ManagerImpl final : public CheckpointManager {
 
   void ApplyRetention() {
     for (const std::string& name : SelectForDeletion(index_.records, policy_)) {
+      bool in_flight = std::any_of(pending_.begin(), pending_.end(),
+                                   [&](const Pending& p) { return p.record.name == name; });
+      if (in_flight) continue;  // being overwritten by a save in flight
       auto t0 = std::chrono::steady_clock::now();
       const std::string path = JoinPath(dir_, name);
       Status s = DeleteCheckpoint(path, fs_);
       if (!s.ok()) {
         spdlog::warn("savepoint: retention: {}", s.ToString());
-        continue;
+        if (fs_->Exists(path)) continue;  // still there: keep its record (else it is gone)
       }
       std::erase_if(index_.records, [&](const CheckpointRecord& r) { return r.name == name; });
       stats_.push_back({"checkpoint_delete", name, 0, 0, SecondsSince(t0), SecondsSince(t0)});

@@ -1,0 +1,195 @@
+// ManagerOptions validation (every invalid combination), policy resolution (MindSpore's
+// precedence rules), checkpoint naming with the prefix conflict rule, and the retention rules.
+#include "manager/options.h"
+#include "manager/retention.h"
+#include "testutil/testutil.h"
+
+namespace savepoint {
+namespace {
+
+using Names = std::vector<std::string>;
+
+ManagerOptions Valid() {
+  ManagerOptions o;
+  o.directory = "/ckpt";
+  return o;
+}
+
+struct BadCase {
+  const char* what;
+  std::function<void(ManagerOptions&)> change;
+  StatusCode code;
+  const char* message;
+};
+
+TEST(ManagerOptions, DefaultsAreValid) { SP_EXPECT_OK(ValidateManagerOptions(Valid())); }
+
+TEST(ManagerOptions, EveryInvalidCombinationIsRejectedClearly) {
+  const BadCase cases[] = {
+      {"negative steps", [](auto& o) { o.save_interval_steps = -1; }, StatusCode::kInvalidArgument,
+       "save_interval_steps = -1"},
+      {"negative seconds", [](auto& o) { o.save_interval_seconds = -5; },
+       StatusCode::kInvalidArgument, "save_interval_seconds = -5"},
+      {"negative keep", [](auto& o) { o.keep_last_n = -2; }, StatusCode::kInvalidArgument,
+       "keep_last_n = -2"},
+      {"negative minutes", [](auto& o) { o.keep_per_n_minutes = -1; }, StatusCode::kInvalidArgument,
+       "keep_per_n_minutes = -1"},
+      {"negative every", [](auto& o) { o.keep_every_n_steps = -3; }, StatusCode::kInvalidArgument,
+       "keep_every_n_steps = -3"},
+      {"negative best", [](auto& o) { o.keep_best_n = -1; }, StatusCode::kInvalidArgument,
+       "keep_best_n = -1"},
+      {"negative steps per epoch", [](auto& o) { o.steps_per_epoch = -1; },
+       StatusCode::kInvalidArgument, "steps_per_epoch = -1"},
+      {"all zero",
+       [](auto& o) {
+         o.save_interval_steps = 0;
+         o.keep_last_n = 0;
+       },
+       StatusCode::kInvalidArgument, "are all 0"},
+      {"best without metric", [](auto& o) { o.keep_best_n = 2; }, StatusCode::kInvalidArgument,
+       "needs best_metric"},
+      {"metric without best", [](auto& o) { o.best_metric = "loss"; }, StatusCode::kInvalidArgument,
+       "keep_best_n is 0"},
+      {"no directory", [](auto& o) { o.directory.clear(); }, StatusCode::kInvalidArgument,
+       "directory is empty"},
+      {"prefix with slash", [](auto& o) { o.prefix = "a/b"; }, StatusCode::kInvalidArgument,
+       "contain no '/'"},
+      {"empty prefix", [](auto& o) { o.prefix = ""; }, StatusCode::kInvalidArgument, "prefix"},
+      {"hidden prefix", [](auto& o) { o.prefix = ".x"; }, StatusCode::kInvalidArgument,
+       "not start with '.'"},
+      {"shard out of range", [](auto& o) { o.shard_id = 2, o.num_shards = 2; },
+       StatusCode::kInvalidArgument, "shard_id = 2"},
+      {"no shards", [](auto& o) { o.num_shards = 0; }, StatusCode::kInvalidArgument,
+       "num_shards = 0"},
+      {"io threads", [](auto& o) { o.io_threads = 0; }, StatusCode::kInvalidArgument,
+       "io_threads = 0"},
+      {"append_info item", [](auto& o) { o.append_info = {"random_op"}; },
+       StatusCode::kInvalidArgument, "\"random_op\" is not one of"},
+      {"append_dict bytes", [](auto& o) { o.append_dict["k"] = Value(Bytes{{1}}); },
+       StatusCode::kInvalidArgument, "is a bytes value"},
+      {"append_dict reserved", [](auto& o) { o.append_dict["step_num"] = Value(1); },
+       StatusCode::kInvalidArgument, "reserved"},
+      {"append_dict bad name", [](auto& o) { o.append_dict[""] = Value(1); },
+       StatusCode::kInvalidArgument, "append_dict key"},
+      {"safetensors with async",
+       [](auto& o) {
+         o.format = CheckpointFormat::kSafetensors;
+         o.async = true;
+       },
+       StatusCode::kInvalidArgument, "must keep their defaults"},
+      {"safetensors", [](auto& o) { o.format = CheckpointFormat::kSafetensors; },
+       StatusCode::kUnimplemented, "until issue #5"},
+  };
+  for (const BadCase& c : cases) {
+    ManagerOptions o = Valid();
+    c.change(o);
+    Status s = ValidateManagerOptions(o);
+    EXPECT_EQ(s.code(), c.code) << c.what << ": " << s.ToString();
+    EXPECT_NE(s.message().find(c.message), std::string::npos) << c.what << ": " << s.message();
+    EXPECT_EQ(CheckpointManager::Open(o).status().code(), c.code) << c.what;
+  }
+}
+
+TEST(ManagerOptions, PrecedenceRulesOfTheSeed) {
+  ManagerOptions o = Valid();
+  o.save_interval_steps = 10;
+  o.save_interval_seconds = 30;  // ignored: steps win
+  o.keep_last_n = 3;
+  o.keep_per_n_minutes = 5;  // ignored: keep_last_n wins
+  manager::Policy p = manager::ResolvePolicy(o);
+  EXPECT_EQ(p.save_steps, 10);
+  EXPECT_EQ(p.save_seconds, 0);
+  EXPECT_EQ(p.keep_last_n, 3);
+  EXPECT_EQ(p.keep_per_minutes, 0);
+
+  o.save_interval_steps = 0;
+  o.keep_last_n = 0;
+  p = manager::ResolvePolicy(o);
+  EXPECT_EQ(p.save_seconds, 30);
+  EXPECT_EQ(p.keep_per_minutes, 5);
+  EXPECT_EQ(p.keep_last_n, 0);
+
+  o.keep_per_n_minutes = 0;  // neither: keep one
+  EXPECT_EQ(manager::ResolvePolicy(o).keep_last_n, 1);
+  o.keep_all = true;
+  EXPECT_TRUE(manager::ResolvePolicy(o).keep_all);
+}
+
+TEST(ManagerNaming, NamesAndPrefixConflictRule) {
+  EXPECT_EQ(manager::CheckpointName("ckpt", {150, 2, 50}, false), "ckpt-2_50");
+  EXPECT_EQ(manager::CheckpointName("ckpt", {150, 2, 50}, true), "ckpt-2_50_breakpoint");
+  using manager::ResolvePrefixConflict;
+  EXPECT_EQ(ResolvePrefixConflict("ckpt", {}), "ckpt");
+  EXPECT_EQ(ResolvePrefixConflict("ckpt", {"other-1_1", "ckptx-1_1"}), "ckpt");
+  EXPECT_EQ(ResolvePrefixConflict("ckpt", {"ckpt-1_1"}), "ckpt_1");
+  EXPECT_EQ(ResolvePrefixConflict("ckpt", {"ckpt-1_1", "ckpt_1-2_3"}), "ckpt_2");
+  EXPECT_EQ(ResolvePrefixConflict("ckpt", {"ckpt_4-1_1", "ckpt-1_1", "ckpt_x-1"}), "ckpt_5");
+}
+
+CheckpointRecord Rec(std::string name, int64_t step, int64_t minute, Metrics metrics = {}) {
+  CheckpointRecord r;
+  r.name = std::move(name);
+  r.step = step;
+  r.created_ns = minute * 60'000'000'000LL;
+  r.metrics = std::move(metrics);
+  return r;
+}
+
+std::vector<CheckpointRecord> Ten() {
+  std::vector<CheckpointRecord> rs;
+  for (int i = 1; i <= 10; ++i) {
+    rs.push_back(Rec("c" + std::to_string(i), i * 10, i, {{"loss", 10.0 - (i % 4)}}));
+  }
+  return rs;
+}
+
+manager::Policy Keep(int64_t last) {
+  manager::Policy p;
+  p.keep_last_n = last;
+  return p;
+}
+
+TEST(ManagerRetention, KeepLastN) {
+  EXPECT_EQ(manager::SelectForDeletion(Ten(), Keep(8)), (Names{"c1", "c2"}));
+  EXPECT_TRUE(manager::SelectForDeletion(Ten(), Keep(20)).empty());
+  manager::Policy all = Keep(1);
+  all.keep_all = true;
+  EXPECT_TRUE(manager::SelectForDeletion(Ten(), all).empty());
+}
+
+TEST(ManagerRetention, NewestIsNeverDeleted) {
+  manager::Policy p = Keep(0);
+  p.keep_every_n_steps = 1000;  // keeps nothing by itself
+  std::vector<std::string> gone = manager::SelectForDeletion(Ten(), p);
+  EXPECT_EQ(gone.size(), 9u);
+  EXPECT_EQ(std::count(gone.begin(), gone.end(), "c10"), 0);
+  EXPECT_TRUE(manager::SelectForDeletion({Rec("only", 1, 1)}, p).empty());
+}
+
+TEST(ManagerRetention, KeepOnePerNMinutes) {
+  manager::Policy p = Keep(0);
+  p.keep_per_minutes = 3;  // created at minutes 1..10: keep 1, 4, 7, 10
+  EXPECT_EQ(manager::SelectForDeletion(Ten(), p), (Names{"c2", "c3", "c5", "c6", "c8", "c9"}));
+}
+
+TEST(ManagerRetention, KeepEveryKthStepPlusLast) {
+  manager::Policy p = Keep(2);
+  p.keep_every_n_steps = 40;  // steps 40, 80
+  EXPECT_EQ(manager::SelectForDeletion(Ten(), p), (Names{"c1", "c2", "c3", "c5", "c6", "c7"}));
+}
+
+TEST(ManagerRetention, KeepBestKByMetric) {
+  manager::Policy p = Keep(1);
+  p.keep_best_n = 2;
+  p.best_metric = "loss";  // loss = 10 - i%4: minimum 7 at i = 3, 7
+  EXPECT_EQ(manager::SelectForDeletion(Ten(), p),
+            (Names{"c1", "c2", "c4", "c5", "c6", "c8", "c9"}));
+  p.best_mode = MetricMode::kMax;  // maximum 10 at i = 4, 8
+  EXPECT_EQ(manager::SelectForDeletion(Ten(), p),
+            (Names{"c1", "c2", "c3", "c5", "c6", "c7", "c9"}));
+  p.best_metric = "accuracy";  // nobody has it: only the last
+  EXPECT_EQ(manager::SelectForDeletion(Ten(), p).size(), 9u);
+}
+
+}  // namespace
+}  // namespace savepoint

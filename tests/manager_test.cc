@@ -1,0 +1,313 @@
+// CheckpointManager behaviour: the direct API (save / restore / latest / all), intervals, async
+// saves, reopening a directory (prefix conflict rule), the lock, append_info, callables, the
+// RecIS-style Step(), exception and signal saves.
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "helpers/toy_trainer.h"
+#include "io/mem_fs.h"
+#include "testutil/testutil.h"
+
+namespace savepoint {
+namespace {
+
+using testing::ToyTrainer;
+
+ManagerOptions MemOptions(FileSystem* fs, std::string dir = "/ckpt") {
+  ManagerOptions o;
+  o.directory = std::move(dir);
+  o.fs = fs;
+  return o;
+}
+
+std::unique_ptr<CheckpointManager> OpenOrDie(const ManagerOptions& o) {
+  auto m = CheckpointManager::Open(o);
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return m.ok() ? std::move(m).value() : nullptr;
+}
+
+SaveArgs Force() {
+  SaveArgs a;
+  a.force = true;
+  return a;
+}
+
+SaveArgs InEpoch(int64_t epoch) {
+  SaveArgs a;
+  a.epoch = epoch;
+  return a;
+}
+
+State StateAt(int64_t step) { return testing::RandomState(step, 3, 64 << 10); }
+
+ToyTrainer TrainedTo(int64_t step) {
+  ToyTrainer t(1);
+  while (t.step() < step) t.Step();
+  return t;
+}
+
+TEST(Manager, SaveRestoreLatestAll) {
+  MemFileSystem fs;
+  ManagerOptions o = MemOptions(&fs);
+  o.keep_last_n = 3;
+  auto m = OpenOrDie(o);
+  ASSERT_NE(m, nullptr);
+  EXPECT_FALSE(m->LatestStep().has_value());
+  EXPECT_EQ(m->Restore().status().code(), StatusCode::kNotFound);
+  for (int64_t step = 1; step <= 5; ++step) {
+    Result<bool> saved = m->Save(step, StateAt(step));
+    ASSERT_TRUE(saved.ok() && *saved) << saved.status().ToString();
+  }
+  EXPECT_EQ(m->AllSteps(), (std::vector<int64_t>{3, 4, 5}));
+  EXPECT_EQ(m->LatestStep(), 5);
+  EXPECT_EQ(m->Latest()->name, "ckpt-1_5");
+  Result<State> four = m->Restore(Which::Step(4));
+  ASSERT_TRUE(four.ok()) << four.status().ToString();
+  EXPECT_TRUE(four->Contains(StateAt(4).entries().begin()->first));
+  Result<State> latest = m->Restore();
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->metadata()["step"], 5);
+  EXPECT_TRUE(m->Restore(Which::Name("ckpt-1_3")).ok());
+  Status gone = m->Restore(Which::Step(1)).status();
+  EXPECT_EQ(gone.code(), StatusCode::kNotFound);
+  EXPECT_NE(gone.message().find("at step 1"), std::string::npos) << gone.message();
+  EXPECT_FALSE(fs.Exists("/ckpt/ckpt-1_1"));  // deleted by retention
+  SP_EXPECT_OK(m->Close());
+  EXPECT_EQ(m->Save(6, StateAt(6)).status().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(Manager, StepIntervalForceAndNeverTwice) {
+  MemFileSystem fs;
+  ManagerOptions o = MemOptions(&fs);
+  o.save_interval_steps = 10;
+  o.steps_per_epoch = 8;
+  auto m = OpenOrDie(o);
+  State s = StateAt(1);
+  EXPECT_FALSE(*m->Save(5, s));
+  EXPECT_TRUE(m->ShouldSave(10));
+  EXPECT_TRUE(*m->Save(10, s));
+  EXPECT_FALSE(*m->Save(10, s, Force()));  // never one step twice
+  EXPECT_FALSE(*m->Save(15, s));
+  EXPECT_TRUE(*m->Save(15, s, Force()));
+  EXPECT_FALSE(*m->Save(24, s));  // 15 + 10 > 24
+  EXPECT_TRUE(*m->Save(25, s));
+  EXPECT_EQ(m->AllSteps(), (std::vector<int64_t>{10, 15, 25}));
+  EXPECT_EQ(m->Latest()->name, "ckpt-4_1");  // step 25 = epoch 4, step 1 of 8
+}
+
+TEST(Manager, SecondsInterval) {
+  MemFileSystem fs;
+  ManagerOptions o = MemOptions(&fs);
+  o.save_interval_steps = 0;
+  o.save_interval_seconds = 1;
+  auto m = OpenOrDie(o);
+  EXPECT_FALSE(*m->Save(1, StateAt(1)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  EXPECT_TRUE(*m->Save(2, StateAt(2)));
+  EXPECT_FALSE(*m->Save(3, StateAt(3)));
+}
+
+TEST(Manager, AsyncSavesAreIndexedWhenCommitted) {
+  testing::TempDir dir;
+  ManagerOptions o;
+  o.directory = dir.Sub("ckpt");
+  o.async = true;
+  o.keep_last_n = 2;
+  o.async_options.staging_bytes = 1 << 20;
+  o.async_options.slab_bytes = 64 << 10;
+  auto m = OpenOrDie(o);
+  for (int64_t step = 1; step <= 4; ++step) ASSERT_TRUE(*m->Save(step, StateAt(step)));
+  SP_ASSERT_OK(m->Wait());
+  EXPECT_EQ(m->AllSteps(), (std::vector<int64_t>{3, 4}));
+  Result<State> four = m->Restore();
+  ASSERT_TRUE(four.ok()) << four.status().ToString();
+  State expected = StateAt(4);
+  for (const auto& [name, e] : expected.entries()) EXPECT_TRUE(four->Contains(name)) << name;
+  int saves = 0;
+  for (const CheckpointStats& s : m->stats()) saves += s.action == "checkpoint_save";
+  EXPECT_EQ(saves, 4);
+}
+
+TEST(Manager, ReopenPicksUpAndUsesANewPrefix) {
+  MemFileSystem fs;
+  {
+    auto m = OpenOrDie(MemOptions(&fs));
+    for (int64_t step = 1; step <= 3; ++step) ASSERT_TRUE(*m->Save(step, StateAt(step)));
+  }
+  ASSERT_TRUE(fs.CreateDir("/ckpt/.ckpt-1_9.savepoint-tmp.0.0").ok());  // debris of a crash
+  auto m = OpenOrDie(MemOptions(&fs));
+  EXPECT_EQ(m->AllSteps(), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(m->prefix(), "ckpt_1");
+  ASSERT_TRUE(*m->Save(4, StateAt(4), Force()));
+  EXPECT_EQ(m->Latest()->name, "ckpt_1-1_4");
+  EXPECT_FALSE(fs.Exists("/ckpt/.ckpt-1_9.savepoint-tmp.0.0"));  // garbage-collected on open
+}
+
+TEST(Manager, IndexIsRebuiltWhenMissingOrStale) {
+  MemFileSystem fs;
+  {
+    auto m = OpenOrDie(MemOptions(&fs));
+    for (int64_t step = 1; step <= 3; ++step) ASSERT_TRUE(*m->Save(step, StateAt(step)));
+  }
+  // A checkpoint committed after the last index update (crash before the update) ...
+  State extra = StateAt(9);
+  extra.metadata()["savepoint.manager"] = {{"step", 9}, {"epoch", 1}, {"step_in_epoch", 9}};
+  SaveOptions so;
+  so.fs = &fs;
+  SP_ASSERT_OK(Save(extra, "/ckpt/ckpt-1_9", so));
+  // ... and one deleted behind the index's back.
+  SP_ASSERT_OK(DeleteCheckpoint("/ckpt/ckpt-1_2", &fs));
+  {
+    auto m = OpenOrDie(MemOptions(&fs));
+    EXPECT_EQ(m->AllSteps(), (std::vector<int64_t>{1, 3, 9}));
+  }
+  // No index at all: rebuilt from the checkpoints.
+  for (const FileInfo& f : *fs.ListDir("/ckpt")) {
+    if (f.name.starts_with("savepoint-index-")) SP_ASSERT_OK(fs.RemoveFile("/ckpt/" + f.name));
+  }
+  auto m = OpenOrDie(MemOptions(&fs));
+  EXPECT_EQ(m->AllSteps(), (std::vector<int64_t>{1, 3, 9}));
+}
+
+TEST(Manager, SecondManagerOnTheSameDirectoryIsRefused) {
+  testing::TempDir dir;
+  ManagerOptions o;
+  o.directory = dir.Sub("ckpt");
+  auto first = OpenOrDie(o);
+  Result<std::unique_ptr<CheckpointManager>> second = CheckpointManager::Open(o);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  const std::string msg = second.status().message();
+  EXPECT_NE(msg.find("another checkpoint manager is using it"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("savepoint.lock"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(fmt::format("pid {}", ::getpid())), std::string::npos) << msg;
+  SP_ASSERT_OK(first->Close());
+  EXPECT_TRUE(CheckpointManager::Open(o).ok());
+
+  MemFileSystem fs;  // the process-local lock of other file systems
+  auto mem_first = OpenOrDie(MemOptions(&fs));
+  EXPECT_EQ(CheckpointManager::Open(MemOptions(&fs)).status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
+TEST(Manager, AppendInfoAndCallables) {
+  MemFileSystem fs;
+  ManagerOptions o = MemOptions(&fs);
+  o.append_info = {"epoch_num", "step_num"};
+  o.append_dict = {{"learning_rate", Value(0.5)}, {"run", Value("demo")}};
+  o.prefix_fn = [](const StepInfo& i) { return fmt::format("model_at_{}", i.step); };
+  o.directory_fn = [](const StepInfo& i) { return fmt::format("/runs/part{}", i.step / 10); };
+  o.keep_all = true;
+  auto m = OpenOrDie(o);
+  ASSERT_TRUE(*m->Save(3, StateAt(3), InEpoch(2)));
+  ASSERT_TRUE(*m->Save(12, StateAt(12)));
+  EXPECT_TRUE(fs.Exists("/runs/part0/model_at_3"));
+  EXPECT_TRUE(fs.Exists("/runs/part1/model_at_12"));
+  EXPECT_EQ(m->directory(), "/runs/part1");
+  LoadOptions lo;
+  lo.fs = &fs;
+  Result<State> s = Load("/runs/part0/model_at_3", lo);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_EQ(s->FindValue("epoch_num")->as_int(), 2);
+  EXPECT_EQ(s->FindValue("step_num")->as_int(), 3);
+  EXPECT_EQ(s->FindValue("learning_rate")->as_float(), 0.5);
+  EXPECT_EQ(s->FindValue("run")->as_string(), "demo");
+  State clash = StateAt(20);
+  SP_ASSERT_OK(clash.PutValue("learning_rate", 1.0));
+  Status st = m->Save(20, clash).status();
+  EXPECT_EQ(st.code(), StatusCode::kAlreadyExists) << st.ToString();
+}
+
+TEST(Manager, RecisStyleStep) {
+  MemFileSystem fs;
+  ManagerOptions o = MemOptions(&fs);
+  o.save_interval_steps = 4;
+  o.keep_all = true;
+  auto m = OpenOrDie(o);
+  ToyTrainer t(1);
+  SP_ASSERT_OK(t.Register(*m));
+  for (int i = 0; i < 10; ++i) {
+    t.Step();
+    ASSERT_TRUE(m->Step().ok());
+  }
+  EXPECT_EQ(m->global_step(), 10);
+  EXPECT_EQ(m->AllSteps(), (std::vector<int64_t>{4, 8}));
+  ToyTrainer fresh(99);
+  auto reader = OpenOrDie(MemOptions(&fs, "/reader"));
+  SP_ASSERT_OK(fresh.Register(*reader));
+  SP_ASSERT_OK(reader->LoadFrom("/ckpt/ckpt-1_8", {}));
+  EXPECT_TRUE(fresh == TrainedTo(8));
+}
+
+TEST(Manager, ExceptionSaveWritesALoadableBreakpoint) {
+  MemFileSystem fs;
+  ManagerOptions o = MemOptions(&fs);
+  o.save_interval_steps = 5;
+  o.exception_save = true;
+  auto m = OpenOrDie(o);
+  ToyTrainer t(1);
+  SP_ASSERT_OK(t.Register(*m));
+  try {
+    ExceptionSaveGuard guard(*m);
+    for (;;) {
+      t.Step();
+      SP_ASSERT_OK(m->OnStepEnd(t.step(), t.epoch()));
+      if (t.step() == 7) throw std::runtime_error("diverged");
+    }
+  } catch (const std::runtime_error&) {
+  }
+  std::optional<CheckpointRecord> bp = m->Latest();
+  ASSERT_TRUE(bp.has_value());
+  EXPECT_TRUE(bp->breakpoint);
+  EXPECT_EQ(bp->name, "ckpt-1_7_breakpoint");
+  EXPECT_EQ(bp->step, 7);
+  ToyTrainer restored(42);
+  auto other = OpenOrDie(MemOptions(&fs, "/other"));
+  SP_ASSERT_OK(restored.Register(*other));
+  SP_ASSERT_OK(other->LoadFrom(bp->path, {}));
+  EXPECT_TRUE(restored == TrainedTo(7));
+
+  ManagerOptions no = MemOptions(&fs, "/third");
+  auto third = OpenOrDie(no);
+  EXPECT_EQ(third->SaveBreakpoint().code(), StatusCode::kFailedPrecondition);
+}
+
+TEST(Manager, SigtermSavesBreakpointThenDies) {
+  testing::TempDir dir;
+  ManagerOptions o;
+  o.directory = dir.Sub("ckpt");
+  o.save_interval_steps = 5;
+  o.exception_save = true;
+  o.handle_signals = true;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    auto m = CheckpointManager::Open(o);
+    ToyTrainer t(1);
+    if (!m.ok() || !t.Register(**m).ok()) ::_exit(3);
+    for (;;) {
+      t.Step();
+      if (t.step() == 8) ::raise(SIGTERM);  // arrives mid-step; acted on at the next hook
+      if (!(*m)->OnStepEnd(t.step(), t.epoch()).ok()) ::_exit(4);
+      if (t.step() > 20) ::_exit(5);
+    }
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFSIGNALED(status)) << "child status " << status;
+  EXPECT_EQ(WTERMSIG(status), SIGTERM);
+  o.handle_signals = false;
+  auto m = OpenOrDie(o);
+  ASSERT_EQ(m->AllSteps(), (std::vector<int64_t>{5, 8}));
+  EXPECT_TRUE(m->Latest()->breakpoint);
+  ToyTrainer restored(42);
+  SP_ASSERT_OK(restored.Register(*m));
+  ASSERT_TRUE(m->RestoreRegistered().ok());
+  EXPECT_TRUE(restored == TrainedTo(8));
+}
+
+}  // namespace
+}  // namespace savepoint
