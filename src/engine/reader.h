@@ -80,6 +80,10 @@ class Reader final : public CheckpointReader {
     Tensor scratch;  // the shuffled form of a chunk being decompressed
   };
   Status ReadChunk(const Task& t, Buffers* b, bool verify);
+  // Batched reads of chunks that go straight into their destinations (see reader.cc).
+  bool DirectRead(const Task& t, const RandomAccessFile* f) const;
+  Status ReadDirectBatch(std::span<const Task> run, RandomAccessFile* f, Buffers* b, bool verify);
+  Result<std::vector<std::pair<size_t, size_t>>> ReadRuns(const std::vector<Task>& tasks);
   // A chunk stored compressed: read into b->staging, verified there, decompressed into t.dst.
   Status ReadCompressedChunk(const Task& t, Buffers* b, bool verify);
   // "checkpoint P: tensor "T" chunk C (file F offset O, N bytes)": names a chunk in messages

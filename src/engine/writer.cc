@@ -104,6 +104,42 @@ Status CheckSaveOptions(const SaveOptions& o) {
   return CheckCompression(o.compression);
 }
 
+// Whether chunk `t` can be written straight from the caller's memory (no staging copy).
+bool ZeroCopy(const ChunkTask& t, const WritableFile* f) {
+  bool aligned = reinterpret_cast<uintptr_t>(t.src) % kAlignment == 0;
+  return t.stored == nullptr && t.len % kAlignment == 0 && (aligned || !f->direct());
+}
+
+// Zero-copy chunks are written in batches of up to this many through WriteAtMany (io_uring where
+// available): a worker checksums a batch while it is hot, then has all of it in flight at once.
+constexpr size_t kWriteBatch = 4;
+
+// Groups tasks into runs: up to kWriteBatch consecutive zero-copy chunks, or one other chunk.
+std::vector<std::pair<size_t, size_t>> Batches(const std::vector<ChunkTask>& tasks,
+                                               const WritableFile* f) {
+  std::vector<std::pair<size_t, size_t>> runs;  // [begin, end)
+  for (size_t i = 0; i < tasks.size();) {
+    size_t end = i + 1;
+    if (ZeroCopy(tasks[i], f)) {
+      while (end < tasks.size() && end - i < kWriteBatch && ZeroCopy(tasks[end], f)) ++end;
+    }
+    runs.emplace_back(i, end);
+    i = end;
+  }
+  return runs;
+}
+
+// Checksums and writes a run of zero-copy chunks with one batched submission.
+Status WriteZeroCopyBatch(std::span<const ChunkTask> run, WritableFile* f) {
+  std::vector<WriteOp> ops;
+  ops.reserve(run.size());
+  for (const ChunkTask& t : run) {
+    *t.crc = Crc32c({t.src, t.len});
+    ops.push_back({t.file_offset, {t.src, t.len}});
+  }
+  return f->WriteAtMany(ops);
+}
+
 // The CRC is taken on the bytes being written.
 Status WriteChunk(const ChunkTask& t, WritableFile* f, std::byte* staging) {
   bool aligned = reinterpret_cast<uintptr_t>(t.src) % kAlignment == 0;
@@ -291,11 +327,16 @@ Status WriteAndCommit(const State& state, const SaveTarget& target, const SaveOp
   std::vector<Tensor> staging(o.io_threads);
   std::vector<CompressBuffers> buffers(o.io_threads);
   ExtentAllocator alloc;
-  SP_RETURN_IF_ERROR(ParallelFor(tasks.size(), o.io_threads, [&](size_t i, int w) -> Status {
+  const std::vector<std::pair<size_t, size_t>> runs = Batches(tasks, f.get());
+  SP_RETURN_IF_ERROR(ParallelFor(runs.size(), o.io_threads, [&](size_t r, int w) -> Status {
+    const ChunkTask& t = tasks[runs[r].first];
+    if (ZeroCopy(t, f.get())) {
+      return WriteZeroCopyBatch({tasks.data() + runs[r].first, runs[r].second - runs[r].first},
+                                f.get());
+    }
     if (staging[w].data() == nullptr) {
       SP_ASSIGN_OR_RETURN(staging[w], Tensor::Empty(DType::kU8, {int64_t(m.chunk_bytes)}));
     }
-    const ChunkTask& t = tasks[i];
     if (t.stored == nullptr) return WriteChunk(t, f.get(), staging[w].data());
     SP_ASSIGN_OR_RETURN(
         bool done, WriteCompressedChunk(t, t.src, m.chunk_bytes, f.get(), &alloc, &buffers[w]));
