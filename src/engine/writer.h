@@ -88,10 +88,10 @@ Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const 
 Status WriteChunk(const ChunkTask& t, WritableFile* f, std::byte* staging);
 
 // Compressed saves: compresses chunk `t` from `raw` (its t.len raw bytes, t.src or a staged copy).
-// If that shrinks it by at least one 4 KiB block, writes the stored form zero-padded to 4 KiB at an offset from `alloc`, sets
-// *t.crc (CRC32C of the stored bytes, computed right after compressing) and *t.stored, and returns
-// true. Otherwise writes nothing and returns false: the caller stores the raw bytes instead
-// (StoreRawChunk).
+// If that shrinks it by at least one 4 KiB block, writes the stored form zero-padded to 4 KiB at an
+// offset from `alloc`, sets *t.crc (CRC32C of the stored bytes, computed right after compressing)
+// and *t.stored, and returns true. Otherwise writes nothing and returns false: the caller stores
+// the raw bytes instead (StoreRawChunk).
 Result<bool> WriteCompressedChunk(const ChunkTask& t, const std::byte* raw, uint64_t chunk_bytes,
                                   WritableFile* f, ExtentAllocator* alloc, CompressBuffers* b);
 
