@@ -8,6 +8,7 @@
 #include "savepoint/dtype.h"       // IWYU pragma: export
 #include "savepoint/filesystem.h"  // IWYU pragma: export
 #include "savepoint/logging.h"     // IWYU pragma: export
+#include "savepoint/safetensors.h"  // IWYU pragma: export
 #include "savepoint/state.h"       // IWYU pragma: export
 #include "savepoint/status.h"      // IWYU pragma: export
 #include "savepoint/tensor.h"      // IWYU pragma: export

@@ -62,8 +62,8 @@ Status CopyValues(const State& from, State* to) {
   return Status::OK();
 }
 
-// Creates `dir` and its missing ancestors so that they survive power loss: each new directory's
-// entry is synced in its parent.
+}  // namespace
+
 Status CreateDirsDurably(FileSystem* fs, const std::string& dir) {
   if (dir.empty() || dir == "/" || dir == "." || fs->Exists(dir)) return Status::OK();
   std::string parent = Dirname(dir);
@@ -73,8 +73,6 @@ Status CreateDirsDurably(FileSystem* fs, const std::string& dir) {
   SP_RETURN_IF_ERROR(s);
   return fs->SyncDir(parent);
 }
-
-}  // namespace
 
 Status CheckSaveOptions(const SaveOptions& o) {
   if (o.chunk_bytes < format::kMinChunkBytes || o.chunk_bytes > format::kMaxChunkBytes ||
