@@ -71,17 +71,21 @@ struct SafetensorsSaveOptions {
   IoStats* stats = nullptr;
 };
 
-// Writes `state` as one safetensors file at `path`. Tensors are laid out in name order, back to
-// back from offset 0 of the data buffer; the header is padded with spaces to a multiple of 8 bytes
-// (so the data buffer starts 8-byte aligned, as the reference writer does). Borrowed views are
-// read in place, not copied.
+// Writes `state` as one safetensors file at `path`. Tensors are laid out back to back from offset
+// 0 of the data buffer, larger element sizes first and then by name (the reference writer's
+// order), and the header is padded with spaces to a multiple of 8 bytes, so every tensor starts at
+// a file offset that is a multiple of its element size. The layout depends only on the State, so
+// equal States give byte-identical files. Borrowed views are read in place, not copied.
 //
 // Durability: the file is written under a hidden temporary name in the same directory
 // (".<name>.savepoint-tmp.<pid>.<random>"), synced, closed and renamed to `path`, and the directory
 // is synced: a reader never sees a partial file at `path`. With `overwrite`, an existing file is
-// first renamed aside to ".<name>.savepoint-old.<random>" and removed after the commit; a crash
-// between the two renames leaves it there (`savepoint gc` on the directory puts it back). On error
-// the temporary file is removed (best effort) and a previous file at `path` is intact.
+// first renamed aside to ".<name>.savepoint-old.<random>" and removed after the commit (the
+// FileSystem's Rename never replaces). A crash between the two renames leaves no file at `path`
+// but the previous one intact under that hidden name, to be renamed back by hand; a crash before
+// the commit may leave the hidden temporary file. (`savepoint gc` cleans up checkpoint
+// directories only, not these files.) On an error the temporary file is removed (best effort)
+// and a previous file at `path` is intact.
 //
 // Errors: InvalidArgument (a C128 tensor, an invalid view, metadata strings that are not UTF-8,
 // a header over kMaxSafetensorsHeaderBytes), AlreadyExists, and I/O errors.

@@ -279,10 +279,14 @@ Status DecodeMetadata(const std::map<std::string, std::string>& raw, std::string
       values, fmt::format("safetensors file {}: {}", path, kSafetensorsValuesKey), out);
 }
 
-Result<Layout> PlanLayout(const State& state, std::string_view path) {
-  Json header = Json::object();
-  Layout layout;
-  uint64_t at = 0;
+namespace {
+
+// The tensors of `state` in file order: larger elements first, then by name, as the reference
+// writer orders them. Every size is a multiple of its element size, so each tensor starts at a
+// multiple of its element size (the data buffer itself starts 8-byte aligned).
+Result<std::vector<std::pair<const std::string*, const TensorView*>>> FileOrder(
+    const State& state, std::string_view path) {
+  std::vector<std::pair<const std::string*, const TensorView*>> order;
   for (const auto& [name, e] : state.entries()) {
     if (!e.is_tensor()) continue;
     const TensorView& v = e.tensor();
@@ -292,13 +296,30 @@ Result<Layout> PlanLayout(const State& state, std::string_view path) {
           name, DTypeName(v.dtype())));
     }
     Status ok = v.Validate();
-    if (!ok.ok())
+    if (!ok.ok()) {
       return ok.WithContext(fmt::format("safetensors file {}: tensor {:?}", path, name));
-    header[name] = {{"dtype", DTypeName(v.dtype())},
-                    {"shape", v.shape()},
-                    {"data_offsets", {at, at + v.nbytes()}}};
-    layout.items.push_back({&v, at});
-    at += v.nbytes();
+    }
+    order.emplace_back(&name, &v);
+  }
+  std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
+    return DTypeSize(a.second->dtype()) > DTypeSize(b.second->dtype());
+  });
+  return order;
+}
+
+}  // namespace
+
+Result<Layout> PlanLayout(const State& state, std::string_view path) {
+  Json header = Json::object();
+  Layout layout;
+  uint64_t at = 0;
+  SP_ASSIGN_OR_RETURN(auto order, FileOrder(state, path));
+  for (const auto& [name, v] : order) {
+    header[*name] = {{"dtype", DTypeName(v->dtype())},
+                     {"shape", v->shape()},
+                     {"data_offsets", {at, at + v->nbytes()}}};
+    layout.items.push_back({v, at});
+    at += v->nbytes();
   }
   SP_ASSIGN_OR_RETURN(auto raw, EncodeMetadata(state));
   if (!raw.empty()) header[kMetadataField] = raw;

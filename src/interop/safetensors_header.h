@@ -39,7 +39,7 @@ struct Layout {
     const TensorView* view;  // points into the State given to PlanLayout
     uint64_t offset;         // absolute file offset
   };
-  std::vector<Item> items;  // in name order, back to back
+  std::vector<Item> items;  // in file order (larger elements first, then name), back to back
   uint64_t file_bytes = 0;
 };
 
