@@ -67,6 +67,8 @@ struct SafetensorsSaveOptions {
   bool overwrite = false;
   // Create missing parent directories. Default: true.
   bool create_parents = true;
+  // Threads copying and writing 8 MiB pieces of the file in parallel (1..64). Default: 4.
+  int io_threads = 4;
   // Optional: receives statistics (bytes = tensor bytes written).
   IoStats* stats = nullptr;
 };
@@ -74,8 +76,11 @@ struct SafetensorsSaveOptions {
 // Writes `state` as one safetensors file at `path`. Tensors are laid out back to back from offset
 // 0 of the data buffer, larger element sizes first and then by name (the reference writer's
 // order), and the header is padded with spaces to a multiple of 8 bytes, so every tensor starts at
-// a file offset that is a multiple of its element size. The layout depends only on the State, so
-// equal States give byte-identical files. Borrowed views are read in place, not copied.
+// a file offset that is a multiple of its element size. When the tensor bytes are a multiple of 8,
+// the header is padded further (by less than 4 KiB) so that the file is a whole number of 4 KiB
+// blocks and can be written with O_DIRECT (readers accept any padding; the reference one does).
+// The layout depends only on the State, so equal States give byte-identical files. Tensor bytes
+// are copied through aligned staging buffers (8 MiB per thread); the caller's memory is only read.
 //
 // Durability: the file is written under a hidden temporary name in the same directory
 // (".<name>.savepoint-tmp.<pid>.<random>"), synced, closed and renamed to `path`, and the directory

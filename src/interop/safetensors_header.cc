@@ -14,6 +14,7 @@
 #include "core/utf8.h"
 #include "format/endian.h"
 #include "format/manifest.h"
+#include "savepoint/filesystem.h"
 
 namespace savepoint::interop {
 namespace {
@@ -325,6 +326,10 @@ Result<Layout> PlanLayout(const State& state, std::string_view path) {
   if (!raw.empty()) header[kMetadataField] = raw;
   std::string json = header.dump();  // names are valid UTF-8 (ValidateName), metadata checked
   json.resize((json.size() + 7) / 8 * 8, ' ');
+  if (at % 8 == 0) {  // a whole number of blocks, with the data still 8-aligned (see the header)
+    const uint64_t tail = (kLengthPrefixBytes + json.size() + at) % kDirectIOAlignment;
+    if (tail != 0) json.append(kDirectIOAlignment - tail, ' ');
+  }
   if (json.size() > kMaxSafetensorsHeaderBytes) {
     return InvalidArgumentError(
         fmt::format("safetensors file {}: header of {} bytes exceeds the limit of {} bytes", path,

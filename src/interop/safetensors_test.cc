@@ -116,6 +116,31 @@ TEST_F(SafetensorsTest, LayoutFollowsTheSpec) {
   EXPECT_EQ(std::memcmp(file.data() + 8 + n + 24, s.FindTensor("a")->data(), 10), 0);
 }
 
+// Files larger than one 8 MiB write piece, with tensors straddling pieces; on POSIX, once with a
+// block-multiple size (written with O_DIRECT) and once without.
+TEST_F(SafetensorsTest, LargeFilesSpanSeveralPieces) {
+  testing::TempDir dir;
+  for (bool odd : {false, true}) {
+    SCOPED_TRACE(odd ? "odd size" : "block-multiple size");
+    State s;
+    SP_ASSERT_OK(s.Put("big", Filled(DType::kF32, {3 << 20}, 1)));
+    SP_ASSERT_OK(s.Put("mid", Filled(DType::kBF16, {(2 << 20) + (odd ? 1 : 4)}, 2)));
+    SP_ASSERT_OK(s.Put("small", Filled(DType::kF64, {1000}, 3)));
+    for (FileSystem* fs : {static_cast<FileSystem*>(&fs_), DefaultFileSystem()}) {
+      const std::string path = fs == &fs_ ? std::string(kPath) : dir.Sub("big.safetensors");
+      SafetensorsSaveOptions o = SaveOn(fs, true);
+      o.io_threads = 3;
+      SP_ASSERT_OK(SaveSafetensors(s, path, o));
+      Result<FileInfo> st = fs->Stat(path);
+      SP_ASSERT_OK(st.status());
+      EXPECT_EQ(st->size % kDirectIOAlignment == 0, !odd) << st->size;
+      Result<State> back = LoadSafetensors(path, LoadOn(fs));
+      SP_ASSERT_OK(back.status());
+      EXPECT_TRUE(StatesEqual(s, *back));
+    }
+  }
+}
+
 TEST_F(SafetensorsTest, C128IsRejectedOnSave) {
   State s;
   SP_ASSERT_OK(s.Put("z", Filled(DType::kC128, {2}, 1)));
