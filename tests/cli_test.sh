@@ -201,6 +201,34 @@ if [[ -n $ZSRC ]]; then
   run "$SP" verify --json "$ZROOT/z"
   check "verify names the corrupt compressed chunk" eval 'rc_is 2 && json_ok "j[\"code\"] == \"corruption\" and \"tensor \\\"zeros\\\" chunk 0\" in j[\"error\"]"'
 fi
+# --- convert (safetensors) ----------------------------------------------------------------------
+ST=$TMP/st
+mkdir -p "$ST"
+run "$SP" convert "$CKPT" "$ST/m.safetensors"
+check "convert native -> safetensors exits 0" eval 'rc_is 0 && out_has "(native) to $ST/m.safetensors (safetensors)"'
+check "the safetensors header length is a multiple of 8" eval \
+  '[[ $(( $(od -An -tu8 -N8 "$ST/m.safetensors" | tr -d " ") % 8 )) -eq 0 ]]'
+run "$SP" inspect --json "$ST/m.safetensors"
+check "inspect --json of a safetensors file" json_ok \
+  'j["format"] == "safetensors" and any(t["name"] == "a" for t in j["tensors"]) and "savepoint.values" in j["__metadata__"]'
+run "$SP" inspect "$ST/m.safetensors"
+check "inspect of a safetensors file prints its tensors" eval 'rc_is 0 && out_has "OFFSET" && out_has "__metadata__:"'
+run "$SP" convert "$ST/m.safetensors" "$ST/back"
+check "convert safetensors -> native exits 0" eval 'rc_is 0 && "$SP" verify "$ST/back" >/dev/null'
+run "$SP" inspect --json "$ST/back"
+check "the round trip keeps the step value" json_ok \
+  'any(v["name"] == "step" and v["value"] == 7 for v in j["values"])'
+run "$SP" convert "$CKPT" "$ST/m.safetensors"
+check "convert onto an existing file fails without --overwrite" eval 'rc_is 1 && err_has "exists"'
+run "$SP" convert --overwrite --to safetensors "$ST/back" "$ST/m.safetensors"
+check "convert --overwrite --to safetensors replaces it" eval 'rc_is 0 && [[ $(ls -A "$ST" | wc -l) -eq 2 ]]'
+printf '\x10\x00\x00\x00\x00\x00\x00\x00{"a": [1, 2]}  ' >"$ST/bad.safetensors"
+run "$SP" convert "$ST/bad.safetensors" "$ST/out"
+check "convert of a hostile safetensors file exits 2" eval 'rc_is 2 && err_has "savepoint: convert: corruption: " && [[ ! -e $ST/out ]]'
+run "$SP" convert "$ST/missing.safetensors" "$ST/out"
+check "convert of a missing source exits 3" rc_is 3
+run "$SP" convert --to onnx "$CKPT" "$ST/out"
+check "convert --to with an unknown format exits 64" rc_is 64
 
 echo "$PASSED passed, $FAILED failed"
 [[ $FAILED -eq 0 ]]

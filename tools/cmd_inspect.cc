@@ -194,6 +194,8 @@ void PrintJsonReport(const CheckpointReader& r, bool with_manifest) {
 }
 
 int RunInspect(const InspectArgs& args) {
+  Result<FileInfo> st = DefaultFileSystem()->Stat(args.path);
+  if (st.ok() && !st->is_dir) return RunInspectSafetensors(kCommand, args.path, args.json);
   Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(args.path);
   if (!reader.ok()) return Fail(kCommand, reader.status());
   if (args.json) {
@@ -210,7 +212,7 @@ void RegisterInspect(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<InspectArgs>();
   CLI::App* sub = app.add_subcommand(
       kCommand, "Describe a checkpoint (tensors, values, metadata) without reading tensor data");
-  sub->add_option("PATH", args->path, "Checkpoint directory")->required();
+  sub->add_option("PATH", args->path, "Checkpoint directory or .safetensors file")->required();
   CLI::Option* json = sub->add_flag("--json", args->json, "Print one JSON object (docs/CLI.md)");
   sub->add_flag("--manifest", args->manifest, "With --json: also include the raw manifest")
       ->needs(json);

@@ -6,6 +6,8 @@
 #define SAVEPOINT_TOOLS_COMMANDS_H_
 
 #include <CLI/CLI.hpp>
+#include <string>
+#include <string_view>
 
 namespace savepoint::cli {
 
@@ -13,6 +15,10 @@ void RegisterInspect(CLI::App& app, int* exit_code);  // cmd_inspect.cc
 void RegisterVerify(CLI::App& app, int* exit_code);   // cmd_verify.cc
 void RegisterLs(CLI::App& app, int* exit_code);       // cmd_ls.cc
 void RegisterGc(CLI::App& app, int* exit_code);       // cmd_gc.cc
+void RegisterConvert(CLI::App& app, int* exit_code);  // cmd_convert.cc
+
+// `inspect` of a safetensors file (cmd_inspect_safetensors.cc); returns the exit code.
+int RunInspectSafetensors(std::string_view command, const std::string& path, bool json);
 
 }  // namespace savepoint::cli
 

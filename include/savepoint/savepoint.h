@@ -10,6 +10,7 @@
 #include "savepoint/job_runner.h"  // IWYU pragma: export
 #include "savepoint/logging.h"     // IWYU pragma: export
 #include "savepoint/manager.h"     // IWYU pragma: export
+#include "savepoint/safetensors.h"  // IWYU pragma: export
 #include "savepoint/state.h"       // IWYU pragma: export
 #include "savepoint/stateful.h"    // IWYU pragma: export
 #include "savepoint/status.h"      // IWYU pragma: export

@@ -1,6 +1,5 @@
 // Load, LoadInto and VerifyCheckpoint on top of engine::Reader.
 #include <fmt/format.h>
-#include <fnmatch.h>
 
 #include <algorithm>
 #include <chrono>
@@ -8,45 +7,16 @@
 #include <vector>
 
 #include "engine/reader.h"
+#include "engine/select.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/savepoint.h"
 
 namespace savepoint {
 namespace {
 
-bool IsPattern(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
-
-bool Matches(const std::string& pattern, const std::string& name) {
-  return IsPattern(pattern) ? fnmatch(pattern.c_str(), name.c_str(), 0) == 0 : pattern == name;
-}
-
-// Which entries `names` selects; NotFound for a name or pattern that selects nothing.
-Result<std::vector<bool>> Select(const std::vector<std::string>& names,
-                                 const std::vector<std::string>& all, const State& values,
-                                 const std::string& path) {
-  std::vector<bool> keep(all.size(), names.empty());
-  for (const std::string& n : names) {
-    bool hit = false;
-    for (size_t i = 0; i < all.size(); ++i) {
-      if (Matches(n, all[i])) keep[i] = hit = true;
-    }
-    for (const auto& [vn, e] : values.entries()) hit = hit || Matches(n, vn);
-    if (!hit) return NotFoundError(fmt::format("checkpoint {}: nothing matches {:?}", path, n));
-  }
-  return keep;
-}
-
-bool Selected(const std::vector<std::string>& names, const std::string& name) {
-  if (names.empty()) return true;
-  for (const std::string& n : names) {
-    if (Matches(n, name)) return true;
-  }
-  return false;
-}
-
 Status CopyValues(const State& from, const std::vector<std::string>& names, State* to) {
   for (const auto& [name, e] : from.entries()) {
-    if (!Selected(names, name)) continue;
+    if (!engine::Selected(names, name)) continue;
     if (to->FindTensor(name) != nullptr) {
       return InvalidArgumentError(
           fmt::format("{:?} is a value in the checkpoint but a tensor in the target", name));
@@ -123,7 +93,9 @@ Result<State> Load(const std::string& path, const LoadOptions& options) {
   SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options));
   std::vector<std::string> all;
   for (const auto& t : reader->tensors()) all.push_back(t.name);
-  SP_ASSIGN_OR_RETURN(std::vector<bool> keep, Select(options.names, all, reader->values(), path));
+  SP_ASSIGN_OR_RETURN(std::vector<bool> keep,
+                      engine::SelectTensors(options.names, all, reader->values(),
+                                            fmt::format("checkpoint {}", path)));
   State state;
   if (options.mmap) {
     SP_RETURN_IF_ERROR(LoadMapped(*reader, keep, options, &state));

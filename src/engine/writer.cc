@@ -44,8 +44,8 @@ Status CopyValues(const State& from, State* to) {
   return Status::OK();
 }
 
-// Creates `dir` and its missing ancestors so that they survive power loss: each new directory's
-// entry is synced in its parent.
+}  // namespace
+
 Status CreateDirsDurably(FileSystem* fs, const std::string& dir) {
   if (dir.empty() || dir == "/" || dir == "." || fs->Exists(dir)) return Status::OK();
   std::string parent = Dirname(dir);
@@ -55,6 +55,8 @@ Status CreateDirsDurably(FileSystem* fs, const std::string& dir) {
   SP_RETURN_IF_ERROR(s);
   return fs->SyncDir(parent);
 }
+
+namespace {
 
 Status CheckCompression(const Compression& c) {
   if (c.codec != Compression::Codec::kNone && c.codec != Compression::Codec::kZstd &&

@@ -59,6 +59,10 @@ struct SaveTarget {
   std::string tmp;
 };
 
+// Creates `dir` and its missing ancestors so that they survive power loss: each new directory's
+// entry is synced in its parent. OK if it exists.
+Status CreateDirsDurably(FileSystem* fs, const std::string& dir);
+
 // Checks chunk_bytes, io_threads and compression.
 Status CheckSaveOptions(const SaveOptions& o);
 

@@ -12,7 +12,6 @@
 #include "util/crc32c.h"
 
 namespace savepoint::format {
-namespace {
 
 Json ValueToJson(const std::string& name, const Value& v) {
   Json j = {{"name", name}, {"kind", ValueKindName(v.kind())}};
@@ -46,6 +45,8 @@ Json ValueToJson(const std::string& name, const Value& v) {
   }
   return j;
 }
+
+namespace {
 
 Json ShardToJson(const ShardRecord& s) {
   Json j = {{"offsets", s.offsets}, {"sizes", s.sizes}, {"file", s.file},

@@ -123,6 +123,18 @@ bool UsesCompression(const Manifest& m);
 // starting with '.', so never "..", never a path.
 Status ValidateFileName(std::string_view name);
 
+// Rejects JSON text nested deeper than `max_depth` arrays/objects (Corruption "<where>: JSON nested
+// too deeply"), cheaply, before it is handed to a parser.
+Status CheckJsonDepth(std::string_view body, size_t max_depth, std::string_view where);
+
+// One non-tensor value as an entry of the manifest's "values" array: {"name", "kind", "value"}
+// (bytes in base64, non-finite floats as "nan", "inf", "-inf").
+Json ValueToJson(const std::string& name, const Value& v);
+
+// Decodes an array of such entries into `out` (values only). Errors are Corruption
+// "<where>: values[i]: ...".
+Status ValuesFromJson(const Json& values, std::string_view where, State* out);
+
 // The manifest body as JSON (the documented, stable schema).
 Json ManifestToJson(const Manifest& m);
 

@@ -25,29 +25,6 @@ struct Ctx {
   }
 };
 
-// Rejects JSON nested deeper than kMaxJsonDepth before handing it to the parser.
-Status CheckDepth(std::string_view body, const Ctx& ctx) {
-  size_t depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : body) {
-    if (in_string) {
-      if (escaped)
-        escaped = false;
-      else if (c == '\\')
-        escaped = true;
-      else if (c == '"')
-        in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) return ctx.Bad("JSON nested too deeply");
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return Status::OK();
-}
-
 Result<const Json*> Field(const Json& obj, const char* key, const Ctx& ctx, std::string_view in) {
   if (!obj.is_object()) return ctx.Bad(fmt::format("{} is not an object", in));
   auto it = obj.find(key);
@@ -381,16 +358,21 @@ Result<Value> DecodeValue(const Json& j, const std::string& kind, const Ctx& ctx
       fmt::format("{}: unknown kind {:?} or value of the wrong type", in, kind.substr(0, 32)));
 }
 
-Status DecodeValues(const Json& root, const Ctx& ctx, Manifest* m) {
-  SP_ASSIGN_OR_RETURN(const Json* values, Array(root, "values", kMaxTensors, ctx, "manifest"));
-  for (size_t i = 0; i < values->size(); ++i) {
+Status DecodeValueArray(const Json& values, const Ctx& ctx, State* out) {
+  for (size_t i = 0; i < values.size(); ++i) {
     std::string in = fmt::format("values[{}]", i);
-    SP_ASSIGN_OR_RETURN(std::string name, Str((*values)[i], "name", ctx, in));
-    SP_ASSIGN_OR_RETURN(std::string kind, Str((*values)[i], "kind", ctx, in));
-    SP_ASSIGN_OR_RETURN(Value v, DecodeValue((*values)[i], kind, ctx, in));
-    Status s = m->values.PutValue(name, std::move(v));
+    SP_ASSIGN_OR_RETURN(std::string name, Str(values[i], "name", ctx, in));
+    SP_ASSIGN_OR_RETURN(std::string kind, Str(values[i], "kind", ctx, in));
+    SP_ASSIGN_OR_RETURN(Value v, DecodeValue(values[i], kind, ctx, in));
+    Status s = out->PutValue(name, std::move(v));
     if (!s.ok()) return ctx.Bad(fmt::format("{}: {}", in, s.message()));
   }
+  return Status::OK();
+}
+
+Status DecodeValues(const Json& root, const Ctx& ctx, Manifest* m) {
+  SP_ASSIGN_OR_RETURN(const Json* values, Array(root, "values", kMaxTensors, ctx, "manifest"));
+  SP_RETURN_IF_ERROR(DecodeValueArray(*values, ctx, &m->values));
   auto meta = root.find("metadata");
   if (meta != root.end()) m->values.metadata() = *meta;
   return Status::OK();
@@ -428,7 +410,7 @@ Status DecodeTop(const Json& root, const Ctx& ctx, Manifest* m, bool* compressio
 }
 
 Status DecodeBody(std::string_view body, const Ctx& ctx, Manifest* m) {
-  SP_RETURN_IF_ERROR(CheckDepth(body, ctx));
+  SP_RETURN_IF_ERROR(CheckJsonDepth(body, kMaxJsonDepth, ctx.where));
   Json root = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return ctx.Bad("manifest body is not valid JSON");
   bool compression = false;
@@ -488,6 +470,38 @@ Status CheckHeader(std::string_view bytes, const Ctx& ctx, Manifest* m) {
 }
 
 }  // namespace
+
+Status CheckJsonDepth(std::string_view body, size_t max_depth, std::string_view where) {
+  size_t depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : body) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_depth)
+        return CorruptionError(fmt::format("{}: JSON nested too deeply", where));
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return Status::OK();
+}
+
+Status ValuesFromJson(const Json& values, std::string_view where, State* out) {
+  Ctx ctx{where};
+  if (!values.is_array()) return ctx.Bad("values is not an array");
+  if (values.size() > kMaxTensors) {
+    return ctx.Bad(fmt::format("values has {} entries (limit {})", values.size(), kMaxTensors));
+  }
+  return DecodeValueArray(values, ctx, out);
+}
 
 Result<Manifest> DecodeManifest(std::string_view bytes, std::string_view where) {
   Ctx ctx{where};

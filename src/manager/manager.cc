@@ -18,6 +18,7 @@
 #include <exception>
 #include <mutex>
 
+#include "engine/writer.h"
 #include "manager/index.h"
 #include "manager/options.h"
 #include "manager/registry.h"
@@ -33,18 +34,6 @@ constexpr const char* kLockName = "savepoint.lock";
 
 double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-// Creates `dir` and its missing parents, and syncs the parent of each one created, so the
-// directory survives power loss once a checkpoint in it is committed.
-Status CreateDirsDurably(FileSystem* fs, const std::string& dir) {
-  std::vector<std::string> missing;
-  for (std::string d = dir; !fs->Exists(d) && d != Dirname(d); d = Dirname(d)) {
-    missing.push_back(d);
-  }
-  SP_RETURN_IF_ERROR(fs->CreateDirs(dir));
-  for (const std::string& d : missing) SP_RETURN_IF_ERROR(fs->SyncDir(Dirname(d)));
-  return Status::OK();
 }
 
 // A State that borrows `s`'s tensors and copies its values and metadata.
@@ -247,7 +236,7 @@ class ManagerImpl final : public CheckpointManager {
   // --- Directory. ---
   Status OpenDirectory(const std::string& dir) {
     const std::string context = fmt::format("open checkpoint directory {}", dir);
-    SP_RETURN_IF_ERROR(CreateDirsDurably(fs_, dir).WithContext(context));
+    SP_RETURN_IF_ERROR(engine::CreateDirsDurably(fs_, dir).WithContext(context));
     Result<std::unique_ptr<FileSystem::FileLock>> lock = fs_->LockFile(JoinPath(dir, kLockName));
     if (!lock.ok()) {
       return lock.status().WithContext(

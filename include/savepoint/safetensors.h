@@ -1,0 +1,152 @@
+// Reading and writing safetensors files (https://github.com/huggingface/safetensors), the format
+// the Hugging Face ecosystem exchanges weights in.
+//
+// A safetensors file is `u64 little-endian N` + `N bytes of JSON header` + one data buffer:
+//   {"<tensor>": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
+//    "__metadata__": {"<key>": "<string>", ...}}
+// Offsets are relative to the start of the data buffer, which the tensors tile exactly (no holes,
+// no overlaps); data is dense, C-order, little-endian.
+//
+// Mapping between a savepoint State and a file (lossless both ways for everything savepoint writes;
+// files written by others keep their metadata):
+//  - Tensors 1:1 by name. Every savepoint dtype has the safetensors code of the same name, except
+//    C128, which safetensors lacks: saving a C128 tensor fails with InvalidArgument. Reading
+//    accepts the 16 codes savepoint shares with safetensors (BOOL U8 I8 U16 I16 U32 I32 U64 I64
+//    F16 BF16 F32 F64 F8_E4M3 F8_E5M2 C64); a safetensors code savepoint lacks (F8_E4M3FNUZ,
+//    F8_E5M2FNUZ, F8_E8M0, F6_E2M3, F6_E3M2, F4) is Unimplemented, and anything else Corruption.
+//  - `__metadata__` (a string -> string map) carries State::metadata() and the non-tensor values:
+//      * each string member of the metadata object is written 1:1 under its own key (so other
+//        tools see it), and each `__metadata__` entry of a foreign file becomes a string member;
+//      * `savepoint.metadata` (reserved key, compact JSON): the metadata members that are not
+//        strings (or that are named like a reserved key), as one JSON object, or the whole
+//        metadata document when it is not an object. Absent when not needed. On load, its members
+//        are merged over the 1:1 entries;
+//      * `savepoint.values` (reserved key, compact JSON): the non-tensor values, as the native
+//        manifest's "values" array ([{"name", "kind", "value"}], docs/FORMAT.md). Absent when the
+//        State has no values.
+//    A State whose metadata is null and that has no values writes an empty `__metadata__`
+//    (omitted) and reads back with null metadata. A foreign file's metadata reads back as a JSON
+//    object of strings.
+//
+// Parsing treats every file as hostile: the header length is capped (kMaxSafetensorsHeaderBytes,
+// the reference implementation's cap), the JSON nesting depth is capped, every name must be a
+// valid savepoint name (UTF-8, no control characters, see ValidateName) and unique, every dtype
+// known, every shape valid with `elements x element size == end - begin` (checked arithmetic), and
+// the offsets must tile the data buffer exactly, which must end at the end of the file. Each
+// rejection is Corruption naming the file and, where there is one, the tensor.
+//
+// Thread safety: all functions are reentrant; distinct paths may be used concurrently.
+#ifndef SAVEPOINT_SAFETENSORS_H_
+#define SAVEPOINT_SAFETENSORS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "savepoint/checkpoint.h"
+#include "savepoint/dtype.h"
+#include "savepoint/filesystem.h"
+#include "savepoint/state.h"
+#include "savepoint/status.h"
+#include "savepoint/tensor.h"
+
+namespace savepoint {
+
+// Largest header (the JSON part) accepted or written: 100,000,000 bytes, as the reference reader.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
+// Reserved `__metadata__` keys (see the file comment).
+inline constexpr char kSafetensorsMetadataKey[] = "savepoint.metadata";
+inline constexpr char kSafetensorsValuesKey[] = "savepoint.values";
+
+struct SafetensorsSaveOptions {
+  // File system to write through. Default: nullptr = DefaultFileSystem().
+  FileSystem* fs = nullptr;
+  // Replace an existing file at the path. Default: false (AlreadyExists).
+  bool overwrite = false;
+  // Create missing parent directories. Default: true.
+  bool create_parents = true;
+  // Threads copying and writing 8 MiB pieces of the file in parallel (1..64). Default: 4.
+  int io_threads = 4;
+  // Optional: receives statistics (bytes = tensor bytes written).
+  IoStats* stats = nullptr;
+};
+
+// Writes `state` as one safetensors file at `path`. Tensors are laid out back to back from offset
+// 0 of the data buffer, larger element sizes first and then by name (the reference writer's
+// order), and the header is padded with spaces to a multiple of 8 bytes, so every tensor starts at
+// a file offset that is a multiple of its element size. When the tensor bytes are a multiple of 8,
+// the header is padded further (by less than 4 KiB) so that the file is a whole number of 4 KiB
+// blocks and can be written with O_DIRECT (readers accept any padding; the reference one does).
+// The layout depends only on the State, so equal States give byte-identical files. Tensor bytes
+// are copied through aligned staging buffers (8 MiB per thread); the caller's memory is only read.
+//
+// Durability: the file is written under a hidden temporary name in the same directory
+// (".<name>.savepoint-tmp.<pid>.<random>"), synced, closed and renamed to `path`, and the directory
+// is synced: a reader never sees a partial file at `path`. With `overwrite`, an existing file is
+// first renamed aside to ".<name>.savepoint-old.<random>" and removed after the commit (the
+// FileSystem's Rename never replaces). A crash between the two renames leaves no file at `path`
+// but the previous one intact under that hidden name, to be renamed back by hand; a crash before
+// the commit may leave the hidden temporary file. (`savepoint gc` cleans up checkpoint
+// directories only, not these files.) On an error the temporary file is removed (best effort)
+// and a previous file at `path` is intact.
+//
+// Errors: InvalidArgument (a C128 tensor, an invalid view, metadata strings that are not UTF-8,
+// a header over kMaxSafetensorsHeaderBytes), AlreadyExists, and I/O errors.
+Status SaveSafetensors(const State& state, const std::string& path,
+                       const SafetensorsSaveOptions& options = {});
+
+struct SafetensorsLoadOptions {
+  // File system to read through. Default: nullptr = DefaultFileSystem().
+  FileSystem* fs = nullptr;
+  // Entries to load (tensors and values): exact names or glob patterns, as LoadOptions::names.
+  // Empty = everything. A name or pattern that matches nothing fails with NotFound.
+  std::vector<std::string> names;
+  // Map the file instead of reading it (FileSystem::MapFile): tensors become read-only borrowed
+  // views into the mapping, which the returned State keeps alive (State::KeepAlive), as with
+  // LoadOptions::mmap. Nothing but the header is read at load time. On a file system that cannot
+  // map, tensors are read into owned Tensors instead. Default: false.
+  bool mmap = false;
+  // Optional: receives statistics (bytes = tensor bytes loaded or mapped).
+  IoStats* stats = nullptr;
+};
+
+// One tensor entry of a safetensors header.
+struct SafetensorsTensorInfo {
+  std::string name;
+  DType dtype = DType::kU8;
+  Shape shape;
+  uint64_t begin = 0;  // data_offsets[0], relative to the data buffer
+  uint64_t end = 0;    // data_offsets[1]; end - begin == nbytes
+  uint64_t nbytes() const { return end - begin; }
+};
+
+// What a safetensors header says (no tensor data read).
+struct SafetensorsInfo {
+  std::string path;
+  uint64_t file_bytes = 0;
+  uint64_t header_bytes = 0;  // N, the JSON header's length (padding included)
+  uint64_t data_offset = 0;   // 8 + N: where the data buffer starts in the file
+  // Tensors in name order.
+  std::vector<SafetensorsTensorInfo> tensors;
+  // `__metadata__` exactly as stored (reserved keys included).
+  std::map<std::string, std::string> raw_metadata;
+  // The decoded values and metadata (a State without tensors), per the mapping above.
+  State values;
+};
+
+// Reads and fully validates the header of the file at `path`. Uses options.fs only.
+Result<SafetensorsInfo> InspectSafetensors(const std::string& path,
+                                           const SafetensorsLoadOptions& options = {});
+
+// Loads a safetensors file into a State: owned, kTensorAlignment-aligned tensors (or, with
+// options.mmap, views into the mapping), the non-tensor values and the metadata.
+Result<State> LoadSafetensors(const std::string& path, const SafetensorsLoadOptions& options = {});
+
+// Whether savepoint can store `dtype` in a safetensors file (every dtype but C128).
+bool IsSafetensorsDType(DType dtype);
+
+}  // namespace savepoint
+
+#endif  // SAVEPOINT_SAFETENSORS_H_
