@@ -87,8 +87,7 @@ def load(path, *, names=None, mmap=False, map_location=None, like=None, verify=T
             if not direct:
                 fixups.append((target, dest))
         elif mmap and _mappable(manifest, entry):
-            loaded[name] = _map(path, manifest, entry, node, maps)
-            mapped.append(name)
+            mapped.append((name, entry, node))
             continue
         else:
             dest = loaded[name] = _allocate(node, entry)
@@ -96,8 +95,10 @@ def load(path, *, names=None, mmap=False, map_location=None, like=None, verify=T
     if targets:
         missing = ", ".join(_tree.describe_path(p).replace("obj", "like", 1) for p in list(targets)[:5])
         raise _errors.NotFoundError(f"checkpoint {path}: no tensor for {missing}")
-    if mapped:
-        _core.check_mapped(path, mapped, verify=verify, io_threads=io_threads)
+    if mapped:  # headers, sizes and (with verify) checksums first: never map a truncated file
+        _core.check_mapped(path, [m[0] for m in mapped], verify=verify, io_threads=io_threads)
+        for name, entry, node in mapped:
+            loaded[name] = _map(path, manifest, entry, node, maps)
     if reads:
         _core.load_into(path, reads, verify=verify, io_threads=io_threads, direct_io=direct_io)
     for target, tmp in fixups:

@@ -126,7 +126,8 @@ void BindLoad(nb::module_& m) {
       .def_prop_ro("total_file_bytes", &CheckpointReader::total_file_bytes)
       .def("tensors", &TensorsToPython, "[(name, dtype, shape, nbytes, num_shards)] by name.")
       .def("values", [](const CheckpointReader& r) { return ValuesToPython(r.values()); })
-      .def("metadata_json", [](const CheckpointReader& r) { return DumpJson(r.values().metadata()); })
+      .def("metadata_json",
+           [](const CheckpointReader& r) { return DumpJson(r.values().metadata()); })
       .def("manifest_json", [](const CheckpointReader& r) { return DumpJson(r.manifest_json()); });
   m.def("load_into", &LoadInto, nb::arg("path"), nb::arg("targets"), nb::arg("verify"),
         nb::arg("io_threads"), nb::arg("direct_io"));

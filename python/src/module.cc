@@ -101,7 +101,9 @@ nb::list ValuesToPython(const State& state) {
   return out;
 }
 
-std::string DumpJson(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+std::string DumpJson(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
 
 nb::dict IoStatsToPython(const IoStats& s) {
   nb::dict d;

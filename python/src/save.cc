@@ -21,9 +21,8 @@ SaveOptions MakeSaveOptions(bool overwrite, bool create_parents, bool direct_io,
 }
 
 nb::dict SaveSync(const std::string& path, const std::vector<TensorSpec>& tensors,
-                  const std::vector<ValueSpec>& values, const std::string& metadata,
-                  bool overwrite, bool create_parents, bool direct_io, int io_threads,
-                  uint64_t chunk_bytes) {
+                  const std::vector<ValueSpec>& values, const std::string& metadata, bool overwrite,
+                  bool create_parents, bool direct_io, int io_threads, uint64_t chunk_bytes) {
   State state = MakeState(tensors, values, metadata);
   IoStats stats;
   SaveOptions o = MakeSaveOptions(overwrite, create_parents, direct_io, io_threads, chunk_bytes);
@@ -108,15 +107,16 @@ void WaitAll(Checkpointer& c) {
 
 void BindSave(nb::module_& m) {
   m.def("save", &SaveSync, nb::arg("path"), nb::arg("tensors"), nb::arg("values"),
-        nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"),
-        nb::arg("direct_io"), nb::arg("io_threads"), nb::arg("chunk_bytes"),
+        nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"), nb::arg("direct_io"),
+        nb::arg("io_threads"), nb::arg("chunk_bytes"),
         "Saves borrowed tensors + values (GIL released); returns IoStats as a dict.");
 
   nb::class_<SaveHandle>(m, "SaveHandle")
       .def("poll", &SaveHandle::Poll)
       .def("wait_for", &WaitFor, nb::arg("timeout_s"))
-      .def("check", [](const SaveHandle& h) { Check(h.status()); },
-           "Raises the save's error; FailedPrecondition while it is still running.")
+      .def(
+          "check", [](const SaveHandle& h) { Check(h.status()); },
+          "Raises the save's error; FailedPrecondition while it is still running.")
       .def_prop_ro("stats", [](const SaveHandle& h) { return SaveStatsToPython(h.stats()); })
       .def_prop_ro("path", &SaveHandle::path);
 
