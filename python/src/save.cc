@@ -52,7 +52,7 @@ SaveHandle SaveAsync(Checkpointer& c, const std::string& path,
                      bool direct_io) {
   State state = MakeState(tensors, values, metadata);
   SaveOptions o = MakeSaveOptions(overwrite, create_parents, direct_io, 4, uint64_t{8} << 20);
-  Result<SaveHandle> h = Status();
+  Result<SaveHandle> h = InternalError("save not started");
   {
     nb::gil_scoped_release release;
     h = c.SaveAsync(state, path, o);

@@ -15,7 +15,7 @@ import torch
 import savepoint
 from conftest import HERE
 
-ITERATIONS = int(os.environ.get("SAVEPOINT_PY_INTERRUPT_ITERATIONS", "4"))
+ITERATIONS = int(os.environ.get("SAVEPOINT_PY_INTERRUPT_ITERATIONS", "2"))
 
 
 def _interrupt_once(root, mode, delay):
