@@ -14,6 +14,15 @@
 //   load-nocrc  Load with verify_checksums = false (isolates the checksum cost; not by default)
 //   load-mmap   Load with LoadOptions::mmap (zero-copy views into the mapped data file, every chunk
 //               verified, so every page is read; not by default)
+//   mmap-one    cold: CheckpointReader::Open + MapTensor(first large tensor, verify = false) +
+//               reading one byte of each of its 4 KiB pages; prints open_ms, map_ms, touch_ms
+//               (not by default; bytes= is that tensor's size)
+//   async       Checkpointer::SaveAsync twice to DIR/ckpt-async (removed in between): the first
+//               save warms the staging pool, the second is timed: "async-stall" is the time the
+//               caller is blocked in SaveAsync, "async-first-stall" the same for the first save,
+//               "async-persist" the second save until durable (Wait) (not by default)
+//   memcpy      single-threaded memcpy of every tensor into one preallocated, already-touched
+//               buffer: the reference for async-stall (not by default)
 // Before every read phase the checkpoint is dropped from the page cache: posix_fadvise(DONTNEED)
 // on each of its files, plus `echo 1 > /proc/sys/vm/drop_caches` when that file is writable
 // (unless --keep-cache). Every loaded byte is compared with the generated state; a mismatch
@@ -38,9 +47,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "savepoint/savepoint.h"
@@ -66,6 +78,7 @@ struct Args {
 };
 
 struct Measurement {
+  explicit Measurement(std::string n) : name(std::move(n)) {}
   std::string name;
   uint64_t bytes = 0;
   double seconds = 0;     // wall time around the call, as the caller sees it
@@ -74,6 +87,7 @@ struct Measurement {
   bool direct = false;
   double user_seconds = 0;  // CPU time of the whole process (all threads) during the call
   double sys_seconds = 0;
+  std::string extra;  // more "key=value" fields for the line (phase-specific)
   double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
 };
 
@@ -83,7 +97,7 @@ struct Measurement {
       "%s%s"
       "usage: save_load_bench --dir DIR --bytes N [--tensors K] [--threads T] "
       "[--chunk-mb C] [--no-direct] [--json] "
-      "[--phases save,load,verify,loadinto,load-nocrc,load-mmap] "
+      "[--phases save,load,verify,loadinto,load-nocrc,load-mmap,mmap-one,async,memcpy] "
       "[--keep-cache] [--seed S]\n",
       error.empty() ? "" : "save_load_bench: ", error.empty() ? "" : (error + "\n").c_str());
   std::exit(error.empty() ? 0 : 64);
@@ -176,8 +190,10 @@ Args ParseArgs(int argc, char** argv) {
     } else if (f == "--phases") {
       a.phases = SplitComma(value(i));
       for (const auto& p : a.phases) {
-        if (p != "save" && p != "load" && p != "verify" && p != "loadinto" && p != "load-nocrc" &&
-            p != "load-mmap") {
+        static const char* const kPhases[] = {"save",     "load",       "verify",
+                                              "loadinto", "load-nocrc", "load-mmap",
+                                              "mmap-one", "async",      "memcpy"};
+        if (std::find(std::begin(kPhases), std::end(kPhases), p) == std::end(kPhases)) {
           Usage(fmt::format("unknown phase {:?}", p));
         }
       }
@@ -363,19 +379,22 @@ void Compare(const State& want, const State& got, const char* phase) {
   }
 }
 
-// The checkpoint to remove at exit (normal or through Die/Compare's std::exit), with any hidden
-// temporary or old directories a failed save left beside it.
-std::string g_ckpt;
+// The checkpoints to remove at exit (normal or through Die/Compare's std::exit), with any hidden
+// temporary or old directories a failed save left beside them.
+std::vector<std::string> g_ckpts;
 
-void RemoveCheckpoint() {
-  if (g_ckpt.empty()) return;
+void RemoveOne(const std::string& ckpt) {
   std::error_code ec;
-  fs::remove_all(g_ckpt, ec);
-  fs::path parent = fs::path(g_ckpt).parent_path();
-  std::string prefix = "." + fs::path(g_ckpt).filename().string() + ".savepoint-";
+  fs::remove_all(ckpt, ec);
+  fs::path parent = fs::path(ckpt).parent_path();
+  std::string prefix = "." + fs::path(ckpt).filename().string() + ".savepoint-";
   for (const auto& e : fs::directory_iterator(parent, ec)) {
     if (e.path().filename().string().rfind(prefix, 0) == 0) fs::remove_all(e.path(), ec);
   }
+}
+
+void RemoveCheckpoint() {
+  for (const std::string& c : g_ckpts) RemoveOne(c);
 }
 
 // Copies what the library measured into `m`.
@@ -389,9 +408,10 @@ void Record(Measurement* m, const IoStats& st) {
 void PrintLine(const Measurement& m) {
   std::printf(
       "%-10s bytes=%llu seconds=%.4f gbps=%.3f io_seconds=%.4f chunks=%llu direct=%d "
-      "user=%.3f sys=%.3f\n",
+      "user=%.3f sys=%.3f%s%s\n",
       m.name.c_str(), static_cast<unsigned long long>(m.bytes), m.seconds, m.gbps(), m.io_seconds,
-      static_cast<unsigned long long>(m.chunks), m.direct ? 1 : 0, m.user_seconds, m.sys_seconds);
+      static_cast<unsigned long long>(m.chunks), m.direct ? 1 : 0, m.user_seconds, m.sys_seconds,
+      m.extra.empty() ? "" : " ", m.extra.c_str());
   std::fflush(stdout);
 }
 
@@ -407,7 +427,8 @@ void PrintJson(const Args& a, const std::string& cache_method, uint64_t tensor_b
                        {"chunks", m.chunks},
                        {"direct_io", m.direct},
                        {"user_seconds", m.user_seconds},
-                       {"sys_seconds", m.sys_seconds}});
+                       {"sys_seconds", m.sys_seconds},
+                       {"extra", m.extra}});
   }
   Json j = {{"dir", a.dir},
             {"bytes", tensor_bytes},
@@ -419,6 +440,101 @@ void PrintJson(const Args& a, const std::string& cache_method, uint64_t tensor_b
             {"generate_seconds", gen_seconds},
             {"results", results}};
   std::printf("%s\n", j.dump().c_str());
+}
+
+// Single-threaded memcpy of every tensor of `state` into one touched buffer (the reference for the
+// async stall: the least a snapshot that copies the state can cost).
+Measurement MemcpyPhase(const State& state) {
+  const uint64_t total = state.tensor_bytes();
+  std::byte* dst = static_cast<std::byte*>(std::aligned_alloc(4096, (total + 4095) / 4096 * 4096));
+  if (dst == nullptr) Die("memcpy: out of memory");
+  std::memset(dst, 1, total);
+  Measurement m{"memcpy"};
+  Timer t;
+  uint64_t off = 0;
+  for (const auto& [name, e] : state.entries()) {
+    if (!e.is_tensor()) continue;
+    std::memcpy(dst + off, e.tensor().data(), e.tensor().nbytes());
+    off += e.tensor().nbytes();
+  }
+  t.Stop(&m);
+  m.bytes = total;
+  volatile std::byte sink = dst[total / 2];  // keep the copy observable
+  (void)sink;
+  std::free(dst);
+  return m;
+}
+
+// Two SaveAsync calls (see the file comment); returns async-first-stall, async-stall and
+// async-persist.
+std::vector<Measurement> AsyncPhase(const Args& a, const State& state, const std::string& path,
+                                    const std::function<void(const Status&, const char*)>& check) {
+  CheckpointerOptions co;
+  co.io_threads = a.threads;
+  Result<std::unique_ptr<Checkpointer>> ckptr = Checkpointer::Create(co);
+  check(ckptr.status(), "create checkpointer");
+  SaveOptions so;
+  so.direct_io = a.direct;
+  std::vector<Measurement> out;
+  for (const char* name : {"async-first-stall", "async-stall"}) {
+    RemoveOne(path);
+    Measurement stall{name};
+    Timer t;
+    Result<SaveHandle> h = (*ckptr)->SaveAsync(state, path, so);
+    t.Stop(&stall);
+    check(h.status(), "SaveAsync");
+    check(h->Wait(), "SaveAsync (background)");
+    const SaveStats st = h->stats();
+    stall.bytes = st.bytes;
+    stall.direct = st.direct_io;
+    stall.extra =
+        fmt::format("blocked_seconds={:.4f} snapshot_seconds={:.4f} persist_seconds={:.4f}",
+                    st.blocked_seconds, st.snapshot_seconds, st.persist_seconds);
+    out.push_back(stall);
+    if (std::string(name) == "async-stall") {
+      Measurement persist{"async-persist"};
+      persist.bytes = st.bytes;
+      persist.seconds = st.persist_seconds;
+      persist.direct = st.direct_io;
+      out.push_back(persist);
+    }
+  }
+  RemoveOne(path);
+  return out;
+}
+
+// Cold Open + MapTensor(verify = false) of the first large tensor + one read per 4 KiB page.
+Measurement MmapOnePhase(const State& state, const std::string& ckpt,
+                         const std::function<void(const Status&, const char*)>& check) {
+  std::string name;
+  const TensorView* want = nullptr;
+  for (const auto& [n, e] : state.entries()) {
+    if (e.is_tensor() && (want == nullptr || e.tensor().nbytes() > want->nbytes())) {
+      name = n;
+      want = &e.tensor();
+    }
+  }
+  Measurement m{"mmap-one"};
+  Timer t;
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(ckpt);
+  check(reader.status(), "mmap-one: open");
+  const double open_s = Since(t0);
+  Result<TensorView> view = (*reader)->MapTensor(name, /*verify=*/false);
+  check(view.status(), "mmap-one: map");
+  const double map_s = Since(t0) - open_s;
+  const volatile std::byte* p = view->data();
+  unsigned sum = 0;
+  for (uint64_t i = 0; i < view->nbytes(); i += 4096) sum += static_cast<unsigned>(p[i]);
+  t.Stop(&m);
+  const double touch_s = m.seconds - open_s - map_s;
+  if (std::memcmp(view->data(), want->data(), want->nbytes()) != 0) {
+    Die(fmt::format("mmap-one: tensor {} differs from the generated state", name));
+  }
+  m.bytes = want->nbytes();
+  m.extra = fmt::format("open_ms={:.2f} map_ms={:.2f} touch_ms={:.2f} tensor={} sum={}",
+                        open_s * 1e3, map_s * 1e3, touch_s * 1e3, name, sum % 10);
+  return m;
 }
 
 bool Has(const Args& a, const std::string& phase) {
@@ -434,7 +550,9 @@ int main(int argc, char** argv) {
   if (ec) Die(fmt::format("create {}: {}", a.dir, ec.message()));
   const std::string ckpt = (fs::path(a.dir) / "ckpt").string();
   if (fs::exists(ckpt)) Die(fmt::format("{} already exists; remove it first", ckpt));
-  g_ckpt = ckpt;
+  const std::string async_ckpt = ckpt + "-async";
+  if (fs::exists(async_ckpt)) Die(fmt::format("{} already exists; remove it first", async_ckpt));
+  g_ckpts = {ckpt, async_ckpt};
   std::atexit(RemoveCheckpoint);
 
   auto t0 = std::chrono::steady_clock::now();
@@ -474,6 +592,19 @@ int main(int argc, char** argv) {
   // (b)-(e) The read phases, in the order --phases lists them (a phase may be listed twice).
   for (const std::string& phase : a.phases) {
     if (phase == "save") continue;
+    if (phase == "memcpy") {
+      report(MemcpyPhase(state));
+      continue;
+    }
+    if (phase == "async") {
+      for (Measurement& am : AsyncPhase(a, state, async_ckpt, check)) report(std::move(am));
+      continue;
+    }
+    if (phase == "mmap-one") {
+      cold();
+      report(MmapOnePhase(state, ckpt, check));
+      continue;
+    }
     Measurement m{phase};
     IoStats st;
     LoadOptions o = lo;
