@@ -29,6 +29,7 @@ from ._errors import (
     UnimplementedError,
 )
 from ._load import info, list_checkpoints, load, verify
+from ._manager import CheckpointManager
 from ._save import AsyncCheckpointer, SaveFuture, default_checkpointer, save
 
 __version__ = _core.__version__
@@ -42,6 +43,7 @@ def set_log_level(level):
 __all__ = [
     "AlreadyExistsError",
     "AsyncCheckpointer",
+    "CheckpointManager",
     "CorruptCheckpointError",
     "FailedPreconditionError",
     "InternalError",

@@ -74,6 +74,7 @@ nb::dict IoStatsToPython(const IoStats& s);
 void BindErrors(nb::module_& m);
 void BindSave(nb::module_& m);
 void BindLoad(nb::module_& m);
+void BindManager(nb::module_& m);
 
 }  // namespace savepoint::python
 

@@ -134,6 +134,7 @@ NB_MODULE(_core, m) {
   BindErrors(m);
   BindSave(m);
   BindLoad(m);
+  BindManager(m);
   m.def("set_log_level", [](const std::string& level) {
     savepoint::SetLogLevel(Take(savepoint::ParseLogLevel(level)));
   });
