@@ -62,48 +62,69 @@ def load(path, *, names=None, mmap=False, map_location=None, like=None, verify=T
     path = os.fspath(path)
     info = _Info(path, io_threads, direct_io)
     leaves = _tree.tensor_leaves(info.tree)
-    selected = _select(info, leaves, names, path)
-    targets = _like_targets(like, leaves, path)
-    loaded = {}  # entry name -> tensor or array
-    fixups = []  # (destination, temporary) copies for `like` targets that cannot take bytes directly
-    reads = []  # (name, address, dtype, shape) for load_into
-    mapped = []
-    like_names = set()  # entries filled into `like` tensors (returned as they are)
     manifest = json.loads(info.reader.manifest_json()) if mmap else None
-    maps = {}
+    plan = _Plan(path, info, _like_targets(like), manifest)
+    selected = _select(info, leaves, names, path)
     for p, node in leaves:
+        if _tree.leaf_name(node) in selected:
+            plan.add(p, node)
+    plan.check_like_covered({p for p, _ in leaves})
+    plan.run(verify, io_threads, direct_io)
+    finish = _finisher(plan.loaded, selected, map_location, plan.like_names)
+    return _tree.rebuild(info.tree, finish, info.values)
+
+
+class _Plan:
+    """Where each selected tensor goes (a `like` target, a mapping, or a new allocation), then the
+    reads: mapped tensors are checked by the core before they are mapped, the rest are read in one
+    parallel load_into pass."""
+
+    def __init__(self, path, info, targets, manifest):
+        self.path, self.info, self.targets, self.manifest = path, info, targets, manifest
+        self.loaded = {}  # entry name -> tensor or array
+        self.like_names = set()  # entries filled into `like` tensors (returned as they are)
+        self.fixups = []  # (like target, temporary): targets that cannot take the bytes directly
+        self.reads = []  # (name, address, dtype, shape) for load_into
+        self.mapped = []  # (name, entry, node)
+
+    def add(self, p, node):
         name = _tree.leaf_name(node)
-        if name not in selected:
-            continue
-        entry = info.tensors.get(name)
+        entry = self.info.tensors.get(name)
         if entry is None:
             raise _errors.CorruptCheckpointError(
-                f"checkpoint {path}: the recorded structure names tensor {name!r}, which is missing")
-        target = targets.pop(p, None)
+                f"checkpoint {self.path}: the recorded structure names tensor {name!r}, which is missing")
+        target = self.targets.pop(p, None)
         if target is not None:
             dest, direct = _check_like(target, entry, p)
-            loaded[name] = target
-            like_names.add(name)
+            self.loaded[name] = target
+            self.like_names.add(name)
             if not direct:
-                fixups.append((target, dest))
-        elif mmap and _mappable(manifest, entry):
-            mapped.append((name, entry, node))
-            continue
+                self.fixups.append((target, dest))
+        elif self.manifest is not None and _mappable(self.manifest, entry):
+            self.mapped.append((name, entry, node))
+            return
         else:
-            dest = loaded[name] = _allocate(node, entry)
-        reads.append(_spec(name, dest, entry))
-    if targets:
-        missing = ", ".join(_tree.describe_path(p).replace("obj", "like", 1) for p in list(targets)[:5])
-        raise _errors.NotFoundError(f"checkpoint {path}: no tensor for {missing}")
-    if mapped:  # headers, sizes and (with verify) checksums first: never map a truncated file
-        _core.check_mapped(path, [m[0] for m in mapped], verify=verify, io_threads=io_threads)
-        for name, entry, node in mapped:
-            loaded[name] = _map(path, manifest, entry, node, maps)
-    if reads:
-        _core.load_into(path, reads, verify=verify, io_threads=io_threads, direct_io=direct_io)
-    for target, tmp in fixups:
-        _copy_into(target, tmp)
-    return _tree.rebuild(info.tree, _finisher(loaded, selected, map_location, like_names), info.values)
+            dest = self.loaded[name] = _allocate(node, entry)
+        self.reads.append(_spec(name, dest, entry))
+
+    def check_like_covered(self, leaf_paths):
+        missing = [p for p in self.targets if p not in leaf_paths]  # (unselected ones are skipped)
+        if missing:
+            where = ", ".join(_tree.describe_path(p).replace("obj", "like", 1) for p in missing[:5])
+            raise _errors.NotFoundError(f"checkpoint {self.path}: no tensor for {where}")
+
+    def run(self, verify, io_threads, direct_io):
+        if self.mapped:  # headers, sizes and (with verify) checksums first: never map a truncated file
+            names = [m[0] for m in self.mapped]
+            _core.check_mapped(self.path, names, verify=verify, io_threads=io_threads)
+            maps = {}
+            for name, entry, node in self.mapped:
+                self.loaded[name] = _map(self.path, self.manifest, entry, node, maps)
+        if self.reads:
+            _core.load_into(self.path, self.reads, verify=verify, io_threads=io_threads,
+                            direct_io=direct_io)  # fmt: skip
+        for target, tmp in self.fixups:
+            _copy_into(target, tmp)
 
 
 def _select(info, leaves, names, path):
@@ -127,7 +148,7 @@ def _matches(pattern, name):
     return pattern == name
 
 
-def _like_targets(like, leaves, path):
+def _like_targets(like):
     """{key path: tensor or array} of `like`'s tensor leaves."""
     if like is None:
         return {}

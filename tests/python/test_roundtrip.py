@@ -178,6 +178,10 @@ def test_like_loads_in_place(tmp_path):
     assert torch.equal(wt.t(), src.weight)
     with pytest.raises(ValueError, match=r"like\['model'\]\['bias'\] is F64 \[32\] but .* is F32 \[32\]"):
         savepoint.load(tmp_path / "c", like={"model": {"bias": torch.zeros(32, dtype=torch.float64)}})
+    # Targets of tensors that names= leaves out are left alone.
+    untouched = torch.zeros(32)
+    back = savepoint.load(tmp_path / "c", names=["arr"], like={"model": {"bias": untouched}})
+    assert back["model"] == {} and not untouched.any()
     with pytest.raises(savepoint.NotFoundError, match=r"no tensor for like\['extra'\]"):
         savepoint.load(tmp_path / "c", like={"extra": torch.zeros(1)})
 
