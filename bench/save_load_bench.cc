@@ -2,6 +2,7 @@
 //
 //   save_load_bench --dir DIR --bytes N [--tensors K] [--threads T] [--chunk-mb C] [--no-direct]
 //                   [--json] [--phases LIST] [--keep-cache] [--seed S]
+//                   [--compression none|zstd|lz4] [--fill random|f32|bf16|sparse]
 //
 // Generates a training-like state of N bytes (rounded down to a multiple of 4; K large tensors
 // alternating F32 and BF16, default one per ~64 MiB, filled with xorshift data; plus four small
@@ -27,6 +28,10 @@
 // on each of its files, plus `echo 1 > /proc/sys/vm/drop_caches` when that file is writable
 // (unless --keep-cache). Every loaded byte is compared with the generated state; a mismatch
 // exits 2. The checkpoint is removed at the end (also on failure).
+//
+// --compression saves with that codec (byte-shuffle auto, zstd level 1). --fill chooses the data:
+// random (default: xorshift bytes, incompressible), f32 / bf16 (every large tensor of that dtype,
+// holding weights-like values ~N(0, 0.02)), sparse (f32 weights, 99% zeros).
 //
 // Sizes accept a K/M/G/T suffix (binary). Throughput is tensor bytes / wall seconds of the call,
 // in GB/s (1e9 bytes per second), the unit dd prints.
@@ -75,6 +80,8 @@ struct Args {
   bool drop_caches = true;
   uint64_t seed = 42;
   std::vector<std::string> phases = {"save", "load", "verify", "loadinto"};
+  Compression compression;
+  std::string fill = "random";
 };
 
 struct Measurement {
@@ -85,7 +92,8 @@ struct Measurement {
   double io_seconds = 0;  // IoStats::seconds (the library's own timing of its data path)
   uint64_t chunks = 0;
   bool direct = false;
-  double user_seconds = 0;  // CPU time of the whole process (all threads) during the call
+  uint64_t stored_bytes = 0;  // after compression
+  double user_seconds = 0;    // CPU time of the whole process (all threads) during the call
   double sys_seconds = 0;
   std::string extra;  // more "key=value" fields for the line (phase-specific)
   double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
@@ -179,6 +187,16 @@ Args ParseArgs(int argc, char** argv) {
       if (c < 4 || c % 4 != 0 || c > 1024 * 1024)
         Usage("--chunk-kb must be a multiple of 4 in [4, 1048576]");
       a.chunk_bytes = c << 10;
+    } else if (f == "--compression") {
+      std::string c = value(i);
+      if (c != "none" && c != "zstd" && c != "lz4") Usage("--compression must be none|zstd|lz4");
+      a.compression.codec = c == "zstd"  ? Compression::Codec::kZstd
+                            : c == "lz4" ? Compression::Codec::kLz4
+                                         : Compression::Codec::kNone;
+    } else if (f == "--fill") {
+      a.fill = value(i);
+      if (a.fill != "random" && a.fill != "f32" && a.fill != "bf16" && a.fill != "sparse")
+        Usage("--fill must be random|f32|bf16|sparse");
     } else if (f == "--no-direct") {
       a.direct = false;
     } else if (f == "--json") {
@@ -253,6 +271,34 @@ void Fill(std::byte* p, uint64_t n, uint64_t seed) {
   for (; i < n; ++i) p[i] = static_cast<std::byte>(x >> (8 * (i % 8)));
 }
 
+// Weights-like values ~N(0, 0.02) (Irwin-Hall of 4 uniforms) as f32, or bf16 (truncated); with
+// `sparse`, 99% of them are zero.
+void FillWeights(const TensorView& t, uint64_t seed, bool sparse) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  const bool bf16 = t.dtype() == DType::kBF16;
+  const int64_t n = static_cast<int64_t>(t.nbytes() / (bf16 ? 2 : 4));
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t r = next();
+    float u = 0;
+    for (int k = 0; k < 4; ++k) u += static_cast<float>((r >> (16 * k)) & 0xffff) / 65536.0f;
+    float v = sparse && next() % 100 != 0 ? 0.0f : (u - 2.0f) * 1.7320508f * 0.02f;
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    if (bf16) {
+      uint16_t h = static_cast<uint16_t>(bits >> 16);
+      std::memcpy(t.data() + 2 * i, &h, 2);
+    } else {
+      std::memcpy(t.data() + 4 * i, &bits, 4);
+    }
+  }
+}
+
 struct Spec {
   std::string name;
   DType dtype;
@@ -260,7 +306,7 @@ struct Spec {
 };
 
 // The tensors of the generated state: `bytes` in total, `k` large tensors plus four small ones.
-std::vector<Spec> MakeSpecs(uint64_t bytes, uint64_t k) {
+std::vector<Spec> MakeSpecs(uint64_t bytes, uint64_t k, const std::string& fill) {
   // Small tensors, as in a real model (norm weights, biases, a step counter): odd sizes that are
   // not multiples of 4 KiB, so they take the library's staging-buffer path.
   std::vector<Spec> small = {
@@ -276,7 +322,9 @@ std::vector<Spec> MakeSpecs(uint64_t bytes, uint64_t k) {
   std::vector<Spec> specs;
   uint64_t used = 0;
   for (uint64_t i = 0; i < k; ++i) {
-    DType dt = i % 2 == 0 ? DType::kF32 : DType::kBF16;
+    DType dt = fill == "bf16"     ? DType::kBF16
+               : fill == "random" ? (i % 2 == 0 ? DType::kF32 : DType::kBF16)
+                                  : DType::kF32;
     uint64_t esize = DTypeSize(dt);
     uint64_t nb = i + 1 < k ? per : (big - used) / 4 * 4;
     int64_t elems = static_cast<int64_t>(nb / esize);
@@ -293,7 +341,7 @@ std::vector<Spec> MakeSpecs(uint64_t bytes, uint64_t k) {
 }
 
 State MakeState(const Args& a) {
-  std::vector<Spec> specs = MakeSpecs(a.bytes, a.tensors);
+  std::vector<Spec> specs = MakeSpecs(a.bytes, a.tensors, a.fill);
   std::vector<Tensor> tensors;
   for (const auto& s : specs) {
     Result<Tensor> t = Tensor::Empty(s.dtype, s.shape);
@@ -306,7 +354,12 @@ State MakeState(const Args& a) {
   for (unsigned w = 0; w < hw; ++w) {
     pool.emplace_back([&, w] {
       for (size_t i = w; i < tensors.size(); i += hw) {
-        Fill(tensors[i].data(), tensors[i].nbytes(), a.seed + i);
+        bool weights = a.fill != "random" && i < a.tensors;  // the large tensors
+        if (weights) {
+          FillWeights(tensors[i].view(), a.seed + i, a.fill == "sparse");
+        } else {
+          Fill(tensors[i].data(), tensors[i].nbytes(), a.seed + i);
+        }
       }
     });
   }
@@ -403,15 +456,16 @@ void Record(Measurement* m, const IoStats& st) {
   m->io_seconds = st.seconds;
   m->chunks = st.chunks;
   m->direct = st.direct_io;
+  m->stored_bytes = st.stored_bytes;
 }
 
 void PrintLine(const Measurement& m) {
   std::printf(
       "%-10s bytes=%llu seconds=%.4f gbps=%.3f io_seconds=%.4f chunks=%llu direct=%d "
-      "user=%.3f sys=%.3f%s%s\n",
+      "user=%.3f sys=%.3f stored=%llu%s%s\n",
       m.name.c_str(), static_cast<unsigned long long>(m.bytes), m.seconds, m.gbps(), m.io_seconds,
       static_cast<unsigned long long>(m.chunks), m.direct ? 1 : 0, m.user_seconds, m.sys_seconds,
-      m.extra.empty() ? "" : " ", m.extra.c_str());
+      static_cast<unsigned long long>(m.stored_bytes), m.extra.empty() ? "" : " ", m.extra.c_str());
   std::fflush(stdout);
 }
 
@@ -428,6 +482,7 @@ void PrintJson(const Args& a, const std::string& cache_method, uint64_t tensor_b
                        {"direct_io", m.direct},
                        {"user_seconds", m.user_seconds},
                        {"sys_seconds", m.sys_seconds},
+                       {"stored_bytes", m.stored_bytes},
                        {"extra", m.extra}});
   }
   Json j = {{"dir", a.dir},
@@ -581,6 +636,7 @@ int main(int argc, char** argv) {
     so.io_threads = a.threads;
     so.chunk_bytes = a.chunk_bytes;
     so.direct_io = a.direct;
+    so.compression = a.compression;
     so.stats = &st;
     Measurement m{"save"};
     Timer t;

@@ -74,8 +74,16 @@ class Reader final : public CheckpointReader {
   Result<RandomAccessFile*> File(uint32_t index);
   // Data file `index` mapped read-only, once, after File(index) has checked its header and size.
   Result<std::shared_ptr<const MappedFile>> Mapping(uint32_t index);
-  Status ReadChunk(const Task& t, std::byte* staging, bool verify);
-  // "checkpoint P: tensor "T" chunk C (file F offset O, N bytes)": names a chunk in messages.
+  // One worker's buffers (chunk_bytes each, allocated on first use).
+  struct Buffers {
+    Tensor staging;  // a chunk read for verification only, unaligned for direct I/O, or compressed
+    Tensor scratch;  // the shuffled form of a chunk being decompressed
+  };
+  Status ReadChunk(const Task& t, Buffers* b, bool verify);
+  // A chunk stored compressed: read into b->staging, verified there, decompressed into t.dst.
+  Status ReadCompressedChunk(const Task& t, Buffers* b, bool verify);
+  // "checkpoint P: tensor "T" chunk C (file F offset O, N bytes)": names a chunk in messages
+  // (with ", zstd-compressed" for a compressed chunk; O and N are the stored extent's).
   std::string ChunkWhere(const format::TensorRecord& t, const format::ShardRecord& s,
                          uint64_t chunk) const;
   // ChunkWhere without the leading "checkpoint P: ".
