@@ -236,7 +236,8 @@ def _mappable(manifest, entry):
     if entry[3] == 0 or len(shards) != 1:
         return False
     s = shards[0]
-    return s.get("codec", "none") == "none" and list(s.get("sizes", [])) == list(entry[2])
+    compressed = s.get("codec", "none") != "none" or "stored_offsets" in s
+    return not compressed and list(s.get("sizes", [])) == list(entry[2])
 
 
 def _manifest_tensor(manifest, name):

@@ -28,11 +28,23 @@ def _flatten(obj, metadata):
     return f, meta_json
 
 
-def _check_compression(compression):
-    if compression not in (None, "none"):
-        raise _errors.UnimplementedError(
-            f"savepoint.save: compression={compression!r} is not available in this build "
-            "(per-chunk compression is not yet part of the format)")
+_CODECS = ("none", "zstd", "lz4")
+_SHUFFLES = ("auto", "on", "off")
+
+
+def _compression(compression):
+    """(codec, shuffle, zstd level) for the core from None, a codec name, or a dict
+    {"codec": "zstd" | "lz4" | "none", "shuffle": "auto" | "on" | "off", "level": int}."""
+    if compression is None:
+        return ("none", "auto", 1)
+    spec = {"codec": compression} if isinstance(compression, str) else compression
+    unknown = set(spec) - {"codec", "shuffle", "level"} if isinstance(spec, dict) else {None}
+    codec, shuffle = (spec.get("codec", "zstd"), spec.get("shuffle", "auto")) if not unknown else (0, 0)
+    if unknown or codec not in _CODECS or shuffle not in _SHUFFLES:
+        raise ValueError(
+            f"savepoint.save: compression={compression!r}: use None, 'zstd', 'lz4' or a dict with "
+            f"codec {_CODECS}, shuffle {_SHUFFLES} and level (zstd, default 1)")
+    return (codec, shuffle, int(spec.get("level", 1)))
 
 
 def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata=None,
@@ -48,7 +60,9 @@ def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata
     async_: when True, return a SaveFuture as soon as the tensors are copied into the default
         AsyncCheckpointer's staging memory (the caller may then modify them); the write, fsync and
         commit continue in the background. Default False: return once the checkpoint is durable.
-    compression: None (only None in this build).
+    compression: None (default), "zstd", "lz4", or {"codec": ..., "shuffle": "auto"|"on"|"off",
+        "level": zstd level}: per-chunk compression (each chunk stored compressed only where that
+        saves space). It costs CPU; worth it for slow storage or sparse data (docs/PERFORMANCE.md).
     overwrite: replace an existing checkpoint at `path` (the old one stays intact until the new one
         commits). Default False: AlreadyExistsError.
     metadata: optional dict of JSON-able user metadata stored with the checkpoint (see info()).
@@ -57,15 +71,16 @@ def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata
     Returns a dict of statistics (bytes, chunks, seconds, direct_io) for a synchronous save, a
     SaveFuture for an asynchronous one. Errors are SavepointError subclasses (the C++ message).
     """
-    _check_compression(compression)
+    codec = _compression(compression)
     if async_:
         return default_checkpointer().save(obj, path, overwrite=overwrite, metadata=metadata,
-                                           direct_io=direct_io, create_parents=create_parents)  # fmt: skip
+                                           direct_io=direct_io, create_parents=create_parents,
+                                           compression=compression)  # fmt: skip
     flat, meta_json = _flatten(obj, metadata)
     specs = [t.spec() for t in flat.tensors]
     return _core.save(os.fspath(path), specs, flat.values, meta_json, overwrite=overwrite,
                       create_parents=create_parents, direct_io=direct_io, io_threads=io_threads,
-                      chunk_bytes=chunk_bytes)  # fmt: skip
+                      chunk_bytes=chunk_bytes, compression=codec)  # fmt: skip
 
 
 class SaveFuture:
@@ -140,12 +155,13 @@ class AsyncCheckpointer:
              create_parents=True, compression=None):  # fmt: skip
         """Starts saving `obj` (see savepoint.save) and returns a SaveFuture once the caller may
         modify its tensors again."""
-        _check_compression(compression)
+        codec = _compression(compression)
         flat, meta_json = _flatten(obj, metadata)
         specs = [t.spec() for t in flat.tensors]
         c = self._checkpointer()
         handle = c.save_async(os.fspath(path), specs, flat.values, meta_json, overwrite=overwrite,
-                              create_parents=create_parents, direct_io=direct_io)  # fmt: skip
+                              create_parents=create_parents, direct_io=direct_io,
+                              compression=codec)  # fmt: skip
         return SaveFuture(handle)
 
     def wait(self):

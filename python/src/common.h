@@ -68,7 +68,7 @@ nb::list ValuesToPython(const State& state);
 // JSON text of `j` (invalid UTF-8 replaced; never throws).
 std::string DumpJson(const Json& j);
 
-// IoStats as a dict {bytes, chunks, seconds, direct_io}.
+// IoStats as a dict {bytes, stored_bytes, chunks, seconds, direct_io}.
 nb::dict IoStatsToPython(const IoStats& s);
 
 void BindErrors(nb::module_& m);

@@ -108,6 +108,7 @@ std::string DumpJson(const Json& j) {
 nb::dict IoStatsToPython(const IoStats& s) {
   nb::dict d;
   d["bytes"] = s.bytes;
+  d["stored_bytes"] = s.stored_bytes;
   d["chunks"] = s.chunks;
   d["seconds"] = s.seconds;
   d["direct_io"] = s.direct_io;

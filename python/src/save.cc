@@ -9,9 +9,35 @@
 namespace savepoint::python {
 namespace {
 
+// (codec, shuffle, zstd level) from Python: codec "none" | "zstd" | "lz4", shuffle "auto" | "on" |
+// "off" (the Python side checks the spelling; anything else is InvalidArgument here too).
+using CompressionSpec = std::tuple<std::string, std::string, int>;
+
+Compression MakeCompression(const CompressionSpec& spec) {
+  const auto& [codec, shuffle, level] = spec;
+  Compression c;
+  if (codec == "zstd") {
+    c.codec = Compression::Codec::kZstd;
+  } else if (codec == "lz4") {
+    c.codec = Compression::Codec::kLz4;
+  } else if (codec != "none") {
+    throw StatusError(InvalidArgumentError("compression codec " + codec));
+  }
+  if (shuffle == "on") {
+    c.shuffle = Compression::Shuffle::kOn;
+  } else if (shuffle == "off") {
+    c.shuffle = Compression::Shuffle::kOff;
+  } else if (shuffle != "auto") {
+    throw StatusError(InvalidArgumentError("compression shuffle " + shuffle));
+  }
+  c.zstd_level = level;
+  return c;
+}
+
 SaveOptions MakeSaveOptions(bool overwrite, bool create_parents, bool direct_io, int io_threads,
-                            uint64_t chunk_bytes) {
+                            uint64_t chunk_bytes, const CompressionSpec& compression) {
   SaveOptions o;
+  o.compression = MakeCompression(compression);
   o.overwrite = overwrite;
   o.create_parents = create_parents;
   o.direct_io = direct_io;
@@ -22,10 +48,12 @@ SaveOptions MakeSaveOptions(bool overwrite, bool create_parents, bool direct_io,
 
 nb::dict SaveSync(const std::string& path, const std::vector<TensorSpec>& tensors,
                   const std::vector<ValueSpec>& values, const std::string& metadata, bool overwrite,
-                  bool create_parents, bool direct_io, int io_threads, uint64_t chunk_bytes) {
+                  bool create_parents, bool direct_io, int io_threads, uint64_t chunk_bytes,
+                  const CompressionSpec& compression) {
   State state = MakeState(tensors, values, metadata);
   IoStats stats;
-  SaveOptions o = MakeSaveOptions(overwrite, create_parents, direct_io, io_threads, chunk_bytes);
+  SaveOptions o =
+      MakeSaveOptions(overwrite, create_parents, direct_io, io_threads, chunk_bytes, compression);
   o.stats = &stats;
   Status s;
   {
@@ -49,9 +77,10 @@ std::unique_ptr<Checkpointer> CreateCheckpointer(uint64_t staging_bytes, uint64_
 SaveHandle SaveAsync(Checkpointer& c, const std::string& path,
                      const std::vector<TensorSpec>& tensors, const std::vector<ValueSpec>& values,
                      const std::string& metadata, bool overwrite, bool create_parents,
-                     bool direct_io) {
+                     bool direct_io, const CompressionSpec& compression) {
   State state = MakeState(tensors, values, metadata);
-  SaveOptions o = MakeSaveOptions(overwrite, create_parents, direct_io, 4, uint64_t{8} << 20);
+  SaveOptions o =
+      MakeSaveOptions(overwrite, create_parents, direct_io, 4, uint64_t{8} << 20, compression);
   Result<SaveHandle> h = InternalError("save not started");
   {
     nb::gil_scoped_release release;
@@ -109,6 +138,7 @@ void BindSave(nb::module_& m) {
   m.def("save", &SaveSync, nb::arg("path"), nb::arg("tensors"), nb::arg("values"),
         nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"), nb::arg("direct_io"),
         nb::arg("io_threads"), nb::arg("chunk_bytes"),
+        nb::arg("compression") = CompressionSpec("none", "auto", 1),
         "Saves borrowed tensors + values (GIL released); returns IoStats as a dict.");
 
   nb::class_<SaveHandle>(m, "SaveHandle")
@@ -125,7 +155,7 @@ void BindSave(nb::module_& m) {
                   nb::arg("io_threads"), nb::arg("allow_concurrent_saves"))
       .def("save_async", &SaveAsync, nb::arg("path"), nb::arg("tensors"), nb::arg("values"),
            nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"),
-           nb::arg("direct_io"))
+           nb::arg("direct_io"), nb::arg("compression") = CompressionSpec("none", "auto", 1))
       .def("wait_all", &WaitAll)
       .def_prop_ro("staging_allocated_bytes", &Checkpointer::staging_allocated_bytes)
       .def_prop_ro("staging_cap_bytes", &Checkpointer::staging_cap_bytes);

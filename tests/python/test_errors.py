@@ -76,8 +76,11 @@ def test_cpp_errors_keep_their_messages(tmp_path):
         savepoint.load(tmp_path / "nope", io_threads=0)
     with pytest.raises(savepoint.InvalidArgumentError, match="chunk_bytes"):
         savepoint.save({"t": torch.ones(1)}, tmp_path / "c", chunk_bytes=1000)
-    with pytest.raises(savepoint.UnimplementedError, match="compression"):
-        savepoint.save({"t": torch.ones(1)}, tmp_path / "c", compression="zstd")
+    for bad in ("gzip", {"codec": "zstd", "shuffle": "sideways"}, {"level": 3, "speed": 1}, 3):
+        with pytest.raises(ValueError, match="compression="):
+            savepoint.save({"t": torch.ones(1)}, tmp_path / "c", compression=bad)
+    with pytest.raises(savepoint.InvalidArgumentError, match="level"):
+        savepoint.save({"t": torch.ones(1)}, tmp_path / "c", compression={"codec": "zstd", "level": 99})
     (tmp_path / "file").write_text("x")
     with pytest.raises(savepoint.SavepointError):
         savepoint.save({"t": torch.ones(1)}, tmp_path / "file" / "c")
