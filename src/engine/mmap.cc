@@ -37,11 +37,7 @@ Result<std::shared_ptr<const MappedFile>> Reader::Mapping(uint32_t index) {
   const std::string fpath = JoinPath(path_, rec.name);
   Result<std::shared_ptr<const MappedFile>> map = fs_->MapFile(fpath);
   if (!map.ok()) return map.status().WithContext(fmt::format("checkpoint {}", path_));
-  if ((*map)->data().size() < rec.bytes) {
-    return CorruptionError(
-        fmt::format("checkpoint {}: data file {} is truncated: {} bytes mapped, manifest says {}",
-                    path_, rec.name, (*map)->data().size(), rec.bytes));
-  }
+  if ((*map)->data().size() < rec.bytes) return Truncated(index, (*map)->data().size(), " mapped");
   spdlog::debug("savepoint: mapped {} ({} bytes)", fpath, (*map)->data().size());
   maps_[index] = *map;
   return maps_[index];

@@ -95,11 +95,7 @@ Result<RandomAccessFile*> Reader::File(uint32_t index) {
   SP_ASSIGN_OR_RETURN(
       std::unique_ptr<RandomAccessFile> f,
       fs_->NewRandomAccessFile(fpath, FileOptions{.direct_io = options_.direct_io}));
-  if (f->size() < rec.bytes) {
-    return CorruptionError(
-        fmt::format("checkpoint {}: data file {} is truncated: {} bytes, manifest says {}", path_,
-                    rec.name, f->size(), rec.bytes));
-  }
+  if (f->size() < rec.bytes) return Truncated(index, f->size(), "");
   SP_ASSIGN_OR_RETURN(Tensor header,
                       Tensor::Empty(DType::kU8, {int64_t(format::kDataHeaderBytes)}));
   SP_RETURN_IF_ERROR(f->ReadAt(0, {header.data(), format::kDataHeaderBytes}));
@@ -113,12 +109,39 @@ Result<RandomAccessFile*> Reader::File(uint32_t index) {
 
 std::string Reader::ChunkWhere(const format::TensorRecord& t, const format::ShardRecord& s,
                                uint64_t chunk) const {
+  return fmt::format("checkpoint {}: {}", path_, ChunkDesc(t, s, chunk));
+}
+
+std::string Reader::ChunkDesc(const format::TensorRecord& t, const format::ShardRecord& s,
+                              uint64_t chunk) const {
   bool compressed = s.compressed() && s.stored[chunk].compressed;
-  return fmt::format("checkpoint {}: tensor {:?} chunk {} (file {} offset {}, {} bytes{})", path_,
-                     t.name, chunk, m_.files[s.file].name,
-                     format::ChunkOffset(s, chunk, m_.chunk_bytes),
+  return fmt::format("tensor {:?} chunk {} (file {} offset {}, {} bytes{})", t.name, chunk,
+                     m_.files[s.file].name, format::ChunkOffset(s, chunk, m_.chunk_bytes),
                      format::ChunkStoredLen(s, chunk, m_.chunk_bytes),
                      compressed ? fmt::format(", {}-compressed", codec::CodecName(s.codec)) : "");
+}
+
+Status Reader::Truncated(uint32_t index, uint64_t size, std::string_view how) const {
+  std::string lost;
+  uint64_t lost_offset = UINT64_MAX;
+  for (const auto& t : m_.tensors) {
+    for (const auto& s : t.shards) {
+      if (s.file != index) continue;
+      for (uint64_t c = 0; c < s.crc32c.size(); ++c) {  // chunks of a shard ascend in the file
+        uint64_t off = format::ChunkOffset(s, c, m_.chunk_bytes);
+        if (off + format::ChunkStoredLen(s, c, m_.chunk_bytes) <= size) continue;
+        if (off < lost_offset) {
+          lost_offset = off;
+          lost = ChunkDesc(t, s, c);
+        }
+        break;
+      }
+    }
+  }
+  return CorruptionError(
+      fmt::format("checkpoint {}: data file {} is truncated: {} bytes{}, manifest says {}{}", path_,
+                  m_.files[index].name, size, how, m_.files[index].bytes,
+                  lost.empty() ? std::string() : "; first chunk lost: " + lost));
 }
 
 Status Reader::CheckChunk(const format::TensorRecord& t, const format::ShardRecord& s,

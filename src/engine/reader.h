@@ -90,6 +90,12 @@ class Reader final : public CheckpointReader {
   // (with ", zstd-compressed" for a compressed chunk; O and N are the stored extent's).
   std::string ChunkWhere(const format::TensorRecord& t, const format::ShardRecord& s,
                          uint64_t chunk) const;
+  // ChunkWhere without the leading "checkpoint P: ".
+  std::string ChunkDesc(const format::TensorRecord& t, const format::ShardRecord& s,
+                        uint64_t chunk) const;
+  // Corruption: data file `index` holds only `size` bytes (`how`: "" or " mapped"), fewer than
+  // the manifest says; names the first chunk (tensor, chunk, offset) the file no longer holds.
+  Status Truncated(uint32_t index, uint64_t size, std::string_view how) const;
   // Corruption (naming the chunk) unless `bytes` (chunk `chunk` of shard `s`) match its CRC32C.
   Status CheckChunk(const format::TensorRecord& t, const format::ShardRecord& s, uint64_t chunk,
                     std::span<const std::byte> bytes) const;

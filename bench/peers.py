@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""Peer benchmark: savepoint vs torch.save/torch.load, safetensors and torch.distributed.checkpoint
+(DCP), on the same generated state dict in the same run, with `dd oflag=direct` as the disk's
+yardstick.
+
+    build/venv/bin/python bench/peers.py [--gib 2] [--dir build/bench-peers] [--trials 1]
+    (PYTHONPATH=build/python for the build tree's savepoint, or after `pip install .`)
+
+Every save is durable when its time stops: files and directories are fsynced (savepoint and DCP
+do it themselves; torch.save and safetensors get an explicit fsync of the file and its directory,
+inside the timed region). Every load is cold: the checkpoint's pages are dropped from the page cache
+first (posix_fadvise DONTNEED on its files after they were synced), so loads read from storage.
+Loads are checked against the saved tensors (not timed). Async saves report the time the caller was
+blocked and the time to durable commit. Ratios: "x savepoint" = seconds / savepoint's seconds for
+the same operation (above 1: slower than savepoint); "x dd" = seconds / dd's seconds for the same
+bytes. Goals (issue 5): savepoint saves >= 3x faster than torch.save and >= 2x faster than DCP;
+savepoint's load at least as fast as safetensors' eager load_file.
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+
+import savepoint
+
+MIB = 1 << 20
+
+
+def make_state(total_bytes, seed=0):
+    """A transformer-like state dict: f32 and bf16 matrices of 2-32 MiB plus small vectors."""
+    g = torch.Generator().manual_seed(seed)
+    sd, used, i = {}, 0, 0
+    sizes = [32 * MIB, 8 * MIB, 16 * MIB, 2 * MIB]
+    while used < total_bytes:
+        dtype = torch.float32 if i % 2 == 0 else torch.bfloat16
+        nbytes = min(sizes[i % len(sizes)], max(total_bytes - used, 4096))
+        cols = 1024
+        rows = max(1, nbytes // (cols * dtype.itemsize))
+        sd[f"layers.{i // 2}.{'w' if i % 2 == 0 else 'w_bf16'}"] = torch.randn(rows, cols, generator=g).to(dtype)
+        sd[f"layers.{i // 2}.bias{i % 2}"] = torch.randn(cols, generator=g).to(dtype)
+        used += rows * cols * dtype.itemsize + cols * dtype.itemsize
+        i += 1
+    return sd, used
+
+
+def _files(path):
+    if os.path.isfile(path):
+        return [path]
+    return [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+
+
+def fsync_tree(path):
+    """fsync every file under `path`, every directory, and the parent directory."""
+    for f in _files(path):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    dirs = [path] if os.path.isdir(path) else []
+    dirs += [d for d, _, _ in os.walk(path)][1:] if os.path.isdir(path) else []
+    for d in dirs + [os.path.dirname(os.path.abspath(path))]:
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def evict(path):
+    """Drops the (clean, synced) pages of `path`'s files from the page cache: the next read is cold."""
+    for f in _files(path):
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def remove(path):
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+def timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+# ----------------------------------------------------------------------------- the contenders
+
+
+def torch_save(sd, p):
+    with open(p, "wb") as f:
+        torch.save(sd, f)
+        f.flush()
+        os.fsync(f.fileno())
+    fsync_tree(p)
+
+
+def safetensors_save(sd, p):
+    from safetensors.torch import save_file
+
+    save_file(sd, p)
+    fsync_tree(p)
+
+
+def dcp_save(sd, p):
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(sd, checkpoint_id=p, no_dist=True)
+    fsync_tree(p)
+
+
+def dcp_async_save(sd, p):
+    import torch.distributed.checkpoint as dcp
+
+    t = time.perf_counter()
+    fut = dcp.async_save(sd, checkpoint_id=p, no_dist=True)
+    blocked = time.perf_counter() - t
+    fut.result()
+    fsync_tree(p)
+    return blocked
+
+
+def savepoint_async_save(ckpt):
+    def run(sd, p):
+        fut = ckpt.save(sd, p)
+        fut.wait()
+        return fut.stats["blocked_seconds"]
+
+    return run
+
+
+def dcp_load(template):
+    def run(p):
+        import torch.distributed.checkpoint as dcp
+
+        dcp.load(template, checkpoint_id=p, no_dist=True)
+        return template
+
+    return run
+
+
+def safetensors_load(p):
+    from safetensors.torch import load_file
+
+    return load_file(p)
+
+
+def savepoint_mmap_load(p):
+    out = savepoint.load(p, mmap=True)  # verify=True: every chunk's CRC, so every page is read
+    return out
+
+
+def dd(args):
+    subprocess.run(["dd", *args, "status=none"], check=True)
+
+
+# ----------------------------------------------------------------------------- the run
+
+
+class Results:
+    def __init__(self):
+        self.rows = []  # (op, method, [seconds], note)
+
+    def add(self, op, method, seconds, note=""):
+        for row in self.rows:
+            if row[0] == op and row[1] == method:
+                row[2].append(seconds)
+                return
+        self.rows.append((op, method, [seconds], note))
+
+    def median(self, op, method):
+        for row in self.rows:
+            if row[0] == op and row[1] == method:
+                return statistics.median(row[2])
+        return None
+
+    def print(self, nbytes):
+        print(f"\n{nbytes / 2**30:.2f} GiB state dict; median of {len(self.rows[0][2])} trial(s); "
+              "ratios: seconds / savepoint's, seconds / dd's\n")  # fmt: skip
+        print(f"{'op':<5} {'method':<36} {'seconds':>8} {'GB/s':>6} {'x savepoint':>11} {'x dd':>6}  trials / note")
+        for op, method, secs, note in self.rows:
+            m = statistics.median(secs)
+            ref = self.median(op, "savepoint" if op != "block" else "savepoint async (2nd, pool reused)")
+            dd_s = self.median(op, "dd direct")
+            trials = " ".join(f"{s:.3f}" for s in secs)
+            x_dd = f"{m / dd_s:6.2f}" if dd_s else f"{'-':>6}"
+            print(f"{op:<5} {method:<36} {m:8.3f} {nbytes / m / 1e9:6.2f} {m / ref:11.2f} {x_dd}  "
+                  f"[{trials}] {note}")  # fmt: skip
+
+    def goals(self):
+        sp = self.median("save", "savepoint")
+        ld = self.median("load", "savepoint")
+        checks = [
+            ("torch.save / savepoint save", self.median("save", "torch.save"), sp, 3.0),
+            ("DCP save / savepoint save", self.median("save", "DCP save"), sp, 2.0),
+            ("safetensors load_file / savepoint load", self.median("load", "safetensors load_file"), ld, 1.0),
+        ]  # fmt: skip
+        print()
+        for name, peer, ours, goal in checks:
+            if peer and ours:
+                r = peer / ours
+                print(f"goal {name} = {r:.2f} (goal >= {goal}): {'met' if r >= goal else 'NOT met'}")
+
+
+def check_same(sd, loaded, method):
+    for k in list(sd)[:: max(1, len(sd) // 8)]:
+        if not torch.equal(sd[k].view(torch.uint8) if sd[k].dim() else sd[k], loaded[k].view(torch.uint8) if loaded[k].dim() else loaded[k]):
+            raise AssertionError(f"{method}: tensor {k} differs after load")
+
+
+def run_trial(sd, nbytes, root, res, ckpt):
+    count = max(1, nbytes // (8 * MIB))
+    p = os.path.join(root, "dd.bin")
+    res.add("save", "dd direct", timed(lambda: dd(["if=/dev/zero", f"of={p}", "bs=8M", f"count={count}", "oflag=direct", "conv=fsync"]))[0])
+    evict(p)
+    res.add("load", "dd direct", timed(lambda: dd([f"if={p}", "of=/dev/null", "bs=8M", "iflag=direct"]))[0])
+    remove(p)
+
+    template = {k: torch.empty_like(v) for k, v in sd.items()}
+    savers = [
+        ("savepoint", lambda s, q: savepoint.save(s, q), [("savepoint", savepoint.load),
+                                                           ("savepoint mmap (CRC-verified)", savepoint_mmap_load)]),
+        ("torch.save", torch_save, [("torch.load", lambda q: torch.load(q, weights_only=True))]),
+        ("safetensors save_file", safetensors_save, [("safetensors load_file", safetensors_load)]),
+        ("DCP save", dcp_save, [("DCP load", dcp_load(template))]),
+    ]  # fmt: skip
+    for name, save, loads in savers:
+        p = os.path.join(root, name.replace(" ", "_"))
+        remove(p)
+        res.add("save", name, timed(lambda: save(sd, p))[0])
+        for lname, load in loads:
+            evict(p)
+            secs, loaded = timed(lambda: load(p))
+            check_same(sd, loaded, lname)
+            del loaded
+            res.add("load", lname, secs)
+        remove(p)
+
+    async_savers = [
+        ("savepoint async (1st)", savepoint_async_save(ckpt)),
+        ("savepoint async (2nd, pool reused)", savepoint_async_save(ckpt)),
+        ("DCP async_save", dcp_async_save),
+    ]
+    for name, save in async_savers:
+        p = os.path.join(root, name.split(" (")[0].replace(" ", "_"))
+        remove(p)
+        secs, blocked = timed(lambda: save(sd, p))
+        res.add("save", name, secs, "(to durable commit)")
+        res.add("block", name, blocked, "(caller blocked)")
+        remove(p)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gib", type=float, default=2.0, help="state dict size in GiB (default 2)")
+    ap.add_argument("--dir", default="build/bench-peers", help="scratch directory on the disk to measure")
+    ap.add_argument("--trials", type=int, default=1, help="repetitions; the table shows medians")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP, no_dist
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    os.makedirs(args.dir, exist_ok=True)
+    sd, nbytes = make_state(int(args.gib * 2**30))
+    print(f"savepoint {savepoint.__version__} ({os.path.dirname(savepoint.__file__)}), torch {torch.__version__}, "
+          f"python {sys.version.split()[0]}, {len(sd)} tensors, {nbytes / 2**30:.2f} GiB, dir {args.dir}")  # fmt: skip
+    res = Results()
+    with savepoint.AsyncCheckpointer() as ckpt:
+        for t in range(args.trials):
+            print(f"trial {t + 1}/{args.trials} ...", flush=True)
+            run_trial(sd, nbytes, args.dir, res, ckpt)
+    res.print(nbytes)
+    res.goals()
+
+
+if __name__ == "__main__":
+    main()

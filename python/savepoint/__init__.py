@@ -1,0 +1,68 @@
+"""savepoint: fast, crash-consistent checkpoints of PyTorch / NumPy training state.
+
+    import savepoint
+    savepoint.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step},
+                   "ckpt/step-100")
+    state = savepoint.load("ckpt/step-100")               # the same structure back
+    fut = savepoint.save(state, "ckpt/step-200", async_=True)   # returns after a memory copy
+    fut.wait()                                            # committed and durable
+
+The C++ core (savepoint._core) does all I/O with the GIL released. Errors are SavepointError
+subclasses carrying the C++ message (e.g. CorruptCheckpointError names tensor and chunk).
+"""
+
+from . import _core
+from ._errors import (
+    AlreadyExistsError,
+    CorruptCheckpointError,
+    FailedPreconditionError,
+    InternalError,
+    InvalidArgumentError,
+    InvalidConfigError,
+    NoSpaceError,
+    NotFoundError,
+    OutOfRangeError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    SavepointError,
+    SavepointIOError,
+    UnimplementedError,
+)
+from ._load import info, list_checkpoints, load, verify
+from ._manager import CheckpointManager
+from ._save import AsyncCheckpointer, SaveFuture, default_checkpointer, save
+
+__version__ = _core.__version__
+
+
+def set_log_level(level):
+    """Library log level: "trace", "debug", "info", "warn" (default), "error" or "off"."""
+    _core.set_log_level(level)
+
+
+__all__ = [
+    "AlreadyExistsError",
+    "AsyncCheckpointer",
+    "CheckpointManager",
+    "CorruptCheckpointError",
+    "FailedPreconditionError",
+    "InternalError",
+    "InvalidArgumentError",
+    "InvalidConfigError",
+    "NoSpaceError",
+    "NotFoundError",
+    "OutOfRangeError",
+    "PermissionDeniedError",
+    "ResourceExhaustedError",
+    "SaveFuture",
+    "SavepointError",
+    "SavepointIOError",
+    "UnimplementedError",
+    "default_checkpointer",
+    "info",
+    "list_checkpoints",
+    "load",
+    "save",
+    "set_log_level",
+    "verify",
+]

@@ -1,0 +1,319 @@
+"""savepoint.load, plus info / verify / list_checkpoints."""
+
+import fnmatch
+import json
+import mmap as _mmap
+import os
+import sys
+
+import numpy as np
+
+from . import _core, _dtypes, _errors, _tree
+
+# Tensors at least this large are allocated 4 KiB-aligned so O_DIRECT reads land in them directly.
+_ALIGN = 4096
+_ALIGN_MIN_BYTES = 1 << 20
+
+
+class _Info:
+    """The manifest side of a checkpoint: tensors, values, metadata, recorded structure."""
+
+    def __init__(self, path, io_threads, direct_io):
+        self.reader = _core.Reader.open(path, io_threads=io_threads, direct_io=direct_io)
+        self.tensors = {t[0]: t for t in self.reader.tensors()}  # name -> (name, dtype, shape, nbytes, shards)
+        self.values = {n: json.loads(v) if k == "json" else v for n, k, v in self.reader.values()}
+        meta = json.loads(self.reader.metadata_json())
+        self.metadata = meta if isinstance(meta, dict) else {}
+        self.tree = self.metadata.pop(_tree.TREE_KEY, None)
+        if self.tree is not None and self.tree.get("version") != _tree.TREE_VERSION:
+            raise _errors.UnimplementedError(
+                f"checkpoint {path}: Python structure version {self.tree.get('version')} is not "
+                f"supported by this build (it reads version {_tree.TREE_VERSION})")
+        if self.tree is None:  # written by the C++ API or the CLI: a flat dict by entry name
+            items = [[n, {"numpy": n}] for n in self.tensors] + [[n, {"value": n}] for n in self.values]
+            self.tree = {"version": 1, "root": {"dict": sorted(items, key=lambda kv: kv[0])}}
+
+
+def load(path, *, names=None, mmap=False, map_location=None, like=None, verify=True, io_threads=4,
+         direct_io=True):  # fmt: skip
+    """Loads a checkpoint written by savepoint.save; returns the saved structure.
+
+    Tensors saved from torch come back as torch tensors, numpy arrays as numpy arrays (bf16/fp8
+    via ml_dtypes), scalars as the same Python types, dicts/OrderedDicts/lists/tuples as saved. A
+    checkpoint written by the C++ API or CLI loads as a flat dict {entry name: numpy array or value}.
+
+    names: optional list of tensor entry names or glob patterns ("model.*"); only those tensors
+        are read (non-tensor values always are). Unselected tensors are left out of dicts and
+        become None in lists/tuples. A name matching nothing raises NotFoundError.
+    mmap: map the data files copy-on-write instead of reading them (like torch.load(mmap=True)):
+        tensors are zero-copy, writable views whose pages are read on first touch; writes stay
+        private to this process. With verify=True every chunk's CRC32C is checked first (which
+        reads everything once). Tensors stored in several shards are read as usual.
+    map_location: device for torch tensors (e.g. "cpu", "cuda:0", torch.device). Default: the
+        device each tensor was saved from (like torch.load); an unavailable device raises.
+    like: a structure with the same key paths (e.g. model.state_dict()); each of its tensors or
+        arrays that the checkpoint has at the same path is filled in place (dtype and shape must
+        match, else ValueError) and returned in the result. Contiguous CPU ones receive the bytes
+        directly; others are filled by a copy. A tensor in `like` missing from the checkpoint
+        raises NotFoundError.
+    verify: check every chunk's CRC32C (default True); a mismatch raises CorruptCheckpointError
+        naming checkpoint, tensor, chunk, file and offset.
+    """
+    path = os.fspath(path)
+    info = _Info(path, io_threads, direct_io)
+    leaves = _tree.tensor_leaves(info.tree)
+    manifest = json.loads(info.reader.manifest_json()) if mmap else None
+    plan = _Plan(path, info, _like_targets(like), manifest)
+    selected = _select(info, leaves, names, path)
+    for p, node in leaves:
+        if _tree.leaf_name(node) in selected:
+            plan.add(p, node)
+    plan.check_like_covered({p for p, _ in leaves})
+    plan.run(verify, io_threads, direct_io)
+    finish = _finisher(plan.loaded, selected, map_location, plan.like_names)
+    return _tree.rebuild(info.tree, finish, info.values)
+
+
+class _Plan:
+    """Where each selected tensor goes (a `like` target, a mapping, or a new allocation), then the
+    reads: mapped tensors are checked by the core before they are mapped, the rest are read in one
+    parallel load_into pass."""
+
+    def __init__(self, path, info, targets, manifest):
+        self.path, self.info, self.targets, self.manifest = path, info, targets, manifest
+        self.loaded = {}  # entry name -> tensor or array
+        self.like_names = set()  # entries filled into `like` tensors (returned as they are)
+        self.fixups = []  # (like target, temporary): targets that cannot take the bytes directly
+        self.reads = []  # (name, address, dtype, shape) for load_into
+        self.mapped = []  # (name, entry, node)
+
+    def add(self, p, node):
+        name = _tree.leaf_name(node)
+        entry = self.info.tensors.get(name)
+        if entry is None:
+            raise _errors.CorruptCheckpointError(
+                f"checkpoint {self.path}: the recorded structure names tensor {name!r}, which is missing")
+        target = self.targets.pop(p, None)
+        if target is not None:
+            dest, direct = _check_like(target, entry, p)
+            self.loaded[name] = target
+            self.like_names.add(name)
+            if not direct:
+                self.fixups.append((target, dest))
+        elif self.manifest is not None and _mappable(self.manifest, entry):
+            self.mapped.append((name, entry, node))
+            return
+        else:
+            dest = self.loaded[name] = _allocate(node, entry)
+        self.reads.append(_spec(name, dest, entry))
+
+    def check_like_covered(self, leaf_paths):
+        missing = [p for p in self.targets if p not in leaf_paths]  # (unselected ones are skipped)
+        if missing:
+            where = ", ".join(_tree.describe_path(p).replace("obj", "like", 1) for p in missing[:5])
+            raise _errors.NotFoundError(f"checkpoint {self.path}: no tensor for {where}")
+
+    def run(self, verify, io_threads, direct_io):
+        if self.mapped:  # headers, sizes and (with verify) checksums first: never map a truncated file
+            names = [m[0] for m in self.mapped]
+            _core.check_mapped(self.path, names, verify=verify, io_threads=io_threads)
+            maps = {}
+            for name, entry, node in self.mapped:
+                self.loaded[name] = _map(self.path, self.manifest, entry, node, maps)
+        if self.reads:
+            _core.load_into(self.path, self.reads, verify=verify, io_threads=io_threads,
+                            direct_io=direct_io)  # fmt: skip
+        for target, tmp in self.fixups:
+            _copy_into(target, tmp)
+
+
+def _select(info, leaves, names, path):
+    all_names = {_tree.leaf_name(node) for _, node in leaves}
+    if names is None:
+        return all_names
+    if isinstance(names, (str, bytes)):
+        names = [names]
+    chosen = set()
+    for pattern in names:
+        hits = {n for n in all_names if _matches(pattern, n)}
+        if not hits and not any(_matches(pattern, v) for v in info.values):
+            raise _errors.NotFoundError(f"checkpoint {path}: nothing matches {pattern!r}")
+        chosen |= hits
+    return chosen
+
+
+def _matches(pattern, name):
+    if any(c in pattern for c in "*?["):
+        return fnmatch.fnmatchcase(name, pattern)
+    return pattern == name
+
+
+def _like_targets(like):
+    """{key path: tensor or array} of `like`'s tensor leaves."""
+    if like is None:
+        return {}
+    out = {}
+    torch = sys.modules.get("torch")  # a torch tensor in `like` means torch is imported
+
+    def walk(obj, p):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, p + (k,))
+        elif type(obj) in (list, tuple):
+            for i, v in enumerate(obj):
+                walk(v, p + (i,))
+        elif isinstance(obj, np.ndarray) or (torch is not None and isinstance(obj, torch.Tensor)):
+            out[p] = obj
+
+    walk(like, ())
+    return out
+
+
+def _check_like(target, entry, p):
+    """(destination to read into, whether it is `target` itself)."""
+    name, dtype, shape, nbytes, _ = entry
+    where = _tree.describe_path(p).replace("obj", "like", 1)
+    if isinstance(target, np.ndarray):
+        got, direct = _dtypes.from_numpy_dtype(target.dtype), target.flags.c_contiguous and target.flags.writeable
+        alloc = {"numpy": name}
+    else:
+        got = _dtypes.from_torch_dtype(target.dtype)
+        direct = (target.device.type == "cpu" and target.is_contiguous() and not target.is_conj()
+                  and not target.is_neg())  # fmt: skip
+        alloc = {"torch": name}
+    if got != dtype or tuple(target.shape) != tuple(shape):
+        raise ValueError(
+            f"savepoint.load: {where} is {got} {list(target.shape)} but checkpoint tensor {name!r} "
+            f"is {dtype} {list(shape)}")
+    return (target if direct else _allocate(alloc, entry)), direct
+
+
+def _copy_into(target, tmp):
+    if isinstance(target, np.ndarray):
+        np.copyto(target, tmp)
+    else:
+        with _dtypes.torch_module().no_grad():
+            target.copy_(tmp if not isinstance(tmp, np.ndarray) else _dtypes.torch_module().from_numpy(tmp))
+
+
+def _spec(name, dest, entry):
+    if isinstance(dest, np.ndarray):
+        address = dest.__array_interface__["data"][0]
+    else:
+        address = dest.data_ptr()
+        _bump_version(dest)
+    return (name, address, entry[1], list(entry[2]))
+
+
+def _bump_version(t):
+    # The bytes are written behind autograd's back: tell it, so stale saved tensors are detected.
+    graph = getattr(_dtypes.torch_module().autograd, "graph", None)
+    if graph is not None and hasattr(graph, "increment_version"):
+        graph.increment_version(t)
+
+
+def _allocate(node, entry):
+    _, dtype, shape, nbytes, _ = entry
+    torch = _dtypes.torch_module() if "torch" in node else None
+    if torch is not None:
+        tdt = _dtypes.to_torch_dtype(dtype)
+        if nbytes < _ALIGN_MIN_BYTES:
+            return torch.empty(tuple(shape), dtype=tdt)
+        raw = torch.empty(nbytes + _ALIGN, dtype=torch.uint8)
+        off = -raw.data_ptr() % _ALIGN
+        return raw[off : off + nbytes].view(tdt).view(tuple(shape))
+    npdt = _dtypes.to_numpy_dtype(dtype)
+    if nbytes < _ALIGN_MIN_BYTES:
+        return np.empty(tuple(shape), npdt)
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    off = -raw.__array_interface__["data"][0] % _ALIGN
+    return raw[off : off + nbytes].view(npdt).reshape(tuple(shape))
+
+
+def _mappable(manifest, entry):
+    rec = _manifest_tensor(manifest, entry[0])
+    shards = rec.get("shards", [])
+    if entry[3] == 0 or len(shards) != 1:
+        return False
+    s = shards[0]
+    compressed = s.get("codec", "none") != "none" or "stored_offsets" in s
+    return not compressed and list(s.get("sizes", [])) == list(entry[2])
+
+
+def _manifest_tensor(manifest, name):
+    index = manifest.get("_by_name")
+    if index is None:
+        index = manifest["_by_name"] = {t["name"]: t for t in manifest["tensors"]}
+    return index[name]
+
+
+def _map(path, manifest, entry, node, maps):
+    """A writable, copy-on-write view of a single-shard tensor inside its data file."""
+    name, dtype, shape, nbytes, _ = entry
+    shard = _manifest_tensor(manifest, name)["shards"][0]
+    f = shard["file"]
+    if f not in maps:
+        with open(os.path.join(path, manifest["files"][f]["name"]), "rb") as fh:
+            maps[f] = _mmap.mmap(fh.fileno(), 0, access=_mmap.ACCESS_COPY)
+    count = nbytes // _dtypes.ITEMSIZE[dtype]
+    torch = _dtypes.torch_module() if "torch" in node else None
+    if torch is not None:
+        t = torch.frombuffer(maps[f], dtype=_dtypes.to_torch_dtype(dtype), count=count,
+                             offset=shard["offset"])  # fmt: skip
+        return t.view(tuple(shape))
+    a = np.frombuffer(maps[f], dtype=_dtypes.to_numpy_dtype(dtype), count=count, offset=shard["offset"])
+    return a.reshape(tuple(shape))
+
+
+def _finisher(loaded, selected, map_location, like_names):
+    def finish(p, node):
+        name = _tree.leaf_name(node)
+        if name not in selected:
+            return _tree.MISSING
+        value = loaded[name]
+        if name in like_names:
+            return value
+        if "npscalar" in node:
+            return value[()] if isinstance(value, np.ndarray) else value.item()
+        if "torch" not in node or isinstance(value, np.ndarray):
+            return value
+        return _place(value, node, p, map_location)
+
+    return finish
+
+
+def _place(t, node, p, map_location):
+    torch = _dtypes.torch_module()
+    device = map_location if map_location is not None else node.get("device")
+    if device is not None:
+        try:
+            t = t.to(device)
+        except (RuntimeError, AssertionError) as e:
+            raise ValueError(
+                f"savepoint.load: cannot place {_tree.describe_path(p)} on device {device!r} ({e}); "
+                "pass map_location='cpu' (or another available device)") from None
+    if node.get("param"):
+        return torch.nn.Parameter(t, requires_grad=bool(node.get("grad")))
+    if node.get("grad"):
+        t.requires_grad_(True)
+    return t
+
+
+def info(path):
+    """What a checkpoint holds without reading tensor data: {"tensors": [{name, dtype, shape,
+    nbytes}], "values": {name: value}, "metadata": the user metadata passed to save()}."""
+    i = _Info(os.fspath(path), 1, True)
+    tensors = [{"name": n, "dtype": d, "shape": list(s), "nbytes": b} for n, d, s, b, _ in i.tensors.values()]
+    return {"tensors": tensors, "values": dict(i.values), "metadata": i.metadata}
+
+
+def verify(path, *, io_threads=4, direct_io=True):
+    """Re-reads every chunk and checks its CRC32C; raises CorruptCheckpointError on a mismatch.
+    Returns a dict of statistics."""
+    return _core.verify(os.fspath(path), io_threads=io_threads, direct_io=direct_io)
+
+
+def list_checkpoints(root):
+    """Checkpoint directories under `root`: list of dicts (name, path, committed, problem, step,
+    bytes, created_ns, num_tensors), oldest first. Debris of crashed saves has committed=False."""
+    return _core.list_checkpoints(os.fspath(root))

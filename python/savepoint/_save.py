@@ -1,0 +1,221 @@
+"""savepoint.save and asynchronous saves (AsyncCheckpointer, SaveFuture)."""
+
+import atexit
+import json
+import os
+import threading
+
+from . import _core, _errors, _tree
+
+_DEFAULT_CHUNK = 8 << 20
+
+
+def _flatten(obj, metadata):
+    f = _tree.Flattener()
+    tree = f.flatten(obj)
+    meta = {}
+    if metadata is not None:
+        if not isinstance(metadata, dict) or not all(type(k) is str for k in metadata):
+            raise TypeError("savepoint.save: metadata must be a dict with str keys")
+        if _tree.TREE_KEY in metadata:
+            raise ValueError(f"savepoint.save: metadata key {_tree.TREE_KEY!r} is reserved")
+        meta.update(metadata)
+    meta[_tree.TREE_KEY] = tree
+    try:
+        meta_json = json.dumps(meta, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"savepoint.save: metadata is not JSON-serialisable: {e}") from None
+    return f, meta_json
+
+
+_CODECS = ("none", "zstd", "lz4")
+_SHUFFLES = ("auto", "on", "off")
+
+
+def _compression(compression):
+    """(codec, shuffle, zstd level) for the core from None, a codec name, or a dict
+    {"codec": "zstd" | "lz4" | "none", "shuffle": "auto" | "on" | "off", "level": int}."""
+    if compression is None:
+        return ("none", "auto", 1)
+    spec = {"codec": compression} if isinstance(compression, str) else compression
+    unknown = set(spec) - {"codec", "shuffle", "level"} if isinstance(spec, dict) else {None}
+    codec, shuffle = (spec.get("codec", "zstd"), spec.get("shuffle", "auto")) if not unknown else (0, 0)
+    if unknown or codec not in _CODECS or shuffle not in _SHUFFLES:
+        raise ValueError(
+            f"savepoint.save: compression={compression!r}: use None, 'zstd', 'lz4' or a dict with "
+            f"codec {_CODECS}, shuffle {_SHUFFLES} and level (zstd, default 1)")
+    return (codec, shuffle, int(spec.get("level", 1)))
+
+
+def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata=None,
+         io_threads=4, chunk_bytes=_DEFAULT_CHUNK, direct_io=True, create_parents=True):  # fmt: skip
+    """Saves `obj` as a checkpoint directory at `path`, like torch.save but crash-consistent.
+
+    obj: a nested dict / OrderedDict / list / tuple of torch tensors, numpy arrays, numpy scalars
+        and Python bool/int/float/str/bytes/None (model.state_dict(), optimizer.state_dict(), RNG
+        states, counters). Contiguous CPU tensors are not copied: the C++ core reads their memory
+        directly. Non-contiguous tensors/arrays and tensors on an accelerator are first copied to a
+        contiguous host buffer (a documented conversion); anything else raises TypeError naming its
+        key path. Storage sharing between tensors is not preserved (each is stored whole).
+    async_: when True, return a SaveFuture as soon as the tensors are copied into the default
+        AsyncCheckpointer's staging memory (the caller may then modify them); the write, fsync and
+        commit continue in the background. Default False: return once the checkpoint is durable.
+    compression: None (default), "zstd", "lz4", or {"codec": ..., "shuffle": "auto"|"on"|"off",
+        "level": zstd level}: per-chunk compression (each chunk stored compressed only where that
+        saves space). It costs CPU; worth it for slow storage or sparse data (docs/PERFORMANCE.md).
+    overwrite: replace an existing checkpoint at `path` (the old one stays intact until the new one
+        commits). Default False: AlreadyExistsError.
+    metadata: optional dict of JSON-able user metadata stored with the checkpoint (see info()).
+    io_threads, chunk_bytes, direct_io, create_parents: the C++ SaveOptions (synchronous saves).
+
+    Returns a dict of statistics (bytes, chunks, seconds, direct_io) for a synchronous save, a
+    SaveFuture for an asynchronous one. Errors are SavepointError subclasses (the C++ message).
+    """
+    codec = _compression(compression)
+    if async_:
+        return default_checkpointer().save(obj, path, overwrite=overwrite, metadata=metadata,
+                                           direct_io=direct_io, create_parents=create_parents,
+                                           compression=compression)  # fmt: skip
+    flat, meta_json = _flatten(obj, metadata)
+    specs = [t.spec() for t in flat.tensors]
+    return _core.save(os.fspath(path), specs, flat.values, meta_json, overwrite=overwrite,
+                      create_parents=create_parents, direct_io=direct_io, io_threads=io_threads,
+                      chunk_bytes=chunk_bytes, compression=codec)  # fmt: skip
+
+
+class SaveFuture:
+    """One asynchronous save. Like concurrent.futures.Future: done(), wait(), result(),
+    exception(); plus `stats` and `path`. Thread-safe."""
+
+    def __init__(self, handle):
+        self._h = handle
+
+    @property
+    def path(self):
+        return self._h.path
+
+    @property
+    def stats(self):
+        """dict: bytes, blocked_seconds (how long save() blocked the caller), snapshot_seconds,
+        persist_seconds (start to commit; final once done()), direct_io."""
+        return self._h.stats
+
+    def done(self):
+        """True once the save committed or failed (never blocks)."""
+        return self._h.poll()
+
+    def wait(self, timeout=None):
+        """Blocks until the save finishes or `timeout` seconds pass. Returns True if it finished
+        (and committed: a failed save raises its SavepointError here), False on timeout.
+        Ctrl-C raises KeyboardInterrupt promptly; the save itself goes on in the background."""
+        if not self._h.wait_for(-1.0 if timeout is None else float(timeout)):
+            return False
+        self._h.check()
+        return True
+
+    def result(self, timeout=None):
+        """The save's stats once committed; raises its error, or TimeoutError."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"savepoint: save to {self.path} still running after {timeout} s")
+        return self.stats
+
+    def exception(self, timeout=None):
+        """The save's error (None if it committed); TimeoutError if it is still running."""
+        try:
+            self.result(timeout)
+        except _errors.SavepointError as e:
+            return e
+        return None
+
+    def __repr__(self):
+        return f"SaveFuture({self.path!r}, done={self.done()})"
+
+
+class AsyncCheckpointer:
+    """Asynchronous two-phase saves with a capped, reusable staging pool (C++ Checkpointer).
+
+    save() blocks only while the tensors are copied (and checksummed) into staging memory; the
+    data is then written, synced and committed by background threads. By default a new save first
+    waits for the previous one. Closing (or leaving the `with` block, or interpreter exit for the
+    default instance) waits for every save in flight.
+
+    staging_bytes: cap on staging memory (default: a quarter of RAM, at most 16 GiB).
+    slab_bytes: staging slab = write unit = checksum chunk (default 8 MiB).
+    io_threads: background writer threads (default 2).
+    allow_concurrent_saves: let saves overlap (default False).
+    """
+
+    def __init__(self, staging_bytes=None, slab_bytes=8 << 20, io_threads=2,
+                 allow_concurrent_saves=False):  # fmt: skip
+        self._c = _core.Checkpointer.create(staging_bytes or 0, slab_bytes, io_threads,
+                                            allow_concurrent_saves)  # fmt: skip
+        self._lock = threading.Lock()
+
+    def save(self, obj, path, *, overwrite=False, metadata=None, direct_io=True,
+             create_parents=True, compression=None):  # fmt: skip
+        """Starts saving `obj` (see savepoint.save) and returns a SaveFuture once the caller may
+        modify its tensors again."""
+        codec = _compression(compression)
+        flat, meta_json = _flatten(obj, metadata)
+        specs = [t.spec() for t in flat.tensors]
+        c = self._checkpointer()
+        handle = c.save_async(os.fspath(path), specs, flat.values, meta_json, overwrite=overwrite,
+                              create_parents=create_parents, direct_io=direct_io,
+                              compression=codec)  # fmt: skip
+        return SaveFuture(handle)
+
+    def wait(self):
+        """Blocks until every save started so far has finished; raises the first error."""
+        self._checkpointer().wait_all()
+
+    def close(self):
+        """Waits for the saves in flight, then releases the staging memory. Idempotent."""
+        with self._lock:
+            c, self._c = self._c, None
+        if c is not None:
+            try:
+                c.wait_all()
+            finally:
+                del c
+
+    @property
+    def staging_allocated_bytes(self):
+        return self._checkpointer().staging_allocated_bytes
+
+    def _checkpointer(self):
+        c = self._c
+        if c is None:
+            raise _errors.FailedPreconditionError("savepoint: AsyncCheckpointer is closed")
+        return c
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def default_checkpointer():
+    """The AsyncCheckpointer that save(..., async_=True) uses (created on first use; closed at
+    interpreter exit after its saves finish)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = AsyncCheckpointer()
+            atexit.register(_close_default)
+        return _default
+
+
+def _close_default():
+    global _default
+    with _default_lock:
+        c, _default = _default, None
+    if c is not None:
+        try:
+            c.close()
+        except _errors.SavepointError:
+            pass  # already reported through its SaveFuture

@@ -1,0 +1,292 @@
+"""Flattening nested Python objects into checkpoint entries, and rebuilding them.
+
+A saved object is a tree of containers (dict, OrderedDict, list, tuple) whose leaves are torch
+tensors, numpy arrays, numpy scalars and Python scalars (bool, int, float, str, bytes, None).
+Each tensor-like leaf becomes one tensor entry and each scalar one value entry of the checkpoint,
+named by its key path joined with "." ("model.layer1.weight", "optimizer.state.0.exp_avg"), so
+the C++ API and the CLI see ordinary hierarchical names. The shape of the tree, the exact keys and
+where each leaf came from are recorded as JSON in the checkpoint's metadata under the key
+"savepoint.python" (see ENCODING below), so load() rebuilds exactly the saved structure.
+
+ENCODING (version 1). metadata["savepoint.python"] = {"version": 1, "root": NODE}, where NODE is
+one of
+    {"dict": [[KEY, NODE], ...]}             a dict, items in order
+    {"odict": [[KEY, NODE], ...], "meta": J} an OrderedDict; "meta" (optional) is the JSON of its
+                                             `_metadata` attribute (torch state_dict versions)
+    {"list": [NODE, ...]} / {"tuple": [NODE, ...]}
+    {"torch": NAME, ...}                     a torch tensor stored as tensor entry NAME; optional
+                                             "device" (when not "cpu"), "grad": true
+                                             (requires_grad), "param": true (nn.Parameter)
+    {"numpy": NAME}                          a numpy array (tensor entry NAME)
+    {"npscalar": NAME}                       a numpy scalar (0-d tensor entry NAME)
+    {"value": NAME}                          a Python bool/int/float/str/bytes (value entry NAME)
+    {"bigint": NAME}                         a Python int outside int64 (string value, decimal)
+    {"none": null}                           None
+and KEY is a JSON string (a str key) or {"int": N} (an int key, e.g. optimizer state ids).
+Names are unique: a path whose joined name is taken (keys containing ".") gets "~N" appended;
+control characters in keys are escaped in the name (never in the recorded key).
+"""
+
+import collections
+import math
+
+import numpy as np
+
+from . import _dtypes
+
+TREE_KEY = "savepoint.python"
+TREE_VERSION = 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_MAX_NAME_BYTES = 4096
+
+
+def describe_path(path):
+    """'obj["model"]["w"][0]' for error messages."""
+    return "obj" + "".join(f"[{k!r}]" for k in path)
+
+
+def unsupported(path, what, hint=""):
+    msg = f"savepoint.save: cannot save {what} at {describe_path(path)}"
+    return TypeError(msg + (f": {hint}" if hint else ""))
+
+
+class TensorLeaf:
+    """A tensor to save: borrowed memory at `address`, kept alive by `owner` during the save."""
+
+    __slots__ = ("name", "address", "dtype", "shape", "owner")
+
+    def __init__(self, name, address, dtype, shape, owner):
+        self.name, self.address, self.dtype, self.shape, self.owner = (
+            name, address, dtype, shape, owner)  # fmt: skip
+
+    def spec(self):
+        return (self.name, self.address, self.dtype, list(self.shape))
+
+
+class Flattener:
+    """Walks an object; collects tensor leaves, value entries and the tree JSON."""
+
+    def __init__(self):
+        self.tensors = []  # TensorLeaf
+        self.values = []  # (name, kind, value)
+        self._names = set()
+
+    def flatten(self, obj):
+        return {"version": TREE_VERSION, "root": self._node(obj, ())}
+
+    def _node(self, obj, path):
+        t = type(obj)
+        if t is dict or t is collections.OrderedDict:
+            return self._mapping(obj, path)
+        if t is list or t is tuple:
+            items = [self._node(v, path + (i,)) for i, v in enumerate(obj)]
+            return {"list" if t is list else "tuple": items}
+        if obj is None:
+            return {"none": None}
+        if t in (bool, int, float, str, bytes):
+            return self._scalar(obj, path)
+        if t is np.ndarray:
+            return {"numpy": self._numpy(obj, path)}
+        if isinstance(obj, np.generic):
+            return {"npscalar": self._numpy(np.asarray(obj), path)}
+        torch = _dtypes.torch_module()
+        if torch is not None and isinstance(obj, torch.Tensor):
+            return self._torch(torch, obj, path)
+        raise unsupported(
+            path, f"an object of type {t.__module__}.{t.__qualname__}",
+            "only dict, OrderedDict, list, tuple, torch.Tensor, numpy arrays and scalars, bool, "
+            "int, float, str, bytes and None can be saved")  # fmt: skip
+
+    def _mapping(self, obj, path):
+        items = []
+        for k, v in obj.items():
+            if type(k) is str:
+                key = k
+            elif type(k) is int and _INT64_MIN <= k <= _INT64_MAX:
+                key = {"int": k}
+            else:
+                raise unsupported(path, f"a dict key of type {type(k).__name__} ({k!r})",
+                                  "keys must be str or int")  # fmt: skip
+            items.append([key, self._node(v, path + (k,))])
+        if type(obj) is dict:
+            return {"dict": items}
+        node = {"odict": items}
+        meta = getattr(obj, "_metadata", None)
+        if meta is not None:
+            node["meta"] = _plain_json(meta, path + ("_metadata",))
+        return node
+
+    def _scalar(self, obj, path):
+        name = self._name(path)
+        if type(obj) is int and not _INT64_MIN <= obj <= _INT64_MAX:
+            self.values.append((name, "string", str(obj)))
+            return {"bigint": name}
+        if type(obj) is str:
+            _check_unicode(obj, path)
+        kind = {bool: "bool", int: "int", float: "float", str: "string", bytes: "bytes"}[type(obj)]
+        self.values.append((name, kind, obj))
+        return {"value": name}
+
+    def _numpy(self, a, path):
+        if a.dtype.hasobject:
+            raise unsupported(path, "a numpy array of Python objects (dtype=object)")
+        dtype = _dtypes.from_numpy_dtype(a.dtype)
+        if dtype is None:
+            hint = "supported: bool, (u)int8-64, float16/32/64, complex64/128, ml_dtypes bfloat16/float8"
+            if not a.dtype.isnative:
+                hint = "convert to native byte order first: a.astype(a.dtype.newbyteorder('='))"
+            raise unsupported(path, f"a numpy array of dtype {a.dtype}", hint)
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)  # documented copy
+        name = self._name(path)
+        self.tensors.append(TensorLeaf(name, a.__array_interface__["data"][0], dtype, a.shape, a))
+        return name
+
+    def _torch(self, torch, t, path):
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):
+            raise unsupported(path, f"a tensor subclass {type(t).__qualname__}",
+                              "save a plain tensor (e.g. DTensor.full_tensor())")  # fmt: skip
+        if t.layout != torch.strided or t.is_quantized:
+            raise unsupported(path, f"a {t.layout} / quantized tensor", "only dense tensors")
+        if t.device.type == "meta":
+            raise unsupported(path, "a tensor on the meta device", "it has no data")
+        dtype = _dtypes.from_torch_dtype(t.dtype)
+        if dtype is None:
+            raise unsupported(path, f"a tensor of dtype {t.dtype}")
+        src = t.detach()
+        if src.is_conj():
+            src = src.resolve_conj()
+        if src.is_neg():
+            src = src.resolve_neg()
+        if src.device.type != "cpu":
+            src = src.to("cpu")  # documented copy to host
+        if not src.is_contiguous():
+            src = src.contiguous()  # documented copy
+        name = self._name(path)
+        self.tensors.append(TensorLeaf(name, src.data_ptr(), dtype, tuple(src.shape), src))
+        node = {"torch": name}
+        if t.device.type != "cpu":
+            node["device"] = str(t.device)
+        if t.requires_grad:
+            node["grad"] = True
+        if type(t) is torch.nn.Parameter:
+            node["param"] = True
+        return node
+
+    def _name(self, path):
+        parts = []
+        for k in path:
+            s = str(k)
+            if any(ord(c) < 0x20 or ord(c) == 0x7F for c in s):
+                s = s.encode("unicode_escape").decode("ascii")
+            parts.append(s)
+        base = ".".join(parts) if parts else "_"
+        if len(base.encode("utf-8", "surrogatepass")) > _MAX_NAME_BYTES - 16:
+            base = base[: (_MAX_NAME_BYTES - 16) // 4]
+        name, n = base, 0
+        while name in self._names:
+            n += 1
+            name = f"{base}~{n}"
+        self._names.add(name)
+        return name
+
+
+def _check_unicode(s, path):
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise unsupported(path, "a str that is not valid Unicode", str(e)) from None
+
+
+def _plain_json(obj, path):
+    """A JSON-able copy of plain data (dicts with str keys, lists, scalars), else TypeError."""
+    if obj is None or type(obj) in (bool, int, str):
+        return obj
+    if type(obj) is float and math.isfinite(obj):
+        return obj
+    if isinstance(obj, dict) and all(type(k) is str for k in obj):
+        return {k: _plain_json(v, path + (k,)) for k, v in obj.items()}
+    if type(obj) in (list, tuple):
+        return [_plain_json(v, path + (i,)) for i, v in enumerate(obj)]
+    raise unsupported(path, f"metadata of type {type(obj).__name__}")
+
+
+# ----------------------------------------------------------------------------- rebuilding
+
+
+def tensor_leaves(tree):
+    """[(path, node)] of every tensor-like leaf of a recorded tree, in order."""
+    out = []
+
+    def walk(node, path):
+        if "dict" in node or "odict" in node:
+            for key, child in node.get("dict", node.get("odict")):
+                walk(child, path + (decode_key(key),))
+        elif "list" in node or "tuple" in node:
+            for i, child in enumerate(node.get("list", node.get("tuple"))):
+                walk(child, path + (i,))
+        elif "torch" in node or "numpy" in node or "npscalar" in node:
+            out.append((path, node))
+
+    walk(tree["root"], ())
+    return out
+
+
+def leaf_name(node):
+    for kind in ("torch", "numpy", "npscalar"):
+        if kind in node:
+            return node[kind]
+    raise KeyError("not a tensor leaf")
+
+
+def decode_key(key):
+    if isinstance(key, str):
+        return key
+    if isinstance(key, dict) and "int" in key:
+        return int(key["int"])
+    raise ValueError(f"savepoint.load: bad key {key!r} in the recorded structure")
+
+
+def rebuild(tree, tensor_of, values):
+    """The saved object: tensor leaves from tensor_of(path, node) (which returns MISSING for an
+    unselected tensor), scalars from `values` ({name: python value})."""
+
+    def build(node, path):
+        if "dict" in node or "odict" in node:
+            out = {} if "dict" in node else collections.OrderedDict()
+            for key, child in node.get("dict", node.get("odict")):
+                k = decode_key(key)
+                v = build(child, path + (k,))
+                if v is not MISSING:
+                    out[k] = v
+            if "meta" in node:
+                out._metadata = _meta_from_json(node["meta"])
+            return out
+        if "list" in node or "tuple" in node:
+            items = [build(c, path + (i,)) for i, c in enumerate(node.get("list", node.get("tuple")))]
+            items = [None if v is MISSING else v for v in items]
+            return items if "list" in node else tuple(items)
+        if "none" in node:
+            return None
+        if "value" in node:
+            return values[node["value"]]
+        if "bigint" in node:
+            return int(values[node["bigint"]])
+        return tensor_of(path, node)
+
+    return build(tree["root"], ())
+
+
+def _meta_from_json(j):
+    # torch's state_dict _metadata is an OrderedDict of dicts.
+    if isinstance(j, dict):
+        return collections.OrderedDict((k, _meta_from_json(v)) for k, v in j.items())
+    return j
+
+
+class _Missing:
+    def __repr__(self):
+        return "MISSING"
+
+
+MISSING = _Missing()

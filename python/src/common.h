@@ -1,0 +1,81 @@
+// Shared pieces of the Python extension `savepoint._core`: Status -> Python exception mapping,
+// State <-> Python conversions, and the per-concept Bind* entry points (one .cc each).
+//
+// The extension is deliberately thin: the pure-Python package (python/savepoint/) turns nested
+// structures of torch tensors / numpy arrays into flat lists of (name, address, dtype, shape)
+// and values, and this layer turns those into a State that *borrows* the caller's memory
+// (TensorView), then calls the C++ API with the GIL released.
+//
+// Thread safety: every function here must be called with the GIL held, except where noted.
+#ifndef SAVEPOINT_PYTHON_COMMON_H_
+#define SAVEPOINT_PYTHON_COMMON_H_
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <exception>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "savepoint/savepoint.h"
+
+namespace savepoint::python {
+
+namespace nb = nanobind;
+
+// A C++ Status travelling to Python; the registered translator raises the exception class that
+// savepoint/_errors.py registered for its code, with the Status message unchanged.
+class StatusError : public std::exception {
+ public:
+  explicit StatusError(Status status) : status_(std::move(status)) {}
+  const Status& status() const { return status_; }
+  const char* what() const noexcept override { return status_.message().c_str(); }
+
+ private:
+  Status status_;
+};
+
+inline void Check(const Status& s) {
+  if (!s.ok()) throw StatusError(s);
+}
+
+template <typename T>
+T Take(Result<T> r) {
+  if (!r.ok()) throw StatusError(r.status());
+  return std::move(r).value();
+}
+
+// (entry name, address of the first byte, dtype name such as "BF16", shape). The memory is the
+// caller's (a contiguous CPU torch tensor or numpy array) and must stay alive during the call.
+using TensorSpec = std::tuple<std::string, uintptr_t, std::string, std::vector<int64_t>>;
+// (entry name, kind: "int" | "float" | "bool" | "string" | "bytes" | "json", Python value; a
+// "json" value is passed as its JSON text).
+using ValueSpec = std::tuple<std::string, std::string, nb::object>;
+
+// A State whose tensors borrow the memory named by `tensors`; `metadata_json` is JSON text ("" =
+// no metadata). Raises InvalidArgument naming the entry on a bad name, dtype, shape or value.
+State MakeState(const std::vector<TensorSpec>& tensors, const std::vector<ValueSpec>& values,
+                const std::string& metadata_json);
+
+// The non-tensor values of `state` as a list of (name, kind, value) like ValueSpec.
+nb::list ValuesToPython(const State& state);
+
+// JSON text of `j` (invalid UTF-8 replaced; never throws).
+std::string DumpJson(const Json& j);
+
+// IoStats as a dict {bytes, stored_bytes, chunks, seconds, direct_io}.
+nb::dict IoStatsToPython(const IoStats& s);
+
+void BindErrors(nb::module_& m);
+void BindSave(nb::module_& m);
+void BindLoad(nb::module_& m);
+void BindManager(nb::module_& m);
+
+}  // namespace savepoint::python
+
+#endif  // SAVEPOINT_PYTHON_COMMON_H_

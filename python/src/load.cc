@@ -1,0 +1,140 @@
+// Bindings of the read side: CheckpointReader (manifest, values, metadata), LoadInto (parallel,
+// CRC-verified reads into memory the Python side allocated), the verification pass behind
+// load(mmap=True), Verify, and ListCheckpoints. The GIL is released for all I/O.
+#include <nanobind/stl/unique_ptr.h>
+
+#include "common.h"
+
+namespace savepoint::python {
+namespace {
+
+LoadOptions MakeLoadOptions(bool verify, int io_threads, bool direct_io) {
+  LoadOptions o;
+  o.verify_checksums = verify;
+  o.io_threads = io_threads;
+  o.direct_io = direct_io;
+  return o;
+}
+
+std::unique_ptr<CheckpointReader> Open(const std::string& path, int io_threads, bool direct_io) {
+  Result<std::unique_ptr<CheckpointReader>> r = InternalError("not opened");
+  {
+    nb::gil_scoped_release release;
+    r = CheckpointReader::Open(path, MakeLoadOptions(true, io_threads, direct_io));
+  }
+  return Take(std::move(r));
+}
+
+nb::list TensorsToPython(const CheckpointReader& r) {
+  nb::list out;
+  for (const TensorInfo& t : r.tensors()) {
+    out.append(nb::make_tuple(nb::str(t.name.data(), t.name.size()),
+                              nb::str(DTypeName(t.dtype).data()), nb::tuple(nb::cast(t.shape)),
+                              t.nbytes, t.num_shards));
+  }
+  return out;
+}
+
+nb::dict LoadInto(const std::string& path, const std::vector<TensorSpec>& targets, bool verify,
+                  int io_threads, bool direct_io) {
+  State state = MakeState(targets, {}, "");
+  IoStats stats;
+  LoadOptions o = MakeLoadOptions(verify, io_threads, direct_io);
+  o.stats = &stats;
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = savepoint::LoadInto(path, state, o);
+  }
+  Check(s);
+  return IoStatsToPython(stats);
+}
+
+// The checks of Load(mmap=true) for exactly the tensors `names` (data file headers and sizes;
+// with `verify` every chunk's CRC32C, in parallel): the Python side maps the files itself
+// (copy-on-write, so the tensors it returns are writable) and calls this for the checks.
+nb::dict CheckMapped(const std::string& path, const std::vector<std::string>& names, bool verify,
+                     int io_threads) {
+  IoStats stats;
+  LoadOptions o = MakeLoadOptions(verify, io_threads, /*direct_io=*/false);
+  o.mmap = true;
+  o.stats = &stats;
+  for (const std::string& n : names) {
+    // LoadOptions::names are patterns when they contain * ? [: escape those to match exactly.
+    if (n.find_first_of("*?[") == std::string::npos) {
+      o.names.push_back(n);
+      continue;
+    }
+    std::string escaped;
+    for (char c : n) {
+      if (c == '*' || c == '?' || c == '[' || c == '\\') escaped.push_back('\\');
+      escaped.push_back(c);
+    }
+    o.names.push_back(std::move(escaped));
+  }
+  if (names.empty()) return IoStatsToPython(stats);
+  Result<State> r = InternalError("not loaded");
+  {
+    nb::gil_scoped_release release;
+    r = Load(path, o);
+  }
+  Take(std::move(r));
+  return IoStatsToPython(stats);
+}
+
+nb::dict Verify(const std::string& path, int io_threads, bool direct_io) {
+  IoStats stats;
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = VerifyCheckpoint(path, MakeLoadOptions(true, io_threads, direct_io), &stats);
+  }
+  Check(s);
+  return IoStatsToPython(stats);
+}
+
+nb::list List(const std::string& root) {
+  Result<std::vector<CheckpointEntry>> r = InternalError("not listed");
+  {
+    nb::gil_scoped_release release;
+    r = ListCheckpoints(root);
+  }
+  nb::list out;
+  for (const CheckpointEntry& e : Take(std::move(r))) {
+    nb::dict d;
+    d["name"] = e.name;
+    d["path"] = e.path;
+    d["committed"] = e.committed;
+    d["problem"] = e.problem;
+    d["step"] = e.step ? nb::object(nb::int_(*e.step)) : nb::none();
+    d["bytes"] = e.bytes;
+    d["created_ns"] = e.created_ns;
+    d["num_tensors"] = e.num_tensors;
+    out.append(d);
+  }
+  return out;
+}
+
+}  // namespace
+
+void BindLoad(nb::module_& m) {
+  nb::class_<CheckpointReader>(m, "Reader")
+      .def_static("open", &Open, nb::arg("path"), nb::arg("io_threads"), nb::arg("direct_io"))
+      .def_prop_ro("path", &CheckpointReader::path)
+      .def_prop_ro("format_version", &CheckpointReader::format_version)
+      .def_prop_ro("created_ns", &CheckpointReader::created_ns)
+      .def_prop_ro("total_file_bytes", &CheckpointReader::total_file_bytes)
+      .def("tensors", &TensorsToPython, "[(name, dtype, shape, nbytes, num_shards)] by name.")
+      .def("values", [](const CheckpointReader& r) { return ValuesToPython(r.values()); })
+      .def("metadata_json",
+           [](const CheckpointReader& r) { return DumpJson(r.values().metadata()); })
+      .def("manifest_json", [](const CheckpointReader& r) { return DumpJson(r.manifest_json()); });
+  m.def("load_into", &LoadInto, nb::arg("path"), nb::arg("targets"), nb::arg("verify"),
+        nb::arg("io_threads"), nb::arg("direct_io"));
+  m.def("check_mapped", &CheckMapped, nb::arg("path"), nb::arg("names"), nb::arg("verify"),
+        nb::arg("io_threads"));
+  m.def("verify", &Verify, nb::arg("path"), nb::arg("io_threads"), nb::arg("direct_io"));
+  m.def("list_checkpoints", &List, nb::arg("root"));
+}
+
+}  // namespace savepoint::python

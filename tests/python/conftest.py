@@ -1,0 +1,35 @@
+"""Shared fixtures of the Python suites (run by ctest with label "python", see python/CMakeLists.txt).
+
+The suites import `savepoint` from PYTHONPATH (the build tree's package, built once with the C++
+library by scripts/test); SAVEPOINT_EXPECT_BUILD_TREE makes sure no installed copy shadows it.
+Randomised tests print their seed; SAVEPOINT_TEST_SEED replays one.
+"""
+
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+import savepoint
+
+_expected = os.environ.get("SAVEPOINT_EXPECT_BUILD_TREE")
+if _expected:
+    assert os.path.dirname(os.path.abspath(savepoint.__file__)) == os.path.abspath(_expected), (
+        f"imported {savepoint.__file__}, expected the build tree's {_expected}")
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture
+def seed():
+    s = int(os.environ.get("SAVEPOINT_TEST_SEED", random.SystemRandom().randrange(2**31)))
+    print(f"seed = {s} (replay with SAVEPOINT_TEST_SEED={s})")
+    return s
+
+
+def run_python(script, *args, check=True, timeout=300, **kwargs):
+    """Runs tests/python/helpers/<script> in a fresh interpreter with the same savepoint."""
+    cmd = [sys.executable, os.path.join(HERE, "helpers", script), *map(str, args)]
+    return subprocess.run(cmd, check=check, timeout=timeout, capture_output=True, text=True, **kwargs)

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Proves `pip install .` works: installs the package into the virtual environment of $1 (its
+# python) from the source tree $2, then imports the *installed* copy from a neutral directory
+# without PYTHONPATH and round-trips a small torch + numpy state through it.
+# The build directory (build/pip-<tag>, pyproject.toml) is kept, so repeated runs are incremental.
+set -euo pipefail
+PY="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"  # absolute, symlinks kept (a venv)
+SRC=$2
+start=$(date +%s)
+"$PY" -m pip install --no-build-isolation --no-deps --force-reinstall --disable-pip-version-check \
+  -q "$SRC"
+echo "pip install . took $(($(date +%s) - start)) s"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+env -u PYTHONPATH "$PY" - <<'PYEOF'
+import os, sysconfig
+import numpy as np
+import torch
+import savepoint
+
+site = os.path.realpath(sysconfig.get_paths()["platlib"])
+assert os.path.realpath(savepoint.__file__).startswith(site), savepoint.__file__
+state = {"w": torch.arange(12, dtype=torch.float32).view(3, 4), "a": np.ones(5, np.int16), "step": 3}
+savepoint.save(state, "ckpt")
+back = savepoint.load("ckpt")
+assert torch.equal(back["w"], state["w"]) and (back["a"] == state["a"]).all() and back["step"] == 3
+print("installed savepoint", savepoint.__version__, "from", os.path.dirname(savepoint.__file__), "OK")
+PYEOF
