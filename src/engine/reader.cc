@@ -131,6 +131,12 @@ Status Reader::ReadChunk(const Task& t, std::byte* staging, bool verify) {
   return CheckChunk(*t.tensor, s, t.chunk, {out, len});
 }
 
+Status Reader::ReadShardChunk(size_t tensor, size_t shard, uint64_t chunk, Destination dst,
+                              std::byte* staging, bool verify) {
+  const format::TensorRecord& t = m_.tensors[tensor];
+  return ReadChunk(Task{&t, &t.shards[shard], chunk, dst}, staging, verify);
+}
+
 Status Reader::AddTasks(size_t ti, Destination dst, std::vector<Task>* tasks,
                         std::vector<Scatter>* scatter) {
   const format::TensorRecord& t = m_.tensors[ti];

@@ -50,6 +50,15 @@ class Reader final : public CheckpointReader {
                   bool verify);
   // Index of a tensor in the manifest, or -1.
   int64_t IndexOf(std::string_view name) const;
+  // The validated manifest.
+  const format::Manifest& manifest() const { return m_; }
+  // Opens data file `index` (once), checking its header and size against the manifest.
+  Status OpenFile(uint32_t index) { return File(index).status(); }
+  // Reads chunk `chunk` of shard `shard` of tensor `tensor` into `dst` (through `staging`, a
+  // chunk_bytes aligned scratch buffer, when `dst` does not suit direct I/O), verifying its CRC32C
+  // when `verify`. For readers of parts of tensors (the distributed load).
+  Status ReadShardChunk(size_t tensor, size_t shard, uint64_t chunk, Destination dst,
+                        std::byte* staging, bool verify);
 
   // --- Mapping (mmap.cc). ---
   // A read-only view of tensor `index` inside its data file's mapping, without verification.

@@ -139,7 +139,7 @@ Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes
 }
 
 Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const format::Manifest& m,
-                                                     bool direct_io) {
+                                                     bool direct_io, uint32_t file_index) {
   std::string path = JoinPath(t.tmp, m.files[0].name);
   SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
                       t.fs->NewWritableFile(path, FileOptions{.direct_io = direct_io}));
@@ -147,15 +147,17 @@ Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const 
   SP_RETURN_IF_ERROR(f->Preallocate(m.files[0].bytes));
   SP_ASSIGN_OR_RETURN(Tensor header,
                       Tensor::Zeros(DType::kU8, {int64_t(format::kDataHeaderBytes)}));
-  std::string h = format::EncodeDataHeader(m.checkpoint_id, 0);
+  std::string h = format::EncodeDataHeader(m.checkpoint_id, file_index);
   std::memcpy(header.data(), h.data(), h.size());
   SP_RETURN_IF_ERROR(f->WriteAt(0, {header.data(), h.size()}));
   return f;
 }
 
 Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manifest& m) {
-  SP_RETURN_IF_ERROR(data->Sync());
-  SP_RETURN_IF_ERROR(data->Close());
+  if (data != nullptr) {
+    SP_RETURN_IF_ERROR(data->Sync());
+    SP_RETURN_IF_ERROR(data->Close());
+  }
   std::string manifest = format::EncodeManifest(m);
   if (manifest.size() - format::kManifestHeaderBytes > format::kMaxManifestBodyBytes) {
     return ResourceExhaustedError(fmt::format("manifest of {} bytes exceeds the cap of {}",
@@ -187,6 +189,17 @@ Status CommitSave(const SaveTarget& t, bool overwrite) {
 }
 
 void AbandonSave(const SaveTarget& t) { t.fs->RemoveAll(t.tmp).IgnoreError(); }
+
+Status WriteChunkTasks(const std::vector<ChunkTask>& tasks, WritableFile* f, int io_threads,
+                       uint64_t chunk_bytes) {
+  std::vector<Tensor> staging(io_threads);
+  return ParallelFor(tasks.size(), io_threads, [&](size_t i, int w) -> Status {
+    if (staging[w].data() == nullptr) {
+      SP_ASSIGN_OR_RETURN(staging[w], Tensor::Empty(DType::kU8, {int64_t(chunk_bytes)}));
+    }
+    return WriteChunk(tasks[i], f, staging[w].data());
+  });
+}
 
 namespace {
 

@@ -43,11 +43,19 @@ Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o);
 Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes,
                                         format::Manifest* m);
 
-// Creates data file 0 in the temporary directory and writes its header.
+// Creates data file 0 (m.files[0]) in the temporary directory and writes its header. The header
+// is stamped with `file_index`, the index the file will have in the final manifest (a multi-rank
+// save plans each rank's file as files[0] of a local manifest; the global one lists them all).
 Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const format::Manifest& m,
-                                                     bool direct_io);
+                                                     bool direct_io, uint32_t file_index = 0);
 
-// Steps 4-6: syncs and closes the data file, writes and syncs MANIFEST, syncs the directory.
+// Writes the chunk tasks into `f` on `io_threads` threads (aligned staging buffers of
+// `chunk_bytes` each), storing every chunk's CRC32C into its slot.
+Status WriteChunkTasks(const std::vector<ChunkTask>& tasks, WritableFile* f, int io_threads,
+                       uint64_t chunk_bytes);
+
+// Steps 4-6: syncs and closes the data file (unless `data` is null), writes and syncs MANIFEST,
+// syncs the directory.
 Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manifest& m);
 
 // Steps 7-10: renames into place and syncs the parent.
