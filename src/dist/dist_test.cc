@@ -12,6 +12,7 @@
 #include "io/fault_fs.h"
 #include "io/mem_fs.h"
 #include "savepoint/distributed.h"
+#include "testutil/forwarding_fs.h"
 #include "testutil/testutil.h"
 
 namespace savepoint {
@@ -36,47 +37,14 @@ std::vector<Status> OnRanks(int n, const std::function<Status(Communicator&)>& f
   return out;
 }
 
-// A FileSystem that counts the bytes written through it (and forwards everything to `base`).
-class CountingFs final : public FileSystem {
+// Counts the bytes written to data files.
+class CountingFs final : public testing::ForwardingFileSystem {
  public:
-  explicit CountingFs(FileSystem* base) : base_(base) {}
-  class File final : public WritableFile {
-   public:
-    File(std::unique_ptr<WritableFile> f, std::atomic<uint64_t>* n) : f_(std::move(f)), n_(n) {}
-    Status WriteAt(uint64_t off, std::span<const std::byte> d) override {
-      *n_ += d.size();
-      return f_->WriteAt(off, d);
-    }
-    Status Sync() override { return f_->Sync(); }
-    Status Close() override { return f_->Close(); }
-    bool direct() const override { return f_->direct(); }
-    const std::string& path() const override { return f_->path(); }
-
-   private:
-    std::unique_ptr<WritableFile> f_;
-    std::atomic<uint64_t>* n_;
-  };
-  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p,
-                                                        const FileOptions& o) override {
-    SP_ASSIGN_OR_RETURN(auto f, base_->NewWritableFile(p, o));
-    if (p.find("/data-") == std::string::npos) return f;  // count data files only
-    return std::unique_ptr<WritableFile>(std::make_unique<File>(std::move(f), &written));
+  using ForwardingFileSystem::ForwardingFileSystem;
+  void OnWrite(const std::string& path, uint64_t bytes) override {
+    if (path.find("/data-") != std::string::npos) written += bytes;
   }
-  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& p,
-                                                                const FileOptions& o) override {
-    return base_->NewRandomAccessFile(p, o);
-  }
-  Status CreateDir(const std::string& p) override { return base_->CreateDir(p); }
-  Result<std::vector<FileInfo>> ListDir(const std::string& p) override { return base_->ListDir(p); }
-  Result<FileInfo> Stat(const std::string& p) override { return base_->Stat(p); }
-  Status RemoveFile(const std::string& p) override { return base_->RemoveFile(p); }
-  Status RemoveDir(const std::string& p) override { return base_->RemoveDir(p); }
-  Status Rename(const std::string& a, const std::string& b) override { return base_->Rename(a, b); }
-  Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
   std::atomic<uint64_t> written{0};
-
- private:
-  FileSystem* base_;
 };
 
 // A random job: global tensors and, for a world size, each rank's layout and local tensors.
