@@ -13,6 +13,7 @@ void RegisterInspect(CLI::App& app, int* exit_code);  // cmd_inspect.cc
 void RegisterVerify(CLI::App& app, int* exit_code);   // cmd_verify.cc
 void RegisterLs(CLI::App& app, int* exit_code);       // cmd_ls.cc
 void RegisterGc(CLI::App& app, int* exit_code);       // cmd_gc.cc
+void RegisterMerge(CLI::App& app, int* exit_code);    // cmd_merge.cc
 
 }  // namespace savepoint::cli
 

@@ -38,6 +38,7 @@ int Main(int argc, char** argv) {
   RegisterVerify(app, &exit_code);
   RegisterLs(app, &exit_code);
   RegisterGc(app, &exit_code);
+  RegisterMerge(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

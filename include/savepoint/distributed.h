@@ -134,6 +134,23 @@ Result<State> LoadDistributedAlloc(const std::string& path, const ShardLayout& l
 Result<ReadPlanSummary> PlanDistributedLoad(const std::string& path, const ShardLayout& layout,
                                             const LoadOptions& options = {});
 
+// --- Merge (export). ---
+
+struct MergeOptions {
+  // How the source is read (fs, io_threads, verify_checksums, direct_io; names selects tensors).
+  LoadOptions load;
+  // How the result is written (fs, chunk_bytes, io_threads, overwrite, ...). `stats` (when set)
+  // receives the statistics of the write.
+  SaveOptions save;
+};
+
+// Writes the checkpoint at `src` (typically a distributed one: tensors stored as several shards
+// in several ranks' files) to `dst` as a single-rank checkpoint: every tensor whole, in one data
+// file, values and metadata copied. Every chunk read is verified (unless load.verify_checksums is
+// false). Holds the whole selection in memory. The source is left unchanged.
+Status MergeCheckpoint(const std::string& src, const std::string& dst,
+                       const MergeOptions& options = {});
+
 }  // namespace savepoint
 
 #endif  // SAVEPOINT_DISTRIBUTED_H_

@@ -345,3 +345,30 @@ TEST(DistributedTest, HostileDescriptorsAreRejected) {
 
 }  // namespace
 }  // namespace savepoint
+
+namespace savepoint {
+namespace {
+
+TEST(DistributedTest, MergeWritesWholeTensors) {
+  MemFileSystem mem;
+  std::mt19937_64 rng(11);
+  Job job = RandomJob(11);
+  SP_ASSERT_OK(SaveJob(job, job.Layouts(4, rng), "/sharded",
+                       {SaveOptions{.fs = &mem, .chunk_bytes = 4096, .direct_io = false}}));
+  MergeOptions o;
+  o.load = Lo(&mem);
+  o.save.fs = &mem;
+  o.save.direct_io = false;
+  SP_ASSERT_OK(MergeCheckpoint("/sharded", "/merged", o));
+  auto r = CheckpointReader::Open("/merged", Lo(&mem)).value();
+  EXPECT_EQ(r->manifest_json()["files"].size(), 1u);
+  for (const TensorInfo& t : r->tensors()) EXPECT_EQ(t.num_shards, 1u) << t.name;
+  State a = Load("/sharded", Lo(&mem)).value();
+  State b = Load("/merged", Lo(&mem)).value();
+  EXPECT_TRUE(testing::StatesEqual(a, b));
+  EXPECT_EQ(MergeCheckpoint("/sharded", "/merged", o).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(MergeCheckpoint("/nothing", "/m2", o).code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace savepoint
