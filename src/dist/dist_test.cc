@@ -9,6 +9,7 @@
 
 #include "dist/descriptor.h"
 #include "dist/region.h"
+#include "format/manifest.h"
 #include "io/fault_fs.h"
 #include "io/mem_fs.h"
 #include "savepoint/distributed.h"
@@ -368,6 +369,44 @@ TEST(DistributedTest, MergeWritesWholeTensors) {
   EXPECT_TRUE(testing::StatesEqual(a, b));
   EXPECT_EQ(MergeCheckpoint("/sharded", "/merged", o).code(), StatusCode::kAlreadyExists);
   EXPECT_EQ(MergeCheckpoint("/nothing", "/m2", o).code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace savepoint
+
+namespace savepoint {
+namespace {
+
+// A sharded checkpoint whose manifest was edited to drop a shard (as a partial save would leave
+// it), or to point a shard at a file that does not exist: loading fails, naming the tensor.
+TEST(DistributedTest, TamperedManifestsFailLoadClearly) {
+  MemFileSystem mem;
+  Job job;
+  job.global.emplace("w", Tensor::Zeros(DType::kF32, {16, 8}).value());
+  std::vector<ShardLayout> save(2);
+  for (int r = 0; r < 2; ++r) save[r]["w"] = SplitDim({16, 8}, 0, 2, r).value();
+  SP_ASSERT_OK(SaveJob(job, save, "/ckpt", {SaveOptions{.fs = &mem, .direct_io = false}}));
+  std::string bytes = mem.ReadFile("/ckpt/MANIFEST", 1 << 20).value();
+  auto fresh = [&] { return format::DecodeManifest(bytes, "MANIFEST").value(); };
+  ASSERT_EQ(fresh().tensors[0].shards.size(), 2u);
+  auto rewrite = [&](const format::Manifest& edited) {
+    SP_ASSERT_OK(mem.RemoveFile("/ckpt/MANIFEST"));
+    SP_ASSERT_OK(mem.WriteFileSynced("/ckpt/MANIFEST", format::EncodeManifest(edited)));
+  };
+  format::Manifest partial = fresh();
+  partial.tensors[0].shards.pop_back();
+  rewrite(partial);
+  auto r = LoadDistributedAlloc("/ckpt", save[0], Lo(&mem));
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("tensor \"w\": shards cover 64 of 128"), std::string::npos)
+      << r.status().ToString();
+  format::Manifest bad_file = fresh();
+  bad_file.tensors[0].shards[1].file = 7;
+  rewrite(bad_file);
+  r = LoadDistributedAlloc("/ckpt", save[1], Lo(&mem));
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+  rewrite(fresh());
+  SP_EXPECT_OK(LoadDistributedAlloc("/ckpt", save[1], Lo(&mem)).status());
 }
 
 }  // namespace
