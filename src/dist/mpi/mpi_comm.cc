@@ -11,6 +11,7 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <memory>
 #include <thread>
 
 #include "dist/wire.h"
@@ -145,9 +146,10 @@ class MpiCommunicator final : public Communicator {
     return Status::OK();
   }
 
-  // Waits for sends to complete. On failure the requests are released (MPI completes them).
+  // Waits for sends of `buf` to complete. On failure the requests are released (MPI may still
+  // complete them later), so `buf` is kept alive until the communicator is destroyed.
   Status WaitSends(std::vector<MPI_Request>& reqs, const std::vector<int>& dests,
-                   Clock::time_point deadline) {
+                   std::shared_ptr<const std::string> buf, Clock::time_point deadline) {
     Status s = Poll(
         deadline,
         [&] {
@@ -165,6 +167,7 @@ class MpiCommunicator final : public Communicator {
     for (auto& r : reqs) {
       if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
     }
+    if (!s.ok()) orphans_.push_back(std::move(buf));
     return s;
   }
 
@@ -198,9 +201,10 @@ class MpiCommunicator final : public Communicator {
                                               Clock::time_point deadline) {
     std::vector<std::string> out;
     if (rank_ != root) {
+      auto buf = std::make_shared<const std::string>(bytes);
       std::vector<MPI_Request> req(1);
-      MPI_Isend(bytes.data(), static_cast<int>(bytes.size()), MPI_BYTE, root, tag_, comm_, &req[0]);
-      SP_RETURN_IF_ERROR(WaitSends(req, {root}, deadline));
+      MPI_Isend(buf->data(), static_cast<int>(buf->size()), MPI_BYTE, root, tag_, comm_, &req[0]);
+      SP_RETURN_IF_ERROR(WaitSends(req, {root}, buf, deadline));
       return out;
     }
     out.resize(size_);
@@ -215,16 +219,17 @@ class MpiCommunicator final : public Communicator {
 
   Status BroadcastImpl(std::string* bytes, int root, Clock::time_point deadline) {
     if (rank_ == root) {
+      auto buf = std::make_shared<const std::string>(*bytes);
       std::vector<MPI_Request> reqs;
       std::vector<int> dests;
       for (int r = 0; r < size_; ++r) {
         if (r == root) continue;
         reqs.emplace_back();
         dests.push_back(r);
-        MPI_Isend(bytes->data(), static_cast<int>(bytes->size()), MPI_BYTE, r, tag_, comm_,
+        MPI_Isend(buf->data(), static_cast<int>(buf->size()), MPI_BYTE, r, tag_, comm_,
                   &reqs.back());
       }
-      return WaitSends(reqs, dests, deadline);
+      return WaitSends(reqs, dests, buf, deadline);
     }
     std::vector<std::string> out(size_);
     SP_RETURN_IF_ERROR(ReceiveFrom({root}, &out, deadline));
@@ -240,6 +245,7 @@ class MpiCommunicator final : public Communicator {
   std::string what_;
   Status broken_;
   std::string abort_msg_;  // kept alive while abort sends may be in flight
+  std::vector<std::shared_ptr<const std::string>> orphans_;  // buffers of abandoned sends
 };
 
 }  // namespace
