@@ -1,13 +1,16 @@
 // dist_bench: distributed save / resharded load throughput, and the coordinator's merge cost.
 //
 //   mpirun -np 4 dist_bench io --dir DIR --bytes N [--tensors K] [--threads T] [--dp D]
+//                              [--chunk-mb C]
 //       Global model of N bytes (K f32 tensors [rows, 4096]), held DP D x TP (world / D): each
 //       rank holds a row block of every tensor, replicas written once. Phases (each between two
 //       barriers, timed on rank 0, the checkpoint dropped from the page cache before each load):
 //         save     SaveDistributed (durable and committed when it returns)
 //         load44   every rank of world W loads rows [r*R/W, (r+1)*R/W) (the model read once)
 //         load43   only W-1 ranks load, rows split W-1 ways (resharded: crosses shard borders)
-//       Prints bytes, seconds, GB/s per phase and the ratio load43 / load44.
+//       Prints bytes, seconds, GB/s per phase and the ratio load43 / load44. A target box whose
+//       edge falls inside a chunk reads that chunk whole (it is verified whole), so two ranks read
+//       it: load43 reads up to 2 chunks per tensor more than load44.
 //   dist_bench merge --ranks P --tensors K
 //       The coordinator's cost of merging P simulated ranks' plan descriptors (each rank writes a
 //       row block of each of K tensors): descriptor bytes, merge + validation time, checksum merge
@@ -38,6 +41,7 @@ struct Args {
   std::string mode, dir;
   uint64_t bytes = uint64_t{256} << 20;
   int tensors = 16, threads = 4, dp = 2, ranks = 64;
+  uint64_t chunk_bytes = SaveOptions().chunk_bytes;
 };
 
 uint64_t ParseSize(std::string s) {
@@ -61,6 +65,7 @@ Args Parse(int argc, char** argv) {
     if (k == "--threads") a.threads = std::stoi(v);
     if (k == "--dp") a.dp = std::stoi(v);
     if (k == "--ranks") a.ranks = std::stoi(v);
+    if (k == "--chunk-mb") a.chunk_bytes = std::stoull(v) << 20;
   }
   return a;
 }
@@ -133,6 +138,7 @@ int RunIo(const Args& a) {
   if (c.rank() == 0) std::filesystem::remove_all(path);
   DistributedSaveOptions o;
   o.save.io_threads = a.threads;
+  o.save.chunk_bytes = a.chunk_bytes;
   double s = Timed(c, [&] { Must(SaveDistributed(c, local, mine, path, o), "save"); });
   Report(c, "save", model, s);
   double l44 = Load(c, a, path, rows, w);
