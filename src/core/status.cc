@@ -74,7 +74,9 @@ Status ResourceExhaustedError(std::string m) {
   return {StatusCode::kResourceExhausted, std::move(m)};
 }
 Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
-Status DeadlineExceededError(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+Status DeadlineExceededError(std::string m) {
+  return {StatusCode::kDeadlineExceeded, std::move(m)};
+}
 
 static StatusCode CodeForErrno(int err) {
   switch (err) {
