@@ -2,6 +2,7 @@
 //
 //   save_load_bench --dir DIR --bytes N [--tensors K] [--threads T] [--chunk-mb C] [--no-direct]
 //                   [--json] [--phases LIST] [--keep-cache] [--seed S]
+//                   [--compression none|zstd|lz4] [--fill random|f32|bf16|sparse]
 //
 // Generates a training-like state of N bytes (rounded down to a multiple of 4; K large tensors
 // alternating F32 and BF16, default one per ~64 MiB, filled with xorshift data; plus four small
@@ -14,10 +15,23 @@
 //   load-nocrc  Load with verify_checksums = false (isolates the checksum cost; not by default)
 //   load-mmap   Load with LoadOptions::mmap (zero-copy views into the mapped data file, every chunk
 //               verified, so every page is read; not by default)
+//   mmap-one    cold: CheckpointReader::Open + MapTensor(first large tensor, verify = false) +
+//               reading one byte of each of its 4 KiB pages; prints open_ms, map_ms, touch_ms
+//               (not by default; bytes= is that tensor's size)
+//   async       Checkpointer::SaveAsync twice to DIR/ckpt-async (removed in between): the first
+//               save warms the staging pool, the second is timed: "async-stall" is the time the
+//               caller is blocked in SaveAsync, "async-first-stall" the same for the first save,
+//               "async-persist" the second save until durable (Wait) (not by default)
+//   memcpy      single-threaded memcpy of every tensor into one preallocated, already-touched
+//               buffer: the reference for async-stall (not by default)
 // Before every read phase the checkpoint is dropped from the page cache: posix_fadvise(DONTNEED)
 // on each of its files, plus `echo 1 > /proc/sys/vm/drop_caches` when that file is writable
 // (unless --keep-cache). Every loaded byte is compared with the generated state; a mismatch
 // exits 2. The checkpoint is removed at the end (also on failure).
+//
+// --compression saves with that codec (byte-shuffle auto, zstd level 1). --fill chooses the data:
+// random (default: xorshift bytes, incompressible), f32 / bf16 (every large tensor of that dtype,
+// holding weights-like values ~N(0, 0.02)), sparse (f32 weights, 99% zeros).
 //
 // Sizes accept a K/M/G/T suffix (binary). Throughput is tensor bytes / wall seconds of the call,
 // in GB/s (1e9 bytes per second), the unit dd prints.
@@ -38,9 +52,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "savepoint/savepoint.h"
@@ -63,17 +80,22 @@ struct Args {
   bool drop_caches = true;
   uint64_t seed = 42;
   std::vector<std::string> phases = {"save", "load", "verify", "loadinto"};
+  Compression compression;
+  std::string fill = "random";
 };
 
 struct Measurement {
+  explicit Measurement(std::string n) : name(std::move(n)) {}
   std::string name;
   uint64_t bytes = 0;
   double seconds = 0;     // wall time around the call, as the caller sees it
   double io_seconds = 0;  // IoStats::seconds (the library's own timing of its data path)
   uint64_t chunks = 0;
   bool direct = false;
-  double user_seconds = 0;  // CPU time of the whole process (all threads) during the call
+  uint64_t stored_bytes = 0;  // after compression
+  double user_seconds = 0;    // CPU time of the whole process (all threads) during the call
   double sys_seconds = 0;
+  std::string extra;  // more "key=value" fields for the line (phase-specific)
   double gbps() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
 };
 
@@ -83,7 +105,7 @@ struct Measurement {
       "%s%s"
       "usage: save_load_bench --dir DIR --bytes N [--tensors K] [--threads T] "
       "[--chunk-mb C] [--no-direct] [--json] "
-      "[--phases save,load,verify,loadinto,load-nocrc,load-mmap] "
+      "[--phases save,load,verify,loadinto,load-nocrc,load-mmap,mmap-one,async,memcpy] "
       "[--keep-cache] [--seed S]\n",
       error.empty() ? "" : "save_load_bench: ", error.empty() ? "" : (error + "\n").c_str());
   std::exit(error.empty() ? 0 : 64);
@@ -165,6 +187,16 @@ Args ParseArgs(int argc, char** argv) {
       if (c < 4 || c % 4 != 0 || c > 1024 * 1024)
         Usage("--chunk-kb must be a multiple of 4 in [4, 1048576]");
       a.chunk_bytes = c << 10;
+    } else if (f == "--compression") {
+      std::string c = value(i);
+      if (c != "none" && c != "zstd" && c != "lz4") Usage("--compression must be none|zstd|lz4");
+      a.compression.codec = c == "zstd"  ? Compression::Codec::kZstd
+                            : c == "lz4" ? Compression::Codec::kLz4
+                                         : Compression::Codec::kNone;
+    } else if (f == "--fill") {
+      a.fill = value(i);
+      if (a.fill != "random" && a.fill != "f32" && a.fill != "bf16" && a.fill != "sparse")
+        Usage("--fill must be random|f32|bf16|sparse");
     } else if (f == "--no-direct") {
       a.direct = false;
     } else if (f == "--json") {
@@ -176,8 +208,10 @@ Args ParseArgs(int argc, char** argv) {
     } else if (f == "--phases") {
       a.phases = SplitComma(value(i));
       for (const auto& p : a.phases) {
-        if (p != "save" && p != "load" && p != "verify" && p != "loadinto" && p != "load-nocrc" &&
-            p != "load-mmap") {
+        static const char* const kPhases[] = {"save",     "load",       "verify",
+                                              "loadinto", "load-nocrc", "load-mmap",
+                                              "mmap-one", "async",      "memcpy"};
+        if (std::find(std::begin(kPhases), std::end(kPhases), p) == std::end(kPhases)) {
           Usage(fmt::format("unknown phase {:?}", p));
         }
       }
@@ -237,6 +271,34 @@ void Fill(std::byte* p, uint64_t n, uint64_t seed) {
   for (; i < n; ++i) p[i] = static_cast<std::byte>(x >> (8 * (i % 8)));
 }
 
+// Weights-like values ~N(0, 0.02) (Irwin-Hall of 4 uniforms) as f32, or bf16 (truncated); with
+// `sparse`, 99% of them are zero.
+void FillWeights(const TensorView& t, uint64_t seed, bool sparse) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  auto next = [&x] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  const bool bf16 = t.dtype() == DType::kBF16;
+  const int64_t n = static_cast<int64_t>(t.nbytes() / (bf16 ? 2 : 4));
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t r = next();
+    float u = 0;
+    for (int k = 0; k < 4; ++k) u += static_cast<float>((r >> (16 * k)) & 0xffff) / 65536.0f;
+    float v = sparse && next() % 100 != 0 ? 0.0f : (u - 2.0f) * 1.7320508f * 0.02f;
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    if (bf16) {
+      uint16_t h = static_cast<uint16_t>(bits >> 16);
+      std::memcpy(t.data() + 2 * i, &h, 2);
+    } else {
+      std::memcpy(t.data() + 4 * i, &bits, 4);
+    }
+  }
+}
+
 struct Spec {
   std::string name;
   DType dtype;
@@ -244,7 +306,7 @@ struct Spec {
 };
 
 // The tensors of the generated state: `bytes` in total, `k` large tensors plus four small ones.
-std::vector<Spec> MakeSpecs(uint64_t bytes, uint64_t k) {
+std::vector<Spec> MakeSpecs(uint64_t bytes, uint64_t k, const std::string& fill) {
   // Small tensors, as in a real model (norm weights, biases, a step counter): odd sizes that are
   // not multiples of 4 KiB, so they take the library's staging-buffer path.
   std::vector<Spec> small = {
@@ -260,7 +322,9 @@ std::vector<Spec> MakeSpecs(uint64_t bytes, uint64_t k) {
   std::vector<Spec> specs;
   uint64_t used = 0;
   for (uint64_t i = 0; i < k; ++i) {
-    DType dt = i % 2 == 0 ? DType::kF32 : DType::kBF16;
+    DType dt = fill == "bf16"     ? DType::kBF16
+               : fill == "random" ? (i % 2 == 0 ? DType::kF32 : DType::kBF16)
+                                  : DType::kF32;
     uint64_t esize = DTypeSize(dt);
     uint64_t nb = i + 1 < k ? per : (big - used) / 4 * 4;
     int64_t elems = static_cast<int64_t>(nb / esize);
@@ -277,7 +341,7 @@ std::vector<Spec> MakeSpecs(uint64_t bytes, uint64_t k) {
 }
 
 State MakeState(const Args& a) {
-  std::vector<Spec> specs = MakeSpecs(a.bytes, a.tensors);
+  std::vector<Spec> specs = MakeSpecs(a.bytes, a.tensors, a.fill);
   std::vector<Tensor> tensors;
   for (const auto& s : specs) {
     Result<Tensor> t = Tensor::Empty(s.dtype, s.shape);
@@ -290,7 +354,12 @@ State MakeState(const Args& a) {
   for (unsigned w = 0; w < hw; ++w) {
     pool.emplace_back([&, w] {
       for (size_t i = w; i < tensors.size(); i += hw) {
-        Fill(tensors[i].data(), tensors[i].nbytes(), a.seed + i);
+        bool weights = a.fill != "random" && i < a.tensors;  // the large tensors
+        if (weights) {
+          FillWeights(tensors[i].view(), a.seed + i, a.fill == "sparse");
+        } else {
+          Fill(tensors[i].data(), tensors[i].nbytes(), a.seed + i);
+        }
       }
     });
   }
@@ -363,19 +432,22 @@ void Compare(const State& want, const State& got, const char* phase) {
   }
 }
 
-// The checkpoint to remove at exit (normal or through Die/Compare's std::exit), with any hidden
-// temporary or old directories a failed save left beside it.
-std::string g_ckpt;
+// The checkpoints to remove at exit (normal or through Die/Compare's std::exit), with any hidden
+// temporary or old directories a failed save left beside them.
+std::vector<std::string> g_ckpts;
 
-void RemoveCheckpoint() {
-  if (g_ckpt.empty()) return;
+void RemoveOne(const std::string& ckpt) {
   std::error_code ec;
-  fs::remove_all(g_ckpt, ec);
-  fs::path parent = fs::path(g_ckpt).parent_path();
-  std::string prefix = "." + fs::path(g_ckpt).filename().string() + ".savepoint-";
+  fs::remove_all(ckpt, ec);
+  fs::path parent = fs::path(ckpt).parent_path();
+  std::string prefix = "." + fs::path(ckpt).filename().string() + ".savepoint-";
   for (const auto& e : fs::directory_iterator(parent, ec)) {
     if (e.path().filename().string().rfind(prefix, 0) == 0) fs::remove_all(e.path(), ec);
   }
+}
+
+void RemoveCheckpoint() {
+  for (const std::string& c : g_ckpts) RemoveOne(c);
 }
 
 // Copies what the library measured into `m`.
@@ -384,14 +456,16 @@ void Record(Measurement* m, const IoStats& st) {
   m->io_seconds = st.seconds;
   m->chunks = st.chunks;
   m->direct = st.direct_io;
+  m->stored_bytes = st.stored_bytes;
 }
 
 void PrintLine(const Measurement& m) {
   std::printf(
       "%-10s bytes=%llu seconds=%.4f gbps=%.3f io_seconds=%.4f chunks=%llu direct=%d "
-      "user=%.3f sys=%.3f\n",
+      "user=%.3f sys=%.3f stored=%llu%s%s\n",
       m.name.c_str(), static_cast<unsigned long long>(m.bytes), m.seconds, m.gbps(), m.io_seconds,
-      static_cast<unsigned long long>(m.chunks), m.direct ? 1 : 0, m.user_seconds, m.sys_seconds);
+      static_cast<unsigned long long>(m.chunks), m.direct ? 1 : 0, m.user_seconds, m.sys_seconds,
+      static_cast<unsigned long long>(m.stored_bytes), m.extra.empty() ? "" : " ", m.extra.c_str());
   std::fflush(stdout);
 }
 
@@ -407,7 +481,9 @@ void PrintJson(const Args& a, const std::string& cache_method, uint64_t tensor_b
                        {"chunks", m.chunks},
                        {"direct_io", m.direct},
                        {"user_seconds", m.user_seconds},
-                       {"sys_seconds", m.sys_seconds}});
+                       {"sys_seconds", m.sys_seconds},
+                       {"stored_bytes", m.stored_bytes},
+                       {"extra", m.extra}});
   }
   Json j = {{"dir", a.dir},
             {"bytes", tensor_bytes},
@@ -419,6 +495,101 @@ void PrintJson(const Args& a, const std::string& cache_method, uint64_t tensor_b
             {"generate_seconds", gen_seconds},
             {"results", results}};
   std::printf("%s\n", j.dump().c_str());
+}
+
+// Single-threaded memcpy of every tensor of `state` into one touched buffer (the reference for the
+// async stall: the least a snapshot that copies the state can cost).
+Measurement MemcpyPhase(const State& state) {
+  const uint64_t total = state.tensor_bytes();
+  std::byte* dst = static_cast<std::byte*>(std::aligned_alloc(4096, (total + 4095) / 4096 * 4096));
+  if (dst == nullptr) Die("memcpy: out of memory");
+  std::memset(dst, 1, total);
+  Measurement m{"memcpy"};
+  Timer t;
+  uint64_t off = 0;
+  for (const auto& [name, e] : state.entries()) {
+    if (!e.is_tensor()) continue;
+    std::memcpy(dst + off, e.tensor().data(), e.tensor().nbytes());
+    off += e.tensor().nbytes();
+  }
+  t.Stop(&m);
+  m.bytes = total;
+  volatile std::byte sink = dst[total / 2];  // keep the copy observable
+  (void)sink;
+  std::free(dst);
+  return m;
+}
+
+// Two SaveAsync calls (see the file comment); returns async-first-stall, async-stall and
+// async-persist.
+std::vector<Measurement> AsyncPhase(const Args& a, const State& state, const std::string& path,
+                                    const std::function<void(const Status&, const char*)>& check) {
+  CheckpointerOptions co;
+  co.io_threads = a.threads;
+  Result<std::unique_ptr<Checkpointer>> ckptr = Checkpointer::Create(co);
+  check(ckptr.status(), "create checkpointer");
+  SaveOptions so;
+  so.direct_io = a.direct;
+  std::vector<Measurement> out;
+  for (const char* name : {"async-first-stall", "async-stall"}) {
+    RemoveOne(path);
+    Measurement stall{name};
+    Timer t;
+    Result<SaveHandle> h = (*ckptr)->SaveAsync(state, path, so);
+    t.Stop(&stall);
+    check(h.status(), "SaveAsync");
+    check(h->Wait(), "SaveAsync (background)");
+    const SaveStats st = h->stats();
+    stall.bytes = st.bytes;
+    stall.direct = st.direct_io;
+    stall.extra =
+        fmt::format("blocked_seconds={:.4f} snapshot_seconds={:.4f} persist_seconds={:.4f}",
+                    st.blocked_seconds, st.snapshot_seconds, st.persist_seconds);
+    out.push_back(stall);
+    if (std::string(name) == "async-stall") {
+      Measurement persist{"async-persist"};
+      persist.bytes = st.bytes;
+      persist.seconds = st.persist_seconds;
+      persist.direct = st.direct_io;
+      out.push_back(persist);
+    }
+  }
+  RemoveOne(path);
+  return out;
+}
+
+// Cold Open + MapTensor(verify = false) of the first large tensor + one read per 4 KiB page.
+Measurement MmapOnePhase(const State& state, const std::string& ckpt,
+                         const std::function<void(const Status&, const char*)>& check) {
+  std::string name;
+  const TensorView* want = nullptr;
+  for (const auto& [n, e] : state.entries()) {
+    if (e.is_tensor() && (want == nullptr || e.tensor().nbytes() > want->nbytes())) {
+      name = n;
+      want = &e.tensor();
+    }
+  }
+  Measurement m{"mmap-one"};
+  Timer t;
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(ckpt);
+  check(reader.status(), "mmap-one: open");
+  const double open_s = Since(t0);
+  Result<TensorView> view = (*reader)->MapTensor(name, /*verify=*/false);
+  check(view.status(), "mmap-one: map");
+  const double map_s = Since(t0) - open_s;
+  const volatile std::byte* p = view->data();
+  unsigned sum = 0;
+  for (uint64_t i = 0; i < view->nbytes(); i += 4096) sum += static_cast<unsigned>(p[i]);
+  t.Stop(&m);
+  const double touch_s = m.seconds - open_s - map_s;
+  if (std::memcmp(view->data(), want->data(), want->nbytes()) != 0) {
+    Die(fmt::format("mmap-one: tensor {} differs from the generated state", name));
+  }
+  m.bytes = want->nbytes();
+  m.extra = fmt::format("open_ms={:.2f} map_ms={:.2f} touch_ms={:.2f} tensor={} sum={}",
+                        open_s * 1e3, map_s * 1e3, touch_s * 1e3, name, sum % 10);
+  return m;
 }
 
 bool Has(const Args& a, const std::string& phase) {
@@ -434,7 +605,9 @@ int main(int argc, char** argv) {
   if (ec) Die(fmt::format("create {}: {}", a.dir, ec.message()));
   const std::string ckpt = (fs::path(a.dir) / "ckpt").string();
   if (fs::exists(ckpt)) Die(fmt::format("{} already exists; remove it first", ckpt));
-  g_ckpt = ckpt;
+  const std::string async_ckpt = ckpt + "-async";
+  if (fs::exists(async_ckpt)) Die(fmt::format("{} already exists; remove it first", async_ckpt));
+  g_ckpts = {ckpt, async_ckpt};
   std::atexit(RemoveCheckpoint);
 
   auto t0 = std::chrono::steady_clock::now();
@@ -463,6 +636,7 @@ int main(int argc, char** argv) {
     so.io_threads = a.threads;
     so.chunk_bytes = a.chunk_bytes;
     so.direct_io = a.direct;
+    so.compression = a.compression;
     so.stats = &st;
     Measurement m{"save"};
     Timer t;
@@ -474,6 +648,19 @@ int main(int argc, char** argv) {
   // (b)-(e) The read phases, in the order --phases lists them (a phase may be listed twice).
   for (const std::string& phase : a.phases) {
     if (phase == "save") continue;
+    if (phase == "memcpy") {
+      report(MemcpyPhase(state));
+      continue;
+    }
+    if (phase == "async") {
+      for (Measurement& am : AsyncPhase(a, state, async_ckpt, check)) report(std::move(am));
+      continue;
+    }
+    if (phase == "mmap-one") {
+      cold();
+      report(MmapOnePhase(state, ckpt, check));
+      continue;
+    }
     Measurement m{phase};
     IoStats st;
     LoadOptions o = lo;

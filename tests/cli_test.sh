@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # End-to-end test of the `savepoint` command-line tool (docs/CLI.md).
 #
-# Usage: tests/cli_test.sh SAVEPOINT_BIN CKPT_DIR
+# Usage: tests/cli_test.sh SAVEPOINT_BIN CKPT_DIR [ZSTD_CKPT_DIR]
 #   SAVEPOINT_BIN  the savepoint executable
 #   CKPT_DIR       a committed checkpoint with at least one tensor whose data covers byte 4106 of
 #                  data-00000-00000.spd (the first tensor extent starts at 4096), and an int value
 #                  named "step". It is copied, never modified.
+#   ZSTD_CKPT_DIR  optional: a zstd-compressed checkpoint with a mostly-zero tensor "zeros"
+#                  (tests/helpers/make_checkpoint DIR zstd); adds the compression checks.
 # Needs bash, coreutils, od, dd and python3. Prints "N passed, M failed"; exits 1 on any failure.
 set -u
 
-if [[ $# -ne 2 ]]; then
-  echo "usage: $0 SAVEPOINT_BIN CKPT_DIR" >&2
+if [[ $# -ne 2 && $# -ne 3 ]]; then
+  echo "usage: $0 SAVEPOINT_BIN CKPT_DIR [ZSTD_CKPT_DIR]" >&2
   exit 2
 fi
 SP=$1
 SRC=${2%/}
+ZSRC=${3:-}
 if [[ ! -x $SP ]]; then echo "$0: not an executable: $SP" >&2; exit 2; fi
 if [[ ! -f $SRC/MANIFEST ]]; then echo "$0: not a checkpoint: $SRC" >&2; exit 2; fi
 
@@ -107,9 +110,9 @@ check "inspect --json prints valid JSON" json_ok True
 check "inspect --json has the documented keys" json_ok \
   'set(j) == {"path","format_version","created_ns","total_file_bytes","tensors","values","metadata","totals"}'
 check "inspect --json tensors are well-formed" json_ok \
-  'len(j["tensors"]) >= 1 and all(set(t) == {"name","dtype","shape","bytes","shards","chunks"} for t in j["tensors"])'
+  'len(j["tensors"]) >= 1 and all(set(t) == {"name","dtype","shape","bytes","shards","chunks","codec","filter","stored_bytes"} for t in j["tensors"])'
 check "inspect --json totals add up" json_ok \
-  'j["totals"] == {"tensors": len(j["tensors"]), "tensor_bytes": sum(t["bytes"] for t in j["tensors"])}'
+  'j["totals"] == {"tensors": len(j["tensors"]), "tensor_bytes": sum(t["bytes"] for t in j["tensors"]), "stored_bytes": sum(t["stored_bytes"] for t in j["tensors"]), "compression_ratio": 1.0}'
 check "inspect --json has the int value step" json_ok \
   'any(v["name"] == "step" and v["kind"] == "int" and isinstance(v["value"], int) for v in j["values"])'
 run "$SP" inspect --json --manifest "$CKPT"
@@ -171,6 +174,33 @@ run "$SP" ls "$TMP/no-such-root"
 check "ls of a missing root exits 3" eval 'rc_is 3 && err_has "savepoint: ls: "'
 run "$SP" gc "$TMP/no-such-root"
 check "gc of a missing root exits 3" eval 'rc_is 3 && err_has "savepoint: gc: "'
+
+# --- compressed checkpoints ---------------------------------------------------------------------
+run "$SP" verify --json "$CKPT"
+check "verify --json prints the verify stats" json_ok \
+  'j["stored_bytes"] == j["bytes"] and j["compression_ratio"] == 1 and isinstance(j["direct_io"], bool) and j["throughput_gbps"] >= 0 and j["seconds"] >= 0'
+run "$SP" inspect --json "$CKPT"
+check "inspect --json: an uncompressed checkpoint has ratio 1" json_ok \
+  'j["totals"]["compression_ratio"] == 1 and all(t["codec"] == "none" and t["stored_bytes"] == t["bytes"] for t in j["tensors"])'
+if [[ -n $ZSRC ]]; then
+  ZROOT=$TMP/zroot
+  mkdir -p "$ZROOT" && cp -r "$ZSRC" "$ZROOT/z"
+  run "$SP" inspect "$ZROOT/z"
+  check "inspect shows codec and stored columns" eval 'rc_is 0 && out_has "CODEC" && out_has "zstd+shuffle" && out_has "compression ratio"'
+  run "$SP" inspect --json "$ZROOT/z"
+  check "inspect --json: per-tensor codec and stored bytes" json_ok \
+    '[t for t in j["tensors"] if t["name"] == "zeros"][0]["codec"] == "zstd" and [t for t in j["tensors"] if t["name"] == "zeros"][0]["stored_bytes"] < 100000'
+  check "inspect --json: the checkpoint's compression ratio" json_ok \
+    'j["totals"]["compression_ratio"] > 1.5 and j["totals"]["stored_bytes"] < j["totals"]["tensor_bytes"]'
+  run "$SP" verify --json "$ZROOT/z"
+  check "verify --json of a compressed checkpoint" json_ok \
+    'j["ok"] is True and j["stored_bytes"] < j["bytes"] and j["compression_ratio"] > 1.5'
+  run "$SP" inspect --json --manifest "$ZROOT/z"
+  ZOFF=$(python3 -c 'import json,sys; j=json.load(sys.stdin); print([t for t in j["manifest"]["tensors"] if t["name"] == "zeros"][0]["shards"][0]["stored_offsets"][0])' <"$OUT")
+  flip_byte "$ZROOT/z/data-00000-00000.spd" $((ZOFF + 20))
+  run "$SP" verify --json "$ZROOT/z"
+  check "verify names the corrupt compressed chunk" eval 'rc_is 2 && json_ok "j[\"code\"] == \"corruption\" and \"tensor \\\"zeros\\\" chunk 0\" in j[\"error\"]"'
+fi
 
 echo "$PASSED passed, $FAILED failed"
 [[ $FAILED -eq 0 ]]

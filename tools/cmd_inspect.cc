@@ -5,6 +5,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "common.h"
@@ -72,14 +73,49 @@ uint64_t TensorBytes(const CheckpointReader& r) {
   return n;
 }
 
+// Tensor bytes as stored (after compression).
+uint64_t StoredBytes(const CheckpointReader& r) {
+  uint64_t n = 0;
+  for (const TensorInfo& t : r.tensors()) n += t.stored_bytes;
+  return n;
+}
+
+bool AnyCompressed(const CheckpointReader& r) {
+  for (const TensorInfo& t : r.tensors()) {
+    if (t.codec != "none") return true;
+  }
+  return false;
+}
+
+// Tensor bytes / stored bytes (1 when nothing is stored).
+double CompressionRatio(const CheckpointReader& r) {
+  uint64_t stored = StoredBytes(r);
+  return stored > 0 ? static_cast<double>(TensorBytes(r)) / stored : 1.0;
+}
+
+// Compressed checkpoints get two more columns: CODEC (codec+filter) and STORED.
 void PrintTensorTable(const CheckpointReader& r) {
   if (r.tensors().empty()) return;
-  Table table({"NAME", "DTYPE", "SHAPE", "BYTES", "SHARDS", "CHUNKS"},
-              {false, false, false, true, true, true});
+  const bool compressed = AnyCompressed(r);
+  std::vector<std::string> head = {"NAME", "DTYPE", "SHAPE", "BYTES", "SHARDS", "CHUNKS"};
+  std::vector<bool> right = {false, false, false, true, true, true};
+  if (compressed) {
+    head.insert(head.end(), {"CODEC", "STORED"});
+    right.insert(right.end(), {false, true});
+  }
+  Table table(head, right);
   for (const TensorInfo& t : r.tensors()) {
-    table.AddRow({t.name, std::string(DTypeName(t.dtype)), ShapeToString(t.shape),
-                  HumanBytes(t.nbytes), std::to_string(t.num_shards),
-                  std::to_string(t.num_chunks)});
+    std::vector<std::string> row = {t.name,
+                                    std::string(DTypeName(t.dtype)),
+                                    ShapeToString(t.shape),
+                                    HumanBytes(t.nbytes),
+                                    std::to_string(t.num_shards),
+                                    std::to_string(t.num_chunks)};
+    if (compressed) {
+      row.push_back(t.codec == "none" ? "none" : t.codec + "+" + t.filter);
+      row.push_back(HumanBytes(t.stored_bytes));
+    }
+    table.AddRow(row);
   }
   fmt::print("\ntensors:\n");
   table.Print(stdout);
@@ -108,6 +144,10 @@ void PrintHuman(const CheckpointReader& r) {
   fmt::print("\nmetadata: {}\n", meta.is_null() ? "none" : CompactJson(meta));
   uint64_t bytes = TensorBytes(r);
   fmt::print("total: {} tensors, {} bytes ({})\n", r.tensors().size(), bytes, HumanBytes(bytes));
+  if (AnyCompressed(r)) {
+    fmt::print("stored: {} bytes ({}), compression ratio {:.2f}\n", StoredBytes(r),
+               HumanBytes(StoredBytes(r)), CompressionRatio(r));
+  }
 }
 
 Json TensorsJson(const CheckpointReader& r) {
@@ -118,7 +158,10 @@ Json TensorsJson(const CheckpointReader& r) {
                    {"shape", t.shape},
                    {"bytes", t.nbytes},
                    {"shards", t.num_shards},
-                   {"chunks", t.num_chunks}});
+                   {"chunks", t.num_chunks},
+                   {"codec", t.codec},
+                   {"filter", t.filter},
+                   {"stored_bytes", t.stored_bytes}});
   }
   return out;
 }
@@ -142,7 +185,10 @@ void PrintJsonReport(const CheckpointReader& r, bool with_manifest) {
   out["tensors"] = TensorsJson(r);
   out["values"] = ValuesJson(r);
   out["metadata"] = r.values().metadata();
-  out["totals"] = {{"tensors", r.tensors().size()}, {"tensor_bytes", TensorBytes(r)}};
+  out["totals"] = {{"tensors", r.tensors().size()},
+                   {"tensor_bytes", TensorBytes(r)},
+                   {"stored_bytes", StoredBytes(r)},
+                   {"compression_ratio", CompressionRatio(r)}};
   if (with_manifest) out["manifest"] = r.manifest_json();
   PrintJson(out);
 }

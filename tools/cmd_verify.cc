@@ -54,6 +54,10 @@ void PrintJsonReport(const VerifyOutcome& v) {
   out["bytes"] = v.stats.bytes;
   out["chunks"] = v.stats.chunks;
   out["seconds"] = v.stats.seconds;
+  out["stored_bytes"] = v.stats.stored_bytes;
+  out["throughput_gbps"] = v.stats.throughput_gbps();
+  out["direct_io"] = v.stats.direct_io;
+  out["compression_ratio"] = v.stats.compression_ratio();
   PrintJson(out);
 }
 

@@ -66,6 +66,8 @@ struct SaveStats {
   double snapshot_seconds = 0;  // copy + checksum time of phase 1
   double persist_seconds = 0;   // from SaveAsync's start to the commit
   bool direct_io = false;
+  uint64_t stored_bytes = 0;  // tensor bytes after compression (== bytes when uncompressed);
+                              // final once Poll() is true
   double persist_gbps() const { return persist_seconds > 0 ? bytes / persist_seconds / 1e9 : 0; }
 };
 
@@ -104,6 +106,9 @@ class Checkpointer {
   // checkpoint, bad options) are returned here; later errors through the handle. A failed save
   // never commits; its staging memory returns to the pool. `options.chunk_bytes` is ignored (the
   // slab size is used); `options.io_threads` is ignored (the Checkpointer's are used).
+  // `options.compression` is honoured: the snapshot copies each chunk into a slab of its own (so a
+  // small tensor takes a whole slab) and the background threads compress and write it; each writer
+  // thread then also holds two slab-sized buffers outside the staging cap.
   virtual Result<SaveHandle> SaveAsync(const State& state, const std::string& path,
                                        const SaveOptions& options = {}) = 0;
 

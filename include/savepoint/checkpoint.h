@@ -28,7 +28,44 @@ struct IoStats {
   uint64_t chunks = 0;     // chunks written or verified
   double seconds = 0;      // wall time of the whole call
   bool direct_io = false;  // whether O_DIRECT was in effect for the data files
+  // Tensor bytes as stored on disk (after compression, excluding padding and manifest); equals
+  // `bytes` for an uncompressed checkpoint.
+  uint64_t stored_bytes = 0;
   double throughput_gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+  // bytes / stored_bytes (1 when nothing was stored).
+  double compression_ratio() const {
+    return stored_bytes > 0 ? static_cast<double>(bytes) / stored_bytes : 1.0;
+  }
+};
+
+// Optional per-chunk compression of a save (docs/FORMAT.md, "Compressed shards"). Each chunk is
+// compressed on its own and stored compressed only if that makes it smaller, so reads stay
+// random-access. A compressed checkpoint lists the feature "compression" and cannot be read by
+// builds older than this one; an uncompressed one is byte-identical to what older builds wrote.
+// Compressed tensors cannot be mapped (CheckpointReader::MapTensor); Load with mmap reads them.
+//
+// When to use it: dense float weights compress poorly (bf16 ~1.2-1.6x with shuffle, f32 less) and
+// cost CPU, so on a fast local disk it slows saves down (docs/PERFORMANCE.md). It pays off for
+// slow or remote storage and for sparse or mostly-zero data (masks, fresh optimizer state).
+struct Compression {
+  enum class Codec : uint8_t {
+    kNone,  // store raw bytes (the classic layout)
+    kZstd,  // zstd: better ratio, slower
+    kLz4,   // lz4: fast, lower ratio
+  };
+  enum class Shuffle : uint8_t {
+    kAuto,  // byte-shuffle tensors whose element is 2, 4 or 8 bytes (f16, bf16, f32, f64, ints)
+    kOn,    // byte-shuffle every tensor with elements wider than one byte
+    kOff,   // never
+  };
+  // Default: kNone (no compression).
+  Codec codec = Codec::kNone;
+  // Byte-shuffle filter (byte planes of each element, so exponents and high bytes compress
+  // together) applied before the codec. Default: kAuto.
+  Shuffle shuffle = Shuffle::kAuto;
+  // zstd level in [-7, 22] (0 = zstd's default, 3); higher is smaller and slower. Ignored by
+  // lz4. Default: 1.
+  int zstd_level = 1;
 };
 
 struct SaveOptions {
@@ -46,6 +83,8 @@ struct SaveOptions {
   bool overwrite = false;
   // Create missing parent directories. Default: true.
   bool create_parents = true;
+  // Per-chunk compression (see Compression). Default: none.
+  Compression compression = {};
   // Optional: receives statistics of the save.
   IoStats* stats = nullptr;
 };
@@ -70,12 +109,14 @@ struct LoadOptions {
   // Map data files instead of reading them. Load returns tensors that are views into the mapping
   // (zero-copy) where possible; verification is lazy (see CheckpointReader::MapTensor).
   // Details (Load only; LoadInto, Verify and CheckpointReader::ReadTensor ignore it):
-  //  - A tensor stored as one shard becomes a borrowed TensorView straight into the read-only
+  //  - A tensor stored as one uncompressed shard becomes a borrowed TensorView straight into the
+  //  read-only
   //    mapping of its data file; the returned State keeps the mappings alive (State::KeepAlive),
   //    so its views stay valid after Load returns, until the State is destroyed. The memory is
   //    read-only: with the POSIX file system it is mapped PROT_READ, so writing through the view's
   //    pointer crashes (SIGSEGV). Copy a tensor (Tensor::CopyOf) to modify it.
-  //  - A tensor stored as several shards is read and assembled into an owned Tensor as usual.
+  //  - A tensor stored as several shards, or compressed, is read (and assembled, decompressed)
+  //    into an owned Tensor as usual.
   //  - With verify_checksums, Load checks every chunk of every mapped tensor once before
   //    returning; this touches every page (the whole selection is read from storage, though not
   //    copied). With verify_checksums = false nothing but the data file headers is read at Load:
@@ -104,6 +145,13 @@ struct TensorInfo {
   uint64_t nbytes = 0;
   size_t num_shards = 0;
   size_t num_chunks = 0;
+  // "none", or the codec of its compressed shards ("zstd", "lz4") and their filter ("none",
+  // "shuffle").
+  std::string codec = "none";
+  std::string filter = "none";
+  // Bytes as stored in the data files (after compression, without padding); nbytes when
+  // uncompressed.
+  uint64_t stored_bytes = 0;
 };
 
 // An open checkpoint: the manifest has been read and validated; data files are opened on demand.
@@ -139,13 +187,15 @@ class CheckpointReader {
   // With `verify`, every chunk of the tensor is checked against its CRC32C first (this reads the
   // whole tensor); a mismatch is Corruption naming checkpoint, tensor, chunk, file and offset, like
   // ReadTensor's. Without it, nothing of the tensor is read until the caller touches its pages.
-  // Errors: NotFound (no such tensor); FailedPrecondition (the tensor is stored as several shards,
-  // so no contiguous copy of it exists: use ReadTensor); Unimplemented (the file system cannot
-  // map); Corruption (bad data file header, file shorter than the manifest says, CRC mismatch).
-  // An empty tensor gives a view whose data() may be null.
+  // Errors: NotFound (no such tensor); FailedPrecondition (the tensor is stored as several shards
+  // or compressed, so no contiguous copy of it exists: use ReadTensor); Unimplemented (the file
+  // system cannot map); Corruption (bad data file header, file shorter than the manifest says, CRC
+  // mismatch). An empty tensor gives a view whose data() may be null.
   virtual Result<TensorView> MapTensor(const std::string& name, bool verify) = 0;
   // Re-reads every chunk of every tensor and checks its CRC32C. The first mismatch is returned
-  // as Corruption naming checkpoint, tensor, chunk, file and offset.
+  // as Corruption naming checkpoint, tensor, chunk, file and offset. Compressed chunks are checked
+  // in their stored (compressed) form, which is what their CRC32C covers; they are not
+  // decompressed.
   virtual Status Verify(IoStats* stats = nullptr) = 0;
 };
 

@@ -37,11 +37,58 @@ struct FileInfo {
   int64_t mtime_ns = 0;  // modification time, ns since the Unix epoch (0 if unknown)
 };
 
+// How a file submits batched transfers (WriteAtMany / ReadAtMany).
+enum class IoBackend {
+  // io_uring when the kernel allows it, else pwrite/pread; the environment variable
+  // SAVEPOINT_IO_BACKEND=auto|uring|pwrite, when set, decides instead.
+  kAuto,
+  // io_uring (liburing): a batch is submitted at once and its transfers run concurrently. Falls
+  // back to kPwrite (with a warning, logged once) when io_uring is unavailable.
+  kUring,
+  // One synchronous pwrite/pread per transfer, in order, on the calling thread.
+  kPwrite,
+};
+
+// "auto", "uring" or "pwrite".
+const char* IoBackendName(IoBackend backend);
+
 struct FileOptions {
   // Ask for O_DIRECT (bypass the page cache). Implementations that cannot do it open the file
   // normally; check `direct()` on the opened file. Default: false.
   bool direct_io = false;
+  // Backend for WriteAtMany / ReadAtMany. Only the POSIX file system has a choice; the others
+  // ignore it. kAuto defers to SAVEPOINT_IO_BACKEND, then to run-time detection: the first file
+  // opened logs at info level which backend is in use ("savepoint: I/O backend io_uring", or
+  // "... pwrite (io_uring unavailable: <reason>)"). Check `io_backend()` on the opened file.
+  // Default: kAuto.
+  IoBackend io_backend = IoBackend::kAuto;
 };
+
+// One transfer of a batched write: `data` goes to the file at `offset`. The bytes must stay valid
+// and unmodified until WriteAtMany returns.
+struct WriteOp {
+  uint64_t offset = 0;
+  std::span<const std::byte> data;
+};
+
+// One transfer of a batched read: `dst` is filled from the file at `offset`.
+struct ReadOp {
+  uint64_t offset = 0;
+  std::span<std::byte> dst;
+};
+
+// Batched transfers (WritableFile::WriteAtMany, RandomAccessFile::ReadAtMany):
+//  - All or error: OK means every op transferred all of its bytes (short transfers are resumed).
+//    On error the returned Status is the first failure seen (naming file and offset); other ops
+//    of the batch may or may not have completed, so the file's bytes in every op's range (or the
+//    destination buffers) are unspecified. No op is still in flight when the call returns.
+//  - Order is not guaranteed: ops may run concurrently and complete in any order, so their ranges
+//    must not overlap (reads may overlap each other; destination buffers must not).
+//  - Direct mode: every op's offset, size and buffer address must be multiples of
+//    kDirectIOAlignment, checked before anything is submitted (else InvalidArgument, nothing done).
+//  - An empty batch is OK and does nothing.
+//  - The default implementations call WriteAt / ReadAt once per op, in order, stopping at the first
+//    error, so wrappers that override only WriteAt / ReadAt (fault injection) see every op.
 
 // A file being written. Positional writes, so several threads can fill disjoint ranges.
 class WritableFile {
@@ -51,6 +98,9 @@ class WritableFile {
   // In direct mode offset, size and the address of `data` must be multiples of
   // kDirectIOAlignment, else InvalidArgument.
   virtual Status WriteAt(uint64_t offset, std::span<const std::byte> data) = 0;
+  // Writes a batch of non-overlapping ranges (see "Batched transfers" above). May be called
+  // concurrently with other WriteAt / WriteAtMany calls for disjoint ranges.
+  virtual Status WriteAtMany(std::span<const WriteOp> ops);
   // Reserves space for bytes [0, bytes) (fallocate), so later writes do not extend the file (which
   // lets parallel direct writes proceed concurrently on ext4/xfs), fail midway with ENOSPC, or
   // fragment it. A no-op where unsupported. Default implementation: no-op.
@@ -64,6 +114,8 @@ class WritableFile {
   virtual Status Close() = 0;
   // Whether writes bypass the page cache.
   virtual bool direct() const = 0;
+  // How WriteAtMany submits its batch: kUring or kPwrite (never kAuto). Default: kPwrite.
+  virtual IoBackend io_backend() const { return IoBackend::kPwrite; }
   virtual const std::string& path() const = 0;
 };
 
@@ -74,9 +126,14 @@ class RandomAccessFile {
   // Fills all of `dst` from `offset`. Reading past end of file fails with OutOfRange naming the
   // file, offset and size. In direct mode the alignment rules of WriteAt apply.
   virtual Status ReadAt(uint64_t offset, std::span<std::byte> dst) const = 0;
+  // Fills a batch of destinations (see "Batched transfers" above). Thread-safe. An op reaching
+  // past end of file fails with OutOfRange, as ReadAt does.
+  virtual Status ReadAtMany(std::span<const ReadOp> ops) const;
   // File size when opened.
   virtual uint64_t size() const = 0;
   virtual bool direct() const = 0;
+  // How ReadAtMany submits its batch: kUring or kPwrite (never kAuto). Default: kPwrite.
+  virtual IoBackend io_backend() const { return IoBackend::kPwrite; }
   virtual const std::string& path() const = 0;
 };
 
@@ -142,6 +199,22 @@ class FileSystem {
   Result<std::string> ReadFile(const std::string& path, uint64_t max_bytes);
   // Writes a whole file (buffered) and syncs it.
   Status WriteFileSynced(const std::string& path, std::string_view contents);
+
+  // --- Advisory locks. ---
+  // An exclusive lock on a lock file, held until the returned object is destroyed. Takes the lock
+  // without waiting: FailedPrecondition "lock <path> is held by <holder>" when another holder has
+  // it (another process, or another FileLock in this process). The lock file is created if absent
+  // (its parent must exist) and left in place on release. POSIX: flock(2) on the file (released by
+  // the kernel when the process dies, so a SIGKILLed holder never leaves a stale lock); it records
+  // the holder's pid in the file for the message. The default implementation (used by MemFileSystem
+  // and wrappers) is a process-local table keyed by (file system, path): it excludes holders within
+  // this process only.
+  class FileLock {
+   public:
+    virtual ~FileLock() = default;
+    virtual const std::string& path() const = 0;
+  };
+  virtual Result<std::unique_ptr<FileLock>> LockFile(const std::string& path);
 };
 
 // The process-wide POSIX file system. Never null; lives for the whole process.

@@ -7,8 +7,11 @@
 #include "savepoint/checkpoint.h"  // IWYU pragma: export
 #include "savepoint/dtype.h"       // IWYU pragma: export
 #include "savepoint/filesystem.h"  // IWYU pragma: export
+#include "savepoint/job_runner.h"  // IWYU pragma: export
 #include "savepoint/logging.h"     // IWYU pragma: export
+#include "savepoint/manager.h"     // IWYU pragma: export
 #include "savepoint/state.h"       // IWYU pragma: export
+#include "savepoint/stateful.h"    // IWYU pragma: export
 #include "savepoint/status.h"      // IWYU pragma: export
 #include "savepoint/tensor.h"      // IWYU pragma: export
 #include "savepoint/value.h"       // IWYU pragma: export

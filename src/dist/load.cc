@@ -170,16 +170,12 @@ Status ReadPieces(engine::Reader& r, Plan& plan, const LoadOptions& o) {
     SP_ASSIGN_OR_RETURN(p.buffer, Tensor::Empty(DType::kU8, {static_cast<int64_t>(span)}));
     for (uint64_t c : p.chunks) tasks.emplace_back(&p, c);
   }
-  std::vector<Tensor> staging(o.io_threads);
+  std::vector<engine::Reader::Buffers> buffers(o.io_threads);
   return ParallelFor(tasks.size(), o.io_threads, [&](size_t i, int w) -> Status {
-    if (staging[w].data() == nullptr) {
-      SP_ASSIGN_OR_RETURN(staging[w], Tensor::Empty(DType::kU8, {static_cast<int64_t>(cb)}));
-    }
     auto [p, c] = tasks[i];
     uint64_t pos = (c - p->chunks.front()) * cb;
     engine::Destination d{p->buffer.data() + pos, p->buffer.capacity() - pos};
-    return r.ReadShardChunk(p->target->tensor, p->shard, c, d, staging[w].data(),
-                            o.verify_checksums);
+    return r.ReadShardChunk(p->target->tensor, p->shard, c, d, &buffers[w], o.verify_checksums);
   });
 }
 

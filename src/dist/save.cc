@@ -26,6 +26,7 @@
 #include "engine/paths.h"
 #include "engine/writer.h"
 #include "savepoint/distributed.h"
+#include "util/parallel.h"
 
 namespace savepoint::dist {
 namespace {
@@ -40,8 +41,11 @@ struct RankPlan {
 };
 
 Status PlanRank(const State& local, const ShardLayout& layout, int rank, int size,
-                uint64_t chunk_bytes, RankPlan* p) {
+                uint64_t chunk_bytes, const Compression& compression, RankPlan* p) {
   SP_RETURN_IF_ERROR(engine::CheckSaveOptions(SaveOptions{.chunk_bytes = chunk_bytes}));
+  if (compression.codec != Compression::Codec::kNone) {
+    return UnimplementedError("SaveOptions.compression: distributed saves do not compress yet");
+  }
   SP_ASSIGN_OR_RETURN(std::vector<LocalShard> shards,
                       ResolveLocalShards(local, layout, rank, size));
   std::vector<size_t> writes = AssignWrites(shards, rank);
@@ -56,13 +60,24 @@ Status PlanRank(const State& local, const ShardLayout& layout, int rank, int siz
   return Status::OK();
 }
 
-// Step 4: writes this rank's data file (if it has shards) into the temporary directory.
+// Step 4: writes this rank's data file (if it has shards) into the temporary directory; its
+// header is stamped with `file_index`, the file's index in the global manifest.
 Status WriteRankFile(const engine::SaveTarget& target, const SaveOptions& o, uint32_t file_index,
                      RankPlan* p) {
   if (p->m.tensors.empty()) return Status::OK();
+  format::Manifest stamp;  // just what CreateDataFile reads: the id and files[file_index]
+  stamp.checkpoint_id = p->m.checkpoint_id;
+  stamp.files.resize(size_t{file_index} + 1);
+  stamp.files[file_index] = p->m.files[0];
   SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
-                      engine::CreateDataFile(target, p->m, o.direct_io, file_index));
-  SP_RETURN_IF_ERROR(engine::WriteChunkTasks(p->tasks, f.get(), o.io_threads, p->m.chunk_bytes));
+                      engine::CreateDataFile(target, stamp, o.direct_io, file_index));
+  std::vector<Tensor> staging(o.io_threads);
+  SP_RETURN_IF_ERROR(ParallelFor(p->tasks.size(), o.io_threads, [&](size_t i, int w) -> Status {
+    if (staging[w].data() == nullptr) {
+      SP_ASSIGN_OR_RETURN(staging[w], Tensor::Empty(DType::kU8, {int64_t(p->m.chunk_bytes)}));
+    }
+    return engine::WriteChunk(p->tasks[i], f.get(), staging[w].data());
+  }));
   SP_RETURN_IF_ERROR(f->Sync());
   return f->Close();
 }
@@ -124,7 +139,7 @@ Status Run(Communicator& comm, const State& local, const ShardLayout& layout,
            const std::string& path, const DistributedSaveOptions& o, RankPlan* p) {
   const int rank = comm.rank(), size = comm.size();
   const bool root = rank == kRoot;
-  Status planned = PlanRank(local, layout, rank, size, o.save.chunk_bytes, p);
+  Status planned = PlanRank(local, layout, rank, size, o.save.chunk_bytes, o.save.compression, p);
   if (planned.ok() && root) planned = CopyValues(local, &p->m.values);
   SP_ASSIGN_OR_RETURN(std::vector<std::string> plans,
                       comm.Gather(EncodePlan(planned, p->m), kRoot, o.timeout));

@@ -7,6 +7,11 @@
 // chunk's CRC32C on the staged bytes in the same pass. A filled slab goes onto a queue; writer
 // threads write it at its file offset and return it to the pool. When the queue is drained the
 // job finishes the files and commits with the same steps as a synchronous save.
+//
+// Compressed saves stage each chunk in a slab of its own instead (CRC32C of the raw bytes fused
+// with the copy); writer threads compress it, write the stored form at an offset handed out by an
+// ExtentAllocator as chunks finish (or the staged raw bytes, with the snapshot's CRC, when it does
+// not shrink) and return the slab.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -34,15 +39,21 @@ static double Since(Clock::time_point t0) {
 
 // One save in flight; shared by the Checkpointer, its threads and every SaveHandle copy.
 struct SaveHandle::Shared {
+  // A staged piece of the data file at `offset` (raw layout), or one whole chunk `task` to be
+  // compressed and placed by `alloc` (compressed saves; `crc` is its raw bytes' CRC32C).
   struct Slab {
     std::byte* data;
     uint64_t offset;
     uint64_t len;
+    const engine::ChunkTask* task = nullptr;
+    uint32_t crc = 0;
   };
 
   engine::SaveTarget target;
   bool overwrite = false;
   format::Manifest manifest;
+  std::vector<engine::ChunkTask> tasks;  // point into `manifest`
+  engine::ExtentAllocator alloc;
   std::unique_ptr<WritableFile> file;
   engine::StagingPool* pool = nullptr;
   Clock::time_point start;
@@ -80,8 +91,17 @@ struct SaveHandle::Shared {
     }
     cv.notify_all();
   }
+  // Compresses and writes a staged chunk (or writes it raw if it does not shrink).
+  Status WriteStaged(const Slab& slab, engine::CompressBuffers* b) {
+    SP_ASSIGN_OR_RETURN(bool done,
+                        engine::WriteCompressedChunk(*slab.task, slab.data, manifest.chunk_bytes,
+                                                     file.get(), &alloc, b));
+    if (done) return Status::OK();
+    return engine::StoreRawChunk(*slab.task, slab.data, slab.crc, file.get(), &alloc, nullptr);
+  }
   // Writer thread body: write slabs until the queue is closed and empty.
   void Drain() {
+    engine::CompressBuffers buffers;
     for (;;) {
       Slab slab;
       {
@@ -92,7 +112,8 @@ struct SaveHandle::Shared {
         queue.pop_front();
       }
       if (!failed) {
-        Status s = file->WriteAt(slab.offset, {slab.data, slab.len});
+        Status s = slab.task != nullptr ? WriteStaged(slab, &buffers)
+                                        : file->WriteAt(slab.offset, {slab.data, slab.len});
         if (!s.ok()) Fail(std::move(s));
       }
       pool->Release(slab.data);
@@ -104,7 +125,12 @@ struct SaveHandle::Shared {
       std::lock_guard<std::mutex> lock(mu);
       s = first_error;
     }
-    if (s.ok()) s = engine::FinishFiles(target, file.get(), manifest);
+    uint64_t stored = 0;
+    if (s.ok()) {
+      if (format::UsesCompression(manifest)) manifest.files[0].bytes = alloc.end();
+      for (const auto& t : manifest.tensors) stored += format::StoredBytes(t.shards[0]);
+      s = engine::FinishFiles(target, file.get(), manifest);
+    }
     if (s.ok()) s = engine::CommitSave(target, overwrite);
     if (!s.ok()) {
       engine::AbandonSave(target);
@@ -115,6 +141,7 @@ struct SaveHandle::Shared {
       std::lock_guard<std::mutex> lock(mu);
       result = s;
       stats.persist_seconds = Since(start);
+      stats.stored_bytes = stored;
       done = true;
     }
     cv.notify_all();
@@ -163,7 +190,9 @@ class Snapshotter {
 
   Status Run(const std::vector<ChunkTask>& tasks) {
     Status s;
-    for (size_t i = 0; i < tasks.size() && s.ok() && !job_->failed; ++i) s = StageChunk(tasks[i]);
+    for (size_t i = 0; i < tasks.size() && s.ok() && !job_->failed; ++i) {
+      s = tasks[i].stored != nullptr ? StageWhole(tasks[i]) : StageChunk(tasks[i]);
+    }
     if (slab_ != nullptr && (!s.ok() || job_->failed)) {
       job_->pool->Release(slab_);  // stopped early: nothing more will be written
     } else if (slab_ != nullptr) {
@@ -183,16 +212,39 @@ class Snapshotter {
       uint64_t at = pos - win_;
       std::memset(slab_ + fill_, 0, at - fill_);
       uint64_t n = std::min({t.len - done, slab_bytes_ - at, kCacheSlice});
-      if (copier_ != nullptr) {
-        SP_RETURN_IF_ERROR(copier_->Copy(t.src + done, slab_ + at, n));
-      } else {
-        std::memcpy(slab_ + at, t.src + done, n);
-      }
+      SP_RETURN_IF_ERROR(CopyPiece(t.src + done, slab_ + at, n));
       crc = Crc32cExtend(crc, {slab_ + at, n});
       fill_ = at + n;
       done += n;
     }
     *t.crc = crc;
+    return Status::OK();
+  }
+
+  // Compressed saves: copies one chunk into a slab of its own (CRC fused with the copy, for the
+  // case that it does not compress) and queues it for compression.
+  Status StageWhole(const ChunkTask& t) {
+    SP_ASSIGN_OR_RETURN(std::byte * slab,
+                        job_->pool->Acquire([this] { return job_->failed.load(); }));
+    if (slab == nullptr) return Status::OK();  // cancelled: the job failed
+    uint32_t crc = 0;
+    for (uint64_t done = 0; done < t.len;) {
+      uint64_t n = std::min(t.len - done, kCacheSlice);
+      Status s = CopyPiece(t.src + done, slab + done, n);
+      if (!s.ok()) {
+        job_->pool->Release(slab);
+        return s;
+      }
+      crc = Crc32cExtend(crc, {slab + done, n});
+      done += n;
+    }
+    job_->Push({slab, 0, t.len, &t, crc});
+    return Status::OK();
+  }
+
+  Status CopyPiece(const std::byte* src, std::byte* dst, uint64_t n) {
+    if (copier_ != nullptr) return copier_->Copy(src, dst, n);
+    std::memcpy(dst, src, n);
     return Status::OK();
   }
 
@@ -283,7 +335,8 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Stat
   job->overwrite = o.overwrite;
   SP_ASSIGN_OR_RETURN(job->target, BeginSave(path, o));
   Result<std::unique_ptr<WritableFile>> file = Status();
-  Result<std::vector<ChunkTask>> tasks = PlanSave(state, o.chunk_bytes, &job->manifest);
+  Result<std::vector<ChunkTask>> tasks =
+      PlanSave(state, o.chunk_bytes, &job->manifest, o.compression);
   if (tasks.ok()) file = CreateDataFile(job->target, job->manifest, o.direct_io);
   if (!tasks.ok() || !file.ok()) {
     AbandonSave(job->target);
@@ -291,12 +344,13 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Stat
     return s.WithContext(fmt::format("save {}", job->target.path));
   }
   job->file = std::move(*file);
+  job->tasks = std::move(*tasks);
   job->stats.bytes = state.tensor_bytes();
   job->stats.direct_io = job->file->direct();
   Launch(job);
   auto t0 = Clock::now();
   Snapshotter snap(job.get(), options_.copier);
-  Status s = snap.Run(*tasks);
+  Status s = snap.Run(job->tasks);
   if (!s.ok()) job->Fail(s);
   job->Close();
   std::lock_guard<std::mutex> lock(job->mu);

@@ -59,9 +59,9 @@ Status CopyValues(const State& from, const std::vector<std::string>& names, Stat
 }
 
 // Load with LoadOptions::mmap: single-shard tensors become views into the data files' mappings
-// (kept alive by the State), multi-shard ones are read into owned tensors. With verify_checksums,
-// the mapped tensors' chunks are checked once here. On a file system that cannot map, every
-// tensor is read instead.
+// (kept alive by the State), multi-shard and compressed ones are read into owned tensors. With
+// verify_checksums, the mapped tensors' chunks are checked once here. On a file system that cannot
+// map, every tensor is read instead.
 Status LoadMapped(engine::Reader& reader, const std::vector<bool>& keep, const LoadOptions& options,
                   State* state) {
   auto start = std::chrono::steady_clock::now();
@@ -74,7 +74,7 @@ Status LoadMapped(engine::Reader& reader, const std::vector<bool>& keep, const L
     if (!keep[i]) continue;
     const TensorInfo& info = reader.tensors()[i];
     bytes += info.nbytes;
-    if (can_map && info.num_shards <= 1) {
+    if (can_map && info.num_shards <= 1 && info.codec == "none") {
       std::shared_ptr<const MappedFile> mapping;
       Result<TensorView> view = reader.MapIndex(i, &mapping);
       if (view.ok()) {
@@ -101,7 +101,10 @@ Status LoadMapped(engine::Reader& reader, const std::vector<bool>& keep, const L
   if (options.stats != nullptr) {
     // (The data files are opened for their header checks even when nothing is read from them.)
     bool direct = !jobs.empty() && read_stats.direct_io;
-    *options.stats = IoStats{bytes, verified + read_stats.chunks, 0, direct};
+    *options.stats = IoStats{bytes, verified + read_stats.chunks, 0, direct, 0};
+    for (size_t i = 0; i < keep.size(); ++i) {
+      if (keep[i]) options.stats->stored_bytes += reader.tensors()[i].stored_bytes;
+    }
     options.stats->seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }

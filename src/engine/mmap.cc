@@ -5,7 +5,8 @@
 // Reader::File has checked its header (magic, version, checkpoint id, file index) and its size
 // against the manifest; the mapping's own size is checked again, since the file may have changed
 // in between. A view is handed out only for a tensor stored as a single shard (one contiguous,
-// C-order extent equal to the whole tensor); nothing of it is read until it is verified or touched.
+// C-order extent equal to the whole tensor, uncompressed); nothing of it is read until it is
+// verified or touched.
 //
 // Thread safety: see reader.h. maps_ is guarded by map_mu_, which is never held while File takes
 // mu_; two threads mapping the same file at once map it once.
@@ -58,6 +59,12 @@ Result<TensorView> Reader::MapIndex(size_t index, std::shared_ptr<const MappedFi
         "checkpoint {}: tensor {:?} is stored as {} shards, so it cannot be mapped as one "
         "contiguous view (read it with ReadTensor)",
         path_, t.name, t.shards.size()));
+  }
+  if (s.compressed()) {
+    return FailedPreconditionError(fmt::format(
+        "checkpoint {}: tensor {:?} is stored compressed ({}), so it cannot be mapped as a view "
+        "(read it with ReadTensor)",
+        path_, t.name, codec::CodecName(s.codec)));
   }
   SP_ASSIGN_OR_RETURN(std::shared_ptr<const MappedFile> map, Mapping(s.file));
   const std::span<const std::byte> bytes = map->data();

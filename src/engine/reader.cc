@@ -24,6 +24,28 @@ struct Reader::Task {
   Destination dst;  // where this chunk's first byte goes
 };
 
+namespace {
+
+TensorInfo Describe(const format::TensorRecord& t) {
+  TensorInfo info;
+  info.name = t.name;
+  info.dtype = t.dtype;
+  info.shape = t.shape;
+  info.nbytes = NumBytes(t.dtype, t.shape).value();
+  info.num_shards = t.shards.size();
+  for (const auto& s : t.shards) {
+    info.num_chunks += s.crc32c.size();
+    info.stored_bytes += format::StoredBytes(s);
+    if (s.compressed()) {
+      info.codec = codec::CodecName(s.codec);
+      info.filter = codec::FilterName(s.filter);
+    }
+  }
+  return info;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const LoadOptions& o) {
   if (o.io_threads < 1 || o.io_threads > 64) {
     return InvalidArgumentError(
@@ -47,12 +69,7 @@ Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const 
   r->json_ = format::ManifestToJson(r->m_);
   r->total_bytes_ = bytes->size();
   for (const auto& f : r->m_.files) r->total_bytes_ += f.bytes;
-  for (const auto& t : r->m_.tensors) {
-    size_t chunks = 0;
-    for (const auto& s : t.shards) chunks += s.crc32c.size();
-    r->infos_.push_back(
-        {t.name, t.dtype, t.shape, NumBytes(t.dtype, t.shape).value(), t.shards.size(), chunks});
-  }
+  for (const auto& t : r->m_.tensors) r->infos_.push_back(Describe(t));
   r->files_.resize(r->m_.files.size());
   r->maps_.resize(r->m_.files.size());
   return r;
@@ -96,10 +113,12 @@ Result<RandomAccessFile*> Reader::File(uint32_t index) {
 
 std::string Reader::ChunkWhere(const format::TensorRecord& t, const format::ShardRecord& s,
                                uint64_t chunk) const {
-  uint64_t pos = chunk * m_.chunk_bytes;
-  return fmt::format("checkpoint {}: tensor {:?} chunk {} (file {} offset {}, {} bytes)", path_,
-                     t.name, chunk, m_.files[s.file].name, s.offset + pos,
-                     std::min(m_.chunk_bytes, s.bytes - pos));
+  bool compressed = s.compressed() && s.stored[chunk].compressed;
+  return fmt::format("checkpoint {}: tensor {:?} chunk {} (file {} offset {}, {} bytes{})", path_,
+                     t.name, chunk, m_.files[s.file].name,
+                     format::ChunkOffset(s, chunk, m_.chunk_bytes),
+                     format::ChunkStoredLen(s, chunk, m_.chunk_bytes),
+                     compressed ? fmt::format(", {}-compressed", codec::CodecName(s.codec)) : "");
 }
 
 Status Reader::CheckChunk(const format::TensorRecord& t, const format::ShardRecord& s,
@@ -110,12 +129,42 @@ Status Reader::CheckChunk(const format::TensorRecord& t, const format::ShardReco
                                      ChunkWhere(t, s, chunk), s.crc32c[chunk], crc));
 }
 
-Status Reader::ReadChunk(const Task& t, std::byte* staging, bool verify) {
+// Allocates `*t` (chunk_bytes) on first use.
+static Status Ensure(Tensor* t, uint64_t chunk_bytes) {
+  if (t->data() != nullptr) return Status::OK();
+  SP_ASSIGN_OR_RETURN(*t, Tensor::Empty(DType::kU8, {int64_t(chunk_bytes)}));
+  return Status::OK();
+}
+
+Status Reader::ReadCompressedChunk(const Task& t, Buffers* b, bool verify) {
   const format::ShardRecord& s = *t.shard;
-  uint64_t pos = t.chunk * m_.chunk_bytes;
-  uint64_t len = std::min(m_.chunk_bytes, s.bytes - pos);
-  uint64_t off = s.offset + pos;
+  const format::StoredChunk& sc = s.stored[t.chunk];
   SP_ASSIGN_OR_RETURN(RandomAccessFile * f, File(s.file));
+  SP_RETURN_IF_ERROR(Ensure(&b->staging, m_.chunk_bytes));
+  // sc.bytes <= the chunk's raw size <= chunk_bytes (checked by the decoder), so this fits.
+  Status st = f->ReadAt(sc.offset, {b->staging.data(), f->direct() ? AlignUp(sc.bytes) : sc.bytes});
+  if (!st.ok()) return st.WithContext(ChunkWhere(*t.tensor, s, t.chunk));
+  std::span<const std::byte> stored(b->staging.data(), sc.bytes);
+  if (verify) SP_RETURN_IF_ERROR(CheckChunk(*t.tensor, s, t.chunk, stored));
+  if (t.dst.data == nullptr) return Status::OK();
+  const uint64_t len = format::ChunkLen(s.bytes, t.chunk, m_.chunk_bytes);
+  const size_t elem = DTypeSize(t.tensor->dtype);
+  const bool shuffle = s.filter == codec::Filter::kShuffle && elem > 1;
+  if (shuffle) SP_RETURN_IF_ERROR(Ensure(&b->scratch, m_.chunk_bytes));
+  Status d = codec::DecompressChunk({s.codec, s.filter, 1}, elem, stored, {t.dst.data, len},
+                                    {b->scratch.data(), shuffle ? len : 0});
+  if (!d.ok()) return d.WithContext(ChunkWhere(*t.tensor, s, t.chunk));
+  return Status::OK();
+}
+
+Status Reader::ReadChunk(const Task& t, Buffers* b, bool verify) {
+  const format::ShardRecord& s = *t.shard;
+  if (s.compressed() && s.stored[t.chunk].compressed) return ReadCompressedChunk(t, b, verify);
+  uint64_t len = format::ChunkLen(s.bytes, t.chunk, m_.chunk_bytes);
+  uint64_t off = format::ChunkOffset(s, t.chunk, m_.chunk_bytes);
+  SP_ASSIGN_OR_RETURN(RandomAccessFile * f, File(s.file));
+  SP_RETURN_IF_ERROR(Ensure(&b->staging, m_.chunk_bytes));
+  std::byte* staging = b->staging.data();
   std::byte* out = t.dst.data;
   bool aligned = out != nullptr && reinterpret_cast<uintptr_t>(out) % kAlignment == 0;
   Status st;
@@ -132,9 +181,9 @@ Status Reader::ReadChunk(const Task& t, std::byte* staging, bool verify) {
 }
 
 Status Reader::ReadShardChunk(size_t tensor, size_t shard, uint64_t chunk, Destination dst,
-                              std::byte* staging, bool verify) {
+                              Buffers* b, bool verify) {
   const format::TensorRecord& t = m_.tensors[tensor];
-  return ReadChunk(Task{&t, &t.shards[shard], chunk, dst}, staging, verify);
+  return ReadChunk(Task{&t, &t.shards[shard], chunk, dst}, b, verify);
 }
 
 Status Reader::AddTasks(size_t ti, Destination dst, std::vector<Task>* tasks,
@@ -163,21 +212,21 @@ Status Reader::ReadMany(const std::vector<std::pair<size_t, Destination>>& jobs,
   std::vector<Task> tasks;
   std::vector<Scatter> scatter;
   for (const auto& [ti, dst] : jobs) SP_RETURN_IF_ERROR(AddTasks(ti, dst, &tasks, &scatter));
-  std::vector<Tensor> staging(options_.io_threads);
+  std::vector<Buffers> buffers(options_.io_threads);
   SP_RETURN_IF_ERROR(ParallelFor(tasks.size(), options_.io_threads, [&](size_t i, int w) -> Status {
-    if (staging[w].data() == nullptr) {
-      SP_ASSIGN_OR_RETURN(staging[w], Tensor::Empty(DType::kU8, {int64_t(m_.chunk_bytes)}));
-    }
-    return ReadChunk(tasks[i], staging[w].data(), verify);
+    return ReadChunk(tasks[i], &buffers[w], verify);
   }));
   for (const Scatter& sc : scatter) {
     CopyBoxIntoTensor(sc.buffer.data(), sc.shard->offsets, sc.shard->sizes, sc.dst.data,
                       sc.tensor->shape, DTypeSize(sc.tensor->dtype));
   }
   if (stats != nullptr) {
-    *stats = IoStats{0, tasks.size(), 0, false};
+    *stats = IoStats{0, tasks.size(), 0, false, 0};
     for (const auto& f : files_) stats->direct_io = stats->direct_io || (f && f->direct());
-    for (const auto& [ti, dst] : jobs) stats->bytes += infos_[ti].nbytes;
+    for (const auto& [ti, dst] : jobs) {
+      stats->bytes += infos_[ti].nbytes;
+      stats->stored_bytes += infos_[ti].stored_bytes;
+    }
     stats->seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }

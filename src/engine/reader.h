@@ -54,11 +54,16 @@ class Reader final : public CheckpointReader {
   const format::Manifest& manifest() const { return m_; }
   // Opens data file `index` (once), checking its header and size against the manifest.
   Status OpenFile(uint32_t index) { return File(index).status(); }
-  // Reads chunk `chunk` of shard `shard` of tensor `tensor` into `dst` (through `staging`, a
-  // chunk_bytes aligned scratch buffer, when `dst` does not suit direct I/O), verifying its CRC32C
-  // when `verify`. For readers of parts of tensors (the distributed load).
-  Status ReadShardChunk(size_t tensor, size_t shard, uint64_t chunk, Destination dst,
-                        std::byte* staging, bool verify);
+  // One worker's buffers (chunk_bytes each, allocated on first use).
+  struct Buffers {
+    Tensor staging;  // a chunk read for verification only, unaligned for direct I/O, or compressed
+    Tensor scratch;  // the shuffled form of a chunk being decompressed
+  };
+  // Reads chunk `chunk` of shard `shard` of tensor `tensor` (raw or compressed) into `dst`, which
+  // receives its raw bytes, using worker buffers `b`, verifying its CRC32C when `verify`. For
+  // readers of parts of tensors (the distributed load).
+  Status ReadShardChunk(size_t tensor, size_t shard, uint64_t chunk, Destination dst, Buffers* b,
+                        bool verify);
 
   // --- Mapping (mmap.cc). ---
   // A read-only view of tensor `index` inside its data file's mapping, without verification.
@@ -83,8 +88,11 @@ class Reader final : public CheckpointReader {
   Result<RandomAccessFile*> File(uint32_t index);
   // Data file `index` mapped read-only, once, after File(index) has checked its header and size.
   Result<std::shared_ptr<const MappedFile>> Mapping(uint32_t index);
-  Status ReadChunk(const Task& t, std::byte* staging, bool verify);
-  // "checkpoint P: tensor "T" chunk C (file F offset O, N bytes)": names a chunk in messages.
+  Status ReadChunk(const Task& t, Buffers* b, bool verify);
+  // A chunk stored compressed: read into b->staging, verified there, decompressed into t.dst.
+  Status ReadCompressedChunk(const Task& t, Buffers* b, bool verify);
+  // "checkpoint P: tensor "T" chunk C (file F offset O, N bytes)": names a chunk in messages
+  // (with ", zstd-compressed" for a compressed chunk; O and N are the stored extent's).
   std::string ChunkWhere(const format::TensorRecord& t, const format::ShardRecord& s,
                          uint64_t chunk) const;
   // Corruption (naming the chunk) unless `bytes` (chunk `chunk` of shard `s`) match its CRC32C.

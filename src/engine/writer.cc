@@ -4,7 +4,9 @@
 //   1. CreateDir(tmp), tmp = <parent>/.<name>.savepoint-tmp.<pid>.<random>
 //   2. Write data file tmp/data-00000-00000.spd: a 4 KiB header, then every tensor as one
 //      4 KiB-aligned extent, cut into chunks that worker threads copy, checksum (CRC32C, while the
-//      bytes are hot in cache) and write in parallel.
+//      bytes are hot in cache) and write in parallel. With compression (docs/FORMAT.md §7) each
+//      chunk is compressed instead, its CRC32C taken on the compressed bytes right after, and its
+//      stored form written at the next free 4 KiB-aligned offset (ExtentAllocator) as it finishes.
 //   3. Sync and close the data file.
 //   4. Write tmp/MANIFEST (it names every file, extent and checksum) and sync it.
 //   5. SyncDir(tmp): the directory's entries are durable.
@@ -34,26 +36,6 @@ using format::kAlignment;
 
 constexpr uint64_t kCacheSlice = 256 << 10;  // copy+checksum granularity (fits in L2)
 
-// Writes one chunk: straight from the caller's memory when the file's alignment rules allow it,
-// else through this worker's aligned staging buffer. The CRC is taken on the bytes being written.
-Status WriteChunk(const ChunkTask& t, WritableFile* f, std::byte* staging) {
-  bool aligned = reinterpret_cast<uintptr_t>(t.src) % kAlignment == 0;
-  if (t.len % kAlignment == 0 && (aligned || !f->direct())) {
-    *t.crc = Crc32c({t.src, t.len});
-    return f->WriteAt(t.file_offset, {t.src, t.len});
-  }
-  uint32_t crc = 0;
-  for (uint64_t pos = 0; pos < t.len; pos += kCacheSlice) {
-    uint64_t n = std::min(kCacheSlice, t.len - pos);
-    std::memcpy(staging + pos, t.src + pos, n);
-    crc = Crc32cExtend(crc, {staging + pos, n});
-  }
-  uint64_t padded = AlignUp(t.len);
-  std::memset(staging + t.len, 0, padded - t.len);
-  *t.crc = crc;
-  return f->WriteAt(t.file_offset, {staging, padded});
-}
-
 Status CopyValues(const State& from, State* to) {
   for (const auto& [name, e] : from.entries()) {
     if (!e.is_tensor()) SP_RETURN_IF_ERROR(to->PutValue(name, e.value()));
@@ -74,6 +56,38 @@ Status CreateDirsDurably(FileSystem* fs, const std::string& dir) {
   return fs->SyncDir(parent);
 }
 
+Status CheckCompression(const Compression& c) {
+  if (c.codec != Compression::Codec::kNone && c.codec != Compression::Codec::kZstd &&
+      c.codec != Compression::Codec::kLz4) {
+    return InvalidArgumentError(fmt::format(
+        "SaveOptions.compression.codec = {}: not a Compression::Codec", static_cast<int>(c.codec)));
+  }
+  if (c.shuffle != Compression::Shuffle::kAuto && c.shuffle != Compression::Shuffle::kOn &&
+      c.shuffle != Compression::Shuffle::kOff) {
+    return InvalidArgumentError(
+        fmt::format("SaveOptions.compression.shuffle = {}: not a Compression::Shuffle",
+                    static_cast<int>(c.shuffle)));
+  }
+  if (c.codec == Compression::Codec::kZstd && (c.zstd_level < -7 || c.zstd_level > 22)) {
+    return InvalidArgumentError(
+        fmt::format("SaveOptions.compression.zstd_level = {}: must be in [-7, 22]", c.zstd_level));
+  }
+  return Status::OK();
+}
+
+// The codec options of a tensor of `dtype` under `c` (a codec other than kNone).
+codec::CodecOptions ResolveCodec(const Compression& c, DType dtype) {
+  codec::CodecOptions o;
+  o.codec = c.codec == Compression::Codec::kZstd ? codec::Codec::kZstd : codec::Codec::kLz4;
+  o.level = c.zstd_level;
+  size_t e = DTypeSize(dtype);
+  bool shuffle = c.shuffle == Compression::Shuffle::kOn
+                     ? e > 1
+                     : c.shuffle == Compression::Shuffle::kAuto && (e == 2 || e == 4 || e == 8);
+  o.filter = shuffle ? codec::Filter::kShuffle : codec::Filter::kNone;
+  return o;
+}
+
 }  // namespace
 
 Status CheckSaveOptions(const SaveOptions& o) {
@@ -87,7 +101,64 @@ Status CheckSaveOptions(const SaveOptions& o) {
     return InvalidArgumentError(
         fmt::format("SaveOptions.io_threads = {}: must be in [1, 64]", o.io_threads));
   }
-  return Status::OK();
+  return CheckCompression(o.compression);
+}
+
+// The CRC is taken on the bytes being written.
+Status WriteChunk(const ChunkTask& t, WritableFile* f, std::byte* staging) {
+  bool aligned = reinterpret_cast<uintptr_t>(t.src) % kAlignment == 0;
+  if (t.len % kAlignment == 0 && (aligned || !f->direct())) {
+    *t.crc = Crc32c({t.src, t.len});
+    return f->WriteAt(t.file_offset, {t.src, t.len});
+  }
+  uint32_t crc = 0;
+  for (uint64_t pos = 0; pos < t.len; pos += kCacheSlice) {
+    uint64_t n = std::min(kCacheSlice, t.len - pos);
+    std::memcpy(staging + pos, t.src + pos, n);
+    crc = Crc32cExtend(crc, {staging + pos, n});
+  }
+  uint64_t padded = AlignUp(t.len);
+  std::memset(staging + t.len, 0, padded - t.len);
+  *t.crc = crc;
+  return f->WriteAt(t.file_offset, {staging, padded});
+}
+
+Result<bool> WriteCompressedChunk(const ChunkTask& t, const std::byte* raw, uint64_t chunk_bytes,
+                                  WritableFile* f, ExtentAllocator* alloc, CompressBuffers* b) {
+  if (b->out.data() == nullptr) {
+    SP_ASSIGN_OR_RETURN(b->out, Tensor::Empty(DType::kU8, {int64_t(chunk_bytes)}));
+  }
+  bool shuffle = t.codec.filter == codec::Filter::kShuffle && t.elem_size > 1;
+  if (shuffle && b->scratch.data() == nullptr) {
+    SP_ASSIGN_OR_RETURN(b->scratch, Tensor::Empty(DType::kU8, {int64_t(chunk_bytes)}));
+  }
+  // `out` holds at most t.len bytes: output that does not fit did not shrink the chunk.
+  std::span<std::byte> out(b->out.data(), t.len);
+  std::span<std::byte> scratch(b->scratch.data(), shuffle ? t.len : 0);
+  SP_ASSIGN_OR_RETURN(codec::CompressedChunk c,
+                      codec::CompressChunk(t.codec, t.elem_size, {raw, t.len}, out, scratch));
+  // Keep the compressed form only if it saves at least one 4 KiB block on disk; otherwise the raw
+  // bytes cost no more space and need no decompression.
+  if (!c.compressed || AlignUp(c.stored_bytes) >= AlignUp(t.len)) return false;
+  *t.crc = Crc32c({out.data(), c.stored_bytes});  // the output is still hot in cache
+  const uint64_t padded = AlignUp(c.stored_bytes);
+  std::memset(out.data() + c.stored_bytes, 0, padded - c.stored_bytes);
+  const uint64_t offset = alloc->Allocate(padded);
+  *t.stored = {offset, c.stored_bytes, true};
+  SP_RETURN_IF_ERROR(f->WriteAt(offset, {out.data(), padded}));
+  return true;
+}
+
+Status StoreRawChunk(const ChunkTask& t, std::byte* staged, uint32_t staged_crc, WritableFile* f,
+                     ExtentAllocator* alloc, std::byte* staging) {
+  ChunkTask raw = t;
+  raw.file_offset = alloc->Allocate(t.len);
+  *t.stored = {raw.file_offset, t.len, false};
+  if (staged == nullptr) return WriteChunk(raw, f, staging);
+  const uint64_t padded = AlignUp(t.len);
+  std::memset(staged + t.len, 0, padded - t.len);
+  *t.crc = staged_crc;
+  return f->WriteAt(raw.file_offset, {staged, padded});
 }
 
 Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o) {
@@ -107,7 +178,7 @@ Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o) 
 }
 
 Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes,
-                                        format::Manifest* m) {
+                                        format::Manifest* m, const Compression& compression) {
   m->checkpoint_id = RandomU64();
   m->created_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                       std::chrono::system_clock::now().time_since_epoch())
@@ -115,14 +186,26 @@ Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes
   m->writer = "savepoint " SAVEPOINT_VERSION;
   m->chunk_bytes = chunk_bytes;
   SP_RETURN_IF_ERROR(CopyValues(state, &m->values));
+  const bool compress = compression.codec != Compression::Codec::kNone;
   uint64_t offset = format::kDataHeaderBytes;
   for (const auto& [name, e] : state.entries()) {
     if (!e.is_tensor()) continue;
     const TensorView& v = e.tensor();
-    format::ShardRecord s{Shape(v.shape().size(), 0), v.shape(), 0, offset, v.nbytes(), {}};
+    format::ShardRecord s;
+    s.offsets = Shape(v.shape().size(), 0);
+    s.sizes = v.shape();
+    s.offset = offset;
+    s.bytes = v.nbytes();
     s.crc32c.resize(format::NumChunks(s.bytes, chunk_bytes));
+    if (compress && s.bytes > 0) {
+      codec::CodecOptions c = ResolveCodec(compression, v.dtype());
+      s.offset = 0;
+      s.codec = c.codec;
+      s.filter = c.filter;
+      s.stored.resize(s.crc32c.size());
+    }
     m->tensors.push_back({name, v.dtype(), v.shape(), {std::move(s)}});
-    offset = AlignUp(offset + v.nbytes());
+    if (!compress) offset = AlignUp(offset + v.nbytes());
   }
   m->files.push_back({DataFileName(0, 0), offset});
   std::vector<ChunkTask> tasks;
@@ -130,9 +213,17 @@ Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes
     format::ShardRecord& s = t.shards[0];
     const std::byte* src = state.FindTensor(t.name)->data();
     for (uint64_t c = 0; c < s.crc32c.size(); ++c) {
-      uint64_t pos = c * chunk_bytes;
-      tasks.push_back(
-          {src + pos, std::min(chunk_bytes, s.bytes - pos), s.offset + pos, &s.crc32c[c]});
+      ChunkTask task;
+      task.src = src + c * chunk_bytes;
+      task.len = format::ChunkLen(s.bytes, c, chunk_bytes);
+      task.file_offset = s.offset + c * chunk_bytes;
+      task.crc = &s.crc32c[c];
+      if (s.compressed()) {
+        task.stored = &s.stored[c];
+        task.codec = ResolveCodec(compression, t.dtype);
+        task.elem_size = DTypeSize(t.dtype);
+      }
+      tasks.push_back(task);
     }
   }
   return tasks;
@@ -140,11 +231,11 @@ Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes
 
 Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const format::Manifest& m,
                                                      bool direct_io, uint32_t file_index) {
-  std::string path = JoinPath(t.tmp, m.files[0].name);
+  std::string path = JoinPath(t.tmp, m.files[file_index].name);
   SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
                       t.fs->NewWritableFile(path, FileOptions{.direct_io = direct_io}));
   spdlog::debug("savepoint: writing {} ({})", path, f->direct() ? "O_DIRECT" : "buffered");
-  SP_RETURN_IF_ERROR(f->Preallocate(m.files[0].bytes));
+  SP_RETURN_IF_ERROR(f->Preallocate(m.files[file_index].bytes));
   SP_ASSIGN_OR_RETURN(Tensor header,
                       Tensor::Zeros(DType::kU8, {int64_t(format::kDataHeaderBytes)}));
   std::string h = format::EncodeDataHeader(m.checkpoint_id, file_index);
@@ -190,32 +281,31 @@ Status CommitSave(const SaveTarget& t, bool overwrite) {
 
 void AbandonSave(const SaveTarget& t) { t.fs->RemoveAll(t.tmp).IgnoreError(); }
 
-Status WriteChunkTasks(const std::vector<ChunkTask>& tasks, WritableFile* f, int io_threads,
-                       uint64_t chunk_bytes) {
-  std::vector<Tensor> staging(io_threads);
-  return ParallelFor(tasks.size(), io_threads, [&](size_t i, int w) -> Status {
-    if (staging[w].data() == nullptr) {
-      SP_ASSIGN_OR_RETURN(staging[w], Tensor::Empty(DType::kU8, {int64_t(chunk_bytes)}));
-    }
-    return WriteChunk(tasks[i], f, staging[w].data());
-  });
-}
-
 namespace {
 
 Status WriteAndCommit(const State& state, const SaveTarget& target, const SaveOptions& o,
-                      bool* direct) {
+                      bool* direct, uint64_t* stored_bytes) {
   format::Manifest m;
-  SP_ASSIGN_OR_RETURN(std::vector<ChunkTask> tasks, PlanSave(state, o.chunk_bytes, &m));
+  SP_ASSIGN_OR_RETURN(std::vector<ChunkTask> tasks,
+                      PlanSave(state, o.chunk_bytes, &m, o.compression));
   SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, CreateDataFile(target, m, o.direct_io));
   *direct = f->direct();
   std::vector<Tensor> staging(o.io_threads);
+  std::vector<CompressBuffers> buffers(o.io_threads);
+  ExtentAllocator alloc;
   SP_RETURN_IF_ERROR(ParallelFor(tasks.size(), o.io_threads, [&](size_t i, int w) -> Status {
     if (staging[w].data() == nullptr) {
       SP_ASSIGN_OR_RETURN(staging[w], Tensor::Empty(DType::kU8, {int64_t(m.chunk_bytes)}));
     }
-    return WriteChunk(tasks[i], f.get(), staging[w].data());
+    const ChunkTask& t = tasks[i];
+    if (t.stored == nullptr) return WriteChunk(t, f.get(), staging[w].data());
+    SP_ASSIGN_OR_RETURN(
+        bool done, WriteCompressedChunk(t, t.src, m.chunk_bytes, f.get(), &alloc, &buffers[w]));
+    return done ? Status::OK() : StoreRawChunk(t, nullptr, 0, f.get(), &alloc, staging[w].data());
   }));
+  if (format::UsesCompression(m)) m.files[0].bytes = alloc.end();
+  *stored_bytes = 0;
+  for (const auto& t : m.tensors) *stored_bytes += format::StoredBytes(t.shards[0]);
   SP_RETURN_IF_ERROR(FinishFiles(target, f.get(), m));
   return CommitSave(target, o.overwrite);
 }
@@ -229,13 +319,14 @@ Status Save(const State& state, const std::string& path, const SaveOptions& o) {
   auto start = std::chrono::steady_clock::now();
   SP_ASSIGN_OR_RETURN(engine::SaveTarget target, engine::BeginSave(path, o));
   bool direct = false;
-  Status s = engine::WriteAndCommit(state, target, o, &direct);
+  uint64_t stored = 0;
+  Status s = engine::WriteAndCommit(state, target, o, &direct, &stored);
   if (!s.ok()) {
     engine::AbandonSave(target);
     return s.WithContext(fmt::format("save {}", target.path));
   }
   if (o.stats != nullptr) {
-    *o.stats = IoStats{state.tensor_bytes(), 0, 0, direct};
+    *o.stats = IoStats{state.tensor_bytes(), 0, 0, direct, stored};
     for (const auto& [n, e] : state.entries()) {
       if (e.is_tensor()) o.stats->chunks += format::NumChunks(e.tensor().nbytes(), o.chunk_bytes);
     }

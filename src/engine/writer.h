@@ -4,11 +4,13 @@
 #ifndef SAVEPOINT_ENGINE_WRITER_H_
 #define SAVEPOINT_ENGINE_WRITER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "codec/codec.h"
 #include "format/manifest.h"
 #include "savepoint/checkpoint.h"
 
@@ -16,11 +18,38 @@ namespace savepoint::engine {
 
 // One chunk of one tensor: `len` bytes from `src`, to be stored at `file_offset`; its CRC32C is
 // stored into `*crc` (a slot of the manifest) once computed.
+//
+// Compressed saves: `stored` (a slot of the manifest) is non-null; `file_offset` is then unused,
+// the chunk is compressed with `codec` (filter element size `elem_size`) and its stored form goes
+// wherever an ExtentAllocator puts it; `*crc` covers the stored bytes.
 struct ChunkTask {
-  const std::byte* src;
-  uint64_t len;
-  uint64_t file_offset;
-  uint32_t* crc;
+  const std::byte* src = nullptr;
+  uint64_t len = 0;
+  uint64_t file_offset = 0;
+  uint32_t* crc = nullptr;
+  format::StoredChunk* stored = nullptr;
+  codec::CodecOptions codec;
+  size_t elem_size = 1;
+};
+
+// Hands out 4 KiB-aligned extents at the end of a data file, in the order chunks finish.
+// Thread-safe.
+class ExtentAllocator {
+ public:
+  explicit ExtentAllocator(uint64_t start = format::kDataHeaderBytes) : next_(start) {}
+  // The offset of a new extent of `bytes` bytes (rounded up to 4096).
+  uint64_t Allocate(uint64_t bytes) { return next_.fetch_add(format::AlignUp(bytes)); }
+  // The end of the last extent: the file's size.
+  uint64_t end() const { return next_.load(); }
+
+ private:
+  std::atomic<uint64_t> next_;
+};
+
+// Buffers of one thread's compressed writes, allocated on first use (chunk_bytes each).
+struct CompressBuffers {
+  Tensor out;      // compressed bytes, zero-padded to 4 KiB before the write
+  Tensor scratch;  // the shuffled chunk
 };
 
 // Where a save goes: the final path and the hidden temporary directory (already created).
@@ -30,7 +59,7 @@ struct SaveTarget {
   std::string tmp;
 };
 
-// Checks chunk_bytes and io_threads.
+// Checks chunk_bytes, io_threads and compression.
 Status CheckSaveOptions(const SaveOptions& o);
 
 // Steps 1-2 of the protocol: validates the path, refuses an existing checkpoint unless
@@ -39,23 +68,41 @@ Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o);
 
 // A manifest with a fresh id, the creation time, the writer and chunk size, the values and
 // metadata of `state`, and every tensor laid out in data file 0. Returns the chunk tasks that
-// fill the file (CRC slots point into the manifest, so it must not move while they are used).
+// fill the file (CRC and stored-chunk slots point into the manifest, so it must not move while
+// they are used).
+//
+// With a codec in `compression`, every non-empty tensor is a compressed shard whose chunks are
+// placed as they finish: files[0].bytes is then only the header's size, and the caller sets it to
+// its ExtentAllocator's end() once every chunk is written.
 Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes,
-                                        format::Manifest* m);
+                                        format::Manifest* m, const Compression& compression = {});
 
-// Creates data file 0 (m.files[0]) in the temporary directory and writes its header. The header
-// is stamped with `file_index`, the index the file will have in the final manifest (a multi-rank
-// save plans each rank's file as files[0] of a local manifest; the global one lists them all).
+// Creates data file `file_index` of the manifest in the temporary directory, preallocates its
+// manifest size and writes its header.
 Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const format::Manifest& m,
                                                      bool direct_io, uint32_t file_index = 0);
 
-// Writes the chunk tasks into `f` on `io_threads` threads (aligned staging buffers of
-// `chunk_bytes` each), storing every chunk's CRC32C into its slot.
-Status WriteChunkTasks(const std::vector<ChunkTask>& tasks, WritableFile* f, int io_threads,
-                       uint64_t chunk_bytes);
+// Writes one chunk of the raw layout (t.stored == nullptr) at t.file_offset: straight from the
+// caller's memory when the file's alignment rules allow it, else through `staging` (chunk_bytes,
+// 4 KiB-aligned). The CRC is fused with the copy.
+Status WriteChunk(const ChunkTask& t, WritableFile* f, std::byte* staging);
 
-// Steps 4-6: syncs and closes the data file (unless `data` is null), writes and syncs MANIFEST,
-// syncs the directory.
+// Compressed saves: compresses chunk `t` from `raw` (its t.len raw bytes, t.src or a staged copy).
+// If that shrinks it by at least one 4 KiB block, writes the stored form zero-padded to 4 KiB at an offset from `alloc`, sets
+// *t.crc (CRC32C of the stored bytes, computed right after compressing) and *t.stored, and returns
+// true. Otherwise writes nothing and returns false: the caller stores the raw bytes instead
+// (StoreRawChunk).
+Result<bool> WriteCompressedChunk(const ChunkTask& t, const std::byte* raw, uint64_t chunk_bytes,
+                                  WritableFile* f, ExtentAllocator* alloc, CompressBuffers* b);
+
+// Compressed saves: stores chunk `t` raw at an offset from `alloc` and records it in *t.stored.
+// `staged` null: from t.src through `staging` (as WriteChunk). `staged` non-null: a 4 KiB-aligned
+// copy of the chunk with AlignUp(t.len) writable bytes (padded here) whose CRC32C is `staged_crc`.
+Status StoreRawChunk(const ChunkTask& t, std::byte* staged, uint32_t staged_crc, WritableFile* f,
+                     ExtentAllocator* alloc, std::byte* staging);
+
+// Steps 4-6: syncs and closes the data file (unless `data` is null: a multi-rank save's ranks
+// close their own), writes and syncs MANIFEST, syncs the directory.
 Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manifest& m);
 
 // Steps 7-10: renames into place and syncs the parent.

@@ -48,8 +48,21 @@ Json ValueToJson(const std::string& name, const Value& v) {
 }
 
 Json ShardToJson(const ShardRecord& s) {
-  return {{"offsets", s.offsets}, {"sizes", s.sizes}, {"file", s.file},
-          {"offset", s.offset},   {"bytes", s.bytes}, {"crc32c", s.crc32c}};
+  Json j = {{"offsets", s.offsets}, {"sizes", s.sizes}, {"file", s.file},
+            {"offset", s.offset},   {"bytes", s.bytes}, {"crc32c", s.crc32c}};
+  if (!s.compressed()) return j;  // uncompressed shards stay exactly as in plain version 1
+  Json offsets = Json::array(), sizes = Json::array(), flags = Json::array();
+  for (const StoredChunk& c : s.stored) {
+    offsets.push_back(c.offset);
+    sizes.push_back(c.bytes);
+    flags.push_back(c.compressed ? 1 : 0);
+  }
+  j["codec"] = codec::CodecName(s.codec);
+  j["filter"] = codec::FilterName(s.filter);
+  j["stored_offsets"] = std::move(offsets);
+  j["stored_bytes"] = std::move(sizes);
+  j["stored_compressed"] = std::move(flags);
+  return j;
 }
 
 }  // namespace
@@ -68,7 +81,18 @@ Status ValidateFileName(std::string_view name) {
   return Status::OK();
 }
 
+bool UsesCompression(const Manifest& m) {
+  for (const auto& t : m.tensors) {
+    for (const auto& s : t.shards) {
+      if (s.compressed()) return true;
+    }
+  }
+  return false;
+}
+
 Json ManifestToJson(const Manifest& m) {
+  Json features = Json::array();
+  if (UsesCompression(m)) features.push_back(kFeatureCompression);
   Json files = Json::array();
   for (const auto& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}});
   Json tensors = Json::array();
@@ -84,7 +108,7 @@ Json ManifestToJson(const Manifest& m) {
   }
   return {{"format", "savepoint"},
           {"version", m.version},
-          {"required_features", Json::array()},
+          {"required_features", features},
           {"checkpoint_id", fmt::format("{:016x}", m.checkpoint_id)},
           {"created_ns", std::max<int64_t>(m.created_ns, 0)},
           {"writer", m.writer},

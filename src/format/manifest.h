@@ -7,11 +7,13 @@
 #ifndef SAVEPOINT_FORMAT_MANIFEST_H_
 #define SAVEPOINT_FORMAT_MANIFEST_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "codec/codec.h"
 #include "savepoint/state.h"
 #include "savepoint/status.h"
 #include "savepoint/tensor.h"
@@ -38,20 +40,39 @@ inline constexpr size_t kMaxBytesValue = size_t{64} << 20;
 inline constexpr size_t kMaxJsonDepth = 64;
 inline constexpr size_t kMaxFileNameBytes = 255;
 
+// Names a reader must know to read a checkpoint that lists them in `required_features`.
+inline constexpr std::string_view kFeatureCompression = "compression";
+
 struct FileRecord {
   std::string name;  // plain file name inside the checkpoint directory
   uint64_t bytes = 0;
 };
 
-// One stored box of a tensor: the region [offsets, offsets + sizes) of the global tensor, stored
-// C-order and contiguously at [offset, offset + bytes) of files[file].
+// Where and how one chunk of a compressed shard is stored (docs/FORMAT.md, "Compressed shards").
+struct StoredChunk {
+  uint64_t offset = 0;      // in the shard's file; a multiple of 4096, >= 4096
+  uint64_t bytes = 0;       // stored size: the compressed size, or the raw chunk size
+  bool compressed = false;  // false: the raw chunk bytes, unfiltered
+};
+
+// One stored box of a tensor: the region [offsets, offsets + sizes) of the global tensor (`bytes`
+// bytes, C-order). Without compression (codec kNone) it is stored contiguously at
+// [offset, offset + bytes) of files[file]. With a codec, `offset` is 0 and chunk c is stored on its
+// own at [stored[c].offset, + stored[c].bytes) of files[file], compressed with codec and filter
+// when stored[c].compressed.
 struct ShardRecord {
   Shape offsets;
   Shape sizes;
   uint32_t file = 0;
   uint64_t offset = 0;
   uint64_t bytes = 0;
-  std::vector<uint32_t> crc32c;  // one per chunk of `chunk_bytes` (last may be shorter)
+  std::vector<uint32_t> crc32c;  // one per chunk of `chunk_bytes` (last may be shorter); with a
+                                 // codec, the CRC32C of the chunk's stored bytes
+  codec::Codec codec = codec::Codec::kNone;
+  codec::Filter filter = codec::Filter::kNone;
+  std::vector<StoredChunk> stored = {};  // one per chunk when codec != kNone, else empty
+
+  bool compressed() const { return codec != codec::Codec::kNone; }
 };
 
 struct TensorRecord {
@@ -77,6 +98,26 @@ inline uint64_t NumChunks(uint64_t bytes, uint64_t chunk_bytes) {
   return bytes == 0 ? 0 : (bytes - 1) / chunk_bytes + 1;
 }
 inline uint64_t AlignUp(uint64_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+// Raw size of chunk `chunk` of a shard of `bytes` bytes.
+inline uint64_t ChunkLen(uint64_t bytes, uint64_t chunk, uint64_t chunk_bytes) {
+  return std::min(chunk_bytes, bytes - chunk * chunk_bytes);
+}
+// File offset and stored size of chunk `chunk` of `s` (compressed or not).
+inline uint64_t ChunkOffset(const ShardRecord& s, uint64_t chunk, uint64_t chunk_bytes) {
+  return s.compressed() ? s.stored[chunk].offset : s.offset + chunk * chunk_bytes;
+}
+inline uint64_t ChunkStoredLen(const ShardRecord& s, uint64_t chunk, uint64_t chunk_bytes) {
+  return s.compressed() ? s.stored[chunk].bytes : ChunkLen(s.bytes, chunk, chunk_bytes);
+}
+// Bytes of `s` as stored in its file, without padding (its `bytes` when uncompressed).
+inline uint64_t StoredBytes(const ShardRecord& s) {
+  if (!s.compressed()) return s.bytes;
+  uint64_t n = 0;
+  for (const StoredChunk& c : s.stored) n += c.bytes;
+  return n;
+}
+// Whether any shard of `m` is compressed (then "compression" is a required feature).
+bool UsesCompression(const Manifest& m);
 
 // OK if `name` may be a file name inside a checkpoint: 1..255 bytes of [A-Za-z0-9._-], not
 // starting with '.', so never "..", never a path.

@@ -107,6 +107,45 @@ Status DecodeFiles(const Json& root, const Ctx& ctx, Manifest* m) {
   return Status::OK();
 }
 
+// A stored extent [offset, offset + bytes) must start 4 KiB-aligned after the header and end inside
+// its file.
+bool ExtentInFile(uint64_t offset, uint64_t bytes, const FileRecord& f) {
+  uint64_t end = 0;
+  return offset >= kDataHeaderBytes && offset % kAlignment == 0 &&
+         !__builtin_add_overflow(offset, bytes, &end) && end <= f.bytes;
+}
+
+// A compressed shard: no contiguous extent (offset 0); each chunk's stored extent is in its file,
+// a compressed chunk is 1..raw bytes long and a raw one exactly raw bytes.
+Status CheckStoredChunks(const ShardRecord& s, const Manifest& m, const Ctx& ctx,
+                         const std::string& in) {
+  const uint64_t chunks = NumChunks(s.bytes, m.chunk_bytes);
+  if (s.offset != 0) {
+    return ctx.Bad(fmt::format("{}: compressed shard has offset {} (must be 0)", in, s.offset));
+  }
+  if (s.crc32c.size() != chunks || s.stored.size() != chunks) {
+    return ctx.Bad(fmt::format("{}: {} checksums and {} stored chunks for {} chunks", in,
+                               s.crc32c.size(), s.stored.size(), chunks));
+  }
+  const FileRecord& f = m.files[s.file];
+  for (uint64_t c = 0; c < chunks; ++c) {
+    const StoredChunk& sc = s.stored[c];
+    const uint64_t raw = ChunkLen(s.bytes, c, m.chunk_bytes);
+    if (sc.compressed ? (sc.bytes == 0 || sc.bytes > raw) : sc.bytes != raw) {
+      return ctx.Bad(fmt::format("{} chunk {}: stored size {} is impossible for {} {} raw bytes",
+                                 in, c, sc.bytes, sc.compressed ? "compressed" : "uncompressed",
+                                 raw));
+    }
+    if (!ExtentInFile(sc.offset, sc.bytes, f)) {
+      return ctx.Bad(
+          fmt::format("{} chunk {}: stored extent [{}, +{}) is misaligned or outside file {:?} ({} "
+                      "bytes)",
+                      in, c, sc.offset, sc.bytes, f.name, f.bytes));
+    }
+  }
+  return Status::OK();
+}
+
 Status CheckShardRange(const TensorRecord& t, const ShardRecord& s, const Manifest& m,
                        const Ctx& ctx, const std::string& in) {
   if (s.offsets.size() != t.shape.size() || s.sizes.size() != t.shape.size()) {
@@ -126,6 +165,7 @@ Status CheckShardRange(const TensorRecord& t, const ShardRecord& s, const Manife
   }
   if (s.file >= m.files.size())
     return ctx.Bad(fmt::format("{}: file index {} out of range", in, s.file));
+  if (s.compressed()) return CheckStoredChunks(s, m, ctx, in);
   uint64_t end = 0;
   if (s.offset < kDataHeaderBytes || s.offset % kAlignment != 0 ||
       __builtin_add_overflow(s.offset, s.bytes, &end) || end > m.files[s.file].bytes) {
@@ -135,6 +175,49 @@ Status CheckShardRange(const TensorRecord& t, const ShardRecord& s, const Manife
   if (s.crc32c.size() != NumChunks(s.bytes, m.chunk_bytes)) {
     return ctx.Bad(fmt::format("{}: {} checksums for {} chunks", in, s.crc32c.size(),
                                NumChunks(s.bytes, m.chunk_bytes)));
+  }
+  return Status::OK();
+}
+
+// An array of at most `max` unsigned integers, each at most `limit`.
+Result<std::vector<uint64_t>> U64Array(const Json& obj, const char* key, uint64_t max,
+                                       uint64_t limit, const Ctx& ctx, const std::string& in) {
+  SP_ASSIGN_OR_RETURN(const Json* arr, Array(obj, key, max, ctx, in));
+  std::vector<uint64_t> out;
+  out.reserve(arr->size());
+  for (const Json& v : *arr) {
+    if (!v.is_number_unsigned() || v.get<uint64_t>() > limit) {
+      return ctx.Bad(
+          fmt::format("{}: {} holds a value that is not an integer in [0, {}]", in, key, limit));
+    }
+    out.push_back(v.get<uint64_t>());
+  }
+  return out;
+}
+
+// The compression fields of a shard (present when it has "codec"); sizes are checked later.
+Status DecodeStored(const Json& j, uint64_t max_chunks, const Ctx& ctx, const std::string& in,
+                    ShardRecord* s) {
+  SP_ASSIGN_OR_RETURN(std::string codec, Str(j, "codec", ctx, in));
+  std::optional<codec::Codec> c = codec::CodecFromName(codec);
+  if (!c || *c == codec::Codec::kNone) {
+    return ctx.Bad(fmt::format("{}: unknown codec {:?}", in, codec.substr(0, 32)));
+  }
+  SP_ASSIGN_OR_RETURN(std::string filter, Str(j, "filter", ctx, in));
+  std::optional<codec::Filter> f = codec::FilterFromName(filter);
+  if (!f) return ctx.Bad(fmt::format("{}: unknown filter {:?}", in, filter.substr(0, 32)));
+  s->codec = *c;
+  s->filter = *f;
+  constexpr uint64_t kMax = uint64_t{1} << 62;
+  SP_ASSIGN_OR_RETURN(auto offsets, U64Array(j, "stored_offsets", max_chunks, kMax, ctx, in));
+  SP_ASSIGN_OR_RETURN(auto sizes, U64Array(j, "stored_bytes", max_chunks, kMax, ctx, in));
+  SP_ASSIGN_OR_RETURN(auto flags, U64Array(j, "stored_compressed", max_chunks, 1, ctx, in));
+  if (offsets.size() != sizes.size() || offsets.size() != flags.size()) {
+    return ctx.Bad(
+        fmt::format("{}: stored_offsets, stored_bytes, stored_compressed differ in length", in));
+  }
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    s->stored.push_back({offsets[i], sizes[i], flags[i] == 1});
   }
   return Status::OK();
 }
@@ -156,6 +239,7 @@ Result<ShardRecord> DecodeShard(const Json& j, const TensorRecord& t, const Mani
     }
     s.crc32c.push_back(static_cast<uint32_t>(c.get<uint64_t>()));
   }
+  if (j.contains("codec")) SP_RETURN_IF_ERROR(DecodeStored(j, max_chunks, ctx, in, &s));
   SP_RETURN_IF_ERROR(CheckShardRange(t, s, m, ctx, in));
   return s;
 }
@@ -235,12 +319,18 @@ Result<TensorRecord> DecodeTensor(const Json& j, const Manifest& m, const Ctx& c
   return t;
 }
 
-// No two extents in one file may overlap (a hostile manifest could alias tensors).
+// No two extents (raw shard extents and stored chunks) in one file may overlap (a hostile manifest
+// could alias tensors or chunks).
 Status CheckExtents(const Manifest& m, const Ctx& ctx) {
   std::vector<std::tuple<uint32_t, uint64_t, uint64_t, const std::string*>> ext;
   for (const auto& t : m.tensors) {
     for (const auto& s : t.shards) {
-      if (s.bytes > 0) ext.emplace_back(s.file, s.offset, s.offset + s.bytes, &t.name);
+      if (s.bytes > 0 && !s.compressed()) {
+        ext.emplace_back(s.file, s.offset, s.offset + s.bytes, &t.name);
+      }
+      for (const StoredChunk& c : s.stored) {
+        ext.emplace_back(s.file, c.offset, c.offset + c.bytes, &t.name);
+      }
     }
   }
   std::sort(ext.begin(), ext.end());
@@ -306,14 +396,18 @@ Status DecodeValues(const Json& root, const Ctx& ctx, Manifest* m) {
   return Status::OK();
 }
 
-Status DecodeTop(const Json& root, const Ctx& ctx, Manifest* m) {
+Status DecodeTop(const Json& root, const Ctx& ctx, Manifest* m, bool* compression) {
   if (!root.is_object()) return ctx.Bad("manifest body is not a JSON object");
   SP_ASSIGN_OR_RETURN(std::string format, Str(root, "format", ctx, "manifest"));
   if (format != "savepoint") return ctx.Bad("manifest.format is not \"savepoint\"");
   SP_ASSIGN_OR_RETURN(const Json* features, Array(root, "required_features", 64, ctx, "manifest"));
-  if (!features->empty()) {
-    return UnimplementedError(
-        fmt::format("{}: requires features {} unknown to this build", ctx.where, features->dump()));
+  for (const Json& f : *features) {
+    if (f.is_string() && f.get<std::string>() == kFeatureCompression) {
+      *compression = true;
+    } else {
+      return UnimplementedError(fmt::format("{}: requires features {} unknown to this build",
+                                            ctx.where, features->dump()));
+    }
   }
   SP_ASSIGN_OR_RETURN(std::string id, Str(root, "checkpoint_id", ctx, "manifest"));
   if (id != fmt::format("{:016x}", m->checkpoint_id)) {
@@ -337,7 +431,8 @@ Status DecodeBody(std::string_view body, const Ctx& ctx, Manifest* m) {
   SP_RETURN_IF_ERROR(CheckDepth(body, ctx));
   Json root = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return ctx.Bad("manifest body is not valid JSON");
-  SP_RETURN_IF_ERROR(DecodeTop(root, ctx, m));
+  bool compression = false;
+  SP_RETURN_IF_ERROR(DecodeTop(root, ctx, m, &compression));
   SP_RETURN_IF_ERROR(DecodeFiles(root, ctx, m));
   SP_ASSIGN_OR_RETURN(const Json* tensors, Array(root, "tensors", kMaxTensors, ctx, "manifest"));
   for (size_t i = 0; i < tensors->size(); ++i) {
@@ -350,6 +445,9 @@ Status DecodeBody(std::string_view body, const Ctx& ctx, Manifest* m) {
     if (m->tensors[i].name == m->tensors[i - 1].name) {
       return ctx.Bad(fmt::format("tensor {:?} appears twice", m->tensors[i].name));
     }
+  }
+  if (!compression && UsesCompression(*m)) {
+    return ctx.Bad("compressed shards without \"compression\" in required_features");
   }
   SP_RETURN_IF_ERROR(CheckExtents(*m, ctx));
   SP_RETURN_IF_ERROR(DecodeValues(root, ctx, m));

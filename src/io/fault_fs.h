@@ -14,6 +14,9 @@
 //    fails with IOError "<operation> <path>: injected crash" without reaching the base, as if the
 //    process had died there. Reads and pass-through calls keep working. While a crash point is
 //    armed, mutating operations are serialised so that exactly n get through.
+// Batched transfers (WriteAtMany / ReadAtMany) are not overridden: the defaults call WriteAt /
+// ReadAt once per op, so each op is counted and faulted on its own (a batch stops at its first
+// failing op), and the base's own batching (io_uring) is not used under fault injection.
 // MapFile goes straight to the base: it is neither counted nor faulted, and reads through the
 // mapping bypass the kRead fault.
 // A call counts in count(op) whether or not it fails. mutation_count() is the number of mutating

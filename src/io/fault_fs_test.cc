@@ -253,5 +253,33 @@ TEST_F(FaultInjectionTest, CrashAfterIsExactUnderConcurrency) {
   EXPECT_EQ(base_.write_calls() - base_writes_before, 50u);
 }
 
+// Batches go through the default WriteAtMany / ReadAtMany, which call WriteAt / ReadAt once per
+// op: every op is counted and can be failed on its own, and the batch stops at the failing op.
+TEST_F(FaultInjectionTest, BatchedOpsAreCountedAndFailedOneByOne) {
+  auto file = fs_.NewWritableFile("/d/f", FileOptions{});
+  ASSERT_TRUE(file.ok());
+  fs_.FailNth(Op::kWrite, 2, EIO);
+  const std::vector<WriteOp> writes = {{0, AsBytes("ab")}, {2, AsBytes("cd")}, {4, AsBytes("ef")}};
+  Status s = (*file)->WriteAtMany(writes);
+  EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
+  EXPECT_EQ(s.message(), "write /d/f at offset 2: Input/output error");
+  EXPECT_EQ(fs_.count(Op::kWrite), 2u);
+  EXPECT_EQ(BaseContents("/d/f"), "ab");
+  ASSERT_TRUE((*file)->WriteAtMany(writes).ok());
+  EXPECT_EQ(fs_.count(Op::kWrite), 5u);
+  EXPECT_EQ(BaseContents("/d/f"), "abcdef");
+
+  auto reader = fs_.NewRandomAccessFile("/d/existing", FileOptions{});
+  ASSERT_TRUE(reader.ok());
+  fs_.FailNth(Op::kRead, 3, EIO);
+  std::string a(3, '?'), b(3, '?'), c(3, '?');
+  auto span = [](std::string& str) { return std::as_writable_bytes(std::span(str)); };
+  const std::vector<ReadOp> reads = {{0, span(a)}, {3, span(b)}, {6, span(c)}};
+  s = (*reader)->ReadAtMany(reads);
+  EXPECT_EQ(s.message(), "read /d/existing at offset 6: Input/output error");
+  EXPECT_EQ(a + b + c, "012345???");
+  EXPECT_EQ(fs_.count(Op::kRead), 3u);
+}
+
 }  // namespace
 }  // namespace savepoint

@@ -10,12 +10,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "io/uring.h"
 #include "savepoint/status.h"
 
 namespace savepoint {
@@ -29,7 +32,64 @@ std::string_view StripTrailingSlashes(std::string_view path) {
 
 bool IsNotFound(const Status& status) { return status.code() == StatusCode::kNotFound; }
 
+bool DirectAligned(uint64_t offset, size_t size, const void* addr) {
+  return offset % kDirectIOAlignment == 0 && size % kDirectIOAlignment == 0 &&
+         reinterpret_cast<uintptr_t>(addr) % kDirectIOAlignment == 0;
+}
+
+// InvalidArgument naming the first op of a direct-mode batch that is not aligned.
+template <typename Op>
+Status CheckBatchAlignment(const char* what, const std::string& path, std::span<const Op> ops,
+                           std::span<const std::byte> (*bytes)(const Op&)) {
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const std::span<const std::byte> b = bytes(ops[i]);
+    if (!DirectAligned(ops[i].offset, b.size(), b.data())) {
+      return InvalidArgumentError(fmt::format(
+          "{} {} at offset {} ({} bytes, buffer {}, op {} of {}): direct I/O needs offset, size "
+          "and buffer address aligned to {} bytes",
+          what, path, ops[i].offset, b.size(), static_cast<const void*>(b.data()), i, ops.size(),
+          kDirectIOAlignment));
+    }
+  }
+  return Status::OK();
+}
+
+std::span<const std::byte> WriteBytes(const WriteOp& op) { return op.data; }
+std::span<const std::byte> ReadBytes(const ReadOp& op) { return op.dst; }
+
 }  // namespace
+
+const char* IoBackendName(IoBackend backend) {
+  switch (backend) {
+    case IoBackend::kAuto:
+      return "auto";
+    case IoBackend::kUring:
+      return "uring";
+    case IoBackend::kPwrite:
+      return "pwrite";
+  }
+  return "unknown";
+}
+
+Status CheckWriteBatchAlignment(const std::string& path, std::span<const WriteOp> ops) {
+  return CheckBatchAlignment<WriteOp>("write", path, ops, &WriteBytes);
+}
+
+Status CheckReadBatchAlignment(const std::string& path, std::span<const ReadOp> ops) {
+  return CheckBatchAlignment<ReadOp>("read", path, ops, &ReadBytes);
+}
+
+Status WritableFile::WriteAtMany(std::span<const WriteOp> ops) {
+  if (direct()) SP_RETURN_IF_ERROR(CheckWriteBatchAlignment(path(), ops));
+  for (const WriteOp& op : ops) SP_RETURN_IF_ERROR(WriteAt(op.offset, op.data));
+  return Status::OK();
+}
+
+Status RandomAccessFile::ReadAtMany(std::span<const ReadOp> ops) const {
+  if (direct()) SP_RETURN_IF_ERROR(CheckReadBatchAlignment(path(), ops));
+  for (const ReadOp& op : ops) SP_RETURN_IF_ERROR(ReadAt(op.offset, op.dst));
+  return Status::OK();
+}
 
 bool FileSystem::Exists(const std::string& path) {
   Result<FileInfo> info = Stat(path);
@@ -90,6 +150,43 @@ Status FileSystem::WriteFileSynced(const std::string& path, std::string_view con
   SP_RETURN_IF_ERROR(file->WriteAt(0, std::as_bytes(std::span(contents.data(), contents.size()))));
   SP_RETURN_IF_ERROR(file->Sync());
   return file->Close();
+}
+
+namespace {
+
+// The default FileLock: an entry in a process-wide table of (file system, path) pairs.
+class TableLock final : public FileSystem::FileLock {
+ public:
+  static std::mutex& Mu() {
+    static std::mutex mu;
+    return mu;
+  }
+  static std::set<std::pair<const FileSystem*, std::string>>& Held() {
+    static auto* held = new std::set<std::pair<const FileSystem*, std::string>>();
+    return *held;
+  }
+  TableLock(const FileSystem* fs, std::string path) : fs_(fs), path_(std::move(path)) {}
+  ~TableLock() override {
+    std::lock_guard<std::mutex> lock(Mu());
+    Held().erase({fs_, path_});
+  }
+  const std::string& path() const override { return path_; }
+
+ private:
+  const FileSystem* fs_;
+  std::string path_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<FileSystem::FileLock>> FileSystem::LockFile(const std::string& path) {
+  if (!Exists(path)) SP_RETURN_IF_ERROR(WriteFileSynced(path, ""));
+  std::lock_guard<std::mutex> lock(TableLock::Mu());
+  if (!TableLock::Held().insert({this, path}).second) {
+    return FailedPreconditionError(
+        fmt::format("lock {} is held by another holder in this process", path));
+  }
+  return std::unique_ptr<FileLock>(std::make_unique<TableLock>(this, path));
 }
 
 std::string JoinPath(std::string_view a, std::string_view b) {

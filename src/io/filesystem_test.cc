@@ -170,6 +170,36 @@ TEST_P(FileSystemTest, ConcurrentWritesToDisjointRanges) {
   EXPECT_EQ(ReadWhole(Path("concurrent")), data);
 }
 
+// Batched transfers: every implementation (the defaults for Mem and FaultOverMem, io_uring or
+// pwrite for Posix) writes and reads a shuffled batch exactly, and a batch reaching past end of
+// file fails with OutOfRange.
+TEST_P(FileSystemTest, BatchedWritesAndReads) {
+  const std::string path = Path("batch");
+  const std::vector<std::byte> data = Pattern(10 * 1000, 5);
+  std::vector<WriteOp> writes;
+  for (size_t i : {3, 7, 0, 9, 1, 5, 2, 8, 6, 4}) {
+    writes.push_back({i * 1000, std::span(data).subspan(i * 1000, 1000)});
+  }
+  auto file = fs_->NewWritableFile(path, FileOptions{});
+  ASSERT_TRUE(file.ok()) << file.status().ToString();
+  ASSERT_TRUE((*file)->WriteAtMany(writes).ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  EXPECT_EQ((*file)->WriteAtMany(writes).code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ReadWhole(path), data);
+
+  auto reader = fs_->NewRandomAccessFile(path, FileOptions{});
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  std::vector<std::byte> got(data.size());
+  std::vector<ReadOp> reads;
+  for (const WriteOp& w : writes) {
+    reads.push_back({w.offset, std::span(got).subspan(w.offset, w.data.size())});
+  }
+  ASSERT_TRUE((*reader)->ReadAtMany(reads).ok());
+  EXPECT_EQ(got, data);
+  reads.push_back({9500, std::span(got).first(1000)});
+  EXPECT_EQ((*reader)->ReadAtMany(reads).code(), StatusCode::kOutOfRange);
+}
+
 TEST_P(FileSystemTest, ReadPastEndIsOutOfRange) {
   const std::string path = Path("short");
   WriteWhole(path, Pattern(100, 4));

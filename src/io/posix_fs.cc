@@ -3,7 +3,9 @@
 // Files are opened with O_CLOEXEC, and with O_DIRECT when FileOptions::direct_io asks for it and
 // the file system supports it (tmpfs does not: the open then falls back to buffered I/O and the
 // file reports direct() == false). Writes use pwrite and reads pread, looping over short
-// transfers and EINTR. Rename uses renameat2(RENAME_NOREPLACE); on file systems without it, it
+// transfers and EINTR. WriteAtMany / ReadAtMany submit the whole batch through this thread's
+// io_uring (src/io/uring.h) when the file's backend resolved to kUring, else loop over
+// pwrite/pread. Rename uses renameat2(RENAME_NOREPLACE); on file systems without it, it
 // falls back to "stat the target, then rename(2)", which cannot replace a target that exists
 // before the call but can race with a concurrent creator of the same target.
 //
@@ -24,6 +26,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -40,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/uring.h"
 #include "savepoint/filesystem.h"
 #include "savepoint/status.h"
 
@@ -118,8 +122,8 @@ FileInfo InfoFromStat(std::string name, const struct stat& st) {
 // A file open for writing. Owns its fd.
 class PosixWritableFile final : public WritableFile {
  public:
-  PosixWritableFile(std::string path, int fd, bool direct)
-      : path_(std::move(path)), fd_(fd), direct_(direct) {}
+  PosixWritableFile(std::string path, int fd, bool direct, IoBackend backend)
+      : path_(std::move(path)), fd_(fd), direct_(direct), backend_(backend) {}
   ~PosixWritableFile() override {
     if (fd_ >= 0) ::close(fd_);
   }
@@ -145,6 +149,15 @@ class PosixWritableFile final : public WritableFile {
     return Status::OK();
   }
 
+  Status WriteAtMany(std::span<const WriteOp> ops) override {
+    if (fd_ < 0) return FailedPreconditionError(fmt::format("write {}: file is closed", path_));
+    if (backend_ != IoBackend::kUring || !UringThreadAvailable()) {
+      return WritableFile::WriteAtMany(ops);
+    }
+    if (direct_) SP_RETURN_IF_ERROR(CheckWriteBatchAlignment(path_, ops));
+    return UringWriteMany(fd_, path_, ops);
+  }
+
   Status Preallocate(uint64_t bytes) override {
     if (fd_ < 0)
       return FailedPreconditionError(fmt::format("preallocate {}: file is closed", path_));
@@ -168,19 +181,21 @@ class PosixWritableFile final : public WritableFile {
   }
 
   bool direct() const override { return direct_; }
+  IoBackend io_backend() const override { return backend_; }
   const std::string& path() const override { return path_; }
 
  private:
   const std::string path_;
   int fd_;
   const bool direct_;
+  const IoBackend backend_;
 };
 
 // A file open for reading. Owns its fd.
 class PosixRandomAccessFile final : public RandomAccessFile {
  public:
-  PosixRandomAccessFile(std::string path, int fd, bool direct, uint64_t size)
-      : path_(std::move(path)), fd_(fd), direct_(direct), size_(size) {}
+  PosixRandomAccessFile(std::string path, int fd, bool direct, uint64_t size, IoBackend backend)
+      : path_(std::move(path)), fd_(fd), direct_(direct), size_(size), backend_(backend) {}
   ~PosixRandomAccessFile() override { ::close(fd_); }
 
   Status ReadAt(uint64_t offset, std::span<std::byte> dst) const override {
@@ -205,8 +220,17 @@ class PosixRandomAccessFile final : public RandomAccessFile {
     return Status::OK();
   }
 
+  Status ReadAtMany(std::span<const ReadOp> ops) const override {
+    if (backend_ != IoBackend::kUring || !UringThreadAvailable()) {
+      return RandomAccessFile::ReadAtMany(ops);
+    }
+    if (direct_) SP_RETURN_IF_ERROR(CheckReadBatchAlignment(path_, ops));
+    return UringReadMany(fd_, path_, direct_, ops);
+  }
+
   uint64_t size() const override { return size_; }
   bool direct() const override { return direct_; }
+  IoBackend io_backend() const override { return backend_; }
   const std::string& path() const override { return path_; }
 
  private:
@@ -220,6 +244,7 @@ class PosixRandomAccessFile final : public RandomAccessFile {
   const int fd_;
   const bool direct_;
   const uint64_t size_;
+  const IoBackend backend_;
 };
 
 // A read-only mapping of a whole file. Owns the mapping (munmap on destruction), not an fd.
@@ -258,7 +283,8 @@ class PosixFileSystem final : public FileSystem {
     const int fd =
         OpenMaybeDirect(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, options.direct_io, &direct);
     if (fd < 0) return ErrnoToStatus(errno, fmt::format("open {} for writing", path));
-    return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(path, fd, direct));
+    return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(
+        path, fd, direct, ResolveIoBackend(options.io_backend)));
   }
 
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
@@ -268,7 +294,7 @@ class PosixFileSystem final : public FileSystem {
     SP_ASSIGN_OR_RETURN(const int fd,
                         OpenRegularForRead(path, options.direct_io, &direct, &st, "reading"));
     return std::unique_ptr<RandomAccessFile>(std::make_unique<PosixRandomAccessFile>(
-        path, fd, direct, static_cast<uint64_t>(st.st_size)));
+        path, fd, direct, static_cast<uint64_t>(st.st_size), ResolveIoBackend(options.io_backend)));
   }
 
   Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path) override {
@@ -353,6 +379,8 @@ class PosixFileSystem final : public FileSystem {
     return Status::OK();
   }
 
+  Result<std::unique_ptr<FileLock>> LockFile(const std::string& path) override;
+
   Status SyncDir(const std::string& path) override {
     const std::string context = fmt::format("sync directory {}", path);
     int fd;
@@ -366,6 +394,40 @@ class PosixFileSystem final : public FileSystem {
     return status;
   }
 };
+
+// An flock(2) lock on an open file; closing the descriptor releases it.
+class PosixFileLock final : public FileSystem::FileLock {
+ public:
+  PosixFileLock(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixFileLock() override { ::close(fd_); }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  int fd_;
+};
+
+Result<std::unique_ptr<FileSystem::FileLock>> PosixFileSystem::LockFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoToStatus(errno, fmt::format("open lock file {}", path));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[32] = {0};
+    ssize_t n = ::pread(fd, holder, sizeof(holder) - 1, 0);
+    ::close(fd);
+    if (err != EWOULDBLOCK) return ErrnoToStatus(err, fmt::format("lock {}", path));
+    std::string pid = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "unknown";
+    return FailedPreconditionError(
+        fmt::format("lock {} is held by another holder (pid {})", path, pid));
+  }
+  const std::string pid = std::to_string(::getpid());
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    Status status = ErrnoToStatus(errno, fmt::format("write lock file {}", path));
+    ::close(fd);
+    return status;
+  }
+  return std::unique_ptr<FileLock>(std::make_unique<PosixFileLock>(path, fd));
+}
 
 }  // namespace
 

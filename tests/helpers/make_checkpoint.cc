@@ -1,13 +1,16 @@
 // Writes a small committed checkpoint for the CLI test (tests/cli_test.sh).
-// Usage: make_checkpoint DIR. Contents: tensor "a" (F32 [2, 3], the first extent, at offset 4096),
-// tensor "model.w" (BF16 [1024, 1024]), values step=7 and one of every other kind, metadata.
+// Usage: make_checkpoint DIR [zstd]. Contents: tensor "a" (F32 [2, 3], the first extent, at offset
+// 4096), tensor "model.w" (BF16 [1024, 1024]), values step=7 and one of every other kind, metadata.
+// With "zstd": saved with zstd compression, plus a mostly-zero tensor "zeros" (F32 [1024, 1024]).
 #include <cstdio>
+#include <string>
 
 #include "testutil/testutil.h"
 
 int main(int argc, char** argv) {
   using namespace savepoint;
-  if (argc != 2) return 2;
+  bool zstd = argc == 3 && std::string(argv[2]) == "zstd";
+  if (argc != 2 && !zstd) return 2;
   State s;
   Tensor a = Tensor::Empty(DType::kF32, {2, 3}).value();
   Tensor w = Tensor::Empty(DType::kBF16, {1024, 1024}).value();
@@ -22,7 +25,14 @@ int main(int argc, char** argv) {
   if (st.ok()) st = s.PutValue("rng", Bytes{{1, 2, 3}});
   if (st.ok()) st = s.PutValue("config", Value::FromJson(Json{{"layers", 2}}));
   s.metadata() = Json{{"purpose", "cli test"}};
-  if (st.ok()) st = Save(s, argv[1]);
+  SaveOptions options;
+  if (zstd) {
+    options.compression.codec = Compression::Codec::kZstd;
+    Tensor z = Tensor::Zeros(DType::kF32, {1024, 1024}).value();
+    z.as<float>()[4242] = 1.0f;
+    if (st.ok()) st = s.Put("zeros", std::move(z));
+  }
+  if (st.ok()) st = Save(s, argv[1], options);
   if (!st.ok()) {
     std::fprintf(stderr, "make_checkpoint: %s\n", st.ToString().c_str());
     return 1;

@@ -1,0 +1,310 @@
+// CheckpointManager: what a training loop talks to.
+//
+// A manager owns one checkpoint directory. It decides when to save (every N steps or N seconds),
+// names checkpoints "{prefix}-{epoch}_{step_in_epoch}", saves synchronously or asynchronously,
+// keeps an index of the committed checkpoints (oldest to newest), deletes old ones by a retention
+// policy, restores the latest (or a chosen) checkpoint, and saves a "_breakpoint" checkpoint when
+// training dies of an exception or SIGTERM/SIGINT.
+//
+// Two ways to use it:
+//  - Direct: Save(step, state, args) / Restore(step) / LatestStep() / AllSteps() / Wait() /
+//    Close() with a State you build yourself (what the Python front end wraps).
+//  - Registered: Register(name, &object, category) once, then the hooks OnStepEnd / OnEpochEnd /
+//    OnTrainEnd (or Step()) save every registered object; RestoreRegistered puts them back.
+//
+// On disk, in the directory:
+//  - one checkpoint directory per save (docs/FORMAT.md), committed atomically by the engine;
+//  - "savepoint-index-<generation>.json": the index. A new generation is written to a hidden
+//    temporary file, synced, renamed into place, the directory synced, then older generations
+//    are removed; the highest generation that parses wins. Open() reconciles it with the
+//    directory: a checkpoint committed but missing from the index (crash between commit and index
+//    update) is added back from its manifest; an entry whose directory is gone is dropped; debris
+//    of crashed saves is ignored (and garbage-collected when ManagerOptions::gc_on_open).
+//  - "savepoint.lock": held (FileSystem::LockFile) while the manager is open, so a second manager
+//    on the same directory fails to open with FailedPrecondition naming the lock and its holder.
+//
+// Each checkpoint records, in its metadata under "savepoint.manager": step, epoch,
+// step_in_epoch, metrics, whether it is a breakpoint or epoch-end save, and the registered objects
+// with their categories; plus metadata "step" (what `savepoint ls` shows). With append_info the
+// values "epoch_num", "step_num" and the user's key/value pairs are stored as values.
+//
+// Thread safety: all methods may be called from any thread; calls are serialised by an internal
+// mutex. Registered objects are called from the calling thread only.
+#ifndef SAVEPOINT_MANAGER_H_
+#define SAVEPOINT_MANAGER_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "savepoint/async.h"
+#include "savepoint/checkpoint.h"
+#include "savepoint/filesystem.h"
+#include "savepoint/state.h"
+#include "savepoint/stateful.h"
+#include "savepoint/status.h"
+
+namespace savepoint {
+
+using Metrics = std::map<std::string, double>;
+
+// Where training is when a checkpoint is named: passed to the prefix and directory callables.
+struct StepInfo {
+  int64_t step = 0;           // global step (1-based: the number of steps completed)
+  int64_t epoch = 0;          // 1-based epoch
+  int64_t step_in_epoch = 0;  // 1-based step within the epoch (0 for a save before any step)
+};
+
+enum class CheckpointFormat { kNative, kSafetensors };
+enum class MetricMode { kMin, kMax };
+
+struct ManagerOptions {
+  // --- Where. ---
+  // Checkpoint directory (created if missing). Required unless directory_fn is set.
+  std::string directory;
+  // Computes the directory at Open (with step 0) and before every save; when the result changes,
+  // the manager finishes pending saves, releases the old directory and opens the new one (lock,
+  // index). Default: empty (use `directory`).
+  std::function<std::string(const StepInfo&)> directory_fn;
+  // Name prefix: non-empty, no '/', not starting with '.', at most 200 bytes. If checkpoints named
+  // "{prefix}-..." or "{prefix}_{n}-..." already exist in the directory, new ones are named with
+  // "{prefix}_{n+1}" (the conflict rule of MindSpore's ModelCheckpoint), so a restarted run never
+  // overwrites the run it resumed from. Default: "ckpt".
+  std::string prefix = "ckpt";
+  // Computes the whole checkpoint name (no "-{epoch}_{step}" suffix is added, and the conflict
+  // rule does not apply) before every save; same rules as `prefix`. Default: empty.
+  std::function<std::string(const StepInfo&)> prefix_fn;
+
+  // --- When. ---
+  // Save when step >= last saved step + this. 0 = not by steps. Default: 1.
+  int64_t save_interval_steps = 1;
+  // Save when more than this many seconds passed since the last save. Ignored when
+  // save_interval_steps > 0. 0 = not by time. Default: 0.
+  int64_t save_interval_seconds = 0;
+  // Steps per epoch, to derive epoch and step_in_epoch for Save(step) calls that do not give
+  // them (epoch = (step-1)/steps_per_epoch + 1). 0 = every step is in epoch 1. Default: 0.
+  int64_t steps_per_epoch = 0;
+
+  // --- How many to keep. The newest committed checkpoint and any save in flight are never
+  // deleted. A checkpoint is kept if any rule keeps it. ---
+  // Keep the newest N. Default: 5.
+  int64_t keep_last_n = 5;
+  // Keep one checkpoint per N minutes (the first committed in each N-minute window); ignored when
+  // keep_last_n > 0. When both are 0, keep_last_n becomes 1 (as MindSpore does). Default: 0.
+  int64_t keep_per_n_minutes = 0;
+  // Keep everything: keep_last_n and keep_per_n_minutes are ignored. Default: false.
+  bool keep_all = false;
+  // Also keep forever every checkpoint whose step is a multiple of this. 0 = off. Default: 0.
+  int64_t keep_every_n_steps = 0;
+  // Also keep the best N checkpoints by metrics[best_metric] (smallest for kMin, largest for kMax;
+  // checkpoints without the metric do not rank). 0 = off; > 0 requires best_metric. Default: 0.
+  int64_t keep_best_n = 0;
+  std::string best_metric;  // Default: empty.
+  MetricMode best_mode = MetricMode::kMin;
+
+  // --- How. ---
+  // Save through an async Checkpointer: the save blocks training only for the snapshot copy.
+  // Default: false.
+  bool async = false;
+  // Staging options of the async Checkpointer. Default: CheckpointerOptions defaults.
+  CheckpointerOptions async_options;
+  // Verify every chunk's CRC32C when restoring (checksums are always written). Default: true.
+  bool checksum = true;
+  // kSafetensors is Unimplemented until issue #5; combined with async, exception_save or
+  // append_info it is InvalidArgument (as MindSpore rejects non-default options with it).
+  // Default: kNative.
+  CheckpointFormat format = CheckpointFormat::kNative;
+  // Extra values stored in every checkpoint: "epoch_num" and/or "step_num" (others are
+  // InvalidArgument), plus append_dict's key/value pairs (int, float, bool or string values;
+  // valid entry names other than "epoch_num", "step_num"). Default: none.
+  std::vector<std::string> append_info;
+  std::map<std::string, Value> append_dict;
+  // Save a "{prefix}-{epoch}_{step}_breakpoint" checkpoint of the registered state when
+  // training dies (ExceptionSaveGuard, SaveBreakpoint, or a signal with handle_signals).
+  // Default: false.
+  bool exception_save = false;
+  // Install SIGTERM and SIGINT handlers while the manager is open. The handler only sets a flag;
+  // the next hook (OnStepEnd / OnEpochEnd / Step) then saves a breakpoint (if exception_save),
+  // waits for every save, closes the manager and re-raises the signal with its previous handler.
+  // A second signal before that re-raises at once. At most one manager per process may set it.
+  // Default: false.
+  bool handle_signals = false;
+  // This process's data shard and the number of shards: registered io_state objects are saved as
+  // "<name>.shard-<shard_id>" and restoring checks num_shards. 0 <= shard_id < num_shards.
+  // Default: 0 and 1.
+  int shard_id = 0;
+  int num_shards = 1;
+  // Remove debris of crashed saves (GarbageCollect, skipping saves of live processes) on open.
+  // Default: true.
+  bool gc_on_open = true;
+  // File system. Default: nullptr = DefaultFileSystem().
+  FileSystem* fs = nullptr;
+  // I/O threads of synchronous saves and of restores (1..64). Default: 4.
+  int io_threads = 4;
+  // O_DIRECT data files where possible. Default: true.
+  bool direct_io = true;
+};
+
+// OK when the options are valid; otherwise InvalidArgument (or Unimplemented for safetensors)
+// naming the field and value. CheckpointManager::Open calls it.
+Status ValidateManagerOptions(const ManagerOptions& options);
+
+// One committed checkpoint in the index.
+struct CheckpointRecord {
+  std::string name;  // directory name, e.g. "ckpt-2_50"
+  std::string path;  // directory/name
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t step_in_epoch = 0;
+  int64_t created_ns = 0;  // manifest creation time
+  uint64_t bytes = 0;      // file bytes
+  bool breakpoint = false;
+  bool epoch_end = false;  // saved at the end of `epoch` (OnEpochEnd, JobRunner)
+  Metrics metrics;
+};
+
+// Statistics of one checkpoint action, reported to a MetadataHandler (job_runner.h).
+struct CheckpointStats {
+  std::string action;  // "checkpoint_save", "checkpoint_load", "checkpoint_delete"
+  std::string name;    // checkpoint name
+  int64_t step = 0;
+  uint64_t bytes = 0;          // tensor bytes
+  double seconds = 0;          // whole action (for async saves: start to commit)
+  double blocked_seconds = 0;  // time the caller was blocked (== seconds when synchronous)
+  double throughput_gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+};
+
+// Per-save arguments.
+struct SaveArgs {
+  Metrics metrics;  // recorded in the index (keep_best_n ranks by them)
+  // Save even if the interval says it is not due (never twice for one step). Default: false.
+  bool force = false;
+  // Epoch and step within it, for the name; default derived from steps_per_epoch.
+  std::optional<int64_t> epoch;
+  std::optional<int64_t> step_in_epoch;
+  bool epoch_end = false;   // mark as an epoch-end checkpoint
+  bool breakpoint = false;  // name with "_breakpoint" and mark as such
+};
+
+// Which checkpoint to restore.
+struct Which {
+  std::optional<int64_t> step;  // the newest checkpoint at this step
+  std::string name;             // or this name ("id"); both empty = the latest
+  static Which Latest() { return {}; }
+  static Which Step(int64_t s) { return {s, {}}; }
+  static Which Name(std::string n) { return {std::nullopt, std::move(n)}; }
+};
+
+// How registered objects are loaded (RestoreRegistered, LoadInto).
+struct LoadConfig {
+  // Categories to load: CategoryName()s or "*". Default: {"*"}.
+  std::vector<std::string> include = {"*"};
+  // Categories to skip (applied after include): CategoryName()s or "*". Default: none.
+  std::vector<std::string> exclude;
+  // Strict: every entry of every included object must be in the checkpoint with the same dtype
+  // and shape, and the checkpoint must have no other entries for the object (else NotFound /
+  // InvalidArgument naming them). Lenient: load what matches, skip the rest. Default: true.
+  bool strict = true;
+  // Checkpoint entry name -> registered entry name ("old.w" -> "model.w"), full names.
+  std::map<std::string, std::string> renames;
+  // Only registered entries (full names, after renaming) matching one of these globs are loaded.
+  // Empty = all. Default: empty.
+  std::vector<std::string> only;
+};
+
+// One source of a "model bank" warm start: load some entries from the checkpoint at `path`.
+struct ModelBankSource {
+  std::string path;
+  LoadConfig config;
+};
+
+class CheckpointManager {
+ public:
+  // Validates the options, creates the directory, takes the lock, reads and reconciles the index.
+  static Result<std::unique_ptr<CheckpointManager>> Open(ManagerOptions options);
+  // Close(), logging an error.
+  virtual ~CheckpointManager() = default;
+
+  // --- Direct API. ---
+  // Saves `state` as the checkpoint of `step` if due (or args.force), returning whether it
+  // started a save. Never saves one step twice (returns false). Synchronous: committed, indexed
+  // and retention applied when it returns. Async: returns after the snapshot; the checkpoint is
+  // indexed when the save commits (observed by the next call, or Wait). The state may be modified
+  // once this returns.
+  virtual Result<bool> Save(int64_t step, const State& state, const SaveArgs& args = {}) = 0;
+  // Whether Save(step) would save now (without force).
+  virtual bool ShouldSave(int64_t step) = 0;
+  // Loads a whole checkpoint (waits for pending saves first). NotFound when none matches.
+  virtual Result<State> Restore(const Which& which = Which::Latest()) = 0;
+  virtual std::optional<CheckpointRecord> Latest() = 0;
+  virtual std::optional<int64_t> LatestStep() = 0;
+  // Committed checkpoints, oldest first.
+  virtual std::vector<CheckpointRecord> All() = 0;
+  virtual std::vector<int64_t> AllSteps() = 0;
+  // Waits for every save in flight; indexes them and applies retention. First error.
+  virtual Status Wait() = 0;
+  // Wait(), write the index, release the lock (and signal handlers). Further calls fail with
+  // FailedPrecondition. Idempotent.
+  virtual Status Close() = 0;
+  virtual std::string directory() = 0;
+  // The prefix in use (after the conflict rule).
+  virtual std::string prefix() = 0;
+  // Every action's statistics so far, oldest first.
+  virtual std::vector<CheckpointStats> stats() = 0;
+
+  // --- Registered state. ---
+  // Registers an object (not owned; must outlive the manager or be unregistered). Names must be
+  // valid entry names without '.' and unique. io_state objects are per shard.
+  virtual Status Register(const std::string& name, Stateful* object, Category category) = 0;
+  virtual Status Unregister(const std::string& name) = 0;
+  // Save(step, <every registered object's state>, args).
+  virtual Result<bool> SaveRegistered(int64_t step, const SaveArgs& args = {}) = 0;
+  // Loads the chosen checkpoint into the registered objects under `config`; sets the step
+  // counters (global step, last saved step) to the checkpoint's. Returns its record.
+  virtual Result<CheckpointRecord> RestoreRegistered(const Which& which = Which::Latest(),
+                                                     const LoadConfig& config = {}) = 0;
+  // Loads the checkpoint at any path into the registered objects (no counters change). A model
+  // bank is several calls with lenient configs, only-filters and renames.
+  virtual Status LoadFrom(const std::string& path, const LoadConfig& config) = 0;
+
+  // --- Training-loop hooks (registered state). ---
+  // After a training step: remembers it as the last consistent point, saves if due, acts on a
+  // pending signal. `metrics` go into the checkpoint's record.
+  virtual Status OnStepEnd(int64_t step, int64_t epoch, const Metrics& metrics = {}) = 0;
+  // After an epoch: forces an epoch-end save at the last step (unless just saved).
+  virtual Status OnEpochEnd(int64_t epoch, const Metrics& metrics = {}) = 0;
+  // After training: forces a final save, waits for every async save.
+  virtual Status OnTrainEnd(const Metrics& metrics = {}) = 0;
+  // RecIS style: counts the global step (+1) and saves when it is a multiple of
+  // save_interval_steps. Returns whether it saved.
+  virtual Result<bool> Step(const Metrics& metrics = {}) = 0;
+  virtual int64_t global_step() = 0;
+  // Saves a "_breakpoint" checkpoint of the registered objects at the last step seen by a hook,
+  // and waits for it. FailedPrecondition unless exception_save.
+  virtual Status SaveBreakpoint() = 0;
+};
+
+// Saves a breakpoint when the scope is left by an exception (the exception keeps propagating):
+//   { ExceptionSaveGuard guard(*manager); train(); }
+// The breakpoint holds the registered objects as they are when the exception unwinds through the
+// guard, labelled with the last step a hook saw; make the training step exception-safe (update
+// state only at its end) for it to be a consistent state. Errors are logged.
+class ExceptionSaveGuard {
+ public:
+  explicit ExceptionSaveGuard(CheckpointManager& manager);
+  ~ExceptionSaveGuard();
+  ExceptionSaveGuard(const ExceptionSaveGuard&) = delete;
+  ExceptionSaveGuard& operator=(const ExceptionSaveGuard&) = delete;
+
+ private:
+  CheckpointManager& manager_;
+  int exceptions_;
+};
+
+}  // namespace savepoint
+
+#endif  // SAVEPOINT_MANAGER_H_

@@ -1,0 +1,246 @@
+// The manager's index: JSON records, atomic generations, reconciliation with the directory.
+#include "manager/index.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <charconv>
+#include <set>
+
+#include "manager/options.h"
+#include "savepoint/checkpoint.h"
+
+namespace savepoint::manager {
+namespace {
+
+constexpr std::string_view kIndexPrefix = "savepoint-index-";
+constexpr std::string_view kIndexSuffix = ".json";
+constexpr uint64_t kMaxIndexBytes = uint64_t{64} << 20;
+
+std::string IndexName(uint64_t generation) {
+  return fmt::format("{}{:020}{}", kIndexPrefix, generation, kIndexSuffix);
+}
+
+// The generation of an index file name, or 0 if `name` is not one.
+uint64_t GenerationOf(std::string_view name) {
+  if (!name.starts_with(kIndexPrefix) || !name.ends_with(kIndexSuffix)) return 0;
+  std::string_view digits =
+      name.substr(kIndexPrefix.size(), name.size() - kIndexPrefix.size() - kIndexSuffix.size());
+  uint64_t g = 0;
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), g);
+  return ec == std::errc() && end == digits.data() + digits.size() ? g : 0;
+}
+
+bool IsIndexTemp(std::string_view name) {
+  return name.starts_with(".savepoint-index-") && name.ends_with(".tmp");
+}
+
+Status FieldError(std::string_view field) {
+  return InvalidArgumentError(fmt::format("field {:?} is missing or has the wrong type", field));
+}
+
+Status GetInt(const Json& j, const char* key, int64_t* out) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) return FieldError(key);
+  *out = it->get<int64_t>();
+  return Status::OK();
+}
+
+Status GetBool(const Json& j, const char* key, bool* out) {
+  auto it = j.find(key);
+  if (it == j.end()) return Status::OK();  // optional, default false
+  if (!it->is_boolean()) return FieldError(key);
+  *out = it->get<bool>();
+  return Status::OK();
+}
+
+Status GetMetrics(const Json& j, Metrics* out) {
+  auto it = j.find("metrics");
+  if (it == j.end()) return Status::OK();
+  if (!it->is_object()) return FieldError("metrics");
+  for (const auto& [k, v] : it->items()) {
+    if (!v.is_number()) return FieldError(fmt::format("metrics.{}", k));
+    (*out)[k] = v.get<double>();
+  }
+  return Status::OK();
+}
+
+Status ValidRecordName(const std::string& name) {
+  if (name.empty() || name[0] == '.' || name.find('/') != std::string::npos ||
+      name.find('\0') != std::string::npos) {
+    return InvalidArgumentError(fmt::format("bad checkpoint name {:?}", name));
+  }
+  return Status::OK();
+}
+
+Result<CheckpointRecord> RecordFromJson(const Json& j, const std::string& dir) {
+  if (!j.is_object()) return InvalidArgumentError("a record is not an object");
+  CheckpointRecord r;
+  auto name = j.find("name");
+  if (name == j.end() || !name->is_string()) return FieldError("name");
+  r.name = name->get<std::string>();
+  SP_RETURN_IF_ERROR(ValidRecordName(r.name));
+  r.path = JoinPath(dir, r.name);
+  SP_RETURN_IF_ERROR(ApplyRecordMeta(j, &r));
+  SP_RETURN_IF_ERROR(GetInt(j, "created_ns", &r.created_ns));
+  int64_t bytes = 0;
+  SP_RETURN_IF_ERROR(GetInt(j, "bytes", &bytes));
+  r.bytes = static_cast<uint64_t>(std::max<int64_t>(bytes, 0));
+  return r;
+}
+
+Result<Index> ParseIndex(const std::string& text, const std::string& dir, uint64_t generation) {
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return CorruptionError("not a JSON object");
+  if (j.value("format", "") != "savepoint-manager-index" || !j["checkpoints"].is_array()) {
+    return CorruptionError("not a savepoint manager index");
+  }
+  Index index;
+  index.generation = generation;
+  for (const Json& item : j["checkpoints"]) {
+    Result<CheckpointRecord> r = RecordFromJson(item, dir);
+    if (!r.ok()) return CorruptionError(r.status().message());
+    index.records.push_back(std::move(r).value());
+  }
+  return index;
+}
+
+Json IndexJson(const Index& index) {
+  Json list = Json::array();
+  for (const CheckpointRecord& r : index.records) {
+    Json j = RecordMeta(r);
+    j["name"] = r.name;
+    j["created_ns"] = r.created_ns;
+    j["bytes"] = r.bytes;
+    list.push_back(std::move(j));
+  }
+  return Json{{"format", "savepoint-manager-index"},
+              {"version", 1},
+              {"generation", index.generation},
+              {"checkpoints", std::move(list)}};
+}
+
+}  // namespace
+
+Json RecordMeta(const CheckpointRecord& r) {
+  Json metrics = Json::object();
+  for (const auto& [k, v] : r.metrics) metrics[k] = v;
+  return Json{{"step", r.step},
+              {"epoch", r.epoch},
+              {"step_in_epoch", r.step_in_epoch},
+              {"metrics", std::move(metrics)},
+              {"breakpoint", r.breakpoint},
+              {"epoch_end", r.epoch_end}};
+}
+
+Status ApplyRecordMeta(const Json& j, CheckpointRecord* r) {
+  if (!j.is_object()) return InvalidArgumentError("manager metadata is not an object");
+  SP_RETURN_IF_ERROR(GetInt(j, "step", &r->step));
+  SP_RETURN_IF_ERROR(GetInt(j, "epoch", &r->epoch));
+  SP_RETURN_IF_ERROR(GetInt(j, "step_in_epoch", &r->step_in_epoch));
+  SP_RETURN_IF_ERROR(GetMetrics(j, &r->metrics));
+  SP_RETURN_IF_ERROR(GetBool(j, "breakpoint", &r->breakpoint));
+  return GetBool(j, "epoch_end", &r->epoch_end);
+}
+
+void SortRecords(std::vector<CheckpointRecord>& records) {
+  std::stable_sort(records.begin(), records.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.created_ns, a.name) < std::tie(b.created_ns, b.name);
+  });
+}
+
+Result<Index> ReadIndex(FileSystem* fs, const std::string& dir) {
+  SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(dir));
+  std::vector<uint64_t> generations;
+  for (const FileInfo& e : entries) {
+    if (uint64_t g = GenerationOf(e.name); g > 0 && !e.is_dir) generations.push_back(g);
+  }
+  std::sort(generations.rbegin(), generations.rend());
+  for (uint64_t g : generations) {
+    std::string path = JoinPath(dir, IndexName(g));
+    Result<std::string> text = fs->ReadFile(path, kMaxIndexBytes);
+    Result<Index> index = text.ok() ? ParseIndex(*text, dir, g) : Result<Index>(text.status());
+    if (index.ok()) return index;
+    spdlog::warn("savepoint: checkpoint index {} ignored: {}", path, index.status().ToString());
+  }
+  return Index{};
+}
+
+Status WriteIndex(FileSystem* fs, const std::string& dir, Index& index) {
+  const uint64_t generation = index.generation + 1;
+  const std::string name = IndexName(generation);
+  const std::string tmp = JoinPath(dir, "." + name + ".tmp");
+  const std::string path = JoinPath(dir, name);
+  Index next{generation, index.records};
+  SP_RETURN_IF_ERROR(fs->RemoveAll(tmp));
+  SP_RETURN_IF_ERROR(fs->WriteFileSynced(tmp, IndexJson(next).dump(1)));
+  SP_RETURN_IF_ERROR(fs->Rename(tmp, path));
+  SP_RETURN_IF_ERROR(fs->SyncDir(dir));
+  index.generation = generation;
+  // Older generations and stray temporaries are garbage now; failing to remove them is harmless.
+  SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(dir));
+  for (const FileInfo& e : entries) {
+    uint64_t g = GenerationOf(e.name);
+    if ((g > 0 && g < generation) || IsIndexTemp(e.name)) {
+      fs->RemoveFile(JoinPath(dir, e.name)).IgnoreError();
+    }
+  }
+  return Status::OK();
+}
+
+Result<CheckpointRecord> RecordFromCheckpoint(FileSystem* fs, const std::string& dir,
+                                              const std::string& name) {
+  LoadOptions o;
+  o.fs = fs;
+  CheckpointRecord r;
+  r.name = name;
+  r.path = JoinPath(dir, name);
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(r.path, o));
+  const Json& meta = reader->values().metadata();
+  if (meta.is_object() && meta.contains(kMetaKey)) {
+    SP_RETURN_IF_ERROR(ApplyRecordMeta(meta[kMetaKey], &r).WithContext(r.path));
+  } else if (const Value* v = reader->values().FindValue("step"); v != nullptr && v->is_int()) {
+    r.step = v->as_int();
+    r.epoch = 1;
+    r.step_in_epoch = r.step;
+  } else {
+    return FailedPreconditionError(fmt::format("checkpoint {} has no step", r.path));
+  }
+  r.created_ns = reader->created_ns();
+  r.bytes = reader->total_file_bytes();
+  return r;
+}
+
+Result<bool> Reconcile(FileSystem* fs, const std::string& dir,
+                       std::vector<CheckpointRecord>& records) {
+  SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(dir));
+  std::set<std::string> on_disk;
+  for (const FileInfo& e : entries) {
+    if (e.is_dir && !e.name.empty() && e.name[0] != '.') on_disk.insert(e.name);
+  }
+  bool changed = false;
+  std::set<std::string> known;
+  std::erase_if(records, [&](const CheckpointRecord& r) {
+    bool gone = on_disk.count(r.name) == 0 || !known.insert(r.name).second;
+    if (gone) spdlog::info("savepoint: index entry {} has no checkpoint: dropped", r.path);
+    changed |= gone;
+    return gone;
+  });
+  for (const std::string& name : on_disk) {
+    if (known.count(name) > 0) continue;
+    Result<CheckpointRecord> r = RecordFromCheckpoint(fs, dir, name);
+    if (!r.ok()) {
+      spdlog::debug("savepoint: {} is not a manager checkpoint: {}", JoinPath(dir, name),
+                    r.status().ToString());
+      continue;
+    }
+    spdlog::info("savepoint: checkpoint {} was missing from the index: added", r->path);
+    records.push_back(std::move(r).value());
+    changed = true;
+  }
+  SortRecords(records);
+  return changed;
+}
+
+}  // namespace savepoint::manager

@@ -1,0 +1,569 @@
+// CheckpointManager (savepoint/manager.h).
+//
+// Save path: decide (interval, never one step twice) -> name -> decorate the state (step
+// metadata, append_info) -> engine Save, or Checkpointer::SaveAsync. A synchronous save is
+// committed on return; an async one is queued in `pending_` and reaped (polled) by every later
+// call, or waited for by Wait/Close/Restore. Reaping a committed save = Commit: read back its
+// manifest (creation time, size), add it to the index, apply retention, write the index. The
+// index is therefore updated strictly after the checkpoint is durable; a crash in between is
+// repaired by Reconcile at the next Open.
+#include "savepoint/manager.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <deque>
+#include <exception>
+#include <mutex>
+
+#include "manager/index.h"
+#include "manager/options.h"
+#include "manager/registry.h"
+#include "manager/retention.h"
+#include "manager/signals.h"
+#include "savepoint/catalog.h"
+
+namespace savepoint {
+namespace manager {
+namespace {
+
+constexpr const char* kLockName = "savepoint.lock";
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// A State that borrows `s`'s tensors and copies its values and metadata.
+Result<State> Borrow(const State& s) {
+  State out;
+  for (const auto& [name, e] : s.entries()) {
+    SP_RETURN_IF_ERROR(e.is_tensor() ? out.PutView(name, e.tensor())
+                                     : out.PutValue(name, e.value()));
+  }
+  out.metadata() = s.metadata();
+  return out;
+}
+
+class ManagerImpl final : public CheckpointManager {
+ public:
+  explicit ManagerImpl(ManagerOptions o)
+      : o_(std::move(o)),
+        policy_(ResolvePolicy(o_)),
+        fs_(o_.fs != nullptr ? o_.fs : DefaultFileSystem()),
+        registry_(o_.shard_id, o_.num_shards) {}
+
+  ~ManagerImpl() override {
+    Status s = Close();
+    if (!s.ok()) spdlog::error("savepoint: closing checkpoint manager: {}", s.ToString());
+  }
+
+  Status Init() {
+    if (o_.async) {
+      SP_ASSIGN_OR_RETURN(async_, Checkpointer::Create(o_.async_options));
+    }
+    std::string dir = o_.directory_fn ? o_.directory_fn(StepInfo{0, 1, 0}) : o_.directory;
+    SP_RETURN_IF_ERROR(OpenDirectory(dir));
+    if (o_.handle_signals) {
+      SP_RETURN_IF_ERROR(InstallSignalHandlers());
+      signals_installed_ = true;
+    }
+    return Status::OK();
+  }
+
+  // --- Direct API. ---
+  Result<bool> Save(int64_t step, const State& state, const SaveArgs& args) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return SaveLocked(step, state, args);
+  }
+  bool ShouldSave(int64_t step) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_saved_step_ != step && ShouldSaveLocked(step);
+  }
+  Result<State> Restore(const Which& which) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SP_RETURN_IF_ERROR(CheckOpen());
+    SP_RETURN_IF_ERROR(Reap(true));
+    SP_ASSIGN_OR_RETURN(CheckpointRecord rec, Find(which));
+    auto t0 = std::chrono::steady_clock::now();
+    IoStats io;
+    LoadOptions lo = LoadOpts();
+    lo.stats = &io;
+    SP_ASSIGN_OR_RETURN(State state, Load(rec.path, lo));
+    Restored(rec, io.bytes, SecondsSince(t0));
+    return state;
+  }
+  std::optional<CheckpointRecord> Latest() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ReapQuietly();
+    if (index_.records.empty()) return std::nullopt;
+    return index_.records.back();
+  }
+  std::optional<int64_t> LatestStep() override {
+    std::optional<CheckpointRecord> r = Latest();
+    return r ? std::optional<int64_t>(r->step) : std::nullopt;
+  }
+  std::vector<CheckpointRecord> All() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ReapQuietly();
+    return index_.records;
+  }
+  std::vector<int64_t> AllSteps() override {
+    std::vector<int64_t> steps;
+    for (const CheckpointRecord& r : All()) steps.push_back(r.step);
+    return steps;
+  }
+  Status Wait() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return Reap(true);
+  }
+  Status Close() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return CloseLocked();
+  }
+  std::string directory() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return dir_;
+  }
+  std::string prefix() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return prefix_;
+  }
+  std::vector<CheckpointStats> stats() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
+  // --- Registered state. ---
+  Status Register(const std::string& name, Stateful* object, Category category) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return registry_.Add(name, object, category);
+  }
+  Status Unregister(const std::string& name) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return registry_.Remove(name);
+  }
+  Result<bool> SaveRegistered(int64_t step, const SaveArgs& args) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return SaveRegisteredLocked(step, args);
+  }
+  Result<CheckpointRecord> RestoreRegistered(const Which& which,
+                                             const LoadConfig& config) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SP_RETURN_IF_ERROR(CheckOpen());
+    SP_RETURN_IF_ERROR(Reap(true));
+    SP_ASSIGN_OR_RETURN(CheckpointRecord rec, Find(which));
+    auto t0 = std::chrono::steady_clock::now();
+    SP_RETURN_IF_ERROR(LoadRegistered(rec.path, config));
+    Restored(rec, rec.bytes, SecondsSince(t0));
+    return rec;
+  }
+  Status LoadFrom(const std::string& path, const LoadConfig& config) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SP_RETURN_IF_ERROR(CheckOpen());
+    return LoadRegistered(path, config);
+  }
+
+  // --- Hooks. ---
+  Status OnStepEnd(int64_t step, int64_t epoch, const Metrics& metrics) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SP_RETURN_IF_ERROR(CheckOpen());
+    NoteStep(step, epoch);
+    if (int sig = PendingSignal(); sig != 0 && o_.handle_signals) return HandleSignal(sig);
+    SaveArgs args = HookArgs(metrics);
+    return SaveRegisteredLocked(step, args).status();
+  }
+  Status OnEpochEnd(int64_t epoch, const Metrics& metrics) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SP_RETURN_IF_ERROR(CheckOpen());
+    if (epoch != cur_epoch_) NoteStep(last_step_, epoch);
+    if (int sig = PendingSignal(); sig != 0 && o_.handle_signals) return HandleSignal(sig);
+    if (last_saved_step_ == last_step_) return MarkLastEpochEnd();
+    SaveArgs args = HookArgs(metrics);
+    args.force = true;
+    args.epoch_end = true;
+    return SaveRegisteredLocked(last_step_, args).status();
+  }
+  Status OnTrainEnd(const Metrics& metrics) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SP_RETURN_IF_ERROR(CheckOpen());
+    SaveArgs args = HookArgs(metrics);
+    args.force = true;
+    SP_RETURN_IF_ERROR(SaveRegisteredLocked(last_step_, args).status());
+    return Reap(true);
+  }
+  Result<bool> Step(const Metrics& metrics) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SP_RETURN_IF_ERROR(CheckOpen());
+    NoteStep(global_step_ + 1, cur_epoch_ > 0 ? cur_epoch_ : 1);
+    if (int sig = PendingSignal(); sig != 0 && o_.handle_signals) return HandleSignal(sig);
+    if (policy_.save_steps <= 0 || global_step_ % policy_.save_steps != 0) return false;
+    SaveArgs args = HookArgs(metrics);
+    args.force = true;
+    return SaveRegisteredLocked(global_step_, args);
+  }
+  int64_t global_step() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return global_step_;
+  }
+  Status SaveBreakpoint() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return SaveBreakpointLocked();
+  }
+
+ private:
+  struct Pending {
+    SaveHandle handle;
+    CheckpointRecord record;
+  };
+
+  Status CheckOpen() const {
+    if (!closed_) return Status::OK();
+    return FailedPreconditionError(fmt::format("checkpoint manager of {} is closed", dir_));
+  }
+
+  LoadOptions LoadOpts() const {
+    LoadOptions lo;
+    lo.fs = fs_;
+    lo.verify_checksums = o_.checksum;
+    lo.io_threads = o_.io_threads;
+    lo.direct_io = o_.direct_io;
+    return lo;
+  }
+
+  // --- Directory. ---
+  Status OpenDirectory(const std::string& dir) {
+    const std::string context = fmt::format("open checkpoint directory {}", dir);
+    SP_RETURN_IF_ERROR(fs_->CreateDirs(dir).WithContext(context));
+    Result<std::unique_ptr<FileSystem::FileLock>> lock = fs_->LockFile(JoinPath(dir, kLockName));
+    if (!lock.ok()) {
+      return lock.status().WithContext(
+          fmt::format("{}: another checkpoint manager is using it", context));
+    }
+    if (o_.gc_on_open) {
+      GcOptions gc;
+      gc.fs = fs_;
+      Result<std::vector<std::string>> removed = GarbageCollect(dir, gc);
+      if (!removed.ok()) spdlog::warn("savepoint: {}: {}", context, removed.status().ToString());
+    }
+    SP_ASSIGN_OR_RETURN(Index index, ReadIndex(fs_, dir));
+    SP_ASSIGN_OR_RETURN(bool changed, Reconcile(fs_, dir, index.records));
+    if (changed) SP_RETURN_IF_ERROR(WriteIndex(fs_, dir, index).WithContext(context));
+    SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs_->ListDir(dir));
+    std::vector<std::string> names;
+    for (const FileInfo& e : entries) {
+      if (e.is_dir && !e.name.ends_with("_breakpoint")) names.push_back(e.name);
+    }
+    prefix_ = o_.prefix_fn ? std::string() : ResolvePrefixConflict(o_.prefix, names);
+    lock_ = std::move(lock).value();
+    index_ = std::move(index);
+    dir_ = dir;
+    return Status::OK();
+  }
+
+  Status MaybeSwitchDirectory(const StepInfo& info) {
+    if (!o_.directory_fn) return Status::OK();
+    std::string dir = o_.directory_fn(info);
+    if (dir == dir_) return Status::OK();
+    SP_RETURN_IF_ERROR(Reap(true));
+    lock_.reset();
+    return OpenDirectory(dir);
+  }
+
+  Status CloseLocked() {
+    if (closed_) return Status::OK();
+    Status s = Reap(true);
+    closed_ = true;
+    async_.reset();
+    lock_.reset();
+    if (signals_installed_) UninstallSignalHandlers();
+    signals_installed_ = false;
+    return s;
+  }
+
+  // --- Saving. ---
+  bool ShouldSaveLocked(int64_t step) const {
+    if (policy_.save_steps > 0) return step >= last_trigger_ + policy_.save_steps;
+    if (policy_.save_seconds > 0) {
+      return SecondsSince(last_save_time_) > static_cast<double>(policy_.save_seconds);
+    }
+    return false;
+  }
+
+  StepInfo InfoFor(int64_t step, const SaveArgs& args) const {
+    const int64_t spe = o_.steps_per_epoch;
+    StepInfo info{step, spe > 0 ? (step - 1) / spe + 1 : 1, spe > 0 ? (step - 1) % spe + 1 : step};
+    if (spe > 0 && step <= 0) info = {step, 1, 0};
+    if (args.epoch) info.epoch = *args.epoch;
+    if (args.step_in_epoch) info.step_in_epoch = *args.step_in_epoch;
+    return info;
+  }
+
+  Result<std::string> NameFor(const StepInfo& info, bool breakpoint) const {
+    if (!o_.prefix_fn) return CheckpointName(prefix_, info, breakpoint);
+    std::string name = o_.prefix_fn(info);
+    SP_RETURN_IF_ERROR(ValidatePrefix(name, "ManagerOptions.prefix_fn result"));
+    return breakpoint ? name + "_breakpoint" : name;
+  }
+
+  // The state as saved: `state` plus the manager metadata and append_info values.
+  Result<State> Decorate(const State& state, const CheckpointRecord& rec) const {
+    SP_ASSIGN_OR_RETURN(State out, Borrow(state));
+    Json& meta = out.metadata();
+    if (meta.is_null()) meta = Json::object();
+    if (!meta.is_object()) {
+      return InvalidArgumentError(
+          fmt::format("save {}: the state's metadata is not an object", rec.name));
+    }
+    Json& mine = meta[kMetaKey];
+    if (!mine.is_object()) mine = Json::object();
+    mine.update(RecordMeta(rec));
+    meta["step"] = rec.step;
+    const std::string context = fmt::format("save {}: append_info", rec.name);
+    for (const std::string& item : o_.append_info) {
+      Value v = item == "epoch_num" ? Value(rec.epoch) : Value(rec.step);
+      SP_RETURN_IF_ERROR(out.PutValue(item, v).WithContext(context));
+    }
+    for (const auto& [key, value] : o_.append_dict) {
+      SP_RETURN_IF_ERROR(out.PutValue(key, value).WithContext(context));
+    }
+    return out;
+  }
+
+  Result<bool> SaveLocked(int64_t step, const State& state, const SaveArgs& args) {
+    SP_RETURN_IF_ERROR(CheckOpen());
+    SP_RETURN_IF_ERROR(Reap(false));
+    if (!args.breakpoint) {
+      if (last_saved_step_ == step) return false;
+      if (!args.force && !ShouldSaveLocked(step)) return false;
+    }
+    const StepInfo info = InfoFor(step, args);
+    SP_RETURN_IF_ERROR(MaybeSwitchDirectory(info));
+    SP_ASSIGN_OR_RETURN(std::string name, NameFor(info, args.breakpoint));
+    CheckpointRecord rec{
+        name, JoinPath(dir_, name), step,           info.epoch,  info.step_in_epoch, 0,
+        0,    args.breakpoint,      args.epoch_end, args.metrics};
+    SP_ASSIGN_OR_RETURN(State full, Decorate(state, rec));
+    SaveOptions so;
+    so.fs = fs_;
+    so.io_threads = o_.io_threads;
+    so.direct_io = o_.direct_io;
+    so.overwrite = true;  // a name repeats only when training went back to an older step
+    if (async_) {
+      SP_ASSIGN_OR_RETURN(SaveHandle h, async_->SaveAsync(full, rec.path, so));
+      pending_.push_back({std::move(h), std::move(rec)});
+    } else {
+      IoStats io;
+      so.stats = &io;
+      SP_RETURN_IF_ERROR(savepoint::Save(full, rec.path, so));
+      SP_RETURN_IF_ERROR(
+          Commit(rec, {"checkpoint_save", rec.name, step, io.bytes, io.seconds, io.seconds}));
+    }
+    last_saved_step_ = step;
+    last_trigger_ = step;
+    last_save_time_ = std::chrono::steady_clock::now();
+    return true;
+  }
+
+  Result<bool> SaveRegisteredLocked(int64_t step, const SaveArgs& args) {
+    if (registry_.empty()) {
+      return FailedPreconditionError(
+          fmt::format("save step {} to {}: no objects are registered", step, dir_));
+    }
+    if (!args.breakpoint && last_saved_step_ == step) return false;
+    if (!args.breakpoint && !args.force && !ShouldSaveLocked(step)) return false;
+    SP_ASSIGN_OR_RETURN(Gathered g, registry_.Gather());
+    return SaveLocked(step, g.state, args);
+  }
+
+  Status SaveBreakpointLocked() {
+    if (!o_.exception_save) {
+      return FailedPreconditionError("SaveBreakpoint: ManagerOptions.exception_save is false");
+    }
+    SP_RETURN_IF_ERROR(CheckOpen());
+    SaveArgs args = HookArgs({});
+    args.breakpoint = true;
+    SP_RETURN_IF_ERROR(SaveRegisteredLocked(last_step_, args).status());
+    return Reap(true);
+  }
+
+  Status HandleSignal(int sig) {
+    Status s = o_.exception_save ? SaveBreakpointLocked() : Reap(true);
+    std::string latest = index_.records.empty() ? "none" : index_.records.back().path;
+    Status closed = CloseLocked();
+    if (s.ok()) s = closed;
+    spdlog::warn("savepoint: signal {}: saved ({}), latest checkpoint {}; re-raising", sig,
+                 s.ToString(), latest);
+    ReraiseSignal(sig);
+    return FailedPreconditionError(fmt::format(
+        "training stopped by signal {}; latest checkpoint {} ({})", sig, latest, s.ToString()));
+  }
+
+  // Indexes a committed checkpoint, applies retention, writes the index.
+  Status Commit(CheckpointRecord rec, CheckpointStats stats) {
+    LoadOptions lo;
+    lo.fs = fs_;
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                        CheckpointReader::Open(rec.path, lo));
+    rec.created_ns = reader->created_ns();
+    rec.bytes = reader->total_file_bytes();
+    std::erase_if(index_.records, [&](const CheckpointRecord& r) { return r.name == rec.name; });
+    index_.records.push_back(std::move(rec));
+    SortRecords(index_.records);
+    stats_.push_back(std::move(stats));
+    ApplyRetention();
+    return WriteIndex(fs_, dir_, index_).WithContext(fmt::format("update index of {}", dir_));
+  }
+
+  void ApplyRetention() {
+    for (const std::string& name : SelectForDeletion(index_.records, policy_)) {
+      auto t0 = std::chrono::steady_clock::now();
+      const std::string path = JoinPath(dir_, name);
+      Status s = DeleteCheckpoint(path, fs_);
+      if (!s.ok()) {
+        spdlog::warn("savepoint: retention: {}", s.ToString());
+        continue;
+      }
+      std::erase_if(index_.records, [&](const CheckpointRecord& r) { return r.name == name; });
+      stats_.push_back({"checkpoint_delete", name, 0, 0, SecondsSince(t0), SecondsSince(t0)});
+    }
+  }
+
+  // Commits finished async saves (all of them when `block`). Returns the first error, including
+  // one deferred from an earlier non-blocking reap.
+  Status Reap(bool block) {
+    Status first = std::exchange(deferred_, Status::OK());
+    while (!pending_.empty()) {
+      if (!block && !pending_.front().handle.Poll()) break;
+      Pending p = std::move(pending_.front());
+      pending_.pop_front();
+      Status s = p.handle.Wait();
+      SaveStats st = p.handle.stats();
+      CheckpointStats cs{"checkpoint_save", p.record.name,      p.record.step,
+                         st.bytes,          st.persist_seconds, st.blocked_seconds};
+      if (s.ok()) s = Commit(std::move(p.record), cs);
+      if (!s.ok()) spdlog::error("savepoint: async save failed: {}", s.ToString());
+      if (!s.ok() && first.ok()) first = s;
+    }
+    return first;
+  }
+
+  // Reap(false), keeping an error for the next Save/Wait/hook to return.
+  void ReapQuietly() {
+    Status s = Reap(false);
+    if (!s.ok()) deferred_ = s;
+  }
+
+  // --- Restoring. ---
+  Result<CheckpointRecord> Find(const Which& which) const {
+    const auto& rs = index_.records;
+    for (auto it = rs.rbegin(); it != rs.rend(); ++it) {
+      if (!which.name.empty() ? it->name == which.name
+                              : (!which.step.has_value() || it->step == *which.step)) {
+        return *it;
+      }
+    }
+    std::string what = !which.name.empty() ? fmt::format("named {:?}", which.name)
+                       : which.step        ? fmt::format("at step {}", *which.step)
+                                           : std::string("at all");
+    return NotFoundError(
+        fmt::format("no checkpoint {} in {} ({} committed)", what, dir_, rs.size()));
+  }
+
+  Status LoadRegistered(const std::string& path, const LoadConfig& config) {
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                        CheckpointReader::Open(path, LoadOpts()));
+    return registry_.Load(*reader, config);
+  }
+
+  // Counters after a restore: training continues after rec's step.
+  void Restored(const CheckpointRecord& rec, uint64_t bytes, double seconds) {
+    last_saved_step_ = last_trigger_ = global_step_ = last_step_ = rec.step;
+    cur_epoch_ = rec.epoch;
+    epoch_first_step_ = rec.step - rec.step_in_epoch + 1;
+    last_save_time_ = std::chrono::steady_clock::now();
+    stats_.push_back({"checkpoint_load", rec.name, rec.step, bytes, seconds, seconds});
+  }
+
+  // --- Hook bookkeeping. ---
+  void NoteStep(int64_t step, int64_t epoch) {
+    if (epoch != cur_epoch_) {
+      cur_epoch_ = epoch;
+      epoch_first_step_ = step;
+    }
+    last_step_ = global_step_ = step;
+  }
+
+  SaveArgs HookArgs(const Metrics& metrics) const {
+    SaveArgs args;
+    args.metrics = metrics;
+    if (o_.steps_per_epoch == 0) {
+      args.epoch = cur_epoch_ > 0 ? cur_epoch_ : 1;
+      args.step_in_epoch = cur_epoch_ > 0 ? last_step_ - epoch_first_step_ + 1 : last_step_;
+    }
+    return args;
+  }
+
+  Status MarkLastEpochEnd() {
+    if (!pending_.empty()) {
+      pending_.back().record.epoch_end = true;
+      return Status::OK();
+    }
+    if (index_.records.empty()) return Status::OK();
+    for (auto it = index_.records.rbegin(); it != index_.records.rend(); ++it) {
+      if (it->step != last_step_) continue;
+      it->epoch_end = true;
+      return WriteIndex(fs_, dir_, index_);
+    }
+    return Status::OK();
+  }
+
+  const ManagerOptions o_;
+  const Policy policy_;
+  FileSystem* const fs_;
+
+  std::mutex mu_;  // guards everything below
+  bool closed_ = false;
+  bool signals_installed_ = false;
+  std::string dir_;
+  std::string prefix_;
+  std::unique_ptr<FileSystem::FileLock> lock_;
+  Index index_;
+  std::unique_ptr<Checkpointer> async_;
+  std::deque<Pending> pending_;
+  Status deferred_;
+  Registry registry_;
+  std::vector<CheckpointStats> stats_;
+  std::optional<int64_t> last_saved_step_;
+  int64_t last_trigger_ = 0;
+  std::chrono::steady_clock::time_point last_save_time_ = std::chrono::steady_clock::now();
+  int64_t global_step_ = 0;
+  int64_t last_step_ = 0;
+  int64_t cur_epoch_ = 0;
+  int64_t epoch_first_step_ = 1;
+};
+
+}  // namespace
+}  // namespace manager
+
+Result<std::unique_ptr<CheckpointManager>> CheckpointManager::Open(ManagerOptions options) {
+  SP_RETURN_IF_ERROR(ValidateManagerOptions(options));
+  auto m = std::make_unique<manager::ManagerImpl>(std::move(options));
+  SP_RETURN_IF_ERROR(m->Init());
+  return std::unique_ptr<CheckpointManager>(std::move(m));
+}
+
+ExceptionSaveGuard::ExceptionSaveGuard(CheckpointManager& manager)
+    : manager_(manager), exceptions_(std::uncaught_exceptions()) {}
+
+ExceptionSaveGuard::~ExceptionSaveGuard() {
+  if (std::uncaught_exceptions() <= exceptions_) return;
+  try {
+    Status s = manager_.SaveBreakpoint();
+    if (!s.ok()) spdlog::error("savepoint: exception save failed: {}", s.ToString());
+  } catch (...) {
+    spdlog::error("savepoint: exception save failed with an exception");
+  }
+}
+
+}  // namespace savepoint

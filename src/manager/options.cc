@@ -1,0 +1,172 @@
+// ManagerOptions validation (the rules of MindSpore's CheckpointConfig, plus ours), the resolved
+// policy, and checkpoint naming.
+#include "manager/options.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+
+namespace savepoint::manager {
+namespace {
+
+constexpr size_t kMaxPrefixBytes = 200;
+
+Status NonNegative(const char* field, int64_t value) {
+  if (value >= 0) return Status::OK();
+  return InvalidArgumentError(
+      fmt::format("ManagerOptions.{} = {}: must be 0 (off) or positive", field, value));
+}
+
+Status ValidateIntervals(const ManagerOptions& o) {
+  SP_RETURN_IF_ERROR(NonNegative("save_interval_steps", o.save_interval_steps));
+  SP_RETURN_IF_ERROR(NonNegative("save_interval_seconds", o.save_interval_seconds));
+  SP_RETURN_IF_ERROR(NonNegative("keep_last_n", o.keep_last_n));
+  SP_RETURN_IF_ERROR(NonNegative("keep_per_n_minutes", o.keep_per_n_minutes));
+  SP_RETURN_IF_ERROR(NonNegative("keep_every_n_steps", o.keep_every_n_steps));
+  SP_RETURN_IF_ERROR(NonNegative("keep_best_n", o.keep_best_n));
+  SP_RETURN_IF_ERROR(NonNegative("steps_per_epoch", o.steps_per_epoch));
+  if (o.save_interval_steps == 0 && o.save_interval_seconds == 0 && o.keep_last_n == 0 &&
+      o.keep_per_n_minutes == 0 && !o.keep_all) {
+    return InvalidArgumentError(
+        "ManagerOptions: save_interval_steps, save_interval_seconds, keep_last_n and "
+        "keep_per_n_minutes are all 0: nothing would ever be saved or kept (set one of them)");
+  }
+  if (o.keep_best_n > 0 && o.best_metric.empty()) {
+    return InvalidArgumentError(
+        fmt::format("ManagerOptions.keep_best_n = {} needs best_metric (the metric to rank by)",
+                    o.keep_best_n));
+  }
+  if (o.keep_best_n == 0 && !o.best_metric.empty()) {
+    return InvalidArgumentError(fmt::format(
+        "ManagerOptions.best_metric = {:?} is set but keep_best_n is 0", o.best_metric));
+  }
+  return Status::OK();
+}
+
+Status ValidateAppendInfo(const ManagerOptions& o) {
+  for (const std::string& item : o.append_info) {
+    if (item != "epoch_num" && item != "step_num") {
+      return InvalidArgumentError(fmt::format(
+          "ManagerOptions.append_info: {:?} is not one of \"epoch_num\", \"step_num\"", item));
+    }
+  }
+  for (const auto& [key, value] : o.append_dict) {
+    if (Status s = ValidateName(key); !s.ok()) {
+      return InvalidArgumentError(
+          fmt::format("ManagerOptions.append_dict key {:?}: {}", key, s.message()));
+    }
+    if (key == "epoch_num" || key == "step_num") {
+      return InvalidArgumentError(
+          fmt::format("ManagerOptions.append_dict key {:?} is reserved (use append_info)", key));
+    }
+    ValueKind k = value.kind();
+    if (k != ValueKind::kInt && k != ValueKind::kFloat && k != ValueKind::kBool &&
+        k != ValueKind::kString) {
+      return InvalidArgumentError(
+          fmt::format("ManagerOptions.append_dict[{:?}] is a {} value: only int, float, bool "
+                      "and string are allowed",
+                      key, ValueKindName(k)));
+    }
+  }
+  return Status::OK();
+}
+
+Status ValidateFormat(const ManagerOptions& o) {
+  if (o.format == CheckpointFormat::kNative) return Status::OK();
+  if (o.async || o.exception_save || !o.append_info.empty() || !o.append_dict.empty()) {
+    return InvalidArgumentError(
+        "ManagerOptions.format = safetensors: async, exception_save and append_info must keep "
+        "their defaults with this format");
+  }
+  return UnimplementedError(
+      "ManagerOptions.format = safetensors: not supported yet (until issue #5); use kNative");
+}
+
+Status ValidateWhere(const ManagerOptions& o) {
+  if (o.directory.empty() && !o.directory_fn) {
+    return InvalidArgumentError("ManagerOptions.directory is empty and directory_fn is not set");
+  }
+  if (!o.prefix_fn) SP_RETURN_IF_ERROR(ValidatePrefix(o.prefix, "ManagerOptions.prefix"));
+  if (o.num_shards < 1 || o.shard_id < 0 || o.shard_id >= o.num_shards) {
+    return InvalidArgumentError(
+        fmt::format("ManagerOptions: shard_id = {} and num_shards = {}: need 0 <= shard_id < "
+                    "num_shards",
+                    o.shard_id, o.num_shards));
+  }
+  if (o.io_threads < 1 || o.io_threads > 64) {
+    return InvalidArgumentError(
+        fmt::format("ManagerOptions.io_threads = {}: must be in [1, 64]", o.io_threads));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status ValidatePrefix(std::string_view prefix, std::string_view what) {
+  if (prefix.empty() || prefix.size() > kMaxPrefixBytes || prefix[0] == '.' ||
+      prefix.find('/') != std::string_view::npos || prefix.find('\0') != std::string_view::npos) {
+    return InvalidArgumentError(
+        fmt::format("{} {:?}: must be 1..{} bytes, contain no '/' or NUL and not start with '.'",
+                    what, prefix, kMaxPrefixBytes));
+  }
+  return ValidateName(prefix).WithContext(fmt::format("{} {:?}", what, prefix));
+}
+
+Policy ResolvePolicy(const ManagerOptions& o) {
+  Policy p;
+  p.save_steps = o.save_interval_steps;
+  p.save_seconds = o.save_interval_steps > 0 ? 0 : o.save_interval_seconds;
+  p.keep_all = o.keep_all;
+  if (!o.keep_all) {
+    p.keep_last_n = o.keep_last_n;
+    p.keep_per_minutes = o.keep_last_n > 0 ? 0 : o.keep_per_n_minutes;
+    if (p.keep_last_n == 0 && p.keep_per_minutes == 0) p.keep_last_n = 1;
+  }
+  p.keep_every_n_steps = o.keep_every_n_steps;
+  p.keep_best_n = o.keep_best_n;
+  p.best_metric = o.best_metric;
+  p.best_mode = o.best_mode;
+  return p;
+}
+
+std::string CheckpointName(std::string_view prefix, const StepInfo& info, bool breakpoint) {
+  return fmt::format("{}-{}_{}{}", prefix, info.epoch, info.step_in_epoch,
+                     breakpoint ? "_breakpoint" : "");
+}
+
+std::string ResolvePrefixConflict(const std::string& prefix,
+                                  const std::vector<std::string>& existing) {
+  int64_t suffix = 0;
+  for (const std::string& name : existing) {
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    std::string_view rest = std::string_view(name).substr(prefix.size());
+    if (rest[0] == '-') {
+      suffix = std::max<int64_t>(suffix, 1);
+      continue;
+    }
+    size_t dash = rest.find('-');
+    if (rest[0] != '_' || dash == std::string_view::npos || dash < 2) continue;
+    int64_t n = 0;
+    std::string_view digits = rest.substr(1, dash - 1);
+    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    if (ec == std::errc() && end == digits.data() + digits.size()) {
+      suffix = std::max(suffix, n + 1);
+    }
+  }
+  return suffix == 0 ? prefix : fmt::format("{}_{}", prefix, suffix);
+}
+
+}  // namespace savepoint::manager
+
+namespace savepoint {
+
+Status ValidateManagerOptions(const ManagerOptions& options) {
+  SP_RETURN_IF_ERROR(manager::ValidateIntervals(options));
+  SP_RETURN_IF_ERROR(manager::ValidateWhere(options));
+  SP_RETURN_IF_ERROR(manager::ValidateAppendInfo(options));
+  return manager::ValidateFormat(options);
+}
+
+}  // namespace savepoint

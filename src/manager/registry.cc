@@ -1,0 +1,192 @@
+// Registered objects: gathering their state, and loading a checkpoint into them under a
+// LoadConfig (categories, strict/lenient matching, renames, only-filters).
+//
+// Loading is two passes: first every selected object is planned (its current state is asked for
+// as a template, every entry is matched against the checkpoint by name, dtype and shape, and
+// strictness is enforced), then, only if every plan succeeded, the tensors are read straight into
+// the template's memory and each object's LoadState is called.
+#include "manager/registry.h"
+
+#include <fmt/format.h>
+#include <fnmatch.h>
+#include <spdlog/spdlog.h>
+
+#include <set>
+
+#include "manager/options.h"
+
+namespace savepoint::manager {
+namespace {
+
+constexpr size_t kNumCategories = 5;
+
+bool MatchesAny(const std::vector<std::string>& globs, const std::string& name) {
+  for (const std::string& g : globs) {
+    if (fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
+  }
+  return globs.empty();
+}
+
+Status ApplyCategories(const std::vector<std::string>& names, bool value, const char* field,
+                       std::vector<bool>& selected) {
+  for (const std::string& n : names) {
+    if (n == "*") {
+      selected.assign(kNumCategories, value);
+      continue;
+    }
+    Result<Category> c = ParseCategory(n);
+    if (!c.ok()) return c.status().WithContext(fmt::format("LoadConfig.{}", field));
+    selected[static_cast<size_t>(*c)] = value;
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<std::vector<bool>> SelectedCategories(const LoadConfig& config) {
+  std::vector<bool> selected(kNumCategories, false);
+  SP_RETURN_IF_ERROR(ApplyCategories(config.include, true, "include", selected));
+  SP_RETURN_IF_ERROR(ApplyCategories(config.exclude, false, "exclude", selected));
+  return selected;
+}
+
+struct Registry::Plan {
+  std::string name;
+  Stateful* object = nullptr;
+  State templ;
+  struct Item {
+    std::string key;  // name in templ
+    std::string src;  // name in the checkpoint
+    bool tensor = false;
+  };
+  std::vector<Item> items;
+};
+
+std::string Registry::EntryPrefix(const std::string& name, Category category) const {
+  if (category == Category::kIoState) return fmt::format("{}.shard-{}.", name, shard_id_);
+  return name + ".";
+}
+
+Status Registry::Add(const std::string& name, Stateful* object, Category category) {
+  SP_RETURN_IF_ERROR(ValidateName(name).WithContext("register"));
+  if (name.find('.') != std::string::npos || object == nullptr) {
+    return InvalidArgumentError(fmt::format(
+        "register {:?}: the name must not contain '.' and the object not be null", name));
+  }
+  if (!objects_.emplace(name, Object{object, category}).second) {
+    return AlreadyExistsError(fmt::format("register {:?}: the name is already registered", name));
+  }
+  return Status::OK();
+}
+
+Status Registry::Remove(const std::string& name) {
+  if (objects_.erase(name) == 0) {
+    return NotFoundError(fmt::format("unregister {:?}: not registered", name));
+  }
+  return Status::OK();
+}
+
+Result<Gathered> Registry::Gather() const {
+  Gathered g;
+  Json objects = Json::object();
+  g.parts.reserve(objects_.size());
+  for (const auto& [name, o] : objects_) {
+    State& part = g.parts.emplace_back();
+    SP_RETURN_IF_ERROR(o.object->SaveState(part).WithContext(fmt::format("save {:?}", name)));
+    const std::string prefix = EntryPrefix(name, o.category);
+    for (const auto& [key, entry] : part.entries()) {
+      Status s = entry.is_tensor() ? g.state.PutView(prefix + key, entry.tensor())
+                                   : g.state.PutValue(prefix + key, entry.value());
+      SP_RETURN_IF_ERROR(s.WithContext(fmt::format("save {:?}", name)));
+    }
+    objects[name] = {{"category", CategoryName(o.category)}, {"num_shards", num_shards_}};
+  }
+  g.state.metadata()[kMetaKey]["objects"] = std::move(objects);
+  return g;
+}
+
+Result<Registry::Plan> Registry::PlanObject(CheckpointReader& reader, const LoadConfig& config,
+                                            const std::string& name, const Object& o) const {
+  Plan plan{name, o.object, State(), {}};
+  SP_RETURN_IF_ERROR(o.object->SaveState(plan.templ).WithContext(fmt::format("load {:?}", name)));
+  const std::string where =
+      fmt::format("load {:?} ({}) from {}", name, CategoryName(o.category), reader.path());
+  const Json& meta = reader.values().metadata();
+  if (o.category == Category::kIoState && meta.is_object() && meta.contains(kMetaKey)) {
+    const Json& rec = meta[kMetaKey].value("objects", Json::object()).value(name, Json::object());
+    if (rec.contains("num_shards") && rec["num_shards"] != num_shards_) {
+      return InvalidArgumentError(fmt::format("{}: saved with {} shards, this run has {}", where,
+                                              rec["num_shards"].dump(), num_shards_));
+    }
+  }
+  std::map<std::string, std::string> source_of;  // target -> checkpoint name
+  for (const auto& [from, to] : config.renames) source_of[to] = from;
+  const std::string prefix = EntryPrefix(name, o.category);
+  std::set<std::string> consumed;
+  for (const auto& [key, entry] : plan.templ.entries()) {
+    const std::string target = prefix + key;
+    if (!MatchesAny(config.only, target)) continue;
+    auto renamed = source_of.find(target);
+    const std::string src = renamed != source_of.end() ? renamed->second : target;
+    Status problem;
+    if (entry.is_tensor()) {
+      const TensorInfo* info = reader.FindTensor(src);
+      const TensorView& want = entry.tensor();
+      if (info == nullptr) {
+        problem = NotFoundError(fmt::format("{}: no tensor {:?}", where, src));
+      } else if (info->dtype != want.dtype() || info->shape != want.shape()) {
+        problem = InvalidArgumentError(
+            fmt::format("{}: tensor {:?} is {} {} in the checkpoint, {:?} is {} {} here", where,
+                        src, DTypeName(info->dtype), ShapeToString(info->shape), target,
+                        DTypeName(want.dtype()), ShapeToString(want.shape())));
+      }
+    } else if (reader.values().FindValue(src) == nullptr) {
+      problem = NotFoundError(fmt::format("{}: no value {:?}", where, src));
+    }
+    if (!problem.ok()) {
+      if (config.strict) return problem;
+      spdlog::info("savepoint: skipped: {}", problem.message());
+      continue;
+    }
+    consumed.insert(src);
+    plan.items.push_back({key, src, entry.is_tensor()});
+  }
+  if (config.strict && config.only.empty()) {
+    auto check = [&](const std::string& n) -> Status {
+      if (n.starts_with(prefix) && consumed.count(n) == 0 && config.renames.count(n) == 0) {
+        return InvalidArgumentError(
+            fmt::format("{}: the checkpoint has {:?}, which the object does not have", where, n));
+      }
+      return Status::OK();
+    };
+    for (const TensorInfo& t : reader.tensors()) SP_RETURN_IF_ERROR(check(t.name));
+    for (const auto& [n, e] : reader.values().entries()) SP_RETURN_IF_ERROR(check(n));
+  }
+  return plan;
+}
+
+Status Registry::Load(CheckpointReader& reader, const LoadConfig& config) const {
+  SP_ASSIGN_OR_RETURN(std::vector<bool> selected, SelectedCategories(config));
+  std::vector<Plan> plans;
+  for (const auto& [name, o] : objects_) {
+    if (!selected[static_cast<size_t>(o.category)]) continue;
+    SP_ASSIGN_OR_RETURN(Plan plan, PlanObject(reader, config, name, o));
+    if (!plan.items.empty()) plans.push_back(std::move(plan));
+  }
+  for (Plan& plan : plans) {
+    State in;
+    for (const Plan::Item& item : plan.items) {
+      const State::Entry* entry = plan.templ.Find(item.key);
+      if (item.tensor) {
+        SP_RETURN_IF_ERROR(reader.ReadTensor(item.src, entry->tensor()));
+        SP_RETURN_IF_ERROR(in.PutView(item.key, entry->tensor()));
+      } else {
+        SP_RETURN_IF_ERROR(in.PutValue(item.key, *reader.values().FindValue(item.src)));
+      }
+    }
+    SP_RETURN_IF_ERROR(plan.object->LoadState(in).WithContext(fmt::format("load {:?}", plan.name)));
+  }
+  return Status::OK();
+}
+
+}  // namespace savepoint::manager
