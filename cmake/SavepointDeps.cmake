@@ -15,3 +15,6 @@ endif()
 if(SAVEPOINT_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()
+# OpenMPI (Debian libopenmpi-dev) for the savepoint_mpi communicator; optional: without it the
+# library builds and the MPI target and tests are skipped.
+find_package(MPI COMPONENTS CXX QUIET)

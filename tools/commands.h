@@ -19,6 +19,7 @@ void RegisterConvert(CLI::App& app, int* exit_code);  // cmd_convert.cc
 
 // `inspect` of a safetensors file (cmd_inspect_safetensors.cc); returns the exit code.
 int RunInspectSafetensors(std::string_view command, const std::string& path, bool json);
+void RegisterMerge(CLI::App& app, int* exit_code);    // cmd_merge.cc
 
 }  // namespace savepoint::cli
 

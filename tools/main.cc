@@ -39,6 +39,7 @@ int Main(int argc, char** argv) {
   RegisterLs(app, &exit_code);
   RegisterGc(app, &exit_code);
   RegisterConvert(app, &exit_code);
+  RegisterMerge(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

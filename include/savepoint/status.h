@@ -31,6 +31,7 @@ enum class StatusCode : int {
   kPermissionDenied = 10,   // EACCES / EPERM / EROFS
   kResourceExhausted = 11,  // a size cap was exceeded
   kInternal = 12,           // a bug in savepoint
+  kDeadlineExceeded = 13,   // a collective operation (Communicator) timed out
 };
 
 // Stable lower-case name of a code, e.g. "corruption".
@@ -78,6 +79,7 @@ Status OutOfRangeError(std::string message);
 Status PermissionDeniedError(std::string message);
 Status ResourceExhaustedError(std::string message);
 Status InternalError(std::string message);
+Status DeadlineExceededError(std::string message);
 
 // Maps an errno value to a Status: "<context>: <strerror(err)>" with the matching code.
 Status ErrnoToStatus(int err, std::string_view context);

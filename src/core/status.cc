@@ -34,6 +34,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "resource exhausted";
     case StatusCode::kInternal:
       return "internal";
+    case StatusCode::kDeadlineExceeded:
+      return "deadline exceeded";
   }
   return "unknown";
 }
@@ -72,6 +74,9 @@ Status ResourceExhaustedError(std::string m) {
   return {StatusCode::kResourceExhausted, std::move(m)};
 }
 Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+Status DeadlineExceededError(std::string m) {
+  return {StatusCode::kDeadlineExceeded, std::move(m)};
+}
 
 static StatusCode CodeForErrno(int err) {
   switch (err) {

@@ -256,6 +256,12 @@ Result<std::vector<std::pair<size_t, size_t>>> Reader::ReadRuns(const std::vecto
   return runs;
 }
 
+Status Reader::ReadShardChunk(size_t tensor, size_t shard, uint64_t chunk, Destination dst,
+                              Buffers* b, bool verify) {
+  const format::TensorRecord& t = m_.tensors[tensor];
+  return ReadChunk(Task{&t, &t.shards[shard], chunk, dst}, b, verify);
+}
+
 Status Reader::AddTasks(size_t ti, Destination dst, std::vector<Task>* tasks,
                         std::vector<Scatter>* scatter) {
   const format::TensorRecord& t = m_.tensors[ti];

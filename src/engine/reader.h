@@ -50,6 +50,20 @@ class Reader final : public CheckpointReader {
                   bool verify);
   // Index of a tensor in the manifest, or -1.
   int64_t IndexOf(std::string_view name) const;
+  // The validated manifest.
+  const format::Manifest& manifest() const { return m_; }
+  // Opens data file `index` (once), checking its header and size against the manifest.
+  Status OpenFile(uint32_t index) { return File(index).status(); }
+  // One worker's buffers (chunk_bytes each, allocated on first use).
+  struct Buffers {
+    Tensor staging;  // a chunk read for verification only, unaligned for direct I/O, or compressed
+    Tensor scratch;  // the shuffled form of a chunk being decompressed
+  };
+  // Reads chunk `chunk` of shard `shard` of tensor `tensor` (raw or compressed) into `dst`, which
+  // receives its raw bytes, using worker buffers `b`, verifying its CRC32C when `verify`. For
+  // readers of parts of tensors (the distributed load).
+  Status ReadShardChunk(size_t tensor, size_t shard, uint64_t chunk, Destination dst, Buffers* b,
+                        bool verify);
 
   // --- Mapping (mmap.cc). ---
   // A read-only view of tensor `index` inside its data file's mapping, without verification.
@@ -74,11 +88,6 @@ class Reader final : public CheckpointReader {
   Result<RandomAccessFile*> File(uint32_t index);
   // Data file `index` mapped read-only, once, after File(index) has checked its header and size.
   Result<std::shared_ptr<const MappedFile>> Mapping(uint32_t index);
-  // One worker's buffers (chunk_bytes each, allocated on first use).
-  struct Buffers {
-    Tensor staging;  // a chunk read for verification only, unaligned for direct I/O, or compressed
-    Tensor scratch;  // the shuffled form of a chunk being decompressed
-  };
   Status ReadChunk(const Task& t, Buffers* b, bool verify);
   // Batched reads of chunks that go straight into their destinations (see reader.cc).
   bool DirectRead(const Task& t, const RandomAccessFile* f) const;

@@ -283,8 +283,10 @@ Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const 
 }
 
 Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manifest& m) {
-  SP_RETURN_IF_ERROR(data->Sync());
-  SP_RETURN_IF_ERROR(data->Close());
+  if (data != nullptr) {
+    SP_RETURN_IF_ERROR(data->Sync());
+    SP_RETURN_IF_ERROR(data->Close());
+  }
   std::string manifest = format::EncodeManifest(m);
   if (manifest.size() - format::kManifestHeaderBytes > format::kMaxManifestBodyBytes) {
     return ResourceExhaustedError(fmt::format("manifest of {} bytes exceeds the cap of {}",

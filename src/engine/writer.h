@@ -105,7 +105,8 @@ Result<bool> WriteCompressedChunk(const ChunkTask& t, const std::byte* raw, uint
 Status StoreRawChunk(const ChunkTask& t, std::byte* staged, uint32_t staged_crc, WritableFile* f,
                      ExtentAllocator* alloc, std::byte* staging);
 
-// Steps 4-6: syncs and closes the data file, writes and syncs MANIFEST, syncs the directory.
+// Steps 4-6: syncs and closes the data file (unless `data` is null: a multi-rank save's ranks
+// close their own), writes and syncs MANIFEST, syncs the directory.
 Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manifest& m);
 
 // Steps 7-10: renames into place and syncs the parent.

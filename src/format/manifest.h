@@ -144,6 +144,11 @@ std::string EncodeManifest(const Manifest& m);
 // Parses and fully validates MANIFEST bytes. `where` names the file in error messages.
 Result<Manifest> DecodeManifest(std::string_view bytes, std::string_view where);
 
+// Corruption ("<where>: tensor "T": shards overlap" / "shards cover N of M elements") unless the
+// shards of `t` tile its shape exactly. Preconditions: every shard's box lies within t.shape (as
+// DecodeManifest checks). Used by DecodeManifest and by the multi-rank save before it writes.
+Status CheckTensorTiling(const TensorRecord& t, std::string_view where);
+
 // The 4096-byte header of data file `file_index`.
 std::string EncodeDataHeader(uint64_t checkpoint_id, uint32_t file_index);
 

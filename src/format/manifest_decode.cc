@@ -516,3 +516,11 @@ Result<Manifest> DecodeManifest(std::string_view bytes, std::string_view where) 
 }
 
 }  // namespace savepoint::format
+
+namespace savepoint::format {
+
+Status CheckTensorTiling(const TensorRecord& t, std::string_view where) {
+  return CheckTiling(t, Ctx{where}, fmt::format("tensor {:?}", t.name));
+}
+
+}  // namespace savepoint::format

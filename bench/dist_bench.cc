@@ -1,0 +1,214 @@
+// dist_bench: distributed save / resharded load throughput, and the coordinator's merge cost.
+//
+//   mpirun -np 4 dist_bench io --dir DIR --bytes N [--tensors K] [--threads T] [--dp D]
+//                              [--chunk-mb C]
+//       Global model of N bytes (K f32 tensors [rows, 4096]), held DP D x TP (world / D): each
+//       rank holds a row block of every tensor, replicas written once. Phases (each between two
+//       barriers, timed on rank 0, the checkpoint dropped from the page cache before each load):
+//         save     SaveDistributed (durable and committed when it returns)
+//         load44   every rank of world W loads rows [r*R/W, (r+1)*R/W) (the model read once)
+//         load43   only W-1 ranks load, rows split W-1 ways (resharded: crosses shard borders)
+//       Prints bytes, seconds, GB/s per phase and the ratio load43 / load44. A target box whose
+//       edge falls inside a chunk reads that chunk whole (it is verified whole), so two ranks read
+//       it: load43 reads up to 2 chunks per tensor more than load44.
+//   dist_bench merge --ranks P --tensors K
+//       The coordinator's cost of merging P simulated ranks' plan descriptors (each rank writes a
+//       row block of each of K tensors): descriptor bytes, merge + validation time, checksum merge
+//       time and encoded manifest size.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <string>
+
+#include "dist/descriptor.h"
+#include "savepoint/distributed.h"
+#include "savepoint/mpi.h"
+#include "savepoint/savepoint.h"
+
+namespace {
+
+using namespace savepoint;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kCols = 4096;
+
+struct Args {
+  std::string mode, dir;
+  uint64_t bytes = uint64_t{256} << 20;
+  int tensors = 16, threads = 4, dp = 2, ranks = 64;
+  uint64_t chunk_bytes = SaveOptions().chunk_bytes;
+};
+
+uint64_t ParseSize(std::string s) {
+  uint64_t mult = 1;
+  char c = s.empty() ? 0 : s.back();
+  if (c == 'K' || c == 'M' || c == 'G') {
+    mult = uint64_t{1} << (c == 'K' ? 10 : c == 'M' ? 20 : 30);
+    s.pop_back();
+  }
+  return std::stoull(s) * mult;
+}
+
+Args Parse(int argc, char** argv) {
+  Args a;
+  a.mode = argc > 1 ? argv[1] : "";
+  for (int i = 2; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--dir") a.dir = v;
+    if (k == "--bytes") a.bytes = ParseSize(v);
+    if (k == "--tensors") a.tensors = std::stoi(v);
+    if (k == "--threads") a.threads = std::stoi(v);
+    if (k == "--dp") a.dp = std::stoi(v);
+    if (k == "--ranks") a.ranks = std::stoi(v);
+    if (k == "--chunk-mb") a.chunk_bytes = std::stoull(v) << 20;
+  }
+  return a;
+}
+
+void Must(const Status& s, const char* what) {
+  if (s.ok()) return;
+  fmt::print(stderr, "dist_bench: {}: {}\n", what, s.ToString());
+  std::exit(1);
+}
+
+void DropCache(const std::string& dir) {
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    int fd = ::open(e.path().c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+// Times `fn` between two barriers; returns rank 0's wall seconds.
+double Timed(Communicator& c, const std::function<void()>& fn) {
+  Must(c.Barrier(600s), "barrier");
+  auto t0 = Clock::now();
+  fn();
+  Must(c.Barrier(600s), "barrier");
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void Report(Communicator& c, const char* phase, uint64_t bytes, double s) {
+  if (c.rank() == 0)
+    fmt::print("{:8} bytes={} seconds={:.4f} gbps={:.3f}\n", phase, bytes, s, bytes / s / 1e9);
+}
+
+ShardLayout RowLayout(const Args& a, int64_t rows, int parts, int index, std::vector<int> reps) {
+  ShardLayout l;
+  for (int t = 0; t < a.tensors; ++t) {
+    l[fmt::format("layer{:03}.w", t)] = SplitDim({rows, kCols}, 0, parts, index, reps).value();
+  }
+  return l;
+}
+
+double Load(Communicator& c, const Args& a, const std::string& path, int64_t rows, int world) {
+  DropCache(path);
+  return Timed(c, [&] {
+    if (c.rank() >= world) return;
+    LoadOptions o;
+    o.io_threads = a.threads;
+    Result<State> s = LoadDistributedAlloc(path, RowLayout(a, rows, world, c.rank(), {}), o);
+    Must(s.status(), "load");
+  });
+}
+
+int RunIo(const Args& a) {
+  auto comm = NewMpiCommunicator();
+  Must(comm.status(), "MPI");
+  Communicator& c = **comm;
+  const int w = c.size(), tp = w / a.dp;
+  const int64_t rows = static_cast<int64_t>(a.bytes / a.tensors / (kCols * 4));
+  const uint64_t model = uint64_t(rows) * kCols * 4 * a.tensors;
+  std::vector<int> reps;
+  for (int q = c.rank() % tp; q < w; q += tp) reps.push_back(q);
+  ShardLayout mine = RowLayout(a, rows, tp, c.rank() % tp, reps);
+  State local;
+  for (const auto& [name, spec] : mine) {
+    Tensor t = Tensor::Empty(DType::kF32, spec.sizes).value();
+    for (size_t i = 0; i < t.nbytes(); i += 64) t.data()[i] = std::byte(i * 131 + c.rank() % tp);
+    Must(local.Put(name, std::move(t)), "put");
+  }
+  std::string path = a.dir + "/dist_bench_ckpt";
+  if (c.rank() == 0) std::filesystem::remove_all(path);
+  DistributedSaveOptions o;
+  o.save.io_threads = a.threads;
+  o.save.chunk_bytes = a.chunk_bytes;
+  double s = Timed(c, [&] { Must(SaveDistributed(c, local, mine, path, o), "save"); });
+  Report(c, "save", model, s);
+  double l44 = Load(c, a, path, rows, w);
+  Report(c, "load44", model, l44);
+  double l43 = Load(c, a, path, rows, w - 1);
+  Report(c, "load43", model, l43);
+  if (c.rank() == 0) {
+    fmt::print("ratio load43/load44 = {:.3f}\n", l43 / l44);
+    std::filesystem::remove_all(path);
+  }
+  return 0;
+}
+
+// A simulated rank's local manifest: one row block of each tensor.
+format::Manifest RankManifest(const Args& a, int rank, int64_t rows) {
+  format::Manifest m;
+  m.files.push_back({"x", 0});
+  uint64_t off = 4096;
+  for (int t = 0; t < a.tensors; ++t) {
+    ShardSpec s = SplitDim({rows, kCols}, 0, a.ranks, rank).value();
+    uint64_t bytes = uint64_t(s.sizes[0]) * kCols * 4;
+    format::ShardRecord sh{s.offsets, s.sizes, 0, off, bytes, {}};
+    sh.crc32c.assign(format::NumChunks(bytes, uint64_t{8} << 20), 0x12345678u);
+    m.tensors.push_back(
+        {fmt::format("model.layers.{:04}.weight", t), DType::kF32, {rows, kCols}, {std::move(sh)}});
+    off = format::AlignUp(off + bytes);
+  }
+  m.files[0].bytes = off;
+  return m;
+}
+
+int RunMerge(const Args& a) {
+  const int64_t rows = int64_t{64} * 1024;  // 1 GiB of f32 per tensor
+  std::vector<std::string> plans, crcs;
+  uint64_t plan_bytes = 0, crc_bytes = 0;
+  for (int r = 0; r < a.ranks; ++r) {
+    format::Manifest m = RankManifest(a, r, rows);
+    plans.push_back(dist::EncodePlan(Status::OK(), m));
+    crcs.push_back(dist::EncodeCrcs(Status::OK(), m));
+    plan_bytes += plans.back().size();
+    crc_bytes += crcs.back().size();
+  }
+  auto t0 = Clock::now();
+  dist::ManifestMerger merger(a.ranks);
+  for (int r = 0; r < a.ranks; ++r) Must(merger.AddPlan(r, plans[r]), "plan");
+  Must(merger.Finish().status(), "finish");
+  auto t1 = Clock::now();
+  for (int r = 0; r < a.ranks; ++r) Must(merger.AddCrcs(r, crcs[r], uint64_t{8} << 20), "crcs");
+  format::Manifest m;
+  merger.TakeInto(&m);
+  auto t2 = Clock::now();
+  std::string encoded = format::EncodeManifest(m);
+  auto t3 = Clock::now();
+  auto ms = [](auto d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  fmt::print(
+      "merge ranks={} tensors={} shards={} plan_bytes={} crc_bytes={} merge_validate_ms={:.2f} "
+      "crc_merge_ms={:.2f} encode_ms={:.2f} manifest_bytes={}\n",
+      a.ranks, a.tensors, a.ranks * a.tensors, plan_bytes, crc_bytes, ms(t1 - t0), ms(t2 - t1),
+      ms(t3 - t2), encoded.size());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a = Parse(argc, argv);
+  if (a.mode == "io" && !a.dir.empty()) return RunIo(a);
+  if (a.mode == "merge") return RunMerge(a);
+  fmt::print(stderr,
+             "usage: mpirun -np W dist_bench io --dir DIR [--bytes N] [--tensors K] [--threads T] "
+             "[--dp D]\n       dist_bench merge [--ranks P] [--tensors K]\n");
+  return 2;
+}

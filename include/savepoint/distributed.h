@@ -1,0 +1,156 @@
+// Distributed (multi-rank) checkpoints: sharded save, replicas written once, load into any layout.
+//
+// Each rank holds slices of tensors (tensor / pipeline / optimizer parallelism) and copies of
+// others (data parallelism). A rank describes each local tensor as a box of a global tensor plus
+// the ranks that hold identical copies of that box (its replica group):
+//
+//   global tensor [8, 6]          rank 0: box rows 0..4 (replicas {0, 2})
+//   +-----------+                 rank 1: box rows 4..8 (replicas {1, 3})
+//   | ranks 0,2 |                 rank 2: same box as rank 0
+//   +-----------+                 rank 3: same box as rank 1
+//   | ranks 1,3 |
+//   +-----------+
+//
+// SaveDistributed writes one native checkpoint (docs/FORMAT.md) from all ranks at once: every
+// rank writes its own data file data-<rank>-00000.spd; each replicated box is written by exactly
+// one member of its replica group; the coordinator (rank 0) writes the one global MANIFEST after
+// every rank reported success, then commits. LoadDistributed reads any layout back: another world
+// size, other split dimensions, other replica groups, uneven splits. A distributed checkpoint is
+// also an ordinary checkpoint: Load() on one process assembles full tensors.
+//
+// Thread safety: the calls are reentrant; each rank's thread calls them with its own Communicator.
+#ifndef SAVEPOINT_DISTRIBUTED_H_
+#define SAVEPOINT_DISTRIBUTED_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "savepoint/checkpoint.h"
+#include "savepoint/comm.h"
+#include "savepoint/state.h"
+#include "savepoint/status.h"
+#include "savepoint/tensor.h"
+
+namespace savepoint {
+
+// Where one local tensor lies in its global tensor, and who else holds the same bytes.
+struct ShardSpec {
+  Shape global_shape;  // shape of the whole tensor
+  Shape offsets;       // first element of the local box in the global tensor
+  Shape sizes;         // shape of the local box (must equal the local tensor's shape)
+  // Ranks holding identical copies of this box, including this rank, in any order. Empty means
+  // "only this rank".
+  std::vector<int> replicas;
+};
+
+// Per-rank layout: tensor name -> where this rank's tensor of that name lies. A tensor of the
+// local State without an entry is taken as the whole tensor, replicated on every rank.
+using ShardLayout = std::map<std::string, ShardSpec, std::less<>>;
+
+// --- Layout helpers. ---
+
+// The box of part `index` of `parts` when dim `dim` of `global_shape` is split: part i covers
+// [i * S / parts, (i + 1) * S / parts) (uneven splits allowed; S = global_shape[dim]), all other
+// dims whole. `replicas` is copied into the result. InvalidArgument on a bad dim, parts or index.
+Result<ShardSpec> SplitDim(const Shape& global_shape, int dim, int parts, int index,
+                           std::vector<int> replicas = {});
+
+// A MindSpore-style parallel layout (see docs/DISTRIBUTED.md): the device matrix arranges ranks
+// row-major (last axis fastest); tensor_map[d] = k splits tensor dim d over device axis
+// (n - 1 - k), -1 leaves it whole. Ranks that agree on every axis used by the map hold the same
+// slice (a replica group).
+struct MindSporeLayout {
+  std::vector<int64_t> dev_matrix;
+  std::vector<int32_t> tensor_map;
+  // Optimizer sharding: splits dim 0 of each slice further into this many pieces across its
+  // replica group (member at position p in the sorted group takes piece (p / opt_shard_step) %
+  // opt_shard_size). 0 = none; -1 = the group's size. Default: 0.
+  int opt_shard_size = 0;
+  // Rank stride between replicas that hold distinct optimizer pieces. Default: 1.
+  int opt_shard_step = 1;
+};
+
+// The box and replica group of `rank` (in [0, prod(dev_matrix))) under `layout`.
+Result<ShardSpec> ShardFromLayout(const Shape& global_shape, const MindSporeLayout& layout,
+                                  int rank);
+
+// Checks the layouts of a whole job (one ShardLayout per rank, indexed by rank) for one set of
+// tensors: every box within its global shape, replicas consistent, boxes (after removing
+// replicas) neither overlapping nor leaving gaps. InvalidArgument naming the tensor otherwise.
+// SaveDistributed runs the same checks without gathering every layout on one rank.
+Status ValidateLayouts(const std::vector<ShardLayout>& per_rank);
+
+// --- Save. ---
+
+struct DistributedSaveOptions {
+  // Options of the underlying save: fs (must be shared storage, the same path on every rank),
+  // chunk_bytes, io_threads, direct_io, overwrite, create_parents. `stats` (when set) receives
+  // this rank's bytes and chunks written. Must be equal on every rank.
+  SaveOptions save;
+  // Timeout of every collective of the save (the coordinator's commit is included in the wait of
+  // the last one). Default: 10 minutes.
+  Timeout timeout = std::chrono::minutes(10);
+};
+
+// Saves a sharded state: called by every rank of `comm` with its local tensors (owned or borrowed)
+// and their layout. Non-tensor values and metadata are taken from rank 0 only (they are written
+// once). Returns on every rank the same result: OK once the checkpoint is committed; otherwise the
+// first error (naming the failing rank), with nothing committed and the temporary directory
+// removed. Rejects (InvalidArgument, naming the tensor) layouts whose boxes overlap, leave gaps,
+// exceed the global shape, or disagree across ranks on dtype or global shape, before any data is
+// written.
+Status SaveDistributed(Communicator& comm, const State& local, const ShardLayout& layout,
+                       const std::string& path, const DistributedSaveOptions& options = {});
+
+// --- Load into any layout. ---
+
+// What a rank needs from a checkpoint to fill its layout (no data read).
+struct ReadPlanSummary {
+  std::vector<std::string> files;  // data file names, sorted
+  std::vector<int> source_ranks;   // ranks that wrote those files, sorted
+  uint64_t bytes = 0;              // bytes that will be read (whole chunks)
+};
+
+// Fills every tensor of `targets` (owned or borrowed buffers holding this rank's boxes) from the
+// checkpoint at `path`: the box of a tensor is layout[name] (the whole tensor when absent; the
+// target's shape must equal the box's sizes). Reads only the chunks that overlap the boxes, in
+// parallel, each verified whole against its CRC32C (unless options.verify_checksums is false).
+// Values and metadata of `targets` are replaced by the checkpoint's. options.names is ignored.
+// Errors: NotFound (no such tensor, or a data file missing: names the file and the rank that
+// wrote it), InvalidArgument (dtype or global shape differs, box outside the tensor), Corruption
+// (a CRC mismatch, or stored shards that do not cover the box: names the tensor and the box).
+Status LoadDistributed(const std::string& path, State& targets, const ShardLayout& layout,
+                       const LoadOptions& options = {});
+
+// Like LoadDistributed, allocating one tensor per layout entry (dtype from the checkpoint).
+Result<State> LoadDistributedAlloc(const std::string& path, const ShardLayout& layout,
+                                   const LoadOptions& options = {});
+
+// Which data files (and source ranks) LoadDistributed would read for `layout`; reads only the
+// manifest. Like MindSpore's rank_list_for_transform.
+Result<ReadPlanSummary> PlanDistributedLoad(const std::string& path, const ShardLayout& layout,
+                                            const LoadOptions& options = {});
+
+// --- Merge (export). ---
+
+struct MergeOptions {
+  // How the source is read (fs, io_threads, verify_checksums, direct_io; names selects tensors).
+  LoadOptions load;
+  // How the result is written (fs, chunk_bytes, io_threads, overwrite, ...). `stats` (when set)
+  // receives the statistics of the write.
+  SaveOptions save;
+};
+
+// Writes the checkpoint at `src` (typically a distributed one: tensors stored as several shards
+// in several ranks' files) to `dst` as a single-rank checkpoint: every tensor whole, in one data
+// file, values and metadata copied. Every chunk read is verified (unless load.verify_checksums is
+// false). Holds the whole selection in memory. The source is left unchanged.
+Status MergeCheckpoint(const std::string& src, const std::string& dst,
+                       const MergeOptions& options = {});
+
+}  // namespace savepoint
+
+#endif  // SAVEPOINT_DISTRIBUTED_H_

@@ -1,0 +1,413 @@
+// Distributed save and load under the thread communicator: random layouts saved with N ranks and
+// loaded with M, replica dedup, failing and dead ranks, bad layouts, missing files.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "dist/descriptor.h"
+#include "dist/region.h"
+#include "format/manifest.h"
+#include "io/fault_fs.h"
+#include "io/mem_fs.h"
+#include "savepoint/distributed.h"
+#include "testutil/forwarding_fs.h"
+#include "testutil/testutil.h"
+
+namespace savepoint {
+namespace {
+
+using namespace std::chrono_literals;
+
+LoadOptions Lo(FileSystem* fs) {
+  LoadOptions o;
+  o.fs = fs;
+  o.io_threads = 3;
+  o.direct_io = false;
+  return o;
+}
+
+std::vector<Status> OnRanks(int n, const std::function<Status(Communicator&)>& fn) {
+  auto comms = NewThreadCommunicators(n);
+  std::vector<Status> out(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { out[r] = fn(*comms[r]); });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+// Counts the bytes written to data files.
+class CountingFs final : public testing::ForwardingFileSystem {
+ public:
+  using ForwardingFileSystem::ForwardingFileSystem;
+  void OnWrite(const std::string& path, uint64_t bytes) override {
+    if (path.find("/data-") != std::string::npos) written += bytes;
+  }
+  std::atomic<uint64_t> written{0};
+};
+
+// A random job: global tensors and, for a world size, each rank's layout and local tensors.
+struct Job {
+  std::map<std::string, Tensor> global;
+
+  // A DP x TP layout over `world` ranks: every tensor is split (unevenly) along a random dim into
+  // tp parts; ranks with equal r % tp are replicas. One tensor stays unsharded (no layout).
+  std::vector<ShardLayout> Layouts(int world, std::mt19937_64& rng) const {
+    std::vector<int> divisors;
+    for (int d = 1; d <= world; ++d) {
+      if (world % d == 0) divisors.push_back(d);
+    }
+    int tp = divisors[rng() % divisors.size()];
+    std::vector<ShardLayout> out(world);
+    for (const auto& [name, t] : global) {
+      if (name == "unsharded" || t.shape().empty()) continue;
+      int dim = static_cast<int>(rng() % t.shape().size());
+      for (int r = 0; r < world; ++r) {
+        std::vector<int> reps;
+        for (int q = r % tp; q < world; q += tp) reps.push_back(q);
+        out[r][name] = SplitDim(t.shape(), dim, tp, r % tp, reps).value();
+      }
+    }
+    return out;
+  }
+
+  // The local state of a rank: copies of its boxes (and the unsharded tensors whole).
+  State Local(const ShardLayout& layout) const {
+    State s;
+    for (const auto& [name, g] : global) {
+      auto it = layout.find(name);
+      if (it == layout.end()) {
+        EXPECT_TRUE(s.Put(name, Tensor::CopyOf(g.view()).value()).ok());
+        continue;
+      }
+      Tensor t = Tensor::Empty(g.dtype(), it->second.sizes).value();
+      Shape zero(g.shape().size(), 0);
+      dist::CopyRegion({g.data(), g.shape(), it->second.offsets, 0}, {t.data(), t.shape(), zero, 0},
+                       it->second.sizes, DTypeSize(g.dtype()));
+      EXPECT_TRUE(s.Put(name, std::move(t)).ok());
+    }
+    EXPECT_TRUE(s.PutValue("step", Value(int64_t{42})).ok());
+    return s;
+  }
+
+  uint64_t bytes() const {
+    uint64_t n = 0;
+    for (const auto& [name, t] : global) n += t.nbytes();
+    return n;
+  }
+};
+
+Job RandomJob(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Job job;
+  DType dtypes[] = {DType::kF32, DType::kU8, DType::kBF16, DType::kF64};
+  int n = 2 + static_cast<int>(rng() % 4);
+  for (int i = 0; i < n; ++i) {
+    Shape shape(1 + rng() % 3);
+    for (auto& d : shape) d = 1 + static_cast<int64_t>(rng() % 37);
+    Tensor t = Tensor::Empty(dtypes[rng() % 4], shape).value();
+    testing::FillPattern(t.view(), rng());
+    job.global.emplace("t" + std::to_string(i), std::move(t));
+  }
+  Tensor u = Tensor::Empty(DType::kI32, {5}).value();
+  testing::FillPattern(u.view(), seed);
+  job.global.emplace("unsharded", std::move(u));
+  return job;
+}
+
+Status SaveJob(const Job& job, const std::vector<ShardLayout>& layouts, const std::string& path,
+               const DistributedSaveOptions& o) {
+  std::vector<State> locals;
+  for (const auto& l : layouts) locals.push_back(job.Local(l));
+  auto st = OnRanks(static_cast<int>(layouts.size()), [&](Communicator& c) {
+    return SaveDistributed(c, locals[c.rank()], layouts[c.rank()], path, o);
+  });
+  for (const auto& s : st) {
+    if (!s.ok()) return s;
+  }
+  return Status::OK();
+}
+
+// Loads every rank's layout and compares with the global tensors.
+void ExpectLoadsMatch(const Job& job, const std::vector<ShardLayout>& layouts,
+                      const std::string& path, FileSystem* fs) {
+  for (size_t r = 0; r < layouts.size(); ++r) {
+    State want = job.Local(layouts[r]);
+    State got;
+    for (const auto& [name, e] : want.entries()) {
+      if (e.is_tensor()) {
+        ASSERT_TRUE(
+            got.Put(name, Tensor::Zeros(e.tensor().dtype(), e.tensor().shape()).value()).ok());
+      }
+    }
+    SP_ASSERT_OK(LoadDistributed(path, got, layouts[r], Lo(fs)));
+    EXPECT_TRUE(testing::StatesEqual(want, got)) << "rank " << r;
+  }
+}
+
+TEST(DistributedTest, RandomLayoutsSaveNLoadM) {
+  uint64_t seed = testing::TestSeed("DistributedTest.RandomLayoutsSaveNLoadM");
+  std::mt19937_64 rng(seed);
+  for (int iter = 0; iter < 12; ++iter) {
+    MemFileSystem mem;
+    Job job = RandomJob(rng());
+    int n = 1 + static_cast<int>(rng() % 6), m = 1 + static_cast<int>(rng() % 6);
+    auto save_layouts = job.Layouts(n, rng);
+    CountingFs fs(&mem);
+    DistributedSaveOptions o;
+    o.save = SaveOptions{.fs = &fs, .chunk_bytes = 4096, .io_threads = 2, .direct_io = false};
+    SCOPED_TRACE(fmt::format("iteration {}: {} ranks -> {} ranks", iter, n, m));
+    SP_ASSERT_OK(SaveJob(job, save_layouts, "/ckpt", o));
+    // Every byte written once: data = headers + each tensor's shards (4 KiB-aligned extents).
+    auto reader = CheckpointReader::Open("/ckpt", Lo(&mem)).value();
+    uint64_t files = 0, shard_bytes = 0, padded = 0;
+    for (const auto& f : reader->manifest_json()["files"]) files += f["bytes"].get<uint64_t>();
+    for (const auto& t : reader->manifest_json()["tensors"]) {
+      for (const auto& s : t["shards"]) {
+        shard_bytes += s["bytes"].get<uint64_t>();
+        padded += (s["bytes"].get<uint64_t>() + 4095) / 4096 * 4096;
+      }
+    }
+    EXPECT_EQ(shard_bytes, job.bytes());
+    EXPECT_EQ(fs.written.load(), files);
+    EXPECT_EQ(files, padded + 4096 * reader->manifest_json()["files"].size());
+    ExpectLoadsMatch(job, job.Layouts(m, rng), "/ckpt", &mem);
+    // A plain single-process Load assembles the full tensors.
+    State full = Load("/ckpt", Lo(&mem)).value();
+    for (const auto& [name, t] : job.global) {
+      ASSERT_NE(full.FindTensor(name), nullptr) << name;
+      EXPECT_EQ(0, std::memcmp(full.FindTensor(name)->data(), t.data(), t.nbytes())) << name;
+    }
+    ASSERT_NE(full.FindValue("step"), nullptr);
+  }
+}
+
+TEST(DistributedTest, ReplicatedTensorWrittenOnceBalanced) {
+  // 4 ranks, pure data parallel: 8 equal tensors, each held by all. Each rank writes 2.
+  MemFileSystem mem;
+  Job job;
+  for (int i = 0; i < 8; ++i) {
+    Tensor t = Tensor::Empty(DType::kU8, {8192}).value();
+    testing::FillPattern(t.view(), i);
+    job.global.emplace("p" + std::to_string(i), std::move(t));
+  }
+  std::vector<ShardLayout> layouts(4);  // no entries: every tensor replicated on every rank
+  DistributedSaveOptions o;
+  o.save = SaveOptions{.fs = &mem, .direct_io = false};
+  SP_ASSERT_OK(SaveJob(job, layouts, "/ckpt", o));
+  for (int r = 0; r < 4; ++r) {
+    auto st = mem.Stat(fmt::format("/ckpt/data-{:05}-00000.spd", r));
+    ASSERT_TRUE(st.ok()) << "rank " << r;
+    EXPECT_EQ(st->size, 4096u + 2 * 8192u) << "rank " << r;
+  }
+  ExpectLoadsMatch(job, {ShardLayout{}}, "/ckpt", &mem);
+}
+
+TEST(DistributedTest, ReadPlanNamesOnlyNeededFiles) {
+  MemFileSystem mem;
+  Job job;
+  Tensor t = Tensor::Empty(DType::kF32, {64, 1024}).value();  // 4 KiB per row
+  testing::FillPattern(t.view(), 7);
+  job.global.emplace("w", std::move(t));
+  std::vector<ShardLayout> save(4);
+  for (int r = 0; r < 4; ++r) save[r]["w"] = SplitDim({64, 1024}, 0, 4, r).value();
+  DistributedSaveOptions o;
+  o.save = SaveOptions{.fs = &mem, .chunk_bytes = 4096, .direct_io = false};
+  SP_ASSERT_OK(SaveJob(job, save, "/ckpt", o));
+  // Rows 20..30 lie in the files of ranks 1 (16..32) only; 10 rows = 10 chunks.
+  ShardLayout want{{"w", ShardSpec{{64, 1024}, {20, 0}, {10, 1024}, {}}}};
+  auto plan = PlanDistributedLoad("/ckpt", want, Lo(&mem));
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->files, std::vector<std::string>{"data-00001-00000.spd"});
+  EXPECT_EQ(plan->source_ranks, std::vector<int>{1});
+  EXPECT_EQ(plan->bytes, 10u * 4096);
+  // A column split needs every file; the load reads it right.
+  std::vector<ShardLayout> cols(3);
+  for (int r = 0; r < 3; ++r) cols[r]["w"] = SplitDim({64, 1024}, 1, 3, r).value();
+  plan = PlanDistributedLoad("/ckpt", cols[1], Lo(&mem));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->source_ranks, (std::vector<int>{0, 1, 2, 3}));
+  ExpectLoadsMatch(job, cols, "/ckpt", &mem);
+}
+
+TEST(DistributedTest, BadLayoutRejectedBeforeWriting) {
+  MemFileSystem mem;
+  Job job;
+  job.global.emplace("w", Tensor::Zeros(DType::kF32, {8, 4}).value());
+  std::vector<ShardLayout> layouts(2);
+  layouts[0]["w"] = SplitDim({8, 4}, 0, 2, 0).value();
+  layouts[1]["w"] = SplitDim({8, 4}, 0, 2, 0).value();  // both claim rows 0..4: overlap + gap
+  DistributedSaveOptions o;
+  o.save = SaveOptions{.fs = &mem, .direct_io = false};
+  Status s = SaveJob(job, layouts, "/ckpt", o);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("\"w\""), std::string::npos) << s.ToString();
+  EXPECT_TRUE(mem.ListDir("/")->empty()) << "something was written";
+}
+
+TEST(DistributedTest, FailingRankMeansNoCommitAndEveryRankSeesIt) {
+  MemFileSystem mem;
+  FaultInjectionFileSystem faulty(&mem);
+  faulty.FailNth(FaultInjectionFileSystem::Op::kWrite, 2, EIO);
+  Job job;  // 4 equal tensors replicated on 4 ranks: each rank writes one
+  for (int i = 0; i < 4; ++i)
+    job.global.emplace("p" + std::to_string(i), Tensor::Zeros(DType::kU8, {9000}).value());
+  std::vector<ShardLayout> layouts(4);
+  std::vector<State> locals;
+  for (const auto& l : layouts) locals.push_back(job.Local(l));
+  auto st = OnRanks(4, [&](Communicator& c) {
+    DistributedSaveOptions o;
+    o.save = SaveOptions{.fs = c.rank() == 2 ? static_cast<FileSystem*>(&faulty) : &mem,
+                         .direct_io = false};
+    o.timeout = 10s;
+    return SaveDistributed(c, locals[c.rank()], layouts[c.rank()], "/ckpt", o);
+  });
+  EXPECT_EQ(faulty.count(FaultInjectionFileSystem::Op::kWrite), 2u);  // header, then data
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(st[r].code(), StatusCode::kIOError) << st[r].ToString();
+    EXPECT_NE(st[r].message().find("rank 2"), std::string::npos) << st[r].ToString();
+  }
+  EXPECT_TRUE(mem.ListDir("/")->empty()) << "debris or a commit was left";
+}
+
+TEST(DistributedTest, DeadRankTimesOutWithoutCommitOrHang) {
+  MemFileSystem mem;
+  Job job = RandomJob(4);
+  std::vector<ShardLayout> layouts(3);
+  std::vector<State> locals;
+  for (const auto& l : layouts) locals.push_back(job.Local(l));
+  auto start = std::chrono::steady_clock::now();
+  auto st = OnRanks(3, [&](Communicator& c) -> Status {
+    if (c.rank() == 1) return Status::OK();  // dies before the save
+    DistributedSaveOptions o;
+    o.save = SaveOptions{.fs = &mem, .direct_io = false};
+    o.timeout = 300ms;
+    return SaveDistributed(c, locals[c.rank()], layouts[c.rank()], "/ckpt", o);
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  for (int r : {0, 2}) {
+    EXPECT_EQ(st[r].code(), StatusCode::kDeadlineExceeded) << st[r].ToString();
+  }
+  EXPECT_NE(st[0].message().find("ranks [1]"), std::string::npos) << st[0].ToString();
+  EXPECT_TRUE(mem.ListDir("/")->empty());
+}
+
+TEST(DistributedTest, LoadErrorsNameWhatIsMissing) {
+  MemFileSystem mem;
+  Job job;
+  Tensor t = Tensor::Empty(DType::kF32, {16, 8}).value();
+  testing::FillPattern(t.view(), 9);
+  job.global.emplace("w", std::move(t));
+  std::vector<ShardLayout> save(2);
+  for (int r = 0; r < 2; ++r) save[r]["w"] = SplitDim({16, 8}, 0, 2, r).value();
+  DistributedSaveOptions o;
+  o.save = SaveOptions{.fs = &mem, .direct_io = false};
+  SP_ASSERT_OK(SaveJob(job, save, "/ckpt", o));
+  LoadOptions lo = Lo(&mem);
+  // A tensor the checkpoint lacks.
+  ShardLayout other{{"nope", ShardSpec{{4}, {0}, {4}, {}}}};
+  auto r = LoadDistributedAlloc("/ckpt", other, lo);
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("nope"), std::string::npos);
+  // A box outside the tensor; a wrong global shape.
+  ShardLayout outside{{"w", ShardSpec{{16, 8}, {12, 0}, {8, 8}, {}}}};
+  EXPECT_EQ(LoadDistributedAlloc("/ckpt", outside, lo).status().code(),
+            StatusCode::kInvalidArgument);
+  ShardLayout wrong{{"w", ShardSpec{{16, 9}, {0, 0}, {8, 9}, {}}}};
+  EXPECT_EQ(LoadDistributedAlloc("/ckpt", wrong, lo).status().code(), StatusCode::kInvalidArgument);
+  // Rows 0..8 need only rank 0's file: losing rank 1's file does not matter to them...
+  SP_ASSERT_OK(mem.RemoveFile("/ckpt/data-00001-00000.spd"));
+  SP_EXPECT_OK(LoadDistributedAlloc("/ckpt", save[0], lo).status());
+  // ...but rows 8..16 fail, naming the file and its rank.
+  r = LoadDistributedAlloc("/ckpt", save[1], lo);
+  EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("data-00001-00000.spd (written by rank 00001)"),
+            std::string::npos)
+      << r.status().ToString();
+}
+
+TEST(DistributedTest, HostileDescriptorsAreRejected) {
+  dist::ManifestMerger m(2);
+  Status s = m.AddPlan(0, "garbage");
+  EXPECT_FALSE(s.ok());
+  std::string plan = dist::EncodePlan(Status::OK(), format::Manifest{});
+  SP_EXPECT_OK(m.AddPlan(1, plan));
+  for (size_t cut = 0; cut + 1 < plan.size(); ++cut) {
+    dist::ManifestMerger m2(1);
+    EXPECT_FALSE(m2.AddPlan(0, plan.substr(0, cut)).ok()) << cut;
+  }
+  std::string huge =
+      plan.substr(0, plan.size() - 8) + std::string("\xff\xff\xff\xff\xff\xff\xff\x7f", 8);
+  EXPECT_FALSE(dist::ManifestMerger(1).AddPlan(0, huge).ok());
+  EXPECT_FALSE(dist::DecodeVerdict("\x01", 2).ok());
+}
+
+}  // namespace
+}  // namespace savepoint
+
+namespace savepoint {
+namespace {
+
+TEST(DistributedTest, MergeWritesWholeTensors) {
+  MemFileSystem mem;
+  std::mt19937_64 rng(11);
+  Job job = RandomJob(11);
+  SP_ASSERT_OK(SaveJob(job, job.Layouts(4, rng), "/sharded",
+                       {SaveOptions{.fs = &mem, .chunk_bytes = 4096, .direct_io = false}}));
+  MergeOptions o;
+  o.load = Lo(&mem);
+  o.save.fs = &mem;
+  o.save.direct_io = false;
+  SP_ASSERT_OK(MergeCheckpoint("/sharded", "/merged", o));
+  auto r = CheckpointReader::Open("/merged", Lo(&mem)).value();
+  EXPECT_EQ(r->manifest_json()["files"].size(), 1u);
+  for (const TensorInfo& t : r->tensors()) EXPECT_EQ(t.num_shards, 1u) << t.name;
+  State a = Load("/sharded", Lo(&mem)).value();
+  State b = Load("/merged", Lo(&mem)).value();
+  EXPECT_TRUE(testing::StatesEqual(a, b));
+  EXPECT_EQ(MergeCheckpoint("/sharded", "/merged", o).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(MergeCheckpoint("/nothing", "/m2", o).code(), StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace savepoint
+
+namespace savepoint {
+namespace {
+
+// A sharded checkpoint whose manifest was edited to drop a shard (as a partial save would leave
+// it), or to point a shard at a file that does not exist: loading fails, naming the tensor.
+TEST(DistributedTest, TamperedManifestsFailLoadClearly) {
+  MemFileSystem mem;
+  Job job;
+  job.global.emplace("w", Tensor::Zeros(DType::kF32, {16, 8}).value());
+  std::vector<ShardLayout> save(2);
+  for (int r = 0; r < 2; ++r) save[r]["w"] = SplitDim({16, 8}, 0, 2, r).value();
+  SP_ASSERT_OK(SaveJob(job, save, "/ckpt", {SaveOptions{.fs = &mem, .direct_io = false}}));
+  std::string bytes = mem.ReadFile("/ckpt/MANIFEST", 1 << 20).value();
+  auto fresh = [&] { return format::DecodeManifest(bytes, "MANIFEST").value(); };
+  ASSERT_EQ(fresh().tensors[0].shards.size(), 2u);
+  auto rewrite = [&](const format::Manifest& edited) {
+    SP_ASSERT_OK(mem.RemoveFile("/ckpt/MANIFEST"));
+    SP_ASSERT_OK(mem.WriteFileSynced("/ckpt/MANIFEST", format::EncodeManifest(edited)));
+  };
+  format::Manifest partial = fresh();
+  partial.tensors[0].shards.pop_back();
+  rewrite(partial);
+  auto r = LoadDistributedAlloc("/ckpt", save[0], Lo(&mem));
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+  EXPECT_NE(r.status().message().find("tensor \"w\": shards cover 64 of 128"), std::string::npos)
+      << r.status().ToString();
+  format::Manifest bad_file = fresh();
+  bad_file.tensors[0].shards[1].file = 7;
+  rewrite(bad_file);
+  r = LoadDistributedAlloc("/ckpt", save[1], Lo(&mem));
+  EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+  rewrite(fresh());
+  SP_EXPECT_OK(LoadDistributedAlloc("/ckpt", save[1], Lo(&mem)).status());
+}
+
+}  // namespace
+}  // namespace savepoint

@@ -1,0 +1,66 @@
+// ForwardingFileSystem: forwards every call to a base FileSystem, with hooks on data writes, for
+// tests that count or interrupt what a save writes.
+#ifndef SAVEPOINT_TESTS_TESTUTIL_FORWARDING_FS_H_
+#define SAVEPOINT_TESTS_TESTUTIL_FORWARDING_FS_H_
+
+#include <memory>
+#include <string>
+
+#include "savepoint/filesystem.h"
+
+namespace savepoint::testing {
+
+class ForwardingFileSystem : public FileSystem {
+ public:
+  explicit ForwardingFileSystem(FileSystem* base) : base_(base) {}
+
+  // Called before every WriteAt on a file opened through this object (any thread).
+  virtual void OnWrite(const std::string& path, uint64_t bytes) {
+    (void)path;
+    (void)bytes;
+  }
+
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p,
+                                                        const FileOptions& o) override {
+    SP_ASSIGN_OR_RETURN(auto f, base_->NewWritableFile(p, o));
+    return std::unique_ptr<WritableFile>(std::make_unique<File>(std::move(f), this));
+  }
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& p,
+                                                                const FileOptions& o) override {
+    return base_->NewRandomAccessFile(p, o);
+  }
+  Status CreateDir(const std::string& p) override { return base_->CreateDir(p); }
+  Result<std::vector<FileInfo>> ListDir(const std::string& p) override { return base_->ListDir(p); }
+  Result<FileInfo> Stat(const std::string& p) override { return base_->Stat(p); }
+  Status RemoveFile(const std::string& p) override { return base_->RemoveFile(p); }
+  Status RemoveDir(const std::string& p) override { return base_->RemoveDir(p); }
+  Status Rename(const std::string& a, const std::string& b) override { return base_->Rename(a, b); }
+  Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
+  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& p) override {
+    return base_->MapFile(p);
+  }
+
+ private:
+  class File final : public WritableFile {
+   public:
+    File(std::unique_ptr<WritableFile> f, ForwardingFileSystem* fs) : f_(std::move(f)), fs_(fs) {}
+    Status WriteAt(uint64_t off, std::span<const std::byte> d) override {
+      fs_->OnWrite(f_->path(), d.size());
+      return f_->WriteAt(off, d);
+    }
+    Status Preallocate(uint64_t bytes) override { return f_->Preallocate(bytes); }
+    Status Sync() override { return f_->Sync(); }
+    Status Close() override { return f_->Close(); }
+    bool direct() const override { return f_->direct(); }
+    const std::string& path() const override { return f_->path(); }
+
+   private:
+    std::unique_ptr<WritableFile> f_;
+    ForwardingFileSystem* fs_;
+  };
+  FileSystem* base_;
+};
+
+}  // namespace savepoint::testing
+
+#endif  // SAVEPOINT_TESTS_TESTUTIL_FORWARDING_FS_H_
