@@ -16,10 +16,10 @@ void RegisterVerify(CLI::App& app, int* exit_code);   // cmd_verify.cc
 void RegisterLs(CLI::App& app, int* exit_code);       // cmd_ls.cc
 void RegisterGc(CLI::App& app, int* exit_code);       // cmd_gc.cc
 void RegisterConvert(CLI::App& app, int* exit_code);  // cmd_convert.cc
+void RegisterMerge(CLI::App& app, int* exit_code);    // cmd_merge.cc
 
 // `inspect` of a safetensors file (cmd_inspect_safetensors.cc); returns the exit code.
 int RunInspectSafetensors(std::string_view command, const std::string& path, bool json);
-void RegisterMerge(CLI::App& app, int* exit_code);    // cmd_merge.cc
 
 }  // namespace savepoint::cli
 
