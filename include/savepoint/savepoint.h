@@ -2,20 +2,20 @@
 #ifndef SAVEPOINT_SAVEPOINT_H_
 #define SAVEPOINT_SAVEPOINT_H_
 
-#include "savepoint/async.h"       // IWYU pragma: export
-#include "savepoint/catalog.h"     // IWYU pragma: export
-#include "savepoint/checkpoint.h"  // IWYU pragma: export
-#include "savepoint/dtype.h"       // IWYU pragma: export
-#include "savepoint/filesystem.h"  // IWYU pragma: export
-#include "savepoint/job_runner.h"  // IWYU pragma: export
-#include "savepoint/logging.h"     // IWYU pragma: export
-#include "savepoint/manager.h"     // IWYU pragma: export
+#include "savepoint/async.h"        // IWYU pragma: export
+#include "savepoint/catalog.h"      // IWYU pragma: export
+#include "savepoint/checkpoint.h"   // IWYU pragma: export
+#include "savepoint/dtype.h"        // IWYU pragma: export
+#include "savepoint/filesystem.h"   // IWYU pragma: export
+#include "savepoint/job_runner.h"   // IWYU pragma: export
+#include "savepoint/logging.h"      // IWYU pragma: export
+#include "savepoint/manager.h"      // IWYU pragma: export
 #include "savepoint/safetensors.h"  // IWYU pragma: export
-#include "savepoint/state.h"       // IWYU pragma: export
-#include "savepoint/stateful.h"    // IWYU pragma: export
-#include "savepoint/status.h"      // IWYU pragma: export
-#include "savepoint/tensor.h"      // IWYU pragma: export
-#include "savepoint/value.h"       // IWYU pragma: export
+#include "savepoint/state.h"        // IWYU pragma: export
+#include "savepoint/stateful.h"     // IWYU pragma: export
+#include "savepoint/status.h"       // IWYU pragma: export
+#include "savepoint/tensor.h"       // IWYU pragma: export
+#include "savepoint/value.h"        // IWYU pragma: export
 
 namespace savepoint {
 // Library version, e.g. "0.1.0".

@@ -36,26 +36,8 @@ _NUMPY_NAMES = {
 _FROM_NUMPY_NAME = {v: k for k, v in _NUMPY_NAMES.items()}
 _ML_DTYPES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
-# savepoint name -> torch dtype attribute.
-_TORCH_NAMES = {
-    "BOOL": "bool",
-    "U8": "uint8",
-    "I8": "int8",
-    "U16": "uint16",
-    "I16": "int16",
-    "U32": "uint32",
-    "I32": "int32",
-    "U64": "uint64",
-    "I64": "int64",
-    "F16": "float16",
-    "BF16": "bfloat16",
-    "F32": "float32",
-    "F64": "float64",
-    "F8_E4M3": "float8_e4m3fn",
-    "F8_E5M2": "float8_e5m2",
-    "C64": "complex64",
-    "C128": "complex128",
-}
+# savepoint name -> torch dtype attribute (torch uses the same names as numpy / ml_dtypes).
+_TORCH_NAMES = dict(_NUMPY_NAMES)
 
 # Bytes per element, by savepoint name.
 ITEMSIZE = {

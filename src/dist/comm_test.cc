@@ -8,6 +8,7 @@
 #include "dist/region.h"
 #include "dist/shard.h"
 #include "savepoint/distributed.h"
+#include "testutil/ranks.h"
 #include "testutil/testutil.h"
 
 namespace savepoint {
@@ -15,15 +16,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// Runs fn(comm) on one thread per rank; returns each rank's status.
-std::vector<Status> OnRanks(int n, const std::function<Status(Communicator&)>& fn) {
-  auto comms = NewThreadCommunicators(n);
-  std::vector<Status> out(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { out[r] = fn(*comms[r]); });
-  for (auto& t : threads) t.join();
-  return out;
-}
+using testing::OnRanks;
 
 TEST(ThreadCommTest, CollectivesWithVariableSizes) {
   auto st = OnRanks(5, [](Communicator& c) -> Status {

@@ -14,6 +14,7 @@
 #include "io/mem_fs.h"
 #include "savepoint/distributed.h"
 #include "testutil/forwarding_fs.h"
+#include "testutil/ranks.h"
 #include "testutil/testutil.h"
 
 namespace savepoint {
@@ -29,14 +30,7 @@ LoadOptions Lo(FileSystem* fs) {
   return o;
 }
 
-std::vector<Status> OnRanks(int n, const std::function<Status(Communicator&)>& fn) {
-  auto comms = NewThreadCommunicators(n);
-  std::vector<Status> out(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { out[r] = fn(*comms[r]); });
-  for (auto& t : threads) t.join();
-  return out;
-}
+using testing::OnRanks;
 
 // Counts the bytes written to data files.
 class CountingFs final : public testing::ForwardingFileSystem {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "format/endian.h"
+#include "interop/safetensors_testutil.h"
 #include "io/mem_fs.h"
 #include "savepoint/safetensors.h"
 #include "testutil/testutil.h"
@@ -17,14 +18,7 @@ namespace {
 
 constexpr char kPath[] = "/h.safetensors";
 
-SafetensorsLoadOptions LoadOn(FileSystem* fs, bool mmap = false,
-                              std::vector<std::string> names = {}) {
-  SafetensorsLoadOptions o;
-  o.fs = fs;
-  o.mmap = mmap;
-  o.names = std::move(names);
-  return o;
-}
+using testing::LoadOn;
 
 // u64 length + header + data.
 std::string MakeFile(const std::string& header, const std::string& data) {

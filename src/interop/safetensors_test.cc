@@ -13,6 +13,7 @@
 #include <string>
 
 #include "format/endian.h"
+#include "interop/safetensors_testutil.h"
 #include "io/fault_fs.h"
 #include "io/mem_fs.h"
 #include "testutil/testutil.h"
@@ -25,14 +26,7 @@ using testing::StatesEqual;
 
 constexpr char kPath[] = "/d/model.safetensors";
 
-SafetensorsLoadOptions LoadOn(FileSystem* fs, bool mmap = false,
-                              std::vector<std::string> names = {}) {
-  SafetensorsLoadOptions o;
-  o.fs = fs;
-  o.mmap = mmap;
-  o.names = std::move(names);
-  return o;
-}
+using testing::LoadOn;
 
 SafetensorsSaveOptions SaveOn(FileSystem* fs, bool overwrite = false) {
   SafetensorsSaveOptions o;
