@@ -30,6 +30,7 @@ from ._errors import (
 )
 from ._load import info, list_checkpoints, load, verify
 from ._manager import CheckpointManager
+from ._safetensors import SafetensorsDict, load_safetensors, safetensors_info, save_safetensors
 from ._save import AsyncCheckpointer, SaveFuture, default_checkpointer, save
 
 __version__ = _core.__version__
@@ -54,6 +55,7 @@ __all__ = [
     "OutOfRangeError",
     "PermissionDeniedError",
     "ResourceExhaustedError",
+    "SafetensorsDict",
     "SaveFuture",
     "SavepointError",
     "SavepointIOError",
@@ -62,7 +64,10 @@ __all__ = [
     "info",
     "list_checkpoints",
     "load",
+    "load_safetensors",
+    "safetensors_info",
     "save",
+    "save_safetensors",
     "set_log_level",
     "verify",
 ]

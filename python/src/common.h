@@ -75,6 +75,7 @@ void BindErrors(nb::module_& m);
 void BindSave(nb::module_& m);
 void BindLoad(nb::module_& m);
 void BindManager(nb::module_& m);
+void BindSafetensors(nb::module_& m);
 
 }  // namespace savepoint::python
 

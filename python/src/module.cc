@@ -136,6 +136,7 @@ NB_MODULE(_core, m) {
   BindSave(m);
   BindLoad(m);
   BindManager(m);
+  BindSafetensors(m);
   m.def("set_log_level", [](const std::string& level) {
     savepoint::SetLogLevel(Take(savepoint::ParseLogLevel(level)));
   });

@@ -1,0 +1,142 @@
+"""safetensors files (the Hugging Face weight format) through the C++ reader and writer.
+
+A safetensors file holds flat named tensors plus a string -> string `__metadata__` map, so a nested
+object is flattened with the same dotted names as savepoint.save ("model.layer1.weight") and
+loads back as a flat dict. Files interoperate with `safetensors.torch.save_file` / `load_file`.
+"""
+
+import json
+import os
+
+import numpy as np
+
+from . import _core, _dtypes, _errors, _tree
+
+_FRAMEWORKS = ("pt", "torch", "numpy", "np")
+
+
+def save_safetensors(obj, path, *, metadata=None, overwrite=False, create_parents=True,
+                     io_threads=4):  # fmt: skip
+    """Writes `obj` as one safetensors file at `path` (atomically: temporary file, fsync, rename).
+
+    obj: a flat or nested dict (lists, tuples) of torch tensors / numpy arrays, as savepoint.save;
+        nested keys are joined with ".". Scalars (int, float, str, ...) are kept in the
+        `__metadata__` entry "savepoint.values" (other readers ignore it). complex128 cannot be
+        stored (InvalidArgumentError).
+    metadata: optional dict with str keys; str values are stored 1:1 in `__metadata__` (visible to
+        every safetensors reader), other JSON-able values under the key "savepoint.metadata".
+    overwrite: replace an existing file. Default False: AlreadyExistsError.
+
+    Returns a dict of statistics (bytes, seconds, ...).
+    """
+    flat = _tree.Flattener()
+    flat.flatten(obj)
+    meta_json = ""
+    if metadata is not None:
+        if not isinstance(metadata, dict) or not all(type(k) is str for k in metadata):
+            raise TypeError("savepoint.save_safetensors: metadata must be a dict with str keys")
+        try:
+            meta_json = json.dumps(metadata, allow_nan=False, ensure_ascii=False)
+        except (TypeError, ValueError) as e:
+            msg = f"savepoint.save_safetensors: metadata is not JSON-serialisable: {e}"
+            raise TypeError(msg) from None
+    specs = [t.spec() for t in flat.tensors]
+    return _core.save_safetensors(os.fspath(path), specs, flat.values, meta_json,
+                                  overwrite=overwrite, create_parents=create_parents,
+                                  io_threads=io_threads)  # fmt: skip
+
+
+class SafetensorsDict(dict):
+    """The tensors of a safetensors file, name -> tensor (a plain dict), plus:
+    `metadata` (the file's `__metadata__` decoded: a dict, or None when empty) and `values`
+    (scalars saved by save_safetensors, name -> value)."""
+
+    metadata = None
+    values = None
+
+
+def load_safetensors(path, *, names=None, mmap=False, framework="pt"):
+    """Loads a safetensors file as a flat dict name -> torch tensor (framework="numpy": arrays).
+
+    names: optional list of tensor names or glob patterns to load; one that matches nothing raises
+        NotFoundError. Default: every tensor.
+    mmap: map the file copy-on-write instead of reading it (tensors are writable; writes stay
+        private). The header is validated either way; a hostile or truncated file raises
+        CorruptCheckpointError.
+
+    Returns a SafetensorsDict (a dict, with .metadata and .values).
+    """
+    if framework not in _FRAMEWORKS:
+        msg = f"savepoint.load_safetensors: framework={framework!r}: use 'pt' or 'numpy'"
+        raise ValueError(msg)
+    to_torch = framework in ("pt", "torch")
+    path = os.fspath(path)
+    if isinstance(names, str):
+        names = [names]
+    if mmap:
+        tensors, values, meta_json = _mapped(path, names)
+    else:
+        tensors, values, meta_json = _core.load_safetensors(path, list(names or []))
+    out = SafetensorsDict()
+    for name, dtype, shape, raw in tensors:
+        out[name] = _typed(raw, dtype, shape, to_torch)
+    out.values = {name: v for name, _, v in values}
+    meta = json.loads(meta_json)
+    out.metadata = meta if meta else None
+    return out
+
+
+def safetensors_info(path):
+    """The validated header, without reading tensor data: a dict with file_bytes, header_bytes,
+    data_offset, tensors ({name: {"dtype", "shape", "data_offsets"}}), metadata (the raw
+    `__metadata__` strings, reserved keys included)."""
+    h = _core.inspect_safetensors(os.fspath(path))
+    return {
+        "path": h["path"],
+        "file_bytes": h["file_bytes"],
+        "header_bytes": h["header_bytes"],
+        "data_offset": h["data_offset"],
+        "tensors": {
+            n: {"dtype": d, "shape": s, "data_offsets": (b, e)} for n, d, s, b, e in h["tensors"]
+        },
+        "metadata": dict(h["raw_metadata"]),
+    }
+
+
+def _mapped(path, names):
+    h = _core.inspect_safetensors(path)
+    selected = _select([t[0] for t in h["tensors"]], names, path)
+    whole = None
+    if h["file_bytes"] > h["data_offset"]:
+        whole = np.memmap(path, dtype=np.uint8, mode="c")
+    tensors = []
+    for name, dtype, shape, begin, end in h["tensors"]:
+        if name not in selected:
+            continue
+        start = h["data_offset"] + begin
+        raw = whole[start : h["data_offset"] + end] if end > begin else np.empty(0, np.uint8)
+        tensors.append((name, dtype, shape, raw))
+    return tensors, h["values"], h["metadata_json"]
+
+
+def _select(all_names, names, path):
+    if names is None:
+        return set(all_names)
+    from fnmatch import fnmatchcase
+
+    selected = set()
+    for pattern in names:
+        hits = [n for n in all_names if n == pattern or fnmatchcase(n, pattern)]
+        if not hits:
+            raise _errors.NotFoundError(f"{path}: no tensor matches {pattern!r}")
+        selected.update(hits)
+    return selected
+
+
+def _typed(raw, dtype, shape, to_torch):
+    """The tensor / array of dtype `dtype` and `shape` over the uint8 array `raw` (no copy)."""
+    if to_torch:
+        torch = _dtypes.torch_module()
+        t = torch.from_numpy(raw) if raw.size else torch.empty(0, dtype=torch.uint8)
+        return t.view(_dtypes.to_torch_dtype(dtype)).reshape(shape)
+    return raw.view(_dtypes.to_numpy_dtype(dtype)).reshape(shape)

@@ -1,0 +1,95 @@
+// Bindings of the safetensors reader and writer (savepoint/safetensors.h). The GIL is released for
+// all I/O. Loaded tensors are handed to Python without a copy: each becomes a uint8 numpy array
+// over the State's owned buffer, which a capsule keeps alive until the last array is gone.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+
+#include <memory>
+
+#include "common.h"
+
+namespace savepoint::python {
+namespace {
+
+nb::dict SaveSafetensorsPy(const std::string& path, const std::vector<TensorSpec>& tensors,
+                           const std::vector<ValueSpec>& values, const std::string& metadata,
+                           bool overwrite, bool create_parents, int io_threads) {
+  State state = MakeState(tensors, values, metadata);
+  IoStats stats;
+  SafetensorsSaveOptions o;
+  o.overwrite = overwrite;
+  o.create_parents = create_parents;
+  o.io_threads = io_threads;
+  o.stats = &stats;
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = SaveSafetensors(state, path, o);
+  }
+  Check(s);
+  return IoStatsToPython(stats);
+}
+
+// (tensors [(name, dtype, shape, uint8 array of the bytes)], values [(name, kind, value)],
+// metadata JSON). Reads into owned memory (no mmap: the Python side maps files itself).
+nb::tuple LoadSafetensorsPy(const std::string& path, const std::vector<std::string>& names) {
+  SafetensorsLoadOptions o;
+  o.names = names;
+  Result<State> r = InternalError("not loaded");
+  {
+    nb::gil_scoped_release release;
+    r = LoadSafetensors(path, o);
+  }
+  auto* state = new State(Take(std::move(r)));
+  nb::capsule owner(state, [](void* p) noexcept { delete static_cast<State*>(p); });
+  nb::list tensors;
+  for (const auto& [name, e] : state->entries()) {
+    if (!e.is_tensor()) continue;
+    const TensorView& t = e.tensor();
+    nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> bytes(reinterpret_cast<uint8_t*>(t.data()),
+                                                       {static_cast<size_t>(t.nbytes())}, owner);
+    tensors.append(nb::make_tuple(nb::str(name.data(), name.size()),
+                                  nb::str(DTypeName(t.dtype()).data()),
+                                  nb::tuple(nb::cast(t.shape())), bytes.cast()));
+  }
+  return nb::make_tuple(tensors, ValuesToPython(*state), DumpJson(state->metadata()));
+}
+
+nb::dict InspectSafetensorsPy(const std::string& path) {
+  Result<SafetensorsInfo> r = InternalError("not inspected");
+  {
+    nb::gil_scoped_release release;
+    r = InspectSafetensors(path);
+  }
+  SafetensorsInfo info = Take(std::move(r));
+  nb::list tensors;
+  for (const SafetensorsTensorInfo& t : info.tensors) {
+    tensors.append(nb::make_tuple(nb::str(t.name.data(), t.name.size()),
+                                  nb::str(DTypeName(t.dtype).data()), nb::tuple(nb::cast(t.shape)),
+                                  t.begin, t.end));
+  }
+  nb::dict d;
+  d["path"] = info.path;
+  d["file_bytes"] = info.file_bytes;
+  d["header_bytes"] = info.header_bytes;
+  d["data_offset"] = info.data_offset;
+  d["tensors"] = tensors;
+  d["raw_metadata"] = info.raw_metadata;
+  d["values"] = ValuesToPython(info.values);
+  d["metadata_json"] = DumpJson(info.values.metadata());
+  return d;
+}
+
+}  // namespace
+
+void BindSafetensors(nb::module_& m) {
+  m.def("save_safetensors", &SaveSafetensorsPy, nb::arg("path"), nb::arg("tensors"),
+        nb::arg("values"), nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"),
+        nb::arg("io_threads"), "SaveSafetensors of borrowed tensors (GIL released); IoStats.");
+  m.def("load_safetensors", &LoadSafetensorsPy, nb::arg("path"), nb::arg("names"),
+        "LoadSafetensors (GIL released): (tensors, values, metadata_json).");
+  m.def("inspect_safetensors", &InspectSafetensorsPy, nb::arg("path"),
+        "InspectSafetensors (GIL released): the validated header as a dict.");
+}
+
+}  // namespace savepoint::python
