@@ -1,8 +1,11 @@
-// `savepoint merge SRC DST [--format native] [--threads N] [--overwrite] [--json]`: rewrites a
-// sharded (multi-rank) checkpoint with every tensor whole, as one process would have saved it.
-// Every chunk read is verified. Exit codes as for verify (docs/CLI.md).
+// `savepoint merge SRC DST [--format native|safetensors] [--max-file-bytes N] [--threads N]
+// [--overwrite] [--json]`: rewrites a sharded (multi-rank) checkpoint with every tensor whole, as
+// one process would have saved it, or as safetensors files in a new directory DST (split into
+// files of at most N tensor bytes, with a Hugging Face index). Every chunk read is verified. Exit
+// codes as for verify (docs/CLI.md).
 #include <fmt/format.h>
 
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -20,6 +23,7 @@ struct MergeArgs {
   std::string src;
   std::string dst;
   std::string format = "native";
+  uint64_t max_file_bytes = 0;  // 0 = not given (one file)
   int threads = LoadOptions().io_threads;
   bool overwrite = false;
   bool json = false;
@@ -38,7 +42,14 @@ int RunMerge(const MergeArgs& args) {
   size_t tensors = 0, shards = 0;
   Status s = CountSource(args.src, &tensors, &shards);
   IoStats stats;
-  if (s.ok()) {
+  if (s.ok() && args.format == "safetensors") {
+    MergeSafetensorsOptions o;
+    o.load.io_threads = args.threads;
+    o.save.io_threads = args.threads;
+    o.max_file_bytes = args.max_file_bytes;
+    o.stats = &stats;
+    s = MergeToSafetensors(args.src, args.dst, o);
+  } else if (s.ok()) {
     MergeOptions o;
     o.load.io_threads = args.threads;
     o.save.io_threads = args.threads;
@@ -75,17 +86,28 @@ void RegisterMerge(CLI::App& app, int* exit_code) {
   CLI::App* sub = app.add_subcommand(
       kCommand, "Rewrite a sharded (multi-rank) checkpoint with every tensor whole");
   sub->add_option("SRC", args->src, "Checkpoint directory to read")->required();
-  sub->add_option("DST", args->dst, "Checkpoint directory to create")->required();
+  sub->add_option("DST", args->dst, "Checkpoint (or safetensors) directory to create")->required();
   sub->add_option("--format", args->format, "Output format")
-      ->check(CLI::IsMember({"native"}))
+      ->check(CLI::IsMember({"native", "safetensors"}))
       ->capture_default_str();
+  CLI::Option* max_bytes =
+      sub->add_option("--max-file-bytes", args->max_file_bytes,
+                      "safetensors: at most N tensor bytes per file (several files + index)")
+          ->check(CLI::Range(uint64_t{1}, std::numeric_limits<uint64_t>::max()));
   sub->add_option("--threads", args->threads, "Threads reading and writing chunks")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   sub->add_flag("--overwrite", args->overwrite, "Replace an existing checkpoint at DST");
   sub->add_flag("--json", args->json, "Print one JSON object (docs/CLI.md)");
-  sub->callback(
-      [args, exit_code] { *exit_code = RunGuarded(kCommand, [&] { return RunMerge(*args); }); });
+  sub->callback([args, exit_code, max_bytes] {
+    if (max_bytes->count() > 0 && args->format != "safetensors") {
+      throw CLI::ValidationError("--max-file-bytes", "needs --format safetensors");
+    }
+    if (args->overwrite && args->format == "safetensors") {
+      throw CLI::ValidationError("--overwrite", "not supported with --format safetensors");
+    }
+    *exit_code = RunGuarded(kCommand, [&] { return RunMerge(*args); });
+  });
 }
 
 }  // namespace savepoint::cli

@@ -30,6 +30,7 @@
 
 #include "savepoint/checkpoint.h"
 #include "savepoint/comm.h"
+#include "savepoint/safetensors.h"
 #include "savepoint/state.h"
 #include "savepoint/status.h"
 #include "savepoint/tensor.h"
@@ -150,6 +151,37 @@ struct MergeOptions {
 // false). Holds the whole selection in memory. The source is left unchanged.
 Status MergeCheckpoint(const std::string& src, const std::string& dst,
                        const MergeOptions& options = {});
+
+struct MergeSafetensorsOptions {
+  // How the source is read (fs, io_threads, verify_checksums, direct_io; names selects tensors).
+  LoadOptions load;
+  // How each file is written (fs, io_threads, create_parents; `overwrite` must be false, `stats`
+  // is ignored: use `stats` below).
+  SafetensorsSaveOptions save;
+  // Most tensor-data bytes per file; 0 = no cap (one file). A tensor larger than the cap goes
+  // alone into its own file. Default: 0.
+  uint64_t max_file_bytes = 0;
+  // Optional: receives the statistics of the whole write (bytes = tensor bytes, summed over files).
+  IoStats* stats = nullptr;
+};
+
+// Names inside the directory MergeToSafetensors writes (Hugging Face conventions).
+inline constexpr char kSafetensorsSingleFile[] = "model.safetensors";
+inline constexpr char kSafetensorsIndexFile[] = "model.safetensors.index.json";
+
+// Writes the checkpoint at `src` with every tensor whole as safetensors files in a new directory
+// `dst` (which must not exist: AlreadyExists):
+//  - max_file_bytes == 0, or all tensors fit in one file: `dst/model.safetensors`, no index;
+//  - otherwise `dst/model-00001-of-0000K.safetensors` ... (tensors in name order, packed greedily
+//    up to max_file_bytes of tensor data per file) and `dst/model.safetensors.index.json`:
+//    {"metadata": {"total_size": <tensor bytes>}, "weight_map": {"<tensor>": "<file>", ...}}.
+// Values and metadata are written into every file's `__metadata__` (as SaveSafetensors does), so
+// each file loads on its own with them. Atomic: everything is written into a hidden sibling
+// directory that is renamed to `dst` last (and the parent synced); on an error it is removed.
+// Errors: AlreadyExists (dst), InvalidArgument (save.overwrite set, more than 99999 files, a C128
+// tensor), and the errors of Load and SaveSafetensors. Holds the whole selection in memory.
+Status MergeToSafetensors(const std::string& src, const std::string& dst,
+                          const MergeSafetensorsOptions& options = {});
 
 }  // namespace savepoint
 

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "dist/descriptor.h"
@@ -363,6 +365,79 @@ TEST(DistributedTest, MergeWritesWholeTensors) {
   EXPECT_TRUE(testing::StatesEqual(a, b));
   EXPECT_EQ(MergeCheckpoint("/sharded", "/merged", o).code(), StatusCode::kAlreadyExists);
   EXPECT_EQ(MergeCheckpoint("/nothing", "/m2", o).code(), StatusCode::kNotFound);
+}
+
+// Each file loads on its own with the values; together they hold exactly the full tensors.
+void ExpectSafetensorsMerge(MemFileSystem& mem, const Job& job, const std::string& dir,
+                            const std::vector<std::string>& files) {
+  std::set<std::string> seen;
+  for (const std::string& f : files) {
+    SafetensorsLoadOptions lo;
+    lo.fs = &mem;
+    auto st = LoadSafetensors(dir + "/" + f, lo);
+    SP_ASSERT_OK(st.status());
+    ASSERT_NE(st->FindValue("step"), nullptr) << f;
+    EXPECT_EQ(st->FindValue("step")->as_int(), 42) << f;
+    for (const auto& [name, e] : st->entries()) {
+      if (!e.is_tensor()) continue;
+      EXPECT_TRUE(seen.insert(name).second) << name;
+      ASSERT_TRUE(job.global.count(name)) << name;
+      const Tensor& g = job.global.at(name);
+      EXPECT_EQ(e.tensor().shape(), g.shape()) << name;
+      EXPECT_EQ(0, std::memcmp(e.tensor().data(), g.data(), g.nbytes())) << name;
+    }
+  }
+  EXPECT_EQ(seen.size(), job.global.size());
+}
+
+TEST(DistributedTest, MergeToSafetensorsSingleAndCapped) {
+  MemFileSystem mem;
+  std::mt19937_64 rng(12);
+  Job job = RandomJob(12);
+  SP_ASSERT_OK(SaveJob(job, job.Layouts(3, rng), "/sharded",
+                       {SaveOptions{.fs = &mem, .chunk_bytes = 4096, .direct_io = false}}));
+  MergeSafetensorsOptions o;
+  o.load = Lo(&mem);
+  o.save.fs = &mem;
+  SP_ASSERT_OK(MergeToSafetensors("/sharded", "/single", o));
+  ExpectSafetensorsMerge(mem, job, "/single", {kSafetensorsSingleFile});
+  EXPECT_FALSE(mem.Exists(std::string("/single/") + kSafetensorsIndexFile));
+  EXPECT_EQ(MergeToSafetensors("/sharded", "/single", o).code(), StatusCode::kAlreadyExists);
+
+  // Cap = the largest tensor: several files, none over the cap.
+  uint64_t cap = 0;
+  for (const auto& [name, t] : job.global) cap = std::max(cap, t.nbytes());
+  o.max_file_bytes = cap;
+  SP_ASSERT_OK(MergeToSafetensors("/sharded", "/capped", o));
+  Json index =
+      Json::parse(mem.ReadFile(std::string("/capped/") + kSafetensorsIndexFile, 1 << 20).value());
+  EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), job.bytes());
+  std::set<std::string> files;
+  for (const auto& [t, f] : index["weight_map"].items()) files.insert(f.get<std::string>());
+  EXPECT_EQ(index["weight_map"].size(), job.global.size());
+  ASSERT_GT(files.size(), 1u);
+  EXPECT_EQ(*files.begin(), fmt::format("model-00001-of-{:05}.safetensors", files.size()));
+  SafetensorsLoadOptions lo;
+  lo.fs = &mem;
+  for (const std::string& f : files) {
+    auto info = InspectSafetensors("/capped/" + f, lo).value();
+    uint64_t n = 0;
+    for (const auto& t : info.tensors) {
+      EXPECT_EQ(index["weight_map"][t.name], f) << t.name;
+      n += t.nbytes();
+    }
+    EXPECT_LE(n, cap) << f;
+  }
+  ExpectSafetensorsMerge(mem, job, "/capped", {files.begin(), files.end()});
+
+  // A cap of 1 byte: one tensor per file.
+  o.max_file_bytes = 1;
+  SP_ASSERT_OK(MergeToSafetensors("/sharded", "/tiny", o));
+  auto tiny = mem.ListDir("/tiny").value();
+  EXPECT_EQ(tiny.size(), job.global.size() + 1);
+  o.save.overwrite = true;
+  EXPECT_EQ(MergeToSafetensors("/sharded", "/x", o).code(), StatusCode::kInvalidArgument);
+  EXPECT_FALSE(mem.Exists("/x"));
 }
 
 }  // namespace
