@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -221,6 +222,7 @@ TEST(Async, PowerLossDuringPersistNeverCommitsATornCheckpoint) {
   }
 }
 
+// Called from several snapshot threads at once: counts atomically.
 class CountingCopier : public SnapshotCopier {
  public:
   Status Copy(const std::byte* src, std::byte* dst, uint64_t n) override {
@@ -229,16 +231,93 @@ class CountingCopier : public SnapshotCopier {
     std::memcpy(dst, src, n);
     return Status::OK();
   }
-  int calls = 0;
-  uint64_t bytes = 0;
+  std::atomic<int> calls{0};
+  std::atomic<uint64_t> bytes{0};
 };
 
+// Fails every copy from the `fail_after`-th on.
 class FailingCopier : public SnapshotCopier {
  public:
-  Status Copy(const std::byte*, std::byte*, uint64_t) override {
-    return IOError("device-to-host copy failed");
+  explicit FailingCopier(int fail_after = 0) : left_(fail_after) {}
+  Status Copy(const std::byte* src, std::byte* dst, uint64_t n) override {
+    if (left_.fetch_sub(1) <= 0) return IOError("device-to-host copy failed");
+    std::memcpy(dst, src, n);
+    return Status::OK();
   }
+
+ private:
+  std::atomic<int> left_;
 };
+
+// The bytes of rank 0's data file of the checkpoint at `path` after its header (which holds the
+// random checkpoint id).
+std::string DataFileBytes(MemFileSystem* fs, const std::string& path) {
+  auto f = fs->NewRandomAccessFile(path + "/data-00000-00000.spd", {}).value();
+  std::string bytes(f->size() - 4096, '\0');
+  SP_EXPECT_OK(f->ReadAt(4096, std::as_writable_bytes(std::span<char>(bytes))));
+  return bytes;
+}
+
+// Any number of snapshot threads, with a pool smaller than the state (the walker blocks on
+// slabs while copies are in flight): the data file is byte-for-byte the single-threaded one, and
+// compressed saves round-trip too.
+TEST(Async, SnapshotThreadsGiveTheSameDataFile) {
+  uint64_t seed = testing::TestSeed("Async.SnapshotThreadsGiveTheSameDataFile");
+  MemFileSystem fs;
+  State s = RandomState(seed, 24, 3 << 20);
+  std::string reference;
+  for (int threads : {1, 2, 3, 8}) {
+    SCOPED_TRACE(fmt::format("snapshot_threads={}", threads));
+    CheckpointerOptions o;
+    o.staging_bytes = 512 << 10;
+    o.slab_bytes = 64 << 10;
+    o.snapshot_threads = threads;
+    auto ckpt = Checkpointer::Create(o).value();
+    SaveOptions so;
+    so.fs = &fs;
+    const std::string raw = fmt::format("/raw{}", threads),
+                      packed = fmt::format("/zstd{}", threads);
+    SP_ASSERT_OK(ckpt->SaveAsync(s, raw, so).value().Wait());
+    so.compression.codec = Compression::Codec::kZstd;
+    SP_ASSERT_OK(ckpt->SaveAsync(s, packed, so).value().Wait());
+    EXPECT_LE(ckpt->staging_allocated_bytes(), ckpt->staging_cap_bytes());
+    EXPECT_EQ(ckpt->staging_in_use_bytes(), 0u);
+    const std::string bytes = DataFileBytes(&fs, raw);
+    if (threads == 1) reference = bytes;
+    EXPECT_TRUE(bytes == reference) << "data file differs from the single-threaded snapshot's";
+    for (const std::string& path : {raw, packed}) {
+      EXPECT_TRUE(StatesEqual(s, LoadFrom(&fs, path))) << path;
+      LoadOptions vo;
+      vo.fs = &fs;
+      SP_EXPECT_OK(VerifyCheckpoint(path, vo));
+    }
+  }
+}
+
+// A copy failing part-way on one of several snapshot threads fails the save, commits nothing and
+// returns every slab to the pool.
+TEST(Async, CopierFailureWithSeveralSnapshotThreads) {
+  MemFileSystem fs;
+  State s = RandomState(21, 16, 2 << 20);
+  for (int fail_after : {0, 3, 40}) {
+    SCOPED_TRACE(fmt::format("fail_after={}", fail_after));
+    FailingCopier bad(fail_after);
+    CheckpointerOptions o;
+    o.copier = &bad;
+    o.staging_bytes = 512 << 10;
+    o.slab_bytes = 64 << 10;
+    o.snapshot_threads = 4;
+    auto ckpt = Checkpointer::Create(o).value();
+    SaveOptions so;
+    so.fs = &fs;
+    const std::string path = fmt::format("/f{}", fail_after);
+    Result<SaveHandle> h = ckpt->SaveAsync(s, path, so);
+    Status st = h.ok() ? h->Wait() : h.status();
+    EXPECT_NE(st.message().find("device-to-host"), std::string::npos) << st.ToString();
+    EXPECT_FALSE(fs.Exists(path));
+    EXPECT_EQ(ckpt->staging_in_use_bytes(), 0u);
+  }
+}
 
 TEST(Async, PluggableCopier) {
   MemFileSystem fs;
@@ -282,6 +361,13 @@ TEST(Async, HandleApiAndBadOptions) {
   bad.slab_bytes = 1 << 20;
   bad.io_threads = 0;
   EXPECT_EQ(Checkpointer::Create(bad).status().code(), StatusCode::kInvalidArgument);
+  bad.io_threads = 2;
+  for (int threads : {-1, 65}) {
+    bad.snapshot_threads = threads;
+    Status st = Checkpointer::Create(bad).status();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("snapshot_threads"), std::string::npos) << st.ToString();
+  }
 }
 
 }  // namespace

@@ -5,11 +5,12 @@
 //   ... keep training; the caller may now modify its tensors ...
 //   savepoint::Status s = handle.Wait();                              // durable when OK
 //
-// Phase 1, snapshot (on the caller's thread): every tensor is copied into a staging pool laid out
-// as the data file will be (4 KiB-aligned extents packed into fixed-size slabs), and each chunk's
-// CRC32C is computed while its bytes are hot in cache. Phase 2, persist (background threads):
-// full slabs are written with direct I/O as soon as they are filled, then the manifest is written
-// and the checkpoint committed exactly like a synchronous Save (docs/FORMAT.md §5).
+// Phase 1, snapshot (the caller's thread, helped by snapshot_threads - 1 more): every tensor is
+// copied into a staging pool laid out as the data file will be (4 KiB-aligned extents packed into
+// fixed-size slabs), and each chunk's CRC32C is computed while its bytes are hot in cache. Phase 2,
+// persist (background threads): full slabs are written with direct I/O as soon as they are filled,
+// then the manifest is written and the checkpoint committed exactly like a synchronous Save
+// (docs/FORMAT.md §5).
 //
 // Memory is bounded: the pool never holds more than `staging_bytes`. When the state is larger,
 // the snapshot fills slabs as fast as the persist threads drain them, so the caller is blocked for
@@ -54,7 +55,13 @@ struct CheckpointerOptions {
   // Allow a new SaveAsync while an earlier save is still persisting. Default: false (SaveAsync
   // first waits for the previous save to finish, bounding memory and disk contention).
   bool allow_concurrent_saves = false;
-  // Snapshot copier (not owned; must outlive the Checkpointer). Default: nullptr = memcpy.
+  // Threads copying (and checksumming) the state during the snapshot, the caller's thread
+  // included (0..64). Each chunk is copied by one thread; more threads shorten the time the
+  // caller is blocked when one core cannot saturate memory bandwidth. Default: 0 = the hardware
+  // threads, at most 4. 1 = the caller's thread alone.
+  int snapshot_threads = 0;
+  // Snapshot copier (not owned; must outlive the Checkpointer; called from several threads at
+  // once when snapshot_threads != 1). Default: nullptr = memcpy.
   SnapshotCopier* copier = nullptr;
 };
 

@@ -2,9 +2,9 @@
 // pool. See include/savepoint/async.h for the contract.
 //
 // Layout: the data file is staged as consecutive slabs covering file bytes
-// [4096 + k * S, 4096 + (k + 1) * S). The snapshot walks the chunks in file order, copies each
-// into the slab(s) covering its file range (zero-filling alignment padding) and computes the
-// chunk's CRC32C on the staged bytes in the same pass. A filled slab goes onto a queue; writer
+// [4096 + k * S, 4096 + (k + 1) * S). The snapshot (engine/snapshot.h) copies each chunk into the
+// slab(s) covering its file range on up to snapshot_threads threads and computes the chunk's
+// CRC32C on the staged bytes in the same pass. A filled slab goes onto a queue; writer
 // threads write it at its file offset and return it to the pool. When the queue is drained the
 // job finishes the files and commits with the same steps as a synchronous save.
 //
@@ -24,10 +24,10 @@
 #include <mutex>
 #include <thread>
 
+#include "engine/snapshot.h"
 #include "engine/staging_pool.h"
 #include "engine/writer.h"
 #include "savepoint/async.h"
-#include "util/crc32c.h"
 
 namespace savepoint {
 
@@ -37,17 +37,10 @@ static double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// One save in flight; shared by the Checkpointer, its threads and every SaveHandle copy.
-struct SaveHandle::Shared {
-  // A staged piece of the data file at `offset` (raw layout), or one whole chunk `task` to be
-  // compressed and placed by `alloc` (compressed saves; `crc` is its raw bytes' CRC32C).
-  struct Slab {
-    std::byte* data;
-    uint64_t offset;
-    uint64_t len;
-    const engine::ChunkTask* task = nullptr;
-    uint32_t crc = 0;
-  };
+// One save in flight; shared by the Checkpointer, its threads and every SaveHandle copy. The
+// snapshot hands it staged slabs (engine::SnapshotSink).
+struct SaveHandle::Shared final : engine::SnapshotSink {
+  using Slab = engine::StagedSlab;
 
   engine::SaveTarget target;
   bool overwrite = false;
@@ -65,19 +58,20 @@ struct SaveHandle::Shared {
   bool done = false;          // guarded by mu
   Status result;              // guarded by mu (valid once done)
   SaveStats stats;            // guarded by mu
-  std::atomic<bool> failed{false};
+  std::atomic<bool> has_failed{false};
   Status first_error;  // guarded by mu
 
-  void Fail(Status s) {
+  void Fail(Status s) override {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (first_error.ok()) first_error = std::move(s);
-      failed = true;
+      has_failed = true;
     }
     cv.notify_all();
     pool->Wake();
   }
-  void Push(Slab slab) {
+  bool failed() const override { return has_failed.load(); }
+  void Push(const Slab& slab) override {
     {
       std::lock_guard<std::mutex> lock(mu);
       queue.push_back(slab);
@@ -111,7 +105,7 @@ struct SaveHandle::Shared {
         slab = queue.front();
         queue.pop_front();
       }
-      if (!failed) {
+      if (!has_failed) {
         Status s = slab.task != nullptr ? WriteStaged(slab, &buffers)
                                         : file->WriteAt(slab.offset, {slab.data, slab.len});
         if (!s.ok()) Fail(std::move(s));
@@ -179,96 +173,6 @@ const std::string& SaveHandle::path() const { return s_->target.path; }
 
 namespace engine {
 namespace {
-
-constexpr uint64_t kCacheSlice = 256 << 10;
-
-// Phase 1 on the caller's thread: stages every chunk into slabs (see the file comment).
-class Snapshotter {
- public:
-  Snapshotter(SaveHandle::Shared* job, SnapshotCopier* copier)
-      : job_(job), copier_(copier), slab_bytes_(job->pool->slab_bytes()) {}
-
-  Status Run(const std::vector<ChunkTask>& tasks) {
-    Status s;
-    for (size_t i = 0; i < tasks.size() && s.ok() && !job_->failed; ++i) {
-      s = tasks[i].stored != nullptr ? StageWhole(tasks[i]) : StageChunk(tasks[i]);
-    }
-    if (slab_ != nullptr && (!s.ok() || job_->failed)) {
-      job_->pool->Release(slab_);  // stopped early: nothing more will be written
-    } else if (slab_ != nullptr) {
-      Flush(job_->manifest.files[0].bytes - win_);
-    }
-    slab_ = nullptr;
-    return s;
-  }
-
- private:
-  Status StageChunk(const ChunkTask& t) {
-    uint32_t crc = 0;
-    for (uint64_t done = 0; done < t.len;) {
-      uint64_t pos = t.file_offset + done;
-      if (slab_ == nullptr || pos >= win_ + slab_bytes_) SP_RETURN_IF_ERROR(NextSlab(pos));
-      if (slab_ == nullptr) return Status::OK();  // cancelled: the job failed
-      uint64_t at = pos - win_;
-      std::memset(slab_ + fill_, 0, at - fill_);
-      uint64_t n = std::min({t.len - done, slab_bytes_ - at, kCacheSlice});
-      SP_RETURN_IF_ERROR(CopyPiece(t.src + done, slab_ + at, n));
-      crc = Crc32cExtend(crc, {slab_ + at, n});
-      fill_ = at + n;
-      done += n;
-    }
-    *t.crc = crc;
-    return Status::OK();
-  }
-
-  // Compressed saves: copies one chunk into a slab of its own (CRC fused with the copy, for the
-  // case that it does not compress) and queues it for compression.
-  Status StageWhole(const ChunkTask& t) {
-    SP_ASSIGN_OR_RETURN(std::byte * slab,
-                        job_->pool->Acquire([this] { return job_->failed.load(); }));
-    if (slab == nullptr) return Status::OK();  // cancelled: the job failed
-    uint32_t crc = 0;
-    for (uint64_t done = 0; done < t.len;) {
-      uint64_t n = std::min(t.len - done, kCacheSlice);
-      Status s = CopyPiece(t.src + done, slab + done, n);
-      if (!s.ok()) {
-        job_->pool->Release(slab);
-        return s;
-      }
-      crc = Crc32cExtend(crc, {slab + done, n});
-      done += n;
-    }
-    job_->Push({slab, 0, t.len, &t, crc});
-    return Status::OK();
-  }
-
-  Status CopyPiece(const std::byte* src, std::byte* dst, uint64_t n) {
-    if (copier_ != nullptr) return copier_->Copy(src, dst, n);
-    std::memcpy(dst, src, n);
-    return Status::OK();
-  }
-
-  Status NextSlab(uint64_t pos) {
-    if (slab_ != nullptr) Flush(slab_bytes_);
-    win_ = format::kDataHeaderBytes + (pos - format::kDataHeaderBytes) / slab_bytes_ * slab_bytes_;
-    SP_ASSIGN_OR_RETURN(slab_, job_->pool->Acquire([this] { return job_->failed.load(); }));
-    fill_ = 0;
-    return Status::OK();
-  }
-
-  void Flush(uint64_t len) {
-    std::memset(slab_ + fill_, 0, len - fill_);
-    job_->Push({slab_, win_, len});
-    slab_ = nullptr;
-  }
-
-  SaveHandle::Shared* job_;
-  SnapshotCopier* copier_;
-  const uint64_t slab_bytes_;
-  std::byte* slab_ = nullptr;
-  uint64_t win_ = 0;   // file offset of the current slab
-  uint64_t fill_ = 0;  // bytes of the current slab written so far
-};
 
 uint64_t DefaultStagingBytes() {
   uint64_t ram = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE);
@@ -349,9 +253,14 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Stat
   job->stats.direct_io = job->file->direct();
   Launch(job);
   auto t0 = Clock::now();
-  Snapshotter snap(job.get(), options_.copier);
-  Status s = snap.Run(job->tasks);
-  if (!s.ok()) job->Fail(s);
+  engine::SnapshotPlan plan;
+  plan.tasks = &job->tasks;
+  plan.data_file_bytes = job->manifest.files[0].bytes;
+  plan.pool = &pool_;
+  plan.copier = options_.copier;
+  plan.threads =
+      options_.snapshot_threads > 0 ? options_.snapshot_threads : engine::DefaultSnapshotThreads();
+  engine::RunSnapshot(plan, job.get()).IgnoreError();  // errors went to the job
   job->Close();
   std::lock_guard<std::mutex> lock(job->mu);
   job->stats.snapshot_seconds = Since(t0);
@@ -395,6 +304,11 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(const CheckpointerOpt
   if (o.io_threads < 1 || o.io_threads > 64) {
     return InvalidArgumentError(
         fmt::format("CheckpointerOptions.io_threads = {}: must be in [1, 64]", o.io_threads));
+  }
+  if (o.snapshot_threads < 0 || o.snapshot_threads > 64) {
+    return InvalidArgumentError(
+        fmt::format("CheckpointerOptions.snapshot_threads = {}: must be in [0, 64] (0 = default)",
+                    o.snapshot_threads));
   }
   return std::unique_ptr<Checkpointer>(new engine::CheckpointerImpl(o));
 }

@@ -1,0 +1,257 @@
+// Snapshot of an asynchronous save. See snapshot.h.
+#include "engine/snapshot.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include "util/crc32c.h"
+
+namespace savepoint::engine {
+namespace {
+
+// Copy-then-checksum granularity: small enough that the checksum reads the bytes from cache.
+constexpr uint64_t kCacheSlice = 256 << 10;
+
+// A slab being filled. It goes to the sink when `pending` drops to zero: one reference is held by
+// the walker until it moves past the slab, and one by every copy into it that has not finished.
+struct SlabRec {
+  std::byte* data = nullptr;
+  uint64_t win = 0;  // file offset of data[0]
+  uint64_t len = 0;  // bytes to write; set when the walker moves past the slab
+  std::atomic<int> pending{1};
+};
+
+// A piece of one chunk's copy: bytes [from, from + n) of the chunk go to dst, inside `slab`
+// (nullptr for a compressed save's slab of its own).
+struct Segment {
+  uint64_t from = 0;
+  std::byte* dst = nullptr;
+  uint64_t n = 0;
+  SlabRec* slab = nullptr;
+};
+
+struct CopyJob {
+  const ChunkTask* task = nullptr;
+  std::vector<Segment> segments;
+  bool whole = false;  // compressed save: segments[0] is a slab of its own
+};
+
+// Runs copy jobs on `threads - 1` helper threads and on the submitting thread.
+class Crew {
+ public:
+  Crew(const SnapshotPlan& plan, SnapshotSink* sink) : plan_(plan), sink_(sink) {
+    for (int i = 1; i < plan.threads; ++i) helpers_.emplace_back([this] { HelperLoop(); });
+  }
+  ~Crew() { Finish().IgnoreError(); }
+  Crew(const Crew&) = delete;
+  Crew& operator=(const Crew&) = delete;
+
+  // Queues a job; runs it (or an older one) on this thread when there are no helpers or the
+  // queue is long, so the walker copies too instead of waiting.
+  void Submit(CopyJob job) {
+    if (helpers_.empty()) return Run(job);
+    CopyJob mine;
+    bool run_one = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(job));
+      if (queue_.size() > 2 * helpers_.size()) {
+        mine = std::move(queue_.front());
+        queue_.pop_front();
+        run_one = true;
+      }
+    }
+    cv_.notify_one();
+    if (run_one) Run(mine);
+  }
+
+  // Runs what is queued, waits for the helpers and returns the first copy error.
+  Status Finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+    }
+    cv_.notify_all();
+    while (auto job = Pop(false)) Run(*job);
+    for (std::thread& t : helpers_) t.join();
+    helpers_.clear();
+    std::lock_guard<std::mutex> lock(mu_);
+    return first_error_;
+  }
+
+  // Drops the walker's reference to `slab`.
+  void Unref(SlabRec* slab) {
+    if (slab->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      sink_->Push({slab->data, slab->win, slab->len});
+    }
+  }
+
+ private:
+  std::optional<CopyJob> Pop(bool wait) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (wait) cv_.wait(lock, [&] { return !queue_.empty() || closed_; });
+    if (queue_.empty()) return std::nullopt;
+    CopyJob job = std::move(queue_.front());
+    queue_.pop_front();
+    return job;
+  }
+
+  void HelperLoop() {
+    while (auto job = Pop(true)) Run(*job);
+  }
+
+  void Run(const CopyJob& job) {
+    uint32_t crc = 0;
+    bool ok = !sink_->failed();
+    for (const Segment& s : job.segments) {
+      for (uint64_t done = 0; ok && done < s.n;) {
+        const uint64_t n = std::min(s.n - done, kCacheSlice);
+        Status st = Copy(job.task->src + s.from + done, s.dst + done, n);
+        if (!st.ok()) {
+          Fail(std::move(st));
+          ok = false;
+        }
+        crc = Crc32cExtend(crc, {s.dst + done, n});
+        done += n;
+      }
+    }
+    if (job.whole) {
+      std::byte* slab = job.segments[0].dst;
+      if (ok) {
+        sink_->Push({slab, 0, job.task->len, job.task, crc});
+      } else {
+        plan_.pool->Release(slab);
+      }
+      return;
+    }
+    if (ok) *job.task->crc = crc;
+    for (const Segment& s : job.segments) Unref(s.slab);
+  }
+
+  Status Copy(const std::byte* src, std::byte* dst, uint64_t n) {
+    if (plan_.copier != nullptr) return plan_.copier->Copy(src, dst, n);
+    std::memcpy(dst, src, n);
+    return Status::OK();
+  }
+
+  void Fail(Status s) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (first_error_.ok()) first_error_ = s;
+    }
+    sink_->Fail(std::move(s));
+  }
+
+  const SnapshotPlan& plan_;
+  SnapshotSink* const sink_;
+  std::vector<std::thread> helpers_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<CopyJob> queue_;  // guarded by mu_
+  bool closed_ = false;        // guarded by mu_
+  Status first_error_;         // guarded by mu_
+};
+
+// Walks the chunks in file order, laying them out in slabs (see snapshot.h).
+class Walker {
+ public:
+  Walker(const SnapshotPlan& plan, SnapshotSink* sink, Crew* crew)
+      : plan_(plan), sink_(sink), crew_(crew), slab_bytes_(plan.pool->slab_bytes()) {}
+
+  Status Run() {
+    Status s;
+    for (const ChunkTask& t : *plan_.tasks) {
+      if (!s.ok() || sink_->failed() || cancelled_) break;
+      s = t.stored != nullptr ? StageWhole(t) : StageChunk(t);
+    }
+    if (!s.ok()) sink_->Fail(s);  // before sealing: a failed save's slabs are not written
+    if (cur_ != nullptr) Seal(s.ok() && !sink_->failed() ? plan_.data_file_bytes - cur_->win : 0);
+    return s;
+  }
+
+ private:
+  Status StageChunk(const ChunkTask& t) {
+    CopyJob job{&t, {}, false};
+    for (uint64_t done = 0; done < t.len;) {
+      const uint64_t pos = t.file_offset + done;
+      if (cur_ == nullptr || pos >= cur_->win + slab_bytes_) SP_RETURN_IF_ERROR(NextSlab(pos));
+      if (cur_ == nullptr) break;  // cancelled: the save failed
+      const uint64_t at = pos - cur_->win;
+      std::memset(cur_->data + fill_, 0, at - fill_);
+      const uint64_t n = std::min(t.len - done, slab_bytes_ - at);
+      cur_->pending.fetch_add(1, std::memory_order_relaxed);
+      job.segments.push_back({done, cur_->data + at, n, cur_});
+      fill_ = at + n;
+      done += n;
+    }
+    if (!job.segments.empty()) crew_->Submit(std::move(job));
+    return Status::OK();
+  }
+
+  Status StageWhole(const ChunkTask& t) {
+    SP_ASSIGN_OR_RETURN(std::byte * slab, plan_.pool->Acquire([this] { return sink_->failed(); }));
+    if (slab == nullptr) {
+      cancelled_ = true;
+      return Status::OK();
+    }
+    crew_->Submit(CopyJob{&t, {Segment{0, slab, t.len, nullptr}}, true});
+    return Status::OK();
+  }
+
+  Status NextSlab(uint64_t pos) {
+    if (cur_ != nullptr) Seal(slab_bytes_);
+    const uint64_t header = format::kDataHeaderBytes;
+    const uint64_t win = header + (pos - header) / slab_bytes_ * slab_bytes_;
+    SP_ASSIGN_OR_RETURN(std::byte * data, plan_.pool->Acquire([this] { return sink_->failed(); }));
+    if (data == nullptr) {
+      cancelled_ = true;
+      return Status::OK();
+    }
+    SlabRec& rec = slabs_.emplace_back();
+    rec.data = data;
+    rec.win = win;
+    cur_ = &rec;
+    fill_ = 0;
+    return Status::OK();
+  }
+
+  // Zero-fills the current slab's tail up to `len` and drops the walker's reference.
+  void Seal(uint64_t len) {
+    if (len > fill_) std::memset(cur_->data + fill_, 0, len - fill_);
+    cur_->len = len;
+    crew_->Unref(std::exchange(cur_, nullptr));
+  }
+
+  const SnapshotPlan& plan_;
+  SnapshotSink* const sink_;
+  Crew* const crew_;
+  const uint64_t slab_bytes_;
+  std::deque<SlabRec> slabs_;  // stable addresses; outlives every copy (the crew finishes first)
+  SlabRec* cur_ = nullptr;
+  uint64_t fill_ = 0;  // bytes of the current slab laid out so far
+  bool cancelled_ = false;
+};
+
+}  // namespace
+
+Status RunSnapshot(const SnapshotPlan& plan, SnapshotSink* sink) {
+  Crew crew(plan, sink);
+  Walker walker(plan, sink, &crew);
+  Status s = walker.Run();
+  Status copies = crew.Finish();
+  return s.ok() ? copies : s;
+}
+
+int DefaultSnapshotThreads() {
+  const unsigned hw = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp(hw, 1u, 4u));
+}
+
+}  // namespace savepoint::engine
