@@ -16,7 +16,8 @@
 namespace savepoint::engine {
 namespace {
 
-// Copy-then-checksum granularity: small enough that the checksum reads the bytes from cache.
+// A custom copier's copy-then-checksum granularity: small enough that the checksum reads the
+// staged bytes from cache. (The default copy is Crc32cCopy: checksum, then stream.)
 constexpr uint64_t kCacheSlice = 256 << 10;
 
 // A slab being filled. It goes to the sink when `pending` drops to zero: one reference is held by
@@ -111,9 +112,14 @@ class Crew {
     uint32_t crc = 0;
     bool ok = !sink_->failed();
     for (const Segment& s : job.segments) {
+      if (!ok) break;
+      if (plan_.copier == nullptr) {
+        crc = Crc32cCopy(crc, job.task->src + s.from, s.dst, s.n);
+        continue;
+      }
       for (uint64_t done = 0; ok && done < s.n;) {
         const uint64_t n = std::min(s.n - done, kCacheSlice);
-        Status st = Copy(job.task->src + s.from + done, s.dst + done, n);
+        Status st = plan_.copier->Copy(job.task->src + s.from + done, s.dst + done, n);
         if (!st.ok()) {
           Fail(std::move(st));
           ok = false;
@@ -133,12 +139,6 @@ class Crew {
     }
     if (ok) *job.task->crc = crc;
     for (const Segment& s : job.segments) Unref(s.slab);
-  }
-
-  Status Copy(const std::byte* src, std::byte* dst, uint64_t n) {
-    if (plan_.copier != nullptr) return plan_.copier->Copy(src, dst, n);
-    std::memcpy(dst, src, n);
-    return Status::OK();
   }
 
   void Fail(Status s) {

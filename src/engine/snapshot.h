@@ -1,6 +1,7 @@
 // Snapshot: phase 1 of an asynchronous save. Copies every chunk of a planned save into staging
-// slabs laid out as the data file will be, computing each chunk's CRC32C on the staged bytes in
-// the same pass (256 KiB slices: copied, then checksummed while still in cache).
+// slabs laid out as the data file will be, computing each chunk's CRC32C in the same pass over
+// memory: by default Crc32cCopy (each 256 KiB slice checksummed, then streamed to the slab from
+// cache); with a custom copier, each slice is copied and then checksummed on the staged bytes.
 //
 // Layout: slab k covers file bytes [4096 + k * S, 4096 + (k + 1) * S). One walker (the caller's
 // thread) goes through the chunks in file order, acquires slabs, zero-fills alignment padding and
