@@ -8,7 +8,8 @@
 // Phase 1, snapshot (the caller's thread, helped by snapshot_threads - 1 more): every tensor is
 // copied into a staging pool laid out as the data file will be (4 KiB-aligned extents packed into
 // fixed-size slabs), and each chunk's CRC32C is computed while its bytes are hot in cache. Phase 2,
-// persist (background threads): full slabs are written with direct I/O as soon as they are filled,
+// persist (background threads): the staged slabs are written with direct I/O once the snapshot is
+// done (or as soon as they are filled, when the pool runs short or persist_during_snapshot is set),
 // then the manifest is written and the checkpoint committed exactly like a synchronous Save
 // (docs/FORMAT.md §5).
 //
@@ -52,6 +53,13 @@ struct CheckpointerOptions {
   uint64_t slab_bytes = uint64_t{8} << 20;
   // Background writer threads (1..64). Default: 2.
   int io_threads = 2;
+  // Start writing staged slabs while the snapshot is still copying. Default: false: the writers
+  // wait until the snapshot is done (or until the staging pool runs out of slabs, when they must
+  // drain it), so the copy has the CPUs and memory bandwidth to itself and the caller is blocked
+  // for little more than a memcpy (on 2 vCPUs, overlapping made the stall 2x longer,
+  // docs/PERFORMANCE.md). true overlaps the two phases: a shorter time to the durable commit, for
+  // machines with cores and memory bandwidth to spare.
+  bool persist_during_snapshot = false;
   // Allow a new SaveAsync while an earlier save is still persisting. Default: false (SaveAsync
   // first waits for the previous save to finish, bounding memory and disk contention).
   bool allow_concurrent_saves = false;

@@ -55,6 +55,7 @@ struct SaveHandle::Shared final : engine::SnapshotSink {
   std::condition_variable cv;
   std::deque<Slab> queue;     // guarded by mu
   bool queue_closed = false;  // guarded by mu
+  bool writers_held = false;  // guarded by mu; writers wait while true and the queue is open
   bool done = false;          // guarded by mu
   Status result;              // guarded by mu (valid once done)
   SaveStats stats;            // guarded by mu
@@ -71,6 +72,13 @@ struct SaveHandle::Shared final : engine::SnapshotSink {
     pool->Wake();
   }
   bool failed() const override { return has_failed.load(); }
+  void StartPersist() override {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      writers_held = false;
+    }
+    cv.notify_all();
+  }
   void Push(const Slab& slab) override {
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -100,7 +108,7 @@ struct SaveHandle::Shared final : engine::SnapshotSink {
       Slab slab;
       {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return !queue.empty() || queue_closed; });
+        cv.wait(lock, [&] { return (!writers_held && !queue.empty()) || queue_closed; });
         if (queue.empty()) return;
         slab = queue.front();
         queue.pop_front();
@@ -251,6 +259,7 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Stat
   job->tasks = std::move(*tasks);
   job->stats.bytes = state.tensor_bytes();
   job->stats.direct_io = job->file->direct();
+  job->writers_held = !options_.persist_during_snapshot;
   Launch(job);
   auto t0 = Clock::now();
   engine::SnapshotPlan plan;

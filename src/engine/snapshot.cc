@@ -196,7 +196,7 @@ class Walker {
   }
 
   Status StageWhole(const ChunkTask& t) {
-    SP_ASSIGN_OR_RETURN(std::byte * slab, plan_.pool->Acquire([this] { return sink_->failed(); }));
+    SP_ASSIGN_OR_RETURN(std::byte * slab, Acquire());
     if (slab == nullptr) {
       cancelled_ = true;
       return Status::OK();
@@ -209,7 +209,7 @@ class Walker {
     if (cur_ != nullptr) Seal(slab_bytes_);
     const uint64_t header = format::kDataHeaderBytes;
     const uint64_t win = header + (pos - header) / slab_bytes_ * slab_bytes_;
-    SP_ASSIGN_OR_RETURN(std::byte * data, plan_.pool->Acquire([this] { return sink_->failed(); }));
+    SP_ASSIGN_OR_RETURN(std::byte * data, Acquire());
     if (data == nullptr) {
       cancelled_ = true;
       return Status::OK();
@@ -220,6 +220,13 @@ class Walker {
     cur_ = &rec;
     fill_ = 0;
     return Status::OK();
+  }
+
+  // A slab from the pool (nullptr if the save failed while waiting). Before waiting for one, lets
+  // the sink's writers start, since only they give slabs back.
+  Result<std::byte*> Acquire() {
+    if (plan_.pool->exhausted()) sink_->StartPersist();
+    return plan_.pool->Acquire([this] { return sink_->failed(); });
   }
 
   // Zero-fills the current slab's tail up to `len` and drops the walker's reference.

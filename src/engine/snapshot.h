@@ -11,7 +11,8 @@
 // in a slab of its own instead, handed to the sink with the raw bytes' CRC.
 //
 // Memory stays within the pool: the walker blocks in StagingPool::Acquire while every slab is
-// staged or being written, and the copiers keep finishing the slabs already acquired.
+// staged or being written (first calling SnapshotSink::StartPersist, so held-back writers drain),
+// and the copiers keep finishing the slabs already acquired.
 //
 // Thread safety: one Snapshot runs at a time per sink; the sink and copier must be thread-safe
 // when threads > 1.
@@ -49,6 +50,9 @@ class SnapshotSink {
   virtual void Fail(Status s) = 0;
   // True once the save has failed (the snapshot then stops early).
   virtual bool failed() const = 0;
+  // Called when the pool has run out of slabs, before the snapshot waits for one: the sink must
+  // start writing (and so releasing) the slabs it holds if it has been holding them back.
+  virtual void StartPersist() = 0;
 };
 
 struct SnapshotPlan {

@@ -34,6 +34,11 @@ void StagingPool::Wake() {
   cv_.notify_all();
 }
 
+bool StagingPool::exhausted() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return free_.empty() && slabs_.size() >= max_slabs_;
+}
+
 uint64_t StagingPool::allocated_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return slabs_.size() * slab_bytes_;

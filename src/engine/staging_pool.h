@@ -32,6 +32,9 @@ class StagingPool {
   // Wakes waiters so they re-check their cancellation condition.
   void Wake();
 
+  // True when Acquire would block now: no free slab and the cap reached.
+  bool exhausted() const;
+
   uint64_t slab_bytes() const { return slab_bytes_; }
   uint64_t cap_bytes() const { return slab_bytes_ * max_slabs_; }
   uint64_t allocated_bytes() const;
