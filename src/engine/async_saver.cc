@@ -269,7 +269,7 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Stat
   plan.copier = options_.copier;
   plan.threads =
       options_.snapshot_threads > 0 ? options_.snapshot_threads : engine::DefaultSnapshotThreads();
-  engine::RunSnapshot(plan, job.get()).IgnoreError();  // errors went to the job
+  engine::RunSnapshot(plan, job.get());  // errors go to the job
   job->Close();
   std::lock_guard<std::mutex> lock(job->mu);
   job->stats.snapshot_seconds = Since(t0);

@@ -50,7 +50,7 @@ class Crew {
   Crew(const SnapshotPlan& plan, SnapshotSink* sink) : plan_(plan), sink_(sink) {
     for (int i = 1; i < plan.threads; ++i) helpers_.emplace_back([this] { HelperLoop(); });
   }
-  ~Crew() { Finish().IgnoreError(); }
+  ~Crew() { Finish(); }
   Crew(const Crew&) = delete;
   Crew& operator=(const Crew&) = delete;
 
@@ -73,8 +73,8 @@ class Crew {
     if (run_one) Run(mine);
   }
 
-  // Runs what is queued, waits for the helpers and returns the first copy error.
-  Status Finish() {
+  // Runs what is queued and waits for the helpers.
+  void Finish() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       closed_ = true;
@@ -83,11 +83,9 @@ class Crew {
     while (auto job = Pop(false)) Run(*job);
     for (std::thread& t : helpers_) t.join();
     helpers_.clear();
-    std::lock_guard<std::mutex> lock(mu_);
-    return first_error_;
   }
 
-  // Drops the walker's reference to `slab`.
+  // Drops one reference to `slab` (the walker's, or a finished copy's).
   void Unref(SlabRec* slab) {
     if (slab->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       sink_->Push({slab->data, slab->win, slab->len});
@@ -108,24 +106,31 @@ class Crew {
     while (auto job = Pop(true)) Run(*job);
   }
 
+  // Copies `n` bytes and extends *crc over them: Crc32cCopy, or the custom copier slice by slice
+  // with the checksum of each staged slice right after it.
+  Status CopySegment(const std::byte* src, std::byte* dst, uint64_t n, uint32_t* crc) {
+    if (plan_.copier == nullptr) {
+      *crc = Crc32cCopy(*crc, src, dst, n);
+      return Status::OK();
+    }
+    for (uint64_t done = 0; done < n;) {
+      const uint64_t len = std::min(n - done, kCacheSlice);
+      SP_RETURN_IF_ERROR(plan_.copier->Copy(src + done, dst + done, len));
+      *crc = Crc32cExtend(*crc, {dst + done, len});
+      done += len;
+    }
+    return Status::OK();
+  }
+
   void Run(const CopyJob& job) {
     uint32_t crc = 0;
     bool ok = !sink_->failed();
-    for (const Segment& s : job.segments) {
-      if (!ok) break;
-      if (plan_.copier == nullptr) {
-        crc = Crc32cCopy(crc, job.task->src + s.from, s.dst, s.n);
-        continue;
-      }
-      for (uint64_t done = 0; ok && done < s.n;) {
-        const uint64_t n = std::min(s.n - done, kCacheSlice);
-        Status st = plan_.copier->Copy(job.task->src + s.from + done, s.dst + done, n);
-        if (!st.ok()) {
-          Fail(std::move(st));
-          ok = false;
-        }
-        crc = Crc32cExtend(crc, {s.dst + done, n});
-        done += n;
+    for (size_t i = 0; ok && i < job.segments.size(); ++i) {
+      const Segment& s = job.segments[i];
+      Status st = CopySegment(job.task->src + s.from, s.dst, s.n, &crc);
+      if (!st.ok()) {
+        sink_->Fail(std::move(st));
+        ok = false;
       }
     }
     if (job.whole) {
@@ -141,14 +146,6 @@ class Crew {
     for (const Segment& s : job.segments) Unref(s.slab);
   }
 
-  void Fail(Status s) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (first_error_.ok()) first_error_ = s;
-    }
-    sink_->Fail(std::move(s));
-  }
-
   const SnapshotPlan& plan_;
   SnapshotSink* const sink_;
   std::vector<std::thread> helpers_;
@@ -156,7 +153,6 @@ class Crew {
   std::condition_variable cv_;
   std::deque<CopyJob> queue_;  // guarded by mu_
   bool closed_ = false;        // guarded by mu_
-  Status first_error_;         // guarded by mu_
 };
 
 // Walks the chunks in file order, laying them out in slabs (see snapshot.h).
@@ -165,15 +161,16 @@ class Walker {
   Walker(const SnapshotPlan& plan, SnapshotSink* sink, Crew* crew)
       : plan_(plan), sink_(sink), crew_(crew), slab_bytes_(plan.pool->slab_bytes()) {}
 
-  Status Run() {
+  // Lays out every task; an error (allocating a slab) goes to the sink.
+  void Run() {
     Status s;
     for (const ChunkTask& t : *plan_.tasks) {
       if (!s.ok() || sink_->failed() || cancelled_) break;
       s = t.stored != nullptr ? StageWhole(t) : StageChunk(t);
     }
-    if (!s.ok()) sink_->Fail(s);  // before sealing: a failed save's slabs are not written
-    if (cur_ != nullptr) Seal(s.ok() && !sink_->failed() ? plan_.data_file_bytes - cur_->win : 0);
-    return s;
+    if (!s.ok())
+      sink_->Fail(std::move(s));  // before sealing: a failed save's slabs are not written
+    if (cur_ != nullptr) Seal(sink_->failed() ? 0 : plan_.data_file_bytes - cur_->win);
   }
 
  private:
@@ -248,12 +245,11 @@ class Walker {
 
 }  // namespace
 
-Status RunSnapshot(const SnapshotPlan& plan, SnapshotSink* sink) {
+void RunSnapshot(const SnapshotPlan& plan, SnapshotSink* sink) {
   Crew crew(plan, sink);
   Walker walker(plan, sink, &crew);
-  Status s = walker.Run();
-  Status copies = crew.Finish();
-  return s.ok() ? copies : s;
+  walker.Run();
+  crew.Finish();
 }
 
 int DefaultSnapshotThreads() {

@@ -64,8 +64,9 @@ struct SnapshotPlan {
 };
 
 // Stages every task of `plan` (writing each task's *crc) and returns once the caller's tensors
-// are no longer read. Errors are returned and also reported to `sink`.
-Status RunSnapshot(const SnapshotPlan& plan, SnapshotSink* sink);
+// are no longer read. Errors (a failed copy, no memory for a slab) go to `sink` (the first one
+// fails the save).
+void RunSnapshot(const SnapshotPlan& plan, SnapshotSink* sink);
 
 // The default number of snapshot threads: the hardware threads, at most 4.
 int DefaultSnapshotThreads();
