@@ -1,17 +1,21 @@
 // dist_bench: distributed save / resharded load throughput, and the coordinator's merge cost.
 //
 //   mpirun -np 4 dist_bench io --dir DIR --bytes N [--tensors K] [--threads T] [--dp D]
-//                              [--chunk-mb C]
+//                              [--chunk-mb C] [--reps N]
 //       Global model of N bytes (K f32 tensors [rows, 4096]), held DP D x TP (world / D): each
 //       rank holds a row block of every tensor, replicas written once. Phases (each between two
 //       barriers, timed on rank 0, the checkpoint dropped from the page cache before each load):
 //         save     SaveDistributed (durable and committed when it returns)
 //         load44   every rank of world W loads rows [r*R/W, (r+1)*R/W) (the model read once)
+//                  into fresh tensors (LoadDistributedAlloc)
 //         load43   only W-1 ranks load, rows split W-1 ways (resharded: crosses shard borders)
-//         load44b  load44 again (the first load also pays for first-touching fresh memory)
-//       Prints bytes, seconds, GB/s per phase and the ratio load43 / load44. A target box whose
-//       edge falls inside a chunk reads that chunk whole (it is verified whole), so two ranks read
-//       it: load43 reads up to 2 chunks per tensor more than load44.
+//         into44, into43  the same into tensors built (allocated, touched) before the clock starts
+//                  (LoadDistributed, as a job resuming into its model)
+//       Loads run N times each (default 3), alternating (the first load of a process also pays for
+//       first-touching fresh memory). Prints bytes, seconds, GB/s per phase and, per kind, the
+//       medians and their ratio 4->3 / 4->4. A target box whose edge falls inside a chunk reads
+//       that chunk whole (it is verified whole), so two ranks read it: load43 reads up to 2
+//       chunks per tensor more than load44.
 //   dist_bench merge --ranks P --tensors K
 //       The coordinator's cost of merging P simulated ranks' plan descriptors (each rank writes a
 //       row block of each of K tensors): descriptor bytes, merge + validation time, checksum merge
@@ -20,7 +24,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -41,7 +47,7 @@ constexpr int64_t kCols = 4096;
 struct Args {
   std::string mode, dir;
   uint64_t bytes = uint64_t{256} << 20;
-  int tensors = 16, threads = 4, dp = 2, ranks = 64;
+  int tensors = 16, threads = 4, dp = 2, ranks = 64, reps = 3;
   uint64_t chunk_bytes = SaveOptions().chunk_bytes;
 };
 
@@ -66,6 +72,7 @@ Args Parse(int argc, char** argv) {
     if (k == "--threads") a.threads = std::stoi(v);
     if (k == "--dp") a.dp = std::stoi(v);
     if (k == "--ranks") a.ranks = std::stoi(v);
+    if (k == "--reps") a.reps = std::max(1, std::stoi(v));
     if (k == "--chunk-mb") a.chunk_bytes = std::stoull(v) << 20;
   }
   return a;
@@ -77,12 +84,18 @@ void Must(const Status& s, const char* what) {
   std::exit(1);
 }
 
+// Drops the checkpoint's pages from the page cache (fadvise; every rank does it, so the whole
+// cache is also dropped through /proc/sys/vm/drop_caches where writable, i.e. as root).
 void DropCache(const std::string& dir) {
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     int fd = ::open(e.path().c_str(), O_RDONLY);
     if (fd < 0) continue;
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     ::close(fd);
+  }
+  if (FILE* f = std::fopen("/proc/sys/vm/drop_caches", "w")) {
+    std::fputs("1\n", f);
+    std::fclose(f);
   }
 }
 
@@ -93,6 +106,11 @@ double Timed(Communicator& c, const std::function<void()>& fn) {
   fn();
   Must(c.Barrier(600s), "barrier");
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 void Report(Communicator& c, const char* phase, uint64_t bytes, double s) {
@@ -108,14 +126,32 @@ ShardLayout RowLayout(const Args& a, int64_t rows, int parts, int index, std::ve
   return l;
 }
 
-double Load(Communicator& c, const Args& a, const std::string& path, int64_t rows, int world) {
+// One timed load of the model as `world` row blocks (ranks from `world` on stay idle). `into`:
+// into tensors allocated and touched before the clock starts (LoadDistributed: a job resuming into
+// the model it has built); otherwise into fresh tensors (LoadDistributedAlloc, which also pays
+// the kernel's first touch of new memory). The loaded tensors are freed after the clock stops.
+double Load(Communicator& c, const Args& a, const std::string& path, int64_t rows, int world,
+            bool into) {
   DropCache(path);
+  ShardLayout layout;
+  if (c.rank() < world) layout = RowLayout(a, rows, world, c.rank(), {});
+  State targets;
+  if (into && c.rank() < world) {
+    for (const auto& [name, spec] : layout) {
+      Must(targets.Put(name, Tensor::Zeros(DType::kF32, spec.sizes).value()), "allocate");
+    }
+  }
+  Result<State> loaded = State{};
   return Timed(c, [&] {
     if (c.rank() >= world) return;
     LoadOptions o;
     o.io_threads = a.threads;
-    Result<State> s = LoadDistributedAlloc(path, RowLayout(a, rows, world, c.rank(), {}), o);
-    Must(s.status(), "load");
+    if (into) {
+      Must(LoadDistributed(path, targets, layout, o), "load");
+    } else {
+      loaded = LoadDistributedAlloc(path, layout, o);
+      Must(loaded.status(), "load");
+    }
   });
 }
 
@@ -142,15 +178,26 @@ int RunIo(const Args& a) {
   o.save.chunk_bytes = a.chunk_bytes;
   double s = Timed(c, [&] { Must(SaveDistributed(c, local, mine, path, o), "save"); });
   Report(c, "save", model, s);
-  double l44 = Load(c, a, path, rows, w);
-  Report(c, "load44", model, l44);
-  double l43 = Load(c, a, path, rows, w - 1);
-  Report(c, "load43", model, l43);
-  // Again: the first load also pays for first-touching fresh memory, which is slow in some VMs.
-  double l44b = Load(c, a, path, rows, w);
-  Report(c, "load44b", model, l44b);
+  // Each kind `reps` times, alternating; the first load of a process also pays for first-touching
+  // fresh memory, which is slow in some VMs. Ratios of medians.
+  std::vector<double> t[2][2];  // [into][resharded]
+  for (int rep = 0; rep < a.reps; ++rep) {
+    for (int into = 0; into < 2; ++into) {
+      for (int re = 0; re < 2; ++re) {
+        t[into][re].push_back(Load(c, a, path, rows, re ? w - 1 : w, into));
+        Report(c,
+               fmt::format("{}{}{}#{}", into ? "into" : "load", w, re ? w - 1 : w, rep + 1).c_str(),
+               model, t[into][re].back());
+      }
+    }
+  }
   if (c.rank() == 0) {
-    fmt::print("ratio load43/load44 = {:.3f} (load44b: {:.3f})\n", l43 / l44, l43 / l44b);
+    for (int into = 0; into < 2; ++into) {
+      double m44 = Median(t[into][0]), m43 = Median(t[into][1]);
+      fmt::print("median {}: {}->{} {:.3f} s, {}->{} {:.3f} s, ratio {:.3f}\n",
+                 into ? "into built tensors" : "into fresh tensors", w, w, m44, w, w - 1, m43,
+                 m43 / m44);
+    }
     std::filesystem::remove_all(path);
   }
   return 0;

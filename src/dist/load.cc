@@ -3,14 +3,18 @@
 //
 // For every target box: every stored shard that intersects it becomes a "piece"; the byte runs of
 // the intersection inside the shard's extent give the chunks to read (a chunk is read and verified
-// whole, as its CRC covers it whole). The chunks of a piece are read in parallel into one buffer
-// spanning its first to last needed chunk, then the intersection is copied into the target.
+// whole, as its CRC covers it whole). A piece that is one contiguous byte run in both the shard and
+// the target (row blocks) is read straight into the target, chunk by chunk in parallel; only the
+// chunks at its two ends, which it needs part of, go through a chunk-sized buffer per reader.
+// Other pieces are read in parallel into one buffer spanning their first to last needed chunk,
+// then the intersection is copied into the target.
 // Stored shards never overlap (the manifest decoder checks), so the pieces' volumes must add up
 // to the box: when they do not, the checkpoint lacks part of the box and the load names it.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -32,11 +36,16 @@ struct Target {
 };
 
 struct Piece {
-  const Target* target;
-  size_t shard;
+  const Target* target = nullptr;
+  size_t shard = 0;
   Shape offsets, sizes;          // intersection, global coordinates
   std::vector<uint64_t> chunks;  // sorted chunk indices to read
-  Tensor buffer;                 // chunks [chunks.front(), chunks.back()] of the shard
+  // When the intersection is one contiguous byte run in the shard and in the target (e.g. row
+  // blocks), its chunks go straight into the target: the shard's bytes [begin, end) are the
+  // target's bytes from `to`. Otherwise `to` is null and the chunks are read into `buffer`.
+  uint64_t begin = 0, end = 0;
+  std::byte* to = nullptr;
+  Tensor buffer;  // chunks [chunks.front(), chunks.back()] of the shard (when `to` is null)
 };
 
 struct Plan {
@@ -82,17 +91,43 @@ std::vector<uint64_t> ChunksFor(const format::ShardRecord& s, const Shape& offse
   return out;
 }
 
+// Sets p->begin, p->end and p->to when the piece is one byte run in both its shard and its target.
+void FindDirectRun(const format::ShardRecord& s, size_t elem, Piece* p) {
+  if (s.compressed()) return;  // compressed chunks decompress whole: read them via a buffer
+  const Target& t = *p->target;
+  Shape in_shard(p->offsets.size()), in_target(p->offsets.size());
+  for (size_t d = 0; d < p->offsets.size(); ++d) {
+    in_shard[d] = p->offsets[d] - s.offsets[d];
+    in_target[d] = p->offsets[d] - t.offsets[d];
+  }
+  // One run of exactly the box's bytes (with more than max_runs runs, BoxByteRuns returns one
+  // run from the first to the last byte, longer than the box).
+  const uint64_t bytes = static_cast<uint64_t>(NumElements(p->sizes).value()) * elem;
+  auto one_run = [&](const std::vector<std::pair<uint64_t, uint64_t>>& runs) {
+    return runs.size() == 1 && runs[0].second - runs[0].first == bytes;
+  };
+  auto src = BoxByteRuns(s.sizes, in_shard, p->sizes, elem, 1);
+  auto dst = BoxByteRuns(t.view.shape(), in_target, p->sizes, elem, 1);
+  if (!one_run(src) || !one_run(dst)) return;
+  p->begin = src[0].first;
+  p->end = src[0].second;
+  p->to = t.view.data() + dst[0].first;
+}
+
 Status AddPieces(const engine::Reader& r, const Target& t, Plan* plan) {
   const format::TensorRecord& rec = r.manifest().tensors[t.tensor];
   int64_t covered = 0;
   for (size_t k = 0; k < rec.shards.size(); ++k) {
-    Piece p{&t, k, {}, {}, {}, {}};
+    Piece p;
+    p.target = &t;
+    p.shard = k;
     const format::ShardRecord& s = rec.shards[k];
     if (!IntersectBoxes(t.offsets, t.view.shape(), s.offsets, s.sizes, &p.offsets, &p.sizes)) {
       continue;
     }
     covered += NumElements(p.sizes).value();
     p.chunks = ChunksFor(s, p.offsets, p.sizes, DTypeSize(rec.dtype), r.manifest().chunk_bytes);
+    if (!p.chunks.empty()) FindDirectRun(s, DTypeSize(rec.dtype), &p);
     plan->pieces.push_back(std::move(p));
   }
   int64_t want = NumElements(t.view.shape()).value();
@@ -160,6 +195,30 @@ Status OpenFiles(engine::Reader& r, const Plan& plan) {
   return Status::OK();
 }
 
+// Reads chunk `c` of direct piece `p`: straight into the target when the chunk lies wholly inside
+// the piece's bytes, else (a chunk the piece needs only part of, at its edges) into the worker's
+// bounce buffer, then its needed bytes into the target.
+Status ReadDirectChunk(engine::Reader& r, const Piece& p, uint64_t c, engine::Reader::Buffers* b,
+                       Tensor* bounce, bool verify) {
+  const format::ShardRecord& s = ShardOf(r, p);
+  const uint64_t cb = r.manifest().chunk_bytes;
+  const uint64_t from = c * cb, to = from + ChunkLen(s, c, cb);
+  if (from >= p.begin && to <= p.end) {
+    // The capacity ends with the piece: a direct read rounded up to the I/O alignment must not
+    // spill into target bytes another reader fills (ReadChunk bounces the read if it would).
+    uint64_t pos = from - p.begin;
+    return r.ReadShardChunk(p.target->tensor, p.shard, c, {p.to + pos, p.end - from}, b, verify);
+  }
+  if (bounce->capacity() < cb) {
+    SP_ASSIGN_OR_RETURN(*bounce, Tensor::Empty(DType::kU8, {static_cast<int64_t>(cb)}));
+  }
+  SP_RETURN_IF_ERROR(r.ReadShardChunk(p.target->tensor, p.shard, c,
+                                      {bounce->data(), bounce->capacity()}, b, verify));
+  const uint64_t lo = std::max(from, p.begin), hi = std::min(to, p.end);
+  std::memcpy(p.to + (lo - p.begin), bounce->data() + (lo - from), hi - lo);
+  return Status::OK();
+}
+
 Status ReadPieces(engine::Reader& r, Plan& plan, const LoadOptions& o) {
   const uint64_t cb = r.manifest().chunk_bytes;
   std::vector<std::pair<Piece*, uint64_t>> tasks;
@@ -167,12 +226,18 @@ Status ReadPieces(engine::Reader& r, Plan& plan, const LoadOptions& o) {
     if (p.chunks.empty()) continue;
     uint64_t first = p.chunks.front(), last = p.chunks.back();
     uint64_t span = (last - first) * cb + ChunkLen(ShardOf(r, p), last, cb);
-    SP_ASSIGN_OR_RETURN(p.buffer, Tensor::Empty(DType::kU8, {static_cast<int64_t>(span)}));
+    if (p.to == nullptr) {
+      SP_ASSIGN_OR_RETURN(p.buffer, Tensor::Empty(DType::kU8, {static_cast<int64_t>(span)}));
+    }
     for (uint64_t c : p.chunks) tasks.emplace_back(&p, c);
   }
   std::vector<engine::Reader::Buffers> buffers(o.io_threads);
+  std::vector<Tensor> bounce(o.io_threads);
   return ParallelFor(tasks.size(), o.io_threads, [&](size_t i, int w) -> Status {
     auto [p, c] = tasks[i];
+    if (p->to != nullptr) {
+      return ReadDirectChunk(r, *p, c, &buffers[w], &bounce[w], o.verify_checksums);
+    }
     uint64_t pos = (c - p->chunks.front()) * cb;
     engine::Destination d{p->buffer.data() + pos, p->buffer.capacity() - pos};
     return r.ReadShardChunk(p->target->tensor, p->shard, c, d, &buffers[w], o.verify_checksums);
@@ -182,6 +247,7 @@ Status ReadPieces(engine::Reader& r, Plan& plan, const LoadOptions& o) {
 Status CopyPieces(const engine::Reader& r, const Plan& plan, int threads) {
   return ParallelFor(plan.pieces.size(), threads, [&](size_t i, int) -> Status {
     const Piece& p = plan.pieces[i];
+    if (p.to != nullptr) return Status::OK();  // read straight into the target
     const format::TensorRecord& rec = r.manifest().tensors[p.target->tensor];
     const format::ShardRecord& s = rec.shards[p.shard];
     Shape src_off(p.offsets.size()), dst_off(p.offsets.size());
