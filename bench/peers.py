@@ -261,6 +261,12 @@ class Results:
             if peer and ours:
                 r = peer / ours
                 print(f"goal {name} = {r:.2f} (goal >= {goal}): {'met' if r >= goal else 'NOT met'}")
+        for peer in ("torch.save", "DCP save"):  # the same trial's ratio: both met the same disk
+            pairs = [p / o for p, o in zip(self.trials("save", peer), self.trials("save", "savepoint"))]
+            print(f"per trial {peer} / savepoint save: " + " ".join(f"{x:.2f}" for x in pairs))
+
+    def trials(self, op, method):
+        return next((row[2] for row in self.rows if row[0] == op and row[1] == method), [])
 
 
 def check_same(sd, loaded, method):
@@ -269,12 +275,13 @@ def check_same(sd, loaded, method):
             raise AssertionError(f"{method}: tensor {k} differs after load")
 
 
-def run_trial(sd, nbytes, root, res, ckpt, trial):
+def run_trial(sd, nbytes, root, res, ckpt, trial, saves_only=False):
     count = max(1, nbytes // (8 * MIB))
     p = os.path.join(root, "dd.bin")
     res.add("save", "dd direct", timed(lambda: dd(["if=/dev/zero", f"of={p}", "bs=8M", f"count={count}", "oflag=direct", "conv=fsync"]))[0])
     evict(p)
-    res.add("load", "dd direct", timed(lambda: dd([f"if={p}", "of=/dev/null", "bs=8M", "iflag=direct"]))[0])
+    if not saves_only:
+        res.add("load", "dd direct", timed(lambda: dd([f"if={p}", "of=/dev/null", "bs=8M", "iflag=direct"]))[0])
     remove(p)
 
     template = {k: torch.empty_like(v) for k, v in sd.items()}
@@ -293,7 +300,7 @@ def run_trial(sd, nbytes, root, res, ckpt, trial):
         p = os.path.join(root, name.replace(" ", "_"))
         remove(p)
         res.add("save", name, timed(lambda: save(sd, p))[0])
-        for lname, load in loads:
+        for lname, load in [] if saves_only else loads:
             evict(p)
             secs, loaded = timed(lambda: load(p))
             check_same(sd, loaded, lname)
@@ -301,6 +308,8 @@ def run_trial(sd, nbytes, root, res, ckpt, trial):
             res.add("load", lname, secs)
         remove(p)
 
+    if saves_only:
+        return
     async_savers = [
         ("savepoint async (1st)", savepoint_async_save(ckpt)),
         ("savepoint async (2nd, pool reused)", savepoint_async_save(ckpt)),
@@ -320,6 +329,8 @@ def main():
     ap.add_argument("--gib", type=float, default=2.0, help="state dict size in GiB (default 2)")
     ap.add_argument("--dir", default="build/bench-peers", help="scratch directory on the disk to measure")
     ap.add_argument("--trials", type=int, default=1, help="repetitions; the table shows medians")
+    ap.add_argument("--saves-only", action="store_true",
+                    help="only the synchronous saves (more trials of the save ratios in less time)")
     args = ap.parse_args()
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # DCP, no_dist
     torch.set_num_threads(max(1, os.cpu_count() or 1))
@@ -331,7 +342,7 @@ def main():
     with savepoint.AsyncCheckpointer() as ckpt:
         for t in range(args.trials):
             print(f"trial {t + 1}/{args.trials} ...", flush=True)
-            run_trial(sd, nbytes, args.dir, res, ckpt, t)
+            run_trial(sd, nbytes, args.dir, res, ckpt, t, args.saves_only)
     print(f"cold reads: {COLD_METHOD}")
     res.print(nbytes)
     res.goals()

@@ -1,9 +1,10 @@
 // Child process for crash_test: saves checkpoints in a loop until it is killed.
 //
-// Usage: crash_saver ROOT FIRST_STEP [async]
+// Usage: crash_saver ROOT FIRST_STEP [async|async-zstd]
 // With "async", saves go through a Checkpointer (snapshot, then background persist) with a small
-// staging pool, so kills land in the background phase too.
-// For step = FIRST_STEP, FIRST_STEP+1, ...: saves RandomState(step) to ROOT/step-<step:08>, then
+// staging pool, so kills land in the background phase too; "async-zstd" also compresses every
+// chunk with zstd (chunks that shrink are stored compressed).
+// For step = FIRST_STEP, FIRST_STEP+1, ...: saves CrashState(step) to ROOT/step-<step:08>, then
 // deletes checkpoints more than 3 steps old, and every third step also overwrites ROOT/latest.
 // The parent kills it with SIGKILL at a random moment and checks what is on disk.
 #include <fmt/format.h>
@@ -18,7 +19,7 @@
 int main(int argc, char** argv) {
   using namespace savepoint;
   if (argc != 3 && argc != 4) {
-    std::fprintf(stderr, "usage: crash_saver ROOT FIRST_STEP [async]\n");
+    std::fprintf(stderr, "usage: crash_saver ROOT FIRST_STEP [async|async-zstd]\n");
     return 2;
   }
   std::unique_ptr<Checkpointer> async;
@@ -36,9 +37,12 @@ int main(int argc, char** argv) {
   std::string root = argv[1];
   uint64_t step = std::strtoull(argv[2], nullptr, 10);
   for (;; ++step) {
-    State s = savepoint::testing::RandomState(step, 8, 2 << 20);
+    State s = savepoint::testing::CrashState(step);
     SaveOptions so;
     so.chunk_bytes = 64 << 10;
+    if (argc == 4 && std::string(argv[3]) == "async-zstd") {
+      so.compression.codec = Compression::Codec::kZstd;
+    }
     Status st = save(s, fmt::format("{}/step-{:08}", root, step), so);
     if (st.ok() && step % 3 == 0) {
       so.overwrite = true;

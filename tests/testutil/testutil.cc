@@ -72,6 +72,17 @@ State RandomState(uint64_t seed, int num_tensors, uint64_t approx_bytes) {
   return s;
 }
 
+State CrashState(uint64_t step) {
+  State s = RandomState(step, 8, 2 << 20);
+  Tensor sparse = Tensor::Zeros(DType::kF32, {256 << 10}).value();
+  auto* f = reinterpret_cast<float*>(sparse.data());
+  for (int64_t i = static_cast<int64_t>(step % 97); i < sparse.shape()[0]; i += 97) {
+    f[i] = static_cast<float>(step);
+  }
+  s.Put("opt.sparse", std::move(sparse)).IgnoreError();
+  return s;
+}
+
 ::testing::AssertionResult StatesEqual(const State& a, const State& b) {
   if (a.size() != b.size()) {
     return ::testing::AssertionFailure() << "sizes differ: " << a.size() << " vs " << b.size();

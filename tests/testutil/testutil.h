@@ -37,6 +37,11 @@ void FillPattern(const TensorView& t, uint64_t seed);
 // values of every kind and some metadata, all derived from `seed`.
 State RandomState(uint64_t seed, int num_tensors, uint64_t approx_bytes);
 
+// What crash_saver saves as step `step` (and crash_test expects): RandomState(step, 8, 2 MiB),
+// whose random bytes do not compress, plus a mostly-zero f32 tensor "opt.sparse" (1 MiB), which
+// does.
+State CrashState(uint64_t step);
+
 // Asserts that two states hold the same names, dtypes, shapes, bytes, values and metadata.
 ::testing::AssertionResult StatesEqual(const State& a, const State& b);
 
