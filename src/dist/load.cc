@@ -3,9 +3,10 @@
 //
 // For every target box: every stored shard that intersects it becomes a "piece"; the byte runs of
 // the intersection inside the shard's extent give the chunks to read (a chunk is read and verified
-// whole, as its CRC covers it whole). A piece that is one contiguous byte run in both the shard and
-// the target (row blocks) is read straight into the target, chunk by chunk in parallel; only the
-// chunks at its two ends, which it needs part of, go through a chunk-sized buffer per reader.
+// whole, as its CRC covers it whole). Runs of up to 4 consecutive chunks are read with one batched
+// submission, runs in parallel. A piece that is one contiguous byte run in both the shard and the
+// target (row blocks) is read straight into the target; only the chunks at its two ends, which it
+// needs part of, go through a chunk-sized buffer per reader.
 // Other pieces are read in parallel into one buffer spanning their first to last needed chunk,
 // then the intersection is copied into the target.
 // Stored shards never overlap (the manifest decoder checks), so the pieces' volumes must add up
@@ -195,20 +196,42 @@ Status OpenFiles(engine::Reader& r, const Plan& plan) {
   return Status::OK();
 }
 
-// Reads chunk `c` of direct piece `p`: straight into the target when the chunk lies wholly inside
-// the piece's bytes, else (a chunk the piece needs only part of, at its edges) into the worker's
-// bounce buffer, then its needed bytes into the target.
-Status ReadDirectChunk(engine::Reader& r, const Piece& p, uint64_t c, engine::Reader::Buffers* b,
-                       Tensor* bounce, bool verify) {
-  const format::ShardRecord& s = ShardOf(r, p);
+// Consecutive chunks [first, first + count) of one piece, read with one batched submission.
+struct Read {
+  Piece* piece;
+  uint64_t first, count;
+};
+
+// Whether chunk `c` of direct piece `p` lies wholly inside the piece's bytes (else the piece
+// needs only part of it: a chunk at one of its ends).
+bool Inside(const engine::Reader& r, const Piece& p, uint64_t c) {
   const uint64_t cb = r.manifest().chunk_bytes;
-  const uint64_t from = c * cb, to = from + ChunkLen(s, c, cb);
-  if (from >= p.begin && to <= p.end) {
-    // The capacity ends with the piece: a direct read rounded up to the I/O alignment must not
-    // spill into target bytes another reader fills (ReadChunk bounces the read if it would).
-    uint64_t pos = from - p.begin;
-    return r.ReadShardChunk(p.target->tensor, p.shard, c, {p.to + pos, p.end - from}, b, verify);
+  return c * cb >= p.begin && c * cb + ChunkLen(ShardOf(r, p), c, cb) <= p.end;
+}
+
+// The piece's chunks as runs of up to kReadBatch consecutive chunks that are read the same way
+// (into the assembly buffer, straight into the target, or one partial chunk through a bounce).
+void AddReads(const engine::Reader& r, Piece& p, std::vector<Read>* reads) {
+  constexpr uint64_t kReadBatch = 4;
+  for (size_t i = 0; i < p.chunks.size();) {
+    bool straight = p.to == nullptr || Inside(r, p, p.chunks[i]);
+    size_t end = i + 1;
+    while (straight && end < p.chunks.size() && end - i < kReadBatch &&
+           p.chunks[end] == p.chunks[end - 1] + 1 &&
+           (p.to == nullptr || Inside(r, p, p.chunks[end]))) {
+      ++end;
+    }
+    reads->push_back({&p, p.chunks[i], end - i});
+    i = end;
   }
+}
+
+// Reads chunk `c` of direct piece `p`, which the piece needs only part of, into the worker's
+// bounce buffer, then its needed bytes into the target.
+Status ReadPartialChunk(engine::Reader& r, const Piece& p, uint64_t c, engine::Reader::Buffers* b,
+                        Tensor* bounce, bool verify) {
+  const uint64_t cb = r.manifest().chunk_bytes;
+  const uint64_t from = c * cb, to = from + ChunkLen(ShardOf(r, p), c, cb);
   if (bounce->capacity() < cb) {
     SP_ASSIGN_OR_RETURN(*bounce, Tensor::Empty(DType::kU8, {static_cast<int64_t>(cb)}));
   }
@@ -219,9 +242,28 @@ Status ReadDirectChunk(engine::Reader& r, const Piece& p, uint64_t c, engine::Re
   return Status::OK();
 }
 
+// Runs one Read. Straight into the target, the destination's capacity ends with the piece: a
+// direct read rounded up to the I/O alignment must not spill into target bytes another reader
+// fills (the reader bounces such a read).
+Status RunRead(engine::Reader& r, const Read& rd, engine::Reader::Buffers* b, Tensor* bounce,
+               bool verify) {
+  const Piece& p = *rd.piece;
+  const uint64_t from = rd.first * r.manifest().chunk_bytes;
+  engine::Destination d;
+  if (p.to == nullptr) {
+    uint64_t pos = from - p.chunks.front() * r.manifest().chunk_bytes;
+    d = {p.buffer.data() + pos, p.buffer.capacity() - pos};
+  } else if (Inside(r, p, rd.first)) {
+    d = {p.to + (from - p.begin), p.end - from};
+  } else {
+    return ReadPartialChunk(r, p, rd.first, b, bounce, verify);
+  }
+  return r.ReadShardChunks(p.target->tensor, p.shard, rd.first, rd.count, d, b, verify);
+}
+
 Status ReadPieces(engine::Reader& r, Plan& plan, const LoadOptions& o) {
   const uint64_t cb = r.manifest().chunk_bytes;
-  std::vector<std::pair<Piece*, uint64_t>> tasks;
+  std::vector<Read> reads;
   for (Piece& p : plan.pieces) {
     if (p.chunks.empty()) continue;
     uint64_t first = p.chunks.front(), last = p.chunks.back();
@@ -229,18 +271,12 @@ Status ReadPieces(engine::Reader& r, Plan& plan, const LoadOptions& o) {
     if (p.to == nullptr) {
       SP_ASSIGN_OR_RETURN(p.buffer, Tensor::Empty(DType::kU8, {static_cast<int64_t>(span)}));
     }
-    for (uint64_t c : p.chunks) tasks.emplace_back(&p, c);
+    AddReads(r, p, &reads);
   }
   std::vector<engine::Reader::Buffers> buffers(o.io_threads);
   std::vector<Tensor> bounce(o.io_threads);
-  return ParallelFor(tasks.size(), o.io_threads, [&](size_t i, int w) -> Status {
-    auto [p, c] = tasks[i];
-    if (p->to != nullptr) {
-      return ReadDirectChunk(r, *p, c, &buffers[w], &bounce[w], o.verify_checksums);
-    }
-    uint64_t pos = (c - p->chunks.front()) * cb;
-    engine::Destination d{p->buffer.data() + pos, p->buffer.capacity() - pos};
-    return r.ReadShardChunk(p->target->tensor, p->shard, c, d, &buffers[w], o.verify_checksums);
+  return ParallelFor(reads.size(), o.io_threads, [&](size_t i, int w) -> Status {
+    return RunRead(r, reads[i], &buffers[w], &bounce[w], o.verify_checksums);
   });
 }
 

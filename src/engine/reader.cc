@@ -262,6 +262,23 @@ Status Reader::ReadShardChunk(size_t tensor, size_t shard, uint64_t chunk, Desti
   return ReadChunk(Task{&t, &t.shards[shard], chunk, dst}, b, verify);
 }
 
+Status Reader::ReadShardChunks(size_t tensor, size_t shard, uint64_t first, uint64_t count,
+                               Destination dst, Buffers* b, bool verify) {
+  const format::TensorRecord& t = m_.tensors[tensor];
+  std::vector<Task> run;
+  run.reserve(count);
+  for (uint64_t c = first; c < first + count; ++c) {
+    uint64_t pos = (c - first) * m_.chunk_bytes;
+    run.push_back({&t, &t.shards[shard], c, {dst.data + pos, dst.capacity - pos}});
+  }
+  SP_ASSIGN_OR_RETURN(RandomAccessFile * f, File(t.shards[shard].file));
+  if (std::all_of(run.begin(), run.end(), [&](const Task& k) { return DirectRead(k, f); })) {
+    return ReadDirectBatch(run, f, b, verify);
+  }
+  for (const Task& k : run) SP_RETURN_IF_ERROR(ReadChunk(k, b, verify));
+  return Status::OK();
+}
+
 Status Reader::AddTasks(size_t ti, Destination dst, std::vector<Task>* tasks,
                         std::vector<Scatter>* scatter) {
   const format::TensorRecord& t = m_.tensors[ti];

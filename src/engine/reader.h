@@ -64,6 +64,10 @@ class Reader final : public CheckpointReader {
   // readers of parts of tensors (the distributed load).
   Status ReadShardChunk(size_t tensor, size_t shard, uint64_t chunk, Destination dst, Buffers* b,
                         bool verify);
+  // Reads chunks [first, first + count) of a shard into `dst` (their raw bytes back to back), in
+  // one batched submission when they can go straight into it (as Load does), else one by one.
+  Status ReadShardChunks(size_t tensor, size_t shard, uint64_t first, uint64_t count,
+                         Destination dst, Buffers* b, bool verify);
 
   // --- Mapping (mmap.cc). ---
   // A read-only view of tensor `index` inside its data file's mapping, without verification.
