@@ -123,6 +123,8 @@ struct ReadPlanSummary {
 // Errors: NotFound (no such tensor, or a data file missing: names the file and the rank that
 // wrote it), InvalidArgument (dtype or global shape differs, box outside the tensor), Corruption
 // (a CRC mismatch, or stored shards that do not cover the box: names the tensor and the box).
+// On error the targets' contents are unspecified (row blocks are read straight into them, as
+// LoadInto does); the checkpoint is never changed.
 Status LoadDistributed(const std::string& path, State& targets, const ShardLayout& layout,
                        const LoadOptions& options = {});
 
