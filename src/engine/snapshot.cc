@@ -16,10 +16,6 @@
 namespace savepoint::engine {
 namespace {
 
-// A custom copier's copy-then-checksum granularity: small enough that the checksum reads the
-// staged bytes from cache. (The default copy is Crc32cCopy: checksum, then stream.)
-constexpr uint64_t kCacheSlice = 256 << 10;
-
 // A slab being filled. It goes to the sink when `pending` drops to zero: one reference is held by
 // the walker until it moves past the slab, and one by every copy into it that has not finished.
 struct SlabRec {
@@ -114,7 +110,7 @@ class Crew {
       return Status::OK();
     }
     for (uint64_t done = 0; done < n;) {
-      const uint64_t len = std::min(n - done, kCacheSlice);
+      const uint64_t len = std::min<uint64_t>(n - done, kCrc32cSlice);
       SP_RETURN_IF_ERROR(plan_.copier->Copy(src + done, dst + done, len));
       *crc = Crc32cExtend(*crc, {dst + done, len});
       done += len;

@@ -34,8 +34,6 @@ namespace {
 using format::AlignUp;
 using format::kAlignment;
 
-constexpr uint64_t kCacheSlice = 256 << 10;  // copy+checksum granularity (fits in L2)
-
 Status CopyValues(const State& from, State* to) {
   for (const auto& [name, e] : from.entries()) {
     if (!e.is_tensor()) SP_RETURN_IF_ERROR(to->PutValue(name, e.value()));
@@ -150,8 +148,8 @@ Status WriteChunk(const ChunkTask& t, WritableFile* f, std::byte* staging) {
     return f->WriteAt(t.file_offset, {t.src, t.len});
   }
   uint32_t crc = 0;
-  for (uint64_t pos = 0; pos < t.len; pos += kCacheSlice) {
-    uint64_t n = std::min(kCacheSlice, t.len - pos);
+  for (uint64_t pos = 0; pos < t.len; pos += kCrc32cSlice) {
+    uint64_t n = std::min<uint64_t>(kCrc32cSlice, t.len - pos);
     std::memcpy(staging + pos, t.src + pos, n);
     crc = Crc32cExtend(crc, {staging + pos, n});
   }

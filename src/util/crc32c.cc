@@ -32,8 +32,6 @@ uint32_t Crc32c(std::span<const std::byte> data) { return Crc32cExtend(0, data);
 
 namespace {
 
-constexpr size_t kCopySlice = 256 << 10;  // fits L2 with room to spare
-
 // Copies with streaming stores: 16-byte unaligned loads, aligned non-temporal stores once `dst`
 // is 16-byte aligned; the unaligned head and the tail go through memcpy.
 void StreamCopy(const std::byte* src, std::byte* dst, size_t n) {
@@ -61,7 +59,7 @@ void StreamCopy(const std::byte* src, std::byte* dst, size_t n) {
 
 uint32_t Crc32cCopy(uint32_t crc, const std::byte* src, std::byte* dst, size_t n) {
   for (size_t done = 0; done < n;) {
-    const size_t len = std::min(n - done, kCopySlice);
+    const size_t len = std::min(n - done, kCrc32cSlice);
     crc = Crc32cExtend(crc, {src + done, len});
     StreamCopy(src + done, dst + done, len);
     done += len;

@@ -22,6 +22,11 @@ inline uint32_t Crc32c(std::string_view s) {
 // Continues a CRC: Crc32cExtend(Crc32c(a), b) == Crc32c(a + b).
 uint32_t Crc32cExtend(uint32_t crc, std::span<const std::byte> data);
 
+// Granularity of copy-and-checksum loops (Crc32cCopy and its callers' fallbacks): small enough that
+// a slice just copied or checksummed is still in L2 for the second pass, large enough to amortise
+// per-slice overhead.
+inline constexpr size_t kCrc32cSlice = size_t{256} << 10;
+
 // Copies `n` bytes from `src` to `dst` (not overlapping) and returns Crc32cExtend(crc, the bytes).
 // One pass over memory: each 256 KiB slice is checksummed (which brings it into cache) and then
 // copied from cache with non-temporal stores on x86-64, so the destination is not read for
