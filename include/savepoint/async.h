@@ -69,7 +69,8 @@ struct CheckpointerOptions {
   // threads, at most 4. 1 = the caller's thread alone.
   int snapshot_threads = 0;
   // Snapshot copier (not owned; must outlive the Checkpointer; called from several threads at
-  // once when snapshot_threads != 1). Default: nullptr = memcpy.
+  // once when snapshot_threads != 1). Default: nullptr = the built-in copy, which checksums each
+  // slice of the source and then streams it to the staging slab.
   SnapshotCopier* copier = nullptr;
 };
 

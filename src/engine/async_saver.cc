@@ -4,7 +4,7 @@
 // Layout: the data file is staged as consecutive slabs covering file bytes
 // [4096 + k * S, 4096 + (k + 1) * S). The snapshot (engine/snapshot.h) copies each chunk into the
 // slab(s) covering its file range on up to snapshot_threads threads and computes the chunk's
-// CRC32C on the staged bytes in the same pass. A filled slab goes onto a queue; writer
+// CRC32C in the same pass over memory. A filled slab goes onto a queue; writer
 // threads write it at its file offset and return it to the pool. When the queue is drained the
 // job finishes the files and commits with the same steps as a synchronous save.
 //

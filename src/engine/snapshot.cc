@@ -161,7 +161,7 @@ class Walker {
   void Run() {
     Status s;
     for (const ChunkTask& t : *plan_.tasks) {
-      if (!s.ok() || sink_->failed() || cancelled_) break;
+      if (!s.ok() || sink_->failed()) break;
       s = t.stored != nullptr ? StageWhole(t) : StageChunk(t);
     }
     if (!s.ok())
@@ -175,7 +175,7 @@ class Walker {
     for (uint64_t done = 0; done < t.len;) {
       const uint64_t pos = t.file_offset + done;
       if (cur_ == nullptr || pos >= cur_->win + slab_bytes_) SP_RETURN_IF_ERROR(NextSlab(pos));
-      if (cur_ == nullptr) break;  // cancelled: the save failed
+      if (cur_ == nullptr) break;  // no slab: the save failed while waiting for one
       const uint64_t at = pos - cur_->win;
       std::memset(cur_->data + fill_, 0, at - fill_);
       const uint64_t n = std::min(t.len - done, slab_bytes_ - at);
@@ -190,10 +190,7 @@ class Walker {
 
   Status StageWhole(const ChunkTask& t) {
     SP_ASSIGN_OR_RETURN(std::byte * slab, Acquire());
-    if (slab == nullptr) {
-      cancelled_ = true;
-      return Status::OK();
-    }
+    if (slab == nullptr) return Status::OK();  // the save failed: Run stops at the next task
     crew_->Submit(CopyJob{&t, {Segment{0, slab, t.len, nullptr}}, true});
     return Status::OK();
   }
@@ -203,10 +200,7 @@ class Walker {
     const uint64_t header = format::kDataHeaderBytes;
     const uint64_t win = header + (pos - header) / slab_bytes_ * slab_bytes_;
     SP_ASSIGN_OR_RETURN(std::byte * data, Acquire());
-    if (data == nullptr) {
-      cancelled_ = true;
-      return Status::OK();
-    }
+    if (data == nullptr) return Status::OK();  // the save failed: cur_ stays null
     SlabRec& rec = slabs_.emplace_back();
     rec.data = data;
     rec.win = win;
@@ -236,7 +230,6 @@ class Walker {
   std::deque<SlabRec> slabs_;  // stable addresses; outlives every copy (the crew finishes first)
   SlabRec* cur_ = nullptr;
   uint64_t fill_ = 0;  // bytes of the current slab laid out so far
-  bool cancelled_ = false;
 };
 
 }  // namespace

@@ -59,7 +59,7 @@ struct SnapshotPlan {
   const std::vector<ChunkTask>* tasks = nullptr;
   uint64_t data_file_bytes = 0;  // the raw layout's data file size (end of the last slab)
   StagingPool* pool = nullptr;
-  SnapshotCopier* copier = nullptr;  // nullptr: memcpy
+  SnapshotCopier* copier = nullptr;  // nullptr: Crc32cCopy
   int threads = 1;                   // copiers, the caller's thread included (>= 1)
 };
 
