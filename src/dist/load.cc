@@ -266,9 +266,9 @@ Status ReadPieces(engine::Reader& r, Plan& plan, const LoadOptions& o) {
   std::vector<Read> reads;
   for (Piece& p : plan.pieces) {
     if (p.chunks.empty()) continue;
-    uint64_t first = p.chunks.front(), last = p.chunks.back();
-    uint64_t span = (last - first) * cb + ChunkLen(ShardOf(r, p), last, cb);
-    if (p.to == nullptr) {
+    if (p.to == nullptr) {  // an assembly buffer for chunks front() .. back()
+      uint64_t first = p.chunks.front(), last = p.chunks.back();
+      uint64_t span = (last - first) * cb + ChunkLen(ShardOf(r, p), last, cb);
       SP_ASSIGN_OR_RETURN(p.buffer, Tensor::Empty(DType::kU8, {static_cast<int64_t>(span)}));
     }
     AddReads(r, p, &reads);

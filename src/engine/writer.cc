@@ -140,22 +140,17 @@ Status WriteZeroCopyBatch(std::span<const ChunkTask> run, WritableFile* f) {
   return f->WriteAtMany(ops);
 }
 
-// The CRC is taken on the bytes being written.
+// Writes one chunk, straight from the tensor when it is aligned for the file, else through
+// `staging` (copied and checksummed in one pass by Crc32cCopy).
 Status WriteChunk(const ChunkTask& t, WritableFile* f, std::byte* staging) {
   bool aligned = reinterpret_cast<uintptr_t>(t.src) % kAlignment == 0;
   if (t.len % kAlignment == 0 && (aligned || !f->direct())) {
     *t.crc = Crc32c({t.src, t.len});
     return f->WriteAt(t.file_offset, {t.src, t.len});
   }
-  uint32_t crc = 0;
-  for (uint64_t pos = 0; pos < t.len; pos += kCrc32cSlice) {
-    uint64_t n = std::min<uint64_t>(kCrc32cSlice, t.len - pos);
-    std::memcpy(staging + pos, t.src + pos, n);
-    crc = Crc32cExtend(crc, {staging + pos, n});
-  }
+  *t.crc = Crc32cCopy(0, t.src, staging, t.len);
   uint64_t padded = AlignUp(t.len);
   std::memset(staging + t.len, 0, padded - t.len);
-  *t.crc = crc;
   return f->WriteAt(t.file_offset, {staging, padded});
 }
 
