@@ -137,17 +137,19 @@ void FailingRank(Communicator& c, const std::string& dir) {
   Check(!DefaultFileSystem()->Exists(dir + "/fail"), "failed save was committed", r);
 }
 
-// The last rank arrives 2 s late; the others time out after 300 ms: every rank fails (the late
+// The last rank arrives 4 s late; the others time out after 1 s: every rank fails (the late
 // one finds the group broken), rank 0's error names the late rank, nothing is committed. Leaves
-// the group broken, so it runs last.
+// the group broken, so it runs last. The ranks line up first, so that on a loaded machine
+// (ctest -j, oversubscribed ranks) only the late rank can miss the deadline.
 void LateRank(Communicator& c, const std::string& dir) {
   const int n = c.size(), r = c.rank();
   if (n == 1) return;
   State s;
   s.Put("p", Tensor::Zeros(DType::kU8, {100}).value()).IgnoreError();
   DistributedSaveOptions o;
-  o.timeout = 300ms;
-  if (r == n - 1) std::this_thread::sleep_for(2s);
+  o.timeout = 1s;
+  c.Barrier(60s).IgnoreError();
+  if (r == n - 1) std::this_thread::sleep_for(4s);
   Status st = SaveDistributed(c, s, {}, dir + "/late", o);
   Check(!st.ok(), "late rank: save succeeded", r);
   if (r == 0) {
