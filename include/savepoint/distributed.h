@@ -92,7 +92,8 @@ struct DistributedSaveOptions {
   // this rank's bytes and chunks written. Must be equal on every rank.
   SaveOptions save;
   // Timeout of every collective of the save (the coordinator's commit is included in the wait of
-  // the last one). Default: 10 minutes.
+  // the last one). Ranks other than the coordinator wait up to twice this for the coordinator's
+  // answers, so that a missing rank is reported by the coordinator, naming it. Default: 10 minutes.
   Timeout timeout = std::chrono::minutes(10);
 };
 

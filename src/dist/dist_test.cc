@@ -411,6 +411,30 @@ TEST(DistributedTest, DeadRankTimesOutWithoutCommitOrHang) {
   EXPECT_TRUE(mem.ListDir("/")->empty());
 }
 
+// The coordinator arrives 300 ms after rank 1 and rank 2 never comes: rank 1, already waiting for
+// the coordinator's verdict, must not time out first (which would name the coordinator); every
+// rank's error names rank 2. (CI saw this race with 8 oversubscribed MPI ranks.)
+TEST(DistributedTest, SlowCoordinatorStillNamesTheMissingRank) {
+  MemFileSystem mem;
+  Job job = RandomJob(5);
+  std::vector<ShardLayout> layouts(3);
+  std::vector<State> locals;
+  for (const auto& l : layouts) locals.push_back(job.Local(l));
+  auto st = OnRanks(3, [&](Communicator& c) -> Status {
+    if (c.rank() == 2) return Status::OK();  // dies before the save
+    if (c.rank() == 0) std::this_thread::sleep_for(300ms);
+    DistributedSaveOptions o;
+    o.save = SaveOptions{.fs = &mem, .direct_io = false};
+    o.timeout = 500ms;
+    return SaveDistributed(c, locals[c.rank()], layouts[c.rank()], "/ckpt", o);
+  });
+  for (int r : {0, 1}) {
+    EXPECT_EQ(st[r].code(), StatusCode::kDeadlineExceeded) << st[r].ToString();
+    EXPECT_NE(st[r].message().find("ranks [2]"), std::string::npos) << st[r].ToString();
+  }
+  EXPECT_TRUE(mem.ListDir("/")->empty());
+}
+
 TEST(DistributedTest, LoadErrorsNameWhatIsMissing) {
   MemFileSystem mem;
   Job job;

@@ -121,6 +121,16 @@ Status Commit(const std::vector<std::string>& reports, const Verdict& v, const S
   return engine::CommitSave(c->target, o.overwrite);
 }
 
+// How long a rank waits for the coordinator's answer (steps 3 and 7). The coordinator gets the
+// full timeout; every other rank twice that (saturating), so that the coordinator, which alone
+// sees which ranks are missing from its gather, gives the verdict naming them, instead of a rank
+// that got to the broadcast ahead of a coordinator slowed down by a loaded machine timing out
+// first and naming the coordinator.
+Timeout AnswerWait(const DistributedSaveOptions& o, bool root) {
+  if (root || o.timeout > Timeout::max() / 2) return o.timeout;
+  return 2 * o.timeout;
+}
+
 // A collective that failed: the coordinator drops the temporary directory.
 Status Fail(const Status& s, Coordinator* c) {
   if (c != nullptr && c->began) engine::AbandonSave(c->target);
@@ -145,7 +155,7 @@ Status Run(Communicator& comm, const State& local, const ShardLayout& layout,
                       comm.Gather(EncodePlan(planned, p->m), kRoot, o.timeout));
   std::unique_ptr<Coordinator> c = root ? std::make_unique<Coordinator>(size) : nullptr;
   std::string msg = root ? EncodeVerdict(Decide(plans, path, o.save, c.get())) : "";
-  Status s = comm.Broadcast(&msg, kRoot, o.timeout);
+  Status s = comm.Broadcast(&msg, kRoot, AnswerWait(o, root));
   if (!s.ok()) return Fail(s, c.get());
   SP_ASSIGN_OR_RETURN(Verdict v, DecodeVerdict(msg, size));
   if (!v.status.ok()) return Fail(v.status, c.get());
@@ -160,7 +170,7 @@ Status Run(Communicator& comm, const State& local, const ShardLayout& layout,
     if (!committed.ok()) Fail(committed, c.get()).IgnoreError();
     EncodeStatus(committed, &msg);
   }
-  s = comm.Broadcast(&msg, kRoot, o.timeout);
+  s = comm.Broadcast(&msg, kRoot, AnswerWait(o, root));
   if (!s.ok()) return s;
   return DecodeStatus(msg, "save result");
 }

@@ -1,9 +1,13 @@
 // Communicators inside one process: a group of one, and a group of threads for tests.
 //
 // The thread group keeps one "round" per collective sequence number: each rank deposits its
-// contribution into round k (its k-th collective), waits until every rank has deposited, reads the
-// result and leaves; the last to leave frees the round. A timeout or Abort marks the whole group
-// broken (c10d semantics: after a timeout the group is unusable), which wakes every waiter.
+// contribution into round k (its k-th collective), waits until the ranks it needs have deposited,
+// reads the result and leaves; the last to leave frees the round. Who waits for whom follows
+// MPI's point-to-point collectives (src/dist/mpi), so tests see the same timing as mpirun jobs:
+// Barrier and AllGather wait for every rank; Gather's root waits for every rank while the others
+// return once they deposited (an eager send); Broadcast's root returns at once while the others
+// wait for the root. A timeout or Abort marks the whole group broken (c10d semantics: after a
+// timeout the group is unusable), which wakes every waiter.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -119,20 +123,30 @@ class ThreadCommunicator final : public Communicator {
       return g_->broken;
     }
     r.in[rank_] = std::string(bytes);
-    if (++r.arrived == g_->size) g_->cv.notify_all();
+    ++r.arrived;
+    g_->cv.notify_all();
     bool done = g_->cv.wait_for(
-        lock, timeout, [&] { return !g_->broken.ok() || g_->rounds[seq].arrived == g_->size; });
+        lock, timeout, [&] { return !g_->broken.ok() || Missing(g_->rounds[seq]).empty(); });
     Group::Round& round = g_->rounds[seq];
-    if (round.arrived == g_->size) return Leave(seq, round);
+    if (Missing(round).empty()) return Leave(seq, round);
     if (!done) Break(DeadlineExceededError(TimeoutMessage(what, round, timeout)));
     return g_->broken.WithContext(what);
   }
 
-  std::string TimeoutMessage(const std::string& what, const Group::Round& r, Timeout t) const {
+  // The ranks this rank still waits for in round `r` (see the file comment).
+  std::vector<int> Missing(const Group::Round& r) const {
     std::vector<int> missing;
+    const bool root = rank_ == r.root;
+    if ((r.op == "Gather" && !root) || (r.op == "Broadcast" && root)) return missing;
     for (int i = 0; i < g_->size; ++i) {
-      if (!r.in[i]) missing.push_back(i);
+      bool needed = r.op != "Broadcast" || i == r.root;
+      if (needed && !r.in[i]) missing.push_back(i);
     }
+    return missing;
+  }
+
+  std::string TimeoutMessage(const std::string& what, const Group::Round& r, Timeout t) const {
+    std::vector<int> missing = Missing(r);
     return fmt::format("{}: timed out after {} ms waiting for ranks [{}]", what, t.count(),
                        fmt::join(missing, ", "));
   }
@@ -141,7 +155,7 @@ class ThreadCommunicator final : public Communicator {
   std::vector<std::string> Leave(uint64_t seq, Group::Round& r) {
     std::vector<std::string> out;
     out.reserve(r.in.size());
-    for (const auto& s : r.in) out.push_back(*s);
+    for (const auto& s : r.in) out.push_back(s.value_or(""));
     if (++r.left == g_->size) g_->rounds.erase(seq);
     return out;
   }

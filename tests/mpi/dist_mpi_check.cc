@@ -139,8 +139,9 @@ void FailingRank(Communicator& c, const std::string& dir) {
 
 // The last rank arrives 4 s late; the others time out after 1 s: every rank fails (the late
 // one finds the group broken), rank 0's error names the late rank, nothing is committed. Leaves
-// the group broken, so it runs last. The ranks line up first, so that on a loaded machine
-// (ctest -j, oversubscribed ranks) only the late rank can miss the deadline.
+// the group broken, so it runs last. The ranks line up first; the coordinator then starts 250 ms
+// after the others (as a descheduled coordinator would on a loaded machine), while they already
+// wait for its verdict: they must wait for it rather than time out first and name rank 0.
 void LateRank(Communicator& c, const std::string& dir) {
   const int n = c.size(), r = c.rank();
   if (n == 1) return;
@@ -149,6 +150,7 @@ void LateRank(Communicator& c, const std::string& dir) {
   DistributedSaveOptions o;
   o.timeout = 1s;
   c.Barrier(60s).IgnoreError();
+  if (r == 0) std::this_thread::sleep_for(250ms);
   if (r == n - 1) std::this_thread::sleep_for(4s);
   Status st = SaveDistributed(c, s, {}, dir + "/late", o);
   Check(!st.ok(), "late rank: save succeeded", r);
