@@ -53,6 +53,37 @@ TEST(ThreadCommTest, TimeoutNamesMissingRanksAndBreaksGroup) {
   EXPECT_EQ(st[3].code(), StatusCode::kDeadlineExceeded) << st[3].ToString();
 }
 
+// Who waits for whom, as with MPI's point-to-point collectives: a gather's non-roots and a
+// broadcast's root do not wait; a broadcast's non-roots wait only for the root.
+TEST(ThreadCommTest, GatherSendersAndBroadcastRootDoNotWait) {
+  auto st = OnRanks(3, [](Communicator& c) -> Status {
+    if (c.rank() == 2) return Status::OK();  // never joins
+    SP_ASSIGN_OR_RETURN(auto g, c.Gather("x", 0, c.rank() == 0 ? 200ms : 5s));
+    if (c.rank() == 0) return InternalError("root's gather returned without rank 2");
+    std::string b = "b";
+    SP_RETURN_IF_ERROR(c.Broadcast(&b, 1, 5s));  // rank 1, root: does not wait
+    return c.rank() == 1 ? Status::OK() : InternalError("unexpected");
+  });
+  EXPECT_EQ(st[0].code(), StatusCode::kDeadlineExceeded) << st[0].ToString();
+  EXPECT_NE(st[0].message().find("ranks [2]"), std::string::npos) << st[0].ToString();
+  SP_EXPECT_OK(st[1]);
+  auto bc = OnRanks(3, [](Communicator& c) -> Status {
+    if (c.rank() == 2) return Status::OK();  // never joins
+    if (c.rank() == 0) std::this_thread::sleep_for(50ms);
+    std::string b = c.rank() == 0 ? "hello" : "";
+    SP_RETURN_IF_ERROR(c.Broadcast(&b, 0, 5s));
+    return b == "hello" ? Status::OK() : InternalError("got " + b);
+  });
+  SP_EXPECT_OK(bc[0]);
+  SP_EXPECT_OK(bc[1]);
+  auto late = OnRanks(2, [](Communicator& c) -> Status {
+    if (c.rank() == 0) return Status::OK();  // the root never comes
+    std::string b;
+    return c.Broadcast(&b, 0, 100ms);
+  });
+  EXPECT_NE(late[1].message().find("ranks [0]"), std::string::npos) << late[1].ToString();
+}
+
 TEST(ThreadCommTest, AbortReachesEveryRank) {
   auto st = OnRanks(3, [](Communicator& c) -> Status {
     if (c.rank() == 1) {
