@@ -5,28 +5,33 @@
 //       Global model of N bytes (K f32 tensors [rows, 4096]), held DP D x TP (world / D): each
 //       rank holds a row block of every tensor, replicas written once. Phases (each between two
 //       barriers, timed on rank 0, the checkpoint dropped from the page cache before each load):
-//         save     SaveDistributed (durable and committed when it returns)
+//         save     SaveDistributed (durable and committed when it returns), N times
+//         ddw1, ddr1  the physical reference: rank 0 alone writes (dd oflag=direct conv=fsync)
+//                  and reads back (iflag=direct, cache dropped) the model's bytes, 8 MiB blocks
+//         ddwW, ddrW  the same bytes split W ways, one dd per rank at once
 //         load44   every rank of world W loads rows [r*R/W, (r+1)*R/W) (the model read once)
 //                  into fresh tensors (LoadDistributedAlloc)
 //         load43   only W-1 ranks load, rows split W-1 ways (resharded: crosses shard borders)
 //         into44, into43  the same into tensors built (allocated, touched) before the clock starts
 //                  (LoadDistributed, as a job resuming into its model)
-//       Loads run N times each (default 3), alternating (the first load of a process also pays for
-//       first-touching fresh memory). Prints bytes, seconds, GB/s per phase and, per kind, the
-//       medians and their ratio 4->3 / 4->4. A target box whose edge falls inside a chunk reads
-//       that chunk whole (it is verified whole), so two ranks read it: load43 reads up to 2
-//       chunks per tensor more than load44.
+//       Every phase runs N times (default 3), alternating (the first load of a process also pays
+//       for first-touching fresh memory). Prints bytes, seconds, GB/s per phase, then the medians:
+//       save against dd writes, 4->4 load against dd reads, and the ratio 4->3 / 4->4. A target box
+//       whose edge falls inside a chunk reads that chunk whole (it is verified whole), so two ranks
+//       read it: load43 reads up to 2 chunks per tensor more than load44.
 //   dist_bench merge --ranks P --tensors K
 //       The coordinator's cost of merging P simulated ranks' plan descriptors (each rank writes a
 //       row block of each of K tensors): descriptor bytes, merge + validation time, checksum merge
 //       time and encoded manifest size.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -108,6 +113,22 @@ double Timed(Communicator& c, const std::function<void()>& fn) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// Runs dd on this rank (when `active`) between two barriers: writes `bytes` (rounded up to 8 MiB
+// blocks) of zeros to `file` with O_DIRECT and a final fsync, or reads them back with O_DIRECT
+// after dropping the cache. Returns rank 0's wall seconds.
+double Dd(Communicator& c, const std::string& file, uint64_t bytes, bool write, bool active) {
+  const uint64_t blocks = (bytes + (uint64_t{8} << 20) - 1) >> 23;
+  std::string cmd =
+      write ? fmt::format("dd if=/dev/zero of='{}' bs=8M count={} oflag=direct conv=fsync", file,
+                          blocks)
+            : fmt::format("dd if='{}' of=/dev/null bs=8M count={} iflag=direct", file, blocks);
+  cmd += " status=none";
+  if (!write && active) DropCache(std::filesystem::path(file).parent_path());
+  return Timed(c, [&] {
+    if (active && std::system(cmd.c_str()) != 0) Must(IOError("dd failed: " + cmd), "dd");
+  });
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
@@ -156,6 +177,11 @@ double Load(Communicator& c, const Args& a, const std::string& path, int64_t row
 }
 
 int RunIo(const Args& a) {
+  // Every tensor of 1 MiB or more gets fresh pages from the kernel and returns them when freed, so
+  // every "fresh tensors" load pays the first touch, as a job resuming in a new process does.
+  // (By default glibc raises its mmap threshold after the first frees, up to 32 MiB, so repeated
+  // 4->4 loads reused the 32 MiB blocks of the previous one while 4->3's 43 MiB ones were new.)
+  mallopt(M_MMAP_THRESHOLD, 1 << 20);
   auto comm = NewMpiCommunicator();
   Must(comm.status(), "MPI");
   Communicator& c = **comm;
@@ -176,11 +202,26 @@ int RunIo(const Args& a) {
   DistributedSaveOptions o;
   o.save.io_threads = a.threads;
   o.save.chunk_bytes = a.chunk_bytes;
-  double s = Timed(c, [&] { Must(SaveDistributed(c, local, mine, path, o), "save"); });
-  Report(c, "save", model, s);
   // Each kind `reps` times, alternating; the first load of a process also pays for first-touching
   // fresh memory, which is slow in some VMs. Ratios of medians.
-  std::vector<double> t[2][2];  // [into][resharded]
+  std::vector<double> t[2][2];         // [into][resharded]
+  std::vector<double> save, dd[2][2];  // dd[write][parallel]
+  const std::string dd_file[2] = {a.dir + "/dist_bench_dd",
+                                  fmt::format("{}/dist_bench_dd-{}", a.dir, c.rank())};
+  for (int rep = 0; rep < a.reps; ++rep) {
+    if (c.rank() == 0) std::filesystem::remove_all(path);  // before the clock (Timed's barrier)
+    save.push_back(Timed(c, [&] { Must(SaveDistributed(c, local, mine, path, o), "save"); }));
+    Report(c, fmt::format("save#{}", rep + 1).c_str(), model, save.back());
+    for (int write : {1, 0}) {
+      for (int par = 0; par < 2; ++par) {
+        uint64_t n = par ? (model + w - 1) / w : model;
+        dd[write][par].push_back(Dd(c, dd_file[par], n, write, par || c.rank() == 0));
+        Report(c, fmt::format("dd{}{}#{}", write ? 'w' : 'r', par ? w : 1, rep + 1).c_str(), model,
+               dd[write][par].back());
+      }
+    }
+  }
+  for (const auto& f : dd_file) std::filesystem::remove(f);
   for (int rep = 0; rep < a.reps; ++rep) {
     for (int into = 0; into < 2; ++into) {
       for (int re = 0; re < 2; ++re) {
@@ -192,6 +233,18 @@ int RunIo(const Args& a) {
     }
   }
   if (c.rank() == 0) {
+    double sv = Median(save);
+    fmt::print(
+        "median save {:.3f} s ({:.2f} GB/s): dd write 1 stream {:.3f} s = {:.2f}x, "
+        "{} streams {:.3f} s = {:.2f}x (dd time / save time)\n",
+        sv, model / sv / 1e9, Median(dd[1][0]), Median(dd[1][0]) / sv, w, Median(dd[1][1]),
+        Median(dd[1][1]) / sv);
+    double l44 = Median(t[1][0]);
+    fmt::print(
+        "median load {}->{} into built {:.3f} s: dd read 1 stream {:.3f} s = {:.2f}x, "
+        "{} streams {:.3f} s = {:.2f}x\n",
+        w, w, l44, Median(dd[0][0]), Median(dd[0][0]) / l44, w, Median(dd[0][1]),
+        Median(dd[0][1]) / l44);
     for (int into = 0; into < 2; ++into) {
       double m44 = Median(t[into][0]), m43 = Median(t[into][1]);
       fmt::print("median {}: {}->{} {:.3f} s, {}->{} {:.3f} s, ratio {:.3f}\n",
