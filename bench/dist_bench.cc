@@ -15,8 +15,9 @@
 //         into44, into43  the same into tensors built (allocated, touched) before the clock starts
 //                  (LoadDistributed, as a job resuming into its model)
 //       Every phase runs N times (default 3), alternating (the first load of a process also pays
-//       for first-touching fresh memory). Prints bytes, seconds, GB/s per phase, then the medians:
-//       save against dd writes, 4->4 load against dd reads, and the ratio 4->3 / 4->4. A target box
+//       for first-touching fresh memory). Prints bytes, seconds, GB/s per phase (for loads also
+//       each rank's own seconds in the load call, to show imbalance), then the medians: save
+//       against dd writes, 4->4 load against dd reads, and the ratio 4->3 / 4->4. A target box
 //       whose edge falls inside a chunk reads that chunk whole (it is verified whole), so two ranks
 //       read it: load43 reads up to 2 chunks per tensor more than load44.
 //   dist_bench merge --ranks P --tensors K
@@ -25,6 +26,7 @@
 //       time and encoded manifest size.
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <malloc.h>
 #include <unistd.h>
 
@@ -104,13 +106,23 @@ void DropCache(const std::string& dir) {
   }
 }
 
-// Times `fn` between two barriers; returns rank 0's wall seconds.
-double Timed(Communicator& c, const std::function<void()>& fn) {
+// Times `fn` between two barriers; returns rank 0's wall seconds. Each rank's own time in `fn`
+// goes to rank 0, which keeps them in `per_rank` (when set) to show imbalance.
+double Timed(Communicator& c, const std::function<void()>& fn,
+             std::vector<double>* per_rank = nullptr) {
   Must(c.Barrier(600s), "barrier");
   auto t0 = Clock::now();
   fn();
+  double mine = std::chrono::duration<double>(Clock::now() - t0).count();
   Must(c.Barrier(600s), "barrier");
-  return std::chrono::duration<double>(Clock::now() - t0).count();
+  double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  auto all = c.Gather(fmt::format("{:.3f}", mine), 0, 600s);
+  Must(all.status(), "gather");
+  if (per_rank != nullptr) {
+    per_rank->clear();
+    for (const auto& v : *all) per_rank->push_back(std::stod(v));
+  }
+  return wall;
 }
 
 // Runs dd on this rank (when `active`) between two barriers: writes `bytes` (rounded up to 8 MiB
@@ -152,7 +164,7 @@ ShardLayout RowLayout(const Args& a, int64_t rows, int parts, int index, std::ve
 // the model it has built); otherwise into fresh tensors (LoadDistributedAlloc, which also pays
 // the kernel's first touch of new memory). The loaded tensors are freed after the clock stops.
 double Load(Communicator& c, const Args& a, const std::string& path, int64_t rows, int world,
-            bool into) {
+            bool into, std::vector<double>* per_rank_out) {
   DropCache(path);
   ShardLayout layout;
   if (c.rank() < world) layout = RowLayout(a, rows, world, c.rank(), {});
@@ -163,17 +175,23 @@ double Load(Communicator& c, const Args& a, const std::string& path, int64_t row
     }
   }
   Result<State> loaded = State{};
-  return Timed(c, [&] {
-    if (c.rank() >= world) return;
-    LoadOptions o;
-    o.io_threads = a.threads;
-    if (into) {
-      Must(LoadDistributed(path, targets, layout, o), "load");
-    } else {
-      loaded = LoadDistributedAlloc(path, layout, o);
-      Must(loaded.status(), "load");
-    }
-  });
+  std::vector<double> per_rank;
+  double wall = Timed(
+      c,
+      [&] {
+        if (c.rank() >= world) return;
+        LoadOptions o;
+        o.io_threads = a.threads;
+        if (into) {
+          Must(LoadDistributed(path, targets, layout, o), "load");
+        } else {
+          loaded = LoadDistributedAlloc(path, layout, o);
+          Must(loaded.status(), "load");
+        }
+      },
+      &per_rank);
+  if (per_rank_out != nullptr) *per_rank_out = std::move(per_rank);
+  return wall;
 }
 
 int RunIo(const Args& a) {
@@ -225,10 +243,13 @@ int RunIo(const Args& a) {
   for (int rep = 0; rep < a.reps; ++rep) {
     for (int into = 0; into < 2; ++into) {
       for (int re = 0; re < 2; ++re) {
-        t[into][re].push_back(Load(c, a, path, rows, re ? w - 1 : w, into));
+        std::vector<double> per_rank;
+        t[into][re].push_back(Load(c, a, path, rows, re ? w - 1 : w, into, &per_rank));
         Report(c,
                fmt::format("{}{}{}#{}", into ? "into" : "load", w, re ? w - 1 : w, rep + 1).c_str(),
                model, t[into][re].back());
+        if (c.rank() == 0)
+          fmt::print("         per-rank seconds: {:.3f}\n", fmt::join(per_rank, " "));
       }
     }
   }
