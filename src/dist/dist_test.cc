@@ -389,20 +389,28 @@ TEST(DistributedTest, FailingRankMeansNoCommitAndEveryRankSeesIt) {
   EXPECT_TRUE(mem.ListDir("/")->empty()) << "debris or a commit was left";
 }
 
-TEST(DistributedTest, DeadRankTimesOutWithoutCommitOrHang) {
-  MemFileSystem mem;
-  Job job = RandomJob(4);
-  std::vector<ShardLayout> layouts(3);
+// Saves a random job on `n` thread ranks (memory file system) with `timeout`: rank `dead` never
+// calls the save and rank `slow` calls it `delay` late. Returns each rank's status.
+std::vector<Status> SaveWithDeadRank(MemFileSystem* mem, int n, int dead, int slow,
+                                     std::chrono::milliseconds delay, Timeout timeout) {
+  Job job = RandomJob(n + 2);
+  std::vector<ShardLayout> layouts(n);
   std::vector<State> locals;
   for (const auto& l : layouts) locals.push_back(job.Local(l));
-  auto start = std::chrono::steady_clock::now();
-  auto st = OnRanks(3, [&](Communicator& c) -> Status {
-    if (c.rank() == 1) return Status::OK();  // dies before the save
+  return OnRanks(n, [&](Communicator& c) -> Status {
+    if (c.rank() == dead) return Status::OK();  // dies before the save
+    if (c.rank() == slow) std::this_thread::sleep_for(delay);
     DistributedSaveOptions o;
-    o.save = SaveOptions{.fs = &mem, .direct_io = false};
-    o.timeout = 300ms;
+    o.save = SaveOptions{.fs = mem, .direct_io = false};
+    o.timeout = timeout;
     return SaveDistributed(c, locals[c.rank()], layouts[c.rank()], "/ckpt", o);
   });
+}
+
+TEST(DistributedTest, DeadRankTimesOutWithoutCommitOrHang) {
+  MemFileSystem mem;
+  auto start = std::chrono::steady_clock::now();
+  auto st = SaveWithDeadRank(&mem, 3, /*dead=*/1, /*slow=*/-1, 0ms, 300ms);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   for (int r : {0, 2}) {
     EXPECT_EQ(st[r].code(), StatusCode::kDeadlineExceeded) << st[r].ToString();
@@ -416,18 +424,7 @@ TEST(DistributedTest, DeadRankTimesOutWithoutCommitOrHang) {
 // rank's error names rank 2. (CI saw this race with 8 oversubscribed MPI ranks.)
 TEST(DistributedTest, SlowCoordinatorStillNamesTheMissingRank) {
   MemFileSystem mem;
-  Job job = RandomJob(5);
-  std::vector<ShardLayout> layouts(3);
-  std::vector<State> locals;
-  for (const auto& l : layouts) locals.push_back(job.Local(l));
-  auto st = OnRanks(3, [&](Communicator& c) -> Status {
-    if (c.rank() == 2) return Status::OK();  // dies before the save
-    if (c.rank() == 0) std::this_thread::sleep_for(300ms);
-    DistributedSaveOptions o;
-    o.save = SaveOptions{.fs = &mem, .direct_io = false};
-    o.timeout = 500ms;
-    return SaveDistributed(c, locals[c.rank()], layouts[c.rank()], "/ckpt", o);
-  });
+  auto st = SaveWithDeadRank(&mem, 3, /*dead=*/2, /*slow=*/0, 300ms, 500ms);
   for (int r : {0, 1}) {
     EXPECT_EQ(st[r].code(), StatusCode::kDeadlineExceeded) << st[r].ToString();
     EXPECT_NE(st[r].message().find("ranks [2]"), std::string::npos) << st[r].ToString();
