@@ -356,35 +356,34 @@ Result<FileInfo> MemFileSystem::Stat(const std::string& path) {
   return InfoOf(parts.empty() ? "/" : parts.back(), *inode);
 }
 
-Status MemFileSystem::RemoveFile(const std::string& path) {
-  const std::string context = fmt::format("remove file {}", path);
+namespace {
+
+// Removes the entry `path` names: a file (`dir` false) or an empty directory (`dir` true), with
+// the errno values POSIX unlink(2) / rmdir(2) give.
+Status RemoveEntry(MemFileSystem::State& state, const std::string& path, bool dir) {
+  const std::string context = fmt::format("remove {} {}", dir ? "directory" : "file", path);
   const std::vector<std::string> parts = Components(path);
-  std::lock_guard<std::mutex> lock(state_->mu);
-  if (parts.empty()) return ErrnoToStatus(EISDIR, context);
+  std::lock_guard<std::mutex> lock(state.mu);
+  if (parts.empty()) return ErrnoToStatus(dir ? EBUSY : EISDIR, context);
   int err = 0;
-  Inode* parent = state_->FindParent(parts, &err);
+  Inode* parent = state.FindParent(parts, &err);
   if (parent == nullptr) return ErrnoToStatus(err, context);
   auto it = parent->entries.find(parts.back());
   if (it == parent->entries.end()) return ErrnoToStatus(ENOENT, context);
-  if (it->second->is_dir) return ErrnoToStatus(EISDIR, context);
+  if (it->second->is_dir != dir) return ErrnoToStatus(dir ? ENOTDIR : EISDIR, context);
+  if (dir && !it->second->entries.empty()) return ErrnoToStatus(ENOTEMPTY, context);
   parent->entries.erase(it);
   return Status::OK();
 }
 
+}  // namespace
+
+Status MemFileSystem::RemoveFile(const std::string& path) {
+  return RemoveEntry(*state_, path, /*dir=*/false);
+}
+
 Status MemFileSystem::RemoveDir(const std::string& path) {
-  const std::string context = fmt::format("remove directory {}", path);
-  const std::vector<std::string> parts = Components(path);
-  std::lock_guard<std::mutex> lock(state_->mu);
-  if (parts.empty()) return ErrnoToStatus(EBUSY, context);
-  int err = 0;
-  Inode* parent = state_->FindParent(parts, &err);
-  if (parent == nullptr) return ErrnoToStatus(err, context);
-  auto it = parent->entries.find(parts.back());
-  if (it == parent->entries.end()) return ErrnoToStatus(ENOENT, context);
-  if (!it->second->is_dir) return ErrnoToStatus(ENOTDIR, context);
-  if (!it->second->entries.empty()) return ErrnoToStatus(ENOTEMPTY, context);
-  parent->entries.erase(it);
-  return Status::OK();
+  return RemoveEntry(*state_, path, /*dir=*/true);
 }
 
 Status MemFileSystem::Rename(const std::string& from, const std::string& to) {
