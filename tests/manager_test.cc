@@ -291,7 +291,11 @@ TEST(Manager, SigtermSavesBreakpointThenDies) {
     for (;;) {
       t.Step();
       if (t.step() == 8) ::raise(SIGTERM);  // arrives mid-step; acted on at the next hook
-      if (!(*m)->OnStepEnd(t.step(), t.epoch()).ok()) ::_exit(4);
+      if (Status s = (*m)->OnStepEnd(t.step(), t.epoch()); !s.ok()) {
+        std::fprintf(stderr, "child: OnStepEnd at step %lld: %s\n",
+                     static_cast<long long>(t.step()), s.ToString().c_str());
+        ::_exit(4);
+      }
       if (t.step() > 20) ::_exit(5);
     }
   }

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <liburing.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -71,28 +72,49 @@ void CloseRing(io_uring* ring) {
 }
 
 // This thread's ring. Created on first use; closed when the thread exits.
+//
+// A ring is also reopened in a child of fork(): the child inherits the parent's ring (the fd and
+// the submission and completion queues, which are shared memory), so submitting on it would race
+// with the parent's submissions, and a single-issuer ring refuses them (EEXIST). The child closes
+// its copies (its own mappings and fd; the parent's ring lives on) and opens its own.
 class ThreadRing {
  public:
-  ThreadRing() : err_(OpenRing(&ring_)) {}
-  ~ThreadRing() {
-    if (err_ == 0) CloseRing(&ring_);
-  }
+  ThreadRing() { Open(); }
+  ~ThreadRing() { Close(); }
   ThreadRing(const ThreadRing&) = delete;
   ThreadRing& operator=(const ThreadRing&) = delete;
 
+  // Reopens the ring when the calling process is not the one that opened it (see above).
+  void ReopenIfForked() {
+    if (pid_ == ::getpid()) return;
+    Close();
+    Open();
+  }
   bool ok() const { return err_ == 0 && !broken_; }
   io_uring* ring() { return &ring_; }
   // Called when the ring refused a submission: it is not used again by this thread.
   void MarkBroken() { broken_ = true; }
 
  private:
+  void Open() {
+    err_ = OpenRing(&ring_);
+    pid_ = ::getpid();
+    broken_ = false;
+  }
+  void Close() {
+    if (err_ == 0) CloseRing(&ring_);
+    err_ = -EBADF;
+  }
+
   io_uring ring_{};
-  const int err_;
+  int err_ = -EBADF;
+  pid_t pid_ = 0;
   bool broken_ = false;
 };
 
 ThreadRing& ThisThreadRing() {
   thread_local ThreadRing ring;
+  ring.ReopenIfForked();
   return ring;
 }
 

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -316,6 +317,37 @@ TEST(UringBatch, ManyThreadsConcurrently) {
     run(false);
     for (const Status& s : results) SP_EXPECT_OK(s);
     EXPECT_TRUE(std::equal(src.p, src.p + kBytes, dst.p));
+  }
+}
+
+// A child of fork() inherits the thread's ring (shared queues; a single-issuer ring refuses the
+// child's submissions with EEXIST, seen as a flaky "File exists" from a forked trainer's save).
+// The child must get a ring of its own: batches in the child and, afterwards, in the parent work.
+TEST(UringBatch, ForkedChildGetsItsOwnRing) {
+  TempDir dir;
+  constexpr size_t kOps = 8, kOpBytes = kDirectIOAlignment;
+  const AlignedBuf src(kOps * kOpBytes, 5);
+  for (IoBackend b : Backends()) {
+    SCOPED_TRACE(IoBackendName(b));
+    auto write_and_check = [&](const std::string& path) -> bool {  // one batch each way
+      auto w = OpenForWrite(path, true, b);
+      if (w == nullptr || !w->WriteAtMany(ShuffledOps(src, kOps, kOpBytes, 3)).ok() ||
+          !w->Sync().ok() || !w->Close().ok()) {
+        return false;
+      }
+      auto r = OpenForRead(path, true, b);
+      AlignedBuf dst(src.size);
+      return r != nullptr && r->ReadAtMany({{ReadOp{0, dst.span(0, src.size)}}}).ok() &&
+             std::equal(src.p, src.p + src.size, dst.p);
+    };
+    ASSERT_TRUE(write_and_check(dir.Sub("parent-before")));  // this thread's ring is open now
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) ::_exit(write_and_check(dir.Sub("child")) ? 0 : 1);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+    EXPECT_TRUE(write_and_check(dir.Sub("parent-after")));
   }
 }
 
