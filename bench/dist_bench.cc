@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <string>
 
 #include "dist/descriptor.h"
@@ -56,6 +57,10 @@ struct Args {
   uint64_t bytes = uint64_t{256} << 20;
   int tensors = 16, threads = 4, dp = 2, ranks = 64, reps = 3;
   uint64_t chunk_bytes = SaveOptions().chunk_bytes;
+  std::string phases = "all";  // comma-separated: dd, load44, load43, into44, into43 (or all)
+  bool Want(const std::string& phase) const {
+    return phases == "all" || ("," + phases + ",").find("," + phase + ",") != std::string::npos;
+  }
 };
 
 uint64_t ParseSize(std::string s) {
@@ -81,6 +86,7 @@ Args Parse(int argc, char** argv) {
     if (k == "--ranks") a.ranks = std::stoi(v);
     if (k == "--reps") a.reps = std::max(1, std::stoi(v));
     if (k == "--chunk-mb") a.chunk_bytes = std::stoull(v) << 20;
+    if (k == "--phases") a.phases = v;
   }
   return a;
 }
@@ -141,7 +147,8 @@ double Dd(Communicator& c, const std::string& file, uint64_t bytes, bool write, 
   });
 }
 
-double Median(std::vector<double> v) {
+double Median(std::vector<double> v) {  // NaN for a phase that did not run (--phases)
+  if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
   std::sort(v.begin(), v.end());
   return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
@@ -231,6 +238,7 @@ int RunIo(const Args& a) {
     save.push_back(Timed(c, [&] { Must(SaveDistributed(c, local, mine, path, o), "save"); }));
     Report(c, fmt::format("save#{}", rep + 1).c_str(), model, save.back());
     for (int write : {1, 0}) {
+      if (!a.Want("dd")) break;
       for (int par = 0; par < 2; ++par) {
         uint64_t n = par ? (model + w - 1) / w : model;
         dd[write][par].push_back(Dd(c, dd_file[par], n, write, par || c.rank() == 0));
@@ -243,6 +251,7 @@ int RunIo(const Args& a) {
   for (int rep = 0; rep < a.reps; ++rep) {
     for (int into = 0; into < 2; ++into) {
       for (int re = 0; re < 2; ++re) {
+        if (!a.Want(fmt::format("{}{}{}", into ? "into" : "load", w, re ? w - 1 : w))) continue;
         std::vector<double> per_rank;
         t[into][re].push_back(Load(c, a, path, rows, re ? w - 1 : w, into, &per_rank));
         Report(c,

@@ -14,6 +14,7 @@
 
 #include "dist/descriptor.h"
 #include "dist/region.h"
+#include "engine/reader.h"
 #include "format/manifest.h"
 #include "io/fault_fs.h"
 #include "io/mem_fs.h"
@@ -243,12 +244,18 @@ TEST(DistributedTest, RowBlocksReadStraightIntoTargetsWithDirectIo) {
   Tensor b = Tensor::Empty(DType::kBF16, {5000}).value();
   testing::FillPattern(b.view(), 12);
   job.global.emplace("b", std::move(b));
+  // Shards of about 146 chunks: a batched read (up to engine::kReadBatchBytes of chunks) holds
+  // more chunks than an io_uring has entries (kUringQueueDepth).
+  Tensor big = Tensor::Empty(DType::kF32, {300, 1000}).value();
+  testing::FillPattern(big.view(), 13);
+  job.global.emplace("big", std::move(big));
   std::vector<ShardLayout> save(2);
   for (int r = 0; r < 2; ++r) {
     for (const auto& [name, t] : job.global) save[r][name] = SplitDim(t.shape(), 0, 2, r).value();
   }
   DistributedSaveOptions o;
   o.save = SaveOptions{.chunk_bytes = 4096, .io_threads = 2, .direct_io = true};
+  ASSERT_GT(engine::ReadBatchChunks(4096), 146u);
   const std::string path = dir.Sub("ckpt");
   SP_ASSERT_OK(SaveJob(job, save, path, o));
   LoadOptions lo;

@@ -3,14 +3,14 @@
 //
 // For every target box: every stored shard that intersects it becomes a "piece"; the byte runs of
 // the intersection inside the shard's extent give the chunks to read (a chunk is read and verified
-// whole, as its CRC covers it whole). Runs of up to 4 consecutive chunks are read with one batched
-// submission, runs in parallel. A piece that is one contiguous byte run in both the shard and the
-// target (row blocks) is read straight into the target; only the chunks at its two ends, which it
-// needs part of, go through a chunk-sized buffer per reader.
-// Other pieces are read in parallel into one buffer spanning their first to last needed chunk,
-// then the intersection is copied into the target.
-// Stored shards never overlap (the manifest decoder checks), so the pieces' volumes must add up
-// to the box: when they do not, the checkpoint lacks part of the box and the load names it.
+// whole, as its CRC covers it whole). Runs of consecutive chunks (up to 32 MiB:
+// engine::ReadBatchChunks) are read with one batched submission, runs in parallel. A piece that is
+// one contiguous byte run in both the shard and the target (row blocks) is read straight into the
+// target; only the chunks at its two ends, which it needs part of, go through a chunk-sized buffer
+// per reader. Other pieces are read in parallel into one buffer spanning their first to last needed
+// chunk, then the intersection is copied into the target. Stored shards never overlap (the manifest
+// decoder checks), so the pieces' volumes must add up to the box: when they do not, the checkpoint
+// lacks part of the box and the load names it.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -209,14 +209,14 @@ bool Inside(const engine::Reader& r, const Piece& p, uint64_t c) {
   return c * cb >= p.begin && c * cb + ChunkLen(ShardOf(r, p), c, cb) <= p.end;
 }
 
-// The piece's chunks as runs of up to kReadBatch consecutive chunks that are read the same way
-// (into the assembly buffer, straight into the target, or one partial chunk through a bounce).
+// The piece's chunks as runs of up to ReadBatchChunks() consecutive chunks that are read the same
+// way (into the assembly buffer, straight into the target, or one partial chunk through a bounce).
 void AddReads(const engine::Reader& r, Piece& p, std::vector<Read>* reads) {
-  constexpr uint64_t kReadBatch = 4;
+  const uint64_t batch = engine::ReadBatchChunks(r.manifest().chunk_bytes);
   for (size_t i = 0; i < p.chunks.size();) {
     bool straight = p.to == nullptr || Inside(r, p, p.chunks[i]);
     size_t end = i + 1;
-    while (straight && end < p.chunks.size() && end - i < kReadBatch &&
+    while (straight && end < p.chunks.size() && end - i < batch &&
            p.chunks[end] == p.chunks[end - 1] + 1 &&
            (p.to == nullptr || Inside(r, p, p.chunks[end]))) {
       ++end;

@@ -236,16 +236,16 @@ Status Reader::ReadDirectBatch(std::span<const Task> run, RandomAccessFile* f, B
   return Status::OK();
 }
 
-// Groups tasks into runs: up to kReadBatch consecutive direct-read chunks of one data file, or one
-// other chunk. Opens (and checks) the data files it needs.
+// Groups tasks into runs: up to ReadBatchChunks() consecutive direct-read chunks of one data file,
+// or one other chunk. Opens (and checks) the data files it needs.
 Result<std::vector<std::pair<size_t, size_t>>> Reader::ReadRuns(const std::vector<Task>& tasks) {
-  constexpr size_t kReadBatch = 4;
+  const size_t batch = ReadBatchChunks(m_.chunk_bytes);
   std::vector<std::pair<size_t, size_t>> runs;
   for (size_t i = 0; i < tasks.size();) {
     SP_ASSIGN_OR_RETURN(RandomAccessFile * f, File(tasks[i].shard->file));
     size_t end = i + 1;
     if (DirectRead(tasks[i], f)) {
-      while (end < tasks.size() && end - i < kReadBatch &&
+      while (end < tasks.size() && end - i < batch &&
              tasks[end].shard->file == tasks[i].shard->file && DirectRead(tasks[end], f)) {
         ++end;
       }

@@ -8,6 +8,7 @@
 #ifndef SAVEPOINT_ENGINE_READER_H_
 #define SAVEPOINT_ENGINE_READER_H_
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,6 +26,13 @@ struct Destination {
   std::byte* data = nullptr;
   uint64_t capacity = 0;
 };
+
+// Consecutive chunks read with one batched submission: as many as fit in kReadBatchBytes (at least
+// one), so that the bytes in flight per reader thread do not shrink with smaller chunks.
+inline constexpr uint64_t kReadBatchBytes = uint64_t{32} << 20;
+inline uint64_t ReadBatchChunks(uint64_t chunk_bytes) {
+  return std::max<uint64_t>(1, kReadBatchBytes / std::max<uint64_t>(1, chunk_bytes));
+}
 
 class Reader final : public CheckpointReader {
  public:
