@@ -339,6 +339,14 @@ int RunMerge(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a = Parse(argc, argv);
+  for (size_t b = 0, e; a.phases != "all" && b <= a.phases.size(); b = e + 1) {
+    e = std::min(a.phases.find(',', b), a.phases.size());
+    std::string p = a.phases.substr(b, e - b);
+    if (p != "dd" && p.rfind("load", 0) != 0 && p.rfind("into", 0) != 0) {
+      fmt::print(stderr, "dist_bench: --phases: unknown phase {:?}\n", p);
+      return 2;
+    }
+  }
   if (a.mode == "io" && !a.dir.empty()) return RunIo(a);
   if (a.mode == "merge") return RunMerge(a);
   fmt::print(stderr,
