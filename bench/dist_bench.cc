@@ -1,7 +1,7 @@
 // dist_bench: distributed save / resharded load throughput, and the coordinator's merge cost.
 //
 //   mpirun -np 4 dist_bench io --dir DIR --bytes N [--tensors K] [--threads T] [--dp D]
-//                              [--chunk-mb C] [--reps N]
+//                              [--chunk-mb C] [--reps N] [--phases P,...] [--pause-ms P]
 //       Global model of N bytes (K f32 tensors [rows, 4096]), held DP D x TP (world / D): each
 //       rank holds a row block of every tensor, replicas written once. Phases (each between two
 //       barriers, timed on rank 0, the checkpoint dropped from the page cache before each load):
@@ -14,9 +14,11 @@
 //         load43   only W-1 ranks load, rows split W-1 ways (resharded: crosses shard borders)
 //         into44, into43  the same into tensors built (allocated, touched) before the clock starts
 //                  (LoadDistributed, as a job resuming into its model)
-//       Every phase runs N times (default 3), alternating (the first load of a process also pays
-//       for first-touching fresh memory). Prints bytes, seconds, GB/s per phase (for loads also
-//       each rank's own seconds in the load call, to show imbalance), then the medians: save
+//       Every phase runs N times (default 3): odd repetitions in the order --phases lists them
+//       (default load44, load43, into44, into43), even ones in reverse (ABBA, so that no phase
+//       always follows the same one). --pause-ms P sleeps P ms before each load's clock starts.
+//       Prints bytes, seconds, GB/s per phase (for loads also each rank's own seconds in the
+//       load call, to show imbalance), then the medians: save
 //       against dd writes, 4->4 load against dd reads, and the ratio 4->3 / 4->4. A target box
 //       whose edge falls inside a chunk reads that chunk whole (it is verified whole), so two ranks
 //       read it: load43 reads up to 2 chunks per tensor more than load44.
@@ -38,6 +40,7 @@
 #include <filesystem>
 #include <limits>
 #include <string>
+#include <thread>
 
 #include "dist/descriptor.h"
 #include "savepoint/distributed.h"
@@ -56,6 +59,7 @@ struct Args {
   std::string mode, dir;
   uint64_t bytes = uint64_t{256} << 20;
   int tensors = 16, threads = 4, dp = 2, ranks = 64, reps = 3;
+  int pause_ms = 0;  // sleep before each load (after its cache drop), before the clock starts
   uint64_t chunk_bytes = SaveOptions().chunk_bytes;
   std::string phases = "all";  // comma-separated: dd, load44, load43, into44, into43 (or all)
   bool Want(const std::string& phase) const {
@@ -87,6 +91,7 @@ Args Parse(int argc, char** argv) {
     if (k == "--reps") a.reps = std::max(1, std::stoi(v));
     if (k == "--chunk-mb") a.chunk_bytes = std::stoull(v) << 20;
     if (k == "--phases") a.phases = v;
+    if (k == "--pause-ms") a.pause_ms = std::stoi(v);
   }
   return a;
 }
@@ -173,6 +178,7 @@ ShardLayout RowLayout(const Args& a, int64_t rows, int parts, int index, std::ve
 double Load(Communicator& c, const Args& a, const std::string& path, int64_t rows, int world,
             bool into, std::vector<double>* per_rank_out) {
   DropCache(path);
+  std::this_thread::sleep_for(std::chrono::milliseconds(a.pause_ms));
   ShardLayout layout;
   if (c.rank() < world) layout = RowLayout(a, rows, world, c.rank(), {});
   State targets;
@@ -199,6 +205,26 @@ double Load(Communicator& c, const Args& a, const std::string& path, int64_t row
       &per_rank);
   if (per_rank_out != nullptr) *per_rank_out = std::move(per_rank);
   return wall;
+}
+
+// The load phases to run, as {into, resharded}, in the order --phases names them (default: load,
+// then into; W->W, then W->W-1).
+std::vector<std::pair<int, int>> LoadPhases(const Args& a, int w) {
+  std::vector<std::pair<int, int>> all, out;
+  for (int into = 0; into < 2; ++into) {
+    for (int re = 0; re < 2; ++re) all.emplace_back(into, re);
+  }
+  if (a.phases == "all") return all;
+  for (size_t b = 0, e; b <= a.phases.size(); b = e + 1) {
+    e = std::min(a.phases.find(',', b), a.phases.size());
+    for (auto [into, re] : all) {
+      if (a.phases.substr(b, e - b) ==
+          fmt::format("{}{}{}", into ? "into" : "load", w, re ? w - 1 : w)) {
+        out.emplace_back(into, re);
+      }
+    }
+  }
+  return out;
 }
 
 int RunIo(const Args& a) {
@@ -249,17 +275,18 @@ int RunIo(const Args& a) {
   }
   for (const auto& f : dd_file) std::filesystem::remove(f);
   for (int rep = 0; rep < a.reps; ++rep) {
-    for (int into = 0; into < 2; ++into) {
-      for (int re = 0; re < 2; ++re) {
-        if (!a.Want(fmt::format("{}{}{}", into ? "into" : "load", w, re ? w - 1 : w))) continue;
-        std::vector<double> per_rank;
-        t[into][re].push_back(Load(c, a, path, rows, re ? w - 1 : w, into, &per_rank));
-        Report(c,
-               fmt::format("{}{}{}#{}", into ? "into" : "load", w, re ? w - 1 : w, rep + 1).c_str(),
-               model, t[into][re].back());
-        if (c.rank() == 0)
-          fmt::print("         per-rank seconds: {:.3f}\n", fmt::join(per_rank, " "));
-      }
+    // ABBA: every other repetition runs the phases in reverse order, so that no phase always
+    // follows the same one (a load right after another load that freed its fresh memory runs at
+    // a different speed in a VM that hands freed memory back to the host).
+    std::vector<std::pair<int, int>> order = LoadPhases(a, w);
+    if (rep % 2 == 1) std::reverse(order.begin(), order.end());
+    for (auto [into, re] : order) {
+      std::string name = fmt::format("{}{}{}", into ? "into" : "load", w, re ? w - 1 : w);
+      std::vector<double> per_rank;
+      t[into][re].push_back(Load(c, a, path, rows, re ? w - 1 : w, into, &per_rank));
+      Report(c, fmt::format("{}#{}", name, rep + 1).c_str(), model, t[into][re].back());
+      if (c.rank() == 0)
+        fmt::print("         per-rank seconds: {:.3f}\n", fmt::join(per_rank, " "));
     }
   }
   if (c.rank() == 0) {
