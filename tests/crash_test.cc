@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <thread>
 
 #include "testutil/testutil.h"
@@ -72,16 +73,40 @@ uint64_t CheckRoot(const std::string& root, int* compressed) {
   return newest;
 }
 
+// Waits until the saver started at `step` has committed that step (its final directory exists:
+// the commit is a rename), or exited, or 120 s passed. Returns the time it waited.
+std::chrono::microseconds WaitFirstCommit(const std::string& root, uint64_t step, pid_t pid) {
+  auto start = std::chrono::steady_clock::now();
+  std::string first = fmt::format("{}/step-{:08}", root, step);
+  auto exited = [pid] {  // without reaping it: the caller's waitpid reports how it ended
+    siginfo_t info{};
+    return ::waitid(P_PID, pid, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != 0;
+  };
+  while (!std::filesystem::exists(first) && !exited() &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(120)) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               start);
+}
+
+// The first kill waits for the saver's first commit (so that a slow build, e.g. under
+// ThreadSanitizer, still commits something); later kills land at random moments up to twice that
+// time (at least 120 ms) after the start.
 void KillLoop(const char* mode, const char* name) {
   uint64_t seed = testing::TestSeed(name);
   std::mt19937_64 rng(seed);
   testing::TempDir dir;
-  uint64_t next = 1;
+  uint64_t next = 1, window_us = 120000;
   int with_checkpoints = 0, compressed = 0;
   for (int i = 0; i < Iterations(); ++i) {
     pid_t pid = Spawn(dir.path(), next, mode);
     ASSERT_GT(pid, 0);
-    std::this_thread::sleep_for(std::chrono::microseconds(2000 + rng() % 120000));
+    if (i == 0) {
+      window_us = std::max<uint64_t>(window_us, 2 * WaitFirstCommit(dir.path(), next, pid).count());
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(2000 + rng() % window_us));
+    }
     ::kill(pid, SIGKILL);
     int status = 0;
     ::waitpid(pid, &status, 0);
