@@ -207,6 +207,11 @@ double Load(Communicator& c, const Args& a, const std::string& path, int64_t row
   return wall;
 }
 
+// A load phase's name: "load" (fresh tensors) or "into" (built ones), then W and the loading world.
+std::string PhaseName(int into, int re, int w) {
+  return fmt::format("{}{}{}", into ? "into" : "load", w, re ? w - 1 : w);
+}
+
 // The load phases to run, as {into, resharded}, in the order --phases names them (default: load,
 // then into; W->W, then W->W-1).
 std::vector<std::pair<int, int>> LoadPhases(const Args& a, int w) {
@@ -218,8 +223,7 @@ std::vector<std::pair<int, int>> LoadPhases(const Args& a, int w) {
   for (size_t b = 0, e; b <= a.phases.size(); b = e + 1) {
     e = std::min(a.phases.find(',', b), a.phases.size());
     for (auto [into, re] : all) {
-      if (a.phases.substr(b, e - b) ==
-          fmt::format("{}{}{}", into ? "into" : "load", w, re ? w - 1 : w)) {
+      if (a.phases.substr(b, e - b) == PhaseName(into, re, w)) {
         out.emplace_back(into, re);
       }
     }
@@ -281,7 +285,7 @@ int RunIo(const Args& a) {
     std::vector<std::pair<int, int>> order = LoadPhases(a, w);
     if (rep % 2 == 1) std::reverse(order.begin(), order.end());
     for (auto [into, re] : order) {
-      std::string name = fmt::format("{}{}{}", into ? "into" : "load", w, re ? w - 1 : w);
+      std::string name = PhaseName(into, re, w);
       std::vector<double> per_rank;
       t[into][re].push_back(Load(c, a, path, rows, re ? w - 1 : w, into, &per_rank));
       Report(c, fmt::format("{}#{}", name, rep + 1).c_str(), model, t[into][re].back());
