@@ -61,9 +61,11 @@ struct Args {
   int tensors = 16, threads = 4, dp = 2, ranks = 64, reps = 3;
   int pause_ms = 0;  // sleep before each load (after its cache drop), before the clock starts
   uint64_t chunk_bytes = SaveOptions().chunk_bytes;
-  std::string phases = "all";  // comma-separated: dd, load44, load43, into44, into43 (or all)
+  // --phases, split at commas: dd, loadWW, loadWV, intoWW, intoWV (W the world, V = W - 1), in
+  // the order to run them; empty = all.
+  std::vector<std::string> phases;
   bool Want(const std::string& phase) const {
-    return phases == "all" || ("," + phases + ",").find("," + phase + ",") != std::string::npos;
+    return phases.empty() || std::find(phases.begin(), phases.end(), phase) != phases.end();
   }
 };
 
@@ -90,7 +92,12 @@ Args Parse(int argc, char** argv) {
     if (k == "--ranks") a.ranks = std::stoi(v);
     if (k == "--reps") a.reps = std::max(1, std::stoi(v));
     if (k == "--chunk-mb") a.chunk_bytes = std::stoull(v) << 20;
-    if (k == "--phases") a.phases = v;
+    if (k == "--phases") {
+      for (size_t b = 0, e; b <= v.size(); b = e + 1) {
+        e = std::min(v.find(',', b), v.size());
+        a.phases.push_back(v.substr(b, e - b));
+      }
+    }
     if (k == "--pause-ms") a.pause_ms = std::stoi(v);
   }
   return a;
@@ -213,19 +220,24 @@ std::string PhaseName(int into, int re, int w) {
 }
 
 // The load phases to run, as {into, resharded}, in the order --phases names them (default: load,
-// then into; W->W, then W->W-1).
+// then into; W->W, then W->W-1). Exits naming a phase that is neither "dd" nor a load phase.
 std::vector<std::pair<int, int>> LoadPhases(const Args& a, int w) {
   std::vector<std::pair<int, int>> all, out;
   for (int into = 0; into < 2; ++into) {
     for (int re = 0; re < 2; ++re) all.emplace_back(into, re);
   }
-  if (a.phases == "all") return all;
-  for (size_t b = 0, e; b <= a.phases.size(); b = e + 1) {
-    e = std::min(a.phases.find(',', b), a.phases.size());
-    for (auto [into, re] : all) {
-      if (a.phases.substr(b, e - b) == PhaseName(into, re, w)) {
-        out.emplace_back(into, re);
-      }
+  if (a.phases.empty()) return all;
+  for (const std::string& p : a.phases) {
+    auto it = std::find_if(all.begin(), all.end(),
+                           [&](auto ph) { return PhaseName(ph.first, ph.second, w) == p; });
+    if (it != all.end()) {
+      out.push_back(*it);
+    } else if (p != "dd") {
+      Must(InvalidArgumentError(fmt::format("--phases: unknown phase {:?} (world {}: dd, {}, {}, "
+                                            "{}, {})",
+                                            p, w, PhaseName(0, 0, w), PhaseName(0, 1, w),
+                                            PhaseName(1, 0, w), PhaseName(1, 1, w))),
+           "arguments");
     }
   }
   return out;
@@ -241,6 +253,7 @@ int RunIo(const Args& a) {
   Must(comm.status(), "MPI");
   Communicator& c = **comm;
   const int w = c.size(), tp = w / a.dp;
+  const std::vector<std::pair<int, int>> phases = LoadPhases(a, w);  // checked before any work
   const int64_t rows = static_cast<int64_t>(a.bytes / a.tensors / (kCols * 4));
   const uint64_t model = uint64_t(rows) * kCols * 4 * a.tensors;
   std::vector<int> reps;
@@ -268,7 +281,7 @@ int RunIo(const Args& a) {
     save.push_back(Timed(c, [&] { Must(SaveDistributed(c, local, mine, path, o), "save"); }));
     Report(c, fmt::format("save#{}", rep + 1).c_str(), model, save.back());
     for (int write : {1, 0}) {
-      if (!a.Want("dd")) break;
+      if (!a.Want("dd")) continue;
       for (int par = 0; par < 2; ++par) {
         uint64_t n = par ? (model + w - 1) / w : model;
         dd[write][par].push_back(Dd(c, dd_file[par], n, write, par || c.rank() == 0));
@@ -282,7 +295,7 @@ int RunIo(const Args& a) {
     // ABBA: every other repetition runs the phases in reverse order, so that no phase always
     // follows the same one (a load right after another load that freed its fresh memory runs at
     // a different speed in a VM that hands freed memory back to the host).
-    std::vector<std::pair<int, int>> order = LoadPhases(a, w);
+    std::vector<std::pair<int, int>> order = phases;
     if (rep % 2 == 1) std::reverse(order.begin(), order.end());
     for (auto [into, re] : order) {
       std::string name = PhaseName(into, re, w);
@@ -370,14 +383,6 @@ int RunMerge(const Args& a) {
 
 int main(int argc, char** argv) {
   Args a = Parse(argc, argv);
-  for (size_t b = 0, e; a.phases != "all" && b <= a.phases.size(); b = e + 1) {
-    e = std::min(a.phases.find(',', b), a.phases.size());
-    std::string p = a.phases.substr(b, e - b);
-    if (p != "dd" && p.rfind("load", 0) != 0 && p.rfind("into", 0) != 0) {
-      fmt::print(stderr, "dist_bench: --phases: unknown phase {:?}\n", p);
-      return 2;
-    }
-  }
   if (a.mode == "io" && !a.dir.empty()) return RunIo(a);
   if (a.mode == "merge") return RunMerge(a);
   fmt::print(stderr,
