@@ -9,7 +9,7 @@
 // already-touched buffer) and compares every byte. Nothing else: no header, manifest, directory
 // syncs or rename. With --crc each thread also takes the CRC32C (ISA-L) of each chunk before
 // writing it and after reading it, as savepoint does. With --fallocate the file is preallocated
-// (fallocate(2), mode 0) before the writes, which savepoint's writer does not do today.
+// (fallocate(2), mode 0) before the writes, as savepoint's writer does.
 // With --uring each thread submits its chunks through its own io_uring instead of pwrite/pread,
 // keeping up to D (default 4) of them in flight (a sliding window: a chunk is claimed, checksummed
 // and submitted as soon as a slot frees), so T threads keep T x D requests queued instead of T;
