@@ -42,7 +42,7 @@
 #include <string>
 #include <thread>
 
-#include "dist/descriptor.h"
+#include "distributed/descriptor.h"
 #include "savepoint/distributed.h"
 #include "savepoint/mpi.h"
 #include "savepoint/savepoint.h"

@@ -9,6 +9,14 @@ if(TARGET savepoint_cli)
 endif()
 install(EXPORT savepointTargets NAMESPACE savepoint::
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/savepoint)
+# The OpenMPI communicator (savepoint/mpi.h, installed with the other headers) in its own export
+# set: savepointConfig.cmake defines savepoint::savepoint_mpi only where MPI is found.
+if(TARGET savepoint_mpi)
+  install(TARGETS savepoint_mpi EXPORT savepointMpiTargets
+          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(EXPORT savepointMpiTargets NAMESPACE savepoint::
+          DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/savepoint)
+endif()
 configure_package_config_file(cmake/savepointConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/savepointConfig.cmake
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/savepoint)

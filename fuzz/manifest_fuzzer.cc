@@ -1,8 +1,9 @@
 // Fuzz target for the MANIFEST decoder (src/format/manifest_decode.cc), the first thing savepoint
 // parses from an untrusted checkpoint. Two modes per input:
 //  - the input as a whole MANIFEST file (header + body), and
-//  - the input as a JSON body, re-framed with a valid header and CRCs, so mutations reach the
-//    validator instead of stopping at the checksum.
+//  - the input as a JSON body, re-framed with a valid header and CRCs (checkpoint id 42, i.e.
+//    "000000000000002a" in the body) as format version 1 and as version 2, so mutations reach the
+//    validator of each version's rules instead of stopping at the checksum.
 // Any input must give OK or a clean error: no crash, no sanitizer report, no huge allocation.
 // A decoded manifest is re-encoded and must decode again to the same JSON.
 #include <cstddef>
@@ -19,10 +20,10 @@ namespace {
 
 using namespace savepoint;
 
-std::string Frame(std::string_view body) {
+std::string Frame(std::string_view body, uint32_t version) {
   std::string h(format::kManifestHeaderBytes, '\0');
   h.replace(0, 8, format::kManifestMagic);
-  format::PutU32(&h, 8, format::kFormatVersion);
+  format::PutU32(&h, 8, version);
   format::PutU32(&h, 12, static_cast<uint32_t>(format::kManifestHeaderBytes));
   format::PutU64(&h, 16, body.size());
   format::PutU64(&h, 24, 42);
@@ -44,6 +45,8 @@ void Check(std::string_view bytes) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view input(reinterpret_cast<const char*>(data), size);
   Check(input);
-  Check(Frame(input));
+  for (uint32_t v = format::kMinFormatVersion; v <= format::kFormatVersion; ++v) {
+    Check(Frame(input, v));
+  }
   return 0;
 }

@@ -5,8 +5,10 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "io/fault_fs.h"
@@ -64,6 +66,37 @@ TEST(Async, StateLargerThanStagingStaysWithinCap) {
   EXPECT_LE(ckpt->staging_allocated_bytes(), ckpt->staging_cap_bytes());
   EXPECT_EQ(ckpt->staging_cap_bytes(), 256u << 10);
   EXPECT_EQ(ckpt->staging_in_use_bytes(), 0u);
+  EXPECT_TRUE(StatesEqual(s, LoadFrom(&fs, "/a")));
+}
+
+// Polls `done` for up to 60 s (a loaded CI machine); true once it holds.
+bool Eventually(const std::function<bool()>& done) {
+  for (int i = 0; i < 6000 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return done();
+}
+
+// CheckpointerOptions::prefault_bytes and Reserve allocate staging slabs in the background, up to
+// the target and never past the cap, and a save uses them.
+TEST(Async, ReserveAllocatesStagingInTheBackground) {
+  CheckpointerOptions o;
+  o.staging_bytes = 16 << 20;
+  o.slab_bytes = 1 << 20;
+  o.prefault_bytes = (5 << 20) - 1;  // rounds up to 5 slabs
+  auto ckpt = Checkpointer::Create(o).value();
+  ASSERT_TRUE(Eventually([&] { return ckpt->staging_allocated_bytes() == (5u << 20); }));
+  EXPECT_EQ(ckpt->staging_in_use_bytes(), 0u);
+  ckpt->Reserve(uint64_t{1} << 40);  // far over the cap: stops at it
+  ASSERT_TRUE(Eventually([&] { return ckpt->staging_allocated_bytes() == (16u << 20); }));
+  ckpt->Reserve(1 << 20);  // below what is allocated: nothing to do
+  MemFileSystem fs;
+  SaveOptions so;
+  so.fs = &fs;
+  State s = RandomState(testing::TestSeed("Async.ReserveAllocatesStagingInTheBackground"), 4,
+                        3 << 20);
+  Result<SaveHandle> h = ckpt->SaveAsync(s, "/a", so);
+  SP_ASSERT_OK(h.status());
+  SP_ASSERT_OK(h->Wait());
+  EXPECT_EQ(ckpt->staging_allocated_bytes(), 16u << 20);  // no slab allocated past the cap
   EXPECT_TRUE(StatesEqual(s, LoadFrom(&fs, "/a")));
 }
 
@@ -370,6 +403,21 @@ TEST(Async, HandleApiAndBadOptions) {
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(st.message().find("snapshot_threads"), std::string::npos) << st.ToString();
   }
+  // SaveOptions fields an async save does not use are refused, not silently ignored.
+  IoStats io;
+  for (int field = 0; field < 3; ++field) {
+    SaveOptions odd = so;
+    if (field == 0) odd.chunk_bytes = 1 << 20;  // the slabs are 64 KiB
+    if (field == 1) odd.io_threads = 7;         // the Checkpointer has 2
+    if (field == 2) odd.stats = &io;
+    Status st = ckpt->SaveAsync(s, "/b", odd).status();
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    const char* name[] = {"chunk_bytes", "io_threads", "stats"};
+    EXPECT_NE(st.message().find(name[field]), std::string::npos) << st.ToString();
+  }
+  EXPECT_FALSE(fs.Exists("/b"));
+  so.io_threads = 2;  // equal to the Checkpointer's: fine
+  SP_EXPECT_OK(ckpt->SaveAsync(s, "/b", so).value().Wait());
 }
 
 }  // namespace

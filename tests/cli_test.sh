@@ -100,7 +100,7 @@ check "verify --threads 0 is rejected" rc_is 64
 # --- inspect ------------------------------------------------------------------------------------
 run "$SP" inspect "$CKPT"
 check "inspect exits 0" rc_is 0
-check "inspect prints a header line" eval 'head -n1 "$OUT" | grep -q "^checkpoint $CKPT (format version 1, created [0-9-]*T[0-9:]*Z, "'
+check "inspect prints a header line" eval 'head -n1 "$OUT" | grep -Eq "^checkpoint $CKPT \(format version [0-9]+, created [0-9-]*T[0-9:]*Z, "'
 check "inspect prints the tensor table" eval 'out_has "NAME" && out_has "DTYPE" && out_has "CHUNKS"'
 check "inspect prints the step value" eval 'grep -Eq "^step +int +[0-9-]+$" "$OUT"'
 check "inspect prints totals" eval 'grep -Eq "^total: [1-9][0-9]* tensors, [0-9]+ bytes" "$OUT"'
@@ -127,6 +127,12 @@ run "$SP" verify "$CKPT"
 check "verify of an intact checkpoint exits 0" eval 'rc_is 0 && grep -Eq "^OK: .*: [0-9]+ tensors, [0-9]+ bytes, [0-9]+ chunks verified in [0-9.]+ s \([0-9.]+ GB/s\)$" "$OUT"'
 run "$SP" verify --json --threads 2 "$CKPT"
 check "verify --json of an intact checkpoint" eval 'rc_is 0 && json_ok "j[\"ok\"] is True and j[\"error\"] is None and j[\"code\"] == \"ok\" and j[\"chunks\"] >= 1"'
+check "verify --json says native format, checksummed" json_ok \
+  'j["format"] == "native" and j["checksums"] is True and isinstance(j["stored_throughput_gbps"], (int, float))'
+run "$SP" verify "$CKPT"
+check "verify prints nothing on stderr when it is not a terminal (no progress)" eval 'rc_is 0 && [[ ! -s $ERR ]]'
+run "$SP" verify --json "$CKPT"
+check "verify --json prints nothing on stderr on success" eval 'rc_is 0 && [[ ! -s $ERR ]]'
 
 BAD=$TMP/bad
 copy "$BAD"
@@ -195,6 +201,22 @@ if [[ -n $ZSRC ]]; then
   run "$SP" verify --json "$ZROOT/z"
   check "verify --json of a compressed checkpoint" json_ok \
     'j["ok"] is True and j["stored_bytes"] < j["bytes"] and j["compression_ratio"] > 1.5'
+  ZVERIFY=$(cat "$OUT")
+  run "$SP" inspect --json "$ZROOT/z"
+  ZINSPECT=$(cat "$OUT")
+  check "verify --json of a compressed checkpoint: bytes are logical, stored_bytes as on disk" \
+    python3 -c '
+import json, sys
+v, i = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+close = lambda a, b: abs(a - b) <= 1e-6 * max(1.0, abs(b))
+sys.exit(0 if v["bytes"] == i["totals"]["tensor_bytes"] and
+         v["stored_bytes"] == i["totals"]["stored_bytes"] and v["seconds"] > 0 and
+         close(v["throughput_gbps"], v["bytes"] / v["seconds"] / 1e9) and
+         close(v["stored_throughput_gbps"], v["stored_bytes"] / v["seconds"] / 1e9) and
+         v["throughput_gbps"] > v["stored_throughput_gbps"] else 1)' "$ZVERIFY" "$ZINSPECT"
+  run "$SP" verify "$ZROOT/z"
+  check "verify of a compressed checkpoint shows logical and stored bytes" eval \
+    'rc_is 0 && grep -Eq "^OK: .*: 3 tensors, [0-9]+ bytes, [0-9]+ chunks verified in [0-9.]+ s \([0-9.]+ GB/s\); stored: [0-9]+ bytes read at [0-9.]+ GB/s, compression ratio [0-9.]+$" "$OUT"'
   run "$SP" inspect --json --manifest "$ZROOT/z"
   ZOFF=$(python3 -c 'import json,sys; j=json.load(sys.stdin); print([t for t in j["manifest"]["tensors"] if t["name"] == "zeros"][0]["shards"][0]["stored_offsets"][0])' <"$OUT")
   flip_byte "$ZROOT/z/data-00000-00000.spd" $((ZOFF + 20))
@@ -229,6 +251,84 @@ run "$SP" convert "$ST/missing.safetensors" "$ST/out"
 check "convert of a missing source exits 3" rc_is 3
 run "$SP" convert --to onnx "$CKPT" "$ST/out"
 check "convert --to with an unknown format exits 64" rc_is 64
+run "$SP" convert "$CKPT" "$ST/quiet.safetensors"
+check "convert prints nothing on stderr when it is not a terminal (no progress)" eval 'rc_is 0 && [[ ! -s $ERR ]]'
+
+# --- verify (safetensors) -----------------------------------------------------------------------
+run "$SP" verify "$ST/m.safetensors"
+check "verify of a safetensors file exits 0" eval 'rc_is 0 && [[ ! -s $ERR ]] && grep -Eq "^OK: $ST/m.safetensors: safetensors file, [0-9]+ tensors, [0-9]+ bytes read in [0-9.]+ s \([0-9.]+ GB/s\); header valid, every byte readable \(safetensors has no checksums\)$" "$OUT"'
+run "$SP" inspect --json "$ST/m.safetensors"
+ST_BYTES=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["totals"]["tensor_bytes"])' <"$OUT")
+run "$SP" verify --json --threads 3 "$ST/m.safetensors"
+check "verify --json of a safetensors file" eval 'rc_is 0 && [[ ! -s $ERR ]] && json_ok "j[\"ok\"] is True and j[\"format\"] == \"safetensors\" and j[\"checksums\"] is False and j[\"code\"] == \"ok\" and j[\"tensors\"] >= 2 and j[\"bytes\"] == $ST_BYTES and j[\"stored_bytes\"] == j[\"bytes\"] and j[\"chunks\"] == 0 and j[\"direct_io\"] is False and j[\"compression_ratio\"] == 1"'
+check "verify --json of a safetensors file has the native keys" json_ok \
+  '{"path","ok","error","code","tensors","bytes","chunks","seconds","stored_bytes","throughput_gbps","direct_io","compression_ratio"} <= set(j)'
+cp "$ST/m.safetensors" "$ST/short.safetensors"
+truncate -s -1 "$ST/short.safetensors"
+run "$SP" verify "$ST/short.safetensors"
+check "verify of a truncated safetensors file exits 2" eval 'rc_is 2 && err_has "savepoint: verify: corruption: " && [[ ! -s $OUT ]]'
+run "$SP" verify --json "$ST/bad.safetensors"
+check "verify --json of a hostile safetensors file reports corruption" eval 'rc_is 2 && json_ok "j[\"ok\"] is False and j[\"code\"] == \"corruption\" and j[\"format\"] == \"safetensors\" and j[\"tensors\"] == 0"'
+
+# --- merge --------------------------------------------------------------------------------------
+run "$SP" merge "$CKPT" "$TMP/merged"
+check "merge of a single-rank checkpoint exits 0, nothing on stderr" eval 'rc_is 0 && [[ ! -s $ERR ]] && out_has "OK: merged "'
+run "$SP" verify "$TMP/merged"
+check "the merged checkpoint verifies" rc_is 0
+run "$SP" merge --json --format safetensors "$CKPT" "$TMP/merged-st"
+check "merge --json --format safetensors" eval 'rc_is 0 && [[ ! -s $ERR ]] && json_ok "j[\"ok\"] is True and j[\"format\"] == \"safetensors\"" && [[ -f $TMP/merged-st/model.safetensors ]]'
+run "$SP" merge --max-file-bytes 10 "$CKPT" "$TMP/merged2"
+check "merge --max-file-bytes without --format safetensors exits 64" rc_is 64
+
+# --- internal metadata: the Python package's structure tree -------------------------------------
+# A safetensors file as the Python package would write it (metadata "savepoint.python" holding the
+# structure, a large "savepoint.manager"), converted to a native checkpoint.
+PYST=$TMP/py.safetensors
+python3 - "$PYST" <<'PYEOF'
+import json, struct, sys
+tree = {"version": 1, "root": {"dict": [
+    ["model", {"odict": [["w", {"torch": "model.w", "param": True, "grad": True}]]}],
+    ["step", {"value": "step"}],
+    ["opt", {"dict": [["state", {"dict": [[{"int": 0}, {"dict": [
+        ["exp_avg", {"numpy": "opt.state.0.exp_avg"}]]}]]}]]}],
+    ["xs", {"list": [{"none": None}, {"value": "step"}]}]]}}
+manager = {"objects": {"obj%d" % i: {"category": "model", "num_shards": 1} for i in range(20)}}
+internal = {"savepoint.python": tree, "savepoint.manager": manager, "epoch": 3}
+header = {"model.w": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+          "opt.state.0.exp_avg": {"dtype": "F32", "shape": [3], "data_offsets": [16, 28]},
+          "__metadata__": {"purpose": "tree test", "savepoint.metadata": json.dumps(internal),
+                           "savepoint.values": json.dumps([{"name": "step", "kind": "int",
+                                                            "value": 5}])}}
+h = json.dumps(header).encode()
+h += b" " * (-len(h) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + bytes(28))
+PYEOF
+run "$SP" convert "$PYST" "$TMP/pyckpt"
+check "convert of a file with a Python structure exits 0" rc_is 0
+PY=$TMP/pyckpt
+run "$SP" inspect "$PY"
+check "inspect hides the Python structure from the metadata line" eval \
+  'rc_is 0 && grep -qx "metadata: {\"epoch\":3,\"purpose\":\"tree test\"}" "$OUT" && ! out_has "\"dict\""'
+check "inspect summarizes the Python structure" eval 'grep -qx "python structure: 5 leaves (--tree to show)" "$OUT"'
+check "inspect names the large internal metadata instead of printing it" eval \
+  'grep -Eq "^internal metadata: savepoint.manager \([0-9.]+ [KMG]?i?B, --json to show\)$" "$OUT" && ! out_has "num_shards"'
+run "$SP" inspect --tree "$PY"
+check "inspect --tree prints the structure indented" eval 'rc_is 0 && out_has "python structure: 5 leaves" &&
+  grep -qx "      \"w\": torch model.w  F32 \[2, 2\] (param, requires_grad)" "$OUT" &&
+  grep -qx "        0: dict" "$OUT" && grep -qx "      \[0\]: none" "$OUT" &&
+  grep -qx "    \"step\": value step  int 5" "$OUT"'
+run "$SP" inspect --json "$PY"
+check "inspect --json keeps the internal metadata as stored" json_ok \
+  'j["metadata"]["savepoint.python"]["version"] == 1 and len(j["metadata"]["savepoint.manager"]["objects"]) == 20 and j["metadata"]["epoch"] == 3'
+run "$SP" inspect --json --tree "$PY"
+check "inspect --json --tree is a usage error (64)" rc_is 64
+run "$SP" inspect --tree "$CKPT"
+check "inspect --tree without a Python structure says so" eval 'rc_is 0 && out_has "python structure: none"'
+run "$SP" inspect "$PYST"
+check "inspect of a safetensors file hides the Python structure too" eval \
+  'rc_is 0 && out_has "python structure: 5 leaves (--tree to show)" && ! out_has "exp_avg\\\"" && out_has "not shown: [\"savepoint.manager\",\"savepoint.python\"]"'
+run "$SP" inspect --tree "$PYST"
+check "inspect --tree of a safetensors file" eval 'rc_is 0 && grep -q "\"exp_avg\": numpy opt.state.0.exp_avg  F32 \[3\]" "$OUT"'
 
 echo "$PASSED passed, $FAILED failed"
 [[ $FAILED -eq 0 ]]

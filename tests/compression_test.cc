@@ -93,8 +93,8 @@ Result<uint64_t> SaveWith(const State& state, const std::string& path, FileSyste
   so.io_threads = 3;
   so.compression = c;
   IoStats stats;
-  so.stats = &stats;
   if (!async) {
+    so.stats = &stats;
     SP_RETURN_IF_ERROR(Save(state, path, so));
     return stats.stored_bytes;
   }
@@ -128,14 +128,16 @@ class CompressionRoundTrip : public ::testing::TestWithParam<Param> {
   testing::TempDir dir_;
 };
 
-// Every tensor's codec, filter and stored size as the reader describes them.
+// Every tensor's codec, filter and stored size as the reader describes them. Tensors below 64 KiB
+// (and empty ones) are packed uncompressed (format version 2, docs/FORMAT.md §8).
 void CheckDescription(const CheckpointReader& r, Codec codec, Shuffle shuffle) {
   const std::string name = codec == Codec::kZstd ? "zstd" : "lz4";
   EXPECT_EQ(r.manifest_json()["required_features"], Json::array({"compression"}));
   for (const TensorInfo& t : r.tensors()) {
     SCOPED_TRACE(t.name);
-    EXPECT_EQ(t.codec, t.nbytes == 0 ? "none" : name);
-    EXPECT_EQ(t.filter, t.nbytes == 0 ? "none" : ExpectedFilter(shuffle, t.dtype));
+    const bool packed = t.nbytes < format::kPackBelowBytes;
+    EXPECT_EQ(t.codec, packed ? "none" : name);
+    EXPECT_EQ(t.filter, packed ? "none" : ExpectedFilter(shuffle, t.dtype));
     EXPECT_LE(t.stored_bytes, t.nbytes);
   }
   EXPECT_EQ(r.FindTensor("rand.f32")->stored_bytes, r.FindTensor("rand.f32")->nbytes);
@@ -216,7 +218,7 @@ TEST(Compression, UncompressedSavesKeepThePlainFormat) {
   SP_ASSERT_OK(reader.status());
   const Json& j = (*reader)->manifest_json();
   EXPECT_EQ(j["required_features"], Json::array());
-  EXPECT_EQ(j["version"], 1);
+  EXPECT_EQ(j["version"], format::kFormatVersion);
   for (const Json& t : j["tensors"]) EXPECT_FALSE(t["shards"][0].contains("codec"));
   for (const TensorInfo& t : (*reader)->tensors()) {
     EXPECT_EQ(t.codec, "none");

@@ -118,3 +118,56 @@ TEST(ManagerCrash, ResumeAfterSigkillAtRandomPoints) {
 
 }  // namespace
 }  // namespace savepoint
+
+namespace savepoint {
+namespace {
+
+// Runs helpers/job_trainer.cc to the end or to its own SIGKILL; returns the wait status.
+int RunJob(const std::string& dir, int64_t epochs, int64_t kill_at, const char* mode) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    std::string e = std::to_string(epochs), k = std::to_string(kill_at);
+    ::execl(JOB_TRAINER_PATH, JOB_TRAINER_PATH, dir.c_str(), e.c_str(), k.c_str(), mode, nullptr);
+    ::_exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
+// A JobRunner job killed at the start of epoch 3 and run again: the second run resumes from epoch
+// 2 (also with a MetadataHandler that only wants Report statistics), checkpoints every later
+// epoch in the same series of names ("ckpt-E_0", no "ckpt_1-..."), and ends in the state of an
+// uninterrupted run. Regression: after a resume every epoch save asked for the restored step and
+// was silently refused; a Report-only handler turned resuming off.
+TEST(JobRunnerCrash, KilledJobResumesAndKeepsCheckpointing) {
+  for (const char* mode : {"plain", "report"}) {
+    SCOPED_TRACE(mode);
+    testing::TempDir tmp;
+    const std::string dir = JoinPath(tmp.path(), "ckpt");
+    int st = RunJob(dir, 5, 3, mode);
+    ASSERT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL) << "status " << st;
+    st = RunJob(dir, 5, 0, mode);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st;
+    EXPECT_EQ(Lines(JoinPath(tmp.path(), "job.log")),
+              (std::vector<std::string>{"fresh", "resumed 2", "done 5 failed=0"}));
+    ManagerOptions o;
+    o.directory = dir;
+    auto m = CheckpointManager::Open(o);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    std::vector<std::string> names;
+    for (const CheckpointRecord& r : (*m)->All()) {
+      names.push_back(r.name);
+      EXPECT_TRUE(r.epoch_end) << r.name;
+    }
+    EXPECT_EQ(names, (std::vector<std::string>{"ckpt-0_0", "ckpt-1_0", "ckpt-2_0", "ckpt-3_0",
+                                               "ckpt-4_0", "ckpt-5_0"}));
+    testing::ToyTrainer restored(999);
+    SP_ASSERT_OK(restored.Register(**m));
+    ASSERT_TRUE((*m)->RestoreRegistered().ok());
+    EXPECT_TRUE(restored == Reference(15));  // 5 epochs of 3 steps, as without the kill
+  }
+}
+
+}  // namespace
+}  // namespace savepoint

@@ -65,6 +65,11 @@ TEST(Manager, SaveRestoreLatestAll) {
   EXPECT_EQ(m->AllSteps(), (std::vector<int64_t>{3, 4, 5}));
   EXPECT_EQ(m->LatestStep(), 5);
   EXPECT_EQ(m->Latest()->name, "ckpt-1_5");
+  std::vector<int64_t> deleted;  // the deleted checkpoints' statistics name their steps
+  for (const CheckpointStats& st : m->stats()) {
+    if (st.action == "checkpoint_delete") deleted.push_back(st.step);
+  }
+  EXPECT_EQ(deleted, (std::vector<int64_t>{1, 2}));
   Result<State> four = m->Restore(Which::Step(4));
   ASSERT_TRUE(four.ok()) << four.status().ToString();
   EXPECT_TRUE(four->Contains(StateAt(4).entries().begin()->first));
@@ -145,6 +150,45 @@ TEST(Manager, ReopenPicksUpAndUsesANewPrefix) {
   ASSERT_TRUE(*m->Save(4, StateAt(4), Force()));
   EXPECT_EQ(m->Latest()->name, "ckpt_1-1_4");
   EXPECT_FALSE(fs.Exists("/ckpt/.ckpt-1_9.savepoint-tmp.0.0"));  // garbage-collected on open
+}
+
+// A run that resumes from a checkpoint of its directory continues that checkpoint's series of
+// names (SeriesRule::kContinue, the default), through every way of resuming; a run that saves
+// without resuming starts a new series; kNew always starts one (MindSpore's rule).
+TEST(Manager, ResumedRunContinuesItsSeries) {
+  MemFileSystem fs;
+  {
+    auto m = OpenOrDie(MemOptions(&fs));
+    for (int64_t step = 1; step <= 2; ++step) ASSERT_TRUE(*m->Save(step, StateAt(step)));
+  }
+  for (int how = 0; how < 3; ++how) {  // Restore, ResumeFrom, RestoreRegistered
+    auto m = OpenOrDie(MemOptions(&fs));
+    EXPECT_EQ(m->prefix(), "ckpt_1");  // would be a new series until it resumes
+    ToyTrainer t(1);
+    if (how == 0) {
+      ASSERT_TRUE(m->Restore().ok());
+    } else if (how == 1) {
+      EXPECT_EQ(m->ResumeFrom()->step, 3);
+    } else {
+      SP_ASSERT_OK(t.Register(*m));
+      ASSERT_TRUE(*m->SaveRegistered(10, Force()));  // a first save fixes the series ...
+      EXPECT_EQ(m->Latest()->name, "ckpt_1-1_10");
+      ASSERT_TRUE(m->RestoreRegistered(Which::Step(10)).ok());
+      EXPECT_EQ(m->prefix(), "ckpt_1");  // ... a later resume does not move it
+      continue;
+    }
+    EXPECT_EQ(m->prefix(), "ckpt");
+    const int64_t next = 3 + how;
+    ASSERT_TRUE(*m->Save(next, StateAt(next), Force()));
+    EXPECT_EQ(m->Latest()->name, fmt::format("ckpt-1_{}", next));
+  }
+  ManagerOptions o = MemOptions(&fs);
+  o.series = SeriesRule::kNew;
+  auto m = OpenOrDie(o);
+  ASSERT_TRUE(m->ResumeFrom(Which::Name("ckpt-1_4")).ok());
+  EXPECT_EQ(m->global_step(), 4);
+  EXPECT_EQ(m->prefix(), "ckpt_2");
+  EXPECT_EQ(m->ResumeFrom(Which::Step(99)).status().code(), StatusCode::kNotFound);
 }
 
 TEST(Manager, IndexIsRebuiltWhenMissingOrStale) {

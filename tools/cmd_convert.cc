@@ -12,6 +12,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "progress.h"
 #include "savepoint/savepoint.h"
 
 namespace savepoint::cli {
@@ -33,25 +34,31 @@ Result<bool> SourceIsSafetensors(const std::string& src) {
   return !info.is_dir;
 }
 
-Result<State> LoadAny(const std::string& src, bool safetensors) {
+// Maps the source (a native checkpoint's chunks are verified here: progress "reading").
+Result<State> LoadAny(const std::string& src, bool safetensors, ProgressLine& progress) {
   if (safetensors) {
     SafetensorsLoadOptions o;
     o.mmap = true;
+    o.progress = progress.Phase("reading");
     return LoadSafetensors(src, o);
   }
   LoadOptions o;
   o.mmap = true;
+  o.progress = progress.Phase("reading");
   return Load(src, o);
 }
 
-Status SaveAny(const State& state, const std::string& dst, bool safetensors, bool overwrite) {
+Status SaveAny(const State& state, const std::string& dst, bool safetensors, bool overwrite,
+               ProgressLine& progress) {
   if (safetensors) {
     SafetensorsSaveOptions o;
     o.overwrite = overwrite;
+    o.progress = progress.Phase("writing");
     return SaveSafetensors(state, dst, o);
   }
   SaveOptions o;
   o.overwrite = overwrite;
+  o.progress = progress.Phase("writing");
   return Save(state, dst, o);
 }
 
@@ -61,9 +68,11 @@ int RunConvert(const ConvertArgs& args) {
   Result<bool> from_st = SourceIsSafetensors(args.src);
   if (!from_st.ok()) return Fail(kCommand, from_st.status());
   const bool to_st = args.to.empty() ? EndsWithSafetensors(args.dst) : args.to == "safetensors";
-  Result<State> state = LoadAny(args.src, *from_st);
-  if (!state.ok()) return Fail(kCommand, state.status());
-  Status s = SaveAny(*state, args.dst, to_st, args.overwrite);
+  ProgressLine progress(kCommand, /*json=*/false);
+  Result<State> state = LoadAny(args.src, *from_st, progress);
+  Status s =
+      state.ok() ? SaveAny(*state, args.dst, to_st, args.overwrite, progress) : state.status();
+  progress.End();
   if (!s.ok()) return Fail(kCommand, s);
   fmt::print("converted {} ({}) to {} ({}): {} tensors, {} values, {}\n", args.src,
              FormatName(*from_st), args.dst, FormatName(to_st), state->num_tensors(),

@@ -1,5 +1,7 @@
-// `savepoint inspect PATH [--json] [--manifest]`: describes a checkpoint from its manifest alone
-// (no tensor data is read): tensors, non-tensor values, user metadata and totals.
+// `savepoint inspect PATH [--json [--manifest] | --tree]`: describes a checkpoint from its manifest
+// alone (no tensor data is read): tensors, non-tensor values, user metadata and totals. Internal
+// metadata (the Python structure tree, ...) is summarized in the human output; --tree prints the
+// tree (python_tree.h).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -9,6 +11,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "python_tree.h"
 #include "savepoint/savepoint.h"
 
 namespace savepoint::cli {
@@ -20,6 +23,7 @@ struct InspectArgs {
   std::string path;
   bool json = false;
   bool manifest = false;
+  bool tree = false;
 };
 
 // Non-finite floats have no JSON number: they are written as "nan", "inf" or "-inf".
@@ -135,13 +139,26 @@ void PrintValueTable(const CheckpointReader& r) {
   table.Print(stdout);
 }
 
-void PrintHuman(const CheckpointReader& r) {
+// What an entry of the Python structure tree names: "BF16 [2, 3]" for a tensor, "int 7" for a
+// value, "" when the checkpoint has no such entry.
+std::string DescribeEntry(const CheckpointReader& r, const std::string& name) {
+  if (const TensorInfo* t = r.FindTensor(name); t != nullptr) {
+    return fmt::format("{} {}", DTypeName(t->dtype), ShapeToString(t->shape));
+  }
+  if (const Value* v = r.values().FindValue(name); v != nullptr) {
+    return fmt::format("{} {}", ValueKindName(v->kind()), Abbreviate(ValueText(*v), 40));
+  }
+  return "";
+}
+
+void PrintHuman(const CheckpointReader& r, bool tree) {
   fmt::print("checkpoint {} (format version {}, created {}, {} on disk)\n", r.path(),
              r.format_version(), IsoTimeUtc(r.created_ns()), HumanBytes(r.total_file_bytes()));
   PrintTensorTable(r);
   PrintValueTable(r);
   const Json& meta = r.values().metadata();
-  fmt::print("\nmetadata: {}\n", meta.is_null() ? "none" : CompactJson(meta));
+  fmt::print("\nmetadata: {}\n", meta.is_null() ? "none" : CompactJson(VisibleMetadata(meta)));
+  PrintHiddenMetadata(meta, tree, [&](const std::string& name) { return DescribeEntry(r, name); });
   uint64_t bytes = TensorBytes(r);
   fmt::print("total: {} tensors, {} bytes ({})\n", r.tensors().size(), bytes, HumanBytes(bytes));
   if (AnyCompressed(r)) {
@@ -195,13 +212,15 @@ void PrintJsonReport(const CheckpointReader& r, bool with_manifest) {
 
 int RunInspect(const InspectArgs& args) {
   Result<FileInfo> st = DefaultFileSystem()->Stat(args.path);
-  if (st.ok() && !st->is_dir) return RunInspectSafetensors(kCommand, args.path, args.json);
+  if (st.ok() && !st->is_dir) {
+    return RunInspectSafetensors(kCommand, args.path, args.json, args.tree);
+  }
   Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(args.path);
   if (!reader.ok()) return Fail(kCommand, reader.status());
   if (args.json) {
     PrintJsonReport(**reader, args.manifest);
   } else {
-    PrintHuman(**reader);
+    PrintHuman(**reader, args.tree);
   }
   return kExitOk;
 }
@@ -216,6 +235,8 @@ void RegisterInspect(CLI::App& app, int* exit_code) {
   CLI::Option* json = sub->add_flag("--json", args->json, "Print one JSON object (docs/CLI.md)");
   sub->add_flag("--manifest", args->manifest, "With --json: also include the raw manifest")
       ->needs(json);
+  sub->add_flag("--tree", args->tree, "Print the Python structure tree (savepoint.python)")
+      ->excludes(json);
   sub->callback(
       [args, exit_code] { *exit_code = RunGuarded(kCommand, [&] { return RunInspect(*args); }); });
 }

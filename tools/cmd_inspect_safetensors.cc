@@ -1,12 +1,15 @@
-// `savepoint inspect FILE.safetensors [--json]`: describes a safetensors file from its header alone
-// (no tensor data is read): tensors with their byte ranges, `__metadata__` as stored, and totals.
-// cmd_inspect.cc hands a path that is a file (not a checkpoint directory) over to this one.
+// `savepoint inspect FILE.safetensors [--json | --tree]`: describes a safetensors file from its
+// header alone (no tensor data is read): tensors with their byte ranges, `__metadata__` as stored
+// (large internal entries abbreviated in human output), and totals. cmd_inspect.cc hands a path
+// that is a file (not a checkpoint directory) over to this one.
 #include <fmt/format.h>
 
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "common.h"
+#include "python_tree.h"
 #include "savepoint/savepoint.h"
 
 namespace savepoint::cli {
@@ -18,7 +21,32 @@ uint64_t TensorBytes(const SafetensorsInfo& info) {
   return n;
 }
 
-void PrintHuman(const SafetensorsInfo& info) {
+// A `__metadata__` entry for the human table, as stored; but the members of "savepoint.metadata"
+// that inspect hides (the Python structure tree, ...) are left out and named instead.
+std::string RawMetadataText(const std::string& key, const std::string& value) {
+  if (key != kSafetensorsMetadataKey) return CompactJson(Json(value));
+  Json meta = Json::parse(value, nullptr, /*allow_exceptions=*/false);
+  if (!meta.is_object()) return CompactJson(Json(value));
+  std::vector<std::string> hidden;
+  for (const auto& [k, v] : meta.items()) {
+    if (IsHiddenMetadataKey(k, v)) hidden.push_back(k);
+  }
+  if (hidden.empty()) return CompactJson(Json(value));
+  return fmt::format("{} (not shown: {})", CompactJson(Json(CompactJson(VisibleMetadata(meta)))),
+                     CompactJson(Json(hidden)));
+}
+
+// What an entry of the Python structure tree names: "BF16 [2, 3]" for a tensor, the kind of a
+// value, "" when the file has no such entry.
+std::string DescribeEntry(const SafetensorsInfo& info, const std::string& name) {
+  for (const SafetensorsTensorInfo& t : info.tensors) {
+    if (t.name == name) return fmt::format("{} {}", DTypeName(t.dtype), ShapeToString(t.shape));
+  }
+  const Value* v = info.values.FindValue(name);
+  return v != nullptr ? std::string(ValueKindName(v->kind())) : "";
+}
+
+void PrintHuman(const SafetensorsInfo& info, bool tree) {
   fmt::print("safetensors file {} ({} header, {} in all)\n", info.path,
              HumanBytes(info.header_bytes), HumanBytes(info.file_bytes));
   if (!info.tensors.empty()) {
@@ -32,10 +60,12 @@ void PrintHuman(const SafetensorsInfo& info) {
   }
   if (!info.raw_metadata.empty()) {
     Table table({"KEY", "VALUE"});
-    for (const auto& [k, v] : info.raw_metadata) table.AddRow({k, CompactJson(Json(v))});
+    for (const auto& [k, v] : info.raw_metadata) table.AddRow({k, RawMetadataText(k, v)});
     fmt::print("\n__metadata__:\n");
     table.Print(stdout);
   }
+  PrintHiddenMetadata(info.values.metadata(), tree,
+                      [&](const std::string& name) { return DescribeEntry(info, name); });
   uint64_t bytes = TensorBytes(info);
   fmt::print("total: {} tensors, {} bytes ({})\n", info.tensors.size(), bytes, HumanBytes(bytes));
 }
@@ -62,13 +92,13 @@ void PrintJsonReport(const SafetensorsInfo& info) {
 
 }  // namespace
 
-int RunInspectSafetensors(std::string_view command, const std::string& path, bool json) {
+int RunInspectSafetensors(std::string_view command, const std::string& path, bool json, bool tree) {
   Result<SafetensorsInfo> info = InspectSafetensors(path);
   if (!info.ok()) return Fail(command, info.status());
   if (json) {
     PrintJsonReport(*info);
   } else {
-    PrintHuman(*info);
+    PrintHuman(*info, tree);
   }
   return kExitOk;
 }

@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "progress.h"
 #include "savepoint/distributed.h"
 #include "savepoint/savepoint.h"
 
@@ -42,21 +43,27 @@ int RunMerge(const MergeArgs& args) {
   size_t tensors = 0, shards = 0;
   Status s = CountSource(args.src, &tensors, &shards);
   IoStats stats;
+  ProgressLine progress(kCommand, args.json);
   if (s.ok() && args.format == "safetensors") {
     MergeSafetensorsOptions o;
     o.load.io_threads = args.threads;
+    o.load.progress = progress.Phase("reading");
     o.save.io_threads = args.threads;
+    o.save.progress = progress.Phase("writing");
     o.max_file_bytes = args.max_file_bytes;
     o.stats = &stats;
     s = MergeToSafetensors(args.src, args.dst, o);
   } else if (s.ok()) {
     MergeOptions o;
     o.load.io_threads = args.threads;
+    o.load.progress = progress.Phase("reading");
     o.save.io_threads = args.threads;
     o.save.overwrite = args.overwrite;
     o.save.stats = &stats;
+    o.save.progress = progress.Phase("writing");
     s = MergeCheckpoint(args.src, args.dst, o);
   }
+  progress.End();
   if (args.json) {
     Json out = Json::object();
     out["src"] = args.src;

@@ -6,8 +6,13 @@
 #define SAVEPOINT_TOOLS_COMMANDS_H_
 
 #include <CLI/CLI.hpp>
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
+
+#include "savepoint/checkpoint.h"
+#include "savepoint/status.h"
 
 namespace savepoint::cli {
 
@@ -19,7 +24,26 @@ void RegisterConvert(CLI::App& app, int* exit_code);  // cmd_convert.cc
 void RegisterMerge(CLI::App& app, int* exit_code);    // cmd_merge.cc
 
 // `inspect` of a safetensors file (cmd_inspect_safetensors.cc); returns the exit code.
-int RunInspectSafetensors(std::string_view command, const std::string& path, bool json);
+int RunInspectSafetensors(std::string_view command, const std::string& path, bool json, bool tree);
+
+// What `verify` found, for either format (printed by PrintVerifyReport in cmd_verify.cc).
+struct VerifyReport {
+  std::string path;
+  std::string format;     // "native" or "safetensors"
+  bool checksums = true;  // whether chunks were checked against checksums (safetensors: none)
+  Status status;
+  size_t tensors = 0;
+  IoStats stats;  // bytes: logical tensor bytes verified; stored_bytes: as read from disk
+};
+
+// Prints `r` (the --json object, or the human line on success) and the error line on failure;
+// returns the exit code.
+int PrintVerifyReport(const VerifyReport& r, bool json);
+
+// `verify` of a safetensors file (cmd_verify_safetensors.cc): the header validated, every tensor
+// byte read on `threads` threads. Fills everything but the printing; `progress` as for LoadOptions.
+VerifyReport VerifySafetensorsFile(const std::string& path, int threads,
+                                   const ProgressFn& progress);
 
 }  // namespace savepoint::cli
 

@@ -66,6 +66,13 @@ std::string HumanBytes(uint64_t bytes) {
   return fmt::format("{:.1f} {}", v, kUnits[unit]);
 }
 
+std::string Abbreviate(std::string_view s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return std::string(s);
+  size_t n = max_bytes;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;  // a continuation byte
+  return std::string(s.substr(0, n)) + "...";
+}
+
 std::string IsoTimeUtc(int64_t unix_ns) {
   int64_t secs = unix_ns / 1'000'000'000;
   if (unix_ns % 1'000'000'000 < 0) --secs;  // floor for times before 1970

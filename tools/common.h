@@ -46,6 +46,10 @@ std::string CompactJson(const Json& json);
 // "0 B", "24 B", "1.5 KiB", "2.0 MiB", ... (binary units, one decimal above bytes).
 std::string HumanBytes(uint64_t bytes);
 
+// `s` cut to at most `max_bytes` bytes (at a UTF-8 character boundary) plus "...", or `s` itself
+// when it is no longer.
+std::string Abbreviate(std::string_view s, size_t max_bytes);
+
 // "2024-11-22T03:22:01Z": nanoseconds since the Unix epoch as ISO-8601 UTC, whole seconds.
 std::string IsoTimeUtc(int64_t unix_ns);
 

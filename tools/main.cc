@@ -1,4 +1,5 @@
-// The `savepoint` command-line tool: inspect, verify, list and clean up checkpoints.
+// The `savepoint` command-line tool: inspect, verify, list, clean up, convert and merge
+// checkpoints (and safetensors files).
 // Usage and exit codes: docs/CLI.md. Each subcommand lives in its own cmd_*.cc file.
 #include <fmt/format.h>
 
@@ -28,7 +29,7 @@ std::string UsageFailure(const CLI::App* app, const CLI::Error& e) {
 
 int Main(int argc, char** argv) {
   CLI::App app("savepoint " + std::string(Version()) +
-                   ": inspect, verify, list and clean up savepoint checkpoints",
+                   ": inspect, verify, list, clean up, convert and merge savepoint checkpoints",
                "savepoint");
   app.failure_message(UsageFailure);  // before the subcommands, which inherit it
   app.set_version_flag("--version", std::string("savepoint ") + Version());

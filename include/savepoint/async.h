@@ -48,6 +48,12 @@ struct CheckpointerOptions {
   // Cap on staging memory in bytes. Default: 0 = a quarter of physical RAM, at most 16 GiB.
   // At least two slabs are always used.
   uint64_t staging_bytes = 0;
+  // Staging bytes to reserve (Checkpointer::Reserve) as soon as the Checkpointer is created, in
+  // the background: a first save of up to this many bytes then blocks for the copy alone, not for
+  // allocating and faulting in fresh memory (0.43 s of a 1.5 GiB first save, docs/PERFORMANCE.md).
+  // At most staging_bytes are reserved. Default: 0 = none (a CheckpointManager with async reserves
+  // its registered objects' bytes when they are registered: ManagerOptions::prefault_staging).
+  uint64_t prefault_bytes = 0;
   // Slab size: the unit of staging and of each background write; also the checksum chunk size.
   // A multiple of 4096 in [64 KiB, 1 GiB]. Default: 8 MiB.
   uint64_t slab_bytes = uint64_t{8} << 20;
@@ -120,8 +126,10 @@ class Checkpointer {
   // Snapshots `state` and returns once the caller may modify its tensors again; the save
   // continues in the background. Errors found before the background phase (bad path, existing
   // checkpoint, bad options) are returned here; later errors through the handle. A failed save
-  // never commits; its staging memory returns to the pool. `options.chunk_bytes` is ignored (the
-  // slab size is used); `options.io_threads` is ignored (the Checkpointer's are used).
+  // never commits; its staging memory returns to the pool. The chunk size is the Checkpointer's
+  // slab_bytes and the writer threads are its io_threads: `options.chunk_bytes` and
+  // `options.io_threads` must be left at their defaults (or equal those), and `options.stats`
+  // null (SaveHandle::stats() has the statistics), else InvalidArgument.
   // `options.compression` is honoured: the snapshot copies each chunk into a slab of its own (so a
   // small tensor takes a whole slab) and the background threads compress and write it; each writer
   // thread then also holds two slab-sized buffers outside the staging cap.
@@ -130,6 +138,13 @@ class Checkpointer {
 
   // Blocks until every save started so far has finished; returns the first error among them.
   virtual Status WaitAll() = 0;
+
+  // Allocates and touches staging memory for `bytes` bytes of state (at most the cap) in a
+  // background thread and returns at once, so that the next SaveAsync of that much blocks only
+  // for the copy. Calls raise the target; memory already allocated stays. Saves may run meanwhile
+  // (they take reserved slabs as they become ready). An allocation failure ends the reservation
+  // (logged; the saves allocate as usual). The destructor stops it.
+  virtual void Reserve(uint64_t bytes) = 0;
 
   // Staging memory currently allocated (slabs in use or cached for reuse), and its cap.
   virtual uint64_t staging_allocated_bytes() const = 0;

@@ -40,9 +40,10 @@ struct GcOptions {
   bool dry_run = false;
 };
 
-// Removes debris of crashed saves under `root`: temporary directories of unfinished saves and
-// leftovers of an overwrite. If a crash interrupted an overwrite after the old checkpoint was set
-// aside but before the new one was committed, the old one is restored instead of removed.
+// Removes debris of crashed saves under `root` (of any durable commit, docs/FORMAT.md §5:
+// checkpoint directories, safetensors files, manager index files): temporaries of unfinished
+// saves and leftovers of an overwrite. If a crash interrupted an overwrite after the old target
+// was set aside but before the new one was committed, the old one is restored instead of removed.
 // Committed checkpoints are never touched. Returns the paths removed (or restored).
 Result<std::vector<std::string>> GarbageCollect(const std::string& root,
                                                 const GcOptions& options = {});

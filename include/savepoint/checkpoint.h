@@ -10,6 +10,7 @@
 #define SAVEPOINT_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,10 @@ struct IoStats {
     return stored_bytes > 0 ? static_cast<double>(bytes) / stored_bytes : 1.0;
   }
 };
+
+// Progress of a long operation: `done_bytes` of `total_bytes` done (see the `progress` fields of
+// LoadOptions, SaveOptions and the safetensors options).
+using ProgressFn = std::function<void(uint64_t done_bytes, uint64_t total_bytes)>;
 
 // Optional per-chunk compression of a save (docs/FORMAT.md, "Compressed shards"). Each chunk is
 // compressed on its own and stored compressed only if that makes it smaller, so reads stay
@@ -85,8 +90,20 @@ struct SaveOptions {
   bool create_parents = true;
   // Per-chunk compression (see Compression). Default: none.
   Compression compression = {};
+  // On-disk format version to write (docs/FORMAT.md): 2 packs tensors smaller than 64 KiB back to
+  // back at 64-byte alignment (a tiny tensor costs its bytes, not a 4 KiB block); 1 starts every
+  // tensor at a 4096-byte boundary, for readers built before version 2 existed. Readers accept
+  // both. Default: 2.
+  uint32_t format_version = 2;
   // Optional: receives statistics of the save.
   IoStats* stats = nullptr;
+  // Optional progress of Save (the asynchronous Checkpointer and SaveDistributed ignore it):
+  // called with the tensor bytes (uncompressed) written so far and the state's tensor bytes, at
+  // chunk granularity, at most about 10 times a second, and once more with done == total when all
+  // data is written (before the commit). Called from the I/O worker threads and the calling
+  // thread, never two calls at once; done never decreases. Must be cheap and must not call into
+  // savepoint. Default: empty (never called).
+  ProgressFn progress = nullptr;
 };
 
 // Saves `state` as a checkpoint directory at `path`. Returns only after the checkpoint is
@@ -97,8 +114,8 @@ Status Save(const State& state, const std::string& path, const SaveOptions& opti
 struct LoadOptions {
   // File system to read through. Default: nullptr = DefaultFileSystem().
   FileSystem* fs = nullptr;
-  // Entries to load: exact names or glob patterns ('*', '?', '[...]'; '*' also matches '.').
-  // Empty = everything. A name or pattern that matches nothing fails with NotFound.
+  // Entries to load: exact names or glob patterns (the rule of MatchesName below). Empty =
+  // everything. A name or pattern that matches nothing fails with NotFound.
   std::vector<std::string> names;
   // Verify every chunk's CRC32C while reading. Default: true.
   bool verify_checksums = true;
@@ -127,6 +144,14 @@ struct LoadOptions {
   bool mmap = false;
   // Optional: receives statistics.
   IoStats* stats = nullptr;
+  // Optional progress of Load, LoadInto, and of CheckpointReader::Verify and ReadTensor on a
+  // reader opened with these options (LoadDistributed ignores it): called with the tensor bytes
+  // (uncompressed, also for compressed chunks) read or verified so far and the total of the call,
+  // at chunk granularity, at most about 10 times a second, and once more with done == total when
+  // the call succeeds. Load with mmap counts only what it reads or verifies. Called from the I/O
+  // worker threads and the calling thread, never two calls at once; done never decreases. Must be
+  // cheap and must not call into savepoint. Default: empty (never called).
+  ProgressFn progress = nullptr;
 };
 
 // Loads a checkpoint into freshly allocated, aligned tensors (plus values and metadata).
@@ -198,6 +223,15 @@ class CheckpointReader {
   // decompressed.
   virtual Status Verify(IoStats* stats = nullptr) = 0;
 };
+
+// Whether `pattern` selects the entry name `name`: the one rule of every name filter of savepoint
+// (LoadOptions::names, SafetensorsLoadOptions::names, LoadConfig::only, the Python `names=`):
+//  - a pattern without '*', '?' or '[' is an exact name;
+//  - otherwise it is a glob: '*' matches any run of characters, '.' and '/' included; '?' any one
+//    character; "[abc]", "[a-z]" one character of a set, "[!abc]" (or "[^abc]") one not in it; a
+//    '[' without its ']' is an ordinary character;
+//  - there are no escapes ('\' is an ordinary character); matching is case-sensitive.
+bool MatchesName(const std::string& pattern, const std::string& name);
 
 // Convenience: CheckpointReader::Open(path)->Verify().
 Status VerifyCheckpoint(const std::string& path, const LoadOptions& options = {},

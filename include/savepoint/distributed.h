@@ -142,9 +142,10 @@ Result<ReadPlanSummary> PlanDistributedLoad(const std::string& path, const Shard
 
 struct MergeOptions {
   // How the source is read (fs, io_threads, verify_checksums, direct_io; names selects tensors).
+  // `progress` (when set) reports the read.
   LoadOptions load;
   // How the result is written (fs, chunk_bytes, io_threads, overwrite, ...). `stats` (when set)
-  // receives the statistics of the write.
+  // receives the statistics of the write; `progress` (when set) reports the write.
   SaveOptions save;
 };
 
@@ -159,7 +160,9 @@ struct MergeSafetensorsOptions {
   // How the source is read (fs, io_threads, verify_checksums, direct_io; names selects tensors).
   LoadOptions load;
   // How each file is written (fs, io_threads, create_parents; `overwrite` must be false, `stats`
-  // is ignored: use `stats` below).
+  // is ignored: use `stats` below). `progress` (when set) reports the write of all files together:
+  // done counts the tensor bytes written to every file so far, total is the selection's tensor
+  // bytes. `load.progress` reports the read.
   SafetensorsSaveOptions save;
   // Most tensor-data bytes per file; 0 = no cap (one file). A tensor larger than the cap goes
   // alone into its own file. Default: 0.

@@ -39,8 +39,11 @@ class Job {
 class MetadataHandler {
  public:
   virtual ~MetadataHandler() = default;
-  // The epoch to resume from: `user_epoch` if given, else the last recorded one; nullopt for a
-  // fresh start. Default: user_epoch.
+  // The epoch to resume from: `user_epoch` if given, else the last one the handler recorded.
+  // nullopt = the handler has no opinion: the runner resumes from the newest epoch-end checkpoint
+  // in the manager's directory, or starts fresh when there is none (to always start fresh, set
+  // JobRunnerOptions::resume = false). Default: user_epoch (so a handler that only wants Report
+  // statistics leaves resuming as it is without a handler).
   virtual std::optional<int64_t> LastEpoch(std::optional<int64_t> user_epoch) { return user_epoch; }
   // Records that the checkpoint of `epoch` is committed. Default: nothing.
   virtual Status Write(int64_t epoch) {
@@ -66,12 +69,22 @@ struct JobRunnerOptions {
   // without a handler the newest epoch-end checkpoint in the manager's directory (fresh start if
   // there is none).
   std::optional<int64_t> resume_from_epoch;
+  // Resume at all. false = always a fresh start (Init, epoch 0 save); with SeriesRule::kContinue
+  // the fresh run's checkpoints then start a new series of names. Default: true.
+  bool resume = true;
   // Stop after this epoch even if the job does not say so. 0 = no limit. Default: 0.
   int64_t max_epochs = 0;
   // Step recorded for an epoch's checkpoint: a callable mapping the epoch to the global step.
-  // Default: empty = the manager's global_step() (as advanced by its hooks), or the epoch number
-  // when no hook ran.
+  // Default: empty = when the job's calls of the manager's hooks advanced its global step since
+  // the runner's last save or resume, the epoch ends through CheckpointManager::OnEpochEnd (a save
+  // at the hooks' last step, or that step's checkpoint marked as the epoch's end); otherwise the
+  // epoch number, or one more than the last saved step if that is larger (so every epoch gets a
+  // step of its own, before and after a resume).
   std::function<int64_t(int64_t epoch)> step_of_epoch;
+  // A failed or refused epoch save (after the initial one) ends Train with its error. false = it
+  // is logged as an error (and counted in failed_saves()) and training goes on, as Caffe2 does.
+  // Default: false.
+  bool stop_on_save_error = false;
 };
 
 class JobRunner {
@@ -81,13 +94,19 @@ class JobRunner {
             JobRunnerOptions options = {});
 
   // Runs the flow above; returns the last epoch run. Errors of the job and of a resume load are
-  // returned; a failed save is logged and training goes on (as Caffe2 does), unless it is the
-  // initial save.
+  // returned; a failed or refused epoch save is logged as an error and counted, and training goes
+  // on (as Caffe2 does) unless it is the initial save or stop_on_save_error.
   Result<int64_t> Train();
+  // Epoch saves that failed or were refused during Train.
+  int failed_saves() const { return failed_saves_; }
 
  private:
   Result<std::optional<int64_t>> ResumeEpoch();
+  std::optional<int64_t> NewestEpochEnd();
   Status Resume(int64_t epoch);
+  bool HooksAdvanced();
+  int64_t StepOfEpoch(int64_t epoch);
+  Status SaveEpochAtStep(int64_t epoch, int64_t step);
   Status SaveEpoch(int64_t epoch);
   void ReportSince(std::string_view action, size_t first_stat);
 
@@ -95,6 +114,8 @@ class JobRunner {
   CheckpointManager* manager_;
   MetadataHandler* handler_;
   JobRunnerOptions options_;
+  int failed_saves_ = 0;
+  std::optional<int64_t> last_step_;  // step of the runner's last save or resume
 };
 
 }  // namespace savepoint

@@ -60,6 +60,18 @@ struct StepInfo {
 };
 
 enum class CheckpointFormat { kNative, kSafetensors };
+
+// Checkpoint names form series: "{prefix}-{epoch}_{step}" and, after MindSpore's conflict rule,
+// "{prefix}_{n}-{epoch}_{step}" (n one more than the largest n in use).
+enum class SeriesRule {
+  // A manager that resumes from a checkpoint of its directory (Restore, RestoreRegistered,
+  // ResumeFrom) before its first save is the same run: it continues that checkpoint's series. A
+  // manager that saves without resuming, into a directory where the prefix is in use, is a new
+  // run: it starts a new series by the conflict rule, so it never overwrites another run.
+  kContinue,
+  // MindSpore's ModelCheckpoint: the conflict rule applies at every open, resumed or not.
+  kNew,
+};
 enum class MetricMode { kMin, kMax };
 
 struct ManagerOptions {
@@ -70,11 +82,12 @@ struct ManagerOptions {
   // the manager finishes pending saves, releases the old directory and opens the new one (lock,
   // index). Default: empty (use `directory`).
   std::function<std::string(const StepInfo&)> directory_fn;
-  // Name prefix: non-empty, no '/', not starting with '.', at most 200 bytes. If checkpoints named
-  // "{prefix}-..." or "{prefix}_{n}-..." already exist in the directory, new ones are named with
-  // "{prefix}_{n+1}" (the conflict rule of MindSpore's ModelCheckpoint), so a restarted run never
-  // overwrites the run it resumed from. Default: "ckpt".
+  // Name prefix: non-empty, no '/', not starting with '.', at most 200 bytes. What happens when
+  // the directory already holds checkpoints of this prefix is `series`'s choice. Default: "ckpt".
   std::string prefix = "ckpt";
+  // Which series of names new checkpoints join when the directory already holds checkpoints
+  // named "{prefix}-..." or "{prefix}_{n}-..." (see SeriesRule). Default: kContinue.
+  SeriesRule series = SeriesRule::kContinue;
   // Computes the whole checkpoint name (no "-{epoch}_{step}" suffix is added, and the conflict
   // rule does not apply) before every save; same rules as `prefix`. Default: empty.
   std::function<std::string(const StepInfo&)> prefix_fn;
@@ -112,6 +125,10 @@ struct ManagerOptions {
   bool async = false;
   // Staging options of the async Checkpointer. Default: CheckpointerOptions defaults.
   CheckpointerOptions async_options;
+  // With async: whenever an object is registered, reserve and pre-touch staging memory for the
+  // registered objects' tensor bytes in the background (Checkpointer::Reserve), so the first
+  // save blocks for the copy alone. Default: true.
+  bool prefault_staging = true;
   // Verify every chunk's CRC32C when restoring (checksums are always written). Default: true.
   bool checksum = true;
   // kSafetensors is Unimplemented until issue #5; combined with async, exception_save or
@@ -231,7 +248,8 @@ class CheckpointManager {
 
   // --- Direct API. ---
   // Saves `state` as the checkpoint of `step` if due (or args.force), returning whether it
-  // started a save. Never saves one step twice (returns false). Synchronous: committed, indexed
+  // started a save. Never saves one step twice (returns false; with args.epoch_end, the
+  // checkpoint of that step is then marked as its epoch's end, as OnEpochEnd does). Synchronous: committed, indexed
   // and retention applied when it returns. Async: returns after the snapshot; the checkpoint is
   // indexed when the save commits (observed by the next call, or Wait). The state may be modified
   // once this returns.
@@ -239,7 +257,14 @@ class CheckpointManager {
   // Whether Save(step) would save now (without force).
   virtual bool ShouldSave(int64_t step) = 0;
   // Loads a whole checkpoint (waits for pending saves first). NotFound when none matches.
+  // Resumes from it as ResumeFrom does.
   virtual Result<State> Restore(const Which& which = Which::Latest()) = 0;
+  // Makes the manager continue from the chosen checkpoint without loading it (for front ends that
+  // load the files themselves, like the Python package): waits for pending saves, sets the step
+  // counters (global step, last saved step, epoch) to the checkpoint's and, under
+  // SeriesRule::kContinue before the first save, continues its series. Returns its record;
+  // NotFound when none matches.
+  virtual Result<CheckpointRecord> ResumeFrom(const Which& which = Which::Latest()) = 0;
   virtual std::optional<CheckpointRecord> Latest() = 0;
   virtual std::optional<int64_t> LatestStep() = 0;
   // Committed checkpoints, oldest first.
@@ -251,7 +276,7 @@ class CheckpointManager {
   // FailedPrecondition. Idempotent.
   virtual Status Close() = 0;
   virtual std::string directory() = 0;
-  // The prefix in use (after the conflict rule).
+  // The prefix of the series new checkpoints join (see SeriesRule). Empty with prefix_fn.
   virtual std::string prefix() = 0;
   // Every action's statistics so far, oldest first.
   virtual std::vector<CheckpointStats> stats() = 0;
@@ -263,8 +288,8 @@ class CheckpointManager {
   virtual Status Unregister(const std::string& name) = 0;
   // Save(step, <every registered object's state>, args).
   virtual Result<bool> SaveRegistered(int64_t step, const SaveArgs& args = {}) = 0;
-  // Loads the chosen checkpoint into the registered objects under `config`; sets the step
-  // counters (global step, last saved step) to the checkpoint's. Returns its record.
+  // Loads the chosen checkpoint into the registered objects under `config` and resumes from it as
+  // ResumeFrom does. Returns its record.
   virtual Result<CheckpointRecord> RestoreRegistered(const Which& which = Which::Latest(),
                                                      const LoadConfig& config = {}) = 0;
   // Loads the checkpoint at any path into the registered objects (no counters change). A model

@@ -71,6 +71,12 @@ struct SafetensorsSaveOptions {
   int io_threads = 4;
   // Optional: receives statistics (bytes = tensor bytes written).
   IoStats* stats = nullptr;
+  // Optional progress of SaveSafetensors: called with the tensor bytes written so far and the
+  // state's tensor bytes, per 8 MiB piece of the file, at most about 10 times a second, and once
+  // more with done == total when all data is written (before the commit). Called from the I/O
+  // worker threads and the calling thread, never two calls at once; done never decreases. Must be
+  // cheap and must not call into savepoint. Default: empty (never called).
+  ProgressFn progress = nullptr;
 };
 
 // Writes `state` as one safetensors file at `path`. Tensors are laid out back to back from offset
@@ -110,6 +116,12 @@ struct SafetensorsLoadOptions {
   bool mmap = false;
   // Optional: receives statistics (bytes = tensor bytes loaded or mapped).
   IoStats* stats = nullptr;
+  // Optional progress of LoadSafetensors: called with the tensor bytes read so far and the total
+  // of the selected tensors, per 8 MiB piece, at most about 10 times a second, and once more with
+  // done == total at the end, all from the calling thread; done never decreases. With mmap
+  // nothing is read, so it is called once, with done == total. Must be cheap and must not call
+  // into savepoint. Default: empty (never called).
+  ProgressFn progress = nullptr;
 };
 
 // One tensor entry of a safetensors header.

@@ -1,10 +1,13 @@
-// Umbrella header: everything a user of savepoint needs.
+// Umbrella header: everything in libsavepoint. (The OpenMPI communicator, savepoint/mpi.h, lives
+// in the separate library savepoint_mpi and is included on its own.)
 #ifndef SAVEPOINT_SAVEPOINT_H_
 #define SAVEPOINT_SAVEPOINT_H_
 
 #include "savepoint/async.h"        // IWYU pragma: export
 #include "savepoint/catalog.h"      // IWYU pragma: export
 #include "savepoint/checkpoint.h"   // IWYU pragma: export
+#include "savepoint/comm.h"         // IWYU pragma: export
+#include "savepoint/distributed.h"  // IWYU pragma: export
 #include "savepoint/dtype.h"        // IWYU pragma: export
 #include "savepoint/filesystem.h"   // IWYU pragma: export
 #include "savepoint/job_runner.h"   // IWYU pragma: export

@@ -4,8 +4,13 @@
     savepoint.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": step},
                    "ckpt/step-100")
     state = savepoint.load("ckpt/step-100")               # the same structure back
+    state = savepoint.load("ckpt/step-100", framework="pt")   # every tensor as torch
     fut = savepoint.save(state, "ckpt/step-200", async_=True)   # returns after a memory copy
     fut.wait()                                            # committed and durable
+
+savepoint.CheckpointManager runs a training loop's checkpoints: intervals, retention, an index,
+registered objects (anything with state_dict / load_state_dict), epoch-aware names and hooks,
+breakpoints on exceptions and SIGTERM.
 
 The C++ core (savepoint._core) does all I/O with the GIL released. Errors are SavepointError
 subclasses carrying the C++ message (e.g. CorruptCheckpointError names tensor and chunk).
@@ -29,7 +34,7 @@ from ._errors import (
     UnimplementedError,
 )
 from ._load import info, list_checkpoints, load, verify
-from ._manager import CheckpointManager
+from ._manager import CheckpointManager, StepInfo
 from ._safetensors import SafetensorsDict, load_safetensors, safetensors_info, save_safetensors
 from ._save import AsyncCheckpointer, SaveFuture, default_checkpointer, save
 
@@ -59,6 +64,7 @@ __all__ = [
     "SaveFuture",
     "SavepointError",
     "SavepointIOError",
+    "StepInfo",
     "UnimplementedError",
     "default_checkpointer",
     "info",

@@ -1,7 +1,8 @@
 """dtype mapping between savepoint's on-disk names, torch dtypes and numpy dtypes.
 
-torch and ml_dtypes are optional: torch is imported only when a torch tensor is saved or a
-torch-origin checkpoint is loaded; ml_dtypes gives numpy the bf16 and fp8 types.
+torch is optional: it is imported only when a torch tensor is saved or torch tensors are loaded.
+ml_dtypes (a dependency of the package) gives numpy the bf16 and fp8 types; without it those
+dtypes load as torch tensors (savepoint.load) or raise TypeError when numpy arrays are asked for.
 """
 
 import sys
@@ -10,7 +11,7 @@ import numpy as np
 
 try:  # bf16 / fp8 for numpy
     import ml_dtypes
-except ImportError:  # pragma: no cover - ml_dtypes is a test dependency
+except ImportError:  # pragma: no cover - a declared dependency, but numpy works without it
     ml_dtypes = None
 
 # savepoint name -> numpy dtype name (ml_dtypes names for the ones numpy lacks).
@@ -69,12 +70,19 @@ def from_numpy_dtype(dtype):
     return _FROM_NUMPY_NAME.get(name)
 
 
+def numpy_can_hold(name):
+    """Whether numpy can hold savepoint dtype `name` here (bf16 and fp8 need ml_dtypes)."""
+    return name is None or ml_dtypes is not None or _NUMPY_NAMES[name] not in _ML_DTYPES
+
+
 def to_numpy_dtype(name):
     """numpy dtype for a savepoint name (bf16 and fp8 need ml_dtypes)."""
     np_name = _NUMPY_NAMES[name]
     if np_name in _ML_DTYPES:
         if ml_dtypes is None:
-            raise TypeError(f"dtype {name} needs the ml_dtypes package for numpy (pip install ml_dtypes)")
+            raise TypeError(
+                f"dtype {name} needs the ml_dtypes package for numpy (pip install ml_dtypes); "
+                "or load it as torch tensors (framework='pt')")
         return np.dtype(getattr(ml_dtypes, np_name))
     return np.dtype(np_name)
 

@@ -1,6 +1,5 @@
 """savepoint.load, plus info / verify / list_checkpoints."""
 
-import fnmatch
 import json
 import mmap as _mmap
 import os
@@ -25,6 +24,7 @@ class _Info:
         meta = json.loads(self.reader.metadata_json())
         self.metadata = meta if isinstance(meta, dict) else {}
         self.tree = self.metadata.pop(_tree.TREE_KEY, None)
+        self.flat = self.tree is None  # no Python structure: written by the C++ API or the CLI
         if self.tree is not None and self.tree.get("version") != _tree.TREE_VERSION:
             raise _errors.UnimplementedError(
                 f"checkpoint {path}: Python structure version {self.tree.get('version')} is not "
@@ -34,14 +34,29 @@ class _Info:
             self.tree = {"version": 1, "root": {"dict": sorted(items, key=lambda kv: kv[0])}}
 
 
+_FRAMEWORKS = {None: None, "pt": "pt", "torch": "pt", "np": "np", "numpy": "np"}
+
+
 def load(path, *, names=None, mmap=False, map_location=None, like=None, verify=True, io_threads=4,
-         direct_io=True):  # fmt: skip
+         direct_io=True, framework=None):  # fmt: skip
     """Loads a checkpoint written by savepoint.save; returns the saved structure.
 
-    Tensors saved from torch come back as torch tensors, numpy arrays as numpy arrays (bf16/fp8
-    via ml_dtypes), scalars as the same Python types, dicts/OrderedDicts/lists/tuples as saved. A
-    checkpoint written by the C++ API or CLI loads as a flat dict {entry name: numpy array or value}.
+    Tensors come back as chosen by `framework`; scalars as the same Python types, and
+    dicts/OrderedDicts/lists/tuples as saved. A checkpoint written by the C++ API or the CLI (e.g.
+    `savepoint convert` of a safetensors file) has no Python structure: it loads as a flat dict
+    {entry name: tensor or value}.
 
+    framework: what tensors come back as.
+        None (default): as saved: torch tensors saved from torch, numpy arrays saved from numpy.
+            Checkpoints of the C++ API or CLI give numpy arrays (bf16/fp8 as ml_dtypes types).
+            Never fails on a dtype one of them can hold: without ml_dtypes, bf16/fp8 tensors come
+            back as torch tensors (if torch is installed); without torch, torch-saved tensors come
+            back as numpy arrays.
+        "pt" (or "torch"): every tensor, array and numpy scalar as a torch tensor (bf16 and fp8
+            need no ml_dtypes). Needs torch.
+        "np" (or "numpy"): every tensor as a numpy array on the CPU (bf16/fp8 need ml_dtypes;
+            map_location, Parameter and requires_grad do not apply).
+        `like` targets are returned as they are, whatever the framework.
     names: optional list of tensor entry names or glob patterns ("model.*"); only those tensors
         are read (non-tensor values always are). Unselected tensors are left out of dicts and
         become None in lists/tuples. A name matching nothing raises NotFoundError.
@@ -59,8 +74,11 @@ def load(path, *, names=None, mmap=False, map_location=None, like=None, verify=T
     verify: check every chunk's CRC32C (default True); a mismatch raises CorruptCheckpointError
         naming checkpoint, tensor, chunk, file and offset.
     """
+    if framework not in _FRAMEWORKS:
+        raise ValueError(f"savepoint.load: framework={framework!r}: use None, 'pt' or 'np'")
     path = os.fspath(path)
     info = _Info(path, io_threads, direct_io)
+    info.tree = _for_framework(info, _FRAMEWORKS[framework])
     leaves = _tree.tensor_leaves(info.tree)
     manifest = json.loads(info.reader.manifest_json()) if mmap else None
     plan = _Plan(path, info, _like_targets(like), manifest)
@@ -72,6 +90,41 @@ def load(path, *, names=None, mmap=False, map_location=None, like=None, verify=T
     plan.run(verify, io_threads, direct_io)
     finish = _finisher(plan.loaded, selected, map_location, plan.like_names)
     return _tree.rebuild(info.tree, finish, info.values)
+
+
+def _for_framework(info, framework):
+    """info.tree with its tensor leaves rewritten to the kind `framework` asks for ("pt", "np" or
+    None: as saved, falling back to the other kind where the saved one cannot be had)."""
+    if framework == "pt" and _dtypes.torch_module() is None:
+        raise ImportError("savepoint.load: framework='pt' needs torch (pip install torch)")
+
+    def leaf(node):
+        name = _tree.leaf_name(node)
+        if framework == "pt":
+            return node if "torch" in node else {"torch": name}
+        if framework == "np":
+            return node if "torch" not in node else {"numpy": name}
+        if "torch" in node:  # as saved, unless torch is missing
+            return node if _dtypes.torch_module() is not None else {"numpy": name}
+        dtype = info.tensors[name][1] if name in info.tensors else None
+        if not _dtypes.numpy_can_hold(dtype) and _dtypes.torch_module() is not None:
+            return {"torch": name}  # bf16 / fp8 without ml_dtypes
+        return node
+
+    def walk(node):
+        if "dict" in node or "odict" in node:
+            kind = "dict" if "dict" in node else "odict"
+            out = dict(node)
+            out[kind] = [[k, walk(child)] for k, child in node[kind]]
+            return out
+        if "list" in node or "tuple" in node:
+            kind = "list" if "list" in node else "tuple"
+            return {kind: [walk(child) for child in node[kind]]}
+        if "torch" in node or "numpy" in node or "npscalar" in node:
+            return leaf(node)
+        return node
+
+    return {**info.tree, "root": walk(info.tree["root"])}
 
 
 class _Plan:
@@ -143,9 +196,9 @@ def _select(info, leaves, names, path):
 
 
 def _matches(pattern, name):
-    if any(c in pattern for c in "*?["):
-        return fnmatch.fnmatchcase(name, pattern)
-    return pattern == name
+    """The one name rule of savepoint (C++ savepoint::MatchesName): exact names, or globs where
+    '*' also matches '.', no escapes."""
+    return _core.match_name(pattern, name)
 
 
 def _like_targets(like):

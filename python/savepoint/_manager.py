@@ -1,15 +1,158 @@
-"""savepoint.CheckpointManager: the C++ CheckpointManager for a Python training loop."""
+"""savepoint.CheckpointManager: the C++ CheckpointManager for a Python training loop.
 
+The direct API (save / restore / the index) is the C++ manager's, through savepoint._core.
+Registered objects, the training-loop hooks, breakpoints and signal handling are implemented
+here, in Python, over the C++ direct API with the same semantics as the C++ ones (manager.h):
+the C++ registry holds C++ Stateful objects, which Python objects are not.
+"""
+
+import collections
+import contextlib
+import difflib
+import functools
+import inspect
+import logging
+import operator
 import os
+import signal
+import threading
 
-from . import _core, _errors, _load
+from . import _core, _errors, _load, _registry
 from ._save import _flatten
+
+StepInfo = collections.namedtuple("StepInfo", "step epoch step_in_epoch")
+StepInfo.__doc__ = """Where training is when a checkpoint is named (passed to prefix_fn and
+directory_fn): global step (1-based), epoch (1-based), step within the epoch."""
+
+_logger = logging.getLogger("savepoint")
+
+# Keys of the async_options dict (C++ CheckpointerOptions) -> key of the binding's options dict.
+_ASYNC_OPTIONS = {
+    "staging_bytes": "staging_bytes",
+    "slab_bytes": "slab_bytes",
+    "io_threads": "async_io_threads",
+    "persist_during_snapshot": "persist_during_snapshot",
+    "allow_concurrent_saves": "allow_concurrent_saves",
+    "snapshot_threads": "snapshot_threads",
+}
+
+
+def _unknown_keyword(what, key, valid):
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else f" (valid: {', '.join(sorted(valid))})"
+    return TypeError(f"{what}: unknown keyword argument {key!r}{hint}")
+
+
+def _suggest_keywords(func):
+    """Makes an unexpected keyword argument raise a TypeError that names it and suggests the
+    closest valid one (difflib), instead of Python's plain message."""
+    params = inspect.signature(func).parameters.values()
+    valid = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)][1:]
+    what = func.__qualname__.replace(".__init__", "")
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        for key in kwargs:
+            if key not in valid:
+                raise _unknown_keyword(what, key, valid)
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+def _int(name, value):
+    try:
+        return operator.index(value)
+    except TypeError:
+        t = type(value).__name__
+        raise TypeError(f"CheckpointManager: {name} must be an int, not {t}") from None
+
+
+def _str(name, value):
+    if not isinstance(value, str):
+        raise TypeError(f"CheckpointManager: {name} must be a str, not {type(value).__name__}")
+    return value
+
+
+def _metrics(metrics):
+    return {str(k): float(v) for k, v in (metrics or {}).items()}
+
+
+def _name_callable(fn, what):
+    """fn(StepInfo) -> str as the binding's f(step, epoch, step_in_epoch) -> str."""
+    if not callable(fn):
+        raise TypeError(f"CheckpointManager: {what} must be callable")
+
+    def call(step, epoch, step_in_epoch):
+        out = fn(StepInfo(step, epoch, step_in_epoch))
+        if what == "directory_fn":
+            out = os.fspath(out)
+        if not isinstance(out, str):
+            raise TypeError(f"CheckpointManager: {what} returned a {type(out).__name__}, not a str")
+        return out
+
+    return call
+
+
+class _Signals:
+    """The process's SIGTERM / SIGINT handlers of one manager (Python's signal module: main
+    thread only). The handler only records the signal; the manager acts on it at its next hook.
+    A second signal before that re-raises at once with the previous handler."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    owner = None  # the manager whose handlers are installed
+    lock = threading.Lock()
+
+    def __init__(self, manager):
+        if threading.current_thread() is not threading.main_thread():
+            raise _errors.FailedPreconditionError(
+                "CheckpointManager(handle_signals=True): signal handlers can only be installed "
+                "from the main thread (Python's signal module); open the manager there, or pass "
+                "handle_signals=False")
+        with _Signals.lock:
+            if _Signals.owner is not None:
+                raise _errors.FailedPreconditionError(
+                    "handle_signals: another CheckpointManager in this process already handles "
+                    "signals")
+            _Signals.owner = self
+        self.pending = 0
+        self.previous = {}
+        try:
+            for sig in self.SIGNALS:
+                self.previous[sig] = signal.signal(sig, self._handler)
+        except BaseException:
+            self.uninstall()
+            raise
+
+    def _handler(self, signum, frame):
+        if self.pending:  # a second signal: give up waiting for a hook
+            self.reraise(signum)
+            return
+        self.pending = signum
+
+    def uninstall(self):
+        """Puts the previous handlers back (SIG_DFL where they were not Python's). Idempotent."""
+        previous, self.previous = self.previous, {}
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        with _Signals.lock:
+            if _Signals.owner is self:
+                _Signals.owner = None
+
+    def reraise(self, signum):
+        """Uninstalls, then raises `signum` again for the previous handler (which, by default,
+        ends the process for SIGTERM and raises KeyboardInterrupt for SIGINT)."""
+        self.uninstall()
+        signal.raise_signal(signum)
 
 
 class CheckpointManager:
     """Owns one checkpoint directory: decides when to save, names checkpoints
     "{prefix}-{epoch}_{step_in_epoch}", keeps an index, deletes old checkpoints by a retention
-    policy, and restores the latest (or a chosen) one. Usable as a context manager (close()).
+    policy, restores the latest (or a chosen) one, and saves a "_breakpoint" checkpoint when
+    training dies. A second manager on the same directory fails (the directory is locked).
+
+    Direct use: save a structure you build each time.
 
         with savepoint.CheckpointManager("ckpt", save_interval_steps=100, keep_last_n=3) as mgr:
             start = mgr.latest_step() or 0
@@ -20,51 +163,199 @@ class CheckpointManager:
                 mgr.save(step, {"model": model.state_dict(), "optim": opt.state_dict()},
                          metrics={"loss": loss})
 
-    Options (C++ ManagerOptions; defaults in parentheses): prefix ("ckpt"), save_interval_steps (1;
-    0 = not by steps), save_interval_seconds (0), steps_per_epoch (0), keep_last_n (5),
-    keep_per_n_minutes (0), keep_all (False), keep_every_n_steps (0), keep_best_n (0) with
-    best_metric and best_mode ("min" | "max"), async_ (False: save() returns when durable; True:
-    after the snapshot copy), staging_bytes (async staging cap; default a quarter of RAM, at most
-    16 GiB), checksum (True: verify CRC32C on restore), gc_on_open (True), io_threads (4), direct_io
-    (True). A second manager on the same directory fails (the directory is locked).
+    Registered use: register the objects once (anything with state_dict() / load_state_dict(),
+    or a dict holding state), then call the hooks.
+
+        mgr = savepoint.CheckpointManager("ckpt", steps_per_epoch=1000, exception_save=True,
+                                          handle_signals=True)
+        mgr.register("model", model)                      # category "dense" (alias "model")
+        mgr.register("optim", opt, category="optimizer")
+        mgr.register("counters", {"seen": 0}, category="extra")
+        if mgr.latest_step() is not None:
+            mgr.restore_registered()
+        with mgr.exception_guard():                       # a breakpoint if train() raises
+            for epoch ...:
+                for step ...:
+                    ...
+                    mgr.on_step_end(step, epoch, {"loss": loss})
+                mgr.on_epoch_end(epoch)
+        mgr.on_train_end()
+
+    The direct API may be called from any thread (the C++ manager serialises calls); register,
+    the hooks, the breakpoints and restore_registered belong to the training thread, and the
+    registered objects are only touched from the thread that calls them.
+
+    Options (keyword-only; an unknown one raises TypeError suggesting the closest valid name; a
+    bad value raises InvalidArgumentError, a ValueError, naming it):
+      Where:
+        directory: the checkpoint directory (created if missing). Required unless directory_fn.
+        directory_fn (None): f(StepInfo) -> path, evaluated at open (step 0) and before every
+            save; when it changes, pending saves finish and the manager moves to the new
+            directory (lock, index). An exception it raises propagates to the caller.
+        prefix ("ckpt"): name prefix (no '/', not starting with '.', at most 200 bytes).
+        series ("continue"): which series of names new checkpoints join when the directory
+            already holds "{prefix}-..." or "{prefix}_{n}-..." checkpoints. "continue": a manager
+            that restores (restore / restore_registered / resume_from) a checkpoint of its
+            directory before its first save continues that checkpoint's series; one that saves
+            without restoring starts a new series "{prefix}_{n}" (MindSpore's conflict rule), so
+            it never overwrites another run. "new": always the conflict rule.
+        prefix_fn (None): f(StepInfo) -> the whole checkpoint name (no "-{epoch}_{step}" suffix;
+            the series rule does not apply).
+      When:
+        save_interval_steps (1): save when step >= last saved step + this; 0 = not by steps.
+        save_interval_seconds (0): save when more than this many seconds passed since the last
+            save (ignored when save_interval_steps > 0); 0 = not by time.
+        steps_per_epoch (0): derives epoch and step_in_epoch for names when a save does not give
+            them; 0 = every step is in epoch 1 (the hooks then track epochs themselves).
+      How many to keep (a checkpoint is kept if any rule keeps it; the newest never goes):
+        keep_last_n (5): the newest N.
+        keep_per_n_minutes (0): one per N-minute window (when keep_last_n is 0; both 0 = 1).
+        keep_all (False): everything.
+        keep_every_n_steps (0): also every checkpoint whose step is a multiple of N.
+        keep_best_n (0), best_metric (None), best_mode ("min" | "max"): also the best N by
+            metrics[best_metric].
+      How:
+        async_ (False): save() returns after the snapshot copy; the write continues in the
+            background (True), or once the checkpoint is durable (False).
+        staging_bytes (None): async staging memory cap (default a quarter of RAM, <= 16 GiB).
+        async_options (None): more of the async Checkpointer's options, a dict with keys
+            staging_bytes, slab_bytes (8 MiB), io_threads (2), persist_during_snapshot (False),
+            allow_concurrent_saves (False), snapshot_threads (0 = up to 4).
+        checksum (True): verify every chunk's CRC32C when restoring.
+        format ("native"): "safetensors" is not implemented yet (UnimplementedError).
+        io_threads (4), direct_io (True): I/O of synchronous saves and of restores.
+        gc_on_open (True): remove debris of crashed saves when opening.
+      What else goes into every checkpoint:
+        append_info (()): "epoch_num" and/or "step_num", stored as values.
+        append_dict (None): {name: int | float | bool | str}, stored as values.
+      Registered objects:
+        shard_id (0), num_shards (1): this process's data shard: io_state objects are saved as
+            "<name>.shard-<shard_id>" and restoring checks num_shards.
+        exception_save (False): allow breakpoints: save_breakpoint(), exception_guard(), leaving
+            the manager's `with` block by an exception, and signals (handle_signals) save
+            "{prefix}-{epoch}_{step}_breakpoint" of the registered objects.
+        handle_signals (False): install SIGTERM and SIGINT handlers (main thread only; at most
+            one manager per process) that only record the signal; the next hook (on_step_end,
+            on_epoch_end, step) then saves a breakpoint (if exception_save), waits for every
+            save, closes the manager and re-raises the signal with the previous handler (SIGTERM
+            then ends the process, SIGINT raises KeyboardInterrupt). A second signal before that
+            re-raises at once.
     """
 
-    def __init__(self, directory, *, async_=False, **options):
-        options["directory"] = os.fspath(directory)
-        options["async"] = bool(async_)
-        if options.get("staging_bytes") is None:
-            options.pop("staging_bytes", None)
-        self._checksum = options.get("checksum", True)
-        self._io_threads = options.get("io_threads", 4)
+    @_suggest_keywords
+    def __init__(self, directory=None, *, prefix="ckpt", series="continue", prefix_fn=None,
+                 directory_fn=None, save_interval_steps=1, save_interval_seconds=0,
+                 steps_per_epoch=0, keep_last_n=5, keep_per_n_minutes=0, keep_all=False,
+                 keep_every_n_steps=0, keep_best_n=0, best_metric=None, best_mode="min",
+                 async_=False, staging_bytes=None, async_options=None, checksum=True,
+                 format="native", io_threads=4, direct_io=True, gc_on_open=True, append_info=(),
+                 append_dict=None, shard_id=0, num_shards=1, exception_save=False,
+                 handle_signals=False):  # fmt: skip
+        self._m = None
+        self._signals = None
+        self._closed = False
+        if directory is None and directory_fn is None:
+            raise TypeError("CheckpointManager: pass a directory (or directory_fn)")
+        options = {
+            "prefix": _str("prefix", prefix),
+            "series": _str("series", series),
+            "save_interval_steps": _int("save_interval_steps", save_interval_steps),
+            "save_interval_seconds": _int("save_interval_seconds", save_interval_seconds),
+            "steps_per_epoch": _int("steps_per_epoch", steps_per_epoch),
+            "keep_last_n": _int("keep_last_n", keep_last_n),
+            "keep_per_n_minutes": _int("keep_per_n_minutes", keep_per_n_minutes),
+            "keep_all": bool(keep_all),
+            "keep_every_n_steps": _int("keep_every_n_steps", keep_every_n_steps),
+            "keep_best_n": _int("keep_best_n", keep_best_n),
+            "best_metric": "" if best_metric is None else _str("best_metric", best_metric),
+            "best_mode": _str("best_mode", best_mode),
+            "async": bool(async_),
+            "checksum": bool(checksum),
+            "format": _str("format", format),
+            "io_threads": _int("io_threads", io_threads),
+            "direct_io": bool(direct_io),
+            "gc_on_open": bool(gc_on_open),
+            "shard_id": _int("shard_id", shard_id),
+            "num_shards": _int("num_shards", num_shards),
+            "exception_save": bool(exception_save),
+        }
+        if directory is not None:
+            options["directory"] = os.fspath(directory)
+        if isinstance(append_info, str):
+            append_info = [append_info]
+        options["append_info"] = [_str("append_info item", a) for a in append_info]
+        if append_dict is not None:
+            if not isinstance(append_dict, dict) or not all(type(k) is str for k in append_dict):
+                raise TypeError("CheckpointManager: append_dict must be a dict with str keys")
+            options["append_dict"] = dict(append_dict)
+        for key, value in (async_options or {}).items():
+            if key not in _ASYNC_OPTIONS:
+                raise _unknown_keyword("CheckpointManager async_options", key, list(_ASYNC_OPTIONS))
+            kind = bool if key in ("persist_during_snapshot", "allow_concurrent_saves") else int
+            options[_ASYNC_OPTIONS[key]] = bool(value) if kind is bool else _int(key, value)
+        if staging_bytes is not None:
+            options["staging_bytes"] = _int("staging_bytes", staging_bytes)
+        if prefix_fn is not None:
+            options["prefix_fn"] = _name_callable(prefix_fn, "prefix_fn")
+        if directory_fn is not None:
+            options["directory_fn"] = _name_callable(directory_fn, "directory_fn")
+        self._exception_save = bool(exception_save)
+        self._save_steps = options["save_interval_steps"]
+        self._steps_per_epoch = options["steps_per_epoch"]
+        self._shard_id, self._num_shards = options["shard_id"], options["num_shards"]
+        self._checksum, self._io_threads = options["checksum"], options["io_threads"]
+        self._direct_io = options["direct_io"]
+        self._objects = {}  # name -> _registry.Registered
+        # Hook bookkeeping, as in the C++ manager.
+        self._global_step = 0
+        self._last_step = 0
+        self._cur_epoch = 0
+        self._epoch_first_step = 1
+        self._last_saved_step = None
         self._m = _core.CheckpointManager.open(options)
+        if handle_signals:
+            try:
+                self._signals = _Signals(self)
+            except BaseException:
+                self._m.close()
+                raise
 
-    def save(self, step, state, metrics=None, force=False):
-        """Saves `state` (see savepoint.save) as the checkpoint of `step` if the interval says it is
-        due, or if `force`; never saves one step twice. `metrics` ({str: float}) go into the index
-        (keep_best_n ranks by them). Returns whether a save started. Synchronous managers return
-        once it is committed; async ones after the snapshot (the state may then be modified)."""
-        flat, meta_json = _flatten(state, None)
-        specs = [t.spec() for t in flat.tensors]
-        metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
-        return self._m.save(step, specs, flat.values, meta_json, metrics, bool(force))
+    # ------------------------------------------------------------------ direct API
+
+    def save(self, step, state, metrics=None, force=False, *, epoch=None, step_in_epoch=None,
+             epoch_end=False):  # fmt: skip
+        """Saves `state` (see savepoint.save) as the checkpoint of `step` if the interval says it
+        is due, or if `force`; never saves one step twice. Returns whether a save started.
+
+        metrics ({str: float}) go into the index (keep_best_n ranks by them). epoch and
+        step_in_epoch name the checkpoint "{prefix}-{epoch}_{step_in_epoch}" (default: derived
+        from steps_per_epoch); epoch_end marks it as saved at the end of its epoch. Synchronous
+        managers return once it is committed; async ones after the snapshot (the state may then
+        be modified)."""
+        return self._save(step, state, None, metrics, force, epoch, step_in_epoch, epoch_end)
 
     def should_save(self, step):
         """Whether save(step) would save now (without force)."""
         return self._m.should_save(step)
 
-    def restore(self, step=None, *, like=None, map_location=None, mmap=False):
-        """Loads the newest checkpoint (or the newest one at `step`) after waiting for saves in
-        flight; returns the saved structure (keyword arguments as for savepoint.load).
-        NotFoundError when there is none."""
-        self._m.wait()
-        records = self._m.all()
-        if step is not None:
-            records = [r for r in records if r["step"] == step]
-        if not records:
-            at = "" if step is None else f" at step {step}"
-            raise _errors.NotFoundError(f"checkpoint manager {self.directory}: no checkpoint{at}")
-        return _load.load(records[-1]["path"], like=like, map_location=map_location, mmap=mmap,
-                          verify=self._checksum, io_threads=self._io_threads)  # fmt: skip
+    def restore(self, step=None, *, name=None, like=None, map_location=None, mmap=False,
+                framework=None):  # fmt: skip
+        """Loads the newest checkpoint (or the newest at `step`, or the one named `name`) after
+        waiting for saves in flight, and continues from it (the step counters, and the series of
+        names: see `series`). Returns the saved structure (keyword arguments as for
+        savepoint.load). NotFoundError when there is none."""
+        rec = self._find(step, name)
+        state = _load.load(rec["path"], like=like, map_location=map_location, mmap=mmap,
+                           verify=self._checksum, io_threads=self._io_threads,
+                           direct_io=self._direct_io, framework=framework)  # fmt: skip
+        self._resume(rec)
+        return state
+
+    def resume_from(self, step=None, *, name=None):
+        """Continues from a checkpoint without loading anything (for state restored by other
+        means): sets the step counters and the series of names as restore() does. Returns its
+        record. NotFoundError when there is none."""
+        return self._resume(self._find(step, name))
 
     def latest_step(self):
         """Step of the newest committed checkpoint, or None."""
@@ -85,11 +376,19 @@ class CheckpointManager:
         return self._m.stats()
 
     def wait(self):
-        """Waits for every save in flight (indexes them, applies retention); raises the first error."""
+        """Waits for every save in flight (indexes them, applies retention); raises the first
+        error."""
         self._m.wait()
 
     def close(self):
-        """wait(), writes the index, releases the directory lock. Idempotent."""
+        """wait(), writes the index, releases the directory lock and the signal handlers.
+        Idempotent."""
+        if self._m is None:
+            return
+        self._closed = True
+        if self._signals is not None:
+            self._signals.uninstall()
+            self._signals = None
         self._m.close()
 
     @property
@@ -98,10 +397,277 @@ class CheckpointManager:
 
     @property
     def prefix(self):
+        """The prefix of the series new checkpoints join (see `series`); "" with prefix_fn."""
         return self._m.prefix
+
+    # ------------------------------------------------------------------ registered objects
+
+    def register(self, name, obj, category="dense"):
+        """Registers `obj` under `name` (no '.'), to be saved by save_registered and the hooks and
+        restored by restore_registered: anything with state_dict() and load_state_dict() (torch
+        modules, optimizers, LR schedulers, your own class) or a dict holding the state itself
+        (updated in place on restore). Its entries are named "<name>.<key path>".
+
+        category: what it holds, for include/exclude on restore: "dense" (model parameters;
+        alias "model"), "sparse" (embedding tables; "embedding"), "optimizer", "extra"
+        (counters, RNG state, schedules; "rng", "other") or "io_state" (data-loader position,
+        one per shard; "data", "dataloader")."""
+        _registry.Registered.check(name, obj)
+        category = _registry.parse_category(category)
+        if name in self._objects:
+            raise _errors.AlreadyExistsError(f"register {name!r}: the name is already registered")
+        self._objects[name] = _registry.Registered(name, obj, category)
+
+    def unregister(self, name):
+        """Forgets a registered object. NotFoundError if `name` is not registered."""
+        if self._objects.pop(name, None) is None:
+            raise _errors.NotFoundError(f"unregister {name!r}: not registered")
+
+    @property
+    def registered(self):
+        """{name: category} of the registered objects."""
+        return {n: r.category for n, r in sorted(self._objects.items())}
+
+    def save_registered(self, step, metrics=None, force=False, *, epoch=None, step_in_epoch=None,
+                        epoch_end=False):  # fmt: skip
+        """save(step, <the state_dict() of every registered object>, ...): same rules and
+        arguments. The categories are recorded in the checkpoint. FailedPreconditionError when
+        nothing is registered."""
+        return self._save_registered(step, metrics, force, epoch, step_in_epoch, epoch_end)
+
+    @_suggest_keywords
+    def restore_registered(self, step=None, *, name=None, include=("*",), exclude=(),
+                           strict=True, renames=None, only=()):  # fmt: skip
+        """Loads the newest checkpoint (or the newest at `step`, or the one named `name`) into the
+        registered objects and continues from it (step counters, series of names). Returns its
+        record (see checkpoints()).
+
+        include / exclude: categories (or aliases, or "*") to load / to skip (after include).
+        strict (True): every entry of every included object's current state_dict() must be in
+            the checkpoint with the same dtype and shape (else NotFoundError / InvalidArgument-
+            Error naming it); torch modules also reject unexpected keys. False: load what
+            matches, skip the rest.
+        renames: {checkpoint entry name: registered entry name}, full names ("old.w": "model.w").
+        only: globs of registered entry names (after renaming): load only those.
+
+        Tensors are read straight into the objects' own tensors where dtype and shape match;
+        then each object's load_state_dict() gets its state (structure as saved)."""
+        rec = self._find(step, name)
+        self._load_registered(rec["path"], include, exclude, strict, renames, only)
+        return self._resume(rec)
+
+    @_suggest_keywords
+    def load_from(self, path, *, include=("*",), exclude=(), strict=True, renames=None, only=()):
+        """Loads the checkpoint at any `path` into the registered objects (no counters change),
+        with the arguments of restore_registered. A model-bank warm start is several calls with
+        strict=False, `only` filters and renames."""
+        self._check_open()
+        self._load_registered(os.fspath(path), include, exclude, strict, renames, only)
+
+    # ------------------------------------------------------------------ training-loop hooks
+
+    def on_step_end(self, step, epoch, metrics=None):
+        """After a training step: remembers it as the last consistent point, saves the
+        registered objects if due, acts on a pending signal. Returns whether it saved."""
+        self._check_open()
+        self._note_step(step, epoch)
+        self._act_on_signal()
+        return self._save_registered(step, **self._hook_args(metrics))
+
+    def on_epoch_end(self, epoch, metrics=None):
+        """After an epoch: forces an epoch-end save at the last step (unless that step was just
+        saved). Returns whether it saved."""
+        self._check_open()
+        if epoch != self._cur_epoch:
+            self._note_step(self._last_step, epoch)
+        self._act_on_signal()
+        if self._last_saved_step == self._last_step:
+            # Already saved at this step: the C++ manager marks that checkpoint as the epoch's
+            # end (a save of a step saved already only does that), as its own OnEpochEnd does.
+            self._m.save(_int("step", self._last_step), [], [], "{}", {}, True, None, None, True,
+                         False)  # fmt: skip
+            return False
+        args = self._hook_args(metrics)
+        return self._save_registered(self._last_step, force=True, epoch_end=True, **args)
+
+    def on_train_end(self, metrics=None):
+        """After training: forces a final save at the last step and waits for every save."""
+        self._check_open()
+        saved = self._save_registered(self._last_step, force=True, **self._hook_args(metrics))
+        self._m.wait()
+        return saved
+
+    def step(self, metrics=None):
+        """RecIS style: counts the global step (+1) and saves when it is a multiple of
+        save_interval_steps. Returns whether it saved."""
+        self._check_open()
+        self._note_step(self._global_step + 1, self._cur_epoch if self._cur_epoch > 0 else 1)
+        self._act_on_signal()
+        if self._save_steps <= 0 or self._global_step % self._save_steps != 0:
+            return False
+        return self._save_registered(self._global_step, force=True, **self._hook_args(metrics))
+
+    @property
+    def global_step(self):
+        """The last step a hook saw (or the restored checkpoint's step)."""
+        return self._global_step
+
+    # ------------------------------------------------------------------ breakpoints
+
+    def save_breakpoint(self):
+        """Saves "{prefix}-{epoch}_{step}_breakpoint" of the registered objects at the last step a
+        hook saw, and waits for it. Returns its record. FailedPreconditionError unless
+        exception_save=True."""
+        if not self._exception_save:
+            raise _errors.FailedPreconditionError(
+                "save_breakpoint: the manager was opened with exception_save=False")
+        self._check_open()
+        self._save_registered(self._last_step, breakpoint=True, **self._hook_args(None))
+        self._m.wait()
+        records = [r for r in self._m.all() if r["breakpoint"] and r["step"] == self._last_step]
+        return records[-1] if records else None
+
+    @contextlib.contextmanager
+    def exception_guard(self):
+        """A `with` block that saves a breakpoint when an exception leaves it (the exception
+        keeps propagating). The breakpoint holds the registered objects as they are then,
+        labelled with the last step a hook saw: update state only at the end of a step for it
+        to be consistent. Errors of the breakpoint save are logged. Needs exception_save=True
+        (FailedPreconditionError at entry otherwise)."""
+        if not self._exception_save:
+            raise _errors.FailedPreconditionError(
+                "exception_guard: the manager was opened with exception_save=False")
+        try:
+            yield self
+        except (Exception, KeyboardInterrupt):
+            self._breakpoint_on_exception()
+            raise
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is not None and issubclass(exc_type, (Exception, KeyboardInterrupt)):
+                if self._exception_save and self._objects and not self._closed:
+                    self._breakpoint_on_exception()
+        finally:
+            self.close()
+
+    def __del__(self):
+        signals = getattr(self, "_signals", None)
+        if signals is not None:
+            signals.uninstall()
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self):
+        if self._closed:
+            raise _errors.FailedPreconditionError(
+                f"checkpoint manager of {self._m.directory} is closed")
+
+    def _save(self, step, state, metadata, metrics, force, epoch=None, step_in_epoch=None,
+              epoch_end=False, breakpoint=False):  # fmt: skip
+        flat, meta_json = _flatten(state, metadata)
+        specs = [t.spec() for t in flat.tensors]
+        epoch = None if epoch is None else _int("epoch", epoch)
+        step_in_epoch = None if step_in_epoch is None else _int("step_in_epoch", step_in_epoch)
+        saved = self._m.save(_int("step", step), specs, flat.values, meta_json, _metrics(metrics),
+                             bool(force), epoch, step_in_epoch, bool(epoch_end),
+                             bool(breakpoint))  # fmt: skip
+        if saved:
+            self._last_saved_step = step
+        return saved
+
+    def _save_registered(self, step, metrics=None, force=False, epoch=None, step_in_epoch=None,
+                         epoch_end=False, breakpoint=False):  # fmt: skip
+        if not self._objects:
+            raise _errors.FailedPreconditionError(
+                f"save step {step} to {self._m.directory}: no objects are registered")
+        if not breakpoint and not force and not self._m.should_save(step):
+            return False  # (should_save is also False for the step saved last)
+        if not breakpoint and self._last_saved_step == step:
+            return False
+        state, metadata = _registry.gather(self._objects, self._shard_id, self._num_shards)
+        return self._save(step, state, metadata, metrics, force, epoch, step_in_epoch, epoch_end,
+                          breakpoint)  # fmt: skip
+
+    def _find(self, step, name):
+        """The record restore(step, name) means (the newest match), after waiting for saves."""
+        self._check_open()
+        self._m.wait()
+        records = self._m.all()
+        for r in reversed(records):
+            if (r["name"] == name) if name is not None else (step is None or r["step"] == step):
+                return r
+        what = (f"named {name!r}" if name is not None else
+                "at all" if step is None else f"at step {step}")  # fmt: skip
+        raise _errors.NotFoundError(f"checkpoint manager {self._m.directory}: no checkpoint {what} "
+                                    f"({len(records)} committed)")  # fmt: skip
+
+    def _resume(self, rec):
+        """Tells the C++ manager that training continues from `rec`; the same bookkeeping here."""
+        rec = self._m.resume_from(None, rec["name"])
+        self._last_saved_step = self._global_step = self._last_step = rec["step"]
+        self._cur_epoch = rec["epoch"]
+        self._epoch_first_step = rec["step"] - rec["step_in_epoch"] + 1
+        return rec
+
+    def _load_registered(self, path, include, exclude, strict, renames, only):
+        if not self._objects:
+            raise _errors.FailedPreconditionError(f"load {path}: no objects are registered")
+        _registry.load_into(path, self._objects, include=include, exclude=exclude,
+                            strict=bool(strict), renames=renames, only=only,
+                            shard_id=self._shard_id, num_shards=self._num_shards,
+                            verify=self._checksum, io_threads=self._io_threads,
+                            direct_io=self._direct_io)  # fmt: skip
+
+    def _note_step(self, step, epoch):
+        step, epoch = _int("step", step), _int("epoch", epoch)
+        if epoch != self._cur_epoch:
+            self._cur_epoch = epoch
+            self._epoch_first_step = step
+        self._last_step = self._global_step = step
+
+    def _hook_args(self, metrics):
+        args = {"metrics": metrics}
+        if self._steps_per_epoch == 0:
+            started = self._cur_epoch > 0
+            args["epoch"] = self._cur_epoch if started else 1
+            args["step_in_epoch"] = (self._last_step - self._epoch_first_step + 1 if started
+                                     else self._last_step)  # fmt: skip
+        return args
+
+    def _act_on_signal(self):
+        """At a hook: a recorded signal saves a breakpoint (if exception_save), waits, closes the
+        manager and re-raises the signal with the previous handler."""
+        signals = self._signals
+        if signals is None or not signals.pending:
+            return
+        sig = signals.pending
+        problem = None
+        try:
+            if self._exception_save and self._objects:
+                self.save_breakpoint()
+            else:
+                self._m.wait()
+        except Exception as e:  # still close and re-raise: the signal asked to stop
+            problem = e
+        records = self._m.all()
+        latest = records[-1]["path"] if records else "none"
+        try:
+            self.close()
+        except Exception as e:
+            problem = problem or e
+        _logger.warning("savepoint: signal %d: saved (%s), latest checkpoint %s; re-raising", sig,
+                        problem or "OK", latest)  # fmt: skip
+        signals.reraise(sig)
+        raise _errors.FailedPreconditionError(
+            f"training stopped by signal {sig}; latest checkpoint {latest} ({problem or 'OK'})")
+
+    def _breakpoint_on_exception(self):
+        try:
+            if self._objects and not self._closed:
+                self.save_breakpoint()
+        except Exception as e:
+            _logger.error("savepoint: exception save failed: %s", e)

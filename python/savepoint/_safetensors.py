@@ -47,12 +47,33 @@ def save_safetensors(obj, path, *, metadata=None, overwrite=False, create_parent
 
 
 class SafetensorsDict(dict):
-    """The tensors of a safetensors file, name -> tensor (a plain dict), plus:
-    `metadata` (the file's `__metadata__` decoded: a dict, or None when empty) and `values`
-    (scalars saved by save_safetensors, name -> value)."""
+    """The tensors of a safetensors file: a dict name -> tensor, with every dict method intact
+    (`.values()`, `.items()`, ...), plus two attributes that shadow none of them:
 
-    metadata = None
-    values = None
+    metadata: the file's `__metadata__` decoded (a dict), or None when it is empty;
+    scalars: the scalars saved by save_safetensors (name -> value); {} when there are none.
+
+    (Earlier versions kept the scalars in an attribute `values`, which hid dict.values(); they
+    are in `scalars` now.)"""
+
+    __slots__ = ("metadata", "scalars")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.metadata = None
+        self.scalars = {}
+
+    def __reduce__(self):  # pickles and copies keep the attributes
+        return (_rebuild_safetensors_dict, (dict(self), self.metadata, self.scalars))
+
+    def copy(self):
+        return _rebuild_safetensors_dict(dict(self), self.metadata, dict(self.scalars))
+
+
+def _rebuild_safetensors_dict(items, metadata, scalars):
+    out = SafetensorsDict(items)
+    out.metadata, out.scalars = metadata, scalars
+    return out
 
 
 def load_safetensors(path, *, names=None, mmap=False, framework="pt"):
@@ -64,12 +85,15 @@ def load_safetensors(path, *, names=None, mmap=False, framework="pt"):
         private). The header is validated either way; a hostile or truncated file raises
         CorruptCheckpointError.
 
-    Returns a SafetensorsDict (a dict, with .metadata and .values).
+    Returns a SafetensorsDict: a dict name -> tensor, with the file's metadata in `.metadata` and
+    scalars saved by save_safetensors in `.scalars`.
     """
     if framework not in _FRAMEWORKS:
         msg = f"savepoint.load_safetensors: framework={framework!r}: use 'pt' or 'numpy'"
         raise ValueError(msg)
     to_torch = framework in ("pt", "torch")
+    if to_torch and _dtypes.torch_module() is None:
+        raise ImportError("savepoint.load_safetensors: framework='pt' needs torch; pass 'numpy'")
     path = os.fspath(path)
     if isinstance(names, str):
         names = [names]
@@ -80,7 +104,7 @@ def load_safetensors(path, *, names=None, mmap=False, framework="pt"):
     out = SafetensorsDict()
     for name, dtype, shape, raw in tensors:
         out[name] = _typed(raw, dtype, shape, to_torch)
-    out.values = {name: v for name, _, v in values}
+    out.scalars = {name: v for name, _, v in values}
     meta = json.loads(meta_json)
     out.metadata = meta if meta else None
     return out
@@ -122,11 +146,9 @@ def _mapped(path, names):
 def _select(all_names, names, path):
     if names is None:
         return set(all_names)
-    from fnmatch import fnmatchcase
-
     selected = set()
     for pattern in names:
-        hits = [n for n in all_names if n == pattern or fnmatchcase(n, pattern)]
+        hits = [n for n in all_names if _core.match_name(pattern, n)]
         if not hits:
             raise _errors.NotFoundError(f"{path}: no tensor matches {pattern!r}")
         selected.update(hits)

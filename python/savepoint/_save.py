@@ -143,13 +143,32 @@ class AsyncCheckpointer:
     slab_bytes: staging slab = write unit = checksum chunk (default 8 MiB).
     io_threads: background writer threads (default 2).
     allow_concurrent_saves: let saves overlap (default False).
+    reserve: a state (anything save() takes) or a byte count: staging memory for that much is
+        allocated and pre-touched in the background right away, so the first save blocks for the
+        copy alone (default None: the first save allocates, which costs it ~0.3 s per GiB).
     """
 
     def __init__(self, staging_bytes=None, slab_bytes=8 << 20, io_threads=2,
-                 allow_concurrent_saves=False):  # fmt: skip
+                 allow_concurrent_saves=False, reserve=None):  # fmt: skip
         self._c = _core.Checkpointer.create(staging_bytes or 0, slab_bytes, io_threads,
                                             allow_concurrent_saves)  # fmt: skip
         self._lock = threading.Lock()
+        if reserve is not None:
+            self.reserve(reserve)
+
+    def reserve(self, state_or_bytes):
+        """Allocates and pre-touches staging memory for `state_or_bytes` (a state as save() takes
+        it, or a byte count; at most staging_bytes) in a background thread and returns at once,
+        so that a later save of that size blocks only for the copy. Raising the target is fine;
+        memory already allocated stays until close()."""
+        if isinstance(state_or_bytes, int):
+            nbytes = state_or_bytes
+        else:
+            flat, _ = _flatten(state_or_bytes, None)
+            nbytes = sum(int(getattr(t.owner, "nbytes", 0)) for t in flat.tensors)
+        if nbytes < 0:
+            raise _errors.InvalidArgumentError(f"reserve: {nbytes} bytes is negative")
+        self._checkpointer().reserve(nbytes)
 
     def save(self, obj, path, *, overwrite=False, metadata=None, direct_io=True,
              create_parents=True, compression=None):  # fmt: skip

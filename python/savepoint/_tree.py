@@ -29,6 +29,7 @@ control characters in keys are escaped in the name (never in the recorded key).
 
 import collections
 import math
+import re
 
 import numpy as np
 
@@ -38,6 +39,7 @@ TREE_KEY = "savepoint.python"
 TREE_VERSION = 1
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MAX_NAME_BYTES = 4096
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # control characters, escaped in entry names
 
 
 def describe_path(path):
@@ -177,7 +179,7 @@ class Flattener:
         parts = []
         for k in path:
             s = str(k)
-            if any(ord(c) < 0x20 or ord(c) == 0x7F for c in s):
+            if _CONTROL.search(s):
                 s = s.encode("unicode_escape").decode("ascii")
             parts.append(s)
         base = ".".join(parts) if parts else "_"

@@ -8,10 +8,11 @@
 // threads write it at its file offset and return it to the pool. When the queue is drained the
 // job finishes the files and commits with the same steps as a synchronous save.
 //
-// Compressed saves stage each chunk in a slab of its own instead (CRC32C of the raw bytes fused
-// with the copy); writer threads compress it, write the stored form at an offset handed out by an
-// ExtentAllocator as chunks finish (or the staged raw bytes, with the snapshot's CRC, when it does
-// not shrink) and return the slab.
+// Compressed saves stage each compressed chunk in a slab of its own instead (CRC32C of the raw
+// bytes fused with the copy); writer threads compress it, write the stored form at an offset handed
+// out by an ExtentAllocator (starting after the packed region of small tensors, which is staged in
+// slabs like an uncompressed file) as chunks finish (or the staged raw bytes, with the snapshot's
+// CRC, when it does not shrink) and return the slab.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -194,7 +195,25 @@ class CheckpointerImpl final : public Checkpointer {
         pool_(o.slab_bytes,
               (o.staging_bytes != 0 ? o.staging_bytes : DefaultStagingBytes()) / o.slab_bytes) {}
 
-  ~CheckpointerImpl() override { WaitAll().IgnoreError(); }
+  ~CheckpointerImpl() override {
+    WaitAll().IgnoreError();
+    std::thread reserving;
+    {
+      std::lock_guard<std::mutex> lock(reserve_mu_);
+      stop_reserve_ = true;
+      reserving = std::move(reserve_thread_);
+    }
+    if (reserving.joinable()) reserving.join();  // outside the lock: the loop takes it to end
+  }
+
+  void Reserve(uint64_t bytes) override {
+    std::lock_guard<std::mutex> lock(reserve_mu_);
+    if (bytes > reserve_target_) reserve_target_ = bytes;
+    if (reserving_ || stop_reserve_) return;  // the running thread sees the new target
+    if (reserve_thread_.joinable()) reserve_thread_.join();  // a finished one
+    reserving_ = true;
+    reserve_thread_ = std::thread([this] { ReserveLoop(); });
+  }
 
   Result<SaveHandle> SaveAsync(const State& state, const std::string& path,
                                const SaveOptions& options) override;
@@ -228,16 +247,65 @@ class CheckpointerImpl final : public Checkpointer {
                                                       const SaveOptions& options);
   void Launch(std::shared_ptr<SaveHandle::Shared> job);
 
+  // Grows the pool slab by slab to reserve_target_ (Reserve's thread).
+  void ReserveLoop() {
+    for (;;) {
+      Result<bool> grew = pool_.GrowOne(reserve_target_.load());
+      if (grew.ok() && *grew && !stop_reserve_) continue;
+      if (!grew.ok()) spdlog::warn("savepoint: reserving staging memory: {}", grew.status().ToString());
+      std::lock_guard<std::mutex> lock(reserve_mu_);
+      if (!grew.ok() || stop_reserve_ || !NeedsGrowth()) {
+        reserving_ = false;
+        return;
+      }
+    }
+  }
+  bool NeedsGrowth() const {
+    uint64_t allocated = pool_.allocated_bytes();
+    return allocated < reserve_target_ && allocated < pool_.cap_bytes();
+  }
+
   const CheckpointerOptions options_;
   StagingPool pool_;
   std::mutex save_mu_;  // serialises snapshots
   std::mutex mu_;       // guards jobs_
   std::vector<Job> jobs_;
+  std::mutex reserve_mu_;  // guards reserving_ and reserve_thread_
+  bool reserving_ = false;
+  std::thread reserve_thread_;
+  std::atomic<uint64_t> reserve_target_{0};
+  std::atomic<bool> stop_reserve_{false};
 };
+
+// SaveOptions fields that belong to the Checkpointer in an async save: a value other than the
+// default and other than the Checkpointer's is refused rather than ignored.
+Status CheckAsyncSaveOptions(const SaveOptions& o, const CheckpointerOptions& c,
+                             const std::string& path) {
+  const SaveOptions defaults;
+  if (o.chunk_bytes != defaults.chunk_bytes && o.chunk_bytes != c.slab_bytes) {
+    return InvalidArgumentError(fmt::format(
+        "save {}: SaveOptions.chunk_bytes = {} is not used by an async save: its chunks are the "
+        "Checkpointer's slabs (CheckpointerOptions.slab_bytes = {}); set that instead",
+        path, o.chunk_bytes, c.slab_bytes));
+  }
+  if (o.io_threads != defaults.io_threads && o.io_threads != c.io_threads) {
+    return InvalidArgumentError(fmt::format(
+        "save {}: SaveOptions.io_threads = {} is not used by an async save: the Checkpointer's "
+        "writer threads are (CheckpointerOptions.io_threads = {}); set that instead",
+        path, o.io_threads, c.io_threads));
+  }
+  if (o.stats != nullptr) {
+    return InvalidArgumentError(fmt::format(
+        "save {}: SaveOptions.stats is not filled by an async save; use SaveHandle::stats()",
+        path));
+  }
+  return Status::OK();
+}
 
 Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const State& state,
                                                                       const std::string& path,
                                                                       const SaveOptions& options) {
+  SP_RETURN_IF_ERROR(CheckAsyncSaveOptions(options, options_, path));
   SaveOptions o = options;
   o.chunk_bytes = options_.slab_bytes;
   o.io_threads = options_.io_threads;
@@ -248,7 +316,7 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Stat
   SP_ASSIGN_OR_RETURN(job->target, BeginSave(path, o));
   Result<std::unique_ptr<WritableFile>> file = Status();
   Result<std::vector<ChunkTask>> tasks =
-      PlanSave(state, o.chunk_bytes, &job->manifest, o.compression);
+      PlanSave(state, o.chunk_bytes, &job->manifest, o.compression, o.format_version);
   if (tasks.ok()) file = CreateDataFile(job->target, job->manifest, o.direct_io);
   if (!tasks.ok() || !file.ok()) {
     AbandonSave(job->target);
@@ -257,6 +325,7 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Stat
   }
   job->file = std::move(*file);
   job->tasks = std::move(*tasks);
+  job->alloc.Reset(job->manifest.files[0].bytes);  // compressed chunks go after the packed region
   job->stats.bytes = state.tensor_bytes();
   job->stats.direct_io = job->file->direct();
   job->writers_held = !options_.persist_during_snapshot;
@@ -319,7 +388,9 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(const CheckpointerOpt
         fmt::format("CheckpointerOptions.snapshot_threads = {}: must be in [0, 64] (0 = default)",
                     o.snapshot_threads));
   }
-  return std::unique_ptr<Checkpointer>(new engine::CheckpointerImpl(o));
+  auto checkpointer = std::make_unique<engine::CheckpointerImpl>(o);
+  if (o.prefault_bytes > 0) checkpointer->Reserve(o.prefault_bytes);
+  return std::unique_ptr<Checkpointer>(std::move(checkpointer));
 }
 
 }  // namespace savepoint

@@ -1,4 +1,5 @@
-// Tests of engine::CopyBoxIntoTensor against a naive element-by-element reference.
+// Tests of engine::CopyRegion (a dense box into a whole tensor, as Load places a stored shard)
+// against a naive element-by-element reference.
 #include "engine/box.h"
 
 #include <fmt/format.h>
@@ -32,6 +33,14 @@ void NaiveCopy(const std::byte* src, const Shape& offsets, const Shape& sizes, s
   }
 }
 
+// The dense box `src` of shape `sizes` into `dst` (shape `shape`) at `offsets`, as Load does.
+void CopyRegionInto(const std::byte* src, const Shape& offsets, const Shape& sizes, std::byte* dst,
+                    const Shape& shape, size_t elem) {
+  const Shape origin(sizes.size(), 0);
+  CopyRegion({const_cast<std::byte*>(src), sizes, origin, 0}, {dst, shape, offsets, 0}, sizes,
+             elem);
+}
+
 std::vector<std::byte> Pattern(size_t n, std::mt19937_64& rng) {
   std::vector<std::byte> v(n);
   for (auto& x : v) x = static_cast<std::byte>(rng());
@@ -48,7 +57,7 @@ std::vector<std::byte> Pattern(size_t n, std::mt19937_64& rng) {
   std::vector<std::byte> expect = Pattern(total + 2 * kGuard, rng);
   std::vector<std::byte> got = expect;
   NaiveCopy(src.data(), offsets, sizes, expect.data() + kGuard, shape, elem);
-  CopyBoxIntoTensor(src.data(), offsets, sizes, got.data() + kGuard, shape, elem);
+  CopyRegionInto(src.data(), offsets, sizes, got.data() + kGuard, shape, elem);
   if (got != expect) {
     size_t i = 0;
     while (got[i] == expect[i]) ++i;
@@ -80,8 +89,8 @@ TEST(CopyBox, FixedCases) {
 TEST(CopyBox, ZeroSizeBoxWritesNothing) {
   std::vector<std::byte> dst(20 * 4, std::byte{0x5a});
   std::vector<std::byte> before = dst;
-  CopyBoxIntoTensor(nullptr, {2, 0}, {0, 5}, dst.data(), {4, 5}, 4);
-  CopyBoxIntoTensor(nullptr, {0, 5}, {4, 0}, dst.data(), {4, 5}, 4);
+  CopyRegionInto(nullptr, {2, 0}, {0, 5}, dst.data(), {4, 5}, 4);
+  CopyRegionInto(nullptr, {0, 5}, {4, 0}, dst.data(), {4, 5}, 4);
   EXPECT_EQ(dst, before);
 }
 
@@ -128,7 +137,7 @@ TEST(CopyBox, TilingReassemblesTensor) {
             }
           }
         }
-        CopyBoxIntoTensor(reinterpret_cast<const std::byte*>(box.data()), off, size,
+        CopyRegionInto(reinterpret_cast<const std::byte*>(box.data()), off, size,
                           reinterpret_cast<std::byte*>(out.data()), shape, 4);
       }
     }

@@ -100,7 +100,7 @@ Result<std::vector<std::string>> GarbageCollect(const std::string& root, const G
     std::string ckpt;
     int64_t pid;
     engine::DebrisKind kind = engine::ClassifyDebris(info.name, &ckpt, &pid);
-    if (kind == engine::DebrisKind::kNone || !info.is_dir) continue;
+    if (kind == engine::DebrisKind::kNone) continue;  // directories and files alike
     if (now - info.mtime_ns < o.min_age_seconds * 1'000'000'000LL) continue;
     if (kind == engine::DebrisKind::kTmp && ProcessAlive(pid)) continue;  // a save in progress
     std::string path = JoinPath(root, info.name);

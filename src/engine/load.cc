@@ -10,23 +10,11 @@
 #include "engine/select.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/savepoint.h"
+#include "util/progress.h"
 
 namespace savepoint {
 namespace {
 
-Status CopyValues(const State& from, const std::vector<std::string>& names, State* to) {
-  for (const auto& [name, e] : from.entries()) {
-    if (!engine::Selected(names, name)) continue;
-    if (to->FindTensor(name) != nullptr) {
-      return InvalidArgumentError(
-          fmt::format("{:?} is a value in the checkpoint but a tensor in the target", name));
-    }
-    to->Erase(name);
-    SP_RETURN_IF_ERROR(to->PutValue(name, e.value()));
-  }
-  to->metadata() = from.metadata();
-  return Status::OK();
-}
 
 // Load with LoadOptions::mmap: single-shard tensors become views into the data files' mappings
 // (kept alive by the State), multi-shard and compressed ones are read into owned tensors. With
@@ -64,10 +52,18 @@ Status LoadMapped(engine::Reader& reader, const std::vector<bool>& keep, const L
     SP_RETURN_IF_ERROR(state->Put(info.name, std::move(t)));
   }
   for (auto& m : mappings) state->KeepAlive(std::move(m));
+  // Progress counts what is read here: the mapped tensors when they are verified, and the rest.
+  uint64_t work_bytes = 0;
+  for (size_t i : mapped) work_bytes += options.verify_checksums ? reader.tensors()[i].nbytes : 0;
+  for (const auto& job : jobs) work_bytes += reader.tensors()[job.first].nbytes;
+  Progress progress(options.progress, work_bytes);
   uint64_t verified = 0;
-  if (options.verify_checksums) SP_RETURN_IF_ERROR(reader.VerifyMapped(mapped, &verified));
+  if (options.verify_checksums) {
+    SP_RETURN_IF_ERROR(reader.VerifyMapped(mapped, &verified, &progress));
+  }
   IoStats read_stats;
-  SP_RETURN_IF_ERROR(reader.ReadMany(jobs, &read_stats, options.verify_checksums));
+  SP_RETURN_IF_ERROR(reader.ReadMany(jobs, &read_stats, options.verify_checksums, &progress));
+  progress.Finish();
   if (options.stats != nullptr) {
     // (The data files are opened for their header checks even when nothing is read from them.)
     bool direct = !jobs.empty() && read_stats.direct_io;
@@ -99,7 +95,7 @@ Result<State> Load(const std::string& path, const LoadOptions& options) {
   State state;
   if (options.mmap) {
     SP_RETURN_IF_ERROR(LoadMapped(*reader, keep, options, &state));
-    SP_RETURN_IF_ERROR(CopyValues(reader->values(), options.names, &state));
+    SP_RETURN_IF_ERROR(engine::CopyValues(reader->values(), &state, options.names));
     return state;
   }
   std::vector<std::pair<size_t, engine::Destination>> jobs;
@@ -111,7 +107,7 @@ Result<State> Load(const std::string& path, const LoadOptions& options) {
     SP_RETURN_IF_ERROR(state.Put(info.name, std::move(t)));
   }
   SP_RETURN_IF_ERROR(reader->ReadMany(jobs, options.stats, options.verify_checksums));
-  SP_RETURN_IF_ERROR(CopyValues(reader->values(), options.names, &state));
+  SP_RETURN_IF_ERROR(engine::CopyValues(reader->values(), &state, options.names));
   return state;
 }
 
@@ -133,7 +129,7 @@ Status LoadInto(const std::string& path, State& targets, const LoadOptions& opti
     jobs.emplace_back(i, engine::Destination{v.data(), owned ? owned->capacity() : v.nbytes()});
   }
   SP_RETURN_IF_ERROR(reader->ReadMany(jobs, options.stats, options.verify_checksums));
-  return CopyValues(reader->values(), {}, &targets);
+  return engine::CopyValues(reader->values(), &targets);
 }
 
 Status VerifyCheckpoint(const std::string& path, const LoadOptions& options, IoStats* stats) {

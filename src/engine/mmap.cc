@@ -21,6 +21,7 @@
 
 #include "engine/reader.h"
 #include "util/parallel.h"
+#include "util/progress.h"
 
 namespace savepoint::engine {
 
@@ -75,7 +76,8 @@ Result<TensorView> Reader::MapIndex(size_t index, std::shared_ptr<const MappedFi
   return view;
 }
 
-Status Reader::VerifyMapped(const std::vector<size_t>& tensors, uint64_t* chunks) {
+Status Reader::VerifyMapped(const std::vector<size_t>& tensors, uint64_t* chunks,
+                            Progress* progress) {
   struct Chunk {
     const format::TensorRecord* tensor;
     uint64_t chunk;
@@ -95,7 +97,9 @@ Status Reader::VerifyMapped(const std::vector<size_t>& tensors, uint64_t* chunks
     const Chunk& w = work[i];
     const format::ShardRecord& s = w.tensor->shards[0];
     const uint64_t len = std::min(m_.chunk_bytes, s.bytes - w.chunk * m_.chunk_bytes);
-    return CheckChunk(*w.tensor, s, w.chunk, {w.data, len});
+    SP_RETURN_IF_ERROR(CheckChunk(*w.tensor, s, w.chunk, {w.data, len}));
+    if (progress != nullptr) progress->Add(len);
+    return Status::OK();
   });
 }
 

@@ -11,6 +11,7 @@
 #include "engine/box.h"
 #include "util/crc32c.h"
 #include "util/parallel.h"
+#include "util/progress.h"
 
 namespace savepoint::engine {
 
@@ -22,6 +23,14 @@ struct Reader::Task {
   const format::ShardRecord* shard;
   uint64_t chunk;
   Destination dst;  // where this chunk's first byte goes
+};
+
+// Small chunks close together in one file, read with one read (see kRegionBytes).
+struct Reader::Region {
+  uint32_t file = 0;
+  uint64_t begin = 0;       // file offset of the first chunk
+  uint64_t end = 0;         // end of the last chunk
+  std::vector<Task> tasks;  // in file order
 };
 
 namespace {
@@ -66,7 +75,6 @@ Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const 
     return bytes.status().WithContext(fmt::format("checkpoint {}", path));
   }
   SP_ASSIGN_OR_RETURN(r->m_, format::DecodeManifest(*bytes, mpath));
-  r->json_ = format::ManifestToJson(r->m_);
   r->total_bytes_ = bytes->size();
   for (const auto& f : r->m_.files) r->total_bytes_ += f.bytes;
   for (const auto& t : r->m_.tensors) r->infos_.push_back(Describe(t));
@@ -101,7 +109,7 @@ Result<RandomAccessFile*> Reader::File(uint32_t index) {
   SP_RETURN_IF_ERROR(f->ReadAt(0, {header.data(), format::kDataHeaderBytes}));
   SP_RETURN_IF_ERROR(format::CheckDataHeader(
       std::string_view(reinterpret_cast<const char*>(header.data()), format::kDataHeaderBytes),
-      m_.checkpoint_id, index, fpath));
+      m_.checkpoint_id, index, m_.version, fpath));
   spdlog::debug("savepoint: reading {} ({})", fpath, f->direct() ? "O_DIRECT" : "buffered");
   files_[index] = std::move(f);
   return files_[index].get();
@@ -152,18 +160,22 @@ Status Reader::CheckChunk(const format::TensorRecord& t, const format::ShardReco
                                      ChunkWhere(t, s, chunk), s.crc32c[chunk], crc));
 }
 
-// Allocates `*t` (chunk_bytes) on first use.
-static Status Ensure(Tensor* t, uint64_t chunk_bytes) {
-  if (t->data() != nullptr) return Status::OK();
-  SP_ASSIGN_OR_RETURN(*t, Tensor::Empty(DType::kU8, {int64_t(chunk_bytes)}));
+// Allocates `*t` with at least `bytes` bytes (4 KiB-aligned) unless it has them.
+static Status Ensure(Tensor* t, uint64_t bytes) {
+  if (t->data() != nullptr && t->capacity() >= bytes) return Status::OK();
+  SP_ASSIGN_OR_RETURN(*t, Tensor::Empty(DType::kU8, {static_cast<int64_t>(bytes)}));
   return Status::OK();
 }
+
+// Staging holds one chunk and, for a direct read of a chunk that does not start at a 4 KiB
+// boundary (version 2 packs small extents at 64 bytes), the rest of the blocks around it.
+static uint64_t StagingBytes(uint64_t chunk_bytes) { return chunk_bytes + kAlignment; }
 
 Status Reader::ReadCompressedChunk(const Task& t, Buffers* b, bool verify) {
   const format::ShardRecord& s = *t.shard;
   const format::StoredChunk& sc = s.stored[t.chunk];
   SP_ASSIGN_OR_RETURN(RandomAccessFile * f, File(s.file));
-  SP_RETURN_IF_ERROR(Ensure(&b->staging, m_.chunk_bytes));
+  SP_RETURN_IF_ERROR(Ensure(&b->staging, StagingBytes(m_.chunk_bytes)));
   // sc.bytes <= the chunk's raw size <= chunk_bytes (checked by the decoder), so this fits.
   Status st = f->ReadAt(sc.offset, {b->staging.data(), f->direct() ? AlignUp(sc.bytes) : sc.bytes});
   if (!st.ok()) return st.WithContext(ChunkWhere(*t.tensor, s, t.chunk));
@@ -186,30 +198,86 @@ Status Reader::ReadChunk(const Task& t, Buffers* b, bool verify) {
   uint64_t len = format::ChunkLen(s.bytes, t.chunk, m_.chunk_bytes);
   uint64_t off = format::ChunkOffset(s, t.chunk, m_.chunk_bytes);
   SP_ASSIGN_OR_RETURN(RandomAccessFile * f, File(s.file));
-  SP_RETURN_IF_ERROR(Ensure(&b->staging, m_.chunk_bytes));
-  std::byte* staging = b->staging.data();
   std::byte* out = t.dst.data;
-  bool aligned = out != nullptr && reinterpret_cast<uintptr_t>(out) % kAlignment == 0;
   Status st;
-  if (out != nullptr && (!f->direct() || (aligned && AlignUp(len) <= t.dst.capacity))) {
+  if (out != nullptr && DirectRead(t, f)) {
     st = f->ReadAt(off, {out, f->direct() ? AlignUp(len) : len});
-  } else {
-    st = f->ReadAt(off, {staging, f->direct() ? AlignUp(len) : len});
-    if (st.ok() && out != nullptr) std::memcpy(out, staging, len);
-    if (out == nullptr) out = staging;
+    if (!st.ok()) return st.WithContext(ChunkWhere(*t.tensor, s, t.chunk));
+    return verify ? CheckChunk(*t.tensor, s, t.chunk, {out, len}) : Status::OK();
   }
+  // Through staging: a direct read covers the 4 KiB blocks holding the chunk (at most
+  // StagingBytes, as the chunk is at most chunk_bytes long).
+  SP_RETURN_IF_ERROR(Ensure(&b->staging, StagingBytes(m_.chunk_bytes)));
+  const uint64_t from = f->direct() ? format::AlignDown(off) : off;
+  const uint64_t to = f->direct() ? AlignUp(off + len) : off + len;
+  st = f->ReadAt(from, {b->staging.data(), to - from});
   if (!st.ok()) return st.WithContext(ChunkWhere(*t.tensor, s, t.chunk));
-  if (!verify) return Status::OK();
-  return CheckChunk(*t.tensor, s, t.chunk, {out, len});
+  const std::byte* bytes = b->staging.data() + (off - from);
+  if (verify) SP_RETURN_IF_ERROR(CheckChunk(*t.tensor, s, t.chunk, {bytes, len}));
+  if (out != nullptr) std::memcpy(out, bytes, len);
+  return Status::OK();
 }
 
-// A chunk that can be read straight into its destination, with the whole read in one op.
+// A chunk that can be read straight into its destination, with the whole read in one op: in
+// direct mode, the chunk must start at a 4 KiB boundary and the destination be aligned and hold
+// the read rounded up to whole blocks.
 bool Reader::DirectRead(const Task& t, const RandomAccessFile* f) const {
   const format::ShardRecord& s = *t.shard;
   if (t.dst.data == nullptr || (s.compressed() && s.stored[t.chunk].compressed)) return false;
   uint64_t len = format::ChunkLen(s.bytes, t.chunk, m_.chunk_bytes);
+  uint64_t off = format::ChunkOffset(s, t.chunk, m_.chunk_bytes);
   bool aligned = reinterpret_cast<uintptr_t>(t.dst.data) % kAlignment == 0;
-  return !f->direct() || (aligned && AlignUp(len) <= t.dst.capacity);
+  return !f->direct() || (aligned && off % kAlignment == 0 && AlignUp(len) <= t.dst.capacity);
+}
+
+bool Reader::InRegion(const Task& t) {
+  const format::ShardRecord& s = *t.shard;
+  return !s.compressed() && s.bytes > 0 && s.bytes < format::kPackBelowBytes;
+}
+
+void Reader::TakeRegions(std::vector<Task>* tasks, std::vector<Region>* regions) const {
+  std::vector<Task> small, rest;
+  for (const Task& t : *tasks) (InRegion(t) ? small : rest).push_back(t);
+  if (small.empty()) return;
+  const uint64_t cb = m_.chunk_bytes;
+  auto offset = [&](const Task& t) { return format::ChunkOffset(*t.shard, t.chunk, cb); };
+  std::sort(small.begin(), small.end(), [&](const Task& a, const Task& b) {
+    return std::make_pair(a.shard->file, offset(a)) < std::make_pair(b.shard->file, offset(b));
+  });
+  for (const Task& t : small) {
+    const uint64_t off = offset(t), end = off + format::ChunkLen(t.shard->bytes, t.chunk, cb);
+    Region* r = regions->empty() ? nullptr : &regions->back();
+    // Extents never overlap (the decoder checks), so off >= r->end within one file.
+    bool joins = r != nullptr && r->file == t.shard->file && off >= r->end &&
+                 off - r->end <= kRegionGapBytes &&
+                 AlignUp(end) - format::AlignDown(r->begin) <= kRegionBytes;
+    if (!joins) r = &regions->emplace_back(Region{t.shard->file, off, end, {}});
+    r->end = end;
+    r->tasks.push_back(t);
+  }
+  *tasks = std::move(rest);
+}
+
+Status Reader::ReadRegion(const Region& r, Buffers* b, bool verify) {
+  SP_ASSIGN_OR_RETURN(RandomAccessFile * f, File(r.file));
+  // A region of one chunk spans less than kPackBelowBytes + 8 KiB; of several, kRegionBytes.
+  SP_RETURN_IF_ERROR(Ensure(&b->region, kRegionBytes));
+  const uint64_t from = f->direct() ? format::AlignDown(r.begin) : r.begin;
+  const uint64_t to = f->direct() ? AlignUp(r.end) : r.end;
+  if (!f->ReadAt(from, {b->region.data(), to - from}).ok()) {
+    // Name the failing chunk exactly: read the region's chunks again one at a time.
+    for (const Task& t : r.tasks) SP_RETURN_IF_ERROR(ReadChunk(t, b, verify));
+    return Status::OK();
+  }
+  for (const Task& t : r.tasks) {
+    const format::ShardRecord& s = *t.shard;
+    const uint64_t len = format::ChunkLen(s.bytes, t.chunk, m_.chunk_bytes);
+    const std::byte* bytes =
+        b->region.data() + (format::ChunkOffset(s, t.chunk, m_.chunk_bytes) - from);
+    if (verify) SP_RETURN_IF_ERROR(CheckChunk(*t.tensor, s, t.chunk, {bytes, len}));
+    if (t.dst.data != nullptr) std::memcpy(t.dst.data, bytes, len);
+  }
+  return Status::OK();
 }
 
 // Reads a run of direct-read chunks of one file with one batched submission (io_uring where
@@ -300,25 +368,51 @@ Status Reader::AddTasks(size_t ti, Destination dst, std::vector<Task>* tasks,
 }
 
 Status Reader::ReadMany(const std::vector<std::pair<size_t, Destination>>& jobs, IoStats* stats,
-                        bool verify) {
+                        bool verify, Progress* progress) {
   auto start = std::chrono::steady_clock::now();
   std::vector<Task> tasks;
   std::vector<Scatter> scatter;
   for (const auto& [ti, dst] : jobs) SP_RETURN_IF_ERROR(AddTasks(ti, dst, &tasks, &scatter));
+  const uint64_t chunks = tasks.size();
+  auto raw_bytes = [&](std::span<const Task> ts) {
+    uint64_t n = 0;
+    for (const Task& t : ts) n += format::ChunkLen(t.shard->bytes, t.chunk, m_.chunk_bytes);
+    return n;
+  };
+  Progress own(options_.progress, options_.progress ? raw_bytes(tasks) : 0);
+  Progress* p = progress != nullptr ? progress : &own;
+  std::vector<Region> regions;
+  TakeRegions(&tasks, &regions);
   std::vector<Buffers> buffers(options_.io_threads);
   SP_ASSIGN_OR_RETURN(auto runs, ReadRuns(tasks));
-  SP_RETURN_IF_ERROR(ParallelFor(runs.size(), options_.io_threads, [&](size_t r, int w) -> Status {
-    const auto [begin, end] = runs[r];
+  const size_t work = regions.size() + runs.size();
+  auto read = [&](size_t r, int w) -> Status {
+    if (r < regions.size()) return ReadRegion(regions[r], &buffers[w], verify);
+    const auto [begin, end] = runs[r - regions.size()];
     SP_ASSIGN_OR_RETURN(RandomAccessFile * f, File(tasks[begin].shard->file));
     if (!DirectRead(tasks[begin], f)) return ReadChunk(tasks[begin], &buffers[w], verify);
     return ReadDirectBatch({tasks.data() + begin, end - begin}, f, &buffers[w], verify);
+  };
+  SP_RETURN_IF_ERROR(ParallelFor(work, options_.io_threads, [&](size_t r, int w) -> Status {
+    SP_RETURN_IF_ERROR(read(r, w));
+    if (!p->enabled()) return Status::OK();
+    if (r < regions.size()) {
+      p->Add(raw_bytes(regions[r].tasks));
+    } else {
+      const auto [begin, end] = runs[r - regions.size()];
+      p->Add(raw_bytes({tasks.data() + begin, end - begin}));
+    }
+    return Status::OK();
   }));
+  if (p == &own) own.Finish();
   for (const Scatter& sc : scatter) {
-    CopyBoxIntoTensor(sc.buffer.data(), sc.shard->offsets, sc.shard->sizes, sc.dst.data,
-                      sc.tensor->shape, DTypeSize(sc.tensor->dtype));
+    const Shape origin(sc.shard->sizes.size(), 0);
+    CopyRegion({sc.buffer.data(), sc.shard->sizes, origin, 0},
+               {sc.dst.data, sc.tensor->shape, sc.shard->offsets, 0}, sc.shard->sizes,
+               DTypeSize(sc.tensor->dtype));
   }
   if (stats != nullptr) {
-    *stats = IoStats{0, tasks.size(), 0, false, 0};
+    *stats = IoStats{0, chunks, 0, false, 0};
     for (const auto& f : files_) stats->direct_io = stats->direct_io || (f && f->direct());
     for (const auto& [ti, dst] : jobs) {
       stats->bytes += infos_[ti].nbytes;

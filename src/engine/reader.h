@@ -19,6 +19,10 @@
 #include "format/manifest.h"
 #include "savepoint/checkpoint.h"
 
+namespace savepoint {
+class Progress;  // util/progress.h
+}  // namespace savepoint
+
 namespace savepoint::engine {
 
 // Where a tensor's bytes go: `data` (nullptr = verify only) with `capacity` writable bytes.
@@ -34,6 +38,14 @@ inline uint64_t ReadBatchChunks(uint64_t chunk_bytes) {
   return std::max<uint64_t>(1, kReadBatchBytes / std::max<uint64_t>(1, chunk_bytes));
 }
 
+// Chunks of small shards (below format::kPackBelowBytes, stored raw) are read in regions: one
+// aligned read of at most kRegionBytes covering several of them that lie close together in a file
+// (no hole wider than kRegionGapBytes between two), then each is verified and copied on its own.
+// So thousands of tiny tensors (packed in version 2, one per 4 KiB block in version 1) cost a few
+// reads, not one each.
+inline constexpr uint64_t kRegionBytes = uint64_t{1} << 20;
+inline constexpr uint64_t kRegionGapBytes = uint64_t{64} << 10;
+
 class Reader final : public CheckpointReader {
  public:
   static Result<std::unique_ptr<Reader>> OpenImpl(const std::string& path, const LoadOptions& o);
@@ -45,7 +57,12 @@ class Reader final : public CheckpointReader {
   uint64_t total_file_bytes() const override { return total_bytes_; }
   const TensorInfo* FindTensor(const std::string& name) const override;
   const State& values() const override { return m_.values; }
-  const Json& manifest_json() const override { return json_; }
+  // Built on first use (most readers never need it: for thousands of tensors it costs as much as
+  // decoding the manifest).
+  const Json& manifest_json() const override {
+    std::call_once(json_once_, [this] { json_ = format::ManifestToJson(m_); });
+    return json_;
+  }
 
   Status ReadTensor(const std::string& name, const TensorView& dst) override;
   Result<Tensor> ReadTensor(const std::string& name) override;
@@ -53,19 +70,23 @@ class Reader final : public CheckpointReader {
   Result<TensorView> MapTensor(const std::string& name, bool verify) override;
 
   // Reads several tensors (by index into the manifest) into their destinations in one parallel
-  // pass. Destinations of multi-shard tensors receive the assembled global tensor.
+  // pass. Destinations of multi-shard tensors receive the assembled global tensor. The raw bytes
+  // of every chunk read are counted in `progress` when given (the caller finishes it), else
+  // reported to LoadOptions::progress (total: the raw bytes of all chunks of `jobs`).
   Status ReadMany(const std::vector<std::pair<size_t, Destination>>& jobs, IoStats* stats,
-                  bool verify);
+                  bool verify, Progress* progress = nullptr);
   // Index of a tensor in the manifest, or -1.
   int64_t IndexOf(std::string_view name) const;
   // The validated manifest.
   const format::Manifest& manifest() const { return m_; }
   // Opens data file `index` (once), checking its header and size against the manifest.
   Status OpenFile(uint32_t index) { return File(index).status(); }
-  // One worker's buffers (chunk_bytes each, allocated on first use).
+  // One worker's buffers (allocated on first use).
   struct Buffers {
-    Tensor staging;  // a chunk read for verification only, unaligned for direct I/O, or compressed
-    Tensor scratch;  // the shuffled form of a chunk being decompressed
+    Tensor staging;  // chunk_bytes + 4096: a chunk read for verification only, unaligned for
+                     // direct I/O (with the 4 KiB blocks around it), or compressed
+    Tensor scratch;  // chunk_bytes: the shuffled form of a chunk being decompressed
+    Tensor region;   // kRegionBytes: the small chunks of one region
   };
   // Reads chunk `chunk` of shard `shard` of tensor `tensor` (raw or compressed) into `dst`, which
   // receives its raw bytes, using worker buffers `b`, verifying its CRC32C when `verify`. For
@@ -84,12 +105,15 @@ class Reader final : public CheckpointReader {
   // into (null for an empty tensor stored without shards).
   Result<TensorView> MapIndex(size_t index, std::shared_ptr<const MappedFile>* mapping);
   // Checks the CRC32C of every chunk of the given single-shard tensors in their mappings, on
-  // io_threads threads. Returns the number of chunks checked in *chunks (when not null).
-  Status VerifyMapped(const std::vector<size_t>& tensors, uint64_t* chunks);
+  // io_threads threads. Returns the number of chunks checked in *chunks (when not null). Counts
+  // the bytes of every chunk checked in `progress` (when not null).
+  Status VerifyMapped(const std::vector<size_t>& tensors, uint64_t* chunks,
+                      Progress* progress = nullptr);
 
  private:
   Reader() = default;
   struct Task;
+  struct Region;
   // A shard that is a box of its tensor: read into `buffer`, then copied into `dst`.
   struct Scatter {
     Tensor buffer;
@@ -105,6 +129,13 @@ class Reader final : public CheckpointReader {
   bool DirectRead(const Task& t, const RandomAccessFile* f) const;
   Status ReadDirectBatch(std::span<const Task> run, RandomAccessFile* f, Buffers* b, bool verify);
   Result<std::vector<std::pair<size_t, size_t>>> ReadRuns(const std::vector<Task>& tasks);
+  // Whether a chunk is read as part of a region (see kRegionBytes).
+  static bool InRegion(const Task& t);
+  // Moves the region chunks out of `tasks` into regions of `*regions`.
+  void TakeRegions(std::vector<Task>* tasks, std::vector<Region>* regions) const;
+  // Reads a region with one read, then verifies and copies each of its chunks. If the read fails,
+  // reads its chunks one by one so that the error names the failing chunk.
+  Status ReadRegion(const Region& r, Buffers* b, bool verify);
   // A chunk stored compressed: read into b->staging, verified there, decompressed into t.dst.
   Status ReadCompressedChunk(const Task& t, Buffers* b, bool verify);
   // "checkpoint P: tensor "T" chunk C (file F offset O, N bytes)": names a chunk in messages
@@ -127,7 +158,8 @@ class Reader final : public CheckpointReader {
   LoadOptions options_;
   std::string path_;
   format::Manifest m_;
-  Json json_;
+  mutable std::once_flag json_once_;
+  mutable Json json_;  // set once by manifest_json()
   std::vector<TensorInfo> infos_;
   uint64_t total_bytes_ = 0;
   std::mutex mu_;  // guards files_

@@ -3,16 +3,18 @@
 #include <fmt/format.h>
 #include <fnmatch.h>
 
-namespace savepoint::engine {
-namespace {
+#include "savepoint/checkpoint.h"
 
-bool IsPattern(const std::string& s) { return s.find_first_of("*?[") != std::string::npos; }
-
-}  // namespace
+namespace savepoint {
 
 bool MatchesName(const std::string& pattern, const std::string& name) {
-  return IsPattern(pattern) ? fnmatch(pattern.c_str(), name.c_str(), 0) == 0 : pattern == name;
+  if (pattern.find_first_of("*?[") == std::string::npos) return pattern == name;
+  return fnmatch(pattern.c_str(), name.c_str(), FNM_NOESCAPE) == 0;
 }
+
+}  // namespace savepoint
+
+namespace savepoint::engine {
 
 bool Selected(const std::vector<std::string>& names, const std::string& name) {
   if (names.empty()) return true;
@@ -37,4 +39,19 @@ Result<std::vector<bool>> SelectTensors(const std::vector<std::string>& names,
   return keep;
 }
 
+Status CopyValues(const State& from, State* to, const std::vector<std::string>& names) {
+  for (const auto& [name, e] : from.entries()) {
+    if (e.is_tensor() || !Selected(names, name)) continue;
+    if (to->FindTensor(name) != nullptr) {
+      return InvalidArgumentError(
+          fmt::format("{:?} is a value in the checkpoint but a tensor in the target", name));
+    }
+    to->Erase(name);
+    SP_RETURN_IF_ERROR(to->PutValue(name, e.value()));
+  }
+  to->metadata() = from.metadata();
+  return Status::OK();
+}
+
 }  // namespace savepoint::engine
+

@@ -1,5 +1,5 @@
 // Which entries a list of names and glob patterns selects (LoadOptions::names and the same option
-// of other loaders, e.g. SafetensorsLoadOptions::names).
+// of other loaders, e.g. SafetensorsLoadOptions::names), and copying the selected values.
 #ifndef SAVEPOINT_ENGINE_SELECT_H_
 #define SAVEPOINT_ENGINE_SELECT_H_
 
@@ -12,11 +12,9 @@
 
 namespace savepoint::engine {
 
-// Whether `pattern` (an exact name, or a glob with '*', '?', '[...]'; '*' also matches '.')
-// matches `name`.
-bool MatchesName(const std::string& pattern, const std::string& name);
-
-// Whether `names` selects `name` (an empty list selects everything).
+// Whether `names` selects `name` (an empty list selects everything), by savepoint::MatchesName
+// (savepoint/checkpoint.h): the one name rule, which Python calls too. The cases of
+// tests/testutil/name_patterns.tsv are checked from C++ and from Python.
 bool Selected(const std::vector<std::string>& names, const std::string& name);
 
 // For each of `tensors`, whether `names` selects it. A name or pattern that matches neither a
@@ -24,6 +22,11 @@ bool Selected(const std::vector<std::string>& names, const std::string& name);
 Result<std::vector<bool>> SelectTensors(const std::vector<std::string>& names,
                                         const std::vector<std::string>& tensors,
                                         const State& values, std::string_view where);
+
+// Copies the values (not the tensors) of `from` that `names` selects (all of them when empty) into
+// `to`, replacing values of the same names, and sets `to`'s metadata to `from`'s. InvalidArgument
+// naming the entry when `to` holds a tensor under a value's name.
+Status CopyValues(const State& from, State* to, const std::vector<std::string>& names = {});
 
 }  // namespace savepoint::engine
 

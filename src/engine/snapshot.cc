@@ -162,6 +162,11 @@ class Walker {
     Status s;
     for (const ChunkTask& t : *plan_.tasks) {
       if (!s.ok() || sink_->failed()) break;
+      // A compressed save's packed region (its uncompressed chunks come first): its last slab
+      // goes to the sink before the compressed chunks take slabs of their own.
+      if (t.stored != nullptr && cur_ != nullptr) {
+        Seal(std::min(slab_bytes_, plan_.data_file_bytes - cur_->win));
+      }
       s = t.stored != nullptr ? StageWhole(t) : StageChunk(t);
     }
     if (!s.ok())

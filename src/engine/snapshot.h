@@ -7,8 +7,9 @@
 // thread) goes through the chunks in file order, acquires slabs, zero-fills alignment padding and
 // hands each chunk's copy to a crew of `threads` copiers (the walker included: it copies too when
 // it is ahead). A slab goes to the sink once the walker has moved past it and every copy into it
-// has finished, so slabs may reach the sink out of file order. Compressed saves stage each chunk
-// in a slab of its own instead, handed to the sink with the raw bytes' CRC.
+// has finished, so slabs may reach the sink out of file order. Compressed saves stage each
+// compressed chunk in a slab of its own instead, handed to the sink with the raw bytes' CRC (their
+// uncompressed chunks, the packed small tensors, come first and are laid out in slabs as above).
 //
 // Memory stays within the pool: the walker blocks in StagingPool::Acquire while every slab is
 // staged or being written (first calling SnapshotSink::StartPersist, so held-back writers drain),
@@ -57,7 +58,7 @@ class SnapshotSink {
 
 struct SnapshotPlan {
   const std::vector<ChunkTask>* tasks = nullptr;
-  uint64_t data_file_bytes = 0;  // the raw layout's data file size (end of the last slab)
+  uint64_t data_file_bytes = 0;  // end of the planned layout (of the last slab), a multiple of 4096
   StagingPool* pool = nullptr;
   SnapshotCopier* copier = nullptr;  // nullptr: Crc32cCopy
   int threads = 1;                   // copiers, the caller's thread included (>= 1)

@@ -1,5 +1,7 @@
 #include "engine/staging_pool.h"
 
+#include <cstring>
+
 namespace savepoint::engine {
 
 StagingPool::StagingPool(uint64_t slab_bytes, size_t max_slabs)
@@ -32,6 +34,23 @@ void StagingPool::Release(std::byte* slab) {
 void StagingPool::Wake() {
   { std::lock_guard<std::mutex> lock(mu_); }
   cv_.notify_all();
+}
+
+Result<bool> StagingPool::GrowOne(uint64_t target_bytes) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (slabs_.size() >= max_slabs_ || slabs_.size() * slab_bytes_ >= target_bytes) return false;
+  }
+  SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kU8, {int64_t(slab_bytes_)}));
+  std::memset(t.data(), 0, slab_bytes_);  // the page faults happen here, not in a snapshot
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (slabs_.size() >= max_slabs_) return false;  // Acquire took the last place meanwhile
+    slabs_.push_back(std::move(t));
+    free_.push_back(slabs_.back().data());
+  }
+  cv_.notify_all();
+  return true;
 }
 
 bool StagingPool::exhausted() const {

@@ -31,6 +31,11 @@ class StagingPool {
   void Release(std::byte* slab);
   // Wakes waiters so they re-check their cancellation condition.
   void Wake();
+  // Allocates one more slab, touches every page of it (so no later copy into it page-faults) and
+  // adds it to the free slabs, if fewer than `target_bytes` (and fewer than the cap) are
+  // allocated. Returns whether it added one. The allocation and the touching run outside the
+  // pool's lock, so Acquire and Release go on meanwhile.
+  Result<bool> GrowOne(uint64_t target_bytes);
 
   // True when Acquire would block now: no free slab and the cap reached.
   bool exhausted() const;

@@ -1,21 +1,19 @@
 // Save: writes a State as a native checkpoint directory and commits it.
 //
-// Commit protocol (docs/FORMAT.md, "Commit protocol"); every step must succeed before the next:
-//   1. CreateDir(tmp), tmp = <parent>/.<name>.savepoint-tmp.<pid>.<random>
-//   2. Write data file tmp/data-00000-00000.spd: a 4 KiB header, then every tensor as one
-//      4 KiB-aligned extent, cut into chunks that worker threads copy, checksum (CRC32C, while the
-//      bytes are hot in cache) and write in parallel. With compression (docs/FORMAT.md §7) each
-//      chunk is compressed instead, its CRC32C taken on the compressed bytes right after, and its
-//      stored form written at the next free 4 KiB-aligned offset (ExtentAllocator) as it finishes.
-//   3. Sync and close the data file.
-//   4. Write tmp/MANIFEST (it names every file, extent and checksum) and sync it.
-//   5. SyncDir(tmp): the directory's entries are durable.
-//   6. Overwrite only: Rename(path, <parent>/.<name>.savepoint-old.<random>).
-//   7. Rename(tmp, path) — the commit point. Rename never replaces an existing path.
-//   8. SyncDir(parent): the commit is durable.
-//   9. Overwrite only: remove the old checkpoint (best effort; gc finishes it after a crash).
-// A crash before 7 leaves only hidden debris; between 6 and 7 the old checkpoint is restored by
-// GarbageCollect. Readers only accept directories whose MANIFEST validates.
+// The checkpoint directory is committed by the durable-commit protocol (io/commit.h; docs/FORMAT.md
+// §5, same step numbers). Steps 1-2 (BeginSave) create the hidden temporary directory; this file
+// does step 3, the writing:
+//   3a. Data file tmp/data-00000-00000.spd: a 4 KiB header, then every tensor as one extent
+//       (PlanSave: with format version 2, tensors below 64 KiB are packed at 64-byte alignment in
+//       one region, the others 4 KiB-aligned), cut into chunks that worker threads copy, checksum
+//       (CRC32C, while the bytes are hot in cache) and write in parallel. With compression
+//       (docs/FORMAT.md §7) each chunk is compressed instead, its CRC32C taken on the compressed
+//       bytes right after, and its stored form written at the next free 4 KiB-aligned offset
+//       (ExtentAllocator) as it finishes.
+//   3b. Sync and close the data file.
+//   3c. Write tmp/MANIFEST (it names every file, extent and checksum) and sync it.
+// Steps 4-8 (CommitSave) sync the directory, rename it into place and sync the parent. Readers
+// only accept directories whose MANIFEST validates.
 #include "engine/writer.h"
 
 #include <fmt/format.h>
@@ -25,8 +23,11 @@
 #include <cstring>
 
 #include "engine/paths.h"
+#include "engine/select.h"
+#include "io/commit.h"
 #include "util/crc32c.h"
 #include "util/parallel.h"
+#include "util/progress.h"
 
 namespace savepoint::engine {
 namespace {
@@ -34,25 +35,14 @@ namespace {
 using format::AlignUp;
 using format::kAlignment;
 
-Status CopyValues(const State& from, State* to) {
-  for (const auto& [name, e] : from.entries()) {
-    if (!e.is_tensor()) SP_RETURN_IF_ERROR(to->PutValue(name, e.value()));
-  }
-  to->metadata() = from.metadata();
-  return Status::OK();
+io::CommitOptions CommitOptionsOf(bool overwrite, const SaveOptions& o) {
+  io::CommitOptions co;
+  co.overwrite = overwrite;
+  co.create_parents = o.create_parents;
+  return co;
 }
 
 }  // namespace
-
-Status CreateDirsDurably(FileSystem* fs, const std::string& dir) {
-  if (dir.empty() || dir == "/" || dir == "." || fs->Exists(dir)) return Status::OK();
-  std::string parent = Dirname(dir);
-  SP_RETURN_IF_ERROR(CreateDirsDurably(fs, parent));
-  Status s = fs->CreateDir(dir);
-  if (s.code() == StatusCode::kAlreadyExists) return Status::OK();  // a concurrent creator
-  SP_RETURN_IF_ERROR(s);
-  return fs->SyncDir(parent);
-}
 
 namespace {
 
@@ -101,30 +91,48 @@ Status CheckSaveOptions(const SaveOptions& o) {
     return InvalidArgumentError(
         fmt::format("SaveOptions.io_threads = {}: must be in [1, 64]", o.io_threads));
   }
+  if (o.format_version < format::kMinFormatVersion || o.format_version > format::kFormatVersion) {
+    return InvalidArgumentError(fmt::format("SaveOptions.format_version = {}: must be {} or {}",
+                                            o.format_version, format::kMinFormatVersion,
+                                            format::kFormatVersion));
+  }
   return CheckCompression(o.compression);
 }
 
 // Whether chunk `t` can be written straight from the caller's memory (no staging copy).
 bool ZeroCopy(const ChunkTask& t, const WritableFile* f) {
   bool aligned = reinterpret_cast<uintptr_t>(t.src) % kAlignment == 0;
-  return t.stored == nullptr && t.len % kAlignment == 0 && (aligned || !f->direct());
+  return t.stored == nullptr && t.span == 0 && t.len % kAlignment == 0 && (aligned || !f->direct());
 }
 
 // Zero-copy chunks are written in batches of up to this many through WriteAtMany (io_uring where
 // available): a worker checksums a batch while it is hot, then has all of it in flight at once.
 constexpr size_t kWriteBatch = 4;
 
-// Groups tasks into runs: up to kWriteBatch consecutive zero-copy chunks, or one other chunk.
-std::vector<std::pair<size_t, size_t>> Batches(const std::vector<ChunkTask>& tasks,
-                                               const WritableFile* f) {
-  std::vector<std::pair<size_t, size_t>> runs;  // [begin, end)
+// A run of tasks [begin, end) that one worker writes: up to kWriteBatch consecutive zero-copy
+// chunks, the packed chunks of one span, or one other chunk.
+struct Run {
+  enum class Kind { kZeroCopy, kPacked, kSingle };
+  size_t begin = 0;
+  size_t end = 0;
+  Kind kind = Kind::kSingle;
+};
+
+std::vector<Run> Runs(const std::vector<ChunkTask>& tasks, const WritableFile* f) {
+  std::vector<Run> runs;
   for (size_t i = 0; i < tasks.size();) {
-    size_t end = i + 1;
-    if (ZeroCopy(tasks[i], f)) {
-      while (end < tasks.size() && end - i < kWriteBatch && ZeroCopy(tasks[end], f)) ++end;
+    Run run{i, i + 1, Run::Kind::kSingle};
+    if (tasks[i].span != 0) {
+      run.kind = Run::Kind::kPacked;
+      while (run.end < tasks.size() && tasks[run.end].span == tasks[i].span) ++run.end;
+    } else if (ZeroCopy(tasks[i], f)) {
+      run.kind = Run::Kind::kZeroCopy;
+      while (run.end < tasks.size() && run.end - i < kWriteBatch && ZeroCopy(tasks[run.end], f)) {
+        ++run.end;
+      }
     }
-    runs.emplace_back(i, end);
-    i = end;
+    runs.push_back(run);
+    i = run.end;
   }
   return runs;
 }
@@ -138,6 +146,35 @@ Status WriteZeroCopyBatch(std::span<const ChunkTask> run, WritableFile* f) {
     ops.push_back({t.file_offset, {t.src, t.len}});
   }
   return f->WriteAtMany(ops);
+}
+
+// Lays the packed chunks of one span out in `buf` (kPackSpanBytes, 4 KiB-aligned) as they lie in
+// the file, each copied and checksummed in one pass, zero-fills the gaps, and writes the 4 KiB
+// blocks they cover with one write. The blocks of two spans never overlap.
+Status WritePackedRun(std::span<const ChunkTask> run, WritableFile* f, std::byte* buf) {
+  const uint64_t begin = format::AlignDown(run.front().file_offset);
+  uint64_t fill = 0;  // bytes of `buf` laid out so far
+  for (const ChunkTask& t : run) {
+    const uint64_t at = t.file_offset - begin;
+    if (t.file_offset < begin || at < fill || t.len > format::kPackSpanBytes - at) {
+      return InternalError(fmt::format(
+          "packed chunk at offset {} ({} bytes) does not fit the span written from offset {}",
+          t.file_offset, t.len, begin));
+    }
+    std::memset(buf + fill, 0, at - fill);
+    *t.crc = Crc32cCopy(0, t.src, buf + at, t.len);
+    fill = at + t.len;
+  }
+  const uint64_t end = AlignUp(fill);
+  std::memset(buf + fill, 0, end - fill);
+  return f->WriteAt(begin, {buf, end});
+}
+
+// Allocates `*t` with `bytes` bytes (4 KiB-aligned) on first use.
+Status EnsureBuffer(Tensor* t, uint64_t bytes) {
+  if (t->data() != nullptr) return Status::OK();
+  SP_ASSIGN_OR_RETURN(*t, Tensor::Empty(DType::kU8, {static_cast<int64_t>(bytes)}));
+  return Status::OK();
 }
 
 // Writes one chunk, straight from the tensor when it is aligned for the file, else through
@@ -192,6 +229,44 @@ Status StoreRawChunk(const ChunkTask& t, std::byte* staged, uint32_t staged_crc,
   return f->WriteAt(raw.file_offset, {staged, padded});
 }
 
+Status WriteTasks(const std::vector<ChunkTask>& tasks, uint64_t chunk_bytes, int threads,
+                  WritableFile* f, ExtentAllocator* alloc, Progress* progress) {
+  struct Buffers {
+    Tensor staging;  // chunk_bytes: one unaligned or short chunk
+    Tensor span;     // kPackSpanBytes: the packed chunks of one span
+    CompressBuffers compress;
+  };
+  std::vector<Buffers> buffers(threads);
+  const std::vector<Run> runs = Runs(tasks, f);
+  auto write = [&](size_t r, int w) -> Status {
+    const std::span<const ChunkTask> run(tasks.data() + runs[r].begin, runs[r].end - runs[r].begin);
+    Buffers& b = buffers[w];
+    switch (runs[r].kind) {
+      case Run::Kind::kZeroCopy:
+        return WriteZeroCopyBatch(run, f);
+      case Run::Kind::kPacked:
+        SP_RETURN_IF_ERROR(EnsureBuffer(&b.span, format::kPackSpanBytes));
+        return WritePackedRun(run, f, b.span.data());
+      case Run::Kind::kSingle:
+        break;
+    }
+    const ChunkTask& t = run.front();
+    SP_RETURN_IF_ERROR(EnsureBuffer(&b.staging, chunk_bytes));
+    if (t.stored == nullptr) return WriteChunk(t, f, b.staging.data());
+    SP_ASSIGN_OR_RETURN(bool done,
+                        WriteCompressedChunk(t, t.src, chunk_bytes, f, alloc, &b.compress));
+    return done ? Status::OK() : StoreRawChunk(t, nullptr, 0, f, alloc, b.staging.data());
+  };
+  return ParallelFor(runs.size(), threads, [&](size_t r, int w) -> Status {
+    SP_RETURN_IF_ERROR(write(r, w));
+    if (progress == nullptr || !progress->enabled()) return Status::OK();
+    uint64_t bytes = 0;
+    for (size_t i = runs[r].begin; i < runs[r].end; ++i) bytes += tasks[i].len;
+    progress->Add(bytes);
+    return Status::OK();
+  });
+}
+
 Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o) {
   SaveTarget t;
   t.fs = o.fs != nullptr ? o.fs : DefaultFileSystem();
@@ -201,15 +276,103 @@ Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o) 
   if (!o.overwrite && t.fs->Exists(t.path)) {
     return AlreadyExistsError(fmt::format("{}: a checkpoint already exists there", context));
   }
-  Status s = o.create_parents ? CreateDirsDurably(t.fs, Dirname(t.path)) : Status::OK();
-  t.tmp = TmpPathFor(t.path);
-  if (s.ok()) s = t.fs->CreateDir(t.tmp);
-  if (!s.ok()) return s.WithContext(context);
+  Result<io::DurableCommit> c = io::DurableCommit::Begin(
+      t.fs, t.path, io::DurableCommit::Kind::kDirectory, CommitOptionsOf(o.overwrite, o));
+  if (!c.ok()) return c.status().WithContext(context);
+  t.tmp = c->tmp();
   return t;
 }
 
+namespace {
+
+// Whether format `version` packs an uncompressed extent of `bytes` bytes (writer policy).
+bool Packs(uint32_t version, uint64_t bytes) {
+  return version >= 2 && bytes < format::kPackBelowBytes;
+}
+
+// Places packed extents back to back at kPackAlignment in a region that starts at `region` (a
+// multiple of 4096), moving an extent that would cross a kPackSpanBytes boundary of the region to
+// that boundary, so that each span can be written on its own.
+class PackCursor {
+ public:
+  explicit PackCursor(uint64_t region) : region_(region), next_(region) {}
+
+  // The offset of the next extent of `bytes` bytes.
+  uint64_t Place(uint64_t bytes) {
+    const uint64_t a = format::kPackAlignment;
+    uint64_t at = (next_ + a - 1) / a * a;
+    if (bytes > 0 && SpanOf(at) != SpanOf(at + bytes - 1)) {
+      at = region_ + (SpanOf(at) + 1) * format::kPackSpanBytes;
+    }
+    next_ = at + bytes;
+    return at;
+  }
+  // The file offset where the span holding `offset` starts.
+  uint64_t SpanStart(uint64_t offset) const {
+    return region_ + SpanOf(offset) * format::kPackSpanBytes;
+  }
+  // The end of the last extent placed (the region's start when there is none).
+  uint64_t end() const { return next_; }
+
+ private:
+  uint64_t SpanOf(uint64_t offset) const { return (offset - region_) / format::kPackSpanBytes; }
+
+  const uint64_t region_;
+  uint64_t next_;
+};
+
+// The manifest's tensors in `state`'s (name) order, each one shard covering all of it; compressed
+// with `compression` when that has a codec and the tensor is neither empty nor packed. Offsets
+// are set by the layout.
+void AddTensors(const State& state, uint64_t chunk_bytes, const Compression& compression,
+                format::Manifest* m) {
+  const bool compress = compression.codec != Compression::Codec::kNone;
+  for (const auto& [name, e] : state.entries()) {
+    if (!e.is_tensor()) continue;
+    const TensorView& v = e.tensor();
+    format::ShardRecord s;
+    s.offsets = Shape(v.shape().size(), 0);
+    s.sizes = v.shape();
+    s.bytes = v.nbytes();
+    s.crc32c.resize(format::NumChunks(s.bytes, chunk_bytes));
+    if (compress && s.bytes > 0 && !Packs(m->version, s.bytes)) {
+      codec::CodecOptions c = ResolveCodec(compression, v.dtype());
+      s.codec = c.codec;
+      s.filter = c.filter;
+      s.stored.resize(s.crc32c.size());
+    }
+    m->tensors.push_back({name, v.dtype(), v.shape(), {std::move(s)}});
+  }
+}
+
+// The chunk tasks of tensor `t` (its one shard), appended to `tasks`; `pack` (nullptr when the
+// shard is not packed) gives each chunk's span.
+void AddChunkTasks(format::TensorRecord& t, const std::byte* src, uint64_t chunk_bytes,
+                   const Compression& compression, const PackCursor* pack,
+                   std::vector<ChunkTask>* tasks) {
+  format::ShardRecord& s = t.shards[0];
+  for (uint64_t c = 0; c < s.crc32c.size(); ++c) {
+    ChunkTask task;
+    task.src = src + c * chunk_bytes;
+    task.len = format::ChunkLen(s.bytes, c, chunk_bytes);
+    task.file_offset = s.offset + c * chunk_bytes;
+    task.crc = &s.crc32c[c];
+    if (pack != nullptr) task.span = pack->SpanStart(task.file_offset);
+    if (s.compressed()) {
+      task.stored = &s.stored[c];
+      task.codec = ResolveCodec(compression, t.dtype);
+      task.elem_size = DTypeSize(t.dtype);
+    }
+    tasks->push_back(task);
+  }
+}
+
+}  // namespace
+
 Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes,
-                                        format::Manifest* m, const Compression& compression) {
+                                        format::Manifest* m, const Compression& compression,
+                                        uint32_t version) {
+  m->version = version;
   m->checkpoint_id = RandomU64();
   m->created_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                       std::chrono::system_clock::now().time_since_epoch())
@@ -217,44 +380,32 @@ Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes
   m->writer = "savepoint " SAVEPOINT_VERSION;
   m->chunk_bytes = chunk_bytes;
   SP_RETURN_IF_ERROR(CopyValues(state, &m->values));
-  const bool compress = compression.codec != Compression::Codec::kNone;
-  uint64_t offset = format::kDataHeaderBytes;
-  for (const auto& [name, e] : state.entries()) {
-    if (!e.is_tensor()) continue;
-    const TensorView& v = e.tensor();
-    format::ShardRecord s;
-    s.offsets = Shape(v.shape().size(), 0);
-    s.sizes = v.shape();
-    s.offset = offset;
-    s.bytes = v.nbytes();
-    s.crc32c.resize(format::NumChunks(s.bytes, chunk_bytes));
-    if (compress && s.bytes > 0) {
-      codec::CodecOptions c = ResolveCodec(compression, v.dtype());
-      s.offset = 0;
-      s.codec = c.codec;
-      s.filter = c.filter;
-      s.stored.resize(s.crc32c.size());
-    }
-    m->tensors.push_back({name, v.dtype(), v.shape(), {std::move(s)}});
-    if (!compress) offset = AlignUp(offset + v.nbytes());
+  AddTensors(state, chunk_bytes, compression, m);
+  // The packed region right after the header, then every other uncompressed extent 4096-aligned
+  // (compressed chunks go after both, where the writer's ExtentAllocator places them).
+  auto packed = [&](const format::ShardRecord& s) {
+    return !s.compressed() && Packs(version, s.bytes);
+  };
+  PackCursor pack(format::kDataHeaderBytes);
+  for (auto& t : m->tensors) {
+    if (packed(t.shards[0])) t.shards[0].offset = pack.Place(t.shards[0].bytes);
   }
-  m->files.push_back({DataFileName(0, 0), offset});
-  std::vector<ChunkTask> tasks;
+  uint64_t offset = AlignUp(pack.end());
   for (auto& t : m->tensors) {
     format::ShardRecord& s = t.shards[0];
-    const std::byte* src = state.FindTensor(t.name)->data();
-    for (uint64_t c = 0; c < s.crc32c.size(); ++c) {
-      ChunkTask task;
-      task.src = src + c * chunk_bytes;
-      task.len = format::ChunkLen(s.bytes, c, chunk_bytes);
-      task.file_offset = s.offset + c * chunk_bytes;
-      task.crc = &s.crc32c[c];
-      if (s.compressed()) {
-        task.stored = &s.stored[c];
-        task.codec = ResolveCodec(compression, t.dtype);
-        task.elem_size = DTypeSize(t.dtype);
-      }
-      tasks.push_back(task);
+    if (s.compressed() || packed(s)) continue;
+    s.offset = offset;
+    offset = AlignUp(offset + s.bytes);
+  }
+  m->files.push_back({DataFileName(0, 0), offset});
+  // Tasks in file order (the asynchronous snapshot stages them in that order): packed chunks
+  // first, then the others in name order.
+  std::vector<ChunkTask> tasks;
+  for (bool first : {true, false}) {
+    for (auto& t : m->tensors) {
+      if (packed(t.shards[0]) != first) continue;
+      AddChunkTasks(t, state.FindTensor(t.name)->data(), chunk_bytes, compression,
+                    first ? &pack : nullptr, &tasks);
     }
   }
   return tasks;
@@ -269,7 +420,7 @@ Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const 
   SP_RETURN_IF_ERROR(f->Preallocate(m.files[file_index].bytes));
   SP_ASSIGN_OR_RETURN(Tensor header,
                       Tensor::Zeros(DType::kU8, {int64_t(format::kDataHeaderBytes)}));
-  std::string h = format::EncodeDataHeader(m.checkpoint_id, file_index);
+  std::string h = format::EncodeDataHeader(m.checkpoint_id, file_index, m.version);
   std::memcpy(header.data(), h.data(), h.size());
   SP_RETURN_IF_ERROR(f->WriteAt(0, {header.data(), h.size()}));
   return f;
@@ -285,32 +436,18 @@ Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manife
     return ResourceExhaustedError(fmt::format("manifest of {} bytes exceeds the cap of {}",
                                               manifest.size(), format::kMaxManifestBodyBytes));
   }
-  SP_RETURN_IF_ERROR(t.fs->WriteFileSynced(JoinPath(t.tmp, format::kManifestFileName), manifest));
-  return t.fs->SyncDir(t.tmp);
+  return t.fs->WriteFileSynced(JoinPath(t.tmp, format::kManifestFileName), manifest);
 }
 
-Status CommitSave(const SaveTarget& t, bool overwrite) {
-  FileSystem* fs = t.fs;
-  std::string parent = Dirname(t.path);
-  std::string old;
-  if (overwrite && fs->Exists(t.path)) {
-    old = OldPathFor(t.path);
-    SP_RETURN_IF_ERROR(fs->Rename(t.path, old));
-  }
-  Status s = fs->Rename(t.tmp, t.path);
-  if (!s.ok()) {
-    if (!old.empty()) fs->Rename(old, t.path).IgnoreError();  // put the old one back
-    return s;
-  }
-  SP_RETURN_IF_ERROR(fs->SyncDir(parent));
-  if (!old.empty()) {
-    fs->RemoveAll(old).IgnoreError();
-    fs->SyncDir(parent).IgnoreError();
-  }
-  return Status::OK();
+io::DurableCommit CommitOf(const SaveTarget& t, bool overwrite) {
+  io::CommitOptions co;
+  co.overwrite = overwrite;
+  return io::DurableCommit::Adopt(t.fs, t.path, t.tmp, io::DurableCommit::Kind::kDirectory, co);
 }
 
-void AbandonSave(const SaveTarget& t) { t.fs->RemoveAll(t.tmp).IgnoreError(); }
+Status CommitSave(const SaveTarget& t, bool overwrite) { return CommitOf(t, overwrite).Commit(); }
+
+void AbandonSave(const SaveTarget& t) { CommitOf(t, false).Abandon(); }
 
 namespace {
 
@@ -318,27 +455,13 @@ Status WriteAndCommit(const State& state, const SaveTarget& target, const SaveOp
                       bool* direct, uint64_t* stored_bytes) {
   format::Manifest m;
   SP_ASSIGN_OR_RETURN(std::vector<ChunkTask> tasks,
-                      PlanSave(state, o.chunk_bytes, &m, o.compression));
+                      PlanSave(state, o.chunk_bytes, &m, o.compression, o.format_version));
   SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, CreateDataFile(target, m, o.direct_io));
   *direct = f->direct();
-  std::vector<Tensor> staging(o.io_threads);
-  std::vector<CompressBuffers> buffers(o.io_threads);
-  ExtentAllocator alloc;
-  const std::vector<std::pair<size_t, size_t>> runs = Batches(tasks, f.get());
-  SP_RETURN_IF_ERROR(ParallelFor(runs.size(), o.io_threads, [&](size_t r, int w) -> Status {
-    const ChunkTask& t = tasks[runs[r].first];
-    if (ZeroCopy(t, f.get())) {
-      return WriteZeroCopyBatch({tasks.data() + runs[r].first, runs[r].second - runs[r].first},
-                                f.get());
-    }
-    if (staging[w].data() == nullptr) {
-      SP_ASSIGN_OR_RETURN(staging[w], Tensor::Empty(DType::kU8, {int64_t(m.chunk_bytes)}));
-    }
-    if (t.stored == nullptr) return WriteChunk(t, f.get(), staging[w].data());
-    SP_ASSIGN_OR_RETURN(
-        bool done, WriteCompressedChunk(t, t.src, m.chunk_bytes, f.get(), &alloc, &buffers[w]));
-    return done ? Status::OK() : StoreRawChunk(t, nullptr, 0, f.get(), &alloc, staging[w].data());
-  }));
+  ExtentAllocator alloc(m.files[0].bytes);  // compressed chunks go after the planned layout
+  Progress progress(o.progress, state.tensor_bytes());
+  SP_RETURN_IF_ERROR(WriteTasks(tasks, m.chunk_bytes, o.io_threads, f.get(), &alloc, &progress));
+  progress.Finish();
   if (format::UsesCompression(m)) m.files[0].bytes = alloc.end();
   *stored_bytes = 0;
   for (const auto& t : m.tensors) *stored_bytes += format::StoredBytes(t.shards[0]);

@@ -14,6 +14,10 @@
 #include "format/manifest.h"
 #include "savepoint/checkpoint.h"
 
+namespace savepoint {
+class Progress;  // util/progress.h
+}  // namespace savepoint
+
 namespace savepoint::engine {
 
 // One chunk of one tensor: `len` bytes from `src`, to be stored at `file_offset`; its CRC32C is
@@ -22,6 +26,11 @@ namespace savepoint::engine {
 // Compressed saves: `stored` (a slot of the manifest) is non-null; `file_offset` is then unused,
 // the chunk is compressed with `codec` (filter element size `elem_size`) and its stored form goes
 // wherever an ExtentAllocator puts it; `*crc` covers the stored bytes.
+//
+// Packed chunks (format version 2: extents below format::kPackBelowBytes): `span` is the file
+// offset of the kPackSpanBytes span of the packed region that holds the chunk (0 for any other
+// chunk). A packed chunk may share 4 KiB blocks with its neighbours, so the chunks of one span are
+// written together, with one aligned write (WriteTasks).
 struct ChunkTask {
   const std::byte* src = nullptr;
   uint64_t len = 0;
@@ -30,6 +39,7 @@ struct ChunkTask {
   format::StoredChunk* stored = nullptr;
   codec::CodecOptions codec;
   size_t elem_size = 1;
+  uint64_t span = 0;
 };
 
 // Hands out 4 KiB-aligned extents at the end of a data file, in the order chunks finish.
@@ -37,6 +47,8 @@ struct ChunkTask {
 class ExtentAllocator {
  public:
   explicit ExtentAllocator(uint64_t start = format::kDataHeaderBytes) : next_(start) {}
+  // Restarts at `start` (4096-aligned: the end of the planned layout), before any Allocate.
+  void Reset(uint64_t start) { next_.store(start); }
   // The offset of a new extent of `bytes` bytes (rounded up to 4096).
   uint64_t Allocate(uint64_t bytes) { return next_.fetch_add(format::AlignUp(bytes)); }
   // The end of the last extent: the file's size.
@@ -52,39 +64,51 @@ struct CompressBuffers {
   Tensor scratch;  // the shuffled chunk
 };
 
-// Where a save goes: the final path and the hidden temporary directory (already created).
+// Where a save goes: the final path and the hidden temporary directory (already created by the
+// durable commit's Begin, io/commit.h).
 struct SaveTarget {
   FileSystem* fs = nullptr;
   std::string path;
   std::string tmp;
 };
 
-// Creates `dir` and its missing ancestors so that they survive power loss: each new directory's
-// entry is synced in its parent. OK if it exists.
-Status CreateDirsDurably(FileSystem* fs, const std::string& dir);
-
 // Checks chunk_bytes, io_threads and compression.
 Status CheckSaveOptions(const SaveOptions& o);
 
-// Steps 1-2 of the protocol: validates the path, refuses an existing checkpoint unless
-// overwriting, creates missing parents durably, creates the temporary directory.
+// Steps 1-2 of the commit protocol (io/commit.h): validates the path, refuses an existing
+// checkpoint unless overwriting, creates missing parents durably, creates the temporary directory.
 Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o);
 
-// A manifest with a fresh id, the creation time, the writer and chunk size, the values and
-// metadata of `state`, and every tensor laid out in data file 0. Returns the chunk tasks that
-// fill the file (CRC and stored-chunk slots point into the manifest, so it must not move while
-// they are used).
+// A manifest of format `version` with a fresh id, the creation time, the writer and chunk size,
+// the values and metadata of `state`, and every tensor laid out in data file 0. Returns the chunk
+// tasks that fill the file, in file order (CRC and stored-chunk slots point into the manifest, so
+// it must not move while they are used).
 //
-// With a codec in `compression`, every non-empty tensor is a compressed shard whose chunks are
-// placed as they finish: files[0].bytes is then only the header's size, and the caller sets it to
-// its ExtentAllocator's end() once every chunk is written.
+// Layout (docs/FORMAT.md §2, §8): version 1 starts every extent at a multiple of 4096. Version 2
+// first packs the extents smaller than kPackBelowBytes back to back at 64-byte alignment in a
+// region right after the header (none crossing a kPackSpanBytes boundary of the region), then
+// starts every other extent at a multiple of 4096.
+//
+// With a codec in `compression`, every non-empty tensor that is not packed is a compressed shard
+// whose chunks are placed as they finish: files[0].bytes is then only the planned layout's end
+// (header and packed region), where the caller's ExtentAllocator starts, and the caller sets it to
+// the allocator's end() once every chunk is written.
 Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes,
-                                        format::Manifest* m, const Compression& compression = {});
+                                        format::Manifest* m, const Compression& compression = {},
+                                        uint32_t version = format::kFormatVersion);
 
 // Creates data file `file_index` of the manifest in the temporary directory, preallocates its
 // manifest size and writes its header.
 Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const format::Manifest& m,
                                                      bool direct_io, uint32_t file_index = 0);
+
+// Writes every task of a planned save into `f` on `threads` threads (1..64): consecutive zero-copy
+// chunks with one batched submission per run, the packed chunks of one span with one aligned write
+// through a span buffer, compressed chunks at offsets from `alloc` (nullptr when nothing is
+// compressed), any other chunk through a staging buffer. Sets every task's CRC. Counts the raw
+// bytes of every task written in `progress` (when not null; the caller finishes it).
+Status WriteTasks(const std::vector<ChunkTask>& tasks, uint64_t chunk_bytes, int threads,
+                  WritableFile* f, ExtentAllocator* alloc, Progress* progress = nullptr);
 
 // Writes one chunk of the raw layout (t.stored == nullptr) at t.file_offset: straight from the
 // caller's memory when the file's alignment rules allow it, else through `staging` (chunk_bytes,
@@ -105,11 +129,12 @@ Result<bool> WriteCompressedChunk(const ChunkTask& t, const std::byte* raw, uint
 Status StoreRawChunk(const ChunkTask& t, std::byte* staged, uint32_t staged_crc, WritableFile* f,
                      ExtentAllocator* alloc, std::byte* staging);
 
-// Steps 4-6: syncs and closes the data file (unless `data` is null: a multi-rank save's ranks
-// close their own), writes and syncs MANIFEST, syncs the directory.
+// Steps 3b-3c (writer.cc): syncs and closes the data file (unless `data` is null: a multi-rank
+// save's ranks close their own), writes and syncs MANIFEST.
 Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manifest& m);
 
-// Steps 7-10: renames into place and syncs the parent.
+// Steps 4-8 of the commit protocol (io::DurableCommit::Commit): syncs the temporary directory,
+// renames it into place (setting an old checkpoint aside when overwriting) and syncs the parent.
 Status CommitSave(const SaveTarget& t, bool overwrite);
 
 // Removes the temporary directory after a failure (best effort).

@@ -91,11 +91,32 @@ bool UsesCompression(const Manifest& m) {
   return false;
 }
 
-Json ManifestToJson(const Manifest& m) {
+namespace {
+
+// The manifest's "required_features", "files" and "values" arrays.
+Json FeaturesToJson(const Manifest& m) {
   Json features = Json::array();
   if (UsesCompression(m)) features.push_back(kFeatureCompression);
+  return features;
+}
+
+Json FilesToJson(const Manifest& m) {
   Json files = Json::array();
   for (const auto& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}});
+  return files;
+}
+
+Json ValuesToJson(const Manifest& m) {
+  Json values = Json::array();
+  for (const auto& [name, e] : m.values.entries()) {
+    if (!e.is_tensor()) values.push_back(ValueToJson(name, e.value()));
+  }
+  return values;
+}
+
+}  // namespace
+
+Json ManifestToJson(const Manifest& m) {
   Json tensors = Json::array();
   for (const auto& t : m.tensors) {
     Json shards = Json::array();
@@ -103,26 +124,108 @@ Json ManifestToJson(const Manifest& m) {
     tensors.push_back(
         {{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"shards", shards}});
   }
-  Json values = Json::array();
-  for (const auto& [name, e] : m.values.entries()) {
-    if (!e.is_tensor()) values.push_back(ValueToJson(name, e.value()));
-  }
   return {{"format", "savepoint"},
           {"version", m.version},
-          {"required_features", features},
+          {"required_features", FeaturesToJson(m)},
           {"checkpoint_id", fmt::format("{:016x}", m.checkpoint_id)},
           {"created_ns", std::max<int64_t>(m.created_ns, 0)},
           {"writer", m.writer},
           {"chunk_bytes", m.chunk_bytes},
-          {"alignment", kAlignment},
-          {"files", files},
+          {"alignment", ExtentAlignment(m.version)},
+          {"files", FilesToJson(m)},
           {"tensors", tensors},
-          {"values", values},
+          {"values", ValuesToJson(m)},
           {"metadata", m.values.metadata()}};
 }
 
+namespace {
+
+// Compact JSON text of `j`, as EncodeManifest writes it (invalid UTF-8 replaced by U+FFFD).
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+template <typename T>
+void AppendNumbers(std::string* out, const T& values) {
+  out->push_back('[');
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) out->push_back(',');
+    fmt::format_to(std::back_inserter(*out), "{}", values[i]);
+  }
+  out->push_back(']');
+}
+
+// The text of Dump(ShardToJson(s)), written directly: the keys in nlohmann's (sorted) order.
+void AppendShard(std::string* out, const ShardRecord& s) {
+  auto put = std::back_inserter(*out);
+  fmt::format_to(put, "{{\"bytes\":{}", s.bytes);
+  if (s.compressed()) fmt::format_to(put, ",\"codec\":\"{}\"", codec::CodecName(s.codec));
+  *out += ",\"crc32c\":";
+  AppendNumbers(out, s.crc32c);
+  fmt::format_to(put, ",\"file\":{}", s.file);
+  if (s.compressed()) fmt::format_to(put, ",\"filter\":\"{}\"", codec::FilterName(s.filter));
+  fmt::format_to(put, ",\"offset\":{},\"offsets\":", s.offset);
+  AppendNumbers(out, s.offsets);
+  *out += ",\"sizes\":";
+  AppendNumbers(out, s.sizes);
+  if (s.compressed()) {
+    std::vector<uint64_t> offsets, sizes, flags;
+    for (const StoredChunk& c : s.stored) {
+      offsets.push_back(c.offset);
+      sizes.push_back(c.bytes);
+      flags.push_back(c.compressed ? 1 : 0);
+    }
+    *out += ",\"stored_bytes\":";
+    AppendNumbers(out, sizes);
+    *out += ",\"stored_compressed\":";
+    AppendNumbers(out, flags);
+    *out += ",\"stored_offsets\":";
+    AppendNumbers(out, offsets);
+  }
+  out->push_back('}');
+}
+
+// The text of the manifest's "tensors" array, written directly: building it as a JSON document
+// first costs more than everything else a save of thousands of small tensors does.
+void AppendTensors(std::string* out, const std::vector<TensorRecord>& tensors) {
+  out->push_back('[');
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorRecord& t = tensors[i];
+    if (i > 0) out->push_back(',');
+    fmt::format_to(std::back_inserter(*out), "{{\"dtype\":\"{}\",\"name\":", DTypeName(t.dtype));
+    *out += Dump(Json(t.name));
+    *out += ",\"shape\":";
+    AppendNumbers(out, t.shape);
+    *out += ",\"shards\":[";
+    for (size_t k = 0; k < t.shards.size(); ++k) {
+      if (k > 0) out->push_back(',');
+      AppendShard(out, t.shards[k]);
+    }
+    *out += "]}";
+  }
+  out->push_back(']');
+}
+
+// Dump(ManifestToJson(m)), byte for byte (manifest_version_test checks), with the tensors written
+// directly and only the small parts built as JSON documents.
+std::string EncodeBody(const Manifest& m) {
+  std::string body;
+  body.reserve(256 + 160 * m.tensors.size());
+  fmt::format_to(std::back_inserter(body),
+                 "{{\"alignment\":{},\"checkpoint_id\":\"{:016x}\",\"chunk_bytes\":{},"
+                 "\"created_ns\":{},\"files\":{},\"format\":\"savepoint\",\"metadata\":{},"
+                 "\"required_features\":{},\"tensors\":",
+                 ExtentAlignment(m.version), m.checkpoint_id, m.chunk_bytes,
+                 std::max<int64_t>(m.created_ns, 0), Dump(FilesToJson(m)),
+                 Dump(m.values.metadata()), Dump(FeaturesToJson(m)));
+  AppendTensors(&body, m.tensors);
+  fmt::format_to(std::back_inserter(body), ",\"values\":{},\"version\":{},\"writer\":{}}}",
+                 Dump(ValuesToJson(m)), m.version, Dump(Json(m.writer)));
+  return body;
+}
+
+}  // namespace
+
 std::string EncodeManifest(const Manifest& m) {
-  std::string body = ManifestToJson(m).dump(-1, ' ', false, Json::error_handler_t::replace);
+  std::string body = EncodeBody(m);
   std::string header(kManifestHeaderBytes, '\0');
   header.replace(0, 8, kManifestMagic);
   PutU32(&header, 8, m.version);
@@ -135,10 +238,10 @@ std::string EncodeManifest(const Manifest& m) {
   return header + body;
 }
 
-std::string EncodeDataHeader(uint64_t checkpoint_id, uint32_t file_index) {
+std::string EncodeDataHeader(uint64_t checkpoint_id, uint32_t file_index, uint32_t version) {
   std::string h(kDataHeaderBytes, '\0');
   h.replace(0, 8, kDataMagic);
-  PutU32(&h, 8, kFormatVersion);
+  PutU32(&h, 8, version);
   PutU32(&h, 12, static_cast<uint32_t>(kDataHeaderBytes));
   PutU64(&h, 16, checkpoint_id);
   PutU32(&h, 24, file_index);
@@ -148,7 +251,7 @@ std::string EncodeDataHeader(uint64_t checkpoint_id, uint32_t file_index) {
 }
 
 Status CheckDataHeader(std::string_view h, uint64_t checkpoint_id, uint32_t file_index,
-                       std::string_view where) {
+                       uint32_t version, std::string_view where) {
   if (h.size() < kDataHeaderBytes) {
     return CorruptionError(fmt::format("{}: truncated data file header", where));
   }
@@ -160,10 +263,15 @@ Status CheckDataHeader(std::string_view h, uint64_t checkpoint_id, uint32_t file
   if (stored != actual) {
     return CorruptionError(fmt::format("{}: data file header checksum mismatch", where));
   }
-  uint32_t version = GetU32(h, 8);
-  if (version != kFormatVersion) {
-    return UnimplementedError(fmt::format("{}: data file format version {} (this build reads {})",
-                                          where, version, kFormatVersion));
+  const uint32_t stored_version = GetU32(h, 8);
+  if (stored_version < kMinFormatVersion || stored_version > kFormatVersion) {
+    return UnimplementedError(
+        fmt::format("{}: data file format version {} (this build reads versions {} to {})", where,
+                    stored_version, kMinFormatVersion, kFormatVersion));
+  }
+  if (stored_version != version) {
+    return CorruptionError(fmt::format("{}: data file format version {}, the manifest's is {}",
+                                       where, stored_version, version));
   }
   if (GetU64(h, 16) != checkpoint_id || GetU32(h, 24) != file_index) {
     return CorruptionError(fmt::format(

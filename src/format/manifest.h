@@ -1,4 +1,4 @@
-// The native on-disk format, version 1: constants, the manifest model, and its encoder and
+// The native on-disk format (versions 1 and 2): constants, the manifest model, and its encoder and
 // validating decoder. docs/FORMAT.md is the specification; this file implements it.
 //
 // Everything here treats input as hostile: every size is capped, every offset is checked with
@@ -22,12 +22,25 @@ namespace savepoint::format {
 
 inline constexpr std::string_view kManifestMagic = "SVPTMNFT";  // 8 bytes
 inline constexpr std::string_view kDataMagic = "SVPTDATA";      // 8 bytes
-inline constexpr uint32_t kFormatVersion = 1;
+// The version this build writes by default, and the oldest it reads. Version 2 (docs/FORMAT.md §8)
+// differs from version 1 only in the alignment of uncompressed extents: 64 bytes instead of 4096,
+// so that small tensors can be packed back to back.
+inline constexpr uint32_t kFormatVersion = 2;
+inline constexpr uint32_t kMinFormatVersion = 1;
 inline constexpr std::string_view kManifestFileName = "MANIFEST";
 
 inline constexpr uint64_t kManifestHeaderBytes = 64;
 inline constexpr uint64_t kDataHeaderBytes = 4096;
 inline constexpr uint64_t kAlignment = 4096;
+// Version 2: every uncompressed extent starts at a multiple of this (enough for any dtype and
+// SIMD).
+inline constexpr uint64_t kPackAlignment = 64;
+// Writer policy of version 2 (not format rules; readers accept any valid layout): extents smaller
+// than kPackBelowBytes are packed back to back at kPackAlignment in one region after the header;
+// none crosses a boundary of kPackSpanBytes from the region's start, so each span of the region is
+// written with one aligned write of its own. Larger extents stay 4096-aligned.
+inline constexpr uint64_t kPackBelowBytes = uint64_t{64} << 10;
+inline constexpr uint64_t kPackSpanBytes = uint64_t{1} << 20;
 
 // Caps (a file exceeding one is rejected as corrupt or hostile).
 inline constexpr uint64_t kMaxManifestBodyBytes = uint64_t{256} << 20;
@@ -98,6 +111,11 @@ inline uint64_t NumChunks(uint64_t bytes, uint64_t chunk_bytes) {
   return bytes == 0 ? 0 : (bytes - 1) / chunk_bytes + 1;
 }
 inline uint64_t AlignUp(uint64_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+inline uint64_t AlignDown(uint64_t n) { return n / kAlignment * kAlignment; }
+// The alignment of uncompressed extents in a checkpoint of format `version`.
+inline uint64_t ExtentAlignment(uint32_t version) {
+  return version >= 2 ? kPackAlignment : kAlignment;
+}
 // Raw size of chunk `chunk` of a shard of `bytes` bytes.
 inline uint64_t ChunkLen(uint64_t bytes, uint64_t chunk, uint64_t chunk_bytes) {
   return std::min(chunk_bytes, bytes - chunk * chunk_bytes);
@@ -149,12 +167,14 @@ Result<Manifest> DecodeManifest(std::string_view bytes, std::string_view where);
 // DecodeManifest checks). Used by DecodeManifest and by the multi-rank save before it writes.
 Status CheckTensorTiling(const TensorRecord& t, std::string_view where);
 
-// The 4096-byte header of data file `file_index`.
-std::string EncodeDataHeader(uint64_t checkpoint_id, uint32_t file_index);
+// The 4096-byte header of data file `file_index` of a checkpoint of format `version`.
+std::string EncodeDataHeader(uint64_t checkpoint_id, uint32_t file_index,
+                             uint32_t version = kFormatVersion);
 
-// Checks a data file header against the manifest.
+// Checks a data file header against the manifest: magic, CRC, the manifest's format `version`
+// (Unimplemented for a version this build cannot read), checkpoint id and file index.
 Status CheckDataHeader(std::string_view header, uint64_t checkpoint_id, uint32_t file_index,
-                       std::string_view where);
+                       uint32_t version, std::string_view where);
 
 }  // namespace savepoint::format
 

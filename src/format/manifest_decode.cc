@@ -143,11 +143,15 @@ Status CheckShardRange(const TensorRecord& t, const ShardRecord& s, const Manife
   if (s.file >= m.files.size())
     return ctx.Bad(fmt::format("{}: file index {} out of range", in, s.file));
   if (s.compressed()) return CheckStoredChunks(s, m, ctx, in);
+  // Version 1 extents start at multiples of 4096, version 2 ones at multiples of 64.
+  const uint64_t align = ExtentAlignment(m.version);
   uint64_t end = 0;
-  if (s.offset < kDataHeaderBytes || s.offset % kAlignment != 0 ||
+  if (s.offset < kDataHeaderBytes || s.offset % align != 0 ||
       __builtin_add_overflow(s.offset, s.bytes, &end) || end > m.files[s.file].bytes) {
-    return ctx.Bad(fmt::format("{}: extent [{}, +{}) is misaligned or outside file {:?} ({} bytes)",
-                               in, s.offset, s.bytes, m.files[s.file].name, m.files[s.file].bytes));
+    return ctx.Bad(fmt::format(
+        "{}: extent [{}, +{}) is misaligned (format version {}: a multiple of {}) or outside file "
+        "{:?} ({} bytes)",
+        in, s.offset, s.bytes, m.version, align, m.files[s.file].name, m.files[s.file].bytes));
   }
   if (s.crc32c.size() != NumChunks(s.bytes, m.chunk_bytes)) {
     return ctx.Bad(fmt::format("{}: {} checksums for {} chunks", in, s.crc32c.size(),
@@ -391,6 +395,12 @@ Status DecodeTop(const Json& root, const Ctx& ctx, Manifest* m, bool* compressio
                                             ctx.where, features->dump()));
     }
   }
+  auto version = root.find("version");
+  if (version != root.end() &&
+      (!version->is_number_unsigned() || version->get<uint64_t>() != m->version)) {
+    return ctx.Bad(fmt::format("manifest.version {} differs from the header's version {}",
+                               version->dump().substr(0, 32), m->version));
+  }
   SP_ASSIGN_OR_RETURN(std::string id, Str(root, "checkpoint_id", ctx, "manifest"));
   if (id != fmt::format("{:016x}", m->checkpoint_id)) {
     return ctx.Bad(fmt::format("body checkpoint_id {:?} differs from the header's {:016x}",
@@ -448,9 +458,10 @@ Status CheckHeader(std::string_view bytes, const Ctx& ctx, Manifest* m) {
   if (bytes.substr(0, 8) != kManifestMagic) return ctx.Bad("not a savepoint manifest (bad magic)");
   if (GetU32(bytes, 60) != Crc32c(bytes.substr(0, 60))) return ctx.Bad("header checksum mismatch");
   m->version = GetU32(bytes, 8);
-  if (m->version != kFormatVersion) {
-    return UnimplementedError(fmt::format("{}: format version {} (this build reads version {})",
-                                          ctx.where, m->version, kFormatVersion));
+  if (m->version < kMinFormatVersion || m->version > kFormatVersion) {
+    return UnimplementedError(
+        fmt::format("{}: format version {} (this build reads versions {} to {})", ctx.where,
+                    m->version, kMinFormatVersion, kFormatVersion));
   }
   if (GetU32(bytes, 12) != kManifestHeaderBytes) return ctx.Bad("bad header size");
   uint64_t body = GetU64(bytes, 16);

@@ -217,7 +217,7 @@ TEST(Manifest, HeaderFields) {
   EXPECT_TRUE(Rejected(DecodeManifest(magic, kWhere), StatusCode::kCorruption, "bad magic"));
 
   EXPECT_TRUE(
-      Rejected(DecodeManifest(Frame(body, 2), kWhere), StatusCode::kUnimplemented, "version 2"));
+      Rejected(DecodeManifest(Frame(body, 3), kWhere), StatusCode::kUnimplemented, "version 3"));
   EXPECT_TRUE(
       Rejected(DecodeManifest(Frame(body, 0), kWhere), StatusCode::kUnimplemented, "version 0"));
   EXPECT_TRUE(Rejected(DecodeManifest(Frame(body, 1, uint64_t{1} << 63), kWhere),
@@ -544,21 +544,30 @@ TEST(Manifest, ManyShardsValidateInSubquadraticTime) {
 TEST(Manifest, DataHeader) {
   std::string h = EncodeDataHeader(kId, 3);
   ASSERT_EQ(h.size(), kDataHeaderBytes);
-  SP_EXPECT_OK(CheckDataHeader(h, kId, 3, "f"));
-  EXPECT_EQ(CheckDataHeader(h, kId + 1, 3, "f").code(), kC);
-  EXPECT_NE(CheckDataHeader(h, kId + 1, 3, "f").message().find("another checkpoint"),
-            std::string::npos);
-  EXPECT_EQ(CheckDataHeader(h, kId, 2, "f").code(), kC);
-  EXPECT_EQ(CheckDataHeader(h.substr(0, 100), kId, 3, "f").code(), kC);
+  SP_EXPECT_OK(CheckDataHeader(h, kId, 3, kFormatVersion, "f"));
+  EXPECT_EQ(CheckDataHeader(h, kId + 1, 3, kFormatVersion, "f").code(), kC);
+  EXPECT_NE(
+      CheckDataHeader(h, kId + 1, 3, kFormatVersion, "f").message().find("another checkpoint"),
+      std::string::npos);
+  EXPECT_EQ(CheckDataHeader(h, kId, 2, kFormatVersion, "f").code(), kC);
+  EXPECT_EQ(CheckDataHeader(h.substr(0, 100), kId, 3, kFormatVersion, "f").code(), kC);
   for (size_t bit = 0; bit < kDataHeaderBytes * 8; bit += 7) {
     std::string bad = h;
     bad[bit / 8] = static_cast<char>(bad[bit / 8] ^ (1 << (bit % 8)));
-    EXPECT_EQ(CheckDataHeader(bad, kId, 3, "f").code(), kC) << "bit " << bit;
+    EXPECT_EQ(CheckDataHeader(bad, kId, 3, kFormatVersion, "f").code(), kC) << "bit " << bit;
   }
-  std::string v2 = h;
-  PutU32(&v2, 8, 2);
-  PutU32(&v2, kDataHeaderBytes - 4, Crc32c(std::string_view(v2).substr(0, kDataHeaderBytes - 4)));
-  EXPECT_EQ(CheckDataHeader(v2, kId, 3, "f").code(), StatusCode::kUnimplemented);
+  // A version this build does not know, and a known one that differs from the manifest's.
+  std::string v3 = h;
+  PutU32(&v3, 8, 3);
+  PutU32(&v3, kDataHeaderBytes - 4, Crc32c(std::string_view(v3).substr(0, kDataHeaderBytes - 4)));
+  EXPECT_EQ(CheckDataHeader(v3, kId, 3, kFormatVersion, "f").code(), StatusCode::kUnimplemented);
+  std::string v1 = EncodeDataHeader(kId, 3, 1);
+  SP_EXPECT_OK(CheckDataHeader(v1, kId, 3, 1, "f"));
+  Status mixed = CheckDataHeader(v1, kId, 3, 2, "f");
+  EXPECT_EQ(mixed.code(), kC);
+  EXPECT_NE(mixed.message().find("data file format version 1, the manifest's is 2"),
+            std::string::npos)
+      << mixed.ToString();
 }
 
 TEST(Manifest, ValidateFileName) {

@@ -1,15 +1,10 @@
 // SaveSafetensors, LoadSafetensors and InspectSafetensors: file I/O around the header codec of
 // safetensors_header.cc.
 //
-// Save protocol (every step must succeed before the next):
-//   1. Plan the file (header + offsets); fail early on a dtype safetensors lacks. Create missing
-//      parent directories durably.
-//   2. Write <dir>/.<name>.savepoint-tmp.<pid>.<random> (see WriteLayout). Sync and close it.
-//   3. Overwrite only: Rename(path, <dir>/.<name>.savepoint-old.<random>).
-//   4. Rename(tmp, path) — the commit point (Rename never replaces).
-//   5. SyncDir(dir): the commit is durable.
-//   6. Overwrite only: remove the old file (best effort).
-// A failure before 4 removes the temporary file and leaves `path` as it was (step 3 is undone).
+// Save: plan the file (header + offsets; fail early on a dtype safetensors lacks), then the
+// durable-commit protocol for a file (io/commit.h; docs/FORMAT.md §5): the hidden temporary file
+// is written and synced by WriteLayout (step 3), then renamed into place. A failure removes the
+// temporary file and leaves `path` as it was.
 #include "savepoint/safetensors.h"
 
 #include <fmt/format.h>
@@ -25,7 +20,9 @@
 #include "engine/select.h"
 #include "engine/writer.h"
 #include "interop/safetensors_header.h"
+#include "io/commit.h"
 #include "util/parallel.h"
+#include "util/progress.h"
 
 namespace savepoint {
 namespace {
@@ -58,8 +55,10 @@ void Gather(const Layout& layout, uint64_t begin, std::span<std::byte> dst) {
 // Step 2: the file is written in kStageBytes pieces, gathered from header and tensors into
 // aligned per-thread staging buffers and written in parallel; with O_DIRECT when the file is a
 // whole number of blocks (PlanLayout pads the header to make it so where it can), which on many
-// systems is far faster than buffered writes followed by fsync.
-Status WriteLayout(FileSystem* fs, const std::string& tmp, const Layout& layout, int threads) {
+// systems is far faster than buffered writes followed by fsync. Counts the tensor bytes of each
+// piece written in `progress`.
+Status WriteLayout(FileSystem* fs, const std::string& tmp, const Layout& layout, int threads,
+                   Progress* progress) {
   FileOptions fo;
   fo.direct_io = layout.file_bytes % kDirectIOAlignment == 0;
   SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, fs->NewWritableFile(tmp, fo));
@@ -76,27 +75,14 @@ Status WriteLayout(FileSystem* fs, const std::string& tmp, const Layout& layout,
     std::span<std::byte> buf(staging[worker].data(),
                              std::min(kStageBytes, layout.file_bytes - begin));
     Gather(layout, begin, buf);
-    return f->WriteAt(begin, buf);
+    SP_RETURN_IF_ERROR(f->WriteAt(begin, buf));
+    // Tensor data fills the file from the end of the header on.
+    const uint64_t data = layout.header.size(), end = begin + buf.size();
+    progress->Add(end > data ? end - std::max(begin, data) : 0);
+    return Status::OK();
   }));
   SP_RETURN_IF_ERROR(f->Sync());
   return f->Close();
-}
-
-// Steps 3-6 of the protocol above.
-Status Commit(FileSystem* fs, const std::string& tmp, const std::string& path, bool overwrite) {
-  std::string old;
-  if (overwrite && fs->Exists(path)) {
-    old = engine::OldPathFor(path);
-    SP_RETURN_IF_ERROR(fs->Rename(path, old));
-  }
-  Status s = fs->Rename(tmp, path);
-  if (!s.ok()) {
-    if (!old.empty()) fs->Rename(old, path).IgnoreError();
-    return s;
-  }
-  SP_RETURN_IF_ERROR(fs->SyncDir(Dirname(path)));
-  if (!old.empty()) fs->RemoveFile(old).IgnoreError();
-  return Status::OK();
 }
 
 // Checks the target before anything is written: not a directory; absent unless overwriting.
@@ -142,17 +128,20 @@ Result<std::shared_ptr<const MappedFile>> MapWhole(FileSystem* fs, const Safeten
 }
 
 // Adds tensor `t` to `state`: a view into `map` when there is one, else an owned copy read from
-// `file`.
+// `file` in kStageBytes pieces (counted in `progress`).
 Status AddTensor(const SafetensorsInfo& info, const SafetensorsTensorInfo& t,
-                 const RandomAccessFile& file, const MappedFile* map, State* state) {
+                 const RandomAccessFile& file, const MappedFile* map, State* state,
+                 Progress* progress) {
   const uint64_t offset = info.data_offset + t.begin;
   if (map != nullptr)
     return state->PutView(t.name, TensorView(map->data().data() + offset, t.dtype, t.shape));
   SP_ASSIGN_OR_RETURN(Tensor tensor, Tensor::Empty(t.dtype, t.shape));
-  if (t.nbytes() > 0) {
-    Status s = file.ReadAt(offset, {tensor.data(), static_cast<size_t>(t.nbytes())});
+  for (uint64_t at = 0; at < t.nbytes(); at += kStageBytes) {
+    const uint64_t n = std::min(kStageBytes, t.nbytes() - at);
+    Status s = file.ReadAt(offset + at, {tensor.data() + at, static_cast<size_t>(n)});
     if (!s.ok())
       return s.WithContext(fmt::format("safetensors file {}: tensor {:?}", info.path, t.name));
+    progress->Add(n);
   }
   return state->Put(t.name, std::move(tensor));
 }
@@ -165,18 +154,25 @@ Status SaveSafetensors(const State& state, const std::string& path,
   FileSystem* fs = FsOr(options.fs);
   SP_ASSIGN_OR_RETURN(std::string target, engine::NormalizeCheckpointPath(path));
   SP_ASSIGN_OR_RETURN(Layout layout, interop::PlanLayout(state, target));
-  if (options.create_parents) SP_RETURN_IF_ERROR(engine::CreateDirsDurably(fs, Dirname(target)));
-  SP_RETURN_IF_ERROR(CheckTarget(fs, target, options.overwrite));
-  const std::string tmp = engine::TmpPathFor(target);
   if (options.io_threads < 1 || options.io_threads > 64) {
     return InvalidArgumentError(fmt::format(
         "save safetensors file {}: io_threads {} is not in 1..64", path, options.io_threads));
   }
-  Status s = WriteLayout(fs, tmp, layout, options.io_threads);
-  if (s.ok()) s = Commit(fs, tmp, target, options.overwrite);
+  SP_RETURN_IF_ERROR(CheckTarget(fs, target, options.overwrite));
+  io::CommitOptions co;
+  co.overwrite = options.overwrite;
+  co.create_parents = options.create_parents;
+  const std::string context = fmt::format("save safetensors file {}", target);
+  Result<io::DurableCommit> commit =
+      io::DurableCommit::Begin(fs, target, io::DurableCommit::Kind::kFile, co);
+  if (!commit.ok()) return commit.status().WithContext(context);
+  Progress progress(options.progress, state.tensor_bytes());
+  Status s = WriteLayout(fs, commit->tmp(), layout, options.io_threads, &progress);
+  if (s.ok()) progress.Finish();
+  if (s.ok()) s = commit->Commit();
   if (!s.ok()) {
-    fs->RemoveFile(tmp).IgnoreError();
-    return s.WithContext(fmt::format("save safetensors file {}", target));
+    commit->Abandon();
+    return s.WithContext(context);
   }
   if (options.stats != nullptr) {
     *options.stats = IoStats{state.tensor_bytes(), 0, SecondsSince(start), false};
@@ -206,11 +202,13 @@ Result<State> LoadSafetensors(const std::string& path, const SafetensorsLoadOpti
   }
   State state;
   uint64_t bytes = 0;
+  for (size_t i = 0; i < info.tensors.size(); ++i) bytes += keep[i] ? info.tensors[i].nbytes() : 0;
+  Progress progress(options.progress, bytes);
   for (size_t i = 0; i < info.tensors.size(); ++i) {
     if (!keep[i]) continue;
-    SP_RETURN_IF_ERROR(AddTensor(info, info.tensors[i], *file, map.get(), &state));
-    bytes += info.tensors[i].nbytes();
+    SP_RETURN_IF_ERROR(AddTensor(info, info.tensors[i], *file, map.get(), &state, &progress));
   }
+  progress.Finish();
   if (map != nullptr) state.KeepAlive(std::move(map));
   for (const auto& [name, e] : info.values.entries()) {
     if (engine::Selected(options.names, name)) SP_RETURN_IF_ERROR(state.PutValue(name, e.value()));

@@ -8,6 +8,8 @@
 #include <charconv>
 #include <set>
 
+#include "engine/paths.h"
+#include "io/commit.h"
 #include "manager/options.h"
 #include "savepoint/checkpoint.h"
 
@@ -32,8 +34,11 @@ uint64_t GenerationOf(std::string_view name) {
   return ec == std::errc() && end == digits.data() + digits.size() ? g : 0;
 }
 
+// A temporary of an index write (io/commit.h names it ".<index name>.savepoint-tmp.<pid>.<hex>"),
+// or of the versions before the durable-commit helper (".<index name>.tmp").
 bool IsIndexTemp(std::string_view name) {
-  return name.starts_with(".savepoint-index-") && name.ends_with(".tmp");
+  return name.starts_with(".savepoint-index-") &&
+         (name.ends_with(".tmp") || name.find(engine::kTmpMarker) != std::string_view::npos);
 }
 
 Status FieldError(std::string_view field) {
@@ -170,13 +175,21 @@ Result<Index> ReadIndex(FileSystem* fs, const std::string& dir) {
 Status WriteIndex(FileSystem* fs, const std::string& dir, Index& index) {
   const uint64_t generation = index.generation + 1;
   const std::string name = IndexName(generation);
-  const std::string tmp = JoinPath(dir, "." + name + ".tmp");
-  const std::string path = JoinPath(dir, name);
   Index next{generation, index.records};
-  SP_RETURN_IF_ERROR(fs->RemoveAll(tmp));
-  SP_RETURN_IF_ERROR(fs->WriteFileSynced(tmp, IndexJson(next).dump(1)));
-  SP_RETURN_IF_ERROR(fs->Rename(tmp, path));
-  SP_RETURN_IF_ERROR(fs->SyncDir(dir));
+  // The durable-commit protocol (io/commit.h). Overwrite: a file of this generation can only be
+  // one that failed to parse (ReadIndex took the newest that did), so it is replaced.
+  io::CommitOptions co;
+  co.overwrite = true;
+  co.create_parents = false;
+  SP_ASSIGN_OR_RETURN(io::DurableCommit commit,
+                      io::DurableCommit::Begin(fs, JoinPath(dir, name),
+                                               io::DurableCommit::Kind::kFile, co));
+  Status s = fs->WriteFileSynced(commit.tmp(), IndexJson(next).dump(1));
+  if (s.ok()) s = commit.Commit();
+  if (!s.ok()) {
+    commit.Abandon();
+    return s;
+  }
   index.generation = generation;
   // Older generations and stray temporaries are garbage now; failing to remove them is harmless.
   SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(dir));

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 namespace savepoint {
 
 JobRunner::JobRunner(Job* job, CheckpointManager* manager, MetadataHandler* handler,
@@ -11,13 +13,20 @@ JobRunner::JobRunner(Job* job, CheckpointManager* manager, MetadataHandler* hand
     : job_(job), manager_(manager), handler_(handler), options_(std::move(options)) {}
 
 Result<std::optional<int64_t>> JobRunner::ResumeEpoch() {
-  if (handler_ != nullptr) return handler_->LastEpoch(options_.resume_from_epoch);
+  if (!options_.resume) return std::optional<int64_t>();
+  if (handler_ != nullptr) {
+    if (std::optional<int64_t> e = handler_->LastEpoch(options_.resume_from_epoch)) return e;
+  }
   if (options_.resume_from_epoch) return options_.resume_from_epoch;
+  return NewestEpochEnd();
+}
+
+std::optional<int64_t> JobRunner::NewestEpochEnd() {
   std::vector<CheckpointRecord> all = manager_->All();
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    if (it->epoch_end) return std::optional<int64_t>(it->epoch);
+    if (it->epoch_end) return it->epoch;
   }
-  return std::optional<int64_t>();
+  return std::nullopt;
 }
 
 Status JobRunner::Resume(int64_t epoch) {
@@ -26,6 +35,7 @@ Status JobRunner::Resume(int64_t epoch) {
     if (!it->epoch_end || it->epoch != epoch) continue;
     size_t first = manager_->stats().size();
     SP_RETURN_IF_ERROR(manager_->RestoreRegistered(Which::Name(it->name)).status());
+    last_step_ = it->step;
     ReportSince("checkpoint_load", first);
     spdlog::info("savepoint: resumed from epoch {} ({})", epoch, it->path);
     return Status::OK();
@@ -34,21 +44,48 @@ Status JobRunner::Resume(int64_t epoch) {
                                    epoch, manager_->directory()));
 }
 
+bool JobRunner::HooksAdvanced() {
+  return !options_.step_of_epoch && manager_->global_step() > last_step_.value_or(0);
+}
+
+int64_t JobRunner::StepOfEpoch(int64_t epoch) {
+  if (options_.step_of_epoch) return options_.step_of_epoch(epoch);
+  return last_step_ ? std::max(epoch, *last_step_ + 1) : epoch;
+}
+
+Status JobRunner::SaveEpochAtStep(int64_t epoch, int64_t step) {
+  SaveArgs args;
+  args.force = true;
+  args.epoch_end = true;
+  args.epoch = epoch;
+  args.step_in_epoch = 0;
+  SP_ASSIGN_OR_RETURN(bool saved, manager_->SaveRegistered(step, args));
+  if (saved) return Status::OK();
+  return FailedPreconditionError(
+      fmt::format("the checkpoint manager refused to save epoch {} as step {}: that step was "
+                  "saved already (JobRunnerOptions::step_of_epoch must give each epoch its own "
+                  "step)",
+                  epoch, step));
+}
+
 Status JobRunner::SaveEpoch(int64_t epoch) {
   if (handler_ != nullptr && !handler_->CpAccessible(std::nullopt)) {
     spdlog::warn("savepoint: checkpoint storage is not accessible: epoch {} not saved", epoch);
     return Status::OK();
   }
   size_t first = manager_->stats().size();
-  SaveArgs args;
-  args.force = true;
-  args.epoch_end = true;
-  args.epoch = epoch;
-  int64_t step = options_.step_of_epoch ? options_.step_of_epoch(epoch) : manager_->global_step();
-  if (!options_.step_of_epoch && step == 0) step = epoch;
-  args.step_in_epoch = 0;
-  SP_RETURN_IF_ERROR(manager_->SaveRegistered(step, args).status());
+  int64_t step = 0;
+  if (HooksAdvanced()) {
+    // The job drives the manager's hooks: save at their last step, or mark the checkpoint a hook
+    // just saved there as this epoch's end.
+    SP_RETURN_IF_ERROR(manager_->OnEpochEnd(epoch));
+    step = manager_->global_step();
+  } else {
+    step = StepOfEpoch(epoch);
+    SP_RETURN_IF_ERROR(SaveEpochAtStep(epoch, step));
+  }
   SP_RETURN_IF_ERROR(manager_->Wait());
+  last_step_ = step;
   if (handler_ != nullptr) SP_RETURN_IF_ERROR(handler_->Write(epoch));
   ReportSince("checkpoint_save", first);
   return Status::OK();
@@ -76,7 +113,9 @@ Result<int64_t> JobRunner::Train() {
   for (;; ++epoch) {
     SP_ASSIGN_OR_RETURN(bool stop, job_->RunEpoch(epoch));
     if (Status s = SaveEpoch(epoch); !s.ok()) {
-      spdlog::warn("savepoint: could not save epoch {}: {}", epoch, s.ToString());
+      ++failed_saves_;
+      spdlog::error("savepoint: JobRunner: epoch {} was NOT checkpointed: {}", epoch, s.ToString());
+      if (options_.stop_on_save_error) return s.WithContext(fmt::format("save epoch {}", epoch));
     }
     if (stop || (options_.max_epochs > 0 && epoch >= options_.max_epochs)) break;
   }

@@ -19,6 +19,7 @@
 #include <mutex>
 
 #include "engine/writer.h"
+#include "io/commit.h"
 #include "manager/index.h"
 #include "manager/options.h"
 #include "manager/registry.h"
@@ -95,6 +96,14 @@ class ManagerImpl final : public CheckpointManager {
     Restored(rec, io.bytes, SecondsSince(t0));
     return state;
   }
+  Result<CheckpointRecord> ResumeFrom(const Which& which) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SP_RETURN_IF_ERROR(CheckOpen());
+    SP_RETURN_IF_ERROR(Reap(true));
+    SP_ASSIGN_OR_RETURN(CheckpointRecord rec, Find(which));
+    ResumeLocked(rec);
+    return rec;
+  }
   std::optional<CheckpointRecord> Latest() override {
     std::lock_guard<std::mutex> lock(mu_);
     ReapQuietly();
@@ -139,7 +148,9 @@ class ManagerImpl final : public CheckpointManager {
   // --- Registered state. ---
   Status Register(const std::string& name, Stateful* object, Category category) override {
     std::lock_guard<std::mutex> lock(mu_);
-    return registry_.Add(name, object, category);
+    SP_RETURN_IF_ERROR(registry_.Add(name, object, category));
+    if (async_ && o_.prefault_staging) ReserveStaging();
+    return Status::OK();
   }
   Status Unregister(const std::string& name) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -180,7 +191,7 @@ class ManagerImpl final : public CheckpointManager {
     SP_RETURN_IF_ERROR(CheckOpen());
     if (epoch != cur_epoch_) NoteStep(last_step_, epoch);
     if (int sig = PendingSignal(); sig != 0 && o_.handle_signals) return HandleSignal(sig);
-    if (last_saved_step_ == last_step_) return MarkLastEpochEnd();
+    if (last_saved_step_ == last_step_) return MarkEpochEnd(last_step_);
     SaveArgs args = HookArgs(metrics);
     args.force = true;
     args.epoch_end = true;
@@ -236,7 +247,7 @@ class ManagerImpl final : public CheckpointManager {
   // --- Directory. ---
   Status OpenDirectory(const std::string& dir) {
     const std::string context = fmt::format("open checkpoint directory {}", dir);
-    SP_RETURN_IF_ERROR(engine::CreateDirsDurably(fs_, dir).WithContext(context));
+    SP_RETURN_IF_ERROR(io::CreateDirsDurably(fs_, dir).WithContext(context));
     Result<std::unique_ptr<FileSystem::FileLock>> lock = fs_->LockFile(JoinPath(dir, kLockName));
     if (!lock.ok()) {
       return lock.status().WithContext(
@@ -257,6 +268,7 @@ class ManagerImpl final : public CheckpointManager {
       if (e.is_dir && !e.name.ends_with("_breakpoint")) names.push_back(e.name);
     }
     prefix_ = o_.prefix_fn ? std::string() : ResolvePrefixConflict(o_.prefix, names);
+    saved_in_dir_ = false;
     lock_ = std::move(lock).value();
     index_ = std::move(index);
     dir_ = dir;
@@ -281,6 +293,17 @@ class ManagerImpl final : public CheckpointManager {
     if (signals_installed_) UninstallSignalHandlers();
     signals_installed_ = false;
     return s;
+  }
+
+  // Reserves staging memory for every registered tensor (ManagerOptions::prefault_staging).
+  void ReserveStaging() {
+    Result<Gathered> g = registry_.Gather();
+    if (!g.ok()) return;  // the first save reports it
+    uint64_t bytes = 0;
+    for (const auto& [name, e] : g->state.entries()) {
+      if (e.is_tensor()) bytes += e.tensor().nbytes();
+    }
+    async_->Reserve(bytes);
   }
 
   // --- Saving. ---
@@ -336,7 +359,10 @@ class ManagerImpl final : public CheckpointManager {
     SP_RETURN_IF_ERROR(CheckOpen());
     SP_RETURN_IF_ERROR(Reap(false));
     if (!args.breakpoint) {
-      if (last_saved_step_ == step) return false;
+      if (last_saved_step_ == step) {
+        if (args.epoch_end) SP_RETURN_IF_ERROR(MarkEpochEnd(step));
+        return false;
+      }
       if (!args.force && !ShouldSaveLocked(step)) return false;
     }
     const StepInfo info = InfoFor(step, args);
@@ -348,7 +374,6 @@ class ManagerImpl final : public CheckpointManager {
     SP_ASSIGN_OR_RETURN(State full, Decorate(state, rec));
     SaveOptions so;
     so.fs = fs_;
-    so.io_threads = o_.io_threads;
     so.direct_io = o_.direct_io;
     so.overwrite = true;  // a name repeats only when training went back to an older step
     if (async_) {
@@ -357,10 +382,12 @@ class ManagerImpl final : public CheckpointManager {
     } else {
       IoStats io;
       so.stats = &io;
+      so.io_threads = o_.io_threads;  // async saves use async_options.io_threads
       SP_RETURN_IF_ERROR(savepoint::Save(full, rec.path, so));
       SP_RETURN_IF_ERROR(
           Commit(rec, {"checkpoint_save", rec.name, step, io.bytes, io.seconds, io.seconds}));
     }
+    saved_in_dir_ = true;
     last_saved_step_ = step;
     last_trigger_ = step;
     last_save_time_ = std::chrono::steady_clock::now();
@@ -429,8 +456,10 @@ class ManagerImpl final : public CheckpointManager {
         spdlog::warn("savepoint: retention: {}", s.ToString());
         if (fs_->Exists(path)) continue;  // still there: keep its record (else it is gone)
       }
+      int64_t step = 0;
+      for (const CheckpointRecord& r : index_.records) step = r.name == name ? r.step : step;
       std::erase_if(index_.records, [&](const CheckpointRecord& r) { return r.name == name; });
-      stats_.push_back({"checkpoint_delete", name, 0, 0, SecondsSince(t0), SecondsSince(t0)});
+      stats_.push_back({"checkpoint_delete", name, step, 0, SecondsSince(t0), SecondsSince(t0)});
     }
   }
 
@@ -481,12 +510,20 @@ class ManagerImpl final : public CheckpointManager {
     return registry_.Load(*reader, config);
   }
 
-  // Counters after a restore: training continues after rec's step.
-  void Restored(const CheckpointRecord& rec, uint64_t bytes, double seconds) {
+  // Training continues after rec's step: the counters, and (SeriesRule::kContinue, before this
+  // directory's first save) rec's series of names.
+  void ResumeLocked(const CheckpointRecord& rec) {
     last_saved_step_ = last_trigger_ = global_step_ = last_step_ = rec.step;
     cur_epoch_ = rec.epoch;
     epoch_first_step_ = rec.step - rec.step_in_epoch + 1;
     last_save_time_ = std::chrono::steady_clock::now();
+    if (o_.series == SeriesRule::kContinue && !o_.prefix_fn && !saved_in_dir_) {
+      if (std::optional<std::string> series = SeriesOf(o_.prefix, rec.name)) prefix_ = *series;
+    }
+  }
+
+  void Restored(const CheckpointRecord& rec, uint64_t bytes, double seconds) {
+    ResumeLocked(rec);
     stats_.push_back({"checkpoint_load", rec.name, rec.step, bytes, seconds, seconds});
   }
 
@@ -509,14 +546,16 @@ class ManagerImpl final : public CheckpointManager {
     return args;
   }
 
-  Status MarkLastEpochEnd() {
-    if (!pending_.empty()) {
-      pending_.back().record.epoch_end = true;
+  // Marks the newest checkpoint of `step` (in flight or committed) as its epoch's end.
+  Status MarkEpochEnd(int64_t step) {
+    for (auto it = pending_.rbegin(); it != pending_.rend(); ++it) {
+      if (it->record.step != step) continue;
+      it->record.epoch_end = true;
       return Status::OK();
     }
-    if (index_.records.empty()) return Status::OK();
     for (auto it = index_.records.rbegin(); it != index_.records.rend(); ++it) {
-      if (it->step != last_step_) continue;
+      if (it->step != step) continue;
+      if (it->epoch_end) return Status::OK();
       it->epoch_end = true;
       return WriteIndex(fs_, dir_, index_);
     }
@@ -532,6 +571,7 @@ class ManagerImpl final : public CheckpointManager {
   bool signals_installed_ = false;
   std::string dir_;
   std::string prefix_;
+  bool saved_in_dir_ = false;  // a save into dir_ since it was opened (fixes the series)
   std::unique_ptr<FileSystem::FileLock> lock_;
   Index index_;
   std::unique_ptr<Checkpointer> async_;

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <optional>
+#include <utility>
 
 namespace savepoint::manager {
 namespace {
@@ -85,6 +87,10 @@ Status ValidateFormat(const ManagerOptions& o) {
 }
 
 Status ValidateWhere(const ManagerOptions& o) {
+  if (o.series != SeriesRule::kContinue && o.series != SeriesRule::kNew) {
+    return InvalidArgumentError(fmt::format("ManagerOptions.series = {}: not a SeriesRule",
+                                            static_cast<int>(o.series)));
+  }
   if (o.directory.empty() && !o.directory_fn) {
     return InvalidArgumentError("ManagerOptions.directory is empty and directory_fn is not set");
   }
@@ -136,26 +142,39 @@ std::string CheckpointName(std::string_view prefix, const StepInfo& info, bool b
                      breakpoint ? "_breakpoint" : "");
 }
 
+namespace {
+
+// A name of a series of `prefix`: the series' number (0 for "{prefix}-...", n for
+// "{prefix}_{n}-...") and the length of its series prefix; nullopt for other names.
+std::optional<std::pair<int64_t, size_t>> ParseSeries(std::string_view prefix,
+                                                      std::string_view name) {
+  if (name.size() <= prefix.size() || !name.starts_with(prefix)) return std::nullopt;
+  std::string_view rest = name.substr(prefix.size());
+  if (rest[0] == '-') return std::make_pair(int64_t{0}, prefix.size());
+  size_t dash = rest.find('-');
+  if (rest[0] != '_' || dash == std::string_view::npos || dash < 2) return std::nullopt;
+  int64_t n = 0;
+  std::string_view digits = rest.substr(1, dash - 1);
+  auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+  if (ec != std::errc() || end != digits.data() + digits.size()) return std::nullopt;
+  return std::make_pair(n, prefix.size() + dash);
+}
+
+}  // namespace
+
 std::string ResolvePrefixConflict(const std::string& prefix,
                                   const std::vector<std::string>& existing) {
   int64_t suffix = 0;
   for (const std::string& name : existing) {
-    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-    std::string_view rest = std::string_view(name).substr(prefix.size());
-    if (rest[0] == '-') {
-      suffix = std::max<int64_t>(suffix, 1);
-      continue;
-    }
-    size_t dash = rest.find('-');
-    if (rest[0] != '_' || dash == std::string_view::npos || dash < 2) continue;
-    int64_t n = 0;
-    std::string_view digits = rest.substr(1, dash - 1);
-    auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
-    if (ec == std::errc() && end == digits.data() + digits.size()) {
-      suffix = std::max(suffix, n + 1);
-    }
+    if (auto series = ParseSeries(prefix, name)) suffix = std::max(suffix, series->first + 1);
   }
   return suffix == 0 ? prefix : fmt::format("{}_{}", prefix, suffix);
+}
+
+std::optional<std::string> SeriesOf(std::string_view prefix, std::string_view name) {
+  auto series = ParseSeries(prefix, name);
+  if (!series) return std::nullopt;
+  return std::string(name.substr(0, series->second));
 }
 
 }  // namespace savepoint::manager

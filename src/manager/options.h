@@ -3,6 +3,7 @@
 #define SAVEPOINT_MANAGER_OPTIONS_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +38,10 @@ std::string CheckpointName(std::string_view prefix, const StepInfo& info, bool b
 // n one more than the largest suffix in use (1 when only the bare prefix is used).
 std::string ResolvePrefixConflict(const std::string& prefix,
                                   const std::vector<std::string>& existing);
+
+// The series prefix of a checkpoint name of `prefix`'s series: "{prefix}" for "{prefix}-...",
+// "{prefix}_{n}" for "{prefix}_{n}-..."; nullopt for a name of no such series.
+std::optional<std::string> SeriesOf(std::string_view prefix, std::string_view name);
 
 // The key under which the manager records its metadata in a checkpoint.
 inline constexpr const char* kMetaKey = "savepoint.manager";

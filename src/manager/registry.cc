@@ -8,11 +8,11 @@
 #include "manager/registry.h"
 
 #include <fmt/format.h>
-#include <fnmatch.h>
 #include <spdlog/spdlog.h>
 
 #include <set>
 
+#include "engine/select.h"
 #include "manager/options.h"
 
 namespace savepoint::manager {
@@ -20,12 +20,6 @@ namespace {
 
 constexpr size_t kNumCategories = 5;
 
-bool MatchesAny(const std::vector<std::string>& globs, const std::string& name) {
-  for (const std::string& g : globs) {
-    if (fnmatch(g.c_str(), name.c_str(), 0) == 0) return true;
-  }
-  return globs.empty();
-}
 
 Status ApplyCategories(const std::vector<std::string>& names, bool value, const char* field,
                        std::vector<bool>& selected) {
@@ -125,7 +119,7 @@ Result<Registry::Plan> Registry::PlanObject(CheckpointReader& reader, const Load
   std::set<std::string> consumed;
   for (const auto& [key, entry] : plan.templ.entries()) {
     const std::string target = prefix + key;
-    if (!MatchesAny(config.only, target)) continue;
+    if (!engine::Selected(config.only, target)) continue;
     auto renamed = source_of.find(target);
     const std::string src = renamed != source_of.end() ? renamed->second : target;
     Status problem;

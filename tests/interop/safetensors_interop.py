@@ -181,6 +181,19 @@ def test_inspect_shows_a_safetensors_file(tmp_path):
     assert "t.F8_E4M3" in human and "BF16" in human
 
 
+def test_verify_reads_a_reference_file(tmp_path):
+    src = tmp_path / "ref.safetensors"
+    save_file(make_tensors(), str(src), metadata=METADATA)
+    info = json.loads(sp_ok("inspect", "--json", src).stdout)
+    r = sp_ok("verify", "--json", src)
+    assert r.stderr == ""
+    v = json.loads(r.stdout)
+    assert v["ok"] and v["format"] == "safetensors" and v["checksums"] is False
+    assert v["tensors"] == len(info["tensors"])
+    assert v["bytes"] == info["totals"]["tensor_bytes"]
+    assert "no checksums" in sp_ok("verify", src).stdout
+
+
 def write_raw(path, header, data=b""):
     body = json.dumps(header).encode()
     with open(path, "wb") as f:
@@ -219,6 +232,9 @@ def test_hostile_files_are_rejected_by_both(tmp_path, case):
     assert r.returncode == 2, r.stderr
     assert "corruption" in r.stderr and words in r.stderr
     assert not (tmp_path / "out").exists()
+    r = sp("verify", path)
+    assert r.returncode == 2, r.stderr
+    assert "savepoint: verify: corruption: " in r.stderr and words in r.stderr
     with pytest.raises(Exception):
         load_file(str(path))
 

@@ -13,7 +13,7 @@
 #include <map>
 #include <thread>
 
-#include "dist/region.h"
+#include "engine/box.h"
 #include "io/fault_fs.h"
 #include "savepoint/distributed.h"
 #include "savepoint/mpi.h"
@@ -67,7 +67,7 @@ State Slice(const Globals& g, const ShardLayout& l) {
     Shape sizes = it == l.end() ? t.shape() : it->second.sizes;
     Shape offs = it == l.end() ? Shape(t.shape().size(), 0) : it->second.offsets;
     Tensor local = Tensor::Empty(t.dtype(), sizes).value();
-    dist::CopyRegion({t.data(), t.shape(), offs, 0},
+    engine::CopyRegion({t.data(), t.shape(), offs, 0},
                      {local.data(), sizes, Shape(sizes.size(), 0), 0}, sizes, DTypeSize(t.dtype()));
     s.Put(name, std::move(local)).IgnoreError();
   }

@@ -7,6 +7,7 @@ Randomised tests print their seed; SAVEPOINT_TEST_SEED replays one.
 
 import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -33,3 +34,25 @@ def run_python(script, *args, check=True, timeout=300, **kwargs):
     """Runs tests/python/helpers/<script> in a fresh interpreter with the same savepoint."""
     cmd = [sys.executable, os.path.join(HERE, "helpers", script), *map(str, args)]
     return subprocess.run(cmd, check=check, timeout=timeout, capture_output=True, text=True, **kwargs)
+
+
+def find_cli():
+    """The `savepoint` CLI of the same build: $SAVEPOINT_CLI, else <build>/tools/savepoint beside
+    the build tree's package (<build>/python/savepoint), else one on PATH; None if there is none."""
+    env = os.environ.get("SAVEPOINT_CLI")
+    if env:
+        return env
+    build = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(savepoint.__file__))))
+    candidate = os.path.join(build, "tools", "savepoint")
+    if os.access(candidate, os.X_OK):
+        return candidate
+    return shutil.which("savepoint")
+
+
+@pytest.fixture
+def savepoint_cli():
+    """Path of the CLI; the test is skipped when it was not built (SAVEPOINT_BUILD_TOOLS=OFF)."""
+    cli = find_cli()
+    if cli is None:
+        pytest.skip("the savepoint CLI is not built (set SAVEPOINT_CLI)")
+    return cli

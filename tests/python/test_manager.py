@@ -65,3 +65,134 @@ def test_directory_lock_and_bad_options(tmp_path):
     with pytest.raises(TypeError, match=r"obj\['bad'\]"):
         with savepoint.CheckpointManager(tmp_path / "z") as mgr:
             mgr.save(1, {"bad": object()})
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def test_unknown_option_raises_type_error_with_suggestion(tmp_path):
+    with pytest.raises(TypeError, match=r"'keep_lats_n'.*did you mean 'keep_last_n'"):
+        savepoint.CheckpointManager(tmp_path / "a", keep_lats_n=3)
+    with pytest.raises(TypeError, match=r"'exception_sav'.*did you mean 'exception_save'"):
+        savepoint.CheckpointManager(tmp_path / "a", exception_sav=True)
+    with pytest.raises(TypeError, match=r"'async'.*did you mean 'async_'"):
+        savepoint.CheckpointManager(tmp_path / "a", **{"async": True})
+    with pytest.raises(TypeError, match=r"'slab_byte'.*did you mean 'slab_bytes'"):
+        savepoint.CheckpointManager(tmp_path / "a", async_=True, async_options={"slab_byte": 1})
+    with pytest.raises(TypeError, match="save_interval_steps must be an int"):
+        savepoint.CheckpointManager(tmp_path / "a", save_interval_steps="3")
+    with pytest.raises(TypeError, match="directory"):
+        savepoint.CheckpointManager()
+    assert not (tmp_path / "a").exists()  # nothing was opened
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"keep_last_n": -1}, "keep_last_n"),
+    ({"shard_id": 2, "num_shards": 2}, "shard_id"),
+    ({"series": "sideways"}, "series"),
+    ({"append_info": ["epochs"]}, "append_info"),
+    ({"append_dict": {"x": [1]}}, "append_dict"),
+    ({"append_dict": {"step_num": 1}}, "reserved"),
+    ({"keep_best_n": 1}, "best_metric"),
+    ({"prefix": "a/b"}, "prefix"),
+    ({"save_interval_steps": 0, "keep_last_n": 0}, "nothing would ever be saved"),
+])  # fmt: skip
+def test_bad_option_values_raise_invalid_argument(tmp_path, kwargs, match):
+    with pytest.raises(savepoint.InvalidArgumentError, match=match) as e:
+        savepoint.CheckpointManager(tmp_path / "a", **kwargs)
+    assert isinstance(e.value, ValueError)
+
+
+def test_safetensors_format_is_unimplemented(tmp_path):
+    with pytest.raises(savepoint.UnimplementedError, match="safetensors"):
+        savepoint.CheckpointManager(tmp_path / "a", format="safetensors")
+    with pytest.raises(savepoint.InvalidArgumentError, match="exception_save"):
+        savepoint.CheckpointManager(tmp_path / "a", format="safetensors", exception_save=True)
+
+
+def test_append_info_and_dict_are_stored(tmp_path):
+    extra = {"run": "r1", "lr": 0.5, "ok": True}
+    with savepoint.CheckpointManager(tmp_path / "ck", steps_per_epoch=3,
+                                     append_info=["epoch_num", "step_num"],
+                                     append_dict=extra) as mgr:  # fmt: skip
+        assert mgr.save(5, _state(5))
+        path = mgr.checkpoints()[-1]["path"]
+    values = savepoint.info(path)["values"]
+    assert values["epoch_num"] == 2 and values["step_num"] == 5
+    assert values["run"] == "r1" and values["lr"] == 0.5 and values["ok"] is True
+
+
+def test_epoch_aware_names(tmp_path):
+    with savepoint.CheckpointManager(tmp_path / "ck", steps_per_epoch=4, keep_all=True) as mgr:
+        assert mgr.save(6, _state(6))  # derived: epoch 2, step 2 of it
+        assert mgr.save(7, _state(7), epoch=5, step_in_epoch=1, epoch_end=True)
+        assert mgr.save(8, _state(8), force=True, step_in_epoch=9)
+        recs = mgr.checkpoints()
+    assert [r["name"] for r in recs] == ["ckpt-2_2", "ckpt-5_1", "ckpt-2_9"]
+    assert [(r["epoch"], r["step_in_epoch"], r["epoch_end"]) for r in recs] == [
+        (2, 2, False), (5, 1, True), (2, 9, False)]  # fmt: skip
+
+
+def test_series_continue_and_new(tmp_path):
+    d = tmp_path / "ck"
+    with savepoint.CheckpointManager(d, keep_all=True) as mgr:
+        mgr.save(1, _state(1))
+        mgr.save(2, _state(2))
+    with savepoint.CheckpointManager(d, keep_all=True) as mgr:  # resumes: same series
+        assert mgr.restore()["step"] == 2
+        assert not mgr.should_save(2)  # the C++ manager knows it resumed at step 2
+        assert mgr.save(3, _state(3)) and mgr.prefix == "ckpt"
+    with savepoint.CheckpointManager(d, keep_all=True) as mgr:  # saves without resuming: new run
+        assert mgr.save(4, _state(4), force=True) and mgr.prefix == "ckpt_1"
+    with savepoint.CheckpointManager(d, keep_all=True, series="new") as mgr:
+        mgr.restore(step=3)
+        assert mgr.save(5, _state(5)) and mgr.prefix == "ckpt_2"
+    with savepoint.CheckpointManager(d, keep_all=True) as mgr:
+        assert mgr.resume_from(name="ckpt_1-1_4")["step"] == 4  # continue without loading
+        assert mgr.save(6, _state(6), force=True) and mgr.prefix == "ckpt_1"
+        names = [r["name"] for r in mgr.checkpoints()]
+    assert names == ["ckpt-1_1", "ckpt-1_2", "ckpt-1_3", "ckpt_1-1_4", "ckpt_2-1_5", "ckpt_1-1_6"]
+
+
+def test_prefix_fn_and_directory_fn(tmp_path):
+    def prefix_fn(info):
+        if info.step == 2:
+            raise ZeroDivisionError("user bug")
+        return f"run-e{info.epoch}-s{info.step_in_epoch}"
+
+    with savepoint.CheckpointManager(tmp_path / "a", prefix_fn=prefix_fn, steps_per_epoch=2) as mgr:
+        assert mgr.save(1, _state(1))
+        with pytest.raises(ZeroDivisionError, match="user bug"):  # propagates as it was
+            mgr.save(2, _state(2))
+        assert mgr.save(3, _state(3))  # the manager is still usable
+        assert [r["name"] for r in mgr.checkpoints()] == ["run-e1-s1", "run-e2-s1"]
+
+    seen = []
+
+    def directory_fn(info):
+        seen.append(info)
+        return tmp_path / f"part{max(info.epoch, 1)}"
+
+    with savepoint.CheckpointManager(directory_fn=directory_fn, steps_per_epoch=2) as mgr:
+        for step in (1, 2, 3):
+            assert mgr.save(step, _state(step))
+        assert mgr.directory == str(tmp_path / "part2")
+    assert seen[0] == savepoint.StepInfo(0, 1, 0)
+    def names(d):
+        return sorted(p.name for p in d.iterdir() if p.is_dir())
+
+    assert names(tmp_path / "part1") == ["ckpt-1_1", "ckpt-1_2"]
+    assert names(tmp_path / "part2") == ["ckpt-2_1"]
+
+
+def test_async_options(tmp_path):
+    opts = {"slab_bytes": 1 << 20, "io_threads": 1, "snapshot_threads": 1,
+            "persist_during_snapshot": True, "allow_concurrent_saves": False}  # fmt: skip
+    with savepoint.CheckpointManager(tmp_path / "ck", async_=True, staging_bytes=8 << 20,
+                                     async_options=opts) as mgr:  # fmt: skip
+        for step in (1, 2, 3):
+            assert mgr.save(step, _state(step))
+        mgr.wait()
+        assert mgr.restore()["step"] == 3
+    with pytest.raises(savepoint.InvalidArgumentError, match="slab"):
+        savepoint.CheckpointManager(tmp_path / "x", async_=True, async_options={"slab_bytes": 5})

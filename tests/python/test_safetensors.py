@@ -80,7 +80,7 @@ def test_nested_names_values_and_metadata_round_trip(tmp_path):
     got = savepoint.load_safetensors(path)
     assert torch.equal(got["model.layer.w"], obj["model"]["layer"]["w"])
     assert got["model.b"].dtype == torch.int32
-    assert got.values == {"step": 42}
+    assert got.scalars == {"step": 42}
     assert got.metadata == {"note": "hi", "cfg": {"lr": 0.1}}
     arrays = savepoint.load_safetensors(path, names=["model.*"], framework="numpy")
     assert set(arrays) == {"model.layer.w", "model.b"}
@@ -95,6 +95,35 @@ def test_nested_names_values_and_metadata_round_trip(tmp_path):
         savepoint.save_safetensors(obj, path)
     savepoint.save_safetensors({"x": torch.ones(1)}, path, overwrite=True)
     assert set(savepoint.load_safetensors(path)) == {"x"}
+
+
+def test_result_is_a_whole_mapping(tmp_path):
+    """The metadata and scalars are attributes that shadow no dict method: .values(), .items(),
+    .keys(), copy() and pickling all work as for a dict, and keep the attributes."""
+    import copy
+    import pickle
+
+    path = tmp_path / "m.safetensors"
+    savepoint.save_safetensors({"a": torch.ones(2), "b": torch.zeros(3), "n": 7}, path,
+                               metadata={"note": "x"})  # fmt: skip
+    got = savepoint.load_safetensors(path)
+    assert isinstance(got, dict)
+    assert sorted(t.numel() for t in got.values()) == [2, 3]
+    assert sorted(got.keys()) == ["a", "b"] and len(list(got.items())) == 2
+    assert got.scalars == {"n": 7} and got.metadata == {"note": "x"}
+    for other in (got.copy(), copy.copy(got), pickle.loads(pickle.dumps(got))):
+        assert type(other) is savepoint.SafetensorsDict and set(other) == {"a", "b"}
+        assert other.scalars == {"n": 7} and other.metadata == {"note": "x"}
+    plain = savepoint.load_safetensors(tmp_path / "m.safetensors", names=["a"])
+    assert list(plain.values())[0].tolist() == [1.0, 1.0]
+    torch.nn.Linear(2, 2).load_state_dict(
+        savepoint.load_safetensors(_linear_file(tmp_path)))  # a state_dict as it is
+
+
+def _linear_file(tmp_path):
+    path = tmp_path / "linear.safetensors"
+    save_file(torch.nn.Linear(2, 2).state_dict(), str(path))
+    return path
 
 
 def _write_raw(path, header, data=b""):

@@ -1,0 +1,168 @@
+// Bindings of Save (synchronous) and of Checkpointer / SaveHandle (asynchronous two-phase saves).
+// The GIL is released for all I/O and for every wait; waits are sliced so Ctrl-C is noticed.
+#include <nanobind/stl/unique_ptr.h>
+
+#include <chrono>
+
+#include "common.h"
+
+namespace savepoint::python {
+namespace {
+
+// (codec, shuffle, zstd level) from Python: codec "none" | "zstd" | "lz4", shuffle "auto" | "on" |
+// "off" (the Python side checks the spelling; anything else is InvalidArgument here too).
+using CompressionSpec = std::tuple<std::string, std::string, int>;
+
+Compression MakeCompression(const CompressionSpec& spec) {
+  const auto& [codec, shuffle, level] = spec;
+  Compression c;
+  if (codec == "zstd") {
+    c.codec = Compression::Codec::kZstd;
+  } else if (codec == "lz4") {
+    c.codec = Compression::Codec::kLz4;
+  } else if (codec != "none") {
+    throw StatusError(InvalidArgumentError("compression codec " + codec));
+  }
+  if (shuffle == "on") {
+    c.shuffle = Compression::Shuffle::kOn;
+  } else if (shuffle == "off") {
+    c.shuffle = Compression::Shuffle::kOff;
+  } else if (shuffle != "auto") {
+    throw StatusError(InvalidArgumentError("compression shuffle " + shuffle));
+  }
+  c.zstd_level = level;
+  return c;
+}
+
+SaveOptions MakeSaveOptions(bool overwrite, bool create_parents, bool direct_io, int io_threads,
+                            uint64_t chunk_bytes, const CompressionSpec& compression) {
+  SaveOptions o;
+  o.compression = MakeCompression(compression);
+  o.overwrite = overwrite;
+  o.create_parents = create_parents;
+  o.direct_io = direct_io;
+  o.io_threads = io_threads;
+  o.chunk_bytes = chunk_bytes;
+  return o;
+}
+
+nb::dict SaveSync(const std::string& path, const std::vector<TensorSpec>& tensors,
+                  const std::vector<ValueSpec>& values, const std::string& metadata, bool overwrite,
+                  bool create_parents, bool direct_io, int io_threads, uint64_t chunk_bytes,
+                  const CompressionSpec& compression) {
+  State state = MakeState(tensors, values, metadata);
+  IoStats stats;
+  SaveOptions o =
+      MakeSaveOptions(overwrite, create_parents, direct_io, io_threads, chunk_bytes, compression);
+  o.stats = &stats;
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = Save(state, path, o);
+  }
+  Check(s);
+  return IoStatsToPython(stats);
+}
+
+std::unique_ptr<Checkpointer> CreateCheckpointer(uint64_t staging_bytes, uint64_t slab_bytes,
+                                                 int io_threads, bool allow_concurrent_saves,
+                                                 uint64_t prefault_bytes) {
+  CheckpointerOptions o;
+  o.staging_bytes = staging_bytes;
+  o.prefault_bytes = prefault_bytes;
+  o.slab_bytes = slab_bytes;
+  o.io_threads = io_threads;
+  o.allow_concurrent_saves = allow_concurrent_saves;
+  return Take(Checkpointer::Create(o));
+}
+
+SaveHandle SaveAsync(Checkpointer& c, const std::string& path,
+                     const std::vector<TensorSpec>& tensors, const std::vector<ValueSpec>& values,
+                     const std::string& metadata, bool overwrite, bool create_parents,
+                     bool direct_io, const CompressionSpec& compression) {
+  State state = MakeState(tensors, values, metadata);
+  SaveOptions o =
+      MakeSaveOptions(overwrite, create_parents, direct_io, 4, uint64_t{8} << 20, compression);
+  Result<SaveHandle> h = InternalError("save not started");
+  {
+    nb::gil_scoped_release release;
+    h = c.SaveAsync(state, path, o);
+  }
+  return Take(std::move(h));
+}
+
+// Waits up to `timeout_s` seconds (negative = forever) in slices of 50 ms with the GIL released,
+// checking for signals between slices so KeyboardInterrupt is raised promptly (the save itself
+// goes on in the background). Returns whether the save finished.
+bool WaitFor(const SaveHandle& h, double timeout_s) {
+  using Clock = std::chrono::steady_clock;
+  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(timeout_s < 0 ? 0 : timeout_s));
+  while (true) {
+    auto slice = std::chrono::milliseconds(50);
+    if (timeout_s >= 0) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+      if (left.count() <= 0) return h.Poll();
+      slice = std::min(slice, left);
+    }
+    bool done;
+    {
+      nb::gil_scoped_release release;
+      done = h.WaitFor(slice);
+    }
+    if (done) return true;
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+  }
+}
+
+nb::dict SaveStatsToPython(const SaveStats& s) {
+  nb::dict d;
+  d["bytes"] = s.bytes;
+  d["blocked_seconds"] = s.blocked_seconds;
+  d["snapshot_seconds"] = s.snapshot_seconds;
+  d["persist_seconds"] = s.persist_seconds;
+  d["direct_io"] = s.direct_io;
+  return d;
+}
+
+void WaitAll(Checkpointer& c) {
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = c.WaitAll();
+  }
+  Check(s);
+}
+
+}  // namespace
+
+void BindSave(nb::module_& m) {
+  m.def("save", &SaveSync, nb::arg("path"), nb::arg("tensors"), nb::arg("values"),
+        nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"), nb::arg("direct_io"),
+        nb::arg("io_threads"), nb::arg("chunk_bytes"),
+        nb::arg("compression") = CompressionSpec("none", "auto", 1),
+        "Saves borrowed tensors + values (GIL released); returns IoStats as a dict.");
+
+  nb::class_<SaveHandle>(m, "SaveHandle")
+      .def("poll", &SaveHandle::Poll)
+      .def("wait_for", &WaitFor, nb::arg("timeout_s"))
+      .def(
+          "check", [](const SaveHandle& h) { Check(h.status()); },
+          "Raises the save's error; FailedPrecondition while it is still running.")
+      .def_prop_ro("stats", [](const SaveHandle& h) { return SaveStatsToPython(h.stats()); })
+      .def_prop_ro("path", &SaveHandle::path);
+
+  nb::class_<Checkpointer>(m, "Checkpointer")
+      .def_static("create", &CreateCheckpointer, nb::arg("staging_bytes"), nb::arg("slab_bytes"),
+                  nb::arg("io_threads"), nb::arg("allow_concurrent_saves"),
+                  nb::arg("prefault_bytes") = 0)
+      .def("reserve", &Checkpointer::Reserve, nb::arg("bytes"))
+      .def("save_async", &SaveAsync, nb::arg("path"), nb::arg("tensors"), nb::arg("values"),
+           nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"),
+           nb::arg("direct_io"), nb::arg("compression") = CompressionSpec("none", "auto", 1))
+      .def("wait_all", &WaitAll)
+      .def_prop_ro("staging_allocated_bytes", &Checkpointer::staging_allocated_bytes)
+      .def_prop_ro("staging_cap_bytes", &Checkpointer::staging_cap_bytes);
+}
+
+}  // namespace savepoint::python

@@ -1,0 +1,142 @@
+// MergeCheckpoint / MergeToSafetensors: a sharded checkpoint rewritten with every tensor whole, as
+// a single-rank checkpoint or as (possibly several) safetensors files.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <memory>
+
+#include "engine/paths.h"
+#include "io/commit.h"
+#include "savepoint/distributed.h"
+
+namespace savepoint {
+namespace {
+
+std::string MergeContext(const std::string& src, const std::string& dst) {
+  return fmt::format("merge {} into {}", src, dst);
+}
+
+// Load assembles multi-shard tensors into whole ones, verifying every chunk it reads.
+Result<State> LoadWhole(const std::string& src, const LoadOptions& options) {
+  LoadOptions load = options;
+  load.mmap = false;
+  return Load(src, load);
+}
+
+// Tensor names in name order, packed greedily into groups of at most `cap` bytes (0 = no cap);
+// a tensor larger than the cap gets a group of its own.
+std::vector<std::vector<std::string>> PackTensors(const State& state, uint64_t cap) {
+  std::vector<std::vector<std::string>> groups(1);
+  uint64_t used = 0;
+  for (const auto& [name, e] : state.entries()) {
+    if (!e.is_tensor()) continue;
+    uint64_t n = e.tensor().nbytes();
+    if (cap != 0 && !groups.back().empty() && used + n > cap) {
+      groups.emplace_back();
+      used = 0;
+    }
+    groups.back().push_back(name);
+    used += n;
+  }
+  return groups;
+}
+
+// The given tensors (borrowed) plus every value and the metadata of `state`.
+Result<State> FileState(const State& state, const std::vector<std::string>& tensors) {
+  State out;
+  out.metadata() = state.metadata();
+  for (const auto& [name, e] : state.entries()) {
+    if (!e.is_tensor()) SP_RETURN_IF_ERROR(out.PutValue(name, e.value()));
+  }
+  for (const std::string& name : tensors) {
+    SP_RETURN_IF_ERROR(out.PutView(name, *state.FindTensor(name)));
+  }
+  return out;
+}
+
+std::string ShardFileName(size_t i, size_t n) {
+  return fmt::format("model-{:05}-of-{:05}.safetensors", i + 1, n);
+}
+
+// Writes the files (and the index when there are several) into the directory `dir`.
+Status WriteSafetensorsFiles(const State& state, const std::string& dir,
+                             const MergeSafetensorsOptions& options, uint64_t* bytes) {
+  std::vector<std::vector<std::string>> groups = PackTensors(state, options.max_file_bytes);
+  if (groups.size() > 99999) {
+    return InvalidArgumentError(fmt::format(
+        "max_file_bytes {} would need {} safetensors files (at most 99999): raise the cap",
+        options.max_file_bytes, groups.size()));
+  }
+  Json weight_map = Json::object();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    std::string name =
+        groups.size() == 1 ? kSafetensorsSingleFile : ShardFileName(i, groups.size());
+    SP_ASSIGN_OR_RETURN(State part, FileState(state, groups[i]));
+    SafetensorsSaveOptions save = options.save;
+    IoStats stats;
+    save.stats = &stats;
+    if (options.save.progress) {  // the files' progress, one after the other, as one
+      const uint64_t before = *bytes, total = state.tensor_bytes();
+      save.progress = [&options, before, total](uint64_t done, uint64_t) {
+        options.save.progress(before + done, total);
+      };
+    }
+    SP_RETURN_IF_ERROR(SaveSafetensors(part, dir + "/" + name, save));
+    *bytes += stats.bytes;
+    for (const std::string& t : groups[i]) weight_map[t] = name;
+  }
+  if (groups.size() == 1) return Status::OK();
+  Json index = {{"metadata", {{"total_size", state.tensor_bytes()}}}, {"weight_map", weight_map}};
+  FileSystem* fs = options.save.fs != nullptr ? options.save.fs : DefaultFileSystem();
+  return fs->WriteFileSynced(dir + "/" + kSafetensorsIndexFile, index.dump(2) + "\n");
+}
+
+}  // namespace
+
+Status MergeCheckpoint(const std::string& src, const std::string& dst,
+                       const MergeOptions& options) {
+  Result<State> state = LoadWhole(src, options.load);
+  if (!state.ok()) return state.status().WithContext(MergeContext(src, dst));
+  // Save writes each tensor as one shard and commits atomically.
+  Status s = Save(*state, dst, options.save);
+  return s.ok() ? s : s.WithContext(MergeContext(src, dst));
+}
+
+Status MergeToSafetensors(const std::string& src, const std::string& dst,
+                          const MergeSafetensorsOptions& options) {
+  auto start = std::chrono::steady_clock::now();
+  FileSystem* fs = options.save.fs != nullptr ? options.save.fs : DefaultFileSystem();
+  if (options.save.overwrite) {
+    return InvalidArgumentError(MergeContext(src, dst) +
+                                ": overwrite is not supported for "
+                                "safetensors output; remove the directory");
+  }
+  SP_ASSIGN_OR_RETURN(std::string target, engine::NormalizeCheckpointPath(dst));
+  if (fs->Exists(target)) {
+    return AlreadyExistsError(MergeContext(src, dst) + ": " + target + " already exists");
+  }
+  Result<State> state = LoadWhole(src, options.load);
+  if (!state.ok()) return state.status().WithContext(MergeContext(src, dst));
+  // Everything goes into a hidden sibling directory, committed by the durable-commit protocol
+  // (io/commit.h): new parent directories are synced too.
+  io::CommitOptions co;
+  co.create_parents = options.save.create_parents;
+  Result<io::DurableCommit> commit =
+      io::DurableCommit::Begin(fs, target, io::DurableCommit::Kind::kDirectory, co);
+  if (!commit.ok()) return commit.status().WithContext(MergeContext(src, dst));
+  uint64_t bytes = 0;
+  Status s = WriteSafetensorsFiles(*state, commit->tmp(), options, &bytes);
+  if (s.ok()) s = commit->Commit();
+  if (!s.ok()) {
+    commit->Abandon();
+    return s.WithContext(MergeContext(src, dst));
+  }
+  if (options.stats != nullptr) {
+    options.stats->bytes = bytes;
+    options.stats->seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  return Status::OK();
+}
+
+}  // namespace savepoint

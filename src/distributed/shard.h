@@ -1,0 +1,45 @@
+// Internal helpers of the distributed save and load: resolving a rank's layout, the deterministic
+// replica-write assignment, and box arithmetic.
+#ifndef SAVEPOINT_DISTRIBUTED_SHARD_H_
+#define SAVEPOINT_DISTRIBUTED_SHARD_H_
+
+#include <string>
+#include <vector>
+
+#include "savepoint/distributed.h"
+
+namespace savepoint::dist {
+
+// One local tensor of this rank with its resolved layout (defaults filled, replicas sorted).
+struct LocalShard {
+  std::string name;
+  TensorView view;
+  ShardSpec spec;
+};
+
+// InvalidArgument naming `name` unless offsets/sizes have the rank of `global` and the box
+// [offsets, offsets + sizes) lies within it.
+Status CheckBox(std::string_view name, const Shape& global, const Shape& offsets,
+                const Shape& sizes);
+
+// Resolves every tensor of `local` against `layout` for rank `rank` of `size`: a tensor without
+// an entry is the whole tensor replicated on all ranks. Checks boxes, that sizes equal the local
+// shape, and that replica groups hold valid, distinct ranks including `rank`. A layout entry
+// without a tensor in `local` is an error. Result sorted by name.
+Result<std::vector<LocalShard>> ResolveLocalShards(const State& local, const ShardLayout& layout,
+                                                   int rank, int size);
+
+// Which shards `rank` writes: each shard is assigned to one member of its replica group. For every
+// replica group the members' shards (identical on every member) are sorted by bytes (largest
+// first, then name) and each goes to the member with the fewest bytes so far (lowest rank on
+// ties). Every member computes the same assignment without communication. Returns indices into
+// `shards`, in order.
+std::vector<size_t> AssignWrites(const std::vector<LocalShard>& shards, int rank);
+
+// The intersection of boxes a and b (same rank); false when it is empty.
+bool IntersectBoxes(const Shape& a_off, const Shape& a_size, const Shape& b_off,
+                    const Shape& b_size, Shape* off, Shape* size);
+
+}  // namespace savepoint::dist
+
+#endif  // SAVEPOINT_DISTRIBUTED_SHARD_H_

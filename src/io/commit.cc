@@ -1,0 +1,60 @@
+// The durable commit protocol (io/commit.h; docs/FORMAT.md §5, same step numbers).
+#include "io/commit.h"
+
+#include <fmt/format.h>
+
+#include "engine/paths.h"
+
+namespace savepoint::io {
+
+Status CreateDirsDurably(FileSystem* fs, const std::string& dir) {
+  if (dir.empty() || dir == "/" || dir == "." || fs->Exists(dir)) return Status::OK();
+  std::string parent = Dirname(dir);
+  SP_RETURN_IF_ERROR(CreateDirsDurably(fs, parent));
+  Status s = fs->CreateDir(dir);
+  if (s.code() == StatusCode::kAlreadyExists) return Status::OK();  // a concurrent creator
+  SP_RETURN_IF_ERROR(s);
+  return fs->SyncDir(parent);
+}
+
+Result<DurableCommit> DurableCommit::Begin(FileSystem* fs, std::string path, Kind kind,
+                                           const CommitOptions& options) {
+  // Step 1.
+  if (options.create_parents) SP_RETURN_IF_ERROR(CreateDirsDurably(fs, Dirname(path)));
+  if (!options.overwrite && fs->Exists(path)) {
+    return AlreadyExistsError(fmt::format("{} already exists (overwrite to replace it)", path));
+  }
+  // Step 2.
+  std::string tmp = engine::TmpPathFor(path);
+  if (kind == Kind::kDirectory) SP_RETURN_IF_ERROR(fs->CreateDir(tmp));
+  return DurableCommit(fs, std::move(path), std::move(tmp), kind, options);
+}
+
+DurableCommit DurableCommit::Adopt(FileSystem* fs, std::string path, std::string tmp, Kind kind,
+                                   const CommitOptions& options) {
+  return DurableCommit(fs, std::move(path), std::move(tmp), kind, options);
+}
+
+Status DurableCommit::Commit() const {
+  const std::string parent = Dirname(path_);
+  if (kind_ == Kind::kDirectory) SP_RETURN_IF_ERROR(fs_->SyncDir(tmp_));  // step 4
+  std::string old;
+  if (options_.overwrite && fs_->Exists(path_)) {  // step 5
+    old = engine::OldPathFor(path_);
+    SP_RETURN_IF_ERROR(fs_->Rename(path_, old));
+  }
+  if (Status s = fs_->Rename(tmp_, path_); !s.ok()) {  // step 6
+    if (!old.empty()) fs_->Rename(old, path_).IgnoreError();  // put the old one back
+    return s;
+  }
+  SP_RETURN_IF_ERROR(fs_->SyncDir(parent));  // step 7
+  if (!old.empty()) {                        // step 8
+    fs_->RemoveAll(old).IgnoreError();
+    fs_->SyncDir(parent).IgnoreError();
+  }
+  return Status::OK();
+}
+
+void DurableCommit::Abandon() const { fs_->RemoveAll(tmp_).IgnoreError(); }
+
+}  // namespace savepoint::io
