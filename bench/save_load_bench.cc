@@ -212,10 +212,9 @@ Args ParseArgs(int argc, char** argv) {
     } else if (f == "--phases") {
       a.phases = SplitComma(value(i));
       for (const auto& p : a.phases) {
-        static const char* const kPhases[] = {"save",     "load",       "verify",
-                                              "loadinto", "load-nocrc", "load-mmap",
-                                              "mmap-one", "async",      "memcpy",
-                                              "async-reserved"};
+        static const char* const kPhases[] = {"save",       "load",          "verify",   "loadinto",
+                                              "load-nocrc", "load-mmap",     "mmap-one", "async",
+                                              "memcpy",     "async-reserved"};
         if (std::find(std::begin(kPhases), std::end(kPhases), p) == std::end(kPhases)) {
           Usage(fmt::format("unknown phase {:?}", p));
         }

@@ -5,8 +5,8 @@
 #include <fmt/format.h>
 
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <thread>
@@ -71,7 +71,8 @@ TEST(Async, StateLargerThanStagingStaysWithinCap) {
 
 // Polls `done` for up to 60 s (a loaded CI machine); true once it holds.
 bool Eventually(const std::function<bool()>& done) {
-  for (int i = 0; i < 6000 && !done(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 6000 && !done(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   return done();
 }
 
@@ -91,8 +92,8 @@ TEST(Async, ReserveAllocatesStagingInTheBackground) {
   MemFileSystem fs;
   SaveOptions so;
   so.fs = &fs;
-  State s = RandomState(testing::TestSeed("Async.ReserveAllocatesStagingInTheBackground"), 4,
-                        3 << 20);
+  State s =
+      RandomState(testing::TestSeed("Async.ReserveAllocatesStagingInTheBackground"), 4, 3 << 20);
   Result<SaveHandle> h = ckpt->SaveAsync(s, "/a", so);
   SP_ASSERT_OK(h.status());
   SP_ASSERT_OK(h->Wait());

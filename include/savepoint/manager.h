@@ -249,10 +249,10 @@ class CheckpointManager {
   // --- Direct API. ---
   // Saves `state` as the checkpoint of `step` if due (or args.force), returning whether it
   // started a save. Never saves one step twice (returns false; with args.epoch_end, the
-  // checkpoint of that step is then marked as its epoch's end, as OnEpochEnd does). Synchronous: committed, indexed
-  // and retention applied when it returns. Async: returns after the snapshot; the checkpoint is
-  // indexed when the save commits (observed by the next call, or Wait). The state may be modified
-  // once this returns.
+  // checkpoint of that step is then marked as its epoch's end, as OnEpochEnd does). Synchronous:
+  // committed, indexed and retention applied when it returns. Async: returns after the snapshot;
+  // the checkpoint is indexed when the save commits (observed by the next call, or Wait). The state
+  // may be modified once this returns.
   virtual Result<bool> Save(int64_t step, const State& state, const SaveArgs& args = {}) = 0;
   // Whether Save(step) would save now (without force).
   virtual bool ShouldSave(int64_t step) = 0;

@@ -5,8 +5,8 @@
 
 #include <thread>
 
-#include "engine/box.h"
 #include "distributed/shard.h"
+#include "engine/box.h"
 #include "savepoint/distributed.h"
 #include "testutil/ranks.h"
 #include "testutil/testutil.h"
@@ -217,7 +217,7 @@ TEST(RegionTest, CopyRegionAndByteRuns) {
   for (int i = 0; i < 20; ++i) src[i] = static_cast<uint8_t>(i);
   Shape ss{4, 5}, so{1, 2}, ds{3, 4}, dof{1, 0};
   engine::CopyRegion({reinterpret_cast<std::byte*>(src.data()), ss, so, 0},
-                   {reinterpret_cast<std::byte*>(dst.data()), ds, dof, 0}, {2, 3}, 1);
+                     {reinterpret_cast<std::byte*>(dst.data()), ds, dof, 0}, {2, 3}, 1);
   std::vector<uint8_t> want = {0, 0, 0, 0, 7, 8, 9, 0, 12, 13, 14, 0};
   EXPECT_EQ(dst, want);
   auto runs = engine::BoxByteRuns(ss, so, {2, 3}, 2, 100);

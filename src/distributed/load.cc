@@ -303,7 +303,6 @@ Status CopyPieces(const engine::Reader& r, const Plan& plan, int threads) {
   });
 }
 
-
 }  // namespace
 }  // namespace savepoint::dist
 

@@ -3,11 +3,11 @@
 // The thread group keeps one "round" per collective sequence number: each rank deposits its
 // contribution into round k (its k-th collective), waits until the ranks it needs have deposited,
 // reads the result and leaves; the last to leave frees the round. Who waits for whom follows
-// MPI's point-to-point collectives (src/distributed/mpi), so tests see the same timing as mpirun jobs:
-// Barrier and AllGather wait for every rank; Gather's root waits for every rank while the others
-// return once they deposited (an eager send); Broadcast's root returns at once while the others
-// wait for the root. A timeout or Abort marks the whole group broken (c10d semantics: after a
-// timeout the group is unusable), which wakes every waiter.
+// MPI's point-to-point collectives (src/distributed/mpi), so tests see the same timing as mpirun
+// jobs: Barrier and AllGather wait for every rank; Gather's root waits for every rank while the
+// others return once they deposited (an eager send); Broadcast's root returns at once while the
+// others wait for the root. A timeout or Abort marks the whole group broken (c10d semantics: after
+// a timeout the group is unusable), which wakes every waiter.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

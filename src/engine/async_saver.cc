@@ -252,7 +252,8 @@ class CheckpointerImpl final : public Checkpointer {
     for (;;) {
       Result<bool> grew = pool_.GrowOne(reserve_target_.load());
       if (grew.ok() && *grew && !stop_reserve_) continue;
-      if (!grew.ok()) spdlog::warn("savepoint: reserving staging memory: {}", grew.status().ToString());
+      if (!grew.ok())
+        spdlog::warn("savepoint: reserving staging memory: {}", grew.status().ToString());
       std::lock_guard<std::mutex> lock(reserve_mu_);
       if (!grew.ok() || stop_reserve_ || !NeedsGrowth()) {
         reserving_ = false;

@@ -138,7 +138,7 @@ TEST(CopyBox, TilingReassemblesTensor) {
           }
         }
         CopyRegionInto(reinterpret_cast<const std::byte*>(box.data()), off, size,
-                          reinterpret_cast<std::byte*>(out.data()), shape, 4);
+                       reinterpret_cast<std::byte*>(out.data()), shape, 4);
       }
     }
   }

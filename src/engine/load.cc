@@ -15,7 +15,6 @@
 namespace savepoint {
 namespace {
 
-
 // Load with LoadOptions::mmap: single-shard tensors become views into the data files' mappings
 // (kept alive by the State), multi-shard and compressed ones are read into owned tensors. With
 // verify_checksums, the mapped tensors' chunks are checked once here. On a file system that cannot

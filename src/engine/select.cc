@@ -54,4 +54,3 @@ Status CopyValues(const State& from, State* to, const std::vector<std::string>& 
 }
 
 }  // namespace savepoint::engine
-

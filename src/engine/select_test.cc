@@ -23,7 +23,8 @@ TEST(NamePatterns, SharedTable) {
     std::getline(row, pattern, '\t');
     std::getline(row, name, '\t');
     std::getline(row, match, '\t');
-    EXPECT_EQ(savepoint::MatchesName(pattern, name), match == "1") << "pattern " << pattern << " name " << name;
+    EXPECT_EQ(savepoint::MatchesName(pattern, name), match == "1")
+        << "pattern " << pattern << " name " << name;
     ++cases;
   }
   EXPECT_GT(cases, 20);

@@ -43,7 +43,7 @@ Status DurableCommit::Commit() const {
     old = engine::OldPathFor(path_);
     SP_RETURN_IF_ERROR(fs_->Rename(path_, old));
   }
-  if (Status s = fs_->Rename(tmp_, path_); !s.ok()) {  // step 6
+  if (Status s = fs_->Rename(tmp_, path_); !s.ok()) {         // step 6
     if (!old.empty()) fs_->Rename(old, path_).IgnoreError();  // put the old one back
     return s;
   }

@@ -181,9 +181,9 @@ Status WriteIndex(FileSystem* fs, const std::string& dir, Index& index) {
   io::CommitOptions co;
   co.overwrite = true;
   co.create_parents = false;
-  SP_ASSIGN_OR_RETURN(io::DurableCommit commit,
-                      io::DurableCommit::Begin(fs, JoinPath(dir, name),
-                                               io::DurableCommit::Kind::kFile, co));
+  SP_ASSIGN_OR_RETURN(
+      io::DurableCommit commit,
+      io::DurableCommit::Begin(fs, JoinPath(dir, name), io::DurableCommit::Kind::kFile, co));
   Status s = fs->WriteFileSynced(commit.tmp(), IndexJson(next).dump(1));
   if (s.ok()) s = commit.Commit();
   if (!s.ok()) {

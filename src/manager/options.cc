@@ -88,8 +88,8 @@ Status ValidateFormat(const ManagerOptions& o) {
 
 Status ValidateWhere(const ManagerOptions& o) {
   if (o.series != SeriesRule::kContinue && o.series != SeriesRule::kNew) {
-    return InvalidArgumentError(fmt::format("ManagerOptions.series = {}: not a SeriesRule",
-                                            static_cast<int>(o.series)));
+    return InvalidArgumentError(
+        fmt::format("ManagerOptions.series = {}: not a SeriesRule", static_cast<int>(o.series)));
   }
   if (o.directory.empty() && !o.directory_fn) {
     return InvalidArgumentError("ManagerOptions.directory is empty and directory_fn is not set");

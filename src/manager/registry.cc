@@ -20,7 +20,6 @@ namespace {
 
 constexpr size_t kNumCategories = 5;
 
-
 Status ApplyCategories(const std::vector<std::string>& names, bool value, const char* field,
                        std::vector<bool>& selected) {
   for (const std::string& n : names) {

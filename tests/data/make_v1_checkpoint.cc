@@ -24,15 +24,19 @@ int main(int argc, char** argv) {
     savepoint::Shape shape;
   };
   const Spec specs[] = {
-      {"model.weight", DType::kF32, {32, 32}},   {"model.bias", DType::kF32, {32}},
-      {"opt.state.0.step", DType::kF32, {}},     {"opt.state.0.exp_avg", DType::kBF16, {3000}},
-      {"ids", DType::kI64, {5}},                 {"empty", DType::kF16, {0, 4}},
+      {"model.weight", DType::kF32, {32, 32}},
+      {"model.bias", DType::kF32, {32}},
+      {"opt.state.0.step", DType::kF32, {}},
+      {"opt.state.0.exp_avg", DType::kBF16, {3000}},
+      {"ids", DType::kI64, {5}},
+      {"empty", DType::kF16, {0, 4}},
       {"big", DType::kU8, {10000}},
   };
   savepoint::State state;
   for (const Spec& s : specs) {
     savepoint::Tensor t = savepoint::Tensor::Empty(s.dtype, s.shape).value();
-    for (size_t j = 0; j < static_cast<size_t>(t.nbytes()); ++j) t.data()[j] = V1FixtureByte(s.name, j);
+    for (size_t j = 0; j < static_cast<size_t>(t.nbytes()); ++j)
+      t.data()[j] = V1FixtureByte(s.name, j);
     if (!state.Put(s.name, std::move(t)).ok()) return 1;
   }
   if (!state.PutValue("step", int64_t{42}).ok() || !state.PutValue("lr", 0.25).ok()) return 1;

@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "job_trainer: %s\n", last.status().ToString().c_str());
     return 1;
   }
-  Log(job.dir, "done " + std::to_string(*last) + " failed=" + std::to_string(runner.failed_saves()));
+  Log(job.dir,
+      "done " + std::to_string(*last) + " failed=" + std::to_string(runner.failed_saves()));
   return 0;
 }

@@ -68,7 +68,8 @@ State Slice(const Globals& g, const ShardLayout& l) {
     Shape offs = it == l.end() ? Shape(t.shape().size(), 0) : it->second.offsets;
     Tensor local = Tensor::Empty(t.dtype(), sizes).value();
     engine::CopyRegion({t.data(), t.shape(), offs, 0},
-                     {local.data(), sizes, Shape(sizes.size(), 0), 0}, sizes, DTypeSize(t.dtype()));
+                       {local.data(), sizes, Shape(sizes.size(), 0), 0}, sizes,
+                       DTypeSize(t.dtype()));
     s.Put(name, std::move(local)).IgnoreError();
   }
   s.PutValue("step", Value(int64_t{7})).IgnoreError();
