@@ -321,8 +321,8 @@ std::byte V1FixtureByte(const std::string& name, size_t j) {
 }
 
 TEST(Packing, Version1CheckpointsStayReadable) {
-  const std::string path =
-      (std::filesystem::path(__FILE__).parent_path() / "data" / "v1_checkpoint").string();
+  // An absolute path from CMake: __FILE__ is relative when ccache rewrites paths (CCACHE_BASEDIR).
+  const std::string path = std::string(SAVEPOINT_TEST_DATA) + "/v1_checkpoint";
   auto reader = CheckpointReader::Open(path).value();
   EXPECT_EQ(reader->format_version(), 1u);
   EXPECT_EQ(reader->tensors().size(), 7u);
