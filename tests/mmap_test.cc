@@ -335,6 +335,36 @@ TEST(Mmap, StateOutlivesReaderAndFiles) {
   }
 }
 
+TEST(Mmap, CopyOnWriteViewsAreWritableAndPrivate) {
+  TempDir dir;
+  State s = RandomState(31, 4, 1 << 20);
+  SP_ASSERT_OK(Save(s, dir.Sub("ck")));
+  LoadOptions lo;
+  lo.mmap = true;
+  lo.map_mode = MapMode::kCopyOnWrite;
+  Result<State> mapped = Load(dir.Sub("ck"), lo);
+  SP_ASSERT_OK(mapped.status());
+  ASSERT_TRUE(StatesEqual(s, *mapped));
+  for (const auto& [name, e] : mapped->entries()) {
+    if (!e.is_tensor() || e.tensor().nbytes() == 0) continue;
+    ASSERT_TRUE(std::holds_alternative<TensorView>(e.item)) << name << " was not mapped";
+    std::memset(e.tensor().data(), 0x7f, e.tensor().nbytes());  // would crash if read-only
+  }
+  // The writes stayed in this mapping: the files, a fresh mapping and a verify see the saved bytes.
+  lo.map_mode = MapMode::kReadOnly;
+  Result<State> again = Load(dir.Sub("ck"), lo);
+  SP_ASSERT_OK(again.status());
+  EXPECT_TRUE(StatesEqual(s, *again));
+  SP_EXPECT_OK(VerifyCheckpoint(dir.Sub("ck")));
+
+  // Copy-on-write asks for a mapping: without mmap it is refused, not ignored.
+  LoadOptions bad;
+  bad.map_mode = MapMode::kCopyOnWrite;
+  Result<State> refused = Load(dir.Sub("ck"), bad);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(refused.status(), "map_mode")) << refused.status().ToString();
+}
+
 TEST(Mmap, ConcurrentMapTensorMapsEachFileOnce) {
   TempDir dir;
   State s = RandomState(8, 16, 4 << 20);
@@ -435,7 +465,7 @@ bool DropCache(const std::string& path) {
 class Residency {
  public:
   explicit Residency(const std::string& path) {
-    Result<std::shared_ptr<const MappedFile>> m = DefaultFileSystem()->MapFile(path);
+    Result<std::shared_ptr<const MappedFile>> m = DefaultFileSystem()->MapFile(path, MapMode::kReadOnly);
     if (m.ok()) map_ = *m;
   }
   bool ok() const { return map_ != nullptr; }

@@ -142,6 +142,11 @@ struct LoadOptions {
   //    into owned Tensors instead. A data file truncated while mapped makes access raise SIGBUS.
   // Default: false.
   bool mmap = false;
+  // How data files are mapped (by Load with mmap, and by CheckpointReader::MapTensor): kReadOnly
+  // (views are read-only, as above) or kCopyOnWrite (views are writable; a written page becomes a
+  // private copy of this process and the files never change; the Python load(mmap=True) uses
+  // it). Load with kCopyOnWrite but without mmap is InvalidArgument. Default: kReadOnly.
+  MapMode map_mode = MapMode::kReadOnly;
   // Optional: receives statistics.
   IoStats* stats = nullptr;
   // Optional progress of Load, LoadInto, and of CheckpointReader::Verify and ReadTensor on a
@@ -226,6 +231,8 @@ class CheckpointReader {
 
 // Whether `pattern` selects the entry name `name`: the one rule of every name filter of savepoint
 // (LoadOptions::names, SafetensorsLoadOptions::names, LoadConfig::only, the Python `names=`):
+//  - a pattern equal to the name always selects it (so any exact name works as a pattern, even
+//    "layers[0].w");
 //  - a pattern without '*', '?' or '[' is an exact name;
 //  - otherwise it is a glob: '*' matches any run of characters, '.' and '/' included; '?' any one
 //    character; "[abc]", "[a-z]" one character of a set, "[!abc]" (or "[^abc]") one not in it; a

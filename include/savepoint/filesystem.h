@@ -137,24 +137,38 @@ class RandomAccessFile {
   virtual const std::string& path() const = 0;
 };
 
-// A read-only view of a whole file's bytes in memory (a memory mapping, or a snapshot copy on file
-// systems that cannot map). Obtained from FileSystem::MapFile, usually held by shared_ptr.
+// How FileSystem::MapFile maps a file.
+enum class MapMode : uint8_t {
+  // Read-only (POSIX: PROT_READ, MAP_SHARED): writing through a const_cast pointer crashes with
+  // SIGSEGV; later writes to the file show through.
+  kReadOnly,
+  // Copy-on-write (POSIX: PROT_READ | PROT_WRITE, MAP_PRIVATE): the memory is writable, and a
+  // written page becomes a private copy of this process; the file never changes. Pages not yet
+  // written may still show later writes to the file.
+  kCopyOnWrite,
+};
+
+// A view of a whole file's bytes in memory (a memory mapping, or a snapshot copy on file systems
+// that cannot map). Obtained from FileSystem::MapFile, usually held by shared_ptr.
 //
-// Ownership: the object owns the mapping; data() is valid until it is destroyed. The memory is
-// read-only (the POSIX mapping is PROT_READ: writing through a const_cast pointer crashes with
-// SIGSEGV). With the POSIX file system, pages are read lazily on first access, and truncating the
-// file while it is mapped makes access to the lost pages raise SIGBUS (savepoint never truncates
-// a committed checkpoint's files).
+// Ownership: the object owns the mapping; data() is valid until it is destroyed. With
+// MapMode::kReadOnly the memory is read-only; with kCopyOnWrite it may be written through a
+// const_cast pointer, and the writes stay private to the mapping. With the POSIX file system,
+// pages are read lazily on first access, and truncating the file while it is mapped makes access
+// to the lost pages raise SIGBUS (savepoint never truncates a committed checkpoint's files).
 //
-// Thread safety: immutable; data() may be read concurrently.
+// Thread safety: data() may be read concurrently; writers of a copy-on-write mapping synchronise
+// among themselves.
 class MappedFile {
  public:
   virtual ~MappedFile() = default;
   // The file's bytes; the size is the file's size at MapFile time (empty for an empty file).
-  // Whether later writes to the file show through depends on the file system (POSIX: yes, the
-  // mapping is MAP_SHARED; MemFileSystem: no, it is a snapshot).
+  // Whether later writes to the file show through depends on the file system and the mode (POSIX
+  // read-only: yes, the mapping is MAP_SHARED; MemFileSystem: no, it is a snapshot).
   virtual std::span<const std::byte> data() const = 0;
   virtual const std::string& path() const = 0;
+  // The mode it was mapped with.
+  virtual MapMode mode() const = 0;
 };
 
 class FileSystem {
@@ -182,9 +196,11 @@ class FileSystem {
   virtual Status Rename(const std::string& from, const std::string& to) = 0;
   // Makes the directory's entries (creations, renames, removals in it) durable.
   virtual Status SyncDir(const std::string& path) = 0;
-  // Maps a whole existing file read-only into memory (see MappedFile). NotFound if absent. The
+  // Maps a whole existing file into memory (see MapMode and MappedFile). NotFound if absent. The
   // default fails with Unimplemented naming the path; file systems that can map override it.
-  virtual Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path) {
+  virtual Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path,
+                                                            MapMode mode) {
+    (void)mode;
     return UnimplementedError("map " + path + ": this file system does not support mapping files");
   }
 

@@ -109,11 +109,15 @@ struct SafetensorsLoadOptions {
   // Entries to load (tensors and values): exact names or glob patterns, as LoadOptions::names.
   // Empty = everything. A name or pattern that matches nothing fails with NotFound.
   std::vector<std::string> names;
-  // Map the file instead of reading it (FileSystem::MapFile): tensors become read-only borrowed
-  // views into the mapping, which the returned State keeps alive (State::KeepAlive), as with
+  // Map the file instead of reading it (FileSystem::MapFile): tensors become borrowed views into
+  // the mapping, which the returned State keeps alive (State::KeepAlive), as with
   // LoadOptions::mmap. Nothing but the header is read at load time. On a file system that cannot
   // map, tensors are read into owned Tensors instead. Default: false.
   bool mmap = false;
+  // How the file is mapped with mmap: kReadOnly (writing through a view crashes) or kCopyOnWrite
+  // (views are writable; writes stay private to the process, the file never changes).
+  // kCopyOnWrite without mmap is InvalidArgument. Default: kReadOnly.
+  MapMode map_mode = MapMode::kReadOnly;
   // Optional: receives statistics (bytes = tensor bytes loaded or mapped).
   IoStats* stats = nullptr;
   // Optional progress of LoadSafetensors: called with the tensor bytes read so far and the total

@@ -65,6 +65,12 @@ State MakeState(const std::vector<TensorSpec>& tensors, const std::vector<ValueS
 // The non-tensor values of `state` as a list of (name, kind, value) like ValueSpec.
 nb::list ValuesToPython(const State& state);
 
+// The tensors of `state` as a list of (name, dtype name, shape, uint8 numpy array of its bytes),
+// without a copy: `state` moves to the heap, and a capsule shared by the arrays keeps it (its
+// owned buffers and its mappings) alive until the last array is gone. The arrays are writable:
+// load paths pass only owned tensors or copy-on-write mappings here.
+nb::list TensorBytesToPython(State state);
+
 // JSON text of `j` (invalid UTF-8 replaced; never throws).
 std::string DumpJson(const Json& j);
 

@@ -1,5 +1,5 @@
 // Bindings of the read side: CheckpointReader (manifest, values, metadata), LoadInto (parallel,
-// CRC-verified reads into memory the Python side allocated), the verification pass behind
+// CRC-verified reads into memory the Python side allocated), the copy-on-write mapped load behind
 // load(mmap=True), Verify, and ListCheckpoints. The GIL is released for all I/O.
 #include <nanobind/stl/unique_ptr.h>
 
@@ -50,36 +50,27 @@ nb::dict LoadInto(const std::string& path, const std::vector<TensorSpec>& target
   return IoStatsToPython(stats);
 }
 
-// The checks of Load(mmap=true) for exactly the tensors `names` (data file headers and sizes;
-// with `verify` every chunk's CRC32C, in parallel): the Python side maps the files itself
-// (copy-on-write, so the tensors it returns are writable) and calls this for the checks.
-nb::dict CheckMapped(const std::string& path, const std::vector<std::string>& names, bool verify,
+// Load(mmap = true, copy-on-write) of exactly the tensors `names` (a name always selects itself):
+// (tensors as TensorBytesToPython gives them, statistics). Single-shard tensors are writable views
+// into one copy-on-write mapping per data file, checked (header, size and, with `verify`, every
+// chunk's CRC32C) before they are handed out; multi-shard and compressed ones are read into owned
+// buffers.
+nb::tuple LoadMapped(const std::string& path, const std::vector<std::string>& names, bool verify,
                      int io_threads) {
   IoStats stats;
+  if (names.empty()) return nb::make_tuple(nb::list(), IoStatsToPython(stats));
   LoadOptions o = MakeLoadOptions(verify, io_threads, /*direct_io=*/false);
   o.mmap = true;
+  o.map_mode = MapMode::kCopyOnWrite;
+  o.names = names;
   o.stats = &stats;
-  for (const std::string& n : names) {
-    // LoadOptions::names are patterns when they contain * ? [: escape those to match exactly.
-    if (n.find_first_of("*?[") == std::string::npos) {
-      o.names.push_back(n);
-      continue;
-    }
-    std::string escaped;
-    for (char c : n) {
-      if (c == '*' || c == '?' || c == '[' || c == '\\') escaped.push_back('\\');
-      escaped.push_back(c);
-    }
-    o.names.push_back(std::move(escaped));
-  }
-  if (names.empty()) return IoStatsToPython(stats);
   Result<State> r = InternalError("not loaded");
   {
     nb::gil_scoped_release release;
     r = Load(path, o);
   }
-  Take(std::move(r));
-  return IoStatsToPython(stats);
+  State state = Take(std::move(r));
+  return nb::make_tuple(TensorBytesToPython(std::move(state)), IoStatsToPython(stats));
 }
 
 nb::dict Verify(const std::string& path, int io_threads, bool direct_io) {
@@ -131,7 +122,7 @@ void BindLoad(nb::module_& m) {
       .def("manifest_json", [](const CheckpointReader& r) { return DumpJson(r.manifest_json()); });
   m.def("load_into", &LoadInto, nb::arg("path"), nb::arg("targets"), nb::arg("verify"),
         nb::arg("io_threads"), nb::arg("direct_io"));
-  m.def("check_mapped", &CheckMapped, nb::arg("path"), nb::arg("names"), nb::arg("verify"),
+  m.def("load_mapped", &LoadMapped, nb::arg("path"), nb::arg("names"), nb::arg("verify"),
         nb::arg("io_threads"));
   m.def("verify", &Verify, nb::arg("path"), nb::arg("io_threads"), nb::arg("direct_io"));
   m.def("list_checkpoints", &List, nb::arg("root"));

@@ -1,5 +1,6 @@
 // The module `savepoint._core`: error translation, State <-> Python conversions, and the small
 // calls (version, log level) that belong to no other binding file.
+#include <nanobind/ndarray.h>
 #include <nanobind/stl/unique_ptr.h>
 
 #include "common.h"
@@ -99,6 +100,22 @@ nb::list ValuesToPython(const State& state) {
                               FromValue(e.value())));
   }
   return out;
+}
+
+nb::list TensorBytesToPython(State state) {
+  auto* owned = new State(std::move(state));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<State*>(p); });
+  nb::list tensors;
+  for (const auto& [name, e] : owned->entries()) {
+    if (!e.is_tensor()) continue;
+    const TensorView& t = e.tensor();
+    nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> bytes(reinterpret_cast<uint8_t*>(t.data()),
+                                                       {static_cast<size_t>(t.nbytes())}, owner);
+    tensors.append(nb::make_tuple(nb::str(name.data(), name.size()),
+                                  nb::str(DTypeName(t.dtype()).data()),
+                                  nb::tuple(nb::cast(t.shape())), bytes.cast()));
+  }
+  return tensors;
 }
 
 std::string DumpJson(const Json& j) {

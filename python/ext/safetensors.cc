@@ -1,7 +1,5 @@
 // Bindings of the safetensors reader and writer (savepoint/safetensors.h). The GIL is released for
-// all I/O. Loaded tensors are handed to Python without a copy: each becomes a uint8 numpy array
-// over the State's owned buffer, which a capsule keeps alive until the last array is gone.
-#include <nanobind/ndarray.h>
+// all I/O. Loaded tensors are handed to Python without a copy (TensorBytesToPython).
 #include <nanobind/stl/map.h>
 
 #include <memory>
@@ -31,28 +29,23 @@ nb::dict SaveSafetensorsPy(const std::string& path, const std::vector<TensorSpec
 }
 
 // (tensors [(name, dtype, shape, uint8 array of the bytes)], values [(name, kind, value)],
-// metadata JSON). Reads into owned memory (no mmap: the Python side maps files itself).
-nb::tuple LoadSafetensorsPy(const std::string& path, const std::vector<std::string>& names) {
+// metadata JSON). With `mmap` the arrays are copy-on-write views into one mapping of the file
+// (writable; writes stay private); otherwise they are the owned buffers the file was read into.
+nb::tuple LoadSafetensorsPy(const std::string& path, const std::vector<std::string>& names,
+                            bool mmap) {
   SafetensorsLoadOptions o;
   o.names = names;
+  o.mmap = mmap;
+  if (mmap) o.map_mode = MapMode::kCopyOnWrite;
   Result<State> r = InternalError("not loaded");
   {
     nb::gil_scoped_release release;
     r = LoadSafetensors(path, o);
   }
-  auto* state = new State(Take(std::move(r)));
-  nb::capsule owner(state, [](void* p) noexcept { delete static_cast<State*>(p); });
-  nb::list tensors;
-  for (const auto& [name, e] : state->entries()) {
-    if (!e.is_tensor()) continue;
-    const TensorView& t = e.tensor();
-    nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> bytes(reinterpret_cast<uint8_t*>(t.data()),
-                                                       {static_cast<size_t>(t.nbytes())}, owner);
-    tensors.append(nb::make_tuple(nb::str(name.data(), name.size()),
-                                  nb::str(DTypeName(t.dtype()).data()),
-                                  nb::tuple(nb::cast(t.shape())), bytes.cast()));
-  }
-  return nb::make_tuple(tensors, ValuesToPython(*state), DumpJson(state->metadata()));
+  State state = Take(std::move(r));
+  nb::list values = ValuesToPython(state);
+  std::string metadata = DumpJson(state.metadata());
+  return nb::make_tuple(TensorBytesToPython(std::move(state)), values, metadata);
 }
 
 nb::dict InspectSafetensorsPy(const std::string& path) {
@@ -86,7 +79,7 @@ void BindSafetensors(nb::module_& m) {
   m.def("save_safetensors", &SaveSafetensorsPy, nb::arg("path"), nb::arg("tensors"),
         nb::arg("values"), nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"),
         nb::arg("io_threads"), "SaveSafetensors of borrowed tensors (GIL released); IoStats.");
-  m.def("load_safetensors", &LoadSafetensorsPy, nb::arg("path"), nb::arg("names"),
+  m.def("load_safetensors", &LoadSafetensorsPy, nb::arg("path"), nb::arg("names"), nb::arg("mmap"),
         "LoadSafetensors (GIL released): (tensors, values, metadata_json).");
   m.def("inspect_safetensors", &InspectSafetensorsPy, nb::arg("path"),
         "InspectSafetensors (GIL released): the validated header as a dict.");

@@ -108,3 +108,13 @@ def _from_torch_table():
             getattr(torch, attr): name for name, attr in _TORCH_NAMES.items() if hasattr(torch, attr)
         }
     return _TORCH_TABLE
+
+
+def view_bytes(raw, dtype, shape, to_torch):
+    """The tensor (to_torch) or array of savepoint dtype `dtype` and `shape` over the uint8 numpy
+    array `raw`, without a copy."""
+    if to_torch:
+        torch = torch_module()
+        t = torch.from_numpy(raw) if raw.size else torch.empty(0, dtype=torch.uint8)
+        return t.view(to_torch_dtype(dtype)).reshape(tuple(shape))
+    return raw.view(to_numpy_dtype(dtype)).reshape(tuple(shape))

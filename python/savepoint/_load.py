@@ -1,7 +1,6 @@
 """savepoint.load, plus info / verify / list_checkpoints."""
 
 import json
-import mmap as _mmap
 import os
 import sys
 
@@ -62,8 +61,9 @@ def load(path, *, names=None, mmap=False, map_location=None, like=None, verify=T
         become None in lists/tuples. A name matching nothing raises NotFoundError.
     mmap: map the data files copy-on-write instead of reading them (like torch.load(mmap=True)):
         tensors are zero-copy, writable views whose pages are read on first touch; writes stay
-        private to this process. With verify=True every chunk's CRC32C is checked first (which
-        reads everything once). Tensors stored in several shards are read as usual.
+        private to this process. Each data file is mapped once, by the C++ reader, after its header
+        and size are checked. With verify=True every chunk's CRC32C is checked first (which reads
+        everything once). Tensors stored in several shards, or compressed, are read as usual.
     map_location: device for torch tensors (e.g. "cpu", "cuda:0", torch.device). Default: the
         device each tensor was saved from (like torch.load); an unavailable device raises.
     like: a structure with the same key paths (e.g. model.state_dict()); each of its tensors or
@@ -80,8 +80,7 @@ def load(path, *, names=None, mmap=False, map_location=None, like=None, verify=T
     info = _Info(path, io_threads, direct_io)
     info.tree = _for_framework(info, _FRAMEWORKS[framework])
     leaves = _tree.tensor_leaves(info.tree)
-    manifest = json.loads(info.reader.manifest_json()) if mmap else None
-    plan = _Plan(path, info, _like_targets(like), manifest)
+    plan = _Plan(path, info, _like_targets(like), mmap)
     selected = _select(info, leaves, names, path)
     for p, node in leaves:
         if _tree.leaf_name(node) in selected:
@@ -129,16 +128,16 @@ def _for_framework(info, framework):
 
 class _Plan:
     """Where each selected tensor goes (a `like` target, a mapping, or a new allocation), then the
-    reads: mapped tensors are checked by the core before they are mapped, the rest are read in one
-    parallel load_into pass."""
+    reads: with mmap, the core maps (copy-on-write) and checks the tensors not bound for `like`;
+    the rest are read in one parallel load_into pass."""
 
-    def __init__(self, path, info, targets, manifest):
-        self.path, self.info, self.targets, self.manifest = path, info, targets, manifest
+    def __init__(self, path, info, targets, mmap):
+        self.path, self.info, self.targets, self.mmap = path, info, targets, mmap
         self.loaded = {}  # entry name -> tensor or array
         self.like_names = set()  # entries filled into `like` tensors (returned as they are)
         self.fixups = []  # (like target, temporary): targets that cannot take the bytes directly
         self.reads = []  # (name, address, dtype, shape) for load_into
-        self.mapped = []  # (name, entry, node)
+        self.mapped = {}  # entry name -> node: loaded by the core with mmap
 
     def add(self, p, node):
         name = _tree.leaf_name(node)
@@ -153,8 +152,8 @@ class _Plan:
             self.like_names.add(name)
             if not direct:
                 self.fixups.append((target, dest))
-        elif self.manifest is not None and _mappable(self.manifest, entry):
-            self.mapped.append((name, entry, node))
+        elif self.mmap:
+            self.mapped[name] = node
             return
         else:
             dest = self.loaded[name] = _allocate(node, entry)
@@ -167,12 +166,13 @@ class _Plan:
             raise _errors.NotFoundError(f"checkpoint {self.path}: no tensor for {where}")
 
     def run(self, verify, io_threads, direct_io):
-        if self.mapped:  # headers, sizes and (with verify) checksums first: never map a truncated file
-            names = [m[0] for m in self.mapped]
-            _core.check_mapped(self.path, names, verify=verify, io_threads=io_threads)
-            maps = {}
-            for name, entry, node in self.mapped:
-                self.loaded[name] = _map(self.path, self.manifest, entry, node, maps)
+        if self.mapped:
+            tensors, _ = _core.load_mapped(self.path, list(self.mapped), verify=verify,
+                                           io_threads=io_threads)  # fmt: skip
+            for name, dtype, shape, raw in tensors:
+                node = self.mapped.get(name)
+                if node is not None:  # (a name with glob characters may select others too)
+                    self.loaded[name] = _dtypes.view_bytes(raw, dtype, shape, "torch" in node)
         if self.reads:
             _core.load_into(self.path, self.reads, verify=verify, io_threads=io_threads,
                             direct_io=direct_io)  # fmt: skip
@@ -281,41 +281,6 @@ def _allocate(node, entry):
     raw = np.empty(nbytes + _ALIGN, np.uint8)
     off = -raw.__array_interface__["data"][0] % _ALIGN
     return raw[off : off + nbytes].view(npdt).reshape(tuple(shape))
-
-
-def _mappable(manifest, entry):
-    rec = _manifest_tensor(manifest, entry[0])
-    shards = rec.get("shards", [])
-    if entry[3] == 0 or len(shards) != 1:
-        return False
-    s = shards[0]
-    compressed = s.get("codec", "none") != "none" or "stored_offsets" in s
-    return not compressed and list(s.get("sizes", [])) == list(entry[2])
-
-
-def _manifest_tensor(manifest, name):
-    index = manifest.get("_by_name")
-    if index is None:
-        index = manifest["_by_name"] = {t["name"]: t for t in manifest["tensors"]}
-    return index[name]
-
-
-def _map(path, manifest, entry, node, maps):
-    """A writable, copy-on-write view of a single-shard tensor inside its data file."""
-    name, dtype, shape, nbytes, _ = entry
-    shard = _manifest_tensor(manifest, name)["shards"][0]
-    f = shard["file"]
-    if f not in maps:
-        with open(os.path.join(path, manifest["files"][f]["name"]), "rb") as fh:
-            maps[f] = _mmap.mmap(fh.fileno(), 0, access=_mmap.ACCESS_COPY)
-    count = nbytes // _dtypes.ITEMSIZE[dtype]
-    torch = _dtypes.torch_module() if "torch" in node else None
-    if torch is not None:
-        t = torch.frombuffer(maps[f], dtype=_dtypes.to_torch_dtype(dtype), count=count,
-                             offset=shard["offset"])  # fmt: skip
-        return t.view(tuple(shape))
-    a = np.frombuffer(maps[f], dtype=_dtypes.to_numpy_dtype(dtype), count=count, offset=shard["offset"])
-    return a.reshape(tuple(shape))
 
 
 def _finisher(loaded, selected, map_location, like_names):

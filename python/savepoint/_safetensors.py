@@ -8,9 +8,7 @@ loads back as a flat dict. Files interoperate with `safetensors.torch.save_file`
 import json
 import os
 
-import numpy as np
-
-from . import _core, _dtypes, _errors, _tree
+from . import _core, _dtypes, _tree
 
 _FRAMEWORKS = ("pt", "torch", "numpy", "np")
 
@@ -97,13 +95,10 @@ def load_safetensors(path, *, names=None, mmap=False, framework="pt"):
     path = os.fspath(path)
     if isinstance(names, str):
         names = [names]
-    if mmap:
-        tensors, values, meta_json = _mapped(path, names)
-    else:
-        tensors, values, meta_json = _core.load_safetensors(path, list(names or []))
+    tensors, values, meta_json = _core.load_safetensors(path, list(names or []), bool(mmap))
     out = SafetensorsDict()
     for name, dtype, shape, raw in tensors:
-        out[name] = _typed(raw, dtype, shape, to_torch)
+        out[name] = _dtypes.view_bytes(raw, dtype, shape, to_torch)
     out.scalars = {name: v for name, _, v in values}
     meta = json.loads(meta_json)
     out.metadata = meta if meta else None
@@ -125,40 +120,3 @@ def safetensors_info(path):
         },
         "metadata": dict(h["raw_metadata"]),
     }
-
-
-def _mapped(path, names):
-    h = _core.inspect_safetensors(path)
-    selected = _select([t[0] for t in h["tensors"]], names, path)
-    whole = None
-    if h["file_bytes"] > h["data_offset"]:
-        whole = np.memmap(path, dtype=np.uint8, mode="c")
-    tensors = []
-    for name, dtype, shape, begin, end in h["tensors"]:
-        if name not in selected:
-            continue
-        start = h["data_offset"] + begin
-        raw = whole[start : h["data_offset"] + end] if end > begin else np.empty(0, np.uint8)
-        tensors.append((name, dtype, shape, raw))
-    return tensors, h["values"], h["metadata_json"]
-
-
-def _select(all_names, names, path):
-    if names is None:
-        return set(all_names)
-    selected = set()
-    for pattern in names:
-        hits = [n for n in all_names if _core.match_name(pattern, n)]
-        if not hits:
-            raise _errors.NotFoundError(f"{path}: no tensor matches {pattern!r}")
-        selected.update(hits)
-    return selected
-
-
-def _typed(raw, dtype, shape, to_torch):
-    """The tensor / array of dtype `dtype` and `shape` over the uint8 array `raw` (no copy)."""
-    if to_torch:
-        torch = _dtypes.torch_module()
-        t = torch.from_numpy(raw) if raw.size else torch.empty(0, dtype=torch.uint8)
-        return t.view(_dtypes.to_torch_dtype(dtype)).reshape(shape)
-    return raw.view(_dtypes.to_numpy_dtype(dtype)).reshape(shape)

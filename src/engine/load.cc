@@ -85,6 +85,11 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::stri
 }
 
 Result<State> Load(const std::string& path, const LoadOptions& options) {
+  if (!options.mmap && options.map_mode != MapMode::kReadOnly) {
+    return InvalidArgumentError(fmt::format(
+        "load {}: LoadOptions.map_mode is copy-on-write but mmap is false (set mmap = true)",
+        path));
+  }
   SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options));
   std::vector<std::string> all;
   for (const auto& t : reader->tensors()) all.push_back(t.name);

@@ -36,7 +36,7 @@ Result<std::shared_ptr<const MappedFile>> Reader::Mapping(uint32_t index) {
   if (maps_[index]) return maps_[index];
   const format::FileRecord& rec = m_.files[index];
   const std::string fpath = JoinPath(path_, rec.name);
-  Result<std::shared_ptr<const MappedFile>> map = fs_->MapFile(fpath);
+  Result<std::shared_ptr<const MappedFile>> map = fs_->MapFile(fpath, options_.map_mode);
   if (!map.ok()) return map.status().WithContext(fmt::format("checkpoint {}", path_));
   if ((*map)->data().size() < rec.bytes) return Truncated(index, (*map)->data().size(), " mapped");
   spdlog::debug("savepoint: mapped {} ({} bytes)", fpath, (*map)->data().size());

@@ -8,7 +8,8 @@
 namespace savepoint {
 
 bool MatchesName(const std::string& pattern, const std::string& name) {
-  if (pattern.find_first_of("*?[") == std::string::npos) return pattern == name;
+  if (pattern == name) return true;  // a name always selects itself, even "layers[0].w"
+  if (pattern.find_first_of("*?[") == std::string::npos) return false;
   return fnmatch(pattern.c_str(), name.c_str(), FNM_NOESCAPE) == 0;
 }
 

@@ -112,8 +112,9 @@ Result<SafetensorsInfo> ReadInfo(const RandomAccessFile& file, const std::string
 }
 
 // The file's mapping for LoadSafetensors with mmap; null when the file system cannot map.
-Result<std::shared_ptr<const MappedFile>> MapWhole(FileSystem* fs, const SafetensorsInfo& info) {
-  Result<std::shared_ptr<const MappedFile>> map = fs->MapFile(info.path);
+Result<std::shared_ptr<const MappedFile>> MapWhole(FileSystem* fs, const SafetensorsInfo& info,
+                                                   MapMode mode) {
+  Result<std::shared_ptr<const MappedFile>> map = fs->MapFile(info.path, mode);
   if (!map.ok()) {
     if (map.status().code() == StatusCode::kUnimplemented)
       return std::shared_ptr<const MappedFile>();
@@ -187,6 +188,11 @@ Result<SafetensorsInfo> InspectSafetensors(const std::string& path,
 }
 
 Result<State> LoadSafetensors(const std::string& path, const SafetensorsLoadOptions& options) {
+  if (!options.mmap && options.map_mode != MapMode::kReadOnly) {
+    return InvalidArgumentError(fmt::format(
+        "load safetensors file {}: map_mode is copy-on-write but mmap is false (set mmap = true)",
+        path));
+  }
   const auto start = std::chrono::steady_clock::now();
   FileSystem* fs = FsOr(options.fs);
   SP_ASSIGN_OR_RETURN(auto file, fs->NewRandomAccessFile(path, FileOptions{}));
@@ -198,7 +204,7 @@ Result<State> LoadSafetensors(const std::string& path, const SafetensorsLoadOpti
                                             fmt::format("safetensors file {}", path)));
   std::shared_ptr<const MappedFile> map;
   if (options.mmap) {
-    SP_ASSIGN_OR_RETURN(map, MapWhole(fs, info));
+    SP_ASSIGN_OR_RETURN(map, MapWhole(fs, info, options.map_mode));
   }
   State state;
   uint64_t bytes = 0;

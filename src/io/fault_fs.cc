@@ -175,8 +175,8 @@ Status FaultInjectionFileSystem::SyncDir(const std::string& path) {
 }
 
 Result<std::shared_ptr<const MappedFile>> FaultInjectionFileSystem::MapFile(
-    const std::string& path) {
-  return base_->MapFile(path);
+    const std::string& path, MapMode mode) {
+  return base_->MapFile(path, mode);
 }
 
 void FaultInjectionFileSystem::FailNth(Op op, uint64_t n, int err) {

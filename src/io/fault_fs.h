@@ -78,7 +78,7 @@ class FaultInjectionFileSystem : public FileSystem {
   Status RemoveDir(const std::string& path) override;
   Status Rename(const std::string& from, const std::string& to) override;
   Status SyncDir(const std::string& path) override;
-  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path) override;
+  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path, MapMode mode) override;
 
   // Fault setup; see the file comment. Several FailNth faults may be armed at once.
   void FailNth(Op op, uint64_t n, int err);

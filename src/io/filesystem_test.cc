@@ -361,7 +361,7 @@ TEST_P(FileSystemTest, MapFileReadsWholeFile) {
   const std::string path = Path("mapped.spd");
   const std::vector<std::byte> data = Pattern(3 * 4096 + 123, 5);  // not a multiple of pages
   WriteWhole(path, data);
-  Result<std::shared_ptr<const MappedFile>> map = fs_->MapFile(path);
+  Result<std::shared_ptr<const MappedFile>> map = fs_->MapFile(path, MapMode::kReadOnly);
   ASSERT_TRUE(map.ok()) << map.status().ToString();
   ASSERT_NE(*map, nullptr);
   EXPECT_EQ((*map)->path(), path);
@@ -370,7 +370,7 @@ TEST_P(FileSystemTest, MapFileReadsWholeFile) {
   EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), data.begin()));
   EXPECT_EQ(reinterpret_cast<uintptr_t>(bytes.data()) % 4096, 0u) << "not page aligned";
   // Two mappings of one file are independent objects with the same bytes.
-  Result<std::shared_ptr<const MappedFile>> again = fs_->MapFile(path);
+  Result<std::shared_ptr<const MappedFile>> again = fs_->MapFile(path, MapMode::kReadOnly);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), (*again)->data().begin()));
   // The mapping outlives the file's name.
@@ -381,19 +381,19 @@ TEST_P(FileSystemTest, MapFileReadsWholeFile) {
 TEST_P(FileSystemTest, MapFileOfEmptyFile) {
   const std::string path = Path("empty");
   WriteWhole(path, {});
-  Result<std::shared_ptr<const MappedFile>> map = fs_->MapFile(path);
+  Result<std::shared_ptr<const MappedFile>> map = fs_->MapFile(path, MapMode::kReadOnly);
   ASSERT_TRUE(map.ok()) << map.status().ToString();
   EXPECT_TRUE((*map)->data().empty());
   EXPECT_EQ((*map)->path(), path);
 }
 
 TEST_P(FileSystemTest, MapFileErrors) {
-  Result<std::shared_ptr<const MappedFile>> missing = fs_->MapFile(Path("nope"));
+  Result<std::shared_ptr<const MappedFile>> missing = fs_->MapFile(Path("nope"), MapMode::kReadOnly);
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find(Path("nope")), std::string::npos)
       << missing.status().ToString();
   ASSERT_TRUE(fs_->CreateDir(Path("dir")).ok());
-  EXPECT_FALSE(fs_->MapFile(Path("dir")).ok());
+  EXPECT_FALSE(fs_->MapFile(Path("dir"), MapMode::kReadOnly).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFileSystems, FileSystemTest,
@@ -461,7 +461,7 @@ TEST(PosixFileSystemTest, MapFileIsSharedAndReadOnly) {
   ASSERT_TRUE(fs->WriteFileSynced(
                     path, std::string_view(reinterpret_cast<const char*>(data.data()), data.size()))
                   .ok());
-  Result<std::shared_ptr<const MappedFile>> map = fs->MapFile(path);
+  Result<std::shared_ptr<const MappedFile>> map = fs->MapFile(path, MapMode::kReadOnly);
   ASSERT_TRUE(map.ok()) << map.status().ToString();
   const std::byte* p = (*map)->data().data();
   // MAP_SHARED: a later in-place write to the file shows through the mapping.
@@ -481,10 +481,34 @@ TEST(PosixFileSystemTest, MapFileIsSharedAndReadOnly) {
   EXPECT_EQ(p[1], data[1]);
 }
 
+TEST(PosixFileSystemTest, CopyOnWriteMappingIsWritableAndPrivate) {
+  FileSystem* fs = DefaultFileSystem();
+  const std::string root = MakeTempDir();
+  ASSERT_FALSE(root.empty());
+  const std::string path = JoinPath(root, "private.spd");
+  const std::vector<std::byte> data = Pattern(2 * 4096, 5);
+  const std::string_view bytes(reinterpret_cast<const char*>(data.data()), data.size());
+  ASSERT_TRUE(fs->WriteFileSynced(path, bytes).ok());
+  Result<std::shared_ptr<const MappedFile>> map = fs->MapFile(path, MapMode::kCopyOnWrite);
+  ASSERT_TRUE(map.ok()) << map.status().ToString();
+  EXPECT_EQ((*map)->mode(), MapMode::kCopyOnWrite);
+  std::byte* p = const_cast<std::byte*>((*map)->data().data());
+  p[0] = ~data[0];  // no crash: the pages are writable
+  EXPECT_EQ(p[0], ~data[0]);
+  // The write is private: the file and a second mapping still hold the original bytes.
+  Result<std::string> on_disk = fs->ReadFile(path, 1 << 20);
+  ASSERT_TRUE(on_disk.ok());
+  EXPECT_EQ(*on_disk, bytes);
+  Result<std::shared_ptr<const MappedFile>> other = fs->MapFile(path, MapMode::kReadOnly);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ((*other)->data()[0], data[0]);
+  ASSERT_TRUE(fs->RemoveAll(root).ok());
+}
+
 TEST(MemFileSystemMapTest, MapFileIsASnapshot) {
   MemFileSystem fs;
   ASSERT_TRUE(fs.WriteFileSynced("/f", "hello world").ok());
-  Result<std::shared_ptr<const MappedFile>> map = fs.MapFile("/f");
+  Result<std::shared_ptr<const MappedFile>> map = fs.MapFile("/f", MapMode::kReadOnly);
   ASSERT_TRUE(map.ok()) << map.status().ToString();
   ASSERT_TRUE(fs.WriteFileSynced("/f", "HELLO").ok());  // truncates and rewrites
   fs.SimulatePowerLoss();
@@ -496,7 +520,7 @@ TEST(MemFileSystemMapTest, MapFileIsASnapshot) {
   ASSERT_TRUE(file.ok());
   const std::vector<std::byte> tail = Pattern(1000, 1);
   ASSERT_TRUE((*file)->WriteAt(3 << 20, tail).ok());
-  Result<std::shared_ptr<const MappedFile>> big = fs.MapFile("/big");
+  Result<std::shared_ptr<const MappedFile>> big = fs.MapFile("/big", MapMode::kReadOnly);
   ASSERT_TRUE(big.ok());
   ASSERT_EQ((*big)->data().size(), (3u << 20) + 1000u);
   EXPECT_EQ((*big)->data()[12345], std::byte{0});
@@ -527,7 +551,7 @@ class MinimalFileSystem final : public FileSystem {
 
 TEST(FileSystemDefaultsTest, MapFileIsUnimplementedByDefault) {
   MinimalFileSystem fs;
-  Result<std::shared_ptr<const MappedFile>> map = fs.MapFile("/some/file.spd");
+  Result<std::shared_ptr<const MappedFile>> map = fs.MapFile("/some/file.spd", MapMode::kReadOnly);
   EXPECT_EQ(map.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(map.status().message().find("/some/file.spd"), std::string::npos)
       << map.status().ToString();

@@ -263,16 +263,19 @@ class MemMappedFile final : public MappedFile {
   struct Free {
     void operator()(std::byte* p) const { std::free(p); }
   };
-  MemMappedFile(std::string path, std::unique_ptr<std::byte, Free> buffer, size_t size)
-      : path_(std::move(path)), buffer_(std::move(buffer)), size_(size) {}
+  MemMappedFile(std::string path, std::unique_ptr<std::byte, Free> buffer, size_t size,
+                MapMode mode)
+      : path_(std::move(path)), buffer_(std::move(buffer)), size_(size), mode_(mode) {}
 
   std::span<const std::byte> data() const override { return {buffer_.get(), size_}; }
   const std::string& path() const override { return path_; }
+  MapMode mode() const override { return mode_; }
 
  private:
   const std::string path_;
   const std::unique_ptr<std::byte, Free> buffer_;  // null when size_ == 0
   const size_t size_;
+  const MapMode mode_;  // either way a private snapshot: writes never reach the file
 };
 
 // Alignment of a snapshot's buffer, like a page-aligned mapping.
@@ -422,7 +425,8 @@ Status MemFileSystem::SyncDir(const std::string& path) {
   return Status::OK();
 }
 
-Result<std::shared_ptr<const MappedFile>> MemFileSystem::MapFile(const std::string& path) {
+Result<std::shared_ptr<const MappedFile>> MemFileSystem::MapFile(const std::string& path,
+                                                                 MapMode mode) {
   const std::string context = fmt::format("open {} for mapping", path);
   const std::vector<std::string> parts = Components(path);
   std::lock_guard<std::mutex> lock(state_->mu);
@@ -441,7 +445,7 @@ Result<std::shared_ptr<const MappedFile>> MemFileSystem::MapFile(const std::stri
     ReadData(inode->data, 0, {buffer.get(), static_cast<size_t>(size)});
   }
   return std::shared_ptr<const MappedFile>(
-      std::make_shared<MemMappedFile>(path, std::move(buffer), static_cast<size_t>(size)));
+      std::make_shared<MemMappedFile>(path, std::move(buffer), static_cast<size_t>(size), mode));
 }
 
 void MemFileSystem::SimulatePowerLoss() {

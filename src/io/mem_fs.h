@@ -17,7 +17,7 @@
 //    a breadth-first walk in name order, so the result is always a tree.
 //  - Handles opened before SimulatePowerLoss() belong to the "dead" process: every later call on
 //    them (WriteAt, Sync, Close, ReadAt) fails with FailedPrecondition and changes nothing.
-//  - MapFile returns a snapshot: a contiguous, immutable, 4096-aligned copy of the file's current
+//  - MapFile returns a snapshot (in either MapMode): a contiguous, private, 4096-aligned copy of the file's current
 //    bytes, made at the call (it costs the file's size in memory). Later writes, truncations and
 //    power loss do not change it; it stays valid for as long as it is held, even after the file or
 //    the MemFileSystem is gone.
@@ -63,7 +63,7 @@ class MemFileSystem : public FileSystem {
   Status RemoveDir(const std::string& path) override;
   Status Rename(const std::string& from, const std::string& to) override;
   Status SyncDir(const std::string& path) override;
-  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path) override;
+  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path, MapMode mode) override;
 
   // Reverts everything to its durable state (see the model above) and invalidates open handles.
   void SimulatePowerLoss();

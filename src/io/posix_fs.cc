@@ -9,8 +9,9 @@
 // falls back to "stat the target, then rename(2)", which cannot replace a target that exists
 // before the call but can race with a concurrent creator of the same target.
 //
-// MapFile maps the whole file with mmap(PROT_READ, MAP_SHARED) and closes the fd right away (the
-// mapping keeps the file referenced). No madvise: pages are read lazily, on first access. An
+// MapFile maps the whole file with mmap (read-only: PROT_READ, MAP_SHARED; copy-on-write:
+// PROT_READ | PROT_WRITE, MAP_PRIVATE) and closes the fd right away (the mapping keeps the file
+// referenced). No madvise: pages are read lazily, on first access. An
 // empty file maps to an empty span without calling mmap (mmap of length 0 is EINVAL).
 //
 // Symbolic links: Stat follows them; ListDir does not (a link is listed as a non-directory), so
@@ -251,8 +252,8 @@ class PosixRandomAccessFile final : public RandomAccessFile {
 class PosixMappedFile final : public MappedFile {
  public:
   // `addr` is the mmap result for `size` bytes, or nullptr when size == 0 (nothing mapped).
-  PosixMappedFile(std::string path, void* addr, size_t size)
-      : path_(std::move(path)), addr_(addr), size_(size) {}
+  PosixMappedFile(std::string path, void* addr, size_t size, MapMode mode)
+      : path_(std::move(path)), addr_(addr), size_(size), mode_(mode) {}
   ~PosixMappedFile() override {
     if (addr_ != nullptr) ::munmap(addr_, size_);
   }
@@ -263,11 +264,13 @@ class PosixMappedFile final : public MappedFile {
     return {static_cast<const std::byte*>(addr_), size_};
   }
   const std::string& path() const override { return path_; }
+  MapMode mode() const override { return mode_; }
 
  private:
   const std::string path_;
   void* const addr_;
   const size_t size_;
+  const MapMode mode_;
 };
 
 // Closes a DIR* on scope exit.
@@ -297,14 +300,17 @@ class PosixFileSystem final : public FileSystem {
         path, fd, direct, static_cast<uint64_t>(st.st_size), ResolveIoBackend(options.io_backend)));
   }
 
-  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path) override {
+  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path,
+                                                    MapMode mode) override {
     bool direct = false;
     struct stat st;
     SP_ASSIGN_OR_RETURN(const int fd, OpenRegularForRead(path, false, &direct, &st, "mapping"));
     const size_t size = static_cast<size_t>(st.st_size);  // 64-bit Linux: size_t holds off_t
     void* addr = nullptr;
     if (size > 0) {
-      addr = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+      const bool cow = mode == MapMode::kCopyOnWrite;
+      addr = ::mmap(nullptr, size, cow ? PROT_READ | PROT_WRITE : PROT_READ,
+                    cow ? MAP_PRIVATE : MAP_SHARED, fd, 0);
       if (addr == MAP_FAILED) {
         Status status = ErrnoToStatus(errno, fmt::format("map {} ({} bytes)", path, size));
         ::close(fd);
@@ -312,7 +318,7 @@ class PosixFileSystem final : public FileSystem {
       }
     }
     ::close(fd);  // the mapping keeps its own reference to the file
-    return std::shared_ptr<const MappedFile>(std::make_shared<PosixMappedFile>(path, addr, size));
+    return std::shared_ptr<const MappedFile>(std::make_shared<PosixMappedFile>(path, addr, size, mode));
   }
 
   Status CreateDir(const std::string& path) override {

@@ -37,3 +37,15 @@ def test_load_names_follow_the_rule(tmp_path):
     savepoint.save_safetensors(state, tmp_path / "m.safetensors")
     got = savepoint.load_safetensors(tmp_path / "m.safetensors", names=["layer[^0-2].w"])
     assert set(got) == {"layer3.w"}
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_a_name_with_glob_characters_selects_itself(tmp_path, mmap):
+    state = {"w[0]": np.full(3, 7, np.float32), "w0": np.zeros(3, np.float32)}
+    savepoint.save(state, tmp_path / "c")
+    got = savepoint.load(tmp_path / "c", names=["w[0]"], mmap=mmap)
+    assert (got["w[0]"] == 7).all()  # "[0]" is also a set matching "w0": both are selected
+    savepoint.save_safetensors(state, tmp_path / "m.safetensors")
+    got = savepoint.load_safetensors(tmp_path / "m.safetensors", names=["w[0]"], mmap=mmap,
+                                     framework="np")  # fmt: skip
+    assert (got["w[0]"] == 7).all()

@@ -2,7 +2,9 @@
 torch state dicts, mmap, names=, like=, map_location, async saves, info/verify/list."""
 
 import collections
+import gc
 import json
+import os
 import threading
 import time
 
@@ -198,6 +200,26 @@ def test_large_tensors_aligned_and_mmap_copy_on_write(tmp_path):
     again = savepoint.load(tmp_path / "c", mmap=True)
     assert again["t"][0] == 0 and again["n"][1] == 1
     savepoint.verify(tmp_path / "c")
+
+
+def _mappings_of(directory):
+    """How many mappings of files under `directory` this process holds (/proc/self/maps)."""
+    prefix = os.path.realpath(directory) + os.sep
+    with open("/proc/self/maps", encoding="utf-8") as f:
+        return sum(1 for line in f if line.rstrip("\n").split(" ")[-1].startswith(prefix))
+
+
+def test_mmap_maps_each_data_file_once_through_the_core(tmp_path):
+    state = {f"t{i}": torch.full((1 << 18,), float(i)) for i in range(4)}  # 1 MiB each
+    savepoint.save(state, tmp_path / "c")
+    data_files = [n for n in os.listdir(tmp_path / "c") if n.endswith(".spd")]
+    mm = savepoint.load(tmp_path / "c", mmap=True)
+    # One copy-on-write mapping per data file, made by the C++ reader (no second Python mapping).
+    assert _mappings_of(tmp_path / "c") == len(data_files) >= 1
+    assert all(torch.equal(mm[k], v) for k, v in state.items())
+    del mm
+    gc.collect()
+    assert _mappings_of(tmp_path / "c") == 0  # the last tensor released the mapping
 
 
 def test_map_location_and_saved_device(tmp_path):

@@ -36,8 +36,8 @@ class ForwardingFileSystem : public FileSystem {
   Status RemoveDir(const std::string& p) override { return base_->RemoveDir(p); }
   Status Rename(const std::string& a, const std::string& b) override { return base_->Rename(a, b); }
   Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
-  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& p) override {
-    return base_->MapFile(p);
+  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& p, MapMode m) override {
+    return base_->MapFile(p, m);
   }
 
  private:
