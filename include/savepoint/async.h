@@ -28,6 +28,7 @@
 #include <memory>
 #include <string>
 
+#include "savepoint/export.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/state.h"
 #include "savepoint/status.h"
@@ -37,14 +38,14 @@ namespace savepoint {
 // Copies tensor bytes into host staging memory during the snapshot. The default copies with
 // memcpy and checksums in the same pass. A device copier (e.g. CUDA device-to-host) implements
 // this to snapshot accelerator memory; the CRC is then computed on the staged host bytes.
-class SnapshotCopier {
+class SAVEPOINT_API SnapshotCopier {
  public:
   virtual ~SnapshotCopier() = default;
   // Copies `n` bytes from `src` (tensor memory as given in the State) to `dst` (host memory).
   virtual Status Copy(const std::byte* src, std::byte* dst, uint64_t n) = 0;
 };
 
-struct CheckpointerOptions {
+struct SAVEPOINT_API CheckpointerOptions {
   // Cap on staging memory in bytes. Default: 0 = a quarter of physical RAM, at most 16 GiB.
   // At least two slabs are always used.
   uint64_t staging_bytes = 0;
@@ -81,7 +82,7 @@ struct CheckpointerOptions {
 };
 
 // Statistics of one asynchronous save.
-struct SaveStats {
+struct SAVEPOINT_API SaveStats {
   uint64_t bytes = 0;           // tensor bytes
   double blocked_seconds = 0;   // time SaveAsync blocked the caller (includes waiting for the
                                 // previous save and for pool slabs)
@@ -94,7 +95,7 @@ struct SaveStats {
 };
 
 // A future-like reference to one save. Copyable; all copies refer to the same save.
-class SaveHandle {
+class SAVEPOINT_API SaveHandle {
  public:
   struct Shared;
   SaveHandle() = default;
@@ -117,7 +118,7 @@ class SaveHandle {
   std::shared_ptr<Shared> s_;
 };
 
-class Checkpointer {
+class SAVEPOINT_API Checkpointer {
  public:
   virtual ~Checkpointer() = default;  // waits for every save in flight
 

@@ -10,12 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "savepoint/export.h"
 #include "savepoint/filesystem.h"
 #include "savepoint/status.h"
 
 namespace savepoint {
 
-struct CheckpointEntry {
+struct SAVEPOINT_API CheckpointEntry {
   std::string name;        // directory name under the root
   std::string path;        // root/name
   bool committed = false;  // a valid, committed checkpoint (MANIFEST parses and checks out)
@@ -29,10 +30,10 @@ struct CheckpointEntry {
 // Lists checkpoint directories under `root` (not recursive): committed ones and debris of crashed
 // saves (marked committed=false). Other files are ignored. Sorted by creation time, then name.
 // `fs` nullptr = DefaultFileSystem().
-Result<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& root,
+SAVEPOINT_API Result<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& root,
                                                      FileSystem* fs = nullptr);
 
-struct GcOptions {
+struct SAVEPOINT_API GcOptions {
   FileSystem* fs = nullptr;  // Default: DefaultFileSystem()
   // Only remove debris whose modification time is at least this old. Default: 0.
   int64_t min_age_seconds = 0;
@@ -45,12 +46,12 @@ struct GcOptions {
 // saves and leftovers of an overwrite. If a crash interrupted an overwrite after the old target
 // was set aside but before the new one was committed, the old one is restored instead of removed.
 // Committed checkpoints are never touched. Returns the paths removed (or restored).
-Result<std::vector<std::string>> GarbageCollect(const std::string& root,
+SAVEPOINT_API Result<std::vector<std::string>> GarbageCollect(const std::string& root,
                                                 const GcOptions& options = {});
 
 // Deletes a committed checkpoint crash-safely: it is first renamed to a hidden trash name (so
 // it is never seen half-deleted), the rename is synced, then the files are removed.
-Status DeleteCheckpoint(const std::string& path, FileSystem* fs = nullptr);
+SAVEPOINT_API Status DeleteCheckpoint(const std::string& path, FileSystem* fs = nullptr);
 
 }  // namespace savepoint
 

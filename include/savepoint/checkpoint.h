@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "savepoint/export.h"
 #include "savepoint/dtype.h"
 #include "savepoint/filesystem.h"
 #include "savepoint/state.h"
@@ -24,7 +25,7 @@
 namespace savepoint {
 
 // Statistics of one save, load or verify.
-struct IoStats {
+struct SAVEPOINT_API IoStats {
   uint64_t bytes = 0;      // tensor bytes moved (excluding padding and manifest)
   uint64_t chunks = 0;     // chunks written or verified
   double seconds = 0;      // wall time of the whole call
@@ -52,7 +53,7 @@ using ProgressFn = std::function<void(uint64_t done_bytes, uint64_t total_bytes)
 // When to use it: dense float weights compress poorly (bf16 ~1.2-1.6x with shuffle, f32 less) and
 // cost CPU, so on a fast local disk it slows saves down (docs/PERFORMANCE.md). It pays off for
 // slow or remote storage and for sparse or mostly-zero data (masks, fresh optimizer state).
-struct Compression {
+struct SAVEPOINT_API Compression {
   enum class Codec : uint8_t {
     kNone,  // store raw bytes (the classic layout)
     kZstd,  // zstd: better ratio, slower
@@ -73,7 +74,7 @@ struct Compression {
   int zstd_level = 1;
 };
 
-struct SaveOptions {
+struct SAVEPOINT_API SaveOptions {
   // File system to write through. Default: nullptr = DefaultFileSystem() (POSIX).
   FileSystem* fs = nullptr;
   // Bytes per checksummed chunk: a multiple of 4096 in [4096, 1 GiB]. Default: 8 MiB.
@@ -109,9 +110,9 @@ struct SaveOptions {
 // Saves `state` as a checkpoint directory at `path`. Returns only after the checkpoint is
 // durable (data, manifest and directory entry synced). On error nothing is committed, the
 // temporary directory is removed (best effort), and any checkpoint previously at `path` is intact.
-Status Save(const State& state, const std::string& path, const SaveOptions& options = {});
+SAVEPOINT_API Status Save(const State& state, const std::string& path, const SaveOptions& options = {});
 
-struct LoadOptions {
+struct SAVEPOINT_API LoadOptions {
   // File system to read through. Default: nullptr = DefaultFileSystem().
   FileSystem* fs = nullptr;
   // Entries to load: exact names or glob patterns (the rule of MatchesName below). Empty =
@@ -160,15 +161,15 @@ struct LoadOptions {
 };
 
 // Loads a checkpoint into freshly allocated, aligned tensors (plus values and metadata).
-Result<State> Load(const std::string& path, const LoadOptions& options = {});
+SAVEPOINT_API Result<State> Load(const std::string& path, const LoadOptions& options = {});
 
 // Loads into caller-provided buffers: every tensor entry of `targets` (owned or borrowed) is filled
 // from the checkpoint tensor of the same name, which must have the same dtype and shape. Value
 // entries of `targets` are replaced by the checkpoint's. `options.names` is ignored.
-Status LoadInto(const std::string& path, State& targets, const LoadOptions& options = {});
+SAVEPOINT_API Status LoadInto(const std::string& path, State& targets, const LoadOptions& options = {});
 
 // Description of one tensor in a checkpoint (from the manifest; no data read).
-struct TensorInfo {
+struct SAVEPOINT_API TensorInfo {
   std::string name;
   DType dtype = DType::kU8;
   Shape shape;
@@ -185,7 +186,7 @@ struct TensorInfo {
 };
 
 // An open checkpoint: the manifest has been read and validated; data files are opened on demand.
-class CheckpointReader {
+class SAVEPOINT_API CheckpointReader {
  public:
   virtual ~CheckpointReader() = default;
 
@@ -238,10 +239,10 @@ class CheckpointReader {
 //    character; "[abc]", "[a-z]" one character of a set, "[!abc]" (or "[^abc]") one not in it; a
 //    '[' without its ']' is an ordinary character;
 //  - there are no escapes ('\' is an ordinary character); matching is case-sensitive.
-bool MatchesName(const std::string& pattern, const std::string& name);
+SAVEPOINT_API bool MatchesName(const std::string& pattern, const std::string& name);
 
 // Convenience: CheckpointReader::Open(path)->Verify().
-Status VerifyCheckpoint(const std::string& path, const LoadOptions& options = {},
+SAVEPOINT_API Status VerifyCheckpoint(const std::string& path, const LoadOptions& options = {},
                         IoStats* stats = nullptr);
 
 }  // namespace savepoint

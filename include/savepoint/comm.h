@@ -27,13 +27,14 @@
 #include <string_view>
 #include <vector>
 
+#include "savepoint/export.h"
 #include "savepoint/status.h"
 
 namespace savepoint {
 
 using Timeout = std::chrono::milliseconds;
 
-class Communicator {
+class SAVEPOINT_API Communicator {
  public:
   virtual ~Communicator() = default;
 
@@ -60,11 +61,11 @@ class Communicator {
 };
 
 // A group of one.
-std::unique_ptr<Communicator> NewSingleProcessCommunicator();
+SAVEPOINT_API std::unique_ptr<Communicator> NewSingleProcessCommunicator();
 
 // `n` communicators (1 <= n <= 4096) sharing in-process state: element r is rank r. Each is meant
 // to be driven by its own thread. They may be destroyed in any order.
-std::vector<std::unique_ptr<Communicator>> NewThreadCommunicators(int n);
+SAVEPOINT_API std::vector<std::unique_ptr<Communicator>> NewThreadCommunicators(int n);
 
 }  // namespace savepoint
 

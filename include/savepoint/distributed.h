@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "savepoint/export.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/comm.h"
 #include "savepoint/safetensors.h"
@@ -38,7 +39,7 @@
 namespace savepoint {
 
 // Where one local tensor lies in its global tensor, and who else holds the same bytes.
-struct ShardSpec {
+struct SAVEPOINT_API ShardSpec {
   Shape global_shape;  // shape of the whole tensor
   Shape offsets;       // first element of the local box in the global tensor
   Shape sizes;         // shape of the local box (must equal the local tensor's shape)
@@ -56,14 +57,14 @@ using ShardLayout = std::map<std::string, ShardSpec, std::less<>>;
 // The box of part `index` of `parts` when dim `dim` of `global_shape` is split: part i covers
 // [i * S / parts, (i + 1) * S / parts) (uneven splits allowed; S = global_shape[dim]), all other
 // dims whole. `replicas` is copied into the result. InvalidArgument on a bad dim, parts or index.
-Result<ShardSpec> SplitDim(const Shape& global_shape, int dim, int parts, int index,
+SAVEPOINT_API Result<ShardSpec> SplitDim(const Shape& global_shape, int dim, int parts, int index,
                            std::vector<int> replicas = {});
 
 // A MindSpore-style parallel layout (see docs/DISTRIBUTED.md): the device matrix arranges ranks
 // row-major (last axis fastest); tensor_map[d] = k splits tensor dim d over device axis
 // (n - 1 - k), -1 leaves it whole. Ranks that agree on every axis used by the map hold the same
 // slice (a replica group).
-struct MindSporeLayout {
+struct SAVEPOINT_API MindSporeLayout {
   std::vector<int64_t> dev_matrix;
   std::vector<int32_t> tensor_map;
   // Optimizer sharding: splits dim 0 of each slice further into this many pieces across its
@@ -75,18 +76,18 @@ struct MindSporeLayout {
 };
 
 // The box and replica group of `rank` (in [0, prod(dev_matrix))) under `layout`.
-Result<ShardSpec> ShardFromLayout(const Shape& global_shape, const MindSporeLayout& layout,
+SAVEPOINT_API Result<ShardSpec> ShardFromLayout(const Shape& global_shape, const MindSporeLayout& layout,
                                   int rank);
 
 // Checks the layouts of a whole job (one ShardLayout per rank, indexed by rank) for one set of
 // tensors: every box within its global shape, replicas consistent, boxes (after removing
 // replicas) neither overlapping nor leaving gaps. InvalidArgument naming the tensor otherwise.
 // SaveDistributed runs the same checks without gathering every layout on one rank.
-Status ValidateLayouts(const std::vector<ShardLayout>& per_rank);
+SAVEPOINT_API Status ValidateLayouts(const std::vector<ShardLayout>& per_rank);
 
 // --- Save. ---
 
-struct DistributedSaveOptions {
+struct SAVEPOINT_API DistributedSaveOptions {
   // Options of the underlying save: fs (must be shared storage, the same path on every rank),
   // chunk_bytes, io_threads, direct_io, overwrite, create_parents. `stats` (when set) receives
   // this rank's bytes and chunks written. Must be equal on every rank.
@@ -104,13 +105,13 @@ struct DistributedSaveOptions {
 // removed. Rejects (InvalidArgument, naming the tensor) layouts whose boxes overlap, leave gaps,
 // exceed the global shape, or disagree across ranks on dtype or global shape, before any data is
 // written.
-Status SaveDistributed(Communicator& comm, const State& local, const ShardLayout& layout,
+SAVEPOINT_API Status SaveDistributed(Communicator& comm, const State& local, const ShardLayout& layout,
                        const std::string& path, const DistributedSaveOptions& options = {});
 
 // --- Load into any layout. ---
 
 // What a rank needs from a checkpoint to fill its layout (no data read).
-struct ReadPlanSummary {
+struct SAVEPOINT_API ReadPlanSummary {
   std::vector<std::string> files;  // data file names, sorted
   std::vector<int> source_ranks;   // ranks that wrote those files, sorted
   uint64_t bytes = 0;              // bytes that will be read (whole chunks)
@@ -126,21 +127,21 @@ struct ReadPlanSummary {
 // (a CRC mismatch, or stored shards that do not cover the box: names the tensor and the box).
 // On error the targets' contents are unspecified (row blocks are read straight into them, as
 // LoadInto does); the checkpoint is never changed.
-Status LoadDistributed(const std::string& path, State& targets, const ShardLayout& layout,
+SAVEPOINT_API Status LoadDistributed(const std::string& path, State& targets, const ShardLayout& layout,
                        const LoadOptions& options = {});
 
 // Like LoadDistributed, allocating one tensor per layout entry (dtype from the checkpoint).
-Result<State> LoadDistributedAlloc(const std::string& path, const ShardLayout& layout,
+SAVEPOINT_API Result<State> LoadDistributedAlloc(const std::string& path, const ShardLayout& layout,
                                    const LoadOptions& options = {});
 
 // Which data files (and source ranks) LoadDistributed would read for `layout`; reads only the
 // manifest. Like MindSpore's rank_list_for_transform.
-Result<ReadPlanSummary> PlanDistributedLoad(const std::string& path, const ShardLayout& layout,
+SAVEPOINT_API Result<ReadPlanSummary> PlanDistributedLoad(const std::string& path, const ShardLayout& layout,
                                             const LoadOptions& options = {});
 
 // --- Merge (export). ---
 
-struct MergeOptions {
+struct SAVEPOINT_API MergeOptions {
   // How the source is read (fs, io_threads, verify_checksums, direct_io; names selects tensors).
   // `progress` (when set) reports the read.
   LoadOptions load;
@@ -153,10 +154,10 @@ struct MergeOptions {
 // in several ranks' files) to `dst` as a single-rank checkpoint: every tensor whole, in one data
 // file, values and metadata copied. Every chunk read is verified (unless load.verify_checksums is
 // false). Holds the whole selection in memory. The source is left unchanged.
-Status MergeCheckpoint(const std::string& src, const std::string& dst,
+SAVEPOINT_API Status MergeCheckpoint(const std::string& src, const std::string& dst,
                        const MergeOptions& options = {});
 
-struct MergeSafetensorsOptions {
+struct SAVEPOINT_API MergeSafetensorsOptions {
   // How the source is read (fs, io_threads, verify_checksums, direct_io; names selects tensors).
   LoadOptions load;
   // How each file is written (fs, io_threads, create_parents; `overwrite` must be false, `stats`
@@ -186,7 +187,7 @@ inline constexpr char kSafetensorsIndexFile[] = "model.safetensors.index.json";
 // directory that is renamed to `dst` last (and the parent synced); on an error it is removed.
 // Errors: AlreadyExists (dst), InvalidArgument (save.overwrite set, more than 99999 files, a C128
 // tensor), and the errors of Load and SaveSafetensors. Holds the whole selection in memory.
-Status MergeToSafetensors(const std::string& src, const std::string& dst,
+SAVEPOINT_API Status MergeToSafetensors(const std::string& src, const std::string& dst,
                           const MergeSafetensorsOptions& options = {});
 
 }  // namespace savepoint

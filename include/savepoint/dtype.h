@@ -11,6 +11,8 @@
 #include <span>
 #include <string_view>
 
+#include "savepoint/export.h"
+
 namespace savepoint {
 
 enum class DType : unsigned char {
@@ -34,16 +36,16 @@ enum class DType : unsigned char {
 };
 
 // Every dtype, in enum order.
-std::span<const DType> AllDTypes();
+SAVEPOINT_API std::span<const DType> AllDTypes();
 
 // Bytes per element (1, 2, 4, 8 or 16).
-size_t DTypeSize(DType dtype);
+SAVEPOINT_API size_t DTypeSize(DType dtype);
 
 // Stable on-disk name, e.g. "BF16".
-std::string_view DTypeName(DType dtype);
+SAVEPOINT_API std::string_view DTypeName(DType dtype);
 
 // Inverse of DTypeName; nullopt for an unknown name. Case-sensitive.
-std::optional<DType> DTypeFromName(std::string_view name);
+SAVEPOINT_API std::optional<DType> DTypeFromName(std::string_view name);
 
 }  // namespace savepoint
 

@@ -23,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "savepoint/export.h"
 #include "savepoint/status.h"
 
 namespace savepoint {
@@ -30,7 +31,7 @@ namespace savepoint {
 // Alignment that offsets, sizes and buffer addresses must have when a file is in direct mode.
 inline constexpr size_t kDirectIOAlignment = 4096;
 
-struct FileInfo {
+struct SAVEPOINT_API FileInfo {
   std::string name;  // last path component
   bool is_dir = false;
   uint64_t size = 0;     // bytes (files only)
@@ -50,9 +51,9 @@ enum class IoBackend {
 };
 
 // "auto", "uring" or "pwrite".
-const char* IoBackendName(IoBackend backend);
+SAVEPOINT_API const char* IoBackendName(IoBackend backend);
 
-struct FileOptions {
+struct SAVEPOINT_API FileOptions {
   // Ask for O_DIRECT (bypass the page cache). Implementations that cannot do it open the file
   // normally; check `direct()` on the opened file. Default: false.
   bool direct_io = false;
@@ -66,13 +67,13 @@ struct FileOptions {
 
 // One transfer of a batched write: `data` goes to the file at `offset`. The bytes must stay valid
 // and unmodified until WriteAtMany returns.
-struct WriteOp {
+struct SAVEPOINT_API WriteOp {
   uint64_t offset = 0;
   std::span<const std::byte> data;
 };
 
 // One transfer of a batched read: `dst` is filled from the file at `offset`.
-struct ReadOp {
+struct SAVEPOINT_API ReadOp {
   uint64_t offset = 0;
   std::span<std::byte> dst;
 };
@@ -91,7 +92,7 @@ struct ReadOp {
 //    error, so wrappers that override only WriteAt / ReadAt (fault injection) see every op.
 
 // A file being written. Positional writes, so several threads can fill disjoint ranges.
-class WritableFile {
+class SAVEPOINT_API WritableFile {
  public:
   virtual ~WritableFile() = default;
   // Writes all of `data` at `offset` (looping over short writes), growing the file as needed.
@@ -120,7 +121,7 @@ class WritableFile {
 };
 
 // A file being read.
-class RandomAccessFile {
+class SAVEPOINT_API RandomAccessFile {
  public:
   virtual ~RandomAccessFile() = default;
   // Fills all of `dst` from `offset`. Reading past end of file fails with OutOfRange naming the
@@ -159,7 +160,7 @@ enum class MapMode : uint8_t {
 //
 // Thread safety: data() may be read concurrently; writers of a copy-on-write mapping synchronise
 // among themselves.
-class MappedFile {
+class SAVEPOINT_API MappedFile {
  public:
   virtual ~MappedFile() = default;
   // The file's bytes; the size is the file's size at MapFile time (empty for an empty file).
@@ -171,7 +172,7 @@ class MappedFile {
   virtual MapMode mode() const = 0;
 };
 
-class FileSystem {
+class SAVEPOINT_API FileSystem {
  public:
   virtual ~FileSystem() = default;
 
@@ -234,12 +235,12 @@ class FileSystem {
 };
 
 // The process-wide POSIX file system. Never null; lives for the whole process.
-FileSystem* DefaultFileSystem();
+SAVEPOINT_API FileSystem* DefaultFileSystem();
 
 // Path helpers: JoinPath("a", "b") == "a/b"; Dirname("a/b") == "a"; Basename("a/b") == "b".
-std::string JoinPath(std::string_view a, std::string_view b);
-std::string Dirname(std::string_view path);
-std::string Basename(std::string_view path);
+SAVEPOINT_API std::string JoinPath(std::string_view a, std::string_view b);
+SAVEPOINT_API std::string Dirname(std::string_view path);
+SAVEPOINT_API std::string Basename(std::string_view path);
 
 }  // namespace savepoint
 

@@ -18,13 +18,14 @@
 #include <string_view>
 #include <vector>
 
+#include "savepoint/export.h"
 #include "savepoint/manager.h"
 #include "savepoint/status.h"
 
 namespace savepoint {
 
 // What is trained. The runner calls these from Train's thread.
-class Job {
+class SAVEPOINT_API Job {
  public:
   virtual ~Job() = default;
   // Initialises a fresh run (not called when resuming).
@@ -36,7 +37,7 @@ class Job {
 };
 
 // Where checkpoint metadata lives (e.g. a database of runs). Every method has a default.
-class MetadataHandler {
+class SAVEPOINT_API MetadataHandler {
  public:
   virtual ~MetadataHandler() = default;
   // The epoch to resume from: `user_epoch` if given, else the last one the handler recorded.
@@ -64,7 +65,7 @@ class MetadataHandler {
   }
 };
 
-struct JobRunnerOptions {
+struct SAVEPOINT_API JobRunnerOptions {
   // Resume from the checkpoint of this epoch. Default: nullopt = the handler's LastEpoch, or
   // without a handler the newest epoch-end checkpoint in the manager's directory (fresh start if
   // there is none).
@@ -87,7 +88,7 @@ struct JobRunnerOptions {
   bool stop_on_save_error = false;
 };
 
-class JobRunner {
+class SAVEPOINT_API JobRunner {
  public:
   // `job` and `manager` are required; `handler` may be null. None are owned.
   JobRunner(Job* job, CheckpointManager* manager, MetadataHandler* handler = nullptr,

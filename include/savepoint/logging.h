@@ -8,15 +8,16 @@
 
 #include <string_view>
 
+#include "savepoint/export.h"
 #include "savepoint/status.h"
 
 namespace savepoint {
 
 enum class LogLevel { kTrace, kDebug, kInfo, kWarn, kError, kOff };
 
-void SetLogLevel(LogLevel level);
+SAVEPOINT_API void SetLogLevel(LogLevel level);
 // Parses "trace", "debug", "info", "warn", "error" or "off".
-Result<LogLevel> ParseLogLevel(std::string_view name);
+SAVEPOINT_API Result<LogLevel> ParseLogLevel(std::string_view name);
 
 }  // namespace savepoint
 

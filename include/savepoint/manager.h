@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "savepoint/export.h"
 #include "savepoint/async.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/filesystem.h"
@@ -53,7 +54,7 @@ namespace savepoint {
 using Metrics = std::map<std::string, double>;
 
 // Where training is when a checkpoint is named: passed to the prefix and directory callables.
-struct StepInfo {
+struct SAVEPOINT_API StepInfo {
   int64_t step = 0;           // global step (1-based: the number of steps completed)
   int64_t epoch = 0;          // 1-based epoch
   int64_t step_in_epoch = 0;  // 1-based step within the epoch (0 for a save before any step)
@@ -74,7 +75,7 @@ enum class SeriesRule {
 };
 enum class MetricMode { kMin, kMax };
 
-struct ManagerOptions {
+struct SAVEPOINT_API ManagerOptions {
   // --- Where. ---
   // Checkpoint directory (created if missing). Required unless directory_fn is set.
   std::string directory;
@@ -168,10 +169,10 @@ struct ManagerOptions {
 
 // OK when the options are valid; otherwise InvalidArgument (or Unimplemented for safetensors)
 // naming the field and value. CheckpointManager::Open calls it.
-Status ValidateManagerOptions(const ManagerOptions& options);
+SAVEPOINT_API Status ValidateManagerOptions(const ManagerOptions& options);
 
 // One committed checkpoint in the index.
-struct CheckpointRecord {
+struct SAVEPOINT_API CheckpointRecord {
   std::string name;  // directory name, e.g. "ckpt-2_50"
   std::string path;  // directory/name
   int64_t step = 0;
@@ -185,7 +186,7 @@ struct CheckpointRecord {
 };
 
 // Statistics of one checkpoint action, reported to a MetadataHandler (job_runner.h).
-struct CheckpointStats {
+struct SAVEPOINT_API CheckpointStats {
   std::string action;  // "checkpoint_save", "checkpoint_load", "checkpoint_delete"
   std::string name;    // checkpoint name
   int64_t step = 0;
@@ -196,7 +197,7 @@ struct CheckpointStats {
 };
 
 // Per-save arguments.
-struct SaveArgs {
+struct SAVEPOINT_API SaveArgs {
   Metrics metrics;  // recorded in the index (keep_best_n ranks by them)
   // Save even if the interval says it is not due (never twice for one step). Default: false.
   bool force = false;
@@ -208,7 +209,7 @@ struct SaveArgs {
 };
 
 // Which checkpoint to restore.
-struct Which {
+struct SAVEPOINT_API Which {
   std::optional<int64_t> step;  // the newest checkpoint at this step
   std::string name;             // or this name ("id"); both empty = the latest
   static Which Latest() { return {}; }
@@ -217,7 +218,7 @@ struct Which {
 };
 
 // How registered objects are loaded (RestoreRegistered, LoadInto).
-struct LoadConfig {
+struct SAVEPOINT_API LoadConfig {
   // Categories to load: CategoryName()s or "*". Default: {"*"}.
   std::vector<std::string> include = {"*"};
   // Categories to skip (applied after include): CategoryName()s or "*". Default: none.
@@ -234,12 +235,12 @@ struct LoadConfig {
 };
 
 // One source of a "model bank" warm start: load some entries from the checkpoint at `path`.
-struct ModelBankSource {
+struct SAVEPOINT_API ModelBankSource {
   std::string path;
   LoadConfig config;
 };
 
-class CheckpointManager {
+class SAVEPOINT_API CheckpointManager {
  public:
   // Validates the options, creates the directory, takes the lock, reads and reconciles the index.
   static Result<std::unique_ptr<CheckpointManager>> Open(ManagerOptions options);
@@ -318,7 +319,7 @@ class CheckpointManager {
 // The breakpoint holds the registered objects as they are when the exception unwinds through the
 // guard, labelled with the last step a hook saw; make the training step exception-safe (update
 // state only at its end) for it to be a consistent state. Errors are logged.
-class ExceptionSaveGuard {
+class SAVEPOINT_API ExceptionSaveGuard {
  public:
   explicit ExceptionSaveGuard(CheckpointManager& manager);
   ~ExceptionSaveGuard();

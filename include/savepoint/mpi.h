@@ -14,13 +14,14 @@
 
 #include <memory>
 
+#include "savepoint/export.h"
 #include "savepoint/comm.h"
 
 namespace savepoint {
 
 // A communicator over all processes of the MPI job (MPI_COMM_WORLD). Initialises MPI when it is
 // not initialised yet, and then finalises it when the communicator is destroyed.
-Result<std::unique_ptr<Communicator>> NewMpiCommunicator();
+SAVEPOINT_API Result<std::unique_ptr<Communicator>> NewMpiCommunicator();
 
 }  // namespace savepoint
 

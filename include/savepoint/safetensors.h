@@ -44,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "savepoint/export.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/dtype.h"
 #include "savepoint/filesystem.h"
@@ -60,7 +61,7 @@ inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 inline constexpr char kSafetensorsMetadataKey[] = "savepoint.metadata";
 inline constexpr char kSafetensorsValuesKey[] = "savepoint.values";
 
-struct SafetensorsSaveOptions {
+struct SAVEPOINT_API SafetensorsSaveOptions {
   // File system to write through. Default: nullptr = DefaultFileSystem().
   FileSystem* fs = nullptr;
   // Replace an existing file at the path. Default: false (AlreadyExists).
@@ -100,10 +101,10 @@ struct SafetensorsSaveOptions {
 //
 // Errors: InvalidArgument (a C128 tensor, an invalid view, metadata strings that are not UTF-8,
 // a header over kMaxSafetensorsHeaderBytes), AlreadyExists, and I/O errors.
-Status SaveSafetensors(const State& state, const std::string& path,
+SAVEPOINT_API Status SaveSafetensors(const State& state, const std::string& path,
                        const SafetensorsSaveOptions& options = {});
 
-struct SafetensorsLoadOptions {
+struct SAVEPOINT_API SafetensorsLoadOptions {
   // File system to read through. Default: nullptr = DefaultFileSystem().
   FileSystem* fs = nullptr;
   // Entries to load (tensors and values): exact names or glob patterns, as LoadOptions::names.
@@ -129,7 +130,7 @@ struct SafetensorsLoadOptions {
 };
 
 // One tensor entry of a safetensors header.
-struct SafetensorsTensorInfo {
+struct SAVEPOINT_API SafetensorsTensorInfo {
   std::string name;
   DType dtype = DType::kU8;
   Shape shape;
@@ -139,7 +140,7 @@ struct SafetensorsTensorInfo {
 };
 
 // What a safetensors header says (no tensor data read).
-struct SafetensorsInfo {
+struct SAVEPOINT_API SafetensorsInfo {
   std::string path;
   uint64_t file_bytes = 0;
   uint64_t header_bytes = 0;  // N, the JSON header's length (padding included)
@@ -153,15 +154,15 @@ struct SafetensorsInfo {
 };
 
 // Reads and fully validates the header of the file at `path`. Uses options.fs only.
-Result<SafetensorsInfo> InspectSafetensors(const std::string& path,
+SAVEPOINT_API Result<SafetensorsInfo> InspectSafetensors(const std::string& path,
                                            const SafetensorsLoadOptions& options = {});
 
 // Loads a safetensors file into a State: owned, kTensorAlignment-aligned tensors (or, with
 // options.mmap, views into the mapping), the non-tensor values and the metadata.
-Result<State> LoadSafetensors(const std::string& path, const SafetensorsLoadOptions& options = {});
+SAVEPOINT_API Result<State> LoadSafetensors(const std::string& path, const SafetensorsLoadOptions& options = {});
 
 // Whether savepoint can store `dtype` in a safetensors file (every dtype but C128).
-bool IsSafetensorsDType(DType dtype);
+SAVEPOINT_API bool IsSafetensorsDType(DType dtype);
 
 }  // namespace savepoint
 

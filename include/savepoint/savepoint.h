@@ -3,6 +3,7 @@
 #ifndef SAVEPOINT_SAVEPOINT_H_
 #define SAVEPOINT_SAVEPOINT_H_
 
+#include "savepoint/export.h"
 #include "savepoint/async.h"        // IWYU pragma: export
 #include "savepoint/catalog.h"      // IWYU pragma: export
 #include "savepoint/checkpoint.h"   // IWYU pragma: export
@@ -22,7 +23,7 @@
 
 namespace savepoint {
 // Library version, e.g. "0.1.0".
-const char* Version();
+SAVEPOINT_API const char* Version();
 }  // namespace savepoint
 
 #endif  // SAVEPOINT_SAVEPOINT_H_

@@ -26,6 +26,7 @@
 #include <variant>
 #include <vector>
 
+#include "savepoint/export.h"
 #include "savepoint/status.h"
 #include "savepoint/tensor.h"
 #include "savepoint/value.h"
@@ -35,9 +36,9 @@ namespace savepoint {
 inline constexpr size_t kMaxNameBytes = 4096;
 
 // OK when `name` is a valid entry name (see above); otherwise says why.
-Status ValidateName(std::string_view name);
+SAVEPOINT_API Status ValidateName(std::string_view name);
 
-class State {
+class SAVEPOINT_API State {
  public:
   // One entry: exactly one of tensor (owned), view (borrowed) or value.
   struct Entry {

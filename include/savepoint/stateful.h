@@ -17,6 +17,7 @@
 #include <string>
 #include <string_view>
 
+#include "savepoint/export.h"
 #include "savepoint/state.h"
 #include "savepoint/status.h"
 
@@ -33,11 +34,11 @@ enum class Category {
   kIoState,    // data-loader position, one per shard
 };
 
-std::string_view CategoryName(Category category);
+SAVEPOINT_API std::string_view CategoryName(Category category);
 // Parses a CategoryName. InvalidArgument naming the text otherwise.
-Result<Category> ParseCategory(std::string_view name);
+SAVEPOINT_API Result<Category> ParseCategory(std::string_view name);
 
-class Stateful {
+class SAVEPOINT_API Stateful {
  public:
   virtual ~Stateful() = default;
 
@@ -59,7 +60,7 @@ class Stateful {
 // A Stateful for a std::mt19937_64 (not owned; must outlive the registration). Its state is one
 // string value "engine" holding the engine's textual state (operator<<), so a restored engine
 // produces exactly the numbers the saved one would have produced next.
-class Mt19937Stateful final : public Stateful {
+class SAVEPOINT_API Mt19937Stateful final : public Stateful {
  public:
   explicit Mt19937Stateful(std::mt19937_64* engine) : engine_(engine) {}
   Status SaveState(State& out) override;

@@ -14,6 +14,8 @@
 #include <utility>
 #include <variant>
 
+#include "savepoint/export.h"
+
 namespace savepoint {
 
 // Error categories. Stable: the CLI maps them to exit codes and Python to exception types.
@@ -35,9 +37,9 @@ enum class StatusCode : int {
 };
 
 // Stable lower-case name of a code, e.g. "corruption".
-std::string_view StatusCodeName(StatusCode code);
+SAVEPOINT_API std::string_view StatusCodeName(StatusCode code);
 
-class [[nodiscard]] Status {
+class [[nodiscard]] SAVEPOINT_API Status {
  public:
   Status() = default;  // OK
   Status(StatusCode code, std::string message) : code_(code), message_(std::move(message)) {}
@@ -67,22 +69,22 @@ class [[nodiscard]] Status {
 };
 
 // Factories, one per code.
-Status InvalidArgumentError(std::string message);
-Status NotFoundError(std::string message);
-Status AlreadyExistsError(std::string message);
-Status CorruptionError(std::string message);
-Status IOError(std::string message);
-Status NoSpaceError(std::string message);
-Status UnimplementedError(std::string message);
-Status FailedPreconditionError(std::string message);
-Status OutOfRangeError(std::string message);
-Status PermissionDeniedError(std::string message);
-Status ResourceExhaustedError(std::string message);
-Status InternalError(std::string message);
-Status DeadlineExceededError(std::string message);
+SAVEPOINT_API Status InvalidArgumentError(std::string message);
+SAVEPOINT_API Status NotFoundError(std::string message);
+SAVEPOINT_API Status AlreadyExistsError(std::string message);
+SAVEPOINT_API Status CorruptionError(std::string message);
+SAVEPOINT_API Status IOError(std::string message);
+SAVEPOINT_API Status NoSpaceError(std::string message);
+SAVEPOINT_API Status UnimplementedError(std::string message);
+SAVEPOINT_API Status FailedPreconditionError(std::string message);
+SAVEPOINT_API Status OutOfRangeError(std::string message);
+SAVEPOINT_API Status PermissionDeniedError(std::string message);
+SAVEPOINT_API Status ResourceExhaustedError(std::string message);
+SAVEPOINT_API Status InternalError(std::string message);
+SAVEPOINT_API Status DeadlineExceededError(std::string message);
 
 // Maps an errno value to a Status: "<context>: <strerror(err)>" with the matching code.
-Status ErrnoToStatus(int err, std::string_view context);
+SAVEPOINT_API Status ErrnoToStatus(int err, std::string_view context);
 
 // A value of type T or an error. Accessing the value of an error Result aborts.
 template <typename T>

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "savepoint/export.h"
 #include "savepoint/dtype.h"
 #include "savepoint/status.h"
 
@@ -34,16 +35,16 @@ using Shape = std::vector<int64_t>;
 
 // Number of elements of `shape`, or an error if a dimension is negative, the rank exceeds
 // kMaxRank, or the product overflows int64.
-Result<int64_t> NumElements(const Shape& shape);
+SAVEPOINT_API Result<int64_t> NumElements(const Shape& shape);
 
 // NumElements(shape) * DTypeSize(dtype), with overflow checks.
-Result<uint64_t> NumBytes(DType dtype, const Shape& shape);
+SAVEPOINT_API Result<uint64_t> NumBytes(DType dtype, const Shape& shape);
 
 // "[2, 3]".
-std::string ShapeToString(const Shape& shape);
+SAVEPOINT_API std::string ShapeToString(const Shape& shape);
 
 // A borrowed, dense tensor: pointer + dtype + shape.
-class TensorView {
+class SAVEPOINT_API TensorView {
  public:
   TensorView() = default;
   TensorView(void* data, DType dtype, Shape shape)
@@ -68,7 +69,7 @@ class TensorView {
 };
 
 // An owning tensor with a kTensorAlignment-aligned buffer. Move-only.
-class Tensor {
+class SAVEPOINT_API Tensor {
  public:
   Tensor() = default;
   // Allocates zero-filled storage. Fails on an invalid shape or when memory is exhausted.

@@ -12,12 +12,14 @@
 #include <variant>
 #include <vector>
 
+#include "savepoint/export.h"
+
 namespace savepoint {
 
 using Json = nlohmann::json;
 
 // Opaque bytes, distinct from text.
-struct Bytes {
+struct SAVEPOINT_API Bytes {
   std::vector<uint8_t> data;
   friend bool operator==(const Bytes&, const Bytes&) = default;
 };
@@ -26,7 +28,7 @@ struct Bytes {
 enum class ValueKind { kInt, kFloat, kBool, kString, kBytes, kJson };
 
 // One non-tensor value. Floats keep every bit (NaN payloads excepted), including inf and -0.0.
-class Value {
+class SAVEPOINT_API Value {
  public:
   Value() : v_(int64_t{0}) {}
   Value(int64_t v) : v_(v) {}                   // NOLINT: implicit by design, like a literal
@@ -52,14 +54,16 @@ class Value {
   const Bytes& as_bytes() const { return std::get<Bytes>(v_); }
   const Json& as_json() const { return std::get<Json>(v_); }
 
-  friend bool operator==(const Value& a, const Value& b);
 
  private:
   std::variant<int64_t, double, bool, std::string, Bytes, Json> v_;
 };
 
+// Same kind and same value; floats compare bitwise (NaN == NaN, -0.0 != 0.0).
+SAVEPOINT_API bool operator==(const Value& a, const Value& b);
+
 // Stable on-disk name of a kind ("int", "float", "bool", "string", "bytes", "json").
-std::string_view ValueKindName(ValueKind kind);
+SAVEPOINT_API std::string_view ValueKindName(ValueKind kind);
 
 }  // namespace savepoint
 

@@ -59,8 +59,12 @@ class Reader final : public CheckpointReader {
   const State& values() const override { return m_.values; }
   // Built on first use (most readers never need it: for thousands of tensors it costs as much as
   // decoding the manifest).
+  // (A mutex, not std::call_once: a call_once on a lambda makes libstdc++ instantiate a
+  // default-visibility template named after it, which libsavepoint.so would export.)
   const Json& manifest_json() const override {
-    std::call_once(json_once_, [this] { json_ = format::ManifestToJson(m_); });
+    std::lock_guard<std::mutex> lock(json_mu_);
+    if (!json_built_) json_ = format::ManifestToJson(m_);
+    json_built_ = true;
     return json_;
   }
 
@@ -158,7 +162,8 @@ class Reader final : public CheckpointReader {
   LoadOptions options_;
   std::string path_;
   format::Manifest m_;
-  mutable std::once_flag json_once_;
+  mutable std::mutex json_mu_;    // guards json_built_ and json_
+  mutable bool json_built_ = false;
   mutable Json json_;  // set once by manifest_json()
   std::vector<TensorInfo> infos_;
   uint64_t total_bytes_ = 0;

@@ -2,6 +2,7 @@
 #include <savepoint/savepoint.h>
 
 #include <cstdio>
+#include <string>
 
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
@@ -15,6 +16,13 @@ int main(int argc, char** argv) {
   }
   auto back = savepoint::Load(argv[1]);
   if (!back.ok() || back->FindTensor("w") == nullptr) return 1;
+  // An error message that quotes a name ("{:?}" inside the library) comes out whole: the
+  // library's formatting binds to libfmt, never to the copies of it that libspdlog exports.
+  savepoint::Status bad = savepoint::ValidateName("w\x01");
+  if (bad.message().find("control character") == std::string::npos) {
+    std::fprintf(stderr, "unexpected message: %s\n", bad.ToString().c_str());
+    return 1;
+  }
   std::printf("consumer OK with savepoint %s\n", savepoint::Version());
   return 0;
 }
