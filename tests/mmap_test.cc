@@ -465,7 +465,8 @@ bool DropCache(const std::string& path) {
 class Residency {
  public:
   explicit Residency(const std::string& path) {
-    Result<std::shared_ptr<const MappedFile>> m = DefaultFileSystem()->MapFile(path, MapMode::kReadOnly);
+    Result<std::shared_ptr<const MappedFile>> m =
+        DefaultFileSystem()->MapFile(path, MapMode::kReadOnly);
     if (m.ok()) map_ = *m;
   }
   bool ok() const { return map_ != nullptr; }

@@ -28,8 +28,8 @@
 #include <memory>
 #include <string>
 
-#include "savepoint/export.h"
 #include "savepoint/checkpoint.h"
+#include "savepoint/export.h"
 #include "savepoint/state.h"
 #include "savepoint/status.h"
 

@@ -31,7 +31,7 @@ struct SAVEPOINT_API CheckpointEntry {
 // saves (marked committed=false). Other files are ignored. Sorted by creation time, then name.
 // `fs` nullptr = DefaultFileSystem().
 SAVEPOINT_API Result<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& root,
-                                                     FileSystem* fs = nullptr);
+                                                                   FileSystem* fs = nullptr);
 
 struct SAVEPOINT_API GcOptions {
   FileSystem* fs = nullptr;  // Default: DefaultFileSystem()
@@ -47,7 +47,7 @@ struct SAVEPOINT_API GcOptions {
 // was set aside but before the new one was committed, the old one is restored instead of removed.
 // Committed checkpoints are never touched. Returns the paths removed (or restored).
 SAVEPOINT_API Result<std::vector<std::string>> GarbageCollect(const std::string& root,
-                                                const GcOptions& options = {});
+                                                              const GcOptions& options = {});
 
 // Deletes a committed checkpoint crash-safely: it is first renamed to a hidden trash name (so
 // it is never seen half-deleted), the rename is synced, then the files are removed.

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "savepoint/export.h"
 #include "savepoint/dtype.h"
+#include "savepoint/export.h"
 #include "savepoint/filesystem.h"
 #include "savepoint/state.h"
 #include "savepoint/status.h"
@@ -110,7 +110,8 @@ struct SAVEPOINT_API SaveOptions {
 // Saves `state` as a checkpoint directory at `path`. Returns only after the checkpoint is
 // durable (data, manifest and directory entry synced). On error nothing is committed, the
 // temporary directory is removed (best effort), and any checkpoint previously at `path` is intact.
-SAVEPOINT_API Status Save(const State& state, const std::string& path, const SaveOptions& options = {});
+SAVEPOINT_API Status Save(const State& state, const std::string& path,
+                          const SaveOptions& options = {});
 
 struct SAVEPOINT_API LoadOptions {
   // File system to read through. Default: nullptr = DefaultFileSystem().
@@ -166,7 +167,8 @@ SAVEPOINT_API Result<State> Load(const std::string& path, const LoadOptions& opt
 // Loads into caller-provided buffers: every tensor entry of `targets` (owned or borrowed) is filled
 // from the checkpoint tensor of the same name, which must have the same dtype and shape. Value
 // entries of `targets` are replaced by the checkpoint's. `options.names` is ignored.
-SAVEPOINT_API Status LoadInto(const std::string& path, State& targets, const LoadOptions& options = {});
+SAVEPOINT_API Status LoadInto(const std::string& path, State& targets,
+                              const LoadOptions& options = {});
 
 // Description of one tensor in a checkpoint (from the manifest; no data read).
 struct SAVEPOINT_API TensorInfo {
@@ -243,7 +245,7 @@ SAVEPOINT_API bool MatchesName(const std::string& pattern, const std::string& na
 
 // Convenience: CheckpointReader::Open(path)->Verify().
 SAVEPOINT_API Status VerifyCheckpoint(const std::string& path, const LoadOptions& options = {},
-                        IoStats* stats = nullptr);
+                                      IoStats* stats = nullptr);
 
 }  // namespace savepoint
 

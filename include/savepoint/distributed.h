@@ -28,9 +28,9 @@
 #include <string_view>
 #include <vector>
 
-#include "savepoint/export.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/comm.h"
+#include "savepoint/export.h"
 #include "savepoint/safetensors.h"
 #include "savepoint/state.h"
 #include "savepoint/status.h"
@@ -58,7 +58,7 @@ using ShardLayout = std::map<std::string, ShardSpec, std::less<>>;
 // [i * S / parts, (i + 1) * S / parts) (uneven splits allowed; S = global_shape[dim]), all other
 // dims whole. `replicas` is copied into the result. InvalidArgument on a bad dim, parts or index.
 SAVEPOINT_API Result<ShardSpec> SplitDim(const Shape& global_shape, int dim, int parts, int index,
-                           std::vector<int> replicas = {});
+                                         std::vector<int> replicas = {});
 
 // A MindSpore-style parallel layout (see docs/DISTRIBUTED.md): the device matrix arranges ranks
 // row-major (last axis fastest); tensor_map[d] = k splits tensor dim d over device axis
@@ -76,8 +76,8 @@ struct SAVEPOINT_API MindSporeLayout {
 };
 
 // The box and replica group of `rank` (in [0, prod(dev_matrix))) under `layout`.
-SAVEPOINT_API Result<ShardSpec> ShardFromLayout(const Shape& global_shape, const MindSporeLayout& layout,
-                                  int rank);
+SAVEPOINT_API Result<ShardSpec> ShardFromLayout(const Shape& global_shape,
+                                                const MindSporeLayout& layout, int rank);
 
 // Checks the layouts of a whole job (one ShardLayout per rank, indexed by rank) for one set of
 // tensors: every box within its global shape, replicas consistent, boxes (after removing
@@ -105,8 +105,9 @@ struct SAVEPOINT_API DistributedSaveOptions {
 // removed. Rejects (InvalidArgument, naming the tensor) layouts whose boxes overlap, leave gaps,
 // exceed the global shape, or disagree across ranks on dtype or global shape, before any data is
 // written.
-SAVEPOINT_API Status SaveDistributed(Communicator& comm, const State& local, const ShardLayout& layout,
-                       const std::string& path, const DistributedSaveOptions& options = {});
+SAVEPOINT_API Status SaveDistributed(Communicator& comm, const State& local,
+                                     const ShardLayout& layout, const std::string& path,
+                                     const DistributedSaveOptions& options = {});
 
 // --- Load into any layout. ---
 
@@ -127,17 +128,18 @@ struct SAVEPOINT_API ReadPlanSummary {
 // (a CRC mismatch, or stored shards that do not cover the box: names the tensor and the box).
 // On error the targets' contents are unspecified (row blocks are read straight into them, as
 // LoadInto does); the checkpoint is never changed.
-SAVEPOINT_API Status LoadDistributed(const std::string& path, State& targets, const ShardLayout& layout,
-                       const LoadOptions& options = {});
+SAVEPOINT_API Status LoadDistributed(const std::string& path, State& targets,
+                                     const ShardLayout& layout, const LoadOptions& options = {});
 
 // Like LoadDistributed, allocating one tensor per layout entry (dtype from the checkpoint).
 SAVEPOINT_API Result<State> LoadDistributedAlloc(const std::string& path, const ShardLayout& layout,
-                                   const LoadOptions& options = {});
+                                                 const LoadOptions& options = {});
 
 // Which data files (and source ranks) LoadDistributed would read for `layout`; reads only the
 // manifest. Like MindSpore's rank_list_for_transform.
-SAVEPOINT_API Result<ReadPlanSummary> PlanDistributedLoad(const std::string& path, const ShardLayout& layout,
-                                            const LoadOptions& options = {});
+SAVEPOINT_API Result<ReadPlanSummary> PlanDistributedLoad(const std::string& path,
+                                                          const ShardLayout& layout,
+                                                          const LoadOptions& options = {});
 
 // --- Merge (export). ---
 
@@ -155,7 +157,7 @@ struct SAVEPOINT_API MergeOptions {
 // file, values and metadata copied. Every chunk read is verified (unless load.verify_checksums is
 // false). Holds the whole selection in memory. The source is left unchanged.
 SAVEPOINT_API Status MergeCheckpoint(const std::string& src, const std::string& dst,
-                       const MergeOptions& options = {});
+                                     const MergeOptions& options = {});
 
 struct SAVEPOINT_API MergeSafetensorsOptions {
   // How the source is read (fs, io_threads, verify_checksums, direct_io; names selects tensors).
@@ -188,7 +190,7 @@ inline constexpr char kSafetensorsIndexFile[] = "model.safetensors.index.json";
 // Errors: AlreadyExists (dst), InvalidArgument (save.overwrite set, more than 99999 files, a C128
 // tensor), and the errors of Load and SaveSafetensors. Holds the whole selection in memory.
 SAVEPOINT_API Status MergeToSafetensors(const std::string& src, const std::string& dst,
-                          const MergeSafetensorsOptions& options = {});
+                                        const MergeSafetensorsOptions& options = {});
 
 }  // namespace savepoint
 

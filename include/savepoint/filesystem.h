@@ -199,8 +199,7 @@ class SAVEPOINT_API FileSystem {
   virtual Status SyncDir(const std::string& path) = 0;
   // Maps a whole existing file into memory (see MapMode and MappedFile). NotFound if absent. The
   // default fails with Unimplemented naming the path; file systems that can map override it.
-  virtual Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path,
-                                                            MapMode mode) {
+  virtual Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path, MapMode mode) {
     (void)mode;
     return UnimplementedError("map " + path + ": this file system does not support mapping files");
   }

@@ -41,9 +41,9 @@
 #include <string>
 #include <vector>
 
-#include "savepoint/export.h"
 #include "savepoint/async.h"
 #include "savepoint/checkpoint.h"
+#include "savepoint/export.h"
 #include "savepoint/filesystem.h"
 #include "savepoint/state.h"
 #include "savepoint/stateful.h"

@@ -14,8 +14,8 @@
 
 #include <memory>
 
-#include "savepoint/export.h"
 #include "savepoint/comm.h"
+#include "savepoint/export.h"
 
 namespace savepoint {
 

@@ -44,9 +44,9 @@
 #include <string>
 #include <vector>
 
-#include "savepoint/export.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/dtype.h"
+#include "savepoint/export.h"
 #include "savepoint/filesystem.h"
 #include "savepoint/state.h"
 #include "savepoint/status.h"
@@ -102,7 +102,7 @@ struct SAVEPOINT_API SafetensorsSaveOptions {
 // Errors: InvalidArgument (a C128 tensor, an invalid view, metadata strings that are not UTF-8,
 // a header over kMaxSafetensorsHeaderBytes), AlreadyExists, and I/O errors.
 SAVEPOINT_API Status SaveSafetensors(const State& state, const std::string& path,
-                       const SafetensorsSaveOptions& options = {});
+                                     const SafetensorsSaveOptions& options = {});
 
 struct SAVEPOINT_API SafetensorsLoadOptions {
   // File system to read through. Default: nullptr = DefaultFileSystem().
@@ -154,12 +154,13 @@ struct SAVEPOINT_API SafetensorsInfo {
 };
 
 // Reads and fully validates the header of the file at `path`. Uses options.fs only.
-SAVEPOINT_API Result<SafetensorsInfo> InspectSafetensors(const std::string& path,
-                                           const SafetensorsLoadOptions& options = {});
+SAVEPOINT_API Result<SafetensorsInfo> InspectSafetensors(
+    const std::string& path, const SafetensorsLoadOptions& options = {});
 
 // Loads a safetensors file into a State: owned, kTensorAlignment-aligned tensors (or, with
 // options.mmap, views into the mapping), the non-tensor values and the metadata.
-SAVEPOINT_API Result<State> LoadSafetensors(const std::string& path, const SafetensorsLoadOptions& options = {});
+SAVEPOINT_API Result<State> LoadSafetensors(const std::string& path,
+                                            const SafetensorsLoadOptions& options = {});
 
 // Whether savepoint can store `dtype` in a safetensors file (every dtype but C128).
 SAVEPOINT_API bool IsSafetensorsDType(DType dtype);

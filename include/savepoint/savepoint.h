@@ -3,13 +3,13 @@
 #ifndef SAVEPOINT_SAVEPOINT_H_
 #define SAVEPOINT_SAVEPOINT_H_
 
-#include "savepoint/export.h"
 #include "savepoint/async.h"        // IWYU pragma: export
 #include "savepoint/catalog.h"      // IWYU pragma: export
 #include "savepoint/checkpoint.h"   // IWYU pragma: export
 #include "savepoint/comm.h"         // IWYU pragma: export
 #include "savepoint/distributed.h"  // IWYU pragma: export
 #include "savepoint/dtype.h"        // IWYU pragma: export
+#include "savepoint/export.h"
 #include "savepoint/filesystem.h"   // IWYU pragma: export
 #include "savepoint/job_runner.h"   // IWYU pragma: export
 #include "savepoint/logging.h"      // IWYU pragma: export

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "savepoint/export.h"
 #include "savepoint/dtype.h"
+#include "savepoint/export.h"
 #include "savepoint/status.h"
 
 namespace savepoint {

@@ -54,7 +54,6 @@ class SAVEPOINT_API Value {
   const Bytes& as_bytes() const { return std::get<Bytes>(v_); }
   const Json& as_json() const { return std::get<Json>(v_); }
 
-
  private:
   std::variant<int64_t, double, bool, std::string, Bytes, Json> v_;
 };

@@ -162,7 +162,7 @@ class Reader final : public CheckpointReader {
   LoadOptions options_;
   std::string path_;
   format::Manifest m_;
-  mutable std::mutex json_mu_;    // guards json_built_ and json_
+  mutable std::mutex json_mu_;  // guards json_built_ and json_
   mutable bool json_built_ = false;
   mutable Json json_;  // set once by manifest_json()
   std::vector<TensorInfo> infos_;

@@ -174,8 +174,8 @@ Status FaultInjectionFileSystem::SyncDir(const std::string& path) {
                 [&](int) { return base_->SyncDir(path); });
 }
 
-Result<std::shared_ptr<const MappedFile>> FaultInjectionFileSystem::MapFile(
-    const std::string& path, MapMode mode) {
+Result<std::shared_ptr<const MappedFile>> FaultInjectionFileSystem::MapFile(const std::string& path,
+                                                                            MapMode mode) {
   return base_->MapFile(path, mode);
 }
 

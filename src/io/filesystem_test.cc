@@ -388,7 +388,8 @@ TEST_P(FileSystemTest, MapFileOfEmptyFile) {
 }
 
 TEST_P(FileSystemTest, MapFileErrors) {
-  Result<std::shared_ptr<const MappedFile>> missing = fs_->MapFile(Path("nope"), MapMode::kReadOnly);
+  Result<std::shared_ptr<const MappedFile>> missing =
+      fs_->MapFile(Path("nope"), MapMode::kReadOnly);
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find(Path("nope")), std::string::npos)
       << missing.status().ToString();

@@ -17,7 +17,8 @@
 //    a breadth-first walk in name order, so the result is always a tree.
 //  - Handles opened before SimulatePowerLoss() belong to the "dead" process: every later call on
 //    them (WriteAt, Sync, Close, ReadAt) fails with FailedPrecondition and changes nothing.
-//  - MapFile returns a snapshot (in either MapMode): a contiguous, private, 4096-aligned copy of the file's current
+//  - MapFile returns a snapshot (in either MapMode): a contiguous, private, 4096-aligned copy of
+//  the file's current
 //    bytes, made at the call (it costs the file's size in memory). Later writes, truncations and
 //    power loss do not change it; it stays valid for as long as it is held, even after the file or
 //    the MemFileSystem is gone.

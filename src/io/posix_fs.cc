@@ -318,7 +318,8 @@ class PosixFileSystem final : public FileSystem {
       }
     }
     ::close(fd);  // the mapping keeps its own reference to the file
-    return std::shared_ptr<const MappedFile>(std::make_shared<PosixMappedFile>(path, addr, size, mode));
+    return std::shared_ptr<const MappedFile>(
+        std::make_shared<PosixMappedFile>(path, addr, size, mode));
   }
 
   Status CreateDir(const std::string& path) override {
