@@ -92,8 +92,9 @@ struct Measurement {
   explicit Measurement(std::string n) : name(std::move(n)) {}
   std::string name;
   uint64_t bytes = 0;
-  double seconds = 0;     // wall time around the call, as the caller sees it
-  double io_seconds = 0;  // IoStats::seconds (the library's own timing of its data path)
+  double seconds = 0;  // wall time around the call, as the caller sees it
+  double io_seconds =
+      0;  // SaveStats / LoadStats::seconds (the library's own timing of its data path)
   uint64_t chunks = 0;
   bool direct = false;
   uint64_t stored_bytes = 0;  // after compression
@@ -454,8 +455,9 @@ void RemoveCheckpoint() {
   for (const std::string& c : g_ckpts) RemoveOne(c);
 }
 
-// Copies what the library measured into `m`.
-void Record(Measurement* m, const IoStats& st) {
+// Copies what the library measured into `m` (SaveStats or LoadStats).
+template <typename Stats>
+void Record(Measurement* m, const Stats& st) {
   m->bytes = st.bytes;
   m->io_seconds = st.seconds;
   m->chunks = st.chunks;
@@ -548,12 +550,12 @@ std::vector<Measurement> AsyncPhase(const Args& a, const State& state, const std
     stall.direct = st.direct_io;
     stall.extra =
         fmt::format("blocked_seconds={:.4f} snapshot_seconds={:.4f} persist_seconds={:.4f}",
-                    st.blocked_seconds, st.snapshot_seconds, st.persist_seconds);
+                    st.blocked_seconds, st.snapshot_seconds, st.seconds);
     out.push_back(stall);
     if (std::string(name) == "async-stall") {
       Measurement persist{"async-persist"};
       persist.bytes = st.bytes;
-      persist.seconds = st.persist_seconds;
+      persist.seconds = st.seconds;
       persist.direct = st.direct_io;
       out.push_back(persist);
     }
@@ -667,7 +669,7 @@ int main(int argc, char** argv) {
 
   // (a) Save.
   {
-    IoStats st;
+    SaveStats st;
     SaveOptions so;
     so.io_threads = a.threads;
     so.chunk_bytes = a.chunk_bytes;
@@ -702,7 +704,7 @@ int main(int argc, char** argv) {
       continue;
     }
     Measurement m{phase};
-    IoStats st;
+    LoadStats st;
     LoadOptions o = lo;
     o.stats = &st;
     if (phase == "load" || phase == "load-nocrc" || phase == "load-mmap") {

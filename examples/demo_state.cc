@@ -73,7 +73,7 @@ int Fail(const Status& s) {
 int Save(const std::string& dir, uint64_t mib) {
   Result<State> state = MakeState(mib);
   if (!state.ok()) return Fail(state.status());
-  IoStats stats;
+  SaveStats stats;
   SaveOptions o;
   o.stats = &stats;
   o.overwrite = true;
@@ -86,7 +86,7 @@ int Save(const std::string& dir, uint64_t mib) {
 }
 
 int Load(const std::string& dir, uint64_t mib) {
-  IoStats stats;
+  LoadStats stats;
   LoadOptions o;
   o.stats = &stats;
   auto t0 = std::chrono::steady_clock::now();

@@ -92,7 +92,7 @@ Result<uint64_t> SaveWith(const State& state, const std::string& path, FileSyste
   so.chunk_bytes = kChunk;
   so.io_threads = 3;
   so.compression = c;
-  IoStats stats;
+  SaveStats stats;
   if (!async) {
     so.stats = &stats;
     SP_RETURN_IF_ERROR(Save(state, path, so));
@@ -155,7 +155,7 @@ TEST_P(CompressionRoundTrip, EveryLoadPathReturnsTheSavedState) {
   auto reader = CheckpointReader::Open(Path(), Lo());
   SP_ASSERT_OK(reader.status());
   CheckDescription(**reader, codec(), shuffle());
-  IoStats vs;
+  LoadStats vs;
   SP_ASSERT_OK((*reader)->Verify(&vs));
   EXPECT_EQ(vs.bytes, state.tensor_bytes());
   EXPECT_EQ(vs.stored_bytes, *stored);

@@ -101,7 +101,7 @@ TEST_F(CorruptionTest, IntactCheckpointLoadsAndVerifies) {
   Result<State> back = Load("/ck", lo_);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_TRUE(StatesEqual(state_, *back));
-  IoStats stats;
+  LoadStats stats;
   SP_EXPECT_OK(VerifyCheckpoint("/ck", lo_, &stats));
   EXPECT_EQ(stats.chunks, 7u + 1u + 1u);
   EXPECT_EQ(ShardOf("model.w").crc32c.size(), 7u);

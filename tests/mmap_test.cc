@@ -118,7 +118,7 @@ TEST(Mmap, LoadEqualsReadingLoadPosix) {
     LoadOptions lo;
     lo.mmap = true;
     lo.verify_checksums = verify;
-    IoStats stats;
+    LoadStats stats;
     lo.stats = &stats;
     Result<State> mapped = Load(dir.Sub("ck"), lo);
     SP_ASSERT_OK(mapped.status());
@@ -430,7 +430,7 @@ TEST(Mmap, MultiShardTensorsAreCopied) {
 
   LoadOptions lo;
   lo.mmap = true;
-  IoStats stats;
+  LoadStats stats;
   lo.stats = &stats;
   Result<State> back = Load(dir.Sub("ck"), lo);
   SP_ASSERT_OK(back.status());

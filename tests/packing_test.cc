@@ -105,7 +105,7 @@ void ExpectAllReadersAgree(const std::string& path, const State& want) {
       }
       SP_ASSERT_OK(LoadInto(path, into, o));
       EXPECT_TRUE(StatesEqual(want, into));
-      IoStats stats;
+      LoadStats stats;
       SP_ASSERT_OK(VerifyCheckpoint(path, o, &stats));
       EXPECT_EQ(stats.bytes, want.tensor_bytes());
     }

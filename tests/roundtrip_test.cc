@@ -20,7 +20,7 @@ TEST(RoundTrip, RandomStatePosix) {
   State s = RandomState(seed, 20, 6 << 20);
   SaveOptions so;
   so.chunk_bytes = 64 << 10;  // many chunks per tensor
-  IoStats stats;
+  SaveStats stats;
   so.stats = &stats;
   SP_ASSERT_OK(Save(s, dir.Sub("ck"), so));
   EXPECT_EQ(stats.bytes, s.tensor_bytes());

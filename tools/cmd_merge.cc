@@ -42,7 +42,7 @@ Status CountSource(const std::string& src, size_t* tensors, size_t* shards) {
 int RunMerge(const MergeArgs& args) {
   size_t tensors = 0, shards = 0;
   Status s = CountSource(args.src, &tensors, &shards);
-  IoStats stats;
+  SaveStats stats;
   ProgressLine progress(kCommand, args.json);
   if (s.ok() && args.format == "safetensors") {
     MergeSafetensorsOptions o;
@@ -51,7 +51,7 @@ int RunMerge(const MergeArgs& args) {
     o.save.io_threads = args.threads;
     o.save.progress = progress.Phase("writing");
     o.max_file_bytes = args.max_file_bytes;
-    o.stats = &stats;
+    o.save.stats = &stats;
     s = MergeToSafetensors(args.src, args.dst, o);
   } else if (s.ok()) {
     MergeOptions o;

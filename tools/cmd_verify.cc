@@ -64,7 +64,7 @@ void PrintJsonReport(const VerifyReport& v) {
 }
 
 void PrintHumanReport(const VerifyReport& v) {
-  const IoStats& s = v.stats;
+  const LoadStats& s = v.stats;
   std::string line;
   if (v.checksums) {
     line = fmt::format("OK: {}: {} tensors, {} bytes, {} chunks verified in {:.3f} s ({:.2f} GB/s)",

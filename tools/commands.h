@@ -33,7 +33,7 @@ struct VerifyReport {
   bool checksums = true;  // whether chunks were checked against checksums (safetensors: none)
   Status status;
   size_t tensors = 0;
-  IoStats stats;  // bytes: logical tensor bytes verified; stored_bytes: as read from disk
+  LoadStats stats;  // bytes: logical tensor bytes verified; stored_bytes: as read from disk
 };
 
 // Prints `r` (the --json object, or the human line on success) and the error line on failure;

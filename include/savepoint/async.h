@@ -81,19 +81,6 @@ struct SAVEPOINT_API CheckpointerOptions {
   SnapshotCopier* copier = nullptr;
 };
 
-// Statistics of one asynchronous save.
-struct SAVEPOINT_API SaveStats {
-  uint64_t bytes = 0;           // tensor bytes
-  double blocked_seconds = 0;   // time SaveAsync blocked the caller (includes waiting for the
-                                // previous save and for pool slabs)
-  double snapshot_seconds = 0;  // copy + checksum time of phase 1
-  double persist_seconds = 0;   // from SaveAsync's start to the commit
-  bool direct_io = false;
-  uint64_t stored_bytes = 0;  // tensor bytes after compression (== bytes when uncompressed);
-                              // final once Poll() is true
-  double persist_gbps() const { return persist_seconds > 0 ? bytes / persist_seconds / 1e9 : 0; }
-};
-
 // A future-like reference to one save. Copyable; all copies refer to the same save.
 class SAVEPOINT_API SaveHandle {
  public:

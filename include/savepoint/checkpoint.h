@@ -24,14 +24,36 @@
 
 namespace savepoint {
 
-// Statistics of one save, load or verify.
-struct SAVEPOINT_API IoStats {
-  uint64_t bytes = 0;      // tensor bytes moved (excluding padding and manifest)
-  uint64_t chunks = 0;     // chunks written or verified
+// Statistics of one save, whichever call made it: Save (SaveOptions::stats), an asynchronous save
+// (SaveHandle::stats()), SaveSafetensors, SaveDistributed (this rank's share) and the merges.
+struct SAVEPOINT_API SaveStats {
+  uint64_t bytes = 0;      // tensor bytes saved (uncompressed; no padding, no manifest)
+  uint64_t chunks = 0;     // checksummed chunks written
+  double seconds = 0;      // from the call's start to the durable commit
+  bool direct_io = false;  // whether O_DIRECT was in effect for the data files
+  // Tensor bytes as stored on disk (after compression, no padding, no manifest); equals `bytes`
+  // when uncompressed.
+  uint64_t stored_bytes = 0;
+  // How long the caller was blocked: == seconds for a synchronous save; for SaveAsync the time
+  // until it returned (including waiting for an earlier save and for staging slabs).
+  double blocked_seconds = 0;
+  // Asynchronous saves: the copy-and-checksum phase (phase 1). 0 for synchronous saves.
+  double snapshot_seconds = 0;
+  double throughput_gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
+  // bytes / stored_bytes (1 when nothing was stored).
+  double compression_ratio() const {
+    return stored_bytes > 0 ? static_cast<double>(bytes) / stored_bytes : 1.0;
+  }
+};
+
+// Statistics of one load or verify: Load, LoadInto (LoadOptions::stats), CheckpointReader::Verify,
+// VerifyCheckpoint, LoadSafetensors, LoadDistributed.
+struct SAVEPOINT_API LoadStats {
+  uint64_t bytes = 0;      // tensor bytes loaded, mapped or verified (uncompressed)
+  uint64_t chunks = 0;     // checksummed chunks read or verified
   double seconds = 0;      // wall time of the whole call
   bool direct_io = false;  // whether O_DIRECT was in effect for the data files
-  // Tensor bytes as stored on disk (after compression, excluding padding and manifest); equals
-  // `bytes` for an uncompressed checkpoint.
+  // Tensor bytes as stored on disk (after compression); equals `bytes` when uncompressed.
   uint64_t stored_bytes = 0;
   double throughput_gbps() const { return seconds > 0 ? bytes / seconds / 1e9 : 0; }
   // bytes / stored_bytes (1 when nothing was stored).
@@ -97,7 +119,7 @@ struct SAVEPOINT_API SaveOptions {
   // both. Default: 2.
   uint32_t format_version = 2;
   // Optional: receives statistics of the save.
-  IoStats* stats = nullptr;
+  SaveStats* stats = nullptr;
   // Optional progress of Save (the asynchronous Checkpointer and SaveDistributed ignore it):
   // called with the tensor bytes (uncompressed) written so far and the state's tensor bytes, at
   // chunk granularity, at most about 10 times a second, and once more with done == total when all
@@ -150,7 +172,7 @@ struct SAVEPOINT_API LoadOptions {
   // it). Load with kCopyOnWrite but without mmap is InvalidArgument. Default: kReadOnly.
   MapMode map_mode = MapMode::kReadOnly;
   // Optional: receives statistics.
-  IoStats* stats = nullptr;
+  LoadStats* stats = nullptr;
   // Optional progress of Load, LoadInto, and of CheckpointReader::Verify and ReadTensor on a
   // reader opened with these options (LoadDistributed ignores it): called with the tensor bytes
   // (uncompressed, also for compressed chunks) read or verified so far and the total of the call,
@@ -229,7 +251,7 @@ class SAVEPOINT_API CheckpointReader {
   // as Corruption naming checkpoint, tensor, chunk, file and offset. Compressed chunks are checked
   // in their stored (compressed) form, which is what their CRC32C covers; they are not
   // decompressed.
-  virtual Status Verify(IoStats* stats = nullptr) = 0;
+  virtual Status Verify(LoadStats* stats = nullptr) = 0;
 };
 
 // Whether `pattern` selects the entry name `name`: the one rule of every name filter of savepoint
@@ -245,7 +267,7 @@ SAVEPOINT_API bool MatchesName(const std::string& pattern, const std::string& na
 
 // Convenience: CheckpointReader::Open(path)->Verify().
 SAVEPOINT_API Status VerifyCheckpoint(const std::string& path, const LoadOptions& options = {},
-                                      IoStats* stats = nullptr);
+                                      LoadStats* stats = nullptr);
 
 }  // namespace savepoint
 

@@ -162,16 +162,14 @@ SAVEPOINT_API Status MergeCheckpoint(const std::string& src, const std::string& 
 struct SAVEPOINT_API MergeSafetensorsOptions {
   // How the source is read (fs, io_threads, verify_checksums, direct_io; names selects tensors).
   LoadOptions load;
-  // How each file is written (fs, io_threads, create_parents; `overwrite` must be false, `stats`
-  // is ignored: use `stats` below). `progress` (when set) reports the write of all files together:
-  // done counts the tensor bytes written to every file so far, total is the selection's tensor
-  // bytes. `load.progress` reports the read.
+  // How the files are written (fs, io_threads, create_parents; `overwrite` must be false).
+  // `stats` (when set) receives the statistics of the whole write, summed over the files, and
+  // `progress` reports the write of all files together: done counts the tensor bytes written to
+  // every file so far, total is the selection's tensor bytes. `load.progress` reports the read.
   SafetensorsSaveOptions save;
   // Most tensor-data bytes per file; 0 = no cap (one file). A tensor larger than the cap goes
   // alone into its own file. Default: 0.
   uint64_t max_file_bytes = 0;
-  // Optional: receives the statistics of the whole write (bytes = tensor bytes, summed over files).
-  IoStats* stats = nullptr;
 };
 
 // Names inside the directory MergeToSafetensors writes (Hugging Face conventions).

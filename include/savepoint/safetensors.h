@@ -71,7 +71,7 @@ struct SAVEPOINT_API SafetensorsSaveOptions {
   // Threads copying and writing 8 MiB pieces of the file in parallel (1..64). Default: 4.
   int io_threads = 4;
   // Optional: receives statistics (bytes = tensor bytes written).
-  IoStats* stats = nullptr;
+  SaveStats* stats = nullptr;
   // Optional progress of SaveSafetensors: called with the tensor bytes written so far and the
   // state's tensor bytes, per 8 MiB piece of the file, at most about 10 times a second, and once
   // more with done == total when all data is written (before the commit). Called from the I/O
@@ -120,7 +120,7 @@ struct SAVEPOINT_API SafetensorsLoadOptions {
   // kCopyOnWrite without mmap is InvalidArgument. Default: kReadOnly.
   MapMode map_mode = MapMode::kReadOnly;
   // Optional: receives statistics (bytes = tensor bytes loaded or mapped).
-  IoStats* stats = nullptr;
+  LoadStats* stats = nullptr;
   // Optional progress of LoadSafetensors: called with the tensor bytes read so far and the total
   // of the selected tensors, per 8 MiB piece, at most about 10 times a second, and once more with
   // done == total at the end, all from the calling thread; done never decreases. With mmap

@@ -74,8 +74,11 @@ nb::list TensorBytesToPython(State state);
 // JSON text of `j` (invalid UTF-8 replaced; never throws).
 std::string DumpJson(const Json& j);
 
-// IoStats as a dict {bytes, stored_bytes, chunks, seconds, direct_io}.
-nb::dict IoStatsToPython(const IoStats& s);
+// LoadStats as a dict {bytes, stored_bytes, chunks, seconds, direct_io}.
+nb::dict LoadStatsToPython(const LoadStats& s);
+// SaveStats as a dict {bytes, stored_bytes, chunks, seconds, blocked_seconds, snapshot_seconds,
+// direct_io}: one shape for synchronous and asynchronous saves.
+nb::dict SaveStatsToPython(const SaveStats& s);
 
 void BindErrors(nb::module_& m);
 void BindSave(nb::module_& m);

@@ -38,7 +38,7 @@ nb::list TensorsToPython(const CheckpointReader& r) {
 nb::dict LoadInto(const std::string& path, const std::vector<TensorSpec>& targets, bool verify,
                   int io_threads, bool direct_io) {
   State state = MakeState(targets, {}, "");
-  IoStats stats;
+  LoadStats stats;
   LoadOptions o = MakeLoadOptions(verify, io_threads, direct_io);
   o.stats = &stats;
   Status s;
@@ -47,7 +47,7 @@ nb::dict LoadInto(const std::string& path, const std::vector<TensorSpec>& target
     s = savepoint::LoadInto(path, state, o);
   }
   Check(s);
-  return IoStatsToPython(stats);
+  return LoadStatsToPython(stats);
 }
 
 // Load(mmap = true, copy-on-write) of exactly the tensors `names` (a name always selects itself):
@@ -57,8 +57,8 @@ nb::dict LoadInto(const std::string& path, const std::vector<TensorSpec>& target
 // buffers.
 nb::tuple LoadMapped(const std::string& path, const std::vector<std::string>& names, bool verify,
                      int io_threads) {
-  IoStats stats;
-  if (names.empty()) return nb::make_tuple(nb::list(), IoStatsToPython(stats));
+  LoadStats stats;
+  if (names.empty()) return nb::make_tuple(nb::list(), LoadStatsToPython(stats));
   LoadOptions o = MakeLoadOptions(verify, io_threads, /*direct_io=*/false);
   o.mmap = true;
   o.map_mode = MapMode::kCopyOnWrite;
@@ -70,18 +70,18 @@ nb::tuple LoadMapped(const std::string& path, const std::vector<std::string>& na
     r = Load(path, o);
   }
   State state = Take(std::move(r));
-  return nb::make_tuple(TensorBytesToPython(std::move(state)), IoStatsToPython(stats));
+  return nb::make_tuple(TensorBytesToPython(std::move(state)), LoadStatsToPython(stats));
 }
 
 nb::dict Verify(const std::string& path, int io_threads, bool direct_io) {
-  IoStats stats;
+  LoadStats stats;
   Status s;
   {
     nb::gil_scoped_release release;
     s = VerifyCheckpoint(path, MakeLoadOptions(true, io_threads, direct_io), &stats);
   }
   Check(s);
-  return IoStatsToPython(stats);
+  return LoadStatsToPython(stats);
 }
 
 nb::list List(const std::string& root) {

@@ -122,12 +122,24 @@ std::string DumpJson(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-nb::dict IoStatsToPython(const IoStats& s) {
+nb::dict LoadStatsToPython(const LoadStats& s) {
   nb::dict d;
   d["bytes"] = s.bytes;
   d["stored_bytes"] = s.stored_bytes;
   d["chunks"] = s.chunks;
   d["seconds"] = s.seconds;
+  d["direct_io"] = s.direct_io;
+  return d;
+}
+
+nb::dict SaveStatsToPython(const SaveStats& s) {
+  nb::dict d;
+  d["bytes"] = s.bytes;
+  d["stored_bytes"] = s.stored_bytes;
+  d["chunks"] = s.chunks;
+  d["seconds"] = s.seconds;
+  d["blocked_seconds"] = s.blocked_seconds;
+  d["snapshot_seconds"] = s.snapshot_seconds;
   d["direct_io"] = s.direct_io;
   return d;
 }

@@ -13,7 +13,7 @@ nb::dict SaveSafetensorsPy(const std::string& path, const std::vector<TensorSpec
                            const std::vector<ValueSpec>& values, const std::string& metadata,
                            bool overwrite, bool create_parents, int io_threads) {
   State state = MakeState(tensors, values, metadata);
-  IoStats stats;
+  SaveStats stats;
   SafetensorsSaveOptions o;
   o.overwrite = overwrite;
   o.create_parents = create_parents;
@@ -25,7 +25,7 @@ nb::dict SaveSafetensorsPy(const std::string& path, const std::vector<TensorSpec
     s = SaveSafetensors(state, path, o);
   }
   Check(s);
-  return IoStatsToPython(stats);
+  return SaveStatsToPython(stats);
 }
 
 // (tensors [(name, dtype, shape, uint8 array of the bytes)], values [(name, kind, value)],
@@ -78,7 +78,7 @@ nb::dict InspectSafetensorsPy(const std::string& path) {
 void BindSafetensors(nb::module_& m) {
   m.def("save_safetensors", &SaveSafetensorsPy, nb::arg("path"), nb::arg("tensors"),
         nb::arg("values"), nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"),
-        nb::arg("io_threads"), "SaveSafetensors of borrowed tensors (GIL released); IoStats.");
+        nb::arg("io_threads"), "SaveSafetensors of borrowed tensors (GIL released); SaveStats.");
   m.def("load_safetensors", &LoadSafetensorsPy, nb::arg("path"), nb::arg("names"), nb::arg("mmap"),
         "LoadSafetensors (GIL released): (tensors, values, metadata_json).");
   m.def("inspect_safetensors", &InspectSafetensorsPy, nb::arg("path"),

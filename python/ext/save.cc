@@ -51,7 +51,7 @@ nb::dict SaveSync(const std::string& path, const std::vector<TensorSpec>& tensor
                   bool create_parents, bool direct_io, int io_threads, uint64_t chunk_bytes,
                   const CompressionSpec& compression) {
   State state = MakeState(tensors, values, metadata);
-  IoStats stats;
+  SaveStats stats;
   SaveOptions o =
       MakeSaveOptions(overwrite, create_parents, direct_io, io_threads, chunk_bytes, compression);
   o.stats = &stats;
@@ -61,7 +61,7 @@ nb::dict SaveSync(const std::string& path, const std::vector<TensorSpec>& tensor
     s = Save(state, path, o);
   }
   Check(s);
-  return IoStatsToPython(stats);
+  return SaveStatsToPython(stats);
 }
 
 std::unique_ptr<Checkpointer> CreateCheckpointer(uint64_t staging_bytes, uint64_t slab_bytes,
@@ -115,16 +115,6 @@ bool WaitFor(const SaveHandle& h, double timeout_s) {
   }
 }
 
-nb::dict SaveStatsToPython(const SaveStats& s) {
-  nb::dict d;
-  d["bytes"] = s.bytes;
-  d["blocked_seconds"] = s.blocked_seconds;
-  d["snapshot_seconds"] = s.snapshot_seconds;
-  d["persist_seconds"] = s.persist_seconds;
-  d["direct_io"] = s.direct_io;
-  return d;
-}
-
 void WaitAll(Checkpointer& c) {
   Status s;
   {
@@ -141,7 +131,7 @@ void BindSave(nb::module_& m) {
         nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"), nb::arg("direct_io"),
         nb::arg("io_threads"), nb::arg("chunk_bytes"),
         nb::arg("compression") = CompressionSpec("none", "auto", 1),
-        "Saves borrowed tensors + values (GIL released); returns IoStats as a dict.");
+        "Saves borrowed tensors + values (GIL released); returns SaveStats as a dict.");
 
   nb::class_<SaveHandle>(m, "SaveHandle")
       .def("poll", &SaveHandle::Poll)

@@ -96,8 +96,9 @@ class SaveFuture:
 
     @property
     def stats(self):
-        """dict: bytes, blocked_seconds (how long save() blocked the caller), snapshot_seconds,
-        persist_seconds (start to commit; final once done()), direct_io."""
+        """dict, the same keys as a synchronous save's statistics: bytes, stored_bytes, chunks,
+        seconds (start to commit; final once done()), blocked_seconds (how long save() blocked
+        the caller), snapshot_seconds (the copy phase), direct_io."""
         return self._h.stats
 
     def done(self):

@@ -60,7 +60,7 @@ std::string ShardFileName(size_t i, size_t n) {
 
 // Writes the files (and the index when there are several) into the directory `dir`.
 Status WriteSafetensorsFiles(const State& state, const std::string& dir,
-                             const MergeSafetensorsOptions& options, uint64_t* bytes) {
+                             const MergeSafetensorsOptions& options, SaveStats* total) {
   std::vector<std::vector<std::string>> groups = PackTensors(state, options.max_file_bytes);
   if (groups.size() > 99999) {
     return InvalidArgumentError(fmt::format(
@@ -73,16 +73,18 @@ Status WriteSafetensorsFiles(const State& state, const std::string& dir,
         groups.size() == 1 ? kSafetensorsSingleFile : ShardFileName(i, groups.size());
     SP_ASSIGN_OR_RETURN(State part, FileState(state, groups[i]));
     SafetensorsSaveOptions save = options.save;
-    IoStats stats;
+    SaveStats stats;
     save.stats = &stats;
     if (options.save.progress) {  // the files' progress, one after the other, as one
-      const uint64_t before = *bytes, total = state.tensor_bytes();
-      save.progress = [&options, before, total](uint64_t done, uint64_t) {
-        options.save.progress(before + done, total);
+      const uint64_t before = total->bytes, all = state.tensor_bytes();
+      save.progress = [&options, before, all](uint64_t done, uint64_t) {
+        options.save.progress(before + done, all);
       };
     }
     SP_RETURN_IF_ERROR(SaveSafetensors(part, dir + "/" + name, save));
-    *bytes += stats.bytes;
+    total->bytes += stats.bytes;
+    total->stored_bytes += stats.stored_bytes;
+    total->chunks += stats.chunks;
     for (const std::string& t : groups[i]) weight_map[t] = name;
   }
   if (groups.size() == 1) return Status::OK();
@@ -124,17 +126,17 @@ Status MergeToSafetensors(const std::string& src, const std::string& dst,
   Result<io::DurableCommit> commit =
       io::DurableCommit::Begin(fs, target, io::DurableCommit::Kind::kDirectory, co);
   if (!commit.ok()) return commit.status().WithContext(MergeContext(src, dst));
-  uint64_t bytes = 0;
-  Status s = WriteSafetensorsFiles(*state, commit->tmp(), options, &bytes);
+  SaveStats total;
+  Status s = WriteSafetensorsFiles(*state, commit->tmp(), options, &total);
   if (s.ok()) s = commit->Commit();
   if (!s.ok()) {
     commit->Abandon();
     return s.WithContext(MergeContext(src, dst));
   }
-  if (options.stats != nullptr) {
-    options.stats->bytes = bytes;
-    options.stats->seconds =
+  if (options.save.stats != nullptr) {
+    total.seconds = total.blocked_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    *options.save.stats = total;
   }
   return Status::OK();
 }

@@ -181,8 +181,8 @@ Status SaveDistributed(Communicator& comm, const State& local, const ShardLayout
       fmt::format("distributed save {} (rank {} of {})", path, comm.rank(), comm.size());
   if (!s.ok()) return s.WithContext(context);
   if (o.save.stats != nullptr) {
-    *o.save.stats = IoStats{p.mine.tensor_bytes(), p.tasks.size(), 0, false};
-    o.save.stats->seconds =
+    *o.save.stats = SaveStats{p.mine.tensor_bytes(), p.tasks.size(), 0, false, 0, 0, 0};
+    o.save.stats->seconds = o.save.stats->blocked_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   return Status::OK();

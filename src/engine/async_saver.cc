@@ -143,7 +143,7 @@ struct SaveHandle::Shared final : engine::SnapshotSink {
     {
       std::lock_guard<std::mutex> lock(mu);
       result = s;
-      stats.persist_seconds = Since(start);
+      stats.seconds = Since(start);
       stats.stored_bytes = stored;
       done = true;
     }
@@ -328,6 +328,9 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Stat
   job->tasks = std::move(*tasks);
   job->alloc.Reset(job->manifest.files[0].bytes);  // compressed chunks go after the packed region
   job->stats.bytes = state.tensor_bytes();
+  for (const auto& t : job->manifest.tensors) {
+    for (const auto& s : t.shards) job->stats.chunks += s.crc32c.size();
+  }
   job->stats.direct_io = job->file->direct();
   job->writers_held = !options_.persist_during_snapshot;
   Launch(job);

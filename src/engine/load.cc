@@ -60,13 +60,13 @@ Status LoadMapped(engine::Reader& reader, const std::vector<bool>& keep, const L
   if (options.verify_checksums) {
     SP_RETURN_IF_ERROR(reader.VerifyMapped(mapped, &verified, &progress));
   }
-  IoStats read_stats;
+  LoadStats read_stats;
   SP_RETURN_IF_ERROR(reader.ReadMany(jobs, &read_stats, options.verify_checksums, &progress));
   progress.Finish();
   if (options.stats != nullptr) {
     // (The data files are opened for their header checks even when nothing is read from them.)
     bool direct = !jobs.empty() && read_stats.direct_io;
-    *options.stats = IoStats{bytes, verified + read_stats.chunks, 0, direct, 0};
+    *options.stats = LoadStats{bytes, verified + read_stats.chunks, 0, direct, 0};
     for (size_t i = 0; i < keep.size(); ++i) {
       if (keep[i]) options.stats->stored_bytes += reader.tensors()[i].stored_bytes;
     }
@@ -136,7 +136,7 @@ Status LoadInto(const std::string& path, State& targets, const LoadOptions& opti
   return engine::CopyValues(reader->values(), &targets);
 }
 
-Status VerifyCheckpoint(const std::string& path, const LoadOptions& options, IoStats* stats) {
+Status VerifyCheckpoint(const std::string& path, const LoadOptions& options, LoadStats* stats) {
   SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options));
   return reader->Verify(stats);
 }

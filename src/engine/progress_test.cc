@@ -225,7 +225,7 @@ TEST_F(ProgressOption, CompressedVerifyCountsLogicalBytes) {
   LoadOptions o;
   o.io_threads = 1;
   o.progress = rec.Fn();
-  IoStats stats;
+  LoadStats stats;
   SP_ASSERT_OK(VerifyCheckpoint(dir.Sub("z"), o, &stats));
   EXPECT_TRUE(rec.Check(s.tensor_bytes(), /*partial=*/true));
   EXPECT_EQ(stats.bytes, s.tensor_bytes());  // logical

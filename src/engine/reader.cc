@@ -367,7 +367,7 @@ Status Reader::AddTasks(size_t ti, Destination dst, std::vector<Task>* tasks,
   return Status::OK();
 }
 
-Status Reader::ReadMany(const std::vector<std::pair<size_t, Destination>>& jobs, IoStats* stats,
+Status Reader::ReadMany(const std::vector<std::pair<size_t, Destination>>& jobs, LoadStats* stats,
                         bool verify, Progress* progress) {
   auto start = std::chrono::steady_clock::now();
   std::vector<Task> tasks;
@@ -412,7 +412,7 @@ Status Reader::ReadMany(const std::vector<std::pair<size_t, Destination>>& jobs,
                DTypeSize(sc.tensor->dtype));
   }
   if (stats != nullptr) {
-    *stats = IoStats{0, chunks, 0, false, 0};
+    *stats = LoadStats{0, chunks, 0, false, 0};
     for (const auto& f : files_) stats->direct_io = stats->direct_io || (f && f->direct());
     for (const auto& [ti, dst] : jobs) {
       stats->bytes += infos_[ti].nbytes;
@@ -450,7 +450,7 @@ Result<Tensor> Reader::ReadTensor(const std::string& name) {
   return t;
 }
 
-Status Reader::Verify(IoStats* stats) {
+Status Reader::Verify(LoadStats* stats) {
   for (uint32_t f = 0; f < m_.files.size(); ++f) SP_RETURN_IF_ERROR(File(f).status());
   std::vector<std::pair<size_t, Destination>> jobs;
   for (size_t i = 0; i < m_.tensors.size(); ++i) jobs.emplace_back(i, Destination{});

@@ -70,14 +70,14 @@ class Reader final : public CheckpointReader {
 
   Status ReadTensor(const std::string& name, const TensorView& dst) override;
   Result<Tensor> ReadTensor(const std::string& name) override;
-  Status Verify(IoStats* stats) override;
+  Status Verify(LoadStats* stats) override;
   Result<TensorView> MapTensor(const std::string& name, bool verify) override;
 
   // Reads several tensors (by index into the manifest) into their destinations in one parallel
   // pass. Destinations of multi-shard tensors receive the assembled global tensor. The raw bytes
   // of every chunk read are counted in `progress` when given (the caller finishes it), else
   // reported to LoadOptions::progress (total: the raw bytes of all chunks of `jobs`).
-  Status ReadMany(const std::vector<std::pair<size_t, Destination>>& jobs, IoStats* stats,
+  Status ReadMany(const std::vector<std::pair<size_t, Destination>>& jobs, LoadStats* stats,
                   bool verify, Progress* progress = nullptr);
   // Index of a tensor in the manifest, or -1.
   int64_t IndexOf(std::string_view name) const;

@@ -485,11 +485,11 @@ Status Save(const State& state, const std::string& path, const SaveOptions& o) {
     return s.WithContext(fmt::format("save {}", target.path));
   }
   if (o.stats != nullptr) {
-    *o.stats = IoStats{state.tensor_bytes(), 0, 0, direct, stored};
+    *o.stats = SaveStats{state.tensor_bytes(), 0, 0, direct, stored, 0, 0};
     for (const auto& [n, e] : state.entries()) {
       if (e.is_tensor()) o.stats->chunks += format::NumChunks(e.tensor().nbytes(), o.chunk_bytes);
     }
-    o.stats->seconds =
+    o.stats->seconds = o.stats->blocked_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   return Status::OK();

@@ -176,7 +176,9 @@ Status SaveSafetensors(const State& state, const std::string& path,
     return s.WithContext(context);
   }
   if (options.stats != nullptr) {
-    *options.stats = IoStats{state.tensor_bytes(), 0, SecondsSince(start), false};
+    const double seconds = SecondsSince(start);
+    const uint64_t bytes = state.tensor_bytes();
+    *options.stats = SaveStats{bytes, 0, seconds, false, bytes, seconds, 0};
   }
   return Status::OK();
 }
@@ -220,7 +222,9 @@ Result<State> LoadSafetensors(const std::string& path, const SafetensorsLoadOpti
     if (engine::Selected(options.names, name)) SP_RETURN_IF_ERROR(state.PutValue(name, e.value()));
   }
   state.metadata() = info.values.metadata();
-  if (options.stats != nullptr) *options.stats = IoStats{bytes, 0, SecondsSince(start), false};
+  if (options.stats != nullptr) {
+    *options.stats = LoadStats{bytes, 0, SecondsSince(start), false, bytes};
+  }
   return state;
 }
 

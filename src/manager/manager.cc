@@ -89,7 +89,7 @@ class ManagerImpl final : public CheckpointManager {
     SP_RETURN_IF_ERROR(Reap(true));
     SP_ASSIGN_OR_RETURN(CheckpointRecord rec, Find(which));
     auto t0 = std::chrono::steady_clock::now();
-    IoStats io;
+    LoadStats io;
     LoadOptions lo = LoadOpts();
     lo.stats = &io;
     SP_ASSIGN_OR_RETURN(State state, Load(rec.path, lo));
@@ -380,7 +380,7 @@ class ManagerImpl final : public CheckpointManager {
       SP_ASSIGN_OR_RETURN(SaveHandle h, async_->SaveAsync(full, rec.path, so));
       pending_.push_back({std::move(h), std::move(rec)});
     } else {
-      IoStats io;
+      SaveStats io;
       so.stats = &io;
       so.io_threads = o_.io_threads;  // async saves use async_options.io_threads
       SP_RETURN_IF_ERROR(savepoint::Save(full, rec.path, so));
@@ -473,8 +473,8 @@ class ManagerImpl final : public CheckpointManager {
       pending_.pop_front();
       Status s = p.handle.Wait();
       SaveStats st = p.handle.stats();
-      CheckpointStats cs{"checkpoint_save", p.record.name,      p.record.step,
-                         st.bytes,          st.persist_seconds, st.blocked_seconds};
+      CheckpointStats cs{"checkpoint_save", p.record.name, p.record.step,
+                         st.bytes,          st.seconds,    st.blocked_seconds};
       if (s.ok()) s = Commit(std::move(p.record), cs);
       if (!s.ok()) spdlog::error("savepoint: async save failed: {}", s.ToString());
       if (!s.ok() && first.ok()) first = s;

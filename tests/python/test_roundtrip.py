@@ -270,8 +270,12 @@ def test_async_save_snapshot_semantics(tmp_path):
     assert fut.wait(timeout=60) and fut.done() and fut.exception() is None
     s = fut.result()
     assert s["bytes"] == t.numel() * 4 + a.nbytes and s["blocked_seconds"] > 0
+    assert s["seconds"] >= s["blocked_seconds"] and s["chunks"] > 0
     back = savepoint.load(tmp_path / "c")
     assert back["t"].sum() == 0 and back["a"].sum() == 0 and back["step"] == 9
+    # One shape of save statistics, synchronous or not.
+    sync = savepoint.save({"t": t}, tmp_path / "d")
+    assert set(sync) == set(s) and sync["blocked_seconds"] == sync["seconds"] > 0
 
 
 def test_async_errors_and_checkpointer_lifecycle(tmp_path):
