@@ -122,7 +122,11 @@ std::string DumpJson(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-nb::dict LoadStatsToPython(const LoadStats& s) {
+namespace {
+
+// The fields SaveStats and LoadStats share.
+template <typename Stats>
+nb::dict CommonStatsToPython(const Stats& s) {
   nb::dict d;
   d["bytes"] = s.bytes;
   d["stored_bytes"] = s.stored_bytes;
@@ -132,15 +136,14 @@ nb::dict LoadStatsToPython(const LoadStats& s) {
   return d;
 }
 
+}  // namespace
+
+nb::dict LoadStatsToPython(const LoadStats& s) { return CommonStatsToPython(s); }
+
 nb::dict SaveStatsToPython(const SaveStats& s) {
-  nb::dict d;
-  d["bytes"] = s.bytes;
-  d["stored_bytes"] = s.stored_bytes;
-  d["chunks"] = s.chunks;
-  d["seconds"] = s.seconds;
+  nb::dict d = CommonStatsToPython(s);
   d["blocked_seconds"] = s.blocked_seconds;
   d["snapshot_seconds"] = s.snapshot_seconds;
-  d["direct_io"] = s.direct_io;
   return d;
 }
 
