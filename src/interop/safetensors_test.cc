@@ -259,6 +259,23 @@ TEST_F(SafetensorsTest, MmapGivesViewsKeptAliveByTheState) {
   SP_ASSERT_OK(read.status());
   EXPECT_EQ(read->num_keep_alive(), 0u);
   EXPECT_TRUE(StatesEqual(st, *read));
+
+  // Copy-on-write views are writable and private: the file keeps its bytes.
+  SafetensorsLoadOptions cow;
+  cow.mmap = true;
+  cow.map_mode = MapMode::kCopyOnWrite;
+  Result<State> writable = LoadSafetensors(path, cow);
+  SP_ASSERT_OK(writable.status());
+  for (const auto& [name, e] : writable->entries()) {
+    if (e.is_tensor()) std::memset(e.tensor().data(), 0x5a, e.tensor().nbytes());
+  }
+  Result<State> again = LoadSafetensors(path);
+  SP_ASSERT_OK(again.status());
+  EXPECT_TRUE(StatesEqual(st, *again));
+  // Copy-on-write without mmap is refused, not ignored.
+  SafetensorsLoadOptions bad;
+  bad.map_mode = MapMode::kCopyOnWrite;
+  EXPECT_EQ(LoadSafetensors(path, bad).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(SafetensorsTest, OverwriteReplacesAndLeavesNoDebris) {
