@@ -200,12 +200,11 @@ double Load(Communicator& c, const Args& a, const std::string& path, int64_t row
       c,
       [&] {
         if (c.rank() >= world) return;
-        LoadOptions o;
-        o.io_threads = a.threads;
+        const IoOptions io{.io_threads = a.threads};
         if (into) {
-          Must(LoadDistributed(path, targets, layout, o), "load");
+          Must(LoadDistributed(path, targets, layout, {}, io), "load");
         } else {
-          loaded = LoadDistributedAlloc(path, layout, o);
+          loaded = LoadDistributedAlloc(path, layout, {}, io);
           Must(loaded.status(), "load");
         }
       },
@@ -268,8 +267,8 @@ int RunIo(const Args& a) {
   std::string path = a.dir + "/dist_bench_ckpt";
   if (c.rank() == 0) std::filesystem::remove_all(path);
   DistributedSaveOptions o;
-  o.save.io_threads = a.threads;
   o.save.chunk_bytes = a.chunk_bytes;
+  const IoOptions io{.io_threads = a.threads};
   // Each kind `reps` times, alternating; the first load of a process also pays for first-touching
   // fresh memory, which is slow in some VMs. Ratios of medians.
   std::vector<double> t[2][2];         // [into][resharded]
@@ -278,7 +277,7 @@ int RunIo(const Args& a) {
                                   fmt::format("{}/dist_bench_dd-{}", a.dir, c.rank())};
   for (int rep = 0; rep < a.reps; ++rep) {
     if (c.rank() == 0) std::filesystem::remove_all(path);  // before the clock (Timed's barrier)
-    save.push_back(Timed(c, [&] { Must(SaveDistributed(c, local, mine, path, o), "save"); }));
+    save.push_back(Timed(c, [&] { Must(SaveDistributed(c, local, mine, path, o, io), "save"); }));
     Report(c, fmt::format("save#{}", rep + 1).c_str(), model, save.back());
     for (int write : {1, 0}) {
       if (!a.Want("dd")) continue;

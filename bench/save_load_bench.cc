@@ -77,7 +77,7 @@ struct Args {
   std::string dir;
   uint64_t bytes = 0;
   uint64_t tensors = 0;  // 0 = one per ~64 MiB
-  int threads = SaveOptions{}.io_threads;
+  int threads = IoOptions{}.io_threads;
   uint64_t chunk_bytes = SaveOptions{}.chunk_bytes;
   bool direct = true;
   bool json = false;
@@ -86,6 +86,9 @@ struct Args {
   std::vector<std::string> phases = {"save", "load", "verify", "loadinto"};
   Compression compression;
   std::string fill = "random";
+
+  // --threads and --no-direct, for every call and Checkpointer.
+  IoOptions Io() const { return IoOptions{.io_threads = threads, .direct_io = direct}; }
 };
 
 struct Measurement {
@@ -530,18 +533,14 @@ Measurement MemcpyPhase(const State& state) {
 // async-persist.
 std::vector<Measurement> AsyncPhase(const Args& a, const State& state, const std::string& path,
                                     const std::function<void(const Status&, const char*)>& check) {
-  CheckpointerOptions co;
-  co.io_threads = a.threads;
-  Result<std::unique_ptr<Checkpointer>> ckptr = Checkpointer::Create(co);
+  Result<std::unique_ptr<Checkpointer>> ckptr = Checkpointer::Create({}, a.Io());
   check(ckptr.status(), "create checkpointer");
-  SaveOptions so;
-  so.direct_io = a.direct;
   std::vector<Measurement> out;
   for (const char* name : {"async-first-stall", "async-stall"}) {
     RemoveOne(path);
     Measurement stall{name};
     Timer t;
-    Result<SaveHandle> h = (*ckptr)->SaveAsync(state, path, so);
+    Result<SaveHandle> h = (*ckptr)->SaveAsync(state, path);
     t.Stop(&stall);
     check(h.status(), "SaveAsync");
     check(h->Wait(), "SaveAsync (background)");
@@ -567,9 +566,7 @@ std::vector<Measurement> AsyncPhase(const Args& a, const State& state, const std
 // A fresh Checkpointer reserves staging memory for the state, then the first SaveAsync is timed.
 Measurement AsyncReservedPhase(const Args& a, const State& state, const std::string& path,
                                const std::function<void(const Status&, const char*)>& check) {
-  CheckpointerOptions co;
-  co.io_threads = a.threads;
-  Result<std::unique_ptr<Checkpointer>> ckptr = Checkpointer::Create(co);
+  Result<std::unique_ptr<Checkpointer>> ckptr = Checkpointer::Create({}, a.Io());
   check(ckptr.status(), "create checkpointer");
   Checkpointer& c = **ckptr;
   const uint64_t want = std::min(state.tensor_bytes(), c.staging_cap_bytes());
@@ -581,11 +578,9 @@ Measurement AsyncReservedPhase(const Args& a, const State& state, const std::str
   const double reserve_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   RemoveOne(path);
-  SaveOptions so;
-  so.direct_io = a.direct;
   Measurement stall{"async-reserved-first-stall"};
   Timer t;
-  Result<SaveHandle> h = c.SaveAsync(state, path, so);
+  Result<SaveHandle> h = c.SaveAsync(state, path);
   t.Stop(&stall);
   check(h.status(), "SaveAsync");
   check(h->Wait(), "SaveAsync (background)");
@@ -662,23 +657,19 @@ int main(int argc, char** argv) {
   auto check = [&](const Status& s, const char* what) {
     if (!s.ok()) Die(fmt::format("{}: {}", what, s.ToString()));
   };
-  LoadOptions lo;
-  lo.io_threads = a.threads;
-  lo.direct_io = a.direct;
+  const IoOptions io = a.Io();
   auto cold = [&] { cache_method = DropCaches(ckpt, a.drop_caches); };
 
   // (a) Save.
   {
     SaveStats st;
     SaveOptions so;
-    so.io_threads = a.threads;
     so.chunk_bytes = a.chunk_bytes;
-    so.direct_io = a.direct;
     so.compression = a.compression;
     so.stats = &st;
     Measurement m{"save"};
     Timer t;
-    check(Save(state, ckpt, so), "save");
+    check(Save(state, ckpt, so, io), "save");
     t.Stop(&m);
     Record(&m, st);
     if (Has(a, "save")) report(m);
@@ -705,7 +696,7 @@ int main(int argc, char** argv) {
     }
     Measurement m{phase};
     LoadStats st;
-    LoadOptions o = lo;
+    LoadOptions o;
     o.stats = &st;
     if (phase == "load" || phase == "load-nocrc" || phase == "load-mmap") {
       // Load into fresh tensors (allocation and first-touch page faults are part of the cost), or
@@ -714,14 +705,14 @@ int main(int argc, char** argv) {
       o.mmap = phase == "load-mmap";
       cold();
       Timer t;
-      Result<State> loaded = Load(ckpt, o);
+      Result<State> loaded = Load(ckpt, o, io);
       t.Stop(&m);
       check(loaded.status(), phase.c_str());
       Compare(state, *loaded, phase.c_str());
     } else if (phase == "verify") {
       cold();
       Timer t;
-      check(VerifyCheckpoint(ckpt, lo, &st), "verify");
+      check(VerifyCheckpoint(ckpt, o, io), "verify");
       t.Stop(&m);
     } else if (phase == "loadinto") {
       // LoadInto preallocated, already-touched aligned tensors (a training loop resuming).
@@ -734,7 +725,7 @@ int main(int argc, char** argv) {
       }
       cold();
       Timer t;
-      check(LoadInto(ckpt, targets, o), "loadinto");
+      check(LoadInto(ckpt, targets, o, io), "loadinto");
       t.Stop(&m);
       Compare(state, targets, "loadinto");
     }

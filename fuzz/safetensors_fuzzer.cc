@@ -40,15 +40,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   MemFileSystem fs;
   std::string_view input(reinterpret_cast<const char*>(data), size);
   if (!fs.WriteFileSynced("/in.safetensors", input).ok()) std::abort();
+  const IoOptions io{.fs = &fs};
   SafetensorsLoadOptions load;
-  load.fs = &fs;
   load.mmap = (size & 1) != 0;  // both paths, on about half the inputs each
-  Result<State> state = LoadSafetensors("/in.safetensors", load);
+  Result<State> state = LoadSafetensors("/in.safetensors", load, io);
   if (!state.ok()) return 0;
-  SafetensorsSaveOptions save;
-  save.fs = &fs;
-  if (!SaveSafetensors(*state, "/out.safetensors", save).ok()) std::abort();
-  Result<State> again = LoadSafetensors("/out.safetensors", load);
+  if (!SaveSafetensors(*state, "/out.safetensors", {}, io).ok()) std::abort();
+  Result<State> again = LoadSafetensors("/out.safetensors", load, io);
   if (!again.ok() || !SameState(*state, *again)) std::abort();
   return 0;
 }

@@ -21,18 +21,17 @@ namespace {
 using testing::RandomState;
 using testing::StatesEqual;
 
-std::unique_ptr<Checkpointer> Make(uint64_t staging, uint64_t slab = 64 << 10, int threads = 2) {
+// A Checkpointer whose saves write through `fs` (nullptr = DefaultFileSystem()).
+std::unique_ptr<Checkpointer> Make(uint64_t staging, FileSystem* fs = nullptr,
+                                   uint64_t slab = 64 << 10, int threads = 2) {
   CheckpointerOptions o;
   o.staging_bytes = staging;
   o.slab_bytes = slab;
-  o.io_threads = threads;
-  return Checkpointer::Create(o).value();
+  return Checkpointer::Create(o, {.fs = fs, .io_threads = threads}).value();
 }
 
 State LoadFrom(FileSystem* fs, const std::string& path) {
-  LoadOptions lo;
-  lo.fs = fs;
-  Result<State> s = Load(path, lo);
+  Result<State> s = Load(path, {}, {.fs = fs});
   EXPECT_TRUE(s.ok()) << s.status().ToString();
   return s.ok() ? std::move(s).value() : State();
 }
@@ -41,7 +40,7 @@ TEST(Async, RoundTripOnDisk) {
   uint64_t seed = testing::TestSeed("Async.RoundTripOnDisk");
   testing::TempDir dir;
   State s = RandomState(seed, 12, 3 << 20);
-  auto ckpt = Make(uint64_t{64} << 20, 1 << 20);
+  auto ckpt = Make(uint64_t{64} << 20, nullptr, 1 << 20);
   Result<SaveHandle> h = ckpt->SaveAsync(s, dir.Sub("a"));
   SP_ASSERT_OK(h.status());
   SP_ASSERT_OK(h->Wait());
@@ -60,10 +59,8 @@ TEST(Async, StateLargerThanStagingStaysWithinCap) {
   uint64_t seed = testing::TestSeed("Async.StateLargerThanStagingStaysWithinCap");
   MemFileSystem fs;
   State s = RandomState(seed, 20, 8 << 20);  // 8 MiB through a 256 KiB pool
-  auto ckpt = Make(256 << 10);
-  SaveOptions so;
-  so.fs = &fs;
-  Result<SaveHandle> h = ckpt->SaveAsync(s, "/a", so);
+  auto ckpt = Make(256 << 10, &fs);
+  Result<SaveHandle> h = ckpt->SaveAsync(s, "/a");
   SP_ASSERT_OK(h.status());
   SP_ASSERT_OK(h->Wait());
   EXPECT_LE(ckpt->staging_allocated_bytes(), ckpt->staging_cap_bytes());
@@ -86,18 +83,16 @@ TEST(Async, ReserveAllocatesStagingInTheBackground) {
   o.staging_bytes = 16 << 20;
   o.slab_bytes = 1 << 20;
   o.prefault_bytes = (5 << 20) - 1;  // rounds up to 5 slabs
-  auto ckpt = Checkpointer::Create(o).value();
+  MemFileSystem fs;
+  auto ckpt = Checkpointer::Create(o, {.fs = &fs, .io_threads = 2}).value();
   ASSERT_TRUE(Eventually([&] { return ckpt->staging_allocated_bytes() == (5u << 20); }));
   EXPECT_EQ(ckpt->staging_in_use_bytes(), 0u);
   ckpt->Reserve(uint64_t{1} << 40);  // far over the cap: stops at it
   ASSERT_TRUE(Eventually([&] { return ckpt->staging_allocated_bytes() == (16u << 20); }));
   ckpt->Reserve(1 << 20);  // below what is allocated: nothing to do
-  MemFileSystem fs;
-  SaveOptions so;
-  so.fs = &fs;
   State s =
       RandomState(testing::TestSeed("Async.ReserveAllocatesStagingInTheBackground"), 4, 3 << 20);
-  Result<SaveHandle> h = ckpt->SaveAsync(s, "/a", so);
+  Result<SaveHandle> h = ckpt->SaveAsync(s, "/a");
   SP_ASSERT_OK(h.status());
   SP_ASSERT_OK(h->Wait());
   EXPECT_EQ(ckpt->staging_allocated_bytes(), 16u << 20);  // no slab allocated past the cap
@@ -111,10 +106,8 @@ TEST(Async, MutatingAfterSnapshotDoesNotChangeWhatIsSaved) {
   Tensor copy = Tensor::CopyOf(w.view()).value();
   State s;
   SP_ASSERT_OK(s.PutView("w", w.view()));
-  auto ckpt = Make(64 << 20);
-  SaveOptions so;
-  so.fs = &fs;
-  Result<SaveHandle> h = ckpt->SaveAsync(s, "/a", so);
+  auto ckpt = Make(64 << 20, &fs);
+  Result<SaveHandle> h = ckpt->SaveAsync(s, "/a");
   SP_ASSERT_OK(h.status());
   std::memset(w.data(), 0xEE, w.nbytes());  // the "optimizer step" after the snapshot
   SP_ASSERT_OK(h->Wait());
@@ -131,25 +124,21 @@ TEST(Async, ManySmallTensorsAndEmptyState) {
     testing::FillPattern(t.view(), i);
     SP_ASSERT_OK(s.Put(fmt::format("p.{}", i), std::move(t)));
   }
-  auto ckpt = Make(1 << 20);
-  SaveOptions so;
-  so.fs = &fs;
-  SP_ASSERT_OK(ckpt->SaveAsync(s, "/small", so).value().Wait());
+  auto ckpt = Make(1 << 20, &fs);
+  SP_ASSERT_OK(ckpt->SaveAsync(s, "/small").value().Wait());
   EXPECT_TRUE(StatesEqual(s, LoadFrom(&fs, "/small")));
-  SP_ASSERT_OK(ckpt->SaveAsync(State(), "/empty", so).value().Wait());
+  SP_ASSERT_OK(ckpt->SaveAsync(State(), "/empty").value().Wait());
   EXPECT_EQ(LoadFrom(&fs, "/empty").size(), 0u);
 }
 
 TEST(Async, OneSaveInFlightByDefault) {
   MemFileSystem fs;
-  auto ckpt = Make(128 << 10);
-  SaveOptions so;
-  so.fs = &fs;
+  auto ckpt = Make(128 << 10, &fs);
   std::vector<SaveHandle> handles;
   std::vector<State> states;
   for (int i = 0; i < 5; ++i) states.push_back(RandomState(100 + i, 4, 1 << 20));
   for (int i = 0; i < 5; ++i) {
-    Result<SaveHandle> h = ckpt->SaveAsync(states[i], fmt::format("/s{}", i), so);
+    Result<SaveHandle> h = ckpt->SaveAsync(states[i], fmt::format("/s{}", i));
     SP_ASSERT_OK(h.status());
     if (i > 0) {
       EXPECT_TRUE(handles.back().Poll()) << "previous save still running when the next started";
@@ -168,12 +157,10 @@ TEST(Async, ConcurrentSavesWhenAllowed) {
   o.staging_bytes = 512 << 10;
   o.slab_bytes = 64 << 10;
   o.allow_concurrent_saves = true;
-  auto ckpt = Checkpointer::Create(o).value();
-  SaveOptions so;
-  so.fs = &fs;
+  auto ckpt = Checkpointer::Create(o, {.fs = &fs, .io_threads = 2}).value();
   State a = RandomState(1, 4, 1 << 20), b = RandomState(2, 4, 1 << 20);
-  SaveHandle ha = ckpt->SaveAsync(a, "/a", so).value();
-  SaveHandle hb = ckpt->SaveAsync(b, "/b", so).value();
+  SaveHandle ha = ckpt->SaveAsync(a, "/a").value();
+  SaveHandle hb = ckpt->SaveAsync(b, "/b").value();
   SP_ASSERT_OK(ha.Wait());
   SP_ASSERT_OK(hb.Wait());
   EXPECT_TRUE(StatesEqual(a, LoadFrom(&fs, "/a")));
@@ -197,23 +184,19 @@ TEST(Async, BackgroundFaultsAreReportedAndRecovered) {
         fmt::format("{} #{} errno {}", FaultInjectionFileSystem::OpName(c.op), c.n, c.err));
     MemFileSystem mem;
     FaultInjectionFileSystem fault(&mem);
-    auto ckpt = Make(256 << 10);
-    SaveOptions so;
-    so.fs = &fault;
+    auto ckpt = Make(256 << 10, &fault);
     fault.FailNth(c.op, c.n, c.err);
-    Result<SaveHandle> h = ckpt->SaveAsync(s, "/root/a", so);
+    Result<SaveHandle> h = ckpt->SaveAsync(s, "/root/a");
     Status st = h.ok() ? h->Wait() : h.status();
     ASSERT_FALSE(st.ok());
     EXPECT_EQ(st.code(), c.err == ENOSPC ? StatusCode::kNoSpace : StatusCode::kIOError);
     EXPECT_NE(st.message().find("/root/a"), std::string::npos) << st.ToString();
     EXPECT_EQ(ckpt->staging_in_use_bytes(), 0u);
-    LoadOptions lo;
-    lo.fs = &mem;
-    Result<State> back = Load("/root/a", lo);
+    Result<State> back = Load("/root/a", {}, {.fs = &mem});
     if (c.op != Op::kSyncDir) {
       EXPECT_EQ(back.status().code(), StatusCode::kNotFound);
       fault.Reset();
-      SP_ASSERT_OK(ckpt->SaveAsync(s, "/root/a", so).value().Wait());
+      SP_ASSERT_OK(ckpt->SaveAsync(s, "/root/a").value().Wait());
       EXPECT_TRUE(StatesEqual(s, LoadFrom(&mem, "/root/a")));
     }
   }
@@ -222,10 +205,8 @@ TEST(Async, BackgroundFaultsAreReportedAndRecovered) {
 TEST(Async, PowerLossDuringPersistNeverCommitsATornCheckpoint) {
   State a = RandomState(1, 6, 512 << 10), b = RandomState(2, 6, 512 << 10);
   auto run = [&](MemFileSystem& mem, FileSystem* fs) {
-    auto ckpt = Make(128 << 10);
-    SaveOptions so;
-    so.fs = fs;
-    Result<SaveHandle> h = ckpt->SaveAsync(b, "/root/b", so);
+    auto ckpt = Make(128 << 10, fs);
+    Result<SaveHandle> h = ckpt->SaveAsync(b, "/root/b");
     return h.ok() ? h->Wait() : h.status();
     (void)mem;
   };
@@ -233,7 +214,7 @@ TEST(Async, PowerLossDuringPersistNeverCommitsATornCheckpoint) {
   {
     MemFileSystem mem;
     FaultInjectionFileSystem fault(&mem);
-    SP_ASSERT_OK(Save(a, "/root/a", SaveOptions{.fs = &mem}));
+    SP_ASSERT_OK(Save(a, "/root/a", {}, {.fs = &mem}));
     SP_ASSERT_OK(run(mem, &fault));
     total = fault.mutation_count();
   }
@@ -241,15 +222,13 @@ TEST(Async, PowerLossDuringPersistNeverCommitsATornCheckpoint) {
     SCOPED_TRACE(fmt::format("crash after {} of {}", k, total));
     MemFileSystem mem;
     FaultInjectionFileSystem fault(&mem);
-    SP_ASSERT_OK(Save(a, "/root/a", SaveOptions{.fs = &mem}));
+    SP_ASSERT_OK(Save(a, "/root/a", {}, {.fs = &mem}));
     fault.CrashAfter(k);
     Status st = run(mem, &fault);
     EXPECT_EQ(st.ok(), k >= total);
     mem.SimulatePowerLoss();
     EXPECT_TRUE(StatesEqual(a, LoadFrom(&mem, "/root/a")));
-    LoadOptions lo;
-    lo.fs = &mem;
-    Result<State> got = Load("/root/b", lo);
+    Result<State> got = Load("/root/b", {}, {.fs = &mem});
     if (got.ok()) {
       EXPECT_TRUE(StatesEqual(b, *got));
     } else {
@@ -311,9 +290,8 @@ TEST(Async, SnapshotThreadsGiveTheSameDataFile) {
     o.slab_bytes = 64 << 10;
     o.snapshot_threads = threads;
     o.persist_during_snapshot = threads % 2 == 0;  // both ways of starting the writers
-    auto ckpt = Checkpointer::Create(o).value();
+    auto ckpt = Checkpointer::Create(o, {.fs = &fs, .io_threads = 2}).value();
     SaveOptions so;
-    so.fs = &fs;
     const std::string raw = fmt::format("/raw{}", threads),
                       packed = fmt::format("/zstd{}", threads);
     SP_ASSERT_OK(ckpt->SaveAsync(s, raw, so).value().Wait());
@@ -326,9 +304,7 @@ TEST(Async, SnapshotThreadsGiveTheSameDataFile) {
     EXPECT_TRUE(bytes == reference) << "data file differs from the single-threaded snapshot's";
     for (const std::string& path : {raw, packed}) {
       EXPECT_TRUE(StatesEqual(s, LoadFrom(&fs, path))) << path;
-      LoadOptions vo;
-      vo.fs = &fs;
-      SP_EXPECT_OK(VerifyCheckpoint(path, vo));
+      SP_EXPECT_OK(VerifyCheckpoint(path, {}, {.fs = &fs}));
     }
   }
 }
@@ -346,11 +322,9 @@ TEST(Async, CopierFailureWithSeveralSnapshotThreads) {
     o.staging_bytes = 512 << 10;
     o.slab_bytes = 64 << 10;
     o.snapshot_threads = 4;
-    auto ckpt = Checkpointer::Create(o).value();
-    SaveOptions so;
-    so.fs = &fs;
+    auto ckpt = Checkpointer::Create(o, {.fs = &fs, .io_threads = 2}).value();
     const std::string path = fmt::format("/f{}", fail_after);
-    Result<SaveHandle> h = ckpt->SaveAsync(s, path, so);
+    Result<SaveHandle> h = ckpt->SaveAsync(s, path);
     Status st = h.ok() ? h->Wait() : h.status();
     EXPECT_NE(st.message().find("device-to-host"), std::string::npos) << st.ToString();
     EXPECT_FALSE(fs.Exists(path));
@@ -366,18 +340,16 @@ TEST(Async, PluggableCopier) {
   o.copier = &copier;
   o.staging_bytes = 1 << 20;
   o.slab_bytes = 128 << 10;
-  auto ckpt = Checkpointer::Create(o).value();
-  SaveOptions so;
-  so.fs = &fs;
-  SP_ASSERT_OK(ckpt->SaveAsync(s, "/a", so).value().Wait());
+  auto ckpt = Checkpointer::Create(o, {.fs = &fs, .io_threads = 2}).value();
+  SP_ASSERT_OK(ckpt->SaveAsync(s, "/a").value().Wait());
   EXPECT_EQ(copier.bytes, s.tensor_bytes());
   EXPECT_GT(copier.calls, 0);
   EXPECT_TRUE(StatesEqual(s, LoadFrom(&fs, "/a")));
 
   FailingCopier bad;
   o.copier = &bad;
-  auto ckpt2 = Checkpointer::Create(o).value();
-  Result<SaveHandle> h = ckpt2->SaveAsync(s, "/b", so);
+  auto ckpt2 = Checkpointer::Create(o, {.fs = &fs, .io_threads = 2}).value();
+  Result<SaveHandle> h = ckpt2->SaveAsync(s, "/b");
   Status st = h.ok() ? h->Wait() : h.status();
   EXPECT_NE(st.message().find("device-to-host"), std::string::npos) << st.ToString();
   EXPECT_FALSE(fs.Exists("/b"));
@@ -385,9 +357,8 @@ TEST(Async, PluggableCopier) {
 
 TEST(Async, HandleApiAndBadOptions) {
   MemFileSystem fs;
-  auto ckpt = Make(1 << 20);
+  auto ckpt = Make(1 << 20, &fs);
   SaveOptions so;
-  so.fs = &fs;
   State s = RandomState(3, 3, 256 << 10);
   SaveHandle h = ckpt->SaveAsync(s, "/a", so).value();
   EXPECT_TRUE(h.WaitFor(std::chrono::seconds(30)));
@@ -398,12 +369,11 @@ TEST(Async, HandleApiAndBadOptions) {
   bad.slab_bytes = 1000;
   EXPECT_EQ(Checkpointer::Create(bad).status().code(), StatusCode::kInvalidArgument);
   bad.slab_bytes = 1 << 20;
-  bad.io_threads = 0;
-  EXPECT_EQ(Checkpointer::Create(bad).status().code(), StatusCode::kInvalidArgument);
-  bad.io_threads = 2;
+  EXPECT_EQ(Checkpointer::Create(bad, {.io_threads = 0}).status().code(),
+            StatusCode::kInvalidArgument);
   for (int threads : {-1, 65}) {
     bad.snapshot_threads = threads;
-    Status st = Checkpointer::Create(bad).status();
+    Status st = Checkpointer::Create(bad, {.io_threads = 2}).status();
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(st.message().find("snapshot_threads"), std::string::npos) << st.ToString();
   }
@@ -412,15 +382,14 @@ TEST(Async, HandleApiAndBadOptions) {
   for (int field = 0; field < 3; ++field) {
     SaveOptions odd = so;
     if (field == 0) odd.chunk_bytes = 1 << 20;  // the slabs are 64 KiB
-    if (field == 1) odd.io_threads = 7;         // the Checkpointer has 2
+    if (field == 1) odd.progress = [](uint64_t, uint64_t) {};
     if (field == 2) odd.stats = &io;
     Status st = ckpt->SaveAsync(s, "/b", odd).status();
     EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
-    const char* name[] = {"chunk_bytes", "io_threads", "stats"};
+    const char* name[] = {"chunk_bytes", "SaveOptions.progress", "stats"};
     EXPECT_NE(st.message().find(name[field]), std::string::npos) << st.ToString();
   }
   EXPECT_FALSE(fs.Exists("/b"));
-  so.io_threads = 2;  // equal to the Checkpointer's: fine
   SP_EXPECT_OK(ckpt->SaveAsync(s, "/b", so).value().Wait());
 }
 

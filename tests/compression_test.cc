@@ -87,22 +87,20 @@ bool Has(const Status& s, std::string_view needle) {
 // bytes the save reported.
 Result<uint64_t> SaveWith(const State& state, const std::string& path, FileSystem* fs,
                           const Compression& c, bool async) {
+  const IoOptions io{.fs = fs, .io_threads = 3};
   SaveOptions so;
-  so.fs = fs;
   so.chunk_bytes = kChunk;
-  so.io_threads = 3;
   so.compression = c;
   SaveStats stats;
   if (!async) {
     so.stats = &stats;
-    SP_RETURN_IF_ERROR(Save(state, path, so));
+    SP_RETURN_IF_ERROR(Save(state, path, so, io));
     return stats.stored_bytes;
   }
   CheckpointerOptions co;
   co.slab_bytes = kChunk;
   co.staging_bytes = 4 * kChunk;  // smaller than the state: the snapshot waits for the writers
-  co.io_threads = 3;
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<Checkpointer> ckpt, Checkpointer::Create(co));
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<Checkpointer> ckpt, Checkpointer::Create(co, io));
   SP_ASSIGN_OR_RETURN(SaveHandle h, ckpt->SaveAsync(state, path, so));
   SP_RETURN_IF_ERROR(h.Wait());
   return h.stats().stored_bytes;
@@ -118,11 +116,7 @@ class CompressionRoundTrip : public ::testing::TestWithParam<Param> {
   bool posix() const { return std::get<3>(GetParam()); }
   FileSystem* fs() { return posix() ? DefaultFileSystem() : &mem_; }
   std::string Path() { return posix() ? dir_.Sub("ck") : "/ck"; }
-  LoadOptions Lo() {
-    LoadOptions lo;
-    lo.fs = fs();
-    return lo;
-  }
+  IoOptions Io() { return {.fs = fs()}; }
 
   MemFileSystem mem_;
   testing::TempDir dir_;
@@ -152,7 +146,7 @@ TEST_P(CompressionRoundTrip, EveryLoadPathReturnsTheSavedState) {
   EXPECT_LT(*stored, state.tensor_bytes());
   EXPECT_GT(*stored, 256000u);  // the random tensor is stored raw
 
-  auto reader = CheckpointReader::Open(Path(), Lo());
+  auto reader = CheckpointReader::Open(Path(), {}, Io());
   SP_ASSERT_OK(reader.status());
   CheckDescription(**reader, codec(), shuffle());
   LoadStats vs;
@@ -171,20 +165,20 @@ TEST_P(CompressionRoundTrip, EveryLoadPathReturnsTheSavedState) {
   EXPECT_TRUE(Has(mapped.status(), "compressed")) << mapped.status().ToString();
   SP_EXPECT_OK((*reader)->MapTensor("empty.f32", true).status());
 
-  Result<State> loaded = Load(Path(), Lo());
+  Result<State> loaded = Load(Path(), {}, Io());
   SP_ASSERT_OK(loaded.status());
   EXPECT_TRUE(StatesEqual(state, *loaded));
-  LoadOptions mm = Lo();
+  LoadOptions mm;
   mm.mmap = true;
-  Result<State> mapped_state = Load(Path(), mm);
+  Result<State> mapped_state = Load(Path(), mm, Io());
   SP_ASSERT_OK(mapped_state.status());
   EXPECT_TRUE(StatesEqual(state, *mapped_state));
   State into = MakeState(999);  // same names, dtypes and shapes; other bytes
-  SP_ASSERT_OK(LoadInto(Path(), into, Lo()));
+  SP_ASSERT_OK(LoadInto(Path(), into, {}, Io()));
   EXPECT_TRUE(StatesEqual(state, into));
-  LoadOptions unverified = Lo();
+  LoadOptions unverified;
   unverified.verify_checksums = false;
-  loaded = Load(Path(), unverified);
+  loaded = Load(Path(), unverified, Io());
   SP_ASSERT_OK(loaded.status());
   EXPECT_TRUE(StatesEqual(state, *loaded));
   Result<FileInfo> data = fs()->Stat(JoinPath(Path(), kDataFile));
@@ -212,9 +206,7 @@ TEST(Compression, UncompressedSavesKeepThePlainFormat) {
   MemFileSystem mem;
   State state = MakeState(3);
   SP_ASSERT_OK(SaveWith(state, "/ck", &mem, Compression{}, false).status());
-  LoadOptions lo;
-  lo.fs = &mem;
-  auto reader = CheckpointReader::Open("/ck", lo);
+  auto reader = CheckpointReader::Open("/ck", {}, {.fs = &mem});
   SP_ASSERT_OK(reader.status());
   const Json& j = (*reader)->manifest_json();
   EXPECT_EQ(j["required_features"], Json::array());
@@ -256,7 +248,6 @@ class CompressedCorruption : public ::testing::TestWithParam<Codec> {
   void SetUp() override {
     state_ = MakeState(5);
     ASSERT_TRUE(SaveWith(state_, "/ck", &fs_, Make(GetParam()), false).ok());
-    lo_.fs = &fs_;
     data_ = fs_.ReadFile("/ck/" + std::string(kDataFile), uint64_t{1} << 30).value();
     manifest_ = format::DecodeManifest(fs_.ReadFile("/ck/MANIFEST", 1 << 20).value(), "M").value();
   }
@@ -287,6 +278,7 @@ class CompressedCorruption : public ::testing::TestWithParam<Codec> {
   MemFileSystem fs_;
   State state_;
   LoadOptions lo_;
+  const IoOptions io_{.fs = &fs_};
   std::string data_;
   format::Manifest manifest_;
 };
@@ -297,9 +289,9 @@ TEST_P(CompressedCorruption, FlippedByteIsACrcMismatchOnEveryPath) {
   std::string d = data_;
   d[sc.offset + sc.bytes / 2] ^= 0x40;
   WriteData(d);
-  ExpectChunkCorruption(Load("/ck", lo_).status(), 1, "CRC32C mismatch");
-  ExpectChunkCorruption(VerifyCheckpoint("/ck", lo_), 1, "CRC32C mismatch");
-  auto reader = CheckpointReader::Open("/ck", lo_);
+  ExpectChunkCorruption(Load("/ck", lo_, io_).status(), 1, "CRC32C mismatch");
+  ExpectChunkCorruption(VerifyCheckpoint("/ck", lo_, io_), 1, "CRC32C mismatch");
+  auto reader = CheckpointReader::Open("/ck", lo_, io_);
   SP_ASSERT_OK(reader.status());
   ExpectChunkCorruption((*reader)->ReadTensor("zeros.f64").status(), 1, "compressed");
   SP_EXPECT_OK((*reader)->ReadTensor("mask.u8").status());  // other tensors still read
@@ -312,7 +304,7 @@ TEST_P(CompressedCorruption, GarbageWithoutVerificationIsADecompressionError) {
   for (uint64_t i = 0; i < sc.bytes; ++i) d[sc.offset + i] = static_cast<char>(0xA5 ^ i);
   WriteData(d);
   lo_.verify_checksums = false;
-  ExpectChunkCorruption(Load("/ck", lo_).status(), 2, "zeros.f64");
+  ExpectChunkCorruption(Load("/ck", lo_, io_).status(), 2, "zeros.f64");
 }
 
 TEST_P(CompressedCorruption, TruncatedStoredSizeInTheManifest) {
@@ -321,15 +313,15 @@ TEST_P(CompressedCorruption, TruncatedStoredSizeInTheManifest) {
   ASSERT_GT(sc.bytes, 8u);
   sc.bytes -= 8;
   WriteManifest();
-  ExpectChunkCorruption(Load("/ck", lo_).status(), 0, "CRC32C mismatch");
+  ExpectChunkCorruption(Load("/ck", lo_, io_).status(), 0, "CRC32C mismatch");
   lo_.verify_checksums = false;
-  ExpectChunkCorruption(Load("/ck", lo_).status(), 0, "zeros.f64");
+  ExpectChunkCorruption(Load("/ck", lo_, io_).status(), 0, "zeros.f64");
 }
 
 TEST_P(CompressedCorruption, StoredExtentPastTheFileIsRejectedAtOpen) {
   Shard("zeros.f64").stored.at(0).offset = manifest_.files[0].bytes;
   WriteManifest();
-  Status s = Load("/ck", lo_).status();
+  Status s = Load("/ck", lo_, io_).status();
   EXPECT_EQ(s.code(), StatusCode::kCorruption);
   EXPECT_TRUE(Has(s, "zeros.f64")) << s.ToString();
   EXPECT_TRUE(Has(s, "chunk 0")) << s.ToString();
@@ -349,7 +341,7 @@ TEST_P(CompressedCorruption, RandomDamageNeverCrashesTheDecompressor) {
       d[sc.offset + rng() % sc.bytes] = static_cast<char>(rng());
     }
     WriteData(d);
-    Status st = Load("/ck", lo_).status();
+    Status st = Load("/ck", lo_, io_).status();
     if (!st.ok()) {
       EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
       EXPECT_TRUE(Has(st, "tensor \"zeros.f64\" chunk")) << st.ToString();
@@ -377,9 +369,7 @@ TEST(CompressionFaults, NoSpaceDuringACompressedSaveCommitsNothing) {
     EXPECT_FALSE(mem.Exists("/root/ck"));
     EXPECT_TRUE(mem.ListDir("/root").value().empty());  // the temporary directory is gone
     SP_ASSERT_OK(SaveWith(state, "/root/ck", &fault, Make(Codec::kZstd), async).status());
-    LoadOptions lo;
-    lo.fs = &mem;
-    Result<State> back = Load("/root/ck", lo);
+    Result<State> back = Load("/root/ck", {}, {.fs = &mem});
     SP_ASSERT_OK(back.status());
     EXPECT_TRUE(StatesEqual(state, *back));
   }

@@ -52,10 +52,8 @@ class CorruptionTest : public ::testing::Test {
   void SetUp() override {
     state_ = MakeState(7);
     SaveOptions so;
-    so.fs = &fs_;
     so.chunk_bytes = kChunk;
-    ASSERT_TRUE(Save(state_, "/ck", so).ok());
-    lo_.fs = &fs_;
+    ASSERT_TRUE(Save(state_, "/ck", so, io_).ok());
     manifest_ = Read("/ck/MANIFEST");
     data_ = Read(DataPath());
     Result<format::Manifest> m = format::DecodeManifest(manifest_, "MANIFEST");
@@ -93,16 +91,19 @@ class CorruptionTest : public ::testing::Test {
   MemFileSystem fs_;
   State state_;
   LoadOptions lo_;
+  IoOptions io_{.fs = &fs_};
   std::string manifest_, data_;
   format::Manifest m_;
 };
 
 TEST_F(CorruptionTest, IntactCheckpointLoadsAndVerifies) {
-  Result<State> back = Load("/ck", lo_);
+  Result<State> back = Load("/ck", lo_, io_);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_TRUE(StatesEqual(state_, *back));
   LoadStats stats;
-  SP_EXPECT_OK(VerifyCheckpoint("/ck", lo_, &stats));
+  LoadOptions vo = lo_;
+  vo.stats = &stats;
+  SP_EXPECT_OK(VerifyCheckpoint("/ck", vo, io_));
   EXPECT_EQ(stats.chunks, 7u + 1u + 1u);
   EXPECT_EQ(ShardOf("model.w").crc32c.size(), 7u);
 }
@@ -115,9 +116,10 @@ TEST_F(CorruptionTest, BitFlipInEveryChunkIsNamedPrecisely) {
     FlipDataBit(chunk_offset + (chunk * 977) % len, static_cast<int>(chunk % 8));
     for (int threads : {1, 3, 8}) {
       SCOPED_TRACE(fmt::format("chunk {} io_threads {}", chunk, threads));
-      lo_.io_threads = threads;
-      std::vector<Status> errors = {Load("/ck", lo_).status(), VerifyCheckpoint("/ck", lo_)};
-      auto reader = CheckpointReader::Open("/ck", lo_);
+      io_.io_threads = threads;
+      std::vector<Status> errors = {Load("/ck", lo_, io_).status(),
+                                    VerifyCheckpoint("/ck", lo_, io_)};
+      auto reader = CheckpointReader::Open("/ck", lo_, io_);
       ASSERT_TRUE(reader.ok());
       errors.push_back((*reader)->ReadTensor("model.w").status());
       errors.push_back((*reader)->Verify());
@@ -140,7 +142,7 @@ TEST_F(CorruptionTest, UnverifiedLoadReturnsTheDamagedBytes) {
   uint64_t at = s.offset + 5000;
   FlipDataBit(at, 3);
   lo_.verify_checksums = false;
-  Result<State> back = Load("/ck", lo_);
+  Result<State> back = Load("/ck", lo_, io_);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   const TensorView* w = back->FindTensor("model.w");
   const TensorView* orig = state_.FindTensor("model.w");
@@ -153,10 +155,10 @@ TEST_F(CorruptionTest, UnverifiedLoadReturnsTheDamagedBytes) {
       std::memcmp(back->FindTensor("model.b")->data(), state_.FindTensor("model.b")->data(), 666),
       0);
   // Verification is still available on demand, and the selected subset loads cleanly.
-  EXPECT_EQ(VerifyCheckpoint("/ck", lo_).code(), StatusCode::kCorruption);
+  EXPECT_EQ(VerifyCheckpoint("/ck", lo_, io_).code(), StatusCode::kCorruption);
   lo_.verify_checksums = true;
   lo_.names = {"model.b", "scalar", "step"};
-  Result<State> part = Load("/ck", lo_);
+  Result<State> part = Load("/ck", lo_, io_);
   ASSERT_TRUE(part.ok()) << part.status().ToString();
   EXPECT_EQ(part->num_tensors(), 2u);
 }
@@ -165,7 +167,7 @@ TEST_F(CorruptionTest, FlipInPaddingOrPastExtentsIsHarmless) {
   // Padding between extents is not covered by any checksum and never read into a tensor.
   const format::ShardRecord& b = ShardOf("model.b");
   FlipDataBit(b.offset + b.bytes + 10);
-  Result<State> back = Load("/ck", lo_);
+  Result<State> back = Load("/ck", lo_, io_);
   ASSERT_TRUE(back.ok()) << back.status().ToString();
   EXPECT_TRUE(StatesEqual(state_, *back));
 }
@@ -175,7 +177,7 @@ TEST_F(CorruptionTest, TruncatedDataFile) {
        {data_.size() - 1, data_.size() - 4096, uint64_t{4096}, uint64_t{10}, uint64_t{0}}) {
     SCOPED_TRACE(fmt::format("truncated to {} bytes", size));
     Write(DataPath(), std::string_view(data_).substr(0, size));
-    for (const Status& st : {Load("/ck", lo_).status(), VerifyCheckpoint("/ck", lo_)}) {
+    for (const Status& st : {Load("/ck", lo_, io_).status(), VerifyCheckpoint("/ck", lo_, io_)}) {
       EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
       EXPECT_TRUE(Contains(st, kDataFile)) << st.ToString();
       EXPECT_TRUE(Contains(st, "truncated")) << st.ToString();
@@ -189,18 +191,17 @@ TEST_F(CorruptionTest, TruncatedDataFile) {
   }
   // Extra bytes at the end are tolerated.
   Write(DataPath(), data_ + std::string(5000, 'x'));
-  SP_EXPECT_OK(VerifyCheckpoint("/ck", lo_));
+  SP_EXPECT_OK(VerifyCheckpoint("/ck", lo_, io_));
 }
 
 TEST_F(CorruptionTest, DataFileFromAnotherCheckpoint) {
   SaveOptions so;
-  so.fs = &fs_;
   so.chunk_bytes = kChunk;
-  SP_ASSERT_OK(Save(state_, "/other", so));  // same state, same layout, another id
+  SP_ASSERT_OK(Save(state_, "/other", so, io_));  // same state, same layout, another id
   std::string foreign = Read(DataPath("/other"));
   ASSERT_EQ(foreign.size(), data_.size());
   Write(DataPath(), foreign);
-  for (const Status& st : {Load("/ck", lo_).status(), VerifyCheckpoint("/ck", lo_)}) {
+  for (const Status& st : {Load("/ck", lo_, io_).status(), VerifyCheckpoint("/ck", lo_, io_)}) {
     EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
     EXPECT_TRUE(Contains(st, "another checkpoint")) << st.ToString();
     EXPECT_TRUE(Contains(st, DataPath())) << st.ToString();
@@ -216,7 +217,7 @@ TEST_F(CorruptionTest, CorruptedDataHeader) {
                         Case{2000, "checksum"}, Case{4092, "checksum"}}) {
     SCOPED_TRACE(fmt::format("byte {}", c.offset));
     FlipDataBit(c.offset, 1);
-    for (const Status& st : {Load("/ck", lo_).status(), VerifyCheckpoint("/ck", lo_)}) {
+    for (const Status& st : {Load("/ck", lo_, io_).status(), VerifyCheckpoint("/ck", lo_, io_)}) {
       EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
       EXPECT_TRUE(Contains(st, c.needle)) << st.ToString();
       EXPECT_TRUE(Contains(st, DataPath())) << st.ToString();
@@ -227,12 +228,12 @@ TEST_F(CorruptionTest, CorruptedDataHeader) {
   format::PutU32(&d, 8, format::kFormatVersion + 1);
   format::PutU32(&d, 4092, Crc32c(std::string_view(d).substr(0, 4092)));
   Write(DataPath(), d);
-  EXPECT_EQ(VerifyCheckpoint("/ck", lo_).code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(VerifyCheckpoint("/ck", lo_, io_).code(), StatusCode::kUnimplemented);
 }
 
 TEST_F(CorruptionTest, MissingDataFile) {
   SP_ASSERT_OK(fs_.RemoveFile(DataPath()));
-  for (const Status& st : {Load("/ck", lo_).status(), VerifyCheckpoint("/ck", lo_)}) {
+  for (const Status& st : {Load("/ck", lo_, io_).status(), VerifyCheckpoint("/ck", lo_, io_)}) {
     EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.ToString();
     EXPECT_TRUE(Contains(st, kDataFile)) << st.ToString();
   }
@@ -257,15 +258,15 @@ TEST_F(CorruptionTest, DamagedManifest) {
   for (size_t i = 0; i < bad.size(); ++i) {
     SCOPED_TRACE(fmt::format("case {} ({} bytes)", i, bad[i].size()));
     Write("/ck/MANIFEST", bad[i]);
-    std::vector<Status> errors = {Load("/ck", lo_).status(), VerifyCheckpoint("/ck", lo_),
-                                  CheckpointReader::Open("/ck", lo_).status()};
+    std::vector<Status> errors = {Load("/ck", lo_, io_).status(), VerifyCheckpoint("/ck", lo_, io_),
+                                  CheckpointReader::Open("/ck", lo_, io_).status()};
     for (const Status& st : errors) {
       EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
       EXPECT_TRUE(Contains(st, "/ck/MANIFEST")) << st.ToString();
     }
   }
   SP_ASSERT_OK(fs_.RemoveFile("/ck/MANIFEST"));
-  Status missing = Load("/ck", lo_).status();
+  Status missing = Load("/ck", lo_, io_).status();
   EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing.ToString();
   EXPECT_TRUE(Contains(missing, "not a committed checkpoint")) << missing.ToString();
 }
@@ -293,16 +294,16 @@ TEST(CorruptionPosix, BitFlipOnDisk) {
   SP_ASSERT_OK(fs->WriteFileSynced(data_path, data));
   for (bool direct : {true, false}) {
     LoadOptions lo;
-    lo.direct_io = direct;
+    const IoOptions io{.direct_io = direct};
     for (const Status& st :
-         {Load(dir.Sub("ck"), lo).status(), VerifyCheckpoint(dir.Sub("ck"), lo)}) {
+         {Load(dir.Sub("ck"), lo, io).status(), VerifyCheckpoint(dir.Sub("ck"), lo, io)}) {
       EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
       EXPECT_TRUE(Contains(st, dir.Sub("ck"))) << st.ToString();
       EXPECT_TRUE(Contains(st, "\"model.w\" chunk 2 ")) << st.ToString();
       EXPECT_TRUE(Contains(st, fmt::format("offset {}", chunk2))) << st.ToString();
     }
     lo.verify_checksums = false;
-    SP_EXPECT_OK(Load(dir.Sub("ck"), lo).status());
+    SP_EXPECT_OK(Load(dir.Sub("ck"), lo, io).status());
   }
 }
 
@@ -382,8 +383,8 @@ TEST_F(CorruptionTest, FuzzManifest) {
       ASSERT_TRUE(Contains(m.status(), "/fz/MANIFEST")) << m.status().ToString();
     }
     Write("/fz/MANIFEST", bytes);
-    Result<State> loaded = Load("/fz", lo_);
-    if (m.ok() != CheckpointReader::Open("/fz", lo_).ok()) {
+    Result<State> loaded = Load("/fz", lo_, io_);
+    if (m.ok() != CheckpointReader::Open("/fz", lo_, io_).ok()) {
       ADD_FAILURE() << "DecodeManifest and CheckpointReader::Open disagree";
     }
     if (!m.ok()) {

@@ -33,24 +33,17 @@ struct World {
 
   explicit World(uint32_t format_version = 2) : version(format_version) {
     SaveOptions so;
-    so.fs = &mem;
     so.chunk_bytes = 16 << 10;
-    EXPECT_TRUE(Save(a, "/root/a", so).ok());
+    EXPECT_TRUE(Save(a, "/root/a", so, {.fs = &mem}).ok());
   }
   Status SaveB(const std::string& path, bool overwrite = false) {
     SaveOptions so;
-    so.fs = &fault;
     so.chunk_bytes = 16 << 10;
-    so.io_threads = 3;
     so.overwrite = overwrite;
     so.format_version = version;
-    return Save(b, path, so);
+    return Save(b, path, so, {.fs = &fault, .io_threads = 3});
   }
-  Result<State> LoadPath(const std::string& path) {
-    LoadOptions lo;
-    lo.fs = &mem;
-    return Load(path, lo);
-  }
+  Result<State> LoadPath(const std::string& path) { return Load(path, {}, {.fs = &mem}); }
   // Every directory under /root that is not hidden debris.
   std::vector<std::string> Visible() {
     std::vector<std::string> out;
@@ -225,12 +218,9 @@ TEST(PowerLoss, DeleteIsAllOrNothing) {
 // merge could lose the whole output.)
 TEST(PowerLoss, MergeIntoNewParentDirectories) {
   const std::string dst = "/root/new/deeper/merged";
-  auto merge = [&](World& w) {
-    MergeSafetensorsOptions o;
-    o.load.fs = &w.mem;
-    o.save.fs = &w.fault;
-    return MergeToSafetensors("/root/a", dst, o);
-  };
+  // The merge reads and writes through one file system: the fault-injecting one, whose reads pass
+  // straight through to w.mem (only mutations are counted and crashed).
+  auto merge = [&](World& w) { return MergeToSafetensors("/root/a", dst, {}, {.fs = &w.fault}); };
   uint64_t total = [&] {
     World w;
     EXPECT_TRUE(merge(w).ok());
@@ -243,9 +233,8 @@ TEST(PowerLoss, MergeIntoNewParentDirectories) {
     Status s = merge(w);
     w.mem.SimulatePowerLoss();
     ExpectAIntact(w);
-    SafetensorsLoadOptions lo;
-    lo.fs = &w.mem;
-    Result<State> merged = LoadSafetensors(JoinPath(dst, kSafetensorsSingleFile), lo);
+    Result<State> merged =
+        LoadSafetensors(JoinPath(dst, kSafetensorsSingleFile), {}, {.fs = &w.mem});
     if (s.ok()) {
       ASSERT_TRUE(merged.ok()) << "a merge that returned OK was lost: "
                                << merged.status().ToString();

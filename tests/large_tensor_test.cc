@@ -27,15 +27,13 @@ TEST(LargeTensor, MoreThan4GiBRoundTrips) {
   State s;
   SP_ASSERT_OK(s.PutView("huge", TensorView(src, DType::kU8, {int64_t(kElems)})));
   MemFileSystem fs;
+  const IoOptions io{.fs = &fs};
   SaveOptions so;
-  so.fs = &fs;
   so.chunk_bytes = 64 << 20;
-  SP_ASSERT_OK(Save(s, "/ck", so));
+  SP_ASSERT_OK(Save(s, "/ck", so, io));
   ::munmap(src, kElems);
 
-  LoadOptions lo;
-  lo.fs = &fs;
-  auto reader = CheckpointReader::Open("/ck", lo);
+  auto reader = CheckpointReader::Open("/ck", {}, io);
   SP_ASSERT_OK(reader.status());
   EXPECT_EQ((*reader)->tensors()[0].nbytes, kElems);
   EXPECT_EQ((*reader)->tensors()[0].num_chunks, (kElems + so.chunk_bytes - 1) / so.chunk_bytes);

@@ -17,7 +17,7 @@ using testing::ToyTrainer;
 ManagerOptions MemOptions(FileSystem* fs, std::string dir) {
   ManagerOptions o;
   o.directory = std::move(dir);
-  o.fs = fs;
+  o.io.fs = fs;
   o.keep_all = true;
   return o;
 }
@@ -280,7 +280,7 @@ TEST(JobRunner, GivenEpochAndInaccessibleStorage) {
 int64_t Session(FileSystem* fs) {
   ManagerOptions o;
   o.directory = "/ckpt";
-  o.fs = fs;
+  o.io.fs = fs;
   o.keep_last_n = 2;
   o.keep_every_n_steps = 4;
   auto m = CheckpointManager::Open(o);
@@ -320,9 +320,7 @@ TEST(ManagerCrash, PowerLossAfterEveryMutationLeavesAConsistentIndex) {
       EXPECT_GE(all.back().step, last_ok) << "a save that returned OK was lost";
     }
     for (const CheckpointRecord& r : all) {
-      LoadOptions lo;
-      lo.fs = &mem;
-      Result<State> s = Load(r.path, lo);
+      Result<State> s = Load(r.path, {}, {.fs = &mem});
       ASSERT_TRUE(s.ok()) << r.path << ": " << s.status().ToString();
       State want = testing::RandomState(r.step, 2, 32 << 10);
       for (const auto& [name, e] : want.entries()) {

@@ -20,7 +20,7 @@ using testing::ToyTrainer;
 ManagerOptions MemOptions(FileSystem* fs, std::string dir = "/ckpt") {
   ManagerOptions o;
   o.directory = std::move(dir);
-  o.fs = fs;
+  o.io.fs = fs;
   return o;
 }
 
@@ -200,9 +200,7 @@ TEST(Manager, IndexIsRebuiltWhenMissingOrStale) {
   // A checkpoint committed after the last index update (crash before the update) ...
   State extra = StateAt(9);
   extra.metadata()["savepoint.manager"] = {{"step", 9}, {"epoch", 1}, {"step_in_epoch", 9}};
-  SaveOptions so;
-  so.fs = &fs;
-  SP_ASSERT_OK(Save(extra, "/ckpt/ckpt-1_9", so));
+  SP_ASSERT_OK(Save(extra, "/ckpt/ckpt-1_9", {}, {.fs = &fs}));
   // ... and one deleted behind the index's back.
   SP_ASSERT_OK(DeleteCheckpoint("/ckpt/ckpt-1_2", &fs));
   {
@@ -252,9 +250,7 @@ TEST(Manager, AppendInfoAndCallables) {
   EXPECT_TRUE(fs.Exists("/runs/part0/model_at_3"));
   EXPECT_TRUE(fs.Exists("/runs/part1/model_at_12"));
   EXPECT_EQ(m->directory(), "/runs/part1");
-  LoadOptions lo;
-  lo.fs = &fs;
-  Result<State> s = Load("/runs/part0/model_at_3", lo);
+  Result<State> s = Load("/runs/part0/model_at_3", {}, {.fs = &fs});
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_EQ(s->FindValue("epoch_num")->as_int(), 2);
   EXPECT_EQ(s->FindValue("step_num")->as_int(), 3);

@@ -155,13 +155,10 @@ TEST(Mmap, LoadEqualsReadingLoadPosix) {
 TEST(Mmap, LoadEqualsReadingLoadMemAndFault) {
   MemFileSystem fs;
   State s = RandomState(11, 8, 1 << 20);
-  SaveOptions so;
-  so.fs = &fs;
-  SP_ASSERT_OK(Save(s, "/ck", so));
+  SP_ASSERT_OK(Save(s, "/ck", {}, {.fs = &fs}));
   LoadOptions lo;
-  lo.fs = &fs;
   lo.mmap = true;
-  Result<State> mapped = Load("/ck", lo);
+  Result<State> mapped = Load("/ck", lo, {.fs = &fs});
   SP_ASSERT_OK(mapped.status());
   EXPECT_TRUE(StatesEqual(s, *mapped));
   EXPECT_EQ(mapped->num_keep_alive(), 1u);
@@ -171,10 +168,8 @@ TEST(Mmap, LoadEqualsReadingLoadMemAndFault) {
 
   MemFileSystem base;
   FaultInjectionFileSystem fault(&base);
-  so.fs = &fault;
-  SP_ASSERT_OK(Save(s, "/ck", so));
-  lo.fs = &fault;
-  Result<State> through = Load("/ck", lo);
+  SP_ASSERT_OK(Save(s, "/ck", {}, {.fs = &fault}));
+  Result<State> through = Load("/ck", lo, {.fs = &fault});
   SP_ASSERT_OK(through.status());
   EXPECT_TRUE(StatesEqual(s, *through));
   for (const auto& [name, e] : through->entries()) {
@@ -186,14 +181,12 @@ TEST(Mmap, LoadEqualsReadingLoadMemAndFault) {
 
 TEST(Mmap, FileSystemWithoutMappingFallsBackToReading) {
   NoMapFileSystem fs;
+  const IoOptions io{.fs = &fs};
   State s = RandomState(5, 4, 1 << 18);
-  SaveOptions so;
-  so.fs = &fs;
-  SP_ASSERT_OK(Save(s, "/ck", so));
+  SP_ASSERT_OK(Save(s, "/ck", {}, io));
   LoadOptions lo;
-  lo.fs = &fs;
   lo.mmap = true;
-  Result<State> back = Load("/ck", lo);
+  Result<State> back = Load("/ck", lo, io);
   SP_ASSERT_OK(back.status());
   EXPECT_TRUE(StatesEqual(s, *back));
   EXPECT_EQ(back->num_keep_alive(), 0u);
@@ -202,7 +195,7 @@ TEST(Mmap, FileSystemWithoutMappingFallsBackToReading) {
       EXPECT_TRUE(IsOwned(*back, name)) << name;
     }
   }
-  auto reader = CheckpointReader::Open("/ck", lo);
+  auto reader = CheckpointReader::Open("/ck", lo, io);
   SP_ASSERT_OK(reader.status());
   Result<TensorView> v = (*reader)->MapTensor((*reader)->tensors()[0].name, true);
   EXPECT_EQ(v.status().code(), StatusCode::kUnimplemented) << v.status().ToString();

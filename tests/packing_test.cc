@@ -88,9 +88,8 @@ void ExpectAllReadersAgree(const std::string& path, const State& want) {
     for (int threads : {1, 4}) {
       SCOPED_TRACE(fmt::format("direct_io {} io_threads {}", direct, threads));
       LoadOptions o;
-      o.direct_io = direct;
-      o.io_threads = threads;
-      Result<State> got = Load(path, o);
+      const IoOptions io{.io_threads = threads, .direct_io = direct};
+      Result<State> got = Load(path, o, io);
       SP_ASSERT_OK(got.status());
       EXPECT_TRUE(StatesEqual(want, *got));
       // LoadInto caller buffers at an address 4 KiB-aligned plus 64 bytes (direct reads cannot
@@ -103,10 +102,11 @@ void ExpectAllReadersAgree(const std::string& path, const State& want) {
         SP_ASSERT_OK(into.PutView(
             name, TensorView(memory.back().data() + 64, e.tensor().dtype(), e.tensor().shape())));
       }
-      SP_ASSERT_OK(LoadInto(path, into, o));
+      SP_ASSERT_OK(LoadInto(path, into, o, io));
       EXPECT_TRUE(StatesEqual(want, into));
       LoadStats stats;
-      SP_ASSERT_OK(VerifyCheckpoint(path, o, &stats));
+      o.stats = &stats;
+      SP_ASSERT_OK(VerifyCheckpoint(path, o, io));
       EXPECT_EQ(stats.bytes, want.tensor_bytes());
     }
   }
@@ -241,7 +241,7 @@ TEST(Packing, AsyncSavesPackToo) {
   co.slab_bytes = 64 << 10;  // the packed region spans several slabs
   co.staging_bytes = 4 * co.slab_bytes;
   co.snapshot_threads = 3;
-  auto ckpt = Checkpointer::Create(co).value();
+  auto ckpt = Checkpointer::Create(co, {.io_threads = 2}).value();
   for (auto codec : {Compression::Codec::kNone, Compression::Codec::kLz4}) {
     const std::string path = dir.Sub(fmt::format("ckpt{}", static_cast<int>(codec)));
     SaveOptions o;
@@ -274,15 +274,15 @@ TEST(Packing, CorruptPackedTensorIsNamed) {
   };
   for (bool direct : {true, false}) {
     LoadOptions o;
-    o.direct_io = direct;
-    expect_named(Load(path, o).status());
-    expect_named(VerifyCheckpoint(path, o));
+    const IoOptions io{.direct_io = direct};
+    expect_named(Load(path, o, io).status());
+    expect_named(VerifyCheckpoint(path, o, io));
     o.mmap = true;
-    expect_named(Load(path, o).status());
+    expect_named(Load(path, o, io).status());
     // Its neighbours in the same 4 KiB block are intact.
     o.mmap = false;
     o.names = {TinyName(122), TinyName(124)};
-    SP_EXPECT_OK(Load(path, o).status());
+    SP_EXPECT_OK(Load(path, o, io).status());
   }
   auto reader = CheckpointReader::Open(path).value();
   expect_named(reader->MapTensor(victim, /*verify=*/true).status());

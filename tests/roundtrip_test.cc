@@ -34,14 +34,9 @@ TEST(RoundTrip, BufferedIoAndSingleThread) {
   uint64_t seed = testing::TestSeed("RoundTrip.BufferedIoAndSingleThread");
   TempDir dir;
   State s = RandomState(seed, 5, 1 << 20);
-  SaveOptions so;
-  so.direct_io = false;
-  so.io_threads = 1;
-  SP_ASSERT_OK(Save(s, dir.Sub("ck"), so));
-  LoadOptions lo;
-  lo.direct_io = false;
-  lo.io_threads = 1;
-  Result<State> back = Load(dir.Sub("ck"), lo);
+  const IoOptions io{.io_threads = 1, .direct_io = false};
+  SP_ASSERT_OK(Save(s, dir.Sub("ck"), {}, io));
+  Result<State> back = Load(dir.Sub("ck"), {}, io);
   SP_ASSERT_OK(back.status());
   EXPECT_TRUE(StatesEqual(s, *back));
 }
@@ -59,12 +54,9 @@ TEST(RoundTrip, EveryDTypeScalarsAndEmpty) {
     SP_ASSERT_OK(s.Put("scalar." + n, std::move(scalar)));
     SP_ASSERT_OK(s.Put("empty." + n, Tensor::Zeros(dt, {0, 7}).value()));
   }
-  SaveOptions so;
-  so.fs = &fs;
-  SP_ASSERT_OK(Save(s, "/ck", so));
-  LoadOptions lo;
-  lo.fs = &fs;
-  Result<State> back = Load("/ck", lo);
+  const IoOptions io{.fs = &fs};
+  SP_ASSERT_OK(Save(s, "/ck", {}, io));
+  Result<State> back = Load("/ck", {}, io);
   SP_ASSERT_OK(back.status());
   EXPECT_TRUE(StatesEqual(s, *back));
   EXPECT_EQ(back->FindTensor("scalar.F32")->shape(), Shape{});
@@ -86,12 +78,9 @@ TEST(RoundTrip, ValuesOfEveryKind) {
   SP_ASSERT_OK(s.PutValue("empty_bytes", Bytes{}));
   SP_ASSERT_OK(s.PutValue("json", Value::FromJson(Json::parse(R"({"a":[1,2,{"b":null}]})"))));
   s.metadata() = Json{{"user", "x"}, {"epoch", 3}};
-  SaveOptions so;
-  so.fs = &fs;
-  SP_ASSERT_OK(Save(s, "/ck", so));
-  LoadOptions lo;
-  lo.fs = &fs;
-  Result<State> back = Load("/ck", lo);
+  const IoOptions io{.fs = &fs};
+  SP_ASSERT_OK(Save(s, "/ck", {}, io));
+  Result<State> back = Load("/ck", {}, io);
   SP_ASSERT_OK(back.status());
   EXPECT_TRUE(StatesEqual(s, *back));
 }
@@ -104,12 +93,9 @@ TEST(RoundTrip, ThousandsOfSmallTensorsAndNonAsciiNames) {
     testing::FillPattern(t.view(), i);
     SP_ASSERT_OK(s.Put(fmt::format("层.{}.gewicht-ü/ß 🙂", i), std::move(t)));
   }
-  SaveOptions so;
-  so.fs = &fs;
-  SP_ASSERT_OK(Save(s, "/root/ck", so));
-  LoadOptions lo;
-  lo.fs = &fs;
-  Result<State> back = Load("/root/ck", lo);
+  const IoOptions io{.fs = &fs};
+  SP_ASSERT_OK(Save(s, "/root/ck", {}, io));
+  Result<State> back = Load("/root/ck", {}, io);
   SP_ASSERT_OK(back.status());
   EXPECT_TRUE(StatesEqual(s, *back));
 }
@@ -120,20 +106,18 @@ TEST(RoundTrip, SelectByNamesAndGlobs) {
   for (const char* n : {"model.a.weight", "model.a.bias", "model.b.weight", "optimizer.m"}) {
     SP_ASSERT_OK(s.Put(n, Tensor::Zeros(DType::kF16, {4}).value()));
   }
-  SaveOptions so;
-  so.fs = &fs;
-  SP_ASSERT_OK(Save(s, "/ck", so));
+  const IoOptions io{.fs = &fs};
+  SP_ASSERT_OK(Save(s, "/ck", {}, io));
   LoadOptions lo;
-  lo.fs = &fs;
   lo.names = {"model.*.weight", "step"};
-  Result<State> part = Load("/ck", lo);
+  Result<State> part = Load("/ck", lo, io);
   SP_ASSERT_OK(part.status());
   EXPECT_EQ(part->num_tensors(), 2u);
   EXPECT_NE(part->FindTensor("model.b.weight"), nullptr);
   EXPECT_NE(part->FindValue("step"), nullptr);
   EXPECT_EQ(part->FindValue("lr"), nullptr);
   lo.names = {"model.c.*"};
-  Result<State> none = Load("/ck", lo);
+  Result<State> none = Load("/ck", lo, io);
   EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
   EXPECT_NE(none.status().message().find("model.c.*"), std::string::npos);
 }
@@ -164,14 +148,11 @@ TEST(RoundTrip, LoadIntoCallerBuffers) {
 TEST(RoundTrip, ReaderListsWithoutReadingData) {
   MemFileSystem fs;
   State s = RandomState(3, 4, 1 << 16);
-  SaveOptions so;
-  so.fs = &fs;
-  SP_ASSERT_OK(Save(s, "/ck", so));
-  LoadOptions lo;
-  lo.fs = &fs;
+  const IoOptions io{.fs = &fs};
+  SP_ASSERT_OK(Save(s, "/ck", {}, io));
   // Remove the data file: opening and listing must still work, reading must not.
   SP_ASSERT_OK(fs.RemoveFile("/ck/data-00000-00000.spd"));
-  auto r = CheckpointReader::Open("/ck", lo);
+  auto r = CheckpointReader::Open("/ck", {}, io);
   SP_ASSERT_OK(r.status());
   EXPECT_EQ((*r)->tensors().size(), 4u);
   EXPECT_EQ((*r)->values().FindValue("step")->as_int(), 3);
@@ -181,39 +162,36 @@ TEST(RoundTrip, ReaderListsWithoutReadingData) {
 
 TEST(RoundTrip, ExistingPathNeedsOverwrite) {
   MemFileSystem fs;
+  const IoOptions io{.fs = &fs};
   SaveOptions so;
-  so.fs = &fs;
-  SP_ASSERT_OK(Save(RandomState(1, 2, 1000), "/ck", so));
-  Status again = Save(RandomState(2, 2, 1000), "/ck", so);
+  SP_ASSERT_OK(Save(RandomState(1, 2, 1000), "/ck", so, io));
+  Status again = Save(RandomState(2, 2, 1000), "/ck", so, io);
   EXPECT_EQ(again.code(), StatusCode::kAlreadyExists);
   so.overwrite = true;
   State second = RandomState(2, 2, 1000);
-  SP_ASSERT_OK(Save(second, "/ck", so));
-  LoadOptions lo;
-  lo.fs = &fs;
-  EXPECT_TRUE(StatesEqual(second, Load("/ck", lo).value()));
+  SP_ASSERT_OK(Save(second, "/ck", so, io));
+  EXPECT_TRUE(StatesEqual(second, Load("/ck", {}, io).value()));
   auto entries = fs.ListDir("/").value();
   EXPECT_EQ(entries.size(), 1u) << "old checkpoint left behind";
 }
 
 TEST(RoundTrip, BadOptionsAndPaths) {
   MemFileSystem fs;
+  IoOptions io{.fs = &fs};
   SaveOptions so;
-  so.fs = &fs;
   so.chunk_bytes = 1000;
-  EXPECT_EQ(Save(State(), "/ck", so).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Save(State(), "/ck", so, io).code(), StatusCode::kInvalidArgument);
   so.chunk_bytes = 4096;
-  so.io_threads = 0;
-  EXPECT_EQ(Save(State(), "/ck", so).code(), StatusCode::kInvalidArgument);
-  so.io_threads = 2;
-  EXPECT_EQ(Save(State(), "/.hidden", so).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(Save(State(), "/a/..", so).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(Save(State(), "", so).code(), StatusCode::kInvalidArgument);
-  SP_EXPECT_OK(Save(State(), "/empty_state", so));
-  LoadOptions lo;
-  lo.fs = &fs;
-  EXPECT_EQ(Load("/nothing", lo).status().code(), StatusCode::kNotFound);
-  EXPECT_EQ(Load("/empty_state", lo).value().size(), 0u);
+  io.io_threads = 0;
+  EXPECT_EQ(Save(State(), "/ck", so, io).code(), StatusCode::kInvalidArgument);
+  io.io_threads = 2;
+  EXPECT_EQ(Save(State(), "/.hidden", so, io).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Save(State(), "/a/..", so, io).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Save(State(), "", so, io).code(), StatusCode::kInvalidArgument);
+  SP_EXPECT_OK(Save(State(), "/empty_state", so, io));
+  const IoOptions load_io{.fs = &fs};
+  EXPECT_EQ(Load("/nothing", {}, load_io).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(Load("/empty_state", {}, load_io).value().size(), 0u);
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ struct MergeArgs {
   std::string dst;
   std::string format = "native";
   uint64_t max_file_bytes = 0;  // 0 = not given (one file)
-  int threads = LoadOptions().io_threads;
+  int threads = IoOptions().io_threads;
   bool overwrite = false;
   bool json = false;
 };
@@ -46,22 +46,18 @@ int RunMerge(const MergeArgs& args) {
   ProgressLine progress(kCommand, args.json);
   if (s.ok() && args.format == "safetensors") {
     MergeSafetensorsOptions o;
-    o.load.io_threads = args.threads;
     o.load.progress = progress.Phase("reading");
-    o.save.io_threads = args.threads;
     o.save.progress = progress.Phase("writing");
     o.max_file_bytes = args.max_file_bytes;
     o.save.stats = &stats;
-    s = MergeToSafetensors(args.src, args.dst, o);
+    s = MergeToSafetensors(args.src, args.dst, o, {.io_threads = args.threads});
   } else if (s.ok()) {
     MergeOptions o;
-    o.load.io_threads = args.threads;
     o.load.progress = progress.Phase("reading");
-    o.save.io_threads = args.threads;
     o.save.overwrite = args.overwrite;
     o.save.stats = &stats;
     o.save.progress = progress.Phase("writing");
-    s = MergeCheckpoint(args.src, args.dst, o);
+    s = MergeCheckpoint(args.src, args.dst, o, {.io_threads = args.threads});
   }
   progress.End();
   if (args.json) {

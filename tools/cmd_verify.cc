@@ -20,7 +20,7 @@ constexpr char kCommand[] = "verify";
 struct VerifyArgs {
   std::string path;
   bool json = false;
-  int threads = LoadOptions().io_threads;
+  int threads = IoOptions().io_threads;
 };
 
 VerifyReport VerifyNative(const VerifyArgs& args, const ProgressFn& progress) {
@@ -28,9 +28,9 @@ VerifyReport VerifyNative(const VerifyArgs& args, const ProgressFn& progress) {
   out.path = args.path;
   out.format = "native";
   LoadOptions options;
-  options.io_threads = args.threads;
   options.progress = progress;
-  Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(args.path, options);
+  Result<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open(args.path, options, {.io_threads = args.threads});
   if (!reader.ok()) {
     out.status = reader.status();
     return out;

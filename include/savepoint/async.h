@@ -30,6 +30,7 @@
 
 #include "savepoint/checkpoint.h"
 #include "savepoint/export.h"
+#include "savepoint/io_options.h"
 #include "savepoint/state.h"
 #include "savepoint/status.h"
 
@@ -58,8 +59,6 @@ struct SAVEPOINT_API CheckpointerOptions {
   // Slab size: the unit of staging and of each background write; also the checksum chunk size.
   // A multiple of 4096 in [64 KiB, 1 GiB]. Default: 8 MiB.
   uint64_t slab_bytes = uint64_t{8} << 20;
-  // Background writer threads (1..64). Default: 2.
-  int io_threads = 2;
   // Start writing staged slabs while the snapshot is still copying. Default: false: the writers
   // wait until the snapshot is done (or until the staging pool runs out of slabs, when they must
   // drain it), so the copy has the CPUs and memory bandwidth to itself and the caller is blocked
@@ -109,15 +108,18 @@ class SAVEPOINT_API Checkpointer {
  public:
   virtual ~Checkpointer() = default;  // waits for every save in flight
 
-  static Result<std::unique_ptr<Checkpointer>> Create(const CheckpointerOptions& options = {});
+  // `io` is the Checkpointer's for all its saves: the file system they write through, its
+  // background writer threads (io.io_threads) and direct I/O of the data files.
+  static Result<std::unique_ptr<Checkpointer>> Create(const CheckpointerOptions& options = {},
+                                                      const IoOptions& io = {});
 
   // Snapshots `state` and returns once the caller may modify its tensors again; the save
   // continues in the background. Errors found before the background phase (bad path, existing
   // checkpoint, bad options) are returned here; later errors through the handle. A failed save
   // never commits; its staging memory returns to the pool. The chunk size is the Checkpointer's
-  // slab_bytes and the writer threads are its io_threads: `options.chunk_bytes` and
-  // `options.io_threads` must be left at their defaults (or equal those), and `options.stats`
-  // null (SaveHandle::stats() has the statistics), else InvalidArgument.
+  // slab_bytes: `options.chunk_bytes` must be left at its default (or equal slab_bytes),
+  // `options.stats` null (SaveHandle::stats() has the statistics) and `options.progress` empty,
+  // else InvalidArgument.
   // `options.compression` is honoured: the snapshot copies each chunk into a slab of its own (so a
   // small tensor takes a whole slab) and the background threads compress and write it; each writer
   // thread then also holds two slab-sized buffers outside the staging cap.

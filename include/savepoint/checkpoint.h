@@ -18,6 +18,7 @@
 #include "savepoint/dtype.h"
 #include "savepoint/export.h"
 #include "savepoint/filesystem.h"
+#include "savepoint/io_options.h"
 #include "savepoint/state.h"
 #include "savepoint/status.h"
 #include "savepoint/tensor.h"
@@ -96,15 +97,13 @@ struct SAVEPOINT_API Compression {
   int zstd_level = 1;
 };
 
+// What one save writes (per call). Where bytes go and how they move (file system, threads, direct
+// I/O) is the IoOptions of the call or of the instance (savepoint/io_options.h).
 struct SAVEPOINT_API SaveOptions {
-  // File system to write through. Default: nullptr = DefaultFileSystem() (POSIX).
-  FileSystem* fs = nullptr;
-  // Bytes per checksummed chunk: a multiple of 4096 in [4096, 1 GiB]. Default: 8 MiB.
+  // Bytes per checksummed chunk: a multiple of 4096 in [4096, 1 GiB]. Default: 8 MiB. An
+  // asynchronous save chunks by its Checkpointer's slab_bytes: there it must be left at the
+  // default or equal slab_bytes (else InvalidArgument).
   uint64_t chunk_bytes = uint64_t{8} << 20;
-  // Threads copying, checksumming and writing chunks in parallel (1..64). Default: 4.
-  int io_threads = 4;
-  // Write data files with O_DIRECT where the file system allows it. Default: true.
-  bool direct_io = true;
   // Replace an existing checkpoint at the path. The old one stays intact until the new one is
   // committed; a crash in between leaves either (see docs/FORMAT.md, "Overwrite"). Default: false
   // (AlreadyExists).
@@ -118,35 +117,34 @@ struct SAVEPOINT_API SaveOptions {
   // tensor at a 4096-byte boundary, for readers built before version 2 existed. Readers accept
   // both. Default: 2.
   uint32_t format_version = 2;
-  // Optional: receives statistics of the save.
+  // Optional: receives statistics of the save. An asynchronous save has them in its SaveHandle:
+  // there it must be null (else InvalidArgument).
   SaveStats* stats = nullptr;
-  // Optional progress of Save (the asynchronous Checkpointer and SaveDistributed ignore it):
+  // Optional progress of Save, SaveDistributed (this rank's share) and the merges' writes:
   // called with the tensor bytes (uncompressed) written so far and the state's tensor bytes, at
   // chunk granularity, at most about 10 times a second, and once more with done == total when all
   // data is written (before the commit). Called from the I/O worker threads and the calling
   // thread, never two calls at once; done never decreases. Must be cheap and must not call into
-  // savepoint. Default: empty (never called).
+  // savepoint. An asynchronous save has no progress callback (SaveHandle::Poll tells when it is
+  // done): there it must be empty (else InvalidArgument). Default: empty (never called).
   ProgressFn progress = nullptr;
 };
 
-// Saves `state` as a checkpoint directory at `path`. Returns only after the checkpoint is
-// durable (data, manifest and directory entry synced). On error nothing is committed, the
-// temporary directory is removed (best effort), and any checkpoint previously at `path` is intact.
+// Saves `state` as a checkpoint directory at `path` through `io`. Returns only after the
+// checkpoint is durable (data, manifest and directory entry synced). On error nothing is
+// committed, the temporary directory is removed (best effort), and any checkpoint previously at
+// `path` is intact.
 SAVEPOINT_API Status Save(const State& state, const std::string& path,
-                          const SaveOptions& options = {});
+                          const SaveOptions& options = {}, const IoOptions& io = {});
 
+// What one load reads and how it checks it (per call). The file system, threads and direct I/O
+// are the IoOptions (savepoint/io_options.h).
 struct SAVEPOINT_API LoadOptions {
-  // File system to read through. Default: nullptr = DefaultFileSystem().
-  FileSystem* fs = nullptr;
   // Entries to load: exact names or glob patterns (the rule of MatchesName below). Empty =
   // everything. A name or pattern that matches nothing fails with NotFound.
-  std::vector<std::string> names;
+  std::vector<std::string> names = {};
   // Verify every chunk's CRC32C while reading. Default: true.
   bool verify_checksums = true;
-  // Threads reading (and verifying) chunks in parallel (1..64). Default: 4.
-  int io_threads = 4;
-  // Read with O_DIRECT where possible (cold reads, no page-cache pollution). Default: true.
-  bool direct_io = true;
   // Map data files instead of reading them. Load returns tensors that are views into the mapping
   // (zero-copy) where possible; verification is lazy (see CheckpointReader::MapTensor).
   // Details (Load only; LoadInto, Verify and CheckpointReader::ReadTensor ignore it):
@@ -184,13 +182,14 @@ struct SAVEPOINT_API LoadOptions {
 };
 
 // Loads a checkpoint into freshly allocated, aligned tensors (plus values and metadata).
-SAVEPOINT_API Result<State> Load(const std::string& path, const LoadOptions& options = {});
+SAVEPOINT_API Result<State> Load(const std::string& path, const LoadOptions& options = {},
+                                 const IoOptions& io = {});
 
 // Loads into caller-provided buffers: every tensor entry of `targets` (owned or borrowed) is filled
 // from the checkpoint tensor of the same name, which must have the same dtype and shape. Value
 // entries of `targets` are replaced by the checkpoint's. `options.names` is ignored.
 SAVEPOINT_API Status LoadInto(const std::string& path, State& targets,
-                              const LoadOptions& options = {});
+                              const LoadOptions& options = {}, const IoOptions& io = {});
 
 // Description of one tensor in a checkpoint (from the manifest; no data read).
 struct SAVEPOINT_API TensorInfo {
@@ -214,9 +213,12 @@ class SAVEPOINT_API CheckpointReader {
  public:
   virtual ~CheckpointReader() = default;
 
-  // Opens and validates the manifest of the checkpoint at `path`. Reads no tensor data.
+  // Opens and validates the manifest of the checkpoint at `path`. Reads no tensor data. The
+  // reader keeps `options` (verify_checksums, map_mode, progress; names, mmap and stats are for
+  // Load and are not used) and `io` for every later call.
   static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
-                                                        const LoadOptions& options = {});
+                                                        const LoadOptions& options = {},
+                                                        const IoOptions& io = {});
 
   virtual const std::string& path() const = 0;
   virtual uint32_t format_version() const = 0;
@@ -265,9 +267,9 @@ class SAVEPOINT_API CheckpointReader {
 //  - there are no escapes ('\' is an ordinary character); matching is case-sensitive.
 SAVEPOINT_API bool MatchesName(const std::string& pattern, const std::string& name);
 
-// Convenience: CheckpointReader::Open(path)->Verify().
+// Convenience: CheckpointReader::Open(path, options, io)->Verify(options.stats).
 SAVEPOINT_API Status VerifyCheckpoint(const std::string& path, const LoadOptions& options = {},
-                                      LoadStats* stats = nullptr);
+                                      const IoOptions& io = {});
 
 }  // namespace savepoint
 

@@ -31,6 +31,7 @@
 #include "savepoint/checkpoint.h"
 #include "savepoint/comm.h"
 #include "savepoint/export.h"
+#include "savepoint/io_options.h"
 #include "savepoint/safetensors.h"
 #include "savepoint/state.h"
 #include "savepoint/status.h"
@@ -88,9 +89,9 @@ SAVEPOINT_API Status ValidateLayouts(const std::vector<ShardLayout>& per_rank);
 // --- Save. ---
 
 struct SAVEPOINT_API DistributedSaveOptions {
-  // Options of the underlying save: fs (must be shared storage, the same path on every rank),
-  // chunk_bytes, io_threads, direct_io, overwrite, create_parents. `stats` (when set) receives
-  // this rank's bytes and chunks written. Must be equal on every rank.
+  // Options of the underlying save: chunk_bytes, overwrite, create_parents, compression,
+  // format_version. `stats` (when set) receives this rank's bytes and chunks written, `progress`
+  // (when set) reports this rank's writes. Must be equal on every rank (stats and progress aside).
   SaveOptions save;
   // Timeout of every collective of the save (the coordinator's commit is included in the wait of
   // the last one). Ranks other than the coordinator wait up to twice this for the coordinator's
@@ -104,10 +105,11 @@ struct SAVEPOINT_API DistributedSaveOptions {
 // first error (naming the failing rank), with nothing committed and the temporary directory
 // removed. Rejects (InvalidArgument, naming the tensor) layouts whose boxes overlap, leave gaps,
 // exceed the global shape, or disagree across ranks on dtype or global shape, before any data is
-// written.
+// written. `io.fs` must be shared storage, the same path on every rank.
 SAVEPOINT_API Status SaveDistributed(Communicator& comm, const State& local,
                                      const ShardLayout& layout, const std::string& path,
-                                     const DistributedSaveOptions& options = {});
+                                     const DistributedSaveOptions& options = {},
+                                     const IoOptions& io = {});
 
 // --- Load into any layout. ---
 
@@ -129,25 +131,28 @@ struct SAVEPOINT_API ReadPlanSummary {
 // On error the targets' contents are unspecified (row blocks are read straight into them, as
 // LoadInto does); the checkpoint is never changed.
 SAVEPOINT_API Status LoadDistributed(const std::string& path, State& targets,
-                                     const ShardLayout& layout, const LoadOptions& options = {});
+                                     const ShardLayout& layout, const LoadOptions& options = {},
+                                     const IoOptions& io = {});
 
 // Like LoadDistributed, allocating one tensor per layout entry (dtype from the checkpoint).
 SAVEPOINT_API Result<State> LoadDistributedAlloc(const std::string& path, const ShardLayout& layout,
-                                                 const LoadOptions& options = {});
+                                                 const LoadOptions& options = {},
+                                                 const IoOptions& io = {});
 
 // Which data files (and source ranks) LoadDistributed would read for `layout`; reads only the
-// manifest. Like MindSpore's rank_list_for_transform.
+// manifest, through `fs` (nullptr = DefaultFileSystem()). Like MindSpore's
+// rank_list_for_transform.
 SAVEPOINT_API Result<ReadPlanSummary> PlanDistributedLoad(const std::string& path,
                                                           const ShardLayout& layout,
-                                                          const LoadOptions& options = {});
+                                                          FileSystem* fs = nullptr);
 
 // --- Merge (export). ---
 
 struct SAVEPOINT_API MergeOptions {
-  // How the source is read (fs, io_threads, verify_checksums, direct_io; names selects tensors).
-  // `progress` (when set) reports the read.
+  // How the source is read (verify_checksums; names selects tensors). `progress` (when set)
+  // reports the read. mmap and map_mode must be left at their defaults (the merge reads).
   LoadOptions load;
-  // How the result is written (fs, chunk_bytes, io_threads, overwrite, ...). `stats` (when set)
+  // How the result is written (chunk_bytes, overwrite, compression, ...). `stats` (when set)
   // receives the statistics of the write; `progress` (when set) reports the write.
   SaveOptions save;
 };
@@ -157,12 +162,13 @@ struct SAVEPOINT_API MergeOptions {
 // file, values and metadata copied. Every chunk read is verified (unless load.verify_checksums is
 // false). Holds the whole selection in memory. The source is left unchanged.
 SAVEPOINT_API Status MergeCheckpoint(const std::string& src, const std::string& dst,
-                                     const MergeOptions& options = {});
+                                     const MergeOptions& options = {}, const IoOptions& io = {});
 
 struct SAVEPOINT_API MergeSafetensorsOptions {
-  // How the source is read (fs, io_threads, verify_checksums, direct_io; names selects tensors).
+  // How the source is read (verify_checksums; names selects tensors). mmap and map_mode must be
+  // left at their defaults.
   LoadOptions load;
-  // How the files are written (fs, io_threads, create_parents; `overwrite` must be false).
+  // How the files are written (create_parents; `overwrite` must be false).
   // `stats` (when set) receives the statistics of the whole write, summed over the files, and
   // `progress` reports the write of all files together: done counts the tensor bytes written to
   // every file so far, total is the selection's tensor bytes. `load.progress` reports the read.
@@ -188,7 +194,8 @@ inline constexpr char kSafetensorsIndexFile[] = "model.safetensors.index.json";
 // Errors: AlreadyExists (dst), InvalidArgument (save.overwrite set, more than 99999 files, a C128
 // tensor), and the errors of Load and SaveSafetensors. Holds the whole selection in memory.
 SAVEPOINT_API Status MergeToSafetensors(const std::string& src, const std::string& dst,
-                                        const MergeSafetensorsOptions& options = {});
+                                        const MergeSafetensorsOptions& options = {},
+                                        const IoOptions& io = {});
 
 }  // namespace savepoint
 

@@ -45,6 +45,7 @@
 #include "savepoint/checkpoint.h"
 #include "savepoint/export.h"
 #include "savepoint/filesystem.h"
+#include "savepoint/io_options.h"
 #include "savepoint/state.h"
 #include "savepoint/stateful.h"
 #include "savepoint/status.h"
@@ -124,7 +125,8 @@ struct SAVEPOINT_API ManagerOptions {
   // Save through an async Checkpointer: the save blocks training only for the snapshot copy.
   // Default: false.
   bool async = false;
-  // Staging options of the async Checkpointer. Default: CheckpointerOptions defaults.
+  // Staging options of the async Checkpointer (its I/O is `io`). Default: CheckpointerOptions
+  // defaults.
   CheckpointerOptions async_options;
   // With async: whenever an object is registered, reserve and pre-touch staging memory for the
   // registered objects' tensor bytes in the background (Checkpointer::Reserve), so the first
@@ -159,12 +161,10 @@ struct SAVEPOINT_API ManagerOptions {
   // Remove debris of crashed saves (GarbageCollect, skipping saves of live processes) on open.
   // Default: true.
   bool gc_on_open = true;
-  // File system. Default: nullptr = DefaultFileSystem().
-  FileSystem* fs = nullptr;
-  // I/O threads of synchronous saves and of restores (1..64). Default: 4.
-  int io_threads = 4;
-  // O_DIRECT data files where possible. Default: true.
-  bool direct_io = true;
+  // File system, I/O threads and direct I/O of every save (synchronous or through the async
+  // Checkpointer, whose writer threads are io.io_threads), restore, index update and deletion.
+  // Default: IoOptions defaults.
+  IoOptions io;
 };
 
 // OK when the options are valid; otherwise InvalidArgument (or Unimplemented for safetensors)

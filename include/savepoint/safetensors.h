@@ -48,6 +48,7 @@
 #include "savepoint/dtype.h"
 #include "savepoint/export.h"
 #include "savepoint/filesystem.h"
+#include "savepoint/io_options.h"
 #include "savepoint/state.h"
 #include "savepoint/status.h"
 #include "savepoint/tensor.h"
@@ -61,15 +62,13 @@ inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 inline constexpr char kSafetensorsMetadataKey[] = "savepoint.metadata";
 inline constexpr char kSafetensorsValuesKey[] = "savepoint.values";
 
+// What one SaveSafetensors writes (per call); the file system, threads and direct I/O are the
+// IoOptions (savepoint/io_options.h).
 struct SAVEPOINT_API SafetensorsSaveOptions {
-  // File system to write through. Default: nullptr = DefaultFileSystem().
-  FileSystem* fs = nullptr;
   // Replace an existing file at the path. Default: false (AlreadyExists).
   bool overwrite = false;
   // Create missing parent directories. Default: true.
   bool create_parents = true;
-  // Threads copying and writing 8 MiB pieces of the file in parallel (1..64). Default: 4.
-  int io_threads = 4;
   // Optional: receives statistics (bytes = tensor bytes written).
   SaveStats* stats = nullptr;
   // Optional progress of SaveSafetensors: called with the tensor bytes written so far and the
@@ -87,7 +86,9 @@ struct SAVEPOINT_API SafetensorsSaveOptions {
 // the header is padded further (by less than 4 KiB) so that the file is a whole number of 4 KiB
 // blocks and can be written with O_DIRECT (readers accept any padding; the reference one does).
 // The layout depends only on the State, so equal States give byte-identical files. Tensor bytes
-// are copied through aligned staging buffers (8 MiB per thread); the caller's memory is only read.
+// are copied through aligned staging buffers (8 MiB per thread, io.io_threads threads) and written
+// in parallel; with io.direct_io the file is written with O_DIRECT when it is a whole number of
+// 4 KiB blocks (SaveStats::direct_io says whether it was). The caller's memory is only read.
 //
 // Durability: the file is written under a hidden temporary name in the same directory
 // (".<name>.savepoint-tmp.<pid>.<random>"), synced, closed and renamed to `path`, and the directory
@@ -102,14 +103,15 @@ struct SAVEPOINT_API SafetensorsSaveOptions {
 // Errors: InvalidArgument (a C128 tensor, an invalid view, metadata strings that are not UTF-8,
 // a header over kMaxSafetensorsHeaderBytes), AlreadyExists, and I/O errors.
 SAVEPOINT_API Status SaveSafetensors(const State& state, const std::string& path,
-                                     const SafetensorsSaveOptions& options = {});
+                                     const SafetensorsSaveOptions& options = {},
+                                     const IoOptions& io = {});
 
+// What one LoadSafetensors selects and how (per call); the file system and threads are the
+// IoOptions (savepoint/io_options.h).
 struct SAVEPOINT_API SafetensorsLoadOptions {
-  // File system to read through. Default: nullptr = DefaultFileSystem().
-  FileSystem* fs = nullptr;
   // Entries to load (tensors and values): exact names or glob patterns, as LoadOptions::names.
   // Empty = everything. A name or pattern that matches nothing fails with NotFound.
-  std::vector<std::string> names;
+  std::vector<std::string> names = {};
   // Map the file instead of reading it (FileSystem::MapFile): tensors become borrowed views into
   // the mapping, which the returned State keeps alive (State::KeepAlive), as with
   // LoadOptions::mmap. Nothing but the header is read at load time. On a file system that cannot
@@ -123,9 +125,9 @@ struct SAVEPOINT_API SafetensorsLoadOptions {
   LoadStats* stats = nullptr;
   // Optional progress of LoadSafetensors: called with the tensor bytes read so far and the total
   // of the selected tensors, per 8 MiB piece, at most about 10 times a second, and once more with
-  // done == total at the end, all from the calling thread; done never decreases. With mmap
-  // nothing is read, so it is called once, with done == total. Must be cheap and must not call
-  // into savepoint. Default: empty (never called).
+  // done == total at the end, from the I/O threads and the calling thread, never two calls at
+  // once; done never decreases. With mmap nothing is read, so it is called once, with done ==
+  // total. Must be cheap and must not call into savepoint. Default: empty (never called).
   ProgressFn progress = nullptr;
 };
 
@@ -153,14 +155,18 @@ struct SAVEPOINT_API SafetensorsInfo {
   State values;
 };
 
-// Reads and fully validates the header of the file at `path`. Uses options.fs only.
-SAVEPOINT_API Result<SafetensorsInfo> InspectSafetensors(
-    const std::string& path, const SafetensorsLoadOptions& options = {});
+// Reads and fully validates the header of the file at `path` through `fs` (nullptr =
+// DefaultFileSystem()).
+SAVEPOINT_API Result<SafetensorsInfo> InspectSafetensors(const std::string& path,
+                                                         FileSystem* fs = nullptr);
 
 // Loads a safetensors file into a State: owned, kTensorAlignment-aligned tensors (or, with
-// options.mmap, views into the mapping), the non-tensor values and the metadata.
+// options.mmap, views into the mapping), the non-tensor values and the metadata. Tensors are read
+// in 8 MiB pieces by io.io_threads threads through the page cache: a safetensors file's tensors
+// start at arbitrary offsets, so io.direct_io does not apply (LoadStats::direct_io is false).
 SAVEPOINT_API Result<State> LoadSafetensors(const std::string& path,
-                                            const SafetensorsLoadOptions& options = {});
+                                            const SafetensorsLoadOptions& options = {},
+                                            const IoOptions& io = {});
 
 // Whether savepoint can store `dtype` in a safetensors file (every dtype but C128).
 SAVEPOINT_API bool IsSafetensorsDType(DType dtype);

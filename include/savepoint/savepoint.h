@@ -11,6 +11,7 @@
 #include "savepoint/dtype.h"        // IWYU pragma: export
 #include "savepoint/export.h"
 #include "savepoint/filesystem.h"   // IWYU pragma: export
+#include "savepoint/io_options.h"   // IWYU pragma: export
 #include "savepoint/job_runner.h"   // IWYU pragma: export
 #include "savepoint/logging.h"      // IWYU pragma: export
 #include "savepoint/manager.h"      // IWYU pragma: export

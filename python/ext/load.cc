@@ -8,19 +8,11 @@
 namespace savepoint::python {
 namespace {
 
-LoadOptions MakeLoadOptions(bool verify, int io_threads, bool direct_io) {
-  LoadOptions o;
-  o.verify_checksums = verify;
-  o.io_threads = io_threads;
-  o.direct_io = direct_io;
-  return o;
-}
-
 std::unique_ptr<CheckpointReader> Open(const std::string& path, int io_threads, bool direct_io) {
   Result<std::unique_ptr<CheckpointReader>> r = InternalError("not opened");
   {
     nb::gil_scoped_release release;
-    r = CheckpointReader::Open(path, MakeLoadOptions(true, io_threads, direct_io));
+    r = CheckpointReader::Open(path, {}, {.io_threads = io_threads, .direct_io = direct_io});
   }
   return Take(std::move(r));
 }
@@ -39,12 +31,11 @@ nb::dict LoadInto(const std::string& path, const std::vector<TensorSpec>& target
                   int io_threads, bool direct_io) {
   State state = MakeState(targets, {}, "");
   LoadStats stats;
-  LoadOptions o = MakeLoadOptions(verify, io_threads, direct_io);
-  o.stats = &stats;
+  LoadOptions o{.verify_checksums = verify, .stats = &stats};
   Status s;
   {
     nb::gil_scoped_release release;
-    s = savepoint::LoadInto(path, state, o);
+    s = savepoint::LoadInto(path, state, o, {.io_threads = io_threads, .direct_io = direct_io});
   }
   Check(s);
   return LoadStatsToPython(stats);
@@ -59,15 +50,15 @@ nb::tuple LoadMapped(const std::string& path, const std::vector<std::string>& na
                      int io_threads) {
   LoadStats stats;
   if (names.empty()) return nb::make_tuple(nb::list(), LoadStatsToPython(stats));
-  LoadOptions o = MakeLoadOptions(verify, io_threads, /*direct_io=*/false);
-  o.mmap = true;
-  o.map_mode = MapMode::kCopyOnWrite;
-  o.names = names;
-  o.stats = &stats;
+  LoadOptions o{.names = names,
+                .verify_checksums = verify,
+                .mmap = true,
+                .map_mode = MapMode::kCopyOnWrite,
+                .stats = &stats};
   Result<State> r = InternalError("not loaded");
   {
     nb::gil_scoped_release release;
-    r = Load(path, o);
+    r = Load(path, o, {.io_threads = io_threads, .direct_io = false});
   }
   State state = Take(std::move(r));
   return nb::make_tuple(TensorBytesToPython(std::move(state)), LoadStatsToPython(stats));
@@ -78,7 +69,8 @@ nb::dict Verify(const std::string& path, int io_threads, bool direct_io) {
   Status s;
   {
     nb::gil_scoped_release release;
-    s = VerifyCheckpoint(path, MakeLoadOptions(true, io_threads, direct_io), &stats);
+    s = VerifyCheckpoint(path, {.stats = &stats},
+                         {.io_threads = io_threads, .direct_io = direct_io});
   }
   Check(s);
   return LoadStatsToPython(stats);

@@ -59,7 +59,7 @@ Value AppendValue(const std::string& key, nb::handle v) {
 constexpr std::string_view kOptionKeys =
     " directory directory_fn prefix prefix_fn series save_interval_steps save_interval_seconds"
     " steps_per_epoch keep_last_n keep_per_n_minutes keep_all keep_every_n_steps keep_best_n"
-    " best_metric best_mode async staging_bytes slab_bytes async_io_threads"
+    " best_metric best_mode async staging_bytes slab_bytes"
     " persist_during_snapshot allow_concurrent_saves snapshot_threads checksum format append_info"
     " append_dict exception_save shard_id num_shards gc_on_open io_threads direct_io ";
 
@@ -100,7 +100,6 @@ std::unique_ptr<CheckpointManager> Open(const nb::dict& kw) {
   get("async", o.async);
   get("staging_bytes", o.async_options.staging_bytes);
   get("slab_bytes", o.async_options.slab_bytes);
-  get("async_io_threads", o.async_options.io_threads);
   get("persist_during_snapshot", o.async_options.persist_during_snapshot);
   get("allow_concurrent_saves", o.async_options.allow_concurrent_saves);
   get("snapshot_threads", o.async_options.snapshot_threads);
@@ -110,8 +109,8 @@ std::unique_ptr<CheckpointManager> Open(const nb::dict& kw) {
   get("shard_id", o.shard_id);
   get("num_shards", o.num_shards);
   get("gc_on_open", o.gc_on_open);
-  get("io_threads", o.io_threads);
-  get("direct_io", o.direct_io);
+  get("io_threads", o.io.io_threads);
+  get("direct_io", o.io.direct_io);
   // handle_signals is not passed: the Python front end installs its own handlers (signal module),
   // since the C++ ones would only be acted on by the C++ hooks.
   if (kw.contains("best_mode")) {

@@ -17,12 +17,11 @@ nb::dict SaveSafetensorsPy(const std::string& path, const std::vector<TensorSpec
   SafetensorsSaveOptions o;
   o.overwrite = overwrite;
   o.create_parents = create_parents;
-  o.io_threads = io_threads;
   o.stats = &stats;
   Status s;
   {
     nb::gil_scoped_release release;
-    s = SaveSafetensors(state, path, o);
+    s = SaveSafetensors(state, path, o, {.io_threads = io_threads});
   }
   Check(s);
   return SaveStatsToPython(stats);

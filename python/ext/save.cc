@@ -34,15 +34,12 @@ Compression MakeCompression(const CompressionSpec& spec) {
   return c;
 }
 
-SaveOptions MakeSaveOptions(bool overwrite, bool create_parents, bool direct_io, int io_threads,
-                            uint64_t chunk_bytes, const CompressionSpec& compression) {
+SaveOptions MakeSaveOptions(bool overwrite, bool create_parents,
+                            const CompressionSpec& compression) {
   SaveOptions o;
   o.compression = MakeCompression(compression);
   o.overwrite = overwrite;
   o.create_parents = create_parents;
-  o.direct_io = direct_io;
-  o.io_threads = io_threads;
-  o.chunk_bytes = chunk_bytes;
   return o;
 }
 
@@ -52,37 +49,36 @@ nb::dict SaveSync(const std::string& path, const std::vector<TensorSpec>& tensor
                   const CompressionSpec& compression) {
   State state = MakeState(tensors, values, metadata);
   SaveStats stats;
-  SaveOptions o =
-      MakeSaveOptions(overwrite, create_parents, direct_io, io_threads, chunk_bytes, compression);
+  SaveOptions o = MakeSaveOptions(overwrite, create_parents, compression);
+  o.chunk_bytes = chunk_bytes;
   o.stats = &stats;
   Status s;
   {
     nb::gil_scoped_release release;
-    s = Save(state, path, o);
+    s = Save(state, path, o, {.io_threads = io_threads, .direct_io = direct_io});
   }
   Check(s);
   return SaveStatsToPython(stats);
 }
 
 std::unique_ptr<Checkpointer> CreateCheckpointer(uint64_t staging_bytes, uint64_t slab_bytes,
-                                                 int io_threads, bool allow_concurrent_saves,
+                                                 int io_threads, bool direct_io,
+                                                 bool allow_concurrent_saves,
                                                  uint64_t prefault_bytes) {
   CheckpointerOptions o;
   o.staging_bytes = staging_bytes;
   o.prefault_bytes = prefault_bytes;
   o.slab_bytes = slab_bytes;
-  o.io_threads = io_threads;
   o.allow_concurrent_saves = allow_concurrent_saves;
-  return Take(Checkpointer::Create(o));
+  return Take(Checkpointer::Create(o, {.io_threads = io_threads, .direct_io = direct_io}));
 }
 
 SaveHandle SaveAsync(Checkpointer& c, const std::string& path,
                      const std::vector<TensorSpec>& tensors, const std::vector<ValueSpec>& values,
                      const std::string& metadata, bool overwrite, bool create_parents,
-                     bool direct_io, const CompressionSpec& compression) {
+                     const CompressionSpec& compression) {
   State state = MakeState(tensors, values, metadata);
-  SaveOptions o =
-      MakeSaveOptions(overwrite, create_parents, direct_io, 4, uint64_t{8} << 20, compression);
+  SaveOptions o = MakeSaveOptions(overwrite, create_parents, compression);
   Result<SaveHandle> h = InternalError("save not started");
   {
     nb::gil_scoped_release release;
@@ -144,12 +140,12 @@ void BindSave(nb::module_& m) {
 
   nb::class_<Checkpointer>(m, "Checkpointer")
       .def_static("create", &CreateCheckpointer, nb::arg("staging_bytes"), nb::arg("slab_bytes"),
-                  nb::arg("io_threads"), nb::arg("allow_concurrent_saves"),
+                  nb::arg("io_threads"), nb::arg("direct_io"), nb::arg("allow_concurrent_saves"),
                   nb::arg("prefault_bytes") = 0)
       .def("reserve", &Checkpointer::Reserve, nb::arg("bytes"))
       .def("save_async", &SaveAsync, nb::arg("path"), nb::arg("tensors"), nb::arg("values"),
            nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"),
-           nb::arg("direct_io"), nb::arg("compression") = CompressionSpec("none", "auto", 1))
+           nb::arg("compression") = CompressionSpec("none", "auto", 1))
       .def("wait_all", &WaitAll)
       .def_prop_ro("staging_allocated_bytes", &Checkpointer::staging_allocated_bytes)
       .def_prop_ro("staging_cap_bytes", &Checkpointer::staging_cap_bytes);

@@ -30,7 +30,6 @@ _logger = logging.getLogger("savepoint")
 _ASYNC_OPTIONS = {
     "staging_bytes": "staging_bytes",
     "slab_bytes": "slab_bytes",
-    "io_threads": "async_io_threads",
     "persist_during_snapshot": "persist_during_snapshot",
     "allow_concurrent_saves": "allow_concurrent_saves",
     "snapshot_threads": "snapshot_threads",
@@ -219,11 +218,12 @@ class CheckpointManager:
             background (True), or once the checkpoint is durable (False).
         staging_bytes (None): async staging memory cap (default a quarter of RAM, <= 16 GiB).
         async_options (None): more of the async Checkpointer's options, a dict with keys
-            staging_bytes, slab_bytes (8 MiB), io_threads (2), persist_during_snapshot (False),
+            staging_bytes, slab_bytes (8 MiB), persist_during_snapshot (False),
             allow_concurrent_saves (False), snapshot_threads (0 = up to 4).
         checksum (True): verify every chunk's CRC32C when restoring.
         format ("native"): "safetensors" is not implemented yet (UnimplementedError).
-        io_threads (4), direct_io (True): I/O of synchronous saves and of restores.
+        io_threads (4), direct_io (True): I/O of every save (synchronous, or the async
+            Checkpointer's writer threads) and of restores.
         gc_on_open (True): remove debris of crashed saves when opening.
       What else goes into every checkpoint:
         append_info (()): "epoch_num" and/or "step_num", stored as values.

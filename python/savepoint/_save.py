@@ -66,15 +66,25 @@ def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata
     overwrite: replace an existing checkpoint at `path` (the old one stays intact until the new one
         commits). Default False: AlreadyExistsError.
     metadata: optional dict of JSON-able user metadata stored with the checkpoint (see info()).
-    io_threads, chunk_bytes, direct_io, create_parents: the C++ SaveOptions (synchronous saves).
+    io_threads, direct_io: the C++ IoOptions of a synchronous save (an asynchronous one uses those
+        of default_checkpointer(): passing other values with async_=True is InvalidArgumentError;
+        create an AsyncCheckpointer with them instead).
+    chunk_bytes, create_parents: the C++ SaveOptions (an asynchronous save's chunks are its
+        checkpointer's slabs: chunk_bytes must then be left at its default).
 
     Returns a dict of statistics (bytes, chunks, seconds, direct_io) for a synchronous save, a
     SaveFuture for an asynchronous one. Errors are SavepointError subclasses (the C++ message).
     """
     codec = _compression(compression)
     if async_:
+        given = {k: v for k, v, d in (("io_threads", io_threads, 4), ("direct_io", direct_io, True),
+                                      ("chunk_bytes", chunk_bytes, _DEFAULT_CHUNK)) if v != d}
+        if given:
+            raise _errors.InvalidArgumentError(
+                f"savepoint.save(async_=True): {given} belong to the checkpointer, not to one "
+                f"save: use AsyncCheckpointer(io_threads=..., direct_io=..., slab_bytes=...).save()")
         return default_checkpointer().save(obj, path, overwrite=overwrite, metadata=metadata,
-                                           direct_io=direct_io, create_parents=create_parents,
+                                           create_parents=create_parents,
                                            compression=compression)  # fmt: skip
     flat, meta_json = _flatten(obj, metadata)
     specs = [t.spec() for t in flat.tensors]
@@ -142,17 +152,18 @@ class AsyncCheckpointer:
 
     staging_bytes: cap on staging memory (default: a quarter of RAM, at most 16 GiB).
     slab_bytes: staging slab = write unit = checksum chunk (default 8 MiB).
-    io_threads: background writer threads (default 2).
+    io_threads: background writer threads (default 4).
+    direct_io: write the data files with O_DIRECT where possible (default True).
     allow_concurrent_saves: let saves overlap (default False).
     reserve: a state (anything save() takes) or a byte count: staging memory for that much is
         allocated and pre-touched in the background right away, so the first save blocks for the
         copy alone (default None: the first save allocates, which costs it ~0.3 s per GiB).
     """
 
-    def __init__(self, staging_bytes=None, slab_bytes=8 << 20, io_threads=2,
-                 allow_concurrent_saves=False, reserve=None):  # fmt: skip
+    def __init__(self, staging_bytes=None, slab_bytes=8 << 20, io_threads=4,
+                 allow_concurrent_saves=False, reserve=None, direct_io=True):  # fmt: skip
         self._c = _core.Checkpointer.create(staging_bytes or 0, slab_bytes, io_threads,
-                                            allow_concurrent_saves)  # fmt: skip
+                                            bool(direct_io), allow_concurrent_saves)  # fmt: skip
         self._lock = threading.Lock()
         if reserve is not None:
             self.reserve(reserve)
@@ -171,8 +182,8 @@ class AsyncCheckpointer:
             raise _errors.InvalidArgumentError(f"reserve: {nbytes} bytes is negative")
         self._checkpointer().reserve(nbytes)
 
-    def save(self, obj, path, *, overwrite=False, metadata=None, direct_io=True,
-             create_parents=True, compression=None):  # fmt: skip
+    def save(self, obj, path, *, overwrite=False, metadata=None, create_parents=True,
+             compression=None):  # fmt: skip
         """Starts saving `obj` (see savepoint.save) and returns a SaveFuture once the caller may
         modify its tensors again."""
         codec = _compression(compression)
@@ -180,8 +191,7 @@ class AsyncCheckpointer:
         specs = [t.spec() for t in flat.tensors]
         c = self._checkpointer()
         handle = c.save_async(os.fspath(path), specs, flat.values, meta_json, overwrite=overwrite,
-                              create_parents=create_parents, direct_io=direct_io,
-                              compression=codec)  # fmt: skip
+                              create_parents=create_parents, compression=codec)  # fmt: skip
         return SaveFuture(handle)
 
     def wait(self):

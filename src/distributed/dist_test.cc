@@ -28,13 +28,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-LoadOptions Lo(FileSystem* fs) {
-  LoadOptions o;
-  o.fs = fs;
-  o.io_threads = 3;
-  o.direct_io = false;
-  return o;
-}
+IoOptions Io(FileSystem* fs) { return IoOptions{.fs = fs, .io_threads = 3, .direct_io = false}; }
 
 using testing::OnRanks;
 
@@ -118,11 +112,11 @@ Job RandomJob(uint64_t seed) {
 }
 
 Status SaveJob(const Job& job, const std::vector<ShardLayout>& layouts, const std::string& path,
-               const DistributedSaveOptions& o) {
+               const DistributedSaveOptions& o, const IoOptions& io) {
   std::vector<State> locals;
   for (const auto& l : layouts) locals.push_back(job.Local(l));
   auto st = OnRanks(static_cast<int>(layouts.size()), [&](Communicator& c) {
-    return SaveDistributed(c, locals[c.rank()], layouts[c.rank()], path, o);
+    return SaveDistributed(c, locals[c.rank()], layouts[c.rank()], path, o, io);
   });
   for (const auto& s : st) {
     if (!s.ok()) return s;
@@ -142,7 +136,7 @@ void ExpectLoadsMatch(const Job& job, const std::vector<ShardLayout>& layouts,
             got.Put(name, Tensor::Zeros(e.tensor().dtype(), e.tensor().shape()).value()).ok());
       }
     }
-    SP_ASSERT_OK(LoadDistributed(path, got, layouts[r], Lo(fs)));
+    SP_ASSERT_OK(LoadDistributed(path, got, layouts[r], {}, Io(fs)));
     EXPECT_TRUE(testing::StatesEqual(want, got)) << "rank " << r;
   }
 }
@@ -158,17 +152,14 @@ TEST(DistributedTest, RandomLayoutsSaveNLoadM) {
     CountingFs fs(&mem);
     DistributedSaveOptions o;
     const uint32_t version = iter % 2 == 0 ? 2 : 1;  // packed small shards, and the classic layout
-    o.save = SaveOptions{.fs = &fs,
-                         .chunk_bytes = 4096,
-                         .io_threads = 2,
-                         .direct_io = false,
-                         .format_version = version};
+    o.save = SaveOptions{.chunk_bytes = 4096, .format_version = version};
     SCOPED_TRACE(
         fmt::format("iteration {}: {} ranks -> {} ranks, format version {}", iter, n, m, version));
-    SP_ASSERT_OK(SaveJob(job, save_layouts, "/ckpt", o));
+    SP_ASSERT_OK(
+        SaveJob(job, save_layouts, "/ckpt", o, {.fs = &fs, .io_threads = 2, .direct_io = false}));
     // Every byte written once: data = headers + each tensor's shards (version 1: 4 KiB-aligned
     // extents; version 2: shards below 64 KiB packed at 64 bytes, which takes no more room).
-    auto reader = CheckpointReader::Open("/ckpt", Lo(&mem)).value();
+    auto reader = CheckpointReader::Open("/ckpt", {}, Io(&mem)).value();
     EXPECT_EQ(reader->format_version(), version);
     uint64_t files = 0, shard_bytes = 0, padded = 0;
     for (const auto& f : reader->manifest_json()["files"]) files += f["bytes"].get<uint64_t>();
@@ -189,7 +180,7 @@ TEST(DistributedTest, RandomLayoutsSaveNLoadM) {
     }
     ExpectLoadsMatch(job, job.Layouts(m, rng), "/ckpt", &mem);
     // A plain single-process Load assembles the full tensors.
-    State full = Load("/ckpt", Lo(&mem)).value();
+    State full = Load("/ckpt", {}, Io(&mem)).value();
     for (const auto& [name, t] : job.global) {
       ASSERT_NE(full.FindTensor(name), nullptr) << name;
       EXPECT_EQ(0, std::memcmp(full.FindTensor(name)->data(), t.data(), t.nbytes())) << name;
@@ -208,9 +199,7 @@ TEST(DistributedTest, ReplicatedTensorWrittenOnceBalanced) {
     job.global.emplace("p" + std::to_string(i), std::move(t));
   }
   std::vector<ShardLayout> layouts(4);  // no entries: every tensor replicated on every rank
-  DistributedSaveOptions o;
-  o.save = SaveOptions{.fs = &mem, .direct_io = false};
-  SP_ASSERT_OK(SaveJob(job, layouts, "/ckpt", o));
+  SP_ASSERT_OK(SaveJob(job, layouts, "/ckpt", {}, {.fs = &mem, .direct_io = false}));
   for (int r = 0; r < 4; ++r) {
     auto st = mem.Stat(fmt::format("/ckpt/data-{:05}-00000.spd", r));
     ASSERT_TRUE(st.ok()) << "rank " << r;
@@ -228,11 +217,11 @@ TEST(DistributedTest, ReadPlanNamesOnlyNeededFiles) {
   std::vector<ShardLayout> save(4);
   for (int r = 0; r < 4; ++r) save[r]["w"] = SplitDim({64, 1024}, 0, 4, r).value();
   DistributedSaveOptions o;
-  o.save = SaveOptions{.fs = &mem, .chunk_bytes = 4096, .direct_io = false};
-  SP_ASSERT_OK(SaveJob(job, save, "/ckpt", o));
+  o.save = SaveOptions{.chunk_bytes = 4096};
+  SP_ASSERT_OK(SaveJob(job, save, "/ckpt", o, {.fs = &mem, .direct_io = false}));
   // Rows 20..30 lie in the files of ranks 1 (16..32) only; 10 rows = 10 chunks.
   ShardLayout want{{"w", ShardSpec{{64, 1024}, {20, 0}, {10, 1024}, {}}}};
-  auto plan = PlanDistributedLoad("/ckpt", want, Lo(&mem));
+  auto plan = PlanDistributedLoad("/ckpt", want, &mem);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
   EXPECT_EQ(plan->files, std::vector<std::string>{"data-00001-00000.spd"});
   EXPECT_EQ(plan->source_ranks, std::vector<int>{1});
@@ -240,7 +229,7 @@ TEST(DistributedTest, ReadPlanNamesOnlyNeededFiles) {
   // A column split needs every file; the load reads it right.
   std::vector<ShardLayout> cols(3);
   for (int r = 0; r < 3; ++r) cols[r]["w"] = SplitDim({64, 1024}, 1, 3, r).value();
-  plan = PlanDistributedLoad("/ckpt", cols[1], Lo(&mem));
+  plan = PlanDistributedLoad("/ckpt", cols[1], &mem);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->source_ranks, (std::vector<int>{0, 1, 2, 3}));
   ExpectLoadsMatch(job, cols, "/ckpt", &mem);
@@ -268,14 +257,14 @@ TEST(DistributedTest, RowBlocksReadStraightIntoTargetsWithDirectIo) {
     for (const auto& [name, t] : job.global) save[r][name] = SplitDim(t.shape(), 0, 2, r).value();
   }
   DistributedSaveOptions o;
-  o.save = SaveOptions{.chunk_bytes = 4096, .io_threads = 2, .direct_io = true};
+  o.save = SaveOptions{.chunk_bytes = 4096};
   ASSERT_GT(engine::ReadBatchChunks(4096), 146u);
   const std::string path = dir.Sub("ckpt");
-  SP_ASSERT_OK(SaveJob(job, save, path, o));
-  LoadOptions lo;
+  SP_ASSERT_OK(SaveJob(job, save, path, o, {.io_threads = 2, .direct_io = true}));
+  IoOptions io;
   for (auto [m, threads] : {std::pair{1, 1}, {1, 3}, {2, 1}, {3, 3}, {5, 2}}) {
     SCOPED_TRACE(fmt::format("2 ranks -> {} ranks, {} threads", m, threads));
-    lo.io_threads = threads;
+    io.io_threads = threads;
     for (int r = 0; r < m; ++r) {
       ShardLayout layout;
       for (const auto& [name, t] : job.global) layout[name] = SplitDim(t.shape(), 0, m, r).value();
@@ -293,7 +282,7 @@ TEST(DistributedTest, RowBlocksReadStraightIntoTargetsWithDirectIo) {
               got.PutView(name, {m.data() + skew, job.global.at(name).dtype(), spec.sizes}));
           memory.emplace_back(std::move(m), bytes);
         }
-        SP_ASSERT_OK(LoadDistributed(path, got, layout, lo));
+        SP_ASSERT_OK(LoadDistributed(path, got, layout, {}, io));
         EXPECT_TRUE(testing::StatesEqual(want, got)) << "rank " << r << " skew " << skew;
         for (const auto& [m, bytes] : memory) {
           const std::byte* guard = m.data() + skew + bytes;
@@ -324,9 +313,9 @@ TEST(DistributedTest, SmallShardsArePackedWithDirectIo) {
     for (const auto& [name, t] : job.global) save[r][name] = SplitDim(t.shape(), 0, 3, r).value();
   }
   DistributedSaveOptions o;
-  o.save = SaveOptions{.chunk_bytes = 4096, .io_threads = 2, .direct_io = true};
+  o.save = SaveOptions{.chunk_bytes = 4096};
   const std::string path = dir.Sub("ckpt");
-  SP_ASSERT_OK(SaveJob(job, save, path, o));
+  SP_ASSERT_OK(SaveJob(job, save, path, o, {.io_threads = 2, .direct_io = true}));
   auto reader = CheckpointReader::Open(path).value();
   EXPECT_EQ(reader->format_version(), 2u);
   uint64_t data_bytes = 0;
@@ -334,8 +323,8 @@ TEST(DistributedTest, SmallShardsArePackedWithDirectIo) {
   EXPECT_LT(data_bytes, uint64_t{400} << 10);  // version 1: 900 small shards alone take 3.6 MB
   for (bool direct : {true, false}) {
     SCOPED_TRACE(direct ? "direct I/O" : "buffered");
-    LoadOptions lo;
-    lo.direct_io = direct;
+    IoOptions io;
+    io.direct_io = direct;
     for (int m : {1, 2}) {
       for (int r = 0; r < m; ++r) {
         ShardLayout layout;
@@ -348,11 +337,11 @@ TEST(DistributedTest, SmallShardsArePackedWithDirectIo) {
           SP_ASSERT_OK(
               got.Put(name, Tensor::Zeros(e.tensor().dtype(), e.tensor().shape()).value()));
         }
-        SP_ASSERT_OK(LoadDistributed(path, got, layout, lo));
+        SP_ASSERT_OK(LoadDistributed(path, got, layout, {}, io));
         EXPECT_TRUE(testing::StatesEqual(want, got)) << m << " ranks, rank " << r;
       }
     }
-    State full = Load(path, lo).value();
+    State full = Load(path, {}, io).value();
     for (const auto& [name, t] : job.global) {
       ASSERT_NE(full.FindTensor(name), nullptr) << name;
       EXPECT_EQ(0, std::memcmp(full.FindTensor(name)->data(), t.data(), t.nbytes())) << name;
@@ -371,9 +360,10 @@ TEST(DistributedTest, RanksMustAgreeOnTheFormatVersion) {
   for (const auto& l : layouts) locals.push_back(job.Local(l));
   auto st = OnRanks(2, [&](Communicator& c) {
     DistributedSaveOptions o;
-    o.save = SaveOptions{.fs = &mem, .direct_io = false, .format_version = c.rank() == 1 ? 1u : 2u};
+    o.save = SaveOptions{.format_version = c.rank() == 1 ? 1u : 2u};
     o.timeout = 10s;
-    return SaveDistributed(c, locals[c.rank()], layouts[c.rank()], "/ckpt", o);
+    return SaveDistributed(c, locals[c.rank()], layouts[c.rank()], "/ckpt", o,
+                           {.fs = &mem, .direct_io = false});
   });
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(st[r].code(), StatusCode::kInvalidArgument) << st[r].ToString();
@@ -395,9 +385,9 @@ TEST(DistributedTest, CorruptOrTruncatedDataFailsRowBlockLoads) {
   std::vector<ShardLayout> save(2);
   for (int r = 0; r < 2; ++r) save[r]["w"] = SplitDim({64, 1024}, 0, 2, r).value();
   DistributedSaveOptions o;
-  o.save = SaveOptions{.chunk_bytes = 16 << 10, .io_threads = 2, .direct_io = true};
+  o.save = SaveOptions{.chunk_bytes = 16 << 10};
   const std::string path = dir.Sub("ckpt");
-  SP_ASSERT_OK(SaveJob(job, save, path, o));
+  SP_ASSERT_OK(SaveJob(job, save, path, o, {.io_threads = 2, .direct_io = true}));
   // Rows 0..32 (8 chunks of 4 rows): where they lie.
   Json m = CheckpointReader::Open(path).value()->manifest_json();
   const Json* first = nullptr;
@@ -455,9 +445,7 @@ TEST(DistributedTest, BadLayoutRejectedBeforeWriting) {
   std::vector<ShardLayout> layouts(2);
   layouts[0]["w"] = SplitDim({8, 4}, 0, 2, 0).value();
   layouts[1]["w"] = SplitDim({8, 4}, 0, 2, 0).value();  // both claim rows 0..4: overlap + gap
-  DistributedSaveOptions o;
-  o.save = SaveOptions{.fs = &mem, .direct_io = false};
-  Status s = SaveJob(job, layouts, "/ckpt", o);
+  Status s = SaveJob(job, layouts, "/ckpt", {}, {.fs = &mem, .direct_io = false});
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_NE(s.message().find("\"w\""), std::string::npos) << s.ToString();
   EXPECT_TRUE(mem.ListDir("/")->empty()) << "something was written";
@@ -475,10 +463,10 @@ TEST(DistributedTest, FailingRankMeansNoCommitAndEveryRankSeesIt) {
   for (const auto& l : layouts) locals.push_back(job.Local(l));
   auto st = OnRanks(4, [&](Communicator& c) {
     DistributedSaveOptions o;
-    o.save = SaveOptions{.fs = c.rank() == 2 ? static_cast<FileSystem*>(&faulty) : &mem,
-                         .direct_io = false};
     o.timeout = 10s;
-    return SaveDistributed(c, locals[c.rank()], layouts[c.rank()], "/ckpt", o);
+    return SaveDistributed(
+        c, locals[c.rank()], layouts[c.rank()], "/ckpt", o,
+        {.fs = c.rank() == 2 ? static_cast<FileSystem*>(&faulty) : &mem, .direct_io = false});
   });
   EXPECT_EQ(faulty.count(FaultInjectionFileSystem::Op::kWrite), 2u);  // header, then data
   for (int r = 0; r < 4; ++r) {
@@ -500,9 +488,9 @@ std::vector<Status> SaveWithDeadRank(MemFileSystem* mem, int n, int dead, int sl
     if (c.rank() == dead) return Status::OK();  // dies before the save
     if (c.rank() == slow) std::this_thread::sleep_for(delay);
     DistributedSaveOptions o;
-    o.save = SaveOptions{.fs = mem, .direct_io = false};
     o.timeout = timeout;
-    return SaveDistributed(c, locals[c.rank()], layouts[c.rank()], "/ckpt", o);
+    return SaveDistributed(c, locals[c.rank()], layouts[c.rank()], "/ckpt", o,
+                           {.fs = mem, .direct_io = false});
   });
 }
 
@@ -539,26 +527,25 @@ TEST(DistributedTest, LoadErrorsNameWhatIsMissing) {
   job.global.emplace("w", std::move(t));
   std::vector<ShardLayout> save(2);
   for (int r = 0; r < 2; ++r) save[r]["w"] = SplitDim({16, 8}, 0, 2, r).value();
-  DistributedSaveOptions o;
-  o.save = SaveOptions{.fs = &mem, .direct_io = false};
-  SP_ASSERT_OK(SaveJob(job, save, "/ckpt", o));
-  LoadOptions lo = Lo(&mem);
+  SP_ASSERT_OK(SaveJob(job, save, "/ckpt", {}, {.fs = &mem, .direct_io = false}));
+  const IoOptions io = Io(&mem);
   // A tensor the checkpoint lacks.
   ShardLayout other{{"nope", ShardSpec{{4}, {0}, {4}, {}}}};
-  auto r = LoadDistributedAlloc("/ckpt", other, lo);
+  auto r = LoadDistributedAlloc("/ckpt", other, {}, io);
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
   EXPECT_NE(r.status().message().find("nope"), std::string::npos);
   // A box outside the tensor; a wrong global shape.
   ShardLayout outside{{"w", ShardSpec{{16, 8}, {12, 0}, {8, 8}, {}}}};
-  EXPECT_EQ(LoadDistributedAlloc("/ckpt", outside, lo).status().code(),
+  EXPECT_EQ(LoadDistributedAlloc("/ckpt", outside, {}, io).status().code(),
             StatusCode::kInvalidArgument);
   ShardLayout wrong{{"w", ShardSpec{{16, 9}, {0, 0}, {8, 9}, {}}}};
-  EXPECT_EQ(LoadDistributedAlloc("/ckpt", wrong, lo).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(LoadDistributedAlloc("/ckpt", wrong, {}, io).status().code(),
+            StatusCode::kInvalidArgument);
   // Rows 0..8 need only rank 0's file: losing rank 1's file does not matter to them...
   SP_ASSERT_OK(mem.RemoveFile("/ckpt/data-00001-00000.spd"));
-  SP_EXPECT_OK(LoadDistributedAlloc("/ckpt", save[0], lo).status());
+  SP_EXPECT_OK(LoadDistributedAlloc("/ckpt", save[0], {}, io).status());
   // ...but rows 8..16 fail, naming the file and its rank.
-  r = LoadDistributedAlloc("/ckpt", save[1], lo);
+  r = LoadDistributedAlloc("/ckpt", save[1], {}, io);
   EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
   EXPECT_NE(r.status().message().find("data-00001-00000.spd (written by rank 00001)"),
             std::string::npos)
@@ -591,21 +578,18 @@ TEST(DistributedTest, MergeWritesWholeTensors) {
   MemFileSystem mem;
   std::mt19937_64 rng(11);
   Job job = RandomJob(11);
-  SP_ASSERT_OK(SaveJob(job, job.Layouts(4, rng), "/sharded",
-                       {SaveOptions{.fs = &mem, .chunk_bytes = 4096, .direct_io = false}}));
+  SP_ASSERT_OK(SaveJob(job, job.Layouts(4, rng), "/sharded", {SaveOptions{.chunk_bytes = 4096}},
+                       {.fs = &mem, .direct_io = false}));
   MergeOptions o;
-  o.load = Lo(&mem);
-  o.save.fs = &mem;
-  o.save.direct_io = false;
-  SP_ASSERT_OK(MergeCheckpoint("/sharded", "/merged", o));
-  auto r = CheckpointReader::Open("/merged", Lo(&mem)).value();
+  SP_ASSERT_OK(MergeCheckpoint("/sharded", "/merged", o, Io(&mem)));
+  auto r = CheckpointReader::Open("/merged", {}, Io(&mem)).value();
   EXPECT_EQ(r->manifest_json()["files"].size(), 1u);
   for (const TensorInfo& t : r->tensors()) EXPECT_EQ(t.num_shards, 1u) << t.name;
-  State a = Load("/sharded", Lo(&mem)).value();
-  State b = Load("/merged", Lo(&mem)).value();
+  State a = Load("/sharded", {}, Io(&mem)).value();
+  State b = Load("/merged", {}, Io(&mem)).value();
   EXPECT_TRUE(testing::StatesEqual(a, b));
-  EXPECT_EQ(MergeCheckpoint("/sharded", "/merged", o).code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(MergeCheckpoint("/nothing", "/m2", o).code(), StatusCode::kNotFound);
+  EXPECT_EQ(MergeCheckpoint("/sharded", "/merged", o, Io(&mem)).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(MergeCheckpoint("/nothing", "/m2", o, Io(&mem)).code(), StatusCode::kNotFound);
 }
 
 // Each file loads on its own with the values; together they hold exactly the full tensors.
@@ -613,9 +597,7 @@ void ExpectSafetensorsMerge(MemFileSystem& mem, const Job& job, const std::strin
                             const std::vector<std::string>& files) {
   std::set<std::string> seen;
   for (const std::string& f : files) {
-    SafetensorsLoadOptions lo;
-    lo.fs = &mem;
-    auto st = LoadSafetensors(dir + "/" + f, lo);
+    auto st = LoadSafetensors(dir + "/" + f, {}, {.fs = &mem});
     SP_ASSERT_OK(st.status());
     ASSERT_NE(st->FindValue("step"), nullptr) << f;
     EXPECT_EQ(st->FindValue("step")->as_int(), 42) << f;
@@ -635,21 +617,20 @@ TEST(DistributedTest, MergeToSafetensorsSingleAndCapped) {
   MemFileSystem mem;
   std::mt19937_64 rng(12);
   Job job = RandomJob(12);
-  SP_ASSERT_OK(SaveJob(job, job.Layouts(3, rng), "/sharded",
-                       {SaveOptions{.fs = &mem, .chunk_bytes = 4096, .direct_io = false}}));
+  SP_ASSERT_OK(SaveJob(job, job.Layouts(3, rng), "/sharded", {SaveOptions{.chunk_bytes = 4096}},
+                       {.fs = &mem, .direct_io = false}));
   MergeSafetensorsOptions o;
-  o.load = Lo(&mem);
-  o.save.fs = &mem;
-  SP_ASSERT_OK(MergeToSafetensors("/sharded", "/single", o));
+  SP_ASSERT_OK(MergeToSafetensors("/sharded", "/single", o, Io(&mem)));
   ExpectSafetensorsMerge(mem, job, "/single", {kSafetensorsSingleFile});
   EXPECT_FALSE(mem.Exists(std::string("/single/") + kSafetensorsIndexFile));
-  EXPECT_EQ(MergeToSafetensors("/sharded", "/single", o).code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(MergeToSafetensors("/sharded", "/single", o, Io(&mem)).code(),
+            StatusCode::kAlreadyExists);
 
   // Cap = the largest tensor: several files, none over the cap.
   uint64_t cap = 0;
   for (const auto& [name, t] : job.global) cap = std::max(cap, t.nbytes());
   o.max_file_bytes = cap;
-  SP_ASSERT_OK(MergeToSafetensors("/sharded", "/capped", o));
+  SP_ASSERT_OK(MergeToSafetensors("/sharded", "/capped", o, Io(&mem)));
   Json index =
       Json::parse(mem.ReadFile(std::string("/capped/") + kSafetensorsIndexFile, 1 << 20).value());
   EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), job.bytes());
@@ -658,10 +639,8 @@ TEST(DistributedTest, MergeToSafetensorsSingleAndCapped) {
   EXPECT_EQ(index["weight_map"].size(), job.global.size());
   ASSERT_GT(files.size(), 1u);
   EXPECT_EQ(*files.begin(), fmt::format("model-00001-of-{:05}.safetensors", files.size()));
-  SafetensorsLoadOptions lo;
-  lo.fs = &mem;
   for (const std::string& f : files) {
-    auto info = InspectSafetensors("/capped/" + f, lo).value();
+    auto info = InspectSafetensors("/capped/" + f, &mem).value();
     uint64_t n = 0;
     for (const auto& t : info.tensors) {
       EXPECT_EQ(index["weight_map"][t.name], f) << t.name;
@@ -673,11 +652,11 @@ TEST(DistributedTest, MergeToSafetensorsSingleAndCapped) {
 
   // A cap of 1 byte: one tensor per file.
   o.max_file_bytes = 1;
-  SP_ASSERT_OK(MergeToSafetensors("/sharded", "/tiny", o));
+  SP_ASSERT_OK(MergeToSafetensors("/sharded", "/tiny", o, Io(&mem)));
   auto tiny = mem.ListDir("/tiny").value();
   EXPECT_EQ(tiny.size(), job.global.size() + 1);
   o.save.overwrite = true;
-  EXPECT_EQ(MergeToSafetensors("/sharded", "/x", o).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(MergeToSafetensors("/sharded", "/x", o, Io(&mem)).code(), StatusCode::kInvalidArgument);
   EXPECT_FALSE(mem.Exists("/x"));
 }
 
@@ -695,7 +674,7 @@ TEST(DistributedTest, TamperedManifestsFailLoadClearly) {
   job.global.emplace("w", Tensor::Zeros(DType::kF32, {16, 8}).value());
   std::vector<ShardLayout> save(2);
   for (int r = 0; r < 2; ++r) save[r]["w"] = SplitDim({16, 8}, 0, 2, r).value();
-  SP_ASSERT_OK(SaveJob(job, save, "/ckpt", {SaveOptions{.fs = &mem, .direct_io = false}}));
+  SP_ASSERT_OK(SaveJob(job, save, "/ckpt", {}, {.fs = &mem, .direct_io = false}));
   std::string bytes = mem.ReadFile("/ckpt/MANIFEST", 1 << 20).value();
   auto fresh = [&] { return format::DecodeManifest(bytes, "MANIFEST").value(); };
   ASSERT_EQ(fresh().tensors[0].shards.size(), 2u);
@@ -706,17 +685,17 @@ TEST(DistributedTest, TamperedManifestsFailLoadClearly) {
   format::Manifest partial = fresh();
   partial.tensors[0].shards.pop_back();
   rewrite(partial);
-  auto r = LoadDistributedAlloc("/ckpt", save[0], Lo(&mem));
+  auto r = LoadDistributedAlloc("/ckpt", save[0], {}, Io(&mem));
   EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
   EXPECT_NE(r.status().message().find("tensor \"w\": shards cover 64 of 128"), std::string::npos)
       << r.status().ToString();
   format::Manifest bad_file = fresh();
   bad_file.tensors[0].shards[1].file = 7;
   rewrite(bad_file);
-  r = LoadDistributedAlloc("/ckpt", save[1], Lo(&mem));
+  r = LoadDistributedAlloc("/ckpt", save[1], {}, Io(&mem));
   EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
   rewrite(fresh());
-  SP_EXPECT_OK(LoadDistributedAlloc("/ckpt", save[1], Lo(&mem)).status());
+  SP_EXPECT_OK(LoadDistributedAlloc("/ckpt", save[1], {}, Io(&mem)).status());
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -24,6 +25,7 @@
 #include "engine/reader.h"
 #include "engine/select.h"
 #include "util/parallel.h"
+#include "util/progress.h"
 
 namespace savepoint::dist {
 namespace {
@@ -265,7 +267,18 @@ Status RunRead(engine::Reader& r, const Read& rd, engine::Reader::Buffers* b, Te
   return r.ReadShardChunks(p.target->tensor, p.shard, rd.first, rd.count, d, b, verify);
 }
 
-Status ReadPieces(engine::Reader& r, Plan& plan, const LoadOptions& o) {
+// Bytes of the chunks of `rd` (whole chunks, as read).
+uint64_t ReadBytes(const engine::Reader& r, const Read& rd) {
+  uint64_t n = 0;
+  for (uint64_t c = rd.first; c < rd.first + rd.count; ++c) {
+    n += ChunkLen(ShardOf(r, *rd.piece), c, r.manifest().chunk_bytes);
+  }
+  return n;
+}
+
+// Reads every piece's chunks on io.io_threads threads; counts them in *stats and `o.progress`.
+Status ReadPieces(engine::Reader& r, Plan& plan, const LoadOptions& o, const IoOptions& io,
+                  LoadStats* stats) {
   const uint64_t cb = r.manifest().chunk_bytes;
   std::vector<Read> reads;
   for (Piece& p : plan.pieces) {
@@ -277,11 +290,22 @@ Status ReadPieces(engine::Reader& r, Plan& plan, const LoadOptions& o) {
     }
     AddReads(r, p, &reads);
   }
-  std::vector<engine::Reader::Buffers> buffers(o.io_threads);
-  std::vector<Tensor> bounce(o.io_threads);
-  return ParallelFor(reads.size(), o.io_threads, [&](size_t i, int w) -> Status {
-    return RunRead(r, reads[i], &buffers[w], &bounce[w], o.verify_checksums);
-  });
+  uint64_t total = 0;
+  for (const Read& rd : reads) {
+    total += ReadBytes(r, rd);
+    stats->chunks += rd.count;
+  }
+  stats->stored_bytes = total;
+  Progress progress(o.progress, total);
+  std::vector<engine::Reader::Buffers> buffers(io.io_threads);
+  std::vector<Tensor> bounce(io.io_threads);
+  SP_RETURN_IF_ERROR(ParallelFor(reads.size(), io.io_threads, [&](size_t i, int w) -> Status {
+    SP_RETURN_IF_ERROR(RunRead(r, reads[i], &buffers[w], &bounce[w], o.verify_checksums));
+    progress.Add(ReadBytes(r, reads[i]));
+    return Status::OK();
+  }));
+  progress.Finish();
+  return Status::OK();
 }
 
 Status CopyPieces(const engine::Reader& r, const Plan& plan, int threads) {
@@ -309,18 +333,33 @@ Status CopyPieces(const engine::Reader& r, const Plan& plan, int threads) {
 namespace savepoint {
 
 Status LoadDistributed(const std::string& path, State& targets, const ShardLayout& layout,
-                       const LoadOptions& options) {
-  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options));
+                       const LoadOptions& options, const IoOptions& io) {
+  const auto start = std::chrono::steady_clock::now();
+  if (options.mmap || options.map_mode != MapMode::kReadOnly) {
+    return InvalidArgumentError(fmt::format(
+        "distributed load {}: LoadOptions.mmap and map_mode do not apply (the boxes are read into "
+        "the targets): leave them at their defaults",
+        path));
+  }
+  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
   SP_ASSIGN_OR_RETURN(dist::Plan plan, dist::MakePlan(*reader, dist::TensorsOf(targets), layout));
   SP_RETURN_IF_ERROR(dist::OpenFiles(*reader, plan));
-  SP_RETURN_IF_ERROR(dist::ReadPieces(*reader, plan, options));
-  SP_RETURN_IF_ERROR(dist::CopyPieces(*reader, plan, options.io_threads));
-  return engine::CopyValues(reader->values(), &targets);
+  LoadStats stats;
+  SP_RETURN_IF_ERROR(dist::ReadPieces(*reader, plan, options, io, &stats));
+  SP_RETURN_IF_ERROR(dist::CopyPieces(*reader, plan, io.io_threads));
+  SP_RETURN_IF_ERROR(engine::CopyValues(reader->values(), &targets));
+  if (options.stats != nullptr) {
+    stats.bytes = targets.tensor_bytes();
+    stats.direct_io = reader->AnyFileDirect();
+    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    *options.stats = stats;
+  }
+  return Status::OK();
 }
 
 Result<State> LoadDistributedAlloc(const std::string& path, const ShardLayout& layout,
-                                   const LoadOptions& options) {
-  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options));
+                                   const LoadOptions& options, const IoOptions& io) {
+  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
   State state;
   for (const auto& [name, spec] : layout) {
     const TensorInfo* info = reader->FindTensor(name);
@@ -331,13 +370,13 @@ Result<State> LoadDistributedAlloc(const std::string& path, const ShardLayout& l
     SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(info->dtype, spec.sizes));
     SP_RETURN_IF_ERROR(state.Put(name, std::move(t)));
   }
-  SP_RETURN_IF_ERROR(LoadDistributed(path, state, layout, options));
+  SP_RETURN_IF_ERROR(LoadDistributed(path, state, layout, options, io));
   return state;
 }
 
 Result<ReadPlanSummary> PlanDistributedLoad(const std::string& path, const ShardLayout& layout,
-                                            const LoadOptions& options) {
-  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options));
+                                            FileSystem* fs) {
+  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, {}, {.fs = fs}));
   dist::TargetViews targets;  // views without memory: planning never touches data
   for (const auto& [name, spec] : layout) {
     const TensorInfo* info = reader->FindTensor(name);

@@ -16,11 +16,15 @@ std::string MergeContext(const std::string& src, const std::string& dst) {
   return fmt::format("merge {} into {}", src, dst);
 }
 
-// Load assembles multi-shard tensors into whole ones, verifying every chunk it reads.
-Result<State> LoadWhole(const std::string& src, const LoadOptions& options) {
-  LoadOptions load = options;
-  load.mmap = false;
-  return Load(src, load);
+// Load assembles multi-shard tensors into whole ones, verifying every chunk it reads. A merge
+// reads: mapping options are refused, not ignored.
+Result<State> LoadWhole(const std::string& src, const LoadOptions& options, const IoOptions& io) {
+  if (options.mmap || options.map_mode != MapMode::kReadOnly) {
+    return InvalidArgumentError(
+        "load.mmap and load.map_mode do not apply to a merge (it reads the source): leave them at "
+        "their defaults");
+  }
+  return Load(src, options, io);
 }
 
 // Tensor names in name order, packed greedily into groups of at most `cap` bytes (0 = no cap);
@@ -60,7 +64,8 @@ std::string ShardFileName(size_t i, size_t n) {
 
 // Writes the files (and the index when there are several) into the directory `dir`.
 Status WriteSafetensorsFiles(const State& state, const std::string& dir,
-                             const MergeSafetensorsOptions& options, SaveStats* total) {
+                             const MergeSafetensorsOptions& options, const IoOptions& io,
+                             SaveStats* total) {
   std::vector<std::vector<std::string>> groups = PackTensors(state, options.max_file_bytes);
   if (groups.size() > 99999) {
     return InvalidArgumentError(fmt::format(
@@ -81,33 +86,33 @@ Status WriteSafetensorsFiles(const State& state, const std::string& dir,
         options.save.progress(before + done, all);
       };
     }
-    SP_RETURN_IF_ERROR(SaveSafetensors(part, dir + "/" + name, save));
+    SP_RETURN_IF_ERROR(SaveSafetensors(part, dir + "/" + name, save, io));
     total->bytes += stats.bytes;
     total->stored_bytes += stats.stored_bytes;
     total->chunks += stats.chunks;
+    total->direct_io = total->direct_io || stats.direct_io;
     for (const std::string& t : groups[i]) weight_map[t] = name;
   }
   if (groups.size() == 1) return Status::OK();
   Json index = {{"metadata", {{"total_size", state.tensor_bytes()}}}, {"weight_map", weight_map}};
-  FileSystem* fs = options.save.fs != nullptr ? options.save.fs : DefaultFileSystem();
-  return fs->WriteFileSynced(dir + "/" + kSafetensorsIndexFile, index.dump(2) + "\n");
+  return FileSystemOf(io)->WriteFileSynced(dir + "/" + kSafetensorsIndexFile, index.dump(2) + "\n");
 }
 
 }  // namespace
 
-Status MergeCheckpoint(const std::string& src, const std::string& dst,
-                       const MergeOptions& options) {
-  Result<State> state = LoadWhole(src, options.load);
+Status MergeCheckpoint(const std::string& src, const std::string& dst, const MergeOptions& options,
+                       const IoOptions& io) {
+  Result<State> state = LoadWhole(src, options.load, io);
   if (!state.ok()) return state.status().WithContext(MergeContext(src, dst));
   // Save writes each tensor as one shard and commits atomically.
-  Status s = Save(*state, dst, options.save);
+  Status s = Save(*state, dst, options.save, io);
   return s.ok() ? s : s.WithContext(MergeContext(src, dst));
 }
 
 Status MergeToSafetensors(const std::string& src, const std::string& dst,
-                          const MergeSafetensorsOptions& options) {
+                          const MergeSafetensorsOptions& options, const IoOptions& io) {
   auto start = std::chrono::steady_clock::now();
-  FileSystem* fs = options.save.fs != nullptr ? options.save.fs : DefaultFileSystem();
+  FileSystem* fs = FileSystemOf(io);
   if (options.save.overwrite) {
     return InvalidArgumentError(MergeContext(src, dst) +
                                 ": overwrite is not supported for "
@@ -117,7 +122,7 @@ Status MergeToSafetensors(const std::string& src, const std::string& dst,
   if (fs->Exists(target)) {
     return AlreadyExistsError(MergeContext(src, dst) + ": " + target + " already exists");
   }
-  Result<State> state = LoadWhole(src, options.load);
+  Result<State> state = LoadWhole(src, options.load, io);
   if (!state.ok()) return state.status().WithContext(MergeContext(src, dst));
   // Everything goes into a hidden sibling directory, committed by the durable-commit protocol
   // (io/commit.h): new parent directories are synced too.
@@ -127,7 +132,7 @@ Status MergeToSafetensors(const std::string& src, const std::string& dst,
       io::DurableCommit::Begin(fs, target, io::DurableCommit::Kind::kDirectory, co);
   if (!commit.ok()) return commit.status().WithContext(MergeContext(src, dst));
   SaveStats total;
-  Status s = WriteSafetensorsFiles(*state, commit->tmp(), options, &total);
+  Status s = WriteSafetensorsFiles(*state, commit->tmp(), options, io, &total);
   if (s.ok()) s = commit->Commit();
   if (!s.ok()) {
     commit->Abandon();

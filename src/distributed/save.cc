@@ -27,6 +27,7 @@
 #include "engine/select.h"
 #include "engine/writer.h"
 #include "savepoint/distributed.h"
+#include "util/progress.h"
 
 namespace savepoint::dist {
 namespace {
@@ -38,6 +39,7 @@ struct RankPlan {
   State mine;          // views of the shards this rank writes
   format::Manifest m;  // local manifest: files[0] = this rank's data file
   std::vector<engine::ChunkTask> tasks;
+  bool direct = false;  // whether this rank's data file was written with O_DIRECT
 };
 
 Status PlanRank(const State& local, const ShardLayout& layout, int rank, int size,
@@ -66,8 +68,8 @@ Status PlanRank(const State& local, const ShardLayout& layout, int rank, int siz
 
 // Step 4: writes this rank's data file (if it has shards) into the temporary directory; its
 // header is stamped with `file_index`, the file's index in the global manifest.
-Status WriteRankFile(const engine::SaveTarget& target, const SaveOptions& o, uint32_t file_index,
-                     RankPlan* p) {
+Status WriteRankFile(const engine::SaveTarget& target, const SaveOptions& o, const IoOptions& io,
+                     uint32_t file_index, RankPlan* p) {
   if (p->m.tensors.empty()) return Status::OK();
   format::Manifest stamp;  // just what CreateDataFile reads: version, id and files[file_index]
   stamp.version = p->m.version;
@@ -75,9 +77,12 @@ Status WriteRankFile(const engine::SaveTarget& target, const SaveOptions& o, uin
   stamp.files.resize(size_t{file_index} + 1);
   stamp.files[file_index] = p->m.files[0];
   SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
-                      engine::CreateDataFile(target, stamp, o.direct_io, file_index));
-  SP_RETURN_IF_ERROR(engine::WriteTasks(p->tasks, p->m.chunk_bytes, o.io_threads, f.get(),
-                                        /*alloc=*/nullptr));  // nothing is compressed
+                      engine::CreateDataFile(target, stamp, io.direct_io, file_index));
+  p->direct = f->direct();
+  Progress progress(o.progress, p->mine.tensor_bytes());
+  SP_RETURN_IF_ERROR(engine::WriteTasks(p->tasks, p->m.chunk_bytes, io.io_threads, f.get(),
+                                        /*alloc=*/nullptr, &progress));  // nothing is compressed
+  progress.Finish();
   SP_RETURN_IF_ERROR(f->Sync());
   return f->Close();
 }
@@ -92,14 +97,14 @@ struct Coordinator {
 
 // Step 3 (coordinator): merges plans, validates, creates the temporary directory.
 Verdict Decide(const std::vector<std::string>& plans, const std::string& path, const SaveOptions& o,
-               Coordinator* c) {
+               const IoOptions& io, Coordinator* c) {
   Verdict v;
   v.status = [&]() -> Status {
     for (size_t r = 0; r < plans.size(); ++r) {
       SP_RETURN_IF_ERROR(c->merger.AddPlan(static_cast<int>(r), plans[r]));
     }
     SP_ASSIGN_OR_RETURN(v.file_index, c->merger.Finish());
-    SP_ASSIGN_OR_RETURN(c->target, engine::BeginSave(path, o));
+    SP_ASSIGN_OR_RETURN(c->target, engine::BeginSave(path, o, io));
     c->began = true;
     v.tmp = c->target.tmp;
     v.checkpoint_id = engine::RandomU64();
@@ -138,22 +143,24 @@ Status Fail(const Status& s, Coordinator* c) {
 }
 
 Status Run(Communicator& comm, const State& local, const ShardLayout& layout,
-           const std::string& path, const DistributedSaveOptions& o, RankPlan* p) {
+           const std::string& path, const DistributedSaveOptions& o, const IoOptions& io,
+           RankPlan* p) {
   const int rank = comm.rank(), size = comm.size();
   const bool root = rank == kRoot;
-  Status planned = PlanRank(local, layout, rank, size, o.save, p);
+  Status planned = ValidateIoOptions(io, "distributed save");
+  if (planned.ok()) planned = PlanRank(local, layout, rank, size, o.save, p);
   if (planned.ok() && root) planned = engine::CopyValues(local, &p->m.values);
   SP_ASSIGN_OR_RETURN(std::vector<std::string> plans,
                       comm.Gather(EncodePlan(planned, p->m), kRoot, o.timeout));
   std::unique_ptr<Coordinator> c = root ? std::make_unique<Coordinator>(size) : nullptr;
-  std::string msg = root ? EncodeVerdict(Decide(plans, path, o.save, c.get())) : "";
+  std::string msg = root ? EncodeVerdict(Decide(plans, path, o.save, io, c.get())) : "";
   Status s = comm.Broadcast(&msg, kRoot, AnswerWait(o, root));
   if (!s.ok()) return Fail(s, c.get());
   SP_ASSIGN_OR_RETURN(Verdict v, DecodeVerdict(msg, size));
   if (!v.status.ok()) return Fail(v.status, c.get());
   p->m.checkpoint_id = v.checkpoint_id;
-  engine::SaveTarget target{o.save.fs != nullptr ? o.save.fs : DefaultFileSystem(), path, v.tmp};
-  Status wrote = WriteRankFile(target, o.save, static_cast<uint32_t>(v.file_index[rank]), p);
+  engine::SaveTarget target{FileSystemOf(io), path, v.tmp};
+  Status wrote = WriteRankFile(target, o.save, io, static_cast<uint32_t>(v.file_index[rank]), p);
   Result<std::vector<std::string>> reports = comm.Gather(EncodeCrcs(wrote, p->m), kRoot, o.timeout);
   if (!reports.ok()) return Fail(reports.status(), c.get());
   msg.clear();
@@ -173,15 +180,17 @@ Status Run(Communicator& comm, const State& local, const ShardLayout& layout,
 namespace savepoint {
 
 Status SaveDistributed(Communicator& comm, const State& local, const ShardLayout& layout,
-                       const std::string& path, const DistributedSaveOptions& o) {
+                       const std::string& path, const DistributedSaveOptions& o,
+                       const IoOptions& io) {
   auto start = std::chrono::steady_clock::now();
   dist::RankPlan p;
-  Status s = dist::Run(comm, local, layout, path, o, &p);
+  Status s = dist::Run(comm, local, layout, path, o, io, &p);
   std::string context =
       fmt::format("distributed save {} (rank {} of {})", path, comm.rank(), comm.size());
   if (!s.ok()) return s.WithContext(context);
   if (o.save.stats != nullptr) {
-    *o.save.stats = SaveStats{p.mine.tensor_bytes(), p.tasks.size(), 0, false, 0, 0, 0};
+    const uint64_t bytes = p.mine.tensor_bytes();
+    *o.save.stats = SaveStats{bytes, p.tasks.size(), 0, p.direct, bytes, 0, 0};
     o.save.stats->seconds = o.save.stats->blocked_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }

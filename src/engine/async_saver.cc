@@ -190,8 +190,9 @@ uint64_t DefaultStagingBytes() {
 
 class CheckpointerImpl final : public Checkpointer {
  public:
-  explicit CheckpointerImpl(const CheckpointerOptions& o)
+  CheckpointerImpl(const CheckpointerOptions& o, const IoOptions& io)
       : options_(o),
+        io_(io),
         pool_(o.slab_bytes,
               (o.staging_bytes != 0 ? o.staging_bytes : DefaultStagingBytes()) / o.slab_bytes) {}
 
@@ -267,6 +268,7 @@ class CheckpointerImpl final : public Checkpointer {
   }
 
   const CheckpointerOptions options_;
+  const IoOptions io_;
   StagingPool pool_;
   std::mutex save_mu_;  // serialises snapshots
   std::mutex mu_;       // guards jobs_
@@ -278,8 +280,8 @@ class CheckpointerImpl final : public Checkpointer {
   std::atomic<bool> stop_reserve_{false};
 };
 
-// SaveOptions fields that belong to the Checkpointer in an async save: a value other than the
-// default and other than the Checkpointer's is refused rather than ignored.
+// SaveOptions fields an async save cannot use: a chunk size other than the default and the
+// Checkpointer's slab size, statistics and progress are refused rather than ignored.
 Status CheckAsyncSaveOptions(const SaveOptions& o, const CheckpointerOptions& c,
                              const std::string& path) {
   const SaveOptions defaults;
@@ -289,16 +291,14 @@ Status CheckAsyncSaveOptions(const SaveOptions& o, const CheckpointerOptions& c,
         "Checkpointer's slabs (CheckpointerOptions.slab_bytes = {}); set that instead",
         path, o.chunk_bytes, c.slab_bytes));
   }
-  if (o.io_threads != defaults.io_threads && o.io_threads != c.io_threads) {
-    return InvalidArgumentError(fmt::format(
-        "save {}: SaveOptions.io_threads = {} is not used by an async save: the Checkpointer's "
-        "writer threads are (CheckpointerOptions.io_threads = {}); set that instead",
-        path, o.io_threads, c.io_threads));
-  }
   if (o.stats != nullptr) {
     return InvalidArgumentError(fmt::format(
         "save {}: SaveOptions.stats is not filled by an async save; use SaveHandle::stats()",
         path));
+  }
+  if (o.progress) {
+    return InvalidArgumentError(fmt::format(
+        "save {}: SaveOptions.progress is not called by an async save; poll the SaveHandle", path));
   }
   return Status::OK();
 }
@@ -309,16 +309,15 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Stat
   SP_RETURN_IF_ERROR(CheckAsyncSaveOptions(options, options_, path));
   SaveOptions o = options;
   o.chunk_bytes = options_.slab_bytes;
-  o.io_threads = options_.io_threads;
   auto job = std::make_shared<SaveHandle::Shared>();
   job->start = Clock::now();
   job->pool = &pool_;
   job->overwrite = o.overwrite;
-  SP_ASSIGN_OR_RETURN(job->target, BeginSave(path, o));
+  SP_ASSIGN_OR_RETURN(job->target, BeginSave(path, o, io_));
   Result<std::unique_ptr<WritableFile>> file = Status();
   Result<std::vector<ChunkTask>> tasks =
       PlanSave(state, o.chunk_bytes, &job->manifest, o.compression, o.format_version);
-  if (tasks.ok()) file = CreateDataFile(job->target, job->manifest, o.direct_io);
+  if (tasks.ok()) file = CreateDataFile(job->target, job->manifest, io_.direct_io);
   if (!tasks.ok() || !file.ok()) {
     AbandonSave(job->target);
     Status s = tasks.ok() ? file.status() : tasks.status();
@@ -350,7 +349,7 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Stat
 }
 
 void CheckpointerImpl::Launch(std::shared_ptr<SaveHandle::Shared> job) {
-  int threads = options_.io_threads;
+  int threads = io_.io_threads;
   std::thread t([job, threads] {
     std::vector<std::thread> writers;
     for (int i = 1; i < threads; ++i) writers.emplace_back([&job] { job->Drain(); });
@@ -376,23 +375,21 @@ Result<SaveHandle> CheckpointerImpl::SaveAsync(const State& state, const std::st
 }  // namespace
 }  // namespace engine
 
-Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(const CheckpointerOptions& o) {
+Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(const CheckpointerOptions& o,
+                                                           const IoOptions& io) {
   if (o.slab_bytes < (64 << 10) || o.slab_bytes > format::kMaxChunkBytes ||
       o.slab_bytes % format::kAlignment != 0) {
     return InvalidArgumentError(fmt::format(
         "CheckpointerOptions.slab_bytes = {}: must be a multiple of 4096 in [64 KiB, 1 GiB]",
         o.slab_bytes));
   }
-  if (o.io_threads < 1 || o.io_threads > 64) {
-    return InvalidArgumentError(
-        fmt::format("CheckpointerOptions.io_threads = {}: must be in [1, 64]", o.io_threads));
-  }
+  SP_RETURN_IF_ERROR(ValidateIoOptions(io, "create checkpointer"));
   if (o.snapshot_threads < 0 || o.snapshot_threads > 64) {
     return InvalidArgumentError(
         fmt::format("CheckpointerOptions.snapshot_threads = {}: must be in [0, 64] (0 = default)",
                     o.snapshot_threads));
   }
-  auto checkpointer = std::make_unique<engine::CheckpointerImpl>(o);
+  auto checkpointer = std::make_unique<engine::CheckpointerImpl>(o, io);
   if (o.prefault_bytes > 0) checkpointer->Reserve(o.prefault_bytes);
   return std::unique_ptr<Checkpointer>(std::move(checkpointer));
 }

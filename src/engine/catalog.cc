@@ -55,9 +55,7 @@ CheckpointEntry Describe(FileSystem* fs, const std::string& root, const FileInfo
     case engine::DebrisKind::kNone:
       break;
   }
-  LoadOptions o;
-  o.fs = fs;
-  Result<std::unique_ptr<engine::Reader>> r = engine::Reader::OpenImpl(e.path, o);
+  Result<std::unique_ptr<engine::Reader>> r = engine::Reader::OpenImpl(e.path, {}, {.fs = fs});
   if (!r.ok()) {
     e.problem = r.status().ToString();
     return e;

@@ -79,18 +79,20 @@ Status LoadMapped(engine::Reader& reader, const std::vector<bool>& keep, const L
 }  // namespace
 
 Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::string& path,
-                                                                 const LoadOptions& options) {
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<engine::Reader> r, engine::Reader::OpenImpl(path, options));
+                                                                 const LoadOptions& options,
+                                                                 const IoOptions& io) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<engine::Reader> r,
+                      engine::Reader::OpenImpl(path, options, io));
   return std::unique_ptr<CheckpointReader>(std::move(r));
 }
 
-Result<State> Load(const std::string& path, const LoadOptions& options) {
+Result<State> Load(const std::string& path, const LoadOptions& options, const IoOptions& io) {
   if (!options.mmap && options.map_mode != MapMode::kReadOnly) {
     return InvalidArgumentError(fmt::format(
         "load {}: LoadOptions.map_mode is copy-on-write but mmap is false (set mmap = true)",
         path));
   }
-  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options));
+  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
   std::vector<std::string> all;
   for (const auto& t : reader->tensors()) all.push_back(t.name);
   SP_ASSIGN_OR_RETURN(std::vector<bool> keep,
@@ -115,8 +117,9 @@ Result<State> Load(const std::string& path, const LoadOptions& options) {
   return state;
 }
 
-Status LoadInto(const std::string& path, State& targets, const LoadOptions& options) {
-  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options));
+Status LoadInto(const std::string& path, State& targets, const LoadOptions& options,
+                const IoOptions& io) {
+  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
   std::vector<std::pair<size_t, engine::Destination>> jobs;
   for (const auto& [name, e] : targets.entries()) {
     if (!e.is_tensor()) continue;
@@ -136,9 +139,9 @@ Status LoadInto(const std::string& path, State& targets, const LoadOptions& opti
   return engine::CopyValues(reader->values(), &targets);
 }
 
-Status VerifyCheckpoint(const std::string& path, const LoadOptions& options, LoadStats* stats) {
-  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options));
-  return reader->Verify(stats);
+Status VerifyCheckpoint(const std::string& path, const LoadOptions& options, const IoOptions& io) {
+  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
+  return reader->Verify(options.stats);
 }
 
 const char* Version() { return SAVEPOINT_VERSION; }

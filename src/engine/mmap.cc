@@ -93,7 +93,7 @@ Status Reader::VerifyMapped(const std::vector<size_t>& tensors, uint64_t* chunks
     }
   }
   if (chunks != nullptr) *chunks = work.size();
-  return ParallelFor(work.size(), options_.io_threads, [&](size_t i, int) -> Status {
+  return ParallelFor(work.size(), io_.io_threads, [&](size_t i, int) -> Status {
     const Chunk& w = work[i];
     const format::ShardRecord& s = w.tensor->shards[0];
     const uint64_t len = std::min(m_.chunk_bytes, s.bytes - w.chunk * m_.chunk_bytes);

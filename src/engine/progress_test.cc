@@ -176,9 +176,8 @@ TEST_F(ProgressOption, SaveReportsTensorBytes) {
     Recorder rec;
     SaveOptions o;
     o.chunk_bytes = kChunk;
-    o.io_threads = threads;
     o.progress = rec.Fn();
-    SP_ASSERT_OK(Save(s, dir.Sub("ckpt" + std::to_string(threads)), o));
+    SP_ASSERT_OK(Save(s, dir.Sub("ckpt" + std::to_string(threads)), o, {.io_threads = threads}));
     EXPECT_TRUE(rec.Check(bytes, /*partial=*/threads == 1)) << threads << " threads";
   }
 }
@@ -192,24 +191,23 @@ TEST_F(ProgressOption, VerifyAndLoadReportTensorBytes) {
   SP_ASSERT_OK(Save(s, dir.Sub("ckpt"), so));
   for (bool mmap : {false, true}) {
     Recorder verify, load;
+    const IoOptions io{.io_threads = 1};
     LoadOptions o;
-    o.io_threads = 1;
     o.mmap = mmap;
     o.progress = verify.Fn();
-    auto reader = CheckpointReader::Open(dir.Sub("ckpt"), o);
+    auto reader = CheckpointReader::Open(dir.Sub("ckpt"), o, io);
     SP_ASSERT_OK(reader.status());
     SP_ASSERT_OK((*reader)->Verify());
     EXPECT_TRUE(verify.Check(bytes, /*partial=*/true)) << "verify";
     o.progress = load.Fn();
-    Result<State> loaded = Load(dir.Sub("ckpt"), o);
+    Result<State> loaded = Load(dir.Sub("ckpt"), o, io);
     SP_ASSERT_OK(loaded.status());
     EXPECT_TRUE(load.Check(bytes, /*partial=*/true)) << "load, mmap " << mmap;
   }
   Recorder four;
   LoadOptions o;
-  o.io_threads = 4;
   o.progress = four.Fn();
-  SP_ASSERT_OK(VerifyCheckpoint(dir.Sub("ckpt"), o));
+  SP_ASSERT_OK(VerifyCheckpoint(dir.Sub("ckpt"), o, {.io_threads = 4}));
   EXPECT_TRUE(four.Check(bytes, /*partial=*/false));
 }
 
@@ -223,10 +221,10 @@ TEST_F(ProgressOption, CompressedVerifyCountsLogicalBytes) {
   SP_ASSERT_OK(Save(s, dir.Sub("z"), so));
   Recorder rec;
   LoadOptions o;
-  o.io_threads = 1;
   o.progress = rec.Fn();
   LoadStats stats;
-  SP_ASSERT_OK(VerifyCheckpoint(dir.Sub("z"), o, &stats));
+  o.stats = &stats;
+  SP_ASSERT_OK(VerifyCheckpoint(dir.Sub("z"), o, {.io_threads = 1}));
   EXPECT_TRUE(rec.Check(s.tensor_bytes(), /*partial=*/true));
   EXPECT_EQ(stats.bytes, s.tensor_bytes());  // logical
   EXPECT_LT(stats.stored_bytes, stats.bytes / 10);
@@ -240,9 +238,8 @@ TEST_F(ProgressOption, SafetensorsSaveAndLoad) {
   SP_ASSERT_OK(s.Put("t", std::move(t)));
   Recorder save, load;
   SafetensorsSaveOptions so;
-  so.io_threads = 1;
   so.progress = save.Fn();
-  SP_ASSERT_OK(SaveSafetensors(s, dir.Sub("m.safetensors"), so));
+  SP_ASSERT_OK(SaveSafetensors(s, dir.Sub("m.safetensors"), so, {.io_threads = 1}));
   EXPECT_TRUE(save.Check(s.tensor_bytes(), /*partial=*/true));
   SafetensorsLoadOptions lo;
   lo.progress = load.Fn();

@@ -55,14 +55,13 @@ TensorInfo Describe(const format::TensorRecord& t) {
 
 }  // namespace
 
-Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const LoadOptions& o) {
-  if (o.io_threads < 1 || o.io_threads > 64) {
-    return InvalidArgumentError(
-        fmt::format("LoadOptions.io_threads = {}: must be in [1, 64]", o.io_threads));
-  }
+Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const LoadOptions& o,
+                                                 const IoOptions& io) {
+  SP_RETURN_IF_ERROR(ValidateIoOptions(io, fmt::format("open checkpoint {}", path)));
   std::unique_ptr<Reader> r(new Reader());
-  r->fs_ = o.fs != nullptr ? o.fs : DefaultFileSystem();
+  r->fs_ = FileSystemOf(io);
   r->options_ = o;
+  r->io_ = io;
   r->path_ = path;
   std::string mpath = JoinPath(path, format::kManifestFileName);
   Result<std::string> bytes =
@@ -100,9 +99,8 @@ Result<RandomAccessFile*> Reader::File(uint32_t index) {
   if (files_[index]) return files_[index].get();
   const format::FileRecord& rec = m_.files[index];
   std::string fpath = JoinPath(path_, rec.name);
-  SP_ASSIGN_OR_RETURN(
-      std::unique_ptr<RandomAccessFile> f,
-      fs_->NewRandomAccessFile(fpath, FileOptions{.direct_io = options_.direct_io}));
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f,
+                      fs_->NewRandomAccessFile(fpath, FileOptions{.direct_io = io_.direct_io}));
   if (f->size() < rec.bytes) return Truncated(index, f->size(), "");
   SP_ASSIGN_OR_RETURN(Tensor header,
                       Tensor::Empty(DType::kU8, {int64_t(format::kDataHeaderBytes)}));
@@ -383,7 +381,7 @@ Status Reader::ReadMany(const std::vector<std::pair<size_t, Destination>>& jobs,
   Progress* p = progress != nullptr ? progress : &own;
   std::vector<Region> regions;
   TakeRegions(&tasks, &regions);
-  std::vector<Buffers> buffers(options_.io_threads);
+  std::vector<Buffers> buffers(io_.io_threads);
   SP_ASSIGN_OR_RETURN(auto runs, ReadRuns(tasks));
   const size_t work = regions.size() + runs.size();
   auto read = [&](size_t r, int w) -> Status {
@@ -393,7 +391,7 @@ Status Reader::ReadMany(const std::vector<std::pair<size_t, Destination>>& jobs,
     if (!DirectRead(tasks[begin], f)) return ReadChunk(tasks[begin], &buffers[w], verify);
     return ReadDirectBatch({tasks.data() + begin, end - begin}, f, &buffers[w], verify);
   };
-  SP_RETURN_IF_ERROR(ParallelFor(work, options_.io_threads, [&](size_t r, int w) -> Status {
+  SP_RETURN_IF_ERROR(ParallelFor(work, io_.io_threads, [&](size_t r, int w) -> Status {
     SP_RETURN_IF_ERROR(read(r, w));
     if (!p->enabled()) return Status::OK();
     if (r < regions.size()) {
@@ -413,7 +411,7 @@ Status Reader::ReadMany(const std::vector<std::pair<size_t, Destination>>& jobs,
   }
   if (stats != nullptr) {
     *stats = LoadStats{0, chunks, 0, false, 0};
-    for (const auto& f : files_) stats->direct_io = stats->direct_io || (f && f->direct());
+    stats->direct_io = AnyFileDirect();
     for (const auto& [ti, dst] : jobs) {
       stats->bytes += infos_[ti].nbytes;
       stats->stored_bytes += infos_[ti].stored_bytes;
@@ -448,6 +446,14 @@ Result<Tensor> Reader::ReadTensor(const std::string& name) {
       ReadMany({{static_cast<size_t>(info - infos_.data()), Destination{t.data(), t.capacity()}}},
                nullptr, options_.verify_checksums));
   return t;
+}
+
+bool Reader::AnyFileDirect() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& f : files_) {
+    if (f != nullptr && f->direct()) return true;
+  }
+  return false;
 }
 
 Status Reader::Verify(LoadStats* stats) {

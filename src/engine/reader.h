@@ -48,7 +48,8 @@ inline constexpr uint64_t kRegionGapBytes = uint64_t{64} << 10;
 
 class Reader final : public CheckpointReader {
  public:
-  static Result<std::unique_ptr<Reader>> OpenImpl(const std::string& path, const LoadOptions& o);
+  static Result<std::unique_ptr<Reader>> OpenImpl(const std::string& path, const LoadOptions& o,
+                                                  const IoOptions& io);
 
   const std::string& path() const override { return path_; }
   uint32_t format_version() const override { return m_.version; }
@@ -71,6 +72,8 @@ class Reader final : public CheckpointReader {
   Status ReadTensor(const std::string& name, const TensorView& dst) override;
   Result<Tensor> ReadTensor(const std::string& name) override;
   Status Verify(LoadStats* stats) override;
+  // Whether any data file opened so far is open with O_DIRECT.
+  bool AnyFileDirect();
   Result<TensorView> MapTensor(const std::string& name, bool verify) override;
 
   // Reads several tensors (by index into the manifest) into their destinations in one parallel
@@ -160,6 +163,7 @@ class Reader final : public CheckpointReader {
 
   FileSystem* fs_ = nullptr;
   LoadOptions options_;
+  IoOptions io_;
   std::string path_;
   format::Manifest m_;
   mutable std::mutex json_mu_;  // guards json_built_ and json_

@@ -87,10 +87,6 @@ Status CheckSaveOptions(const SaveOptions& o) {
         fmt::format("SaveOptions.chunk_bytes = {}: must be a multiple of 4096 in [4 KiB, 1 GiB]",
                     o.chunk_bytes));
   }
-  if (o.io_threads < 1 || o.io_threads > 64) {
-    return InvalidArgumentError(
-        fmt::format("SaveOptions.io_threads = {}: must be in [1, 64]", o.io_threads));
-  }
   if (o.format_version < format::kMinFormatVersion || o.format_version > format::kFormatVersion) {
     return InvalidArgumentError(fmt::format("SaveOptions.format_version = {}: must be {} or {}",
                                             o.format_version, format::kMinFormatVersion,
@@ -267,12 +263,14 @@ Status WriteTasks(const std::vector<ChunkTask>& tasks, uint64_t chunk_bytes, int
   });
 }
 
-Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o) {
+Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o,
+                             const IoOptions& io) {
   SaveTarget t;
-  t.fs = o.fs != nullptr ? o.fs : DefaultFileSystem();
+  t.fs = FileSystemOf(io);
   SP_RETURN_IF_ERROR(CheckSaveOptions(o));
   SP_ASSIGN_OR_RETURN(t.path, NormalizeCheckpointPath(raw_path));
   std::string context = fmt::format("save {}", t.path);
+  SP_RETURN_IF_ERROR(ValidateIoOptions(io, context));
   if (!o.overwrite && t.fs->Exists(t.path)) {
     return AlreadyExistsError(fmt::format("{}: a checkpoint already exists there", context));
   }
@@ -452,15 +450,15 @@ void AbandonSave(const SaveTarget& t) { CommitOf(t, false).Abandon(); }
 namespace {
 
 Status WriteAndCommit(const State& state, const SaveTarget& target, const SaveOptions& o,
-                      bool* direct, uint64_t* stored_bytes) {
+                      const IoOptions& io, bool* direct, uint64_t* stored_bytes) {
   format::Manifest m;
   SP_ASSIGN_OR_RETURN(std::vector<ChunkTask> tasks,
                       PlanSave(state, o.chunk_bytes, &m, o.compression, o.format_version));
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, CreateDataFile(target, m, o.direct_io));
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, CreateDataFile(target, m, io.direct_io));
   *direct = f->direct();
   ExtentAllocator alloc(m.files[0].bytes);  // compressed chunks go after the planned layout
   Progress progress(o.progress, state.tensor_bytes());
-  SP_RETURN_IF_ERROR(WriteTasks(tasks, m.chunk_bytes, o.io_threads, f.get(), &alloc, &progress));
+  SP_RETURN_IF_ERROR(WriteTasks(tasks, m.chunk_bytes, io.io_threads, f.get(), &alloc, &progress));
   progress.Finish();
   if (format::UsesCompression(m)) m.files[0].bytes = alloc.end();
   *stored_bytes = 0;
@@ -474,12 +472,13 @@ Status WriteAndCommit(const State& state, const SaveTarget& target, const SaveOp
 
 namespace savepoint {
 
-Status Save(const State& state, const std::string& path, const SaveOptions& o) {
+Status Save(const State& state, const std::string& path, const SaveOptions& o,
+            const IoOptions& io) {
   auto start = std::chrono::steady_clock::now();
-  SP_ASSIGN_OR_RETURN(engine::SaveTarget target, engine::BeginSave(path, o));
+  SP_ASSIGN_OR_RETURN(engine::SaveTarget target, engine::BeginSave(path, o, io));
   bool direct = false;
   uint64_t stored = 0;
-  Status s = engine::WriteAndCommit(state, target, o, &direct, &stored);
+  Status s = engine::WriteAndCommit(state, target, o, io, &direct, &stored);
   if (!s.ok()) {
     engine::AbandonSave(target);
     return s.WithContext(fmt::format("save {}", target.path));

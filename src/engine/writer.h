@@ -72,12 +72,14 @@ struct SaveTarget {
   std::string tmp;
 };
 
-// Checks chunk_bytes, io_threads and compression.
+// Checks chunk_bytes, format_version and compression.
 Status CheckSaveOptions(const SaveOptions& o);
 
 // Steps 1-2 of the commit protocol (io/commit.h): validates the path, refuses an existing
 // checkpoint unless overwriting, creates missing parents durably, creates the temporary directory.
-Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o);
+// Also checks `io` (its fs becomes the target's).
+Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o,
+                             const IoOptions& io);
 
 // A manifest of format `version` with a fresh id, the creation time, the writer and chunk size,
 // the values and metadata of `state`, and every tensor laid out in data file 0. Returns the chunk

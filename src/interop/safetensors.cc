@@ -29,8 +29,6 @@ namespace {
 
 using interop::Layout;
 
-FileSystem* FsOr(FileSystem* fs) { return fs != nullptr ? fs : DefaultFileSystem(); }
-
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -56,15 +54,16 @@ void Gather(const Layout& layout, uint64_t begin, std::span<std::byte> dst) {
 // aligned per-thread staging buffers and written in parallel; with O_DIRECT when the file is a
 // whole number of blocks (PlanLayout pads the header to make it so where it can), which on many
 // systems is far faster than buffered writes followed by fsync. Counts the tensor bytes of each
-// piece written in `progress`.
-Status WriteLayout(FileSystem* fs, const std::string& tmp, const Layout& layout, int threads,
-                   Progress* progress) {
+// piece written in `progress`; sets *direct to whether O_DIRECT was in effect.
+Status WriteLayout(const IoOptions& io, const std::string& tmp, const Layout& layout,
+                   Progress* progress, bool* direct) {
   FileOptions fo;
-  fo.direct_io = layout.file_bytes % kDirectIOAlignment == 0;
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, fs->NewWritableFile(tmp, fo));
+  fo.direct_io = io.direct_io && layout.file_bytes % kDirectIOAlignment == 0;
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, FileSystemOf(io)->NewWritableFile(tmp, fo));
+  *direct = f->direct();
   SP_RETURN_IF_ERROR(f->Preallocate(layout.file_bytes));
   const uint64_t pieces = (layout.file_bytes + kStageBytes - 1) / kStageBytes;
-  threads = static_cast<int>(std::clamp<uint64_t>(pieces, 1, threads));
+  const int threads = static_cast<int>(std::clamp<uint64_t>(pieces, 1, io.io_threads));
   std::vector<Tensor> staging;  // aligned buffers, one per thread
   for (int i = 0; i < threads; ++i) {
     SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kU8, {static_cast<int64_t>(kStageBytes)}));
@@ -128,37 +127,58 @@ Result<std::shared_ptr<const MappedFile>> MapWhole(FileSystem* fs, const Safeten
   return *map;
 }
 
-// Adds tensor `t` to `state`: a view into `map` when there is one, else an owned copy read from
-// `file` in kStageBytes pieces (counted in `progress`).
-Status AddTensor(const SafetensorsInfo& info, const SafetensorsTensorInfo& t,
-                 const RandomAccessFile& file, const MappedFile* map, State* state,
-                 Progress* progress) {
-  const uint64_t offset = info.data_offset + t.begin;
-  if (map != nullptr)
-    return state->PutView(t.name, TensorView(map->data().data() + offset, t.dtype, t.shape));
-  SP_ASSIGN_OR_RETURN(Tensor tensor, Tensor::Empty(t.dtype, t.shape));
-  for (uint64_t at = 0; at < t.nbytes(); at += kStageBytes) {
-    const uint64_t n = std::min(kStageBytes, t.nbytes() - at);
-    Status s = file.ReadAt(offset + at, {tensor.data() + at, static_cast<size_t>(n)});
+// Adds the tensors `selected` (indices into info.tensors) to `state` as views into `map`.
+Status AddViews(const SafetensorsInfo& info, const std::vector<size_t>& selected,
+                const MappedFile& map, State* state) {
+  for (size_t i : selected) {
+    const SafetensorsTensorInfo& t = info.tensors[i];
+    const std::byte* at = map.data().data() + info.data_offset + t.begin;
+    SP_RETURN_IF_ERROR(state->PutView(t.name, TensorView(at, t.dtype, t.shape)));
+  }
+  return Status::OK();
+}
+
+// Adds the tensors `selected` to `state` as owned copies read from `file` in kStageBytes pieces,
+// by `threads` threads (counted in `progress`).
+Status AddCopies(const SafetensorsInfo& info, const std::vector<size_t>& selected,
+                 const RandomAccessFile& file, int threads, State* state, Progress* progress) {
+  struct Piece {
+    size_t k;     // index into `selected` and `tensors`
+    uint64_t at;  // offset inside the tensor
+  };
+  std::vector<Tensor> tensors;
+  std::vector<Piece> pieces;
+  for (size_t k = 0; k < selected.size(); ++k) {
+    const SafetensorsTensorInfo& t = info.tensors[selected[k]];
+    SP_ASSIGN_OR_RETURN(Tensor tensor, Tensor::Empty(t.dtype, t.shape));
+    tensors.push_back(std::move(tensor));
+    for (uint64_t at = 0; at < t.nbytes(); at += kStageBytes) pieces.push_back({k, at});
+  }
+  SP_RETURN_IF_ERROR(ParallelFor(pieces.size(), threads, [&](size_t i, int) -> Status {
+    const SafetensorsTensorInfo& t = info.tensors[selected[pieces[i].k]];
+    const uint64_t at = pieces[i].at, n = std::min(kStageBytes, t.nbytes() - at);
+    std::span<std::byte> dst(tensors[pieces[i].k].data() + at, static_cast<size_t>(n));
+    Status s = file.ReadAt(info.data_offset + t.begin + at, dst);
     if (!s.ok())
       return s.WithContext(fmt::format("safetensors file {}: tensor {:?}", info.path, t.name));
     progress->Add(n);
+    return Status::OK();
+  }));
+  for (size_t k = 0; k < selected.size(); ++k) {
+    SP_RETURN_IF_ERROR(state->Put(info.tensors[selected[k]].name, std::move(tensors[k])));
   }
-  return state->Put(t.name, std::move(tensor));
+  return Status::OK();
 }
 
 }  // namespace
 
 Status SaveSafetensors(const State& state, const std::string& path,
-                       const SafetensorsSaveOptions& options) {
+                       const SafetensorsSaveOptions& options, const IoOptions& io) {
   const auto start = std::chrono::steady_clock::now();
-  FileSystem* fs = FsOr(options.fs);
+  FileSystem* fs = FileSystemOf(io);
   SP_ASSIGN_OR_RETURN(std::string target, engine::NormalizeCheckpointPath(path));
   SP_ASSIGN_OR_RETURN(Layout layout, interop::PlanLayout(state, target));
-  if (options.io_threads < 1 || options.io_threads > 64) {
-    return InvalidArgumentError(fmt::format(
-        "save safetensors file {}: io_threads {} is not in 1..64", path, options.io_threads));
-  }
+  SP_RETURN_IF_ERROR(ValidateIoOptions(io, fmt::format("save safetensors file {}", path)));
   SP_RETURN_IF_ERROR(CheckTarget(fs, target, options.overwrite));
   io::CommitOptions co;
   co.overwrite = options.overwrite;
@@ -168,7 +188,8 @@ Status SaveSafetensors(const State& state, const std::string& path,
       io::DurableCommit::Begin(fs, target, io::DurableCommit::Kind::kFile, co);
   if (!commit.ok()) return commit.status().WithContext(context);
   Progress progress(options.progress, state.tensor_bytes());
-  Status s = WriteLayout(fs, commit->tmp(), layout, options.io_threads, &progress);
+  bool direct = false;
+  Status s = WriteLayout(io, commit->tmp(), layout, &progress, &direct);
   if (s.ok()) progress.Finish();
   if (s.ok()) s = commit->Commit();
   if (!s.ok()) {
@@ -178,25 +199,26 @@ Status SaveSafetensors(const State& state, const std::string& path,
   if (options.stats != nullptr) {
     const double seconds = SecondsSince(start);
     const uint64_t bytes = state.tensor_bytes();
-    *options.stats = SaveStats{bytes, 0, seconds, false, bytes, seconds, 0};
+    *options.stats = SaveStats{bytes, 0, seconds, direct, bytes, seconds, 0};
   }
   return Status::OK();
 }
 
-Result<SafetensorsInfo> InspectSafetensors(const std::string& path,
-                                           const SafetensorsLoadOptions& options) {
-  SP_ASSIGN_OR_RETURN(auto file, FsOr(options.fs)->NewRandomAccessFile(path, FileOptions{}));
+Result<SafetensorsInfo> InspectSafetensors(const std::string& path, FileSystem* fs) {
+  SP_ASSIGN_OR_RETURN(auto file, FileSystemOf({.fs = fs})->NewRandomAccessFile(path, {}));
   return ReadInfo(*file, path);
 }
 
-Result<State> LoadSafetensors(const std::string& path, const SafetensorsLoadOptions& options) {
+Result<State> LoadSafetensors(const std::string& path, const SafetensorsLoadOptions& options,
+                              const IoOptions& io) {
   if (!options.mmap && options.map_mode != MapMode::kReadOnly) {
     return InvalidArgumentError(fmt::format(
         "load safetensors file {}: map_mode is copy-on-write but mmap is false (set mmap = true)",
         path));
   }
+  SP_RETURN_IF_ERROR(ValidateIoOptions(io, fmt::format("load safetensors file {}", path)));
   const auto start = std::chrono::steady_clock::now();
-  FileSystem* fs = FsOr(options.fs);
+  FileSystem* fs = FileSystemOf(io);
   SP_ASSIGN_OR_RETURN(auto file, fs->NewRandomAccessFile(path, FileOptions{}));
   SP_ASSIGN_OR_RETURN(SafetensorsInfo info, ReadInfo(*file, path));
   std::vector<std::string> names;
@@ -210,12 +232,16 @@ Result<State> LoadSafetensors(const std::string& path, const SafetensorsLoadOpti
   }
   State state;
   uint64_t bytes = 0;
-  for (size_t i = 0; i < info.tensors.size(); ++i) bytes += keep[i] ? info.tensors[i].nbytes() : 0;
-  Progress progress(options.progress, bytes);
+  std::vector<size_t> selected;
   for (size_t i = 0; i < info.tensors.size(); ++i) {
     if (!keep[i]) continue;
-    SP_RETURN_IF_ERROR(AddTensor(info, info.tensors[i], *file, map.get(), &state, &progress));
+    selected.push_back(i);
+    bytes += info.tensors[i].nbytes();
   }
+  Progress progress(options.progress, bytes);
+  SP_RETURN_IF_ERROR(map != nullptr
+                         ? AddViews(info, selected, *map, &state)
+                         : AddCopies(info, selected, *file, io.io_threads, &state, &progress));
   progress.Finish();
   if (map != nullptr) state.KeepAlive(std::move(map));
   for (const auto& [name, e] : info.values.entries()) {

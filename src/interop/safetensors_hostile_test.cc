@@ -18,7 +18,7 @@ namespace {
 
 constexpr char kPath[] = "/h.safetensors";
 
-using testing::LoadOn;
+using testing::LoadWith;
 
 // u64 length + header + data.
 std::string MakeFile(const std::string& header, const std::string& data) {
@@ -146,14 +146,14 @@ TEST(SafetensorsHostileTest, EveryHostileFileIsRejectedCleanly) {
   for (const HostileCase& c : Cases()) {
     SCOPED_TRACE(c.label);
     SP_ASSERT_OK(fs.WriteFileSynced(kPath, c.bytes));
-    Result<SafetensorsInfo> info = InspectSafetensors(kPath, LoadOn(&fs));
+    Result<SafetensorsInfo> info = InspectSafetensors(kPath, &fs);
     ASSERT_FALSE(info.ok());
     EXPECT_EQ(info.status().code(), c.code) << info.status().ToString();
     EXPECT_NE(info.status().message().find(kPath), std::string::npos) << info.status().message();
     EXPECT_NE(info.status().message().find(c.message), std::string::npos)
         << info.status().message();
     for (bool mmap : {false, true}) {
-      Result<State> s = LoadSafetensors(kPath, LoadOn(&fs, mmap));
+      Result<State> s = LoadSafetensors(kPath, LoadWith(mmap), {.fs = &fs});
       EXPECT_EQ(s.status(), info.status());
     }
     SP_ASSERT_OK(fs.RemoveFile(kPath));
@@ -164,7 +164,7 @@ TEST(SafetensorsHostileTest, ErrorsNameTheTensor) {
   MemFileSystem fs;
   SP_ASSERT_OK(fs.WriteFileSynced(
       kPath, MakeFile("{" + Tensor1("model.layer3.weight", "F16", "[4]", 0, 6) + "}", "123456")));
-  Status st = InspectSafetensors(kPath, LoadOn(&fs)).status();
+  Status st = InspectSafetensors(kPath, &fs).status();
   EXPECT_NE(st.message().find("\"model.layer3.weight\""), std::string::npos) << st.message();
 }
 
@@ -185,10 +185,10 @@ TEST(SafetensorsHostileTest, AcceptsValidVariants) {
   for (const std::string& bytes : ok) {
     SCOPED_TRACE(bytes.substr(8));
     SP_ASSERT_OK(fs.WriteFileSynced(kPath, bytes));
-    Result<State> s = LoadSafetensors(kPath, LoadOn(&fs));
+    Result<State> s = LoadSafetensors(kPath, {}, {.fs = &fs});
     SP_EXPECT_OK(s.status());
   }
-  Result<State> s = LoadSafetensors(kPath, LoadOn(&fs));
+  Result<State> s = LoadSafetensors(kPath, {}, {.fs = &fs});
   SP_ASSERT_OK(s.status());
   EXPECT_EQ(s->metadata(), (Json{{"format", "pt"}, {"savepoint.other", "kept"}}));
 }

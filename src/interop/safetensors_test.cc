@@ -26,14 +26,7 @@ using testing::StatesEqual;
 
 constexpr char kPath[] = "/d/model.safetensors";
 
-using testing::LoadOn;
-
-SafetensorsSaveOptions SaveOn(FileSystem* fs, bool overwrite = false) {
-  SafetensorsSaveOptions o;
-  o.fs = fs;
-  o.overwrite = overwrite;
-  return o;
-}
+using testing::LoadWith;
 
 Tensor Filled(DType dtype, Shape shape, uint64_t seed) {
   Tensor t = Tensor::Empty(dtype, std::move(shape)).value();
@@ -48,13 +41,12 @@ class SafetensorsTest : public ::testing::Test {
     SP_ASSERT_OK(fs_.SyncDir("/"));
   }
 
-  SafetensorsSaveOptions SaveOpts() { return SaveOn(&fs_); }
-  SafetensorsLoadOptions LoadOpts() { return LoadOn(&fs_); }
+  IoOptions Io() { return IoOptions{.fs = &fs_}; }
 
   // Saves `s` and loads it back, expecting equality.
   void RoundTrip(const State& s) {
-    SP_ASSERT_OK(SaveSafetensors(s, kPath, SaveOn(&fs_, true)));
-    Result<State> back = LoadSafetensors(kPath, LoadOpts());
+    SP_ASSERT_OK(SaveSafetensors(s, kPath, {.overwrite = true}, Io()));
+    Result<State> back = LoadSafetensors(kPath, {}, Io());
     SP_ASSERT_OK(back.status());
     EXPECT_TRUE(StatesEqual(s, *back));
   }
@@ -77,14 +69,14 @@ TEST_F(SafetensorsTest, EveryDTypeRoundTrips) {
   SP_ASSERT_OK(s.Put("odd", Filled(DType::kU8, {3}, seed++)));  // would misalign what follows
   EXPECT_EQ(s.num_tensors(), AllDTypes().size());
   RoundTrip(s);
-  Result<SafetensorsInfo> info = InspectSafetensors(kPath, LoadOpts());
+  Result<SafetensorsInfo> info = InspectSafetensors(kPath, &fs_);
   SP_ASSERT_OK(info.status());
   for (const SafetensorsTensorInfo& t : info->tensors) {
     EXPECT_EQ((info->data_offset + t.begin) % DTypeSize(t.dtype), 0u) << t.name;
   }
   // Deterministic: the same State gives the same bytes.
   std::string first = Contents(kPath);
-  SP_ASSERT_OK(SaveSafetensors(s, kPath, SaveOn(&fs_, true)));
+  SP_ASSERT_OK(SaveSafetensors(s, kPath, {.overwrite = true}, Io()));
   EXPECT_EQ(Contents(kPath), first);
 }
 
@@ -92,7 +84,7 @@ TEST_F(SafetensorsTest, LayoutFollowsTheSpec) {
   State s;
   SP_ASSERT_OK(s.Put("b", Filled(DType::kF32, {2, 3}, 1)));
   SP_ASSERT_OK(s.Put("a", Filled(DType::kBF16, {5}, 2)));
-  SP_ASSERT_OK(SaveSafetensors(s, kPath, SaveOpts()));
+  SP_ASSERT_OK(SaveSafetensors(s, kPath, {}, Io()));
   std::string file = Contents(kPath);
   uint64_t n = format::GetU64(file, 0);
   EXPECT_EQ(n % 8, 0u);
@@ -122,13 +114,11 @@ TEST_F(SafetensorsTest, LargeFilesSpanSeveralPieces) {
     SP_ASSERT_OK(s.Put("small", Filled(DType::kF64, {1000}, 3)));
     for (FileSystem* fs : {static_cast<FileSystem*>(&fs_), DefaultFileSystem()}) {
       const std::string path = fs == &fs_ ? std::string(kPath) : dir.Sub("big.safetensors");
-      SafetensorsSaveOptions o = SaveOn(fs, true);
-      o.io_threads = 3;
-      SP_ASSERT_OK(SaveSafetensors(s, path, o));
+      SP_ASSERT_OK(SaveSafetensors(s, path, {.overwrite = true}, {.fs = fs, .io_threads = 3}));
       Result<FileInfo> st = fs->Stat(path);
       SP_ASSERT_OK(st.status());
       EXPECT_EQ(st->size % kDirectIOAlignment == 0, !odd) << st->size;
-      Result<State> back = LoadSafetensors(path, LoadOn(fs));
+      Result<State> back = LoadSafetensors(path, {}, {.fs = fs});
       SP_ASSERT_OK(back.status());
       EXPECT_TRUE(StatesEqual(s, *back));
     }
@@ -138,7 +128,7 @@ TEST_F(SafetensorsTest, LargeFilesSpanSeveralPieces) {
 TEST_F(SafetensorsTest, C128IsRejectedOnSave) {
   State s;
   SP_ASSERT_OK(s.Put("z", Filled(DType::kC128, {2}, 1)));
-  Status st = SaveSafetensors(s, kPath, SaveOpts());
+  Status st = SaveSafetensors(s, kPath, {}, Io());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
   EXPECT_NE(st.message().find("\"z\""), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("C128"), std::string::npos) << st.message();
@@ -160,7 +150,7 @@ TEST_F(SafetensorsTest, ValuesAndMetadataRoundTrip) {
                       {"nested", {{"a", nullptr}}},
                       {kSafetensorsValuesKey, "a user string under a reserved key"}};
   RoundTrip(s);
-  Result<SafetensorsInfo> info = InspectSafetensors(kPath, LoadOpts());
+  Result<SafetensorsInfo> info = InspectSafetensors(kPath, &fs_);
   SP_ASSERT_OK(info.status());
   // Strings 1:1 for other tools; the rest under the reserved keys.
   EXPECT_EQ(info->raw_metadata.at("format"), "pt");
@@ -191,10 +181,10 @@ TEST_F(SafetensorsTest, MetadataShapesRoundTrip) {
 TEST_F(SafetensorsTest, MetadataThatIsNotUtf8IsInvalidArgument) {
   State s;
   s.metadata() = Json{{"bad", std::string("\xff\xfe")}};
-  Status st = SaveSafetensors(s, kPath, SaveOpts());
+  Status st = SaveSafetensors(s, kPath, {}, Io());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
   s.metadata() = Json{{"bad", Json::array({std::string("\xc3")})}};
-  st = SaveSafetensors(s, kPath, SaveOpts());
+  st = SaveSafetensors(s, kPath, {}, Io());
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
   EXPECT_FALSE(fs_.Exists(kPath));
 }
@@ -206,13 +196,13 @@ TEST_F(SafetensorsTest, EmptyTensorsAndScalars) {
   SP_ASSERT_OK(s.Put("scalar", Filled(DType::kF64, {}, 3)));
   SP_ASSERT_OK(s.Put("z_last_empty", Filled(DType::kU8, {0, 4}, 4)));
   RoundTrip(s);
-  Result<SafetensorsInfo> info = InspectSafetensors(kPath, LoadOpts());
+  Result<SafetensorsInfo> info = InspectSafetensors(kPath, &fs_);
   SP_ASSERT_OK(info.status());
   ASSERT_EQ(info->tensors.size(), 4u);
   EXPECT_EQ(info->tensors[2].name, "scalar");
   EXPECT_EQ(info->tensors[2].shape, Shape{});
   EXPECT_EQ(info->tensors[2].nbytes(), 8u);
-  Result<State> mapped = LoadSafetensors(kPath, LoadOn(&fs_, true));
+  Result<State> mapped = LoadSafetensors(kPath, LoadWith(true), Io());
   SP_ASSERT_OK(mapped.status());
   EXPECT_TRUE(StatesEqual(s, *mapped));
 }
@@ -223,14 +213,14 @@ TEST_F(SafetensorsTest, NamesSelectTensorsAndValues) {
   SP_ASSERT_OK(s.Put("model.b", Filled(DType::kF32, {2}, 2)));
   SP_ASSERT_OK(s.Put("opt.m", Filled(DType::kF32, {2}, 3)));
   SP_ASSERT_OK(s.PutValue("step", 3));
-  SP_ASSERT_OK(SaveSafetensors(s, kPath, SaveOpts()));
-  Result<State> part = LoadSafetensors(kPath, LoadOn(&fs_, false, {"model.*", "step"}));
+  SP_ASSERT_OK(SaveSafetensors(s, kPath, {}, Io()));
+  Result<State> part = LoadSafetensors(kPath, LoadWith(false, {"model.*", "step"}), Io());
   SP_ASSERT_OK(part.status());
   EXPECT_EQ(part->size(), 3u);
   EXPECT_TRUE(part->Contains("model.b"));
   EXPECT_FALSE(part->Contains("opt.m"));
   EXPECT_EQ(part->FindValue("step")->as_int(), 3);
-  Result<State> none = LoadSafetensors(kPath, LoadOn(&fs_, false, {"nope*"}));
+  Result<State> none = LoadSafetensors(kPath, LoadWith(false, {"nope*"}), Io());
   EXPECT_EQ(none.status().code(), StatusCode::kNotFound) << none.status().ToString();
 }
 
@@ -246,7 +236,7 @@ TEST_F(SafetensorsTest, MmapGivesViewsKeptAliveByTheState) {
   }
   st.metadata() = s.metadata();
   SP_ASSERT_OK(SaveSafetensors(st, path));
-  Result<State> mapped = LoadSafetensors(path, LoadOn(nullptr, true));
+  Result<State> mapped = LoadSafetensors(path, LoadWith(true));
   SP_ASSERT_OK(mapped.status());
   EXPECT_EQ(mapped->num_keep_alive(), 1u);
   EXPECT_TRUE(StatesEqual(st, *mapped));
@@ -282,25 +272,25 @@ TEST_F(SafetensorsTest, OverwriteReplacesAndLeavesNoDebris) {
   State a, b;
   SP_ASSERT_OK(a.Put("x", Filled(DType::kU8, {3}, 1)));
   SP_ASSERT_OK(b.Put("y", Filled(DType::kI32, {3}, 2)));
-  SP_ASSERT_OK(SaveSafetensors(a, kPath, SaveOpts()));
-  Status st = SaveSafetensors(b, kPath, SaveOpts());
+  SP_ASSERT_OK(SaveSafetensors(a, kPath, {}, Io()));
+  Status st = SaveSafetensors(b, kPath, {}, Io());
   EXPECT_EQ(st.code(), StatusCode::kAlreadyExists) << st.ToString();
-  SP_ASSERT_OK(SaveSafetensors(b, kPath, SaveOn(&fs_, true)));
-  Result<State> back = LoadSafetensors(kPath, LoadOpts());
+  SP_ASSERT_OK(SaveSafetensors(b, kPath, {.overwrite = true}, Io()));
+  Result<State> back = LoadSafetensors(kPath, {}, Io());
   SP_ASSERT_OK(back.status());
   EXPECT_TRUE(StatesEqual(b, *back));
   ASSERT_EQ(fs_.ListDir("/d")->size(), 1u);
   SP_ASSERT_OK(fs_.CreateDir("/d/dir.safetensors"));
-  st = SaveSafetensors(b, "/d/dir.safetensors", SaveOn(&fs_, true));
+  st = SaveSafetensors(b, "/d/dir.safetensors", {.overwrite = true}, Io());
   EXPECT_EQ(st.code(), StatusCode::kAlreadyExists) << st.ToString();
 }
 
 TEST_F(SafetensorsTest, CreatesParentsAndSurvivesPowerLoss) {
   State s;
   SP_ASSERT_OK(s.Put("x", Filled(DType::kF32, {64}, 1)));
-  SP_ASSERT_OK(SaveSafetensors(s, "/d/deep/er/m.safetensors", SaveOpts()));
+  SP_ASSERT_OK(SaveSafetensors(s, "/d/deep/er/m.safetensors", {}, Io()));
   fs_.SimulatePowerLoss();
-  Result<State> back = LoadSafetensors("/d/deep/er/m.safetensors", LoadOpts());
+  Result<State> back = LoadSafetensors("/d/deep/er/m.safetensors", {}, Io());
   SP_ASSERT_OK(back.status());
   EXPECT_TRUE(StatesEqual(s, *back));
 }
@@ -315,12 +305,12 @@ TEST_F(SafetensorsTest, FaultsNeverLeaveAPartialFile) {
   SP_ASSERT_OK(new_state.PutValue("step", 9));
   auto run = [&](const std::function<void(FaultInjectionFileSystem&)>& arm, bool crash) {
     MemFileSystem base;
-    SP_ASSERT_OK(SaveSafetensors(old_state, kPath, SaveOn(&base)));  // creates /d durably
+    SP_ASSERT_OK(SaveSafetensors(old_state, kPath, {}, {.fs = &base}));  // creates /d durably
     FaultInjectionFileSystem fs(&base);
     arm(fs);
-    Status st = SaveSafetensors(new_state, kPath, SaveOn(&fs, true));
+    Status st = SaveSafetensors(new_state, kPath, {.overwrite = true}, {.fs = &fs});
     if (crash) base.SimulatePowerLoss();
-    Result<State> now = LoadSafetensors(kPath, LoadOn(&base));
+    Result<State> now = LoadSafetensors(kPath, {}, {.fs = &base});
     if (st.ok()) {
       SP_ASSERT_OK(now.status());
       EXPECT_TRUE(StatesEqual(new_state, *now));
@@ -344,9 +334,9 @@ TEST_F(SafetensorsTest, FaultsNeverLeaveAPartialFile) {
   MemFileSystem probe;
   SP_ASSERT_OK(probe.CreateDir("/d"));
   FaultInjectionFileSystem counter(&probe);
-  SP_ASSERT_OK(SaveSafetensors(old_state, kPath, SaveOn(&counter)));
+  SP_ASSERT_OK(SaveSafetensors(old_state, kPath, {}, {.fs = &counter}));
   counter.Reset();
-  SP_ASSERT_OK(SaveSafetensors(new_state, kPath, SaveOn(&counter, true)));
+  SP_ASSERT_OK(SaveSafetensors(new_state, kPath, {.overwrite = true}, {.fs = &counter}));
   const uint64_t mutations = counter.mutation_count();
   ASSERT_GE(mutations, 5u);
   for (uint64_t k = 0; k <= mutations; ++k) {

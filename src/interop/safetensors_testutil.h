@@ -10,10 +10,9 @@
 
 namespace savepoint::testing {
 
-inline SafetensorsLoadOptions LoadOn(FileSystem* fs, bool mmap = false,
-                                     std::vector<std::string> names = {}) {
+// Options of a LoadSafetensors call; the file system goes in the call's IoOptions.
+inline SafetensorsLoadOptions LoadWith(bool mmap = false, std::vector<std::string> names = {}) {
   SafetensorsLoadOptions o;
-  o.fs = fs;
   o.mmap = mmap;
   o.names = std::move(names);
   return o;

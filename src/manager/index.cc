@@ -204,12 +204,11 @@ Status WriteIndex(FileSystem* fs, const std::string& dir, Index& index) {
 
 Result<CheckpointRecord> RecordFromCheckpoint(FileSystem* fs, const std::string& dir,
                                               const std::string& name) {
-  LoadOptions o;
-  o.fs = fs;
   CheckpointRecord r;
   r.name = name;
   r.path = JoinPath(dir, name);
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(r.path, o));
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                      CheckpointReader::Open(r.path, {}, {.fs = fs}));
   const Json& meta = reader->values().metadata();
   if (meta.is_object() && meta.contains(kMetaKey)) {
     SP_RETURN_IF_ERROR(ApplyRecordMeta(meta[kMetaKey], &r).WithContext(r.path));

@@ -53,7 +53,7 @@ class ManagerImpl final : public CheckpointManager {
   explicit ManagerImpl(ManagerOptions o)
       : o_(std::move(o)),
         policy_(ResolvePolicy(o_)),
-        fs_(o_.fs != nullptr ? o_.fs : DefaultFileSystem()),
+        fs_(FileSystemOf(o_.io)),
         registry_(o_.shard_id, o_.num_shards) {}
 
   ~ManagerImpl() override {
@@ -63,7 +63,7 @@ class ManagerImpl final : public CheckpointManager {
 
   Status Init() {
     if (o_.async) {
-      SP_ASSIGN_OR_RETURN(async_, Checkpointer::Create(o_.async_options));
+      SP_ASSIGN_OR_RETURN(async_, Checkpointer::Create(o_.async_options, o_.io));
     }
     std::string dir = o_.directory_fn ? o_.directory_fn(StepInfo{0, 1, 0}) : o_.directory;
     SP_RETURN_IF_ERROR(OpenDirectory(dir));
@@ -92,7 +92,7 @@ class ManagerImpl final : public CheckpointManager {
     LoadStats io;
     LoadOptions lo = LoadOpts();
     lo.stats = &io;
-    SP_ASSIGN_OR_RETURN(State state, Load(rec.path, lo));
+    SP_ASSIGN_OR_RETURN(State state, Load(rec.path, lo, o_.io));
     Restored(rec, io.bytes, SecondsSince(t0));
     return state;
   }
@@ -237,10 +237,7 @@ class ManagerImpl final : public CheckpointManager {
 
   LoadOptions LoadOpts() const {
     LoadOptions lo;
-    lo.fs = fs_;
     lo.verify_checksums = o_.checksum;
-    lo.io_threads = o_.io_threads;
-    lo.direct_io = o_.direct_io;
     return lo;
   }
 
@@ -373,8 +370,6 @@ class ManagerImpl final : public CheckpointManager {
         0,    args.breakpoint,      args.epoch_end, args.metrics};
     SP_ASSIGN_OR_RETURN(State full, Decorate(state, rec));
     SaveOptions so;
-    so.fs = fs_;
-    so.direct_io = o_.direct_io;
     so.overwrite = true;  // a name repeats only when training went back to an older step
     if (async_) {
       SP_ASSIGN_OR_RETURN(SaveHandle h, async_->SaveAsync(full, rec.path, so));
@@ -382,8 +377,7 @@ class ManagerImpl final : public CheckpointManager {
     } else {
       SaveStats io;
       so.stats = &io;
-      so.io_threads = o_.io_threads;  // async saves use async_options.io_threads
-      SP_RETURN_IF_ERROR(savepoint::Save(full, rec.path, so));
+      SP_RETURN_IF_ERROR(savepoint::Save(full, rec.path, so, o_.io));
       SP_RETURN_IF_ERROR(
           Commit(rec, {"checkpoint_save", rec.name, step, io.bytes, io.seconds, io.seconds}));
     }
@@ -430,10 +424,8 @@ class ManagerImpl final : public CheckpointManager {
 
   // Indexes a committed checkpoint, applies retention, writes the index.
   Status Commit(CheckpointRecord rec, CheckpointStats stats) {
-    LoadOptions lo;
-    lo.fs = fs_;
     SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
-                        CheckpointReader::Open(rec.path, lo));
+                        CheckpointReader::Open(rec.path, {}, {.fs = fs_}));
     rec.created_ns = reader->created_ns();
     rec.bytes = reader->total_file_bytes();
     std::erase_if(index_.records, [&](const CheckpointRecord& r) { return r.name == rec.name; });
@@ -506,7 +498,7 @@ class ManagerImpl final : public CheckpointManager {
 
   Status LoadRegistered(const std::string& path, const LoadConfig& config) {
     SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
-                        CheckpointReader::Open(path, LoadOpts()));
+                        CheckpointReader::Open(path, LoadOpts(), o_.io));
     return registry_.Load(*reader, config);
   }
 

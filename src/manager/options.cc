@@ -101,11 +101,7 @@ Status ValidateWhere(const ManagerOptions& o) {
                     "num_shards",
                     o.shard_id, o.num_shards));
   }
-  if (o.io_threads < 1 || o.io_threads > 64) {
-    return InvalidArgumentError(
-        fmt::format("ManagerOptions.io_threads = {}: must be in [1, 64]", o.io_threads));
-  }
-  return Status::OK();
+  return ValidateIoOptions(o.io, "ManagerOptions.io");
 }
 
 }  // namespace

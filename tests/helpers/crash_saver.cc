@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
     CheckpointerOptions o;
     o.staging_bytes = 1 << 20;
     o.slab_bytes = 64 << 10;
-    async = Checkpointer::Create(o).value();
+    async = Checkpointer::Create(o, {.io_threads = 2}).value();
   }
   auto save = [&](const State& s, const std::string& path, const SaveOptions& so) {
     if (!async) return Save(s, path, so);

@@ -129,8 +129,9 @@ void FailingRank(Communicator& c, const std::string& dir) {
   faulty.FailNth(FaultInjectionFileSystem::Op::kWrite, 2, EIO);
   DistributedSaveOptions o;
   o.timeout = 60s;
-  if (r == n - 1) o.save.fs = &faulty;
-  Status st = SaveDistributed(c, s, {}, dir + "/fail", o);
+  IoOptions io;
+  if (r == n - 1) io.fs = &faulty;
+  Status st = SaveDistributed(c, s, {}, dir + "/fail", o, io);
   Check(st.code() == StatusCode::kIOError &&
             st.message().find(fmt::format("rank {}", n - 1)) != std::string::npos,
         "failing rank: " + st.ToString(), r);
@@ -178,8 +179,9 @@ int Kill(Communicator& c, const std::string& dir) {
   KillingFs killer(DefaultFileSystem());
   DistributedSaveOptions o;
   o.timeout = 20s;
-  if (c.rank() == c.size() - 1) o.save.fs = &killer;
-  Status s = SaveDistributed(c, Slice(g, mine), mine, dir + "/ckpt", o);
+  IoOptions io;
+  if (c.rank() == c.size() - 1) io.fs = &killer;
+  Status s = SaveDistributed(c, Slice(g, mine), mine, dir + "/ckpt", o, io);
   fmt::print(stderr, "rank {}: save returned {}\n", c.rank(), s.ToString());
   return s.ok() ? 0 : 1;
 }

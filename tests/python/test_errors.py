@@ -72,7 +72,7 @@ def test_exception_hierarchy_and_codes():
 def test_cpp_errors_keep_their_messages(tmp_path):
     with pytest.raises(savepoint.NotFoundError, match=r"/nope: not a committed checkpoint \(no MANIFEST\)"):
         savepoint.load(tmp_path / "nope")
-    with pytest.raises(savepoint.InvalidArgumentError, match=r"LoadOptions.io_threads = 0: must be in \[1, 64\]"):
+    with pytest.raises(savepoint.InvalidArgumentError, match=r"IoOptions.io_threads = 0: must be in \[1, 64\]"):
         savepoint.load(tmp_path / "nope", io_threads=0)
     with pytest.raises(savepoint.InvalidArgumentError, match="chunk_bytes"):
         savepoint.save({"t": torch.ones(1)}, tmp_path / "c", chunk_bytes=1000)

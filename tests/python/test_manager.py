@@ -186,13 +186,16 @@ def test_prefix_fn_and_directory_fn(tmp_path):
 
 
 def test_async_options(tmp_path):
-    opts = {"slab_bytes": 1 << 20, "io_threads": 1, "snapshot_threads": 1,
+    opts = {"slab_bytes": 1 << 20, "snapshot_threads": 1,
             "persist_during_snapshot": True, "allow_concurrent_saves": False}  # fmt: skip
     with savepoint.CheckpointManager(tmp_path / "ck", async_=True, staging_bytes=8 << 20,
-                                     async_options=opts) as mgr:  # fmt: skip
+                                     io_threads=1, async_options=opts) as mgr:  # fmt: skip
         for step in (1, 2, 3):
             assert mgr.save(step, _state(step))
         mgr.wait()
         assert mgr.restore()["step"] == 3
     with pytest.raises(savepoint.InvalidArgumentError, match="slab"):
         savepoint.CheckpointManager(tmp_path / "x", async_=True, async_options={"slab_bytes": 5})
+    # One thread count for synchronous and asynchronous saves: the manager's io_threads.
+    with pytest.raises(TypeError, match="unknown keyword argument 'io_threads'"):
+        savepoint.CheckpointManager(tmp_path / "y", async_=True, async_options={"io_threads": 1})

@@ -292,6 +292,19 @@ def test_async_errors_and_checkpointer_lifecycle(tmp_path):
         assert savepoint.load(tmp_path / f"d{i}")["t"][0] == i
 
 
+def test_async_io_settings_belong_to_the_checkpointer(tmp_path):
+    """I/O threads, direct I/O and the chunk size are the checkpointer's: save(async_=True) refuses
+    them instead of ignoring them, and an AsyncCheckpointer made with them uses them."""
+    for kw in ({"io_threads": 1}, {"direct_io": False}, {"chunk_bytes": 1 << 20}):
+        with pytest.raises(savepoint.InvalidArgumentError, match=f"{next(iter(kw))}.*AsyncCheckpointer"):
+            savepoint.save({"t": torch.ones(4)}, tmp_path / "a", async_=True, **kw)
+    assert not (tmp_path / "a").exists()
+    with savepoint.AsyncCheckpointer(slab_bytes=64 << 10, io_threads=1, direct_io=False) as ckpt:
+        stats = ckpt.save({"t": torch.ones(100_000)}, tmp_path / "b").result()
+    assert stats["direct_io"] is False and stats["chunks"] == 7
+    assert savepoint.load(tmp_path / "b")["t"].sum() == 100_000
+
+
 def test_gil_released_during_io(tmp_path):
     """Another Python thread keeps running while a save and a load do their I/O."""
     state = {"t": torch.ones(32 << 20, dtype=torch.uint8)}
