@@ -9,6 +9,8 @@ pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)  # per-chunk compressio
 pkg_check_modules(LZ4 REQUIRED IMPORTED_TARGET liblz4)     # per-chunk compression (lz4)
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing) # io_uring submission of direct I/O
 find_package(OpenSSL REQUIRED)              # base64 of bytes values; AES-GCM encryption later
+find_package(Protobuf REQUIRED)             # MindSpore .ckpt messages (protobuf wire format)
+pkg_check_modules(ZLIB REQUIRED IMPORTED_TARGET zlib)      # crc32_combine for .ckpt CRC trailers
 if(SAVEPOINT_BUILD_TOOLS)
   find_package(CLI11 REQUIRED)
 endif()

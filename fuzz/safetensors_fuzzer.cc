@@ -9,30 +9,13 @@
 #include <string>
 #include <string_view>
 
+#include "fuzz_util.h"
 #include "io/mem_fs.h"
 #include "savepoint/safetensors.h"
 
 namespace {
 
 using namespace savepoint;
-
-bool SameEntry(const State::Entry& a, const State::Entry& b) {
-  if (a.is_tensor() != b.is_tensor()) return false;
-  if (!a.is_tensor()) return a.value() == b.value();
-  const TensorView& x = a.tensor();
-  const TensorView& y = b.tensor();
-  return x.dtype() == y.dtype() && x.shape() == y.shape() &&
-         (x.nbytes() == 0 || std::memcmp(x.data(), y.data(), x.nbytes()) == 0);
-}
-
-bool SameState(const State& a, const State& b) {
-  if (a.size() != b.size() || a.metadata() != b.metadata()) return false;
-  for (const auto& [name, e] : a.entries()) {
-    const State::Entry* other = b.Find(name);
-    if (other == nullptr || !SameEntry(e, *other)) return false;
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -47,6 +30,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!state.ok()) return 0;
   if (!SaveSafetensors(*state, "/out.safetensors", {}, io).ok()) std::abort();
   Result<State> again = LoadSafetensors("/out.safetensors", load, io);
-  if (!again.ok() || !SameState(*state, *again)) std::abort();
+  if (!again.ok() || !savepoint::fuzz::SameState(*state, *again)) std::abort();
   return 0;
 }

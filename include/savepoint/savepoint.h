@@ -15,6 +15,7 @@
 #include "savepoint/job_runner.h"   // IWYU pragma: export
 #include "savepoint/logging.h"      // IWYU pragma: export
 #include "savepoint/manager.h"      // IWYU pragma: export
+#include "savepoint/mindspore.h"    // IWYU pragma: export
 #include "savepoint/safetensors.h"  // IWYU pragma: export
 #include "savepoint/state.h"        // IWYU pragma: export
 #include "savepoint/stateful.h"     // IWYU pragma: export

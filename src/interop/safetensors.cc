@@ -2,9 +2,9 @@
 // safetensors_header.cc.
 //
 // Save: plan the file (header + offsets; fail early on a dtype safetensors lacks), then the
-// durable-commit protocol for a file (io/commit.h; docs/FORMAT.md §5): the hidden temporary file
-// is written and synced by WriteLayout (step 3), then renamed into place. A failure removes the
-// temporary file and leaves `path` as it was.
+// durable-commit protocol for a file through interop::CommitFile (byte_layout.h; docs/FORMAT.md
+// §5): the hidden temporary file is written and synced, then renamed into place. A failure
+// removes the temporary file and leaves `path` as it was.
 #include "savepoint/safetensors.h"
 
 #include <fmt/format.h>
@@ -19,8 +19,8 @@
 #include "engine/paths.h"
 #include "engine/select.h"
 #include "engine/writer.h"
+#include "interop/byte_layout.h"
 #include "interop/safetensors_header.h"
-#include "io/commit.h"
 #include "util/parallel.h"
 #include "util/progress.h"
 
@@ -33,70 +33,7 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-constexpr uint64_t kStageBytes = uint64_t{8} << 20;  // bytes per write
-
-// Copies bytes [begin, begin + dst.size()) of the planned file into `dst`.
-void Gather(const Layout& layout, uint64_t begin, std::span<std::byte> dst) {
-  const uint64_t end = begin + dst.size();
-  auto copy = [&](uint64_t at, std::span<const std::byte> src) {  // src lies at file offset `at`
-    const uint64_t lo = std::max(begin, at), hi = std::min(end, at + src.size());
-    if (lo < hi) std::memcpy(dst.data() + (lo - begin), src.data() + (lo - at), hi - lo);
-  };
-  copy(0, std::as_bytes(std::span(layout.header)));
-  // The last tensor starting at or before `begin` (tensors lie back to back in `items`).
-  auto it = std::upper_bound(layout.items.begin(), layout.items.end(), begin,
-                             [](uint64_t b, const Layout::Item& x) { return b < x.offset; });
-  if (it != layout.items.begin()) --it;
-  for (; it != layout.items.end() && it->offset < end; ++it) copy(it->offset, it->view->bytes());
-}
-
-// Step 2: the file is written in kStageBytes pieces, gathered from header and tensors into
-// aligned per-thread staging buffers and written in parallel; with O_DIRECT when the file is a
-// whole number of blocks (PlanLayout pads the header to make it so where it can), which on many
-// systems is far faster than buffered writes followed by fsync. Counts the tensor bytes of each
-// piece written in `progress`; sets *direct to whether O_DIRECT was in effect.
-Status WriteLayout(const IoOptions& io, const std::string& tmp, const Layout& layout,
-                   Progress* progress, bool* direct) {
-  FileOptions fo;
-  fo.direct_io = io.direct_io && layout.file_bytes % kDirectIOAlignment == 0;
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, FileSystemOf(io)->NewWritableFile(tmp, fo));
-  *direct = f->direct();
-  SP_RETURN_IF_ERROR(f->Preallocate(layout.file_bytes));
-  const uint64_t pieces = (layout.file_bytes + kStageBytes - 1) / kStageBytes;
-  const int threads = static_cast<int>(std::clamp<uint64_t>(pieces, 1, io.io_threads));
-  std::vector<Tensor> staging;  // aligned buffers, one per thread
-  for (int i = 0; i < threads; ++i) {
-    SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kU8, {static_cast<int64_t>(kStageBytes)}));
-    staging.push_back(std::move(t));
-  }
-  SP_RETURN_IF_ERROR(ParallelFor(pieces, threads, [&](size_t i, int worker) {
-    const uint64_t begin = i * kStageBytes;
-    std::span<std::byte> buf(staging[worker].data(),
-                             std::min(kStageBytes, layout.file_bytes - begin));
-    Gather(layout, begin, buf);
-    SP_RETURN_IF_ERROR(f->WriteAt(begin, buf));
-    // Tensor data fills the file from the end of the header on.
-    const uint64_t data = layout.header.size(), end = begin + buf.size();
-    progress->Add(end > data ? end - std::max(begin, data) : 0);
-    return Status::OK();
-  }));
-  SP_RETURN_IF_ERROR(f->Sync());
-  return f->Close();
-}
-
-// Checks the target before anything is written: not a directory; absent unless overwriting.
-Status CheckTarget(FileSystem* fs, const std::string& path, bool overwrite) {
-  Result<FileInfo> st = fs->Stat(path);
-  if (!st.ok()) return st.status().code() == StatusCode::kNotFound ? Status::OK() : st.status();
-  if (st->is_dir) {
-    return AlreadyExistsError(fmt::format("safetensors file {}: a directory is in the way", path));
-  }
-  if (!overwrite) {
-    return AlreadyExistsError(
-        fmt::format("safetensors file {} exists (pass overwrite to replace it)", path));
-  }
-  return Status::OK();
-}
+constexpr uint64_t kStageBytes = uint64_t{8} << 20;  // bytes per read
 
 // Reads and validates the header of an open file.
 Result<SafetensorsInfo> ReadInfo(const RandomAccessFile& file, const std::string& path) {
@@ -175,33 +112,21 @@ Status AddCopies(const SafetensorsInfo& info, const std::vector<size_t>& selecte
 Status SaveSafetensors(const State& state, const std::string& path,
                        const SafetensorsSaveOptions& options, const IoOptions& io) {
   const auto start = std::chrono::steady_clock::now();
-  FileSystem* fs = FileSystemOf(io);
   SP_ASSIGN_OR_RETURN(std::string target, engine::NormalizeCheckpointPath(path));
   SP_ASSIGN_OR_RETURN(Layout layout, interop::PlanLayout(state, target));
-  SP_RETURN_IF_ERROR(ValidateIoOptions(io, fmt::format("save safetensors file {}", path)));
-  SP_RETURN_IF_ERROR(CheckTarget(fs, target, options.overwrite));
-  io::CommitOptions co;
-  co.overwrite = options.overwrite;
-  co.create_parents = options.create_parents;
   const std::string context = fmt::format("save safetensors file {}", target);
-  Result<io::DurableCommit> commit =
-      io::DurableCommit::Begin(fs, target, io::DurableCommit::Kind::kFile, co);
-  if (!commit.ok()) return commit.status().WithContext(context);
-  Progress progress(options.progress, state.tensor_bytes());
-  bool direct = false;
-  Status s = WriteLayout(io, commit->tmp(), layout, &progress, &direct);
-  if (s.ok()) progress.Finish();
-  if (s.ok()) s = commit->Commit();
-  if (!s.ok()) {
-    commit->Abandon();
-    return s.WithContext(context);
-  }
-  if (options.stats != nullptr) {
-    const double seconds = SecondsSince(start);
-    const uint64_t bytes = state.tensor_bytes();
-    *options.stats = SaveStats{bytes, 0, seconds, direct, bytes, seconds, 0};
-  }
-  return Status::OK();
+  SP_RETURN_IF_ERROR(ValidateIoOptions(io, context));
+  // The header, then the tensors back to back (PlanLayout pads the header so that the file is a
+  // whole number of blocks where it can: O_DIRECT, often far faster than buffered writes + fsync).
+  interop::ByteLayout bytes;
+  bytes.AddOwned(layout.header);
+  for (const Layout::Item& item : layout.items) bytes.AddBorrowed(item.view->bytes());
+  return interop::CommitFile(io, target, bytes,
+                             {.overwrite = options.overwrite,
+                              .create_parents = options.create_parents,
+                              .progress = options.progress,
+                              .stats = options.stats},
+                             context, start);
 }
 
 Result<SafetensorsInfo> InspectSafetensors(const std::string& path, FileSystem* fs) {

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "format/endian.h"
+#include "interop/file_writer_testutil.h"
 #include "interop/safetensors_testutil.h"
 #include "io/fault_fs.h"
 #include "io/mem_fs.h"
@@ -296,60 +297,18 @@ TEST_F(SafetensorsTest, CreatesParentsAndSurvivesPowerLoss) {
 }
 
 // Every injected failure leaves either no file or the previous file at the path, never a partial
-// one; a plain error (not a crash) also leaves no temporary file behind. After power loss at any
-// crash point the path holds the old or the new file, complete.
+// one (interop/file_writer_testutil.h).
 TEST_F(SafetensorsTest, FaultsNeverLeaveAPartialFile) {
   State old_state, new_state;
   SP_ASSERT_OK(old_state.Put("old", Filled(DType::kF32, {100}, 1)));
   SP_ASSERT_OK(new_state.Put("new", Filled(DType::kF64, {300}, 2)));
   SP_ASSERT_OK(new_state.PutValue("step", 9));
-  auto run = [&](const std::function<void(FaultInjectionFileSystem&)>& arm, bool crash) {
-    MemFileSystem base;
-    SP_ASSERT_OK(SaveSafetensors(old_state, kPath, {}, {.fs = &base}));  // creates /d durably
-    FaultInjectionFileSystem fs(&base);
-    arm(fs);
-    Status st = SaveSafetensors(new_state, kPath, {.overwrite = true}, {.fs = &fs});
-    if (crash) base.SimulatePowerLoss();
-    Result<State> now = LoadSafetensors(kPath, {}, {.fs = &base});
-    if (st.ok()) {
-      SP_ASSERT_OK(now.status());
-      EXPECT_TRUE(StatesEqual(new_state, *now));
-      return;
-    }
-    if (!now.ok()) {  // only a crash between the two renames may leave no file at the path...
-      EXPECT_TRUE(crash) << st.ToString() << " / " << now.status().ToString();
-      EXPECT_EQ(now.status().code(), StatusCode::kNotFound) << now.status().ToString();
-      std::vector<FileInfo> left = base.ListDir("/d").value();  // ...and the old file beside it
-      ASSERT_EQ(left.size(), 1u);
-      EXPECT_NE(left[0].name.find(".savepoint-old."), std::string::npos) << left[0].name;
-      return;
-    }
-    EXPECT_TRUE(StatesEqual(old_state, *now) || StatesEqual(new_state, *now));
-    if (crash) return;
-    for (const FileInfo& f : base.ListDir("/d").value()) {
-      EXPECT_EQ(f.name.find(".savepoint-tmp."), std::string::npos)
-          << f.name << ": " << st.ToString();
-    }
-  };
-  MemFileSystem probe;
-  SP_ASSERT_OK(probe.CreateDir("/d"));
-  FaultInjectionFileSystem counter(&probe);
-  SP_ASSERT_OK(SaveSafetensors(old_state, kPath, {}, {.fs = &counter}));
-  counter.Reset();
-  SP_ASSERT_OK(SaveSafetensors(new_state, kPath, {.overwrite = true}, {.fs = &counter}));
-  const uint64_t mutations = counter.mutation_count();
-  ASSERT_GE(mutations, 5u);
-  for (uint64_t k = 0; k <= mutations; ++k) {
-    SCOPED_TRACE(fmt::format("crash after {} of {} mutations", k, mutations));
-    run([k](FaultInjectionFileSystem& fs) { fs.CrashAfter(k); }, true);
-  }
-  using Op = FaultInjectionFileSystem::Op;
-  for (Op op : {Op::kCreate, Op::kWrite, Op::kSync, Op::kClose, Op::kRename, Op::kSyncDir}) {
-    for (uint64_t n = 1; n <= 3; ++n) {
-      SCOPED_TRACE(fmt::format("{} #{} fails", FaultInjectionFileSystem::OpName(op), n));
-      run([op, n](FaultInjectionFileSystem& fs) { fs.FailNth(op, n, EIO); }, false);
-    }
-  }
+  testing::ExpectFaultsNeverLeaveAPartialFile(
+      [](const State& s, const std::string& p, bool overwrite, FileSystem* fs) {
+        return SaveSafetensors(s, p, {.overwrite = overwrite}, {.fs = fs});
+      },
+      [](const std::string& p, FileSystem* fs) { return LoadSafetensors(p, {}, {.fs = fs}); },
+      kPath, old_state, new_state);
 }
 
 }  // namespace
