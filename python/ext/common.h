@@ -71,6 +71,17 @@ nb::list ValuesToPython(const State& state);
 // load paths pass only owned tensors or copy-on-write mappings here.
 nb::list TensorBytesToPython(State state);
 
+// Runs `fn` (returning Status, Result<T> or a value) with the GIL released.
+template <typename Fn>
+auto Unlocked(Fn&& fn) {
+  nb::gil_scoped_release release;
+  return fn();
+}
+
+// A loaded State as (tensors as TensorBytesToPython, values as ValuesToPython, metadata JSON):
+// what the loaders of other formats hand to Python.
+nb::tuple LoadedStateToPython(State state);
+
 // JSON text of `j` (invalid UTF-8 replaced; never throws).
 std::string DumpJson(const Json& j);
 
@@ -85,6 +96,7 @@ void BindSave(nb::module_& m);
 void BindLoad(nb::module_& m);
 void BindManager(nb::module_& m);
 void BindSafetensors(nb::module_& m);
+void BindMindSpore(nb::module_& m);
 
 }  // namespace savepoint::python
 

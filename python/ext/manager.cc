@@ -19,13 +19,6 @@
 namespace savepoint::python {
 namespace {
 
-// Runs `fn` (returning Status or Result<T>) on the manager with the GIL released.
-template <typename Fn>
-auto Unlocked(Fn&& fn) {
-  nb::gil_scoped_release release;
-  return fn();
-}
-
 // A Python callable f(step, epoch, step_in_epoch) -> str as a ManagerOptions name callable. The
 // manager calls it with the GIL released (it may copy the std::function without the GIL too, so
 // the reference lives in a shared_ptr whose deleter takes the GIL).

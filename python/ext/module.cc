@@ -118,6 +118,12 @@ nb::list TensorBytesToPython(State state) {
   return tensors;
 }
 
+nb::tuple LoadedStateToPython(State state) {
+  nb::list values = ValuesToPython(state);
+  std::string metadata = DumpJson(state.metadata());
+  return nb::make_tuple(TensorBytesToPython(std::move(state)), values, metadata);
+}
+
 std::string DumpJson(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -169,6 +175,7 @@ NB_MODULE(_core, m) {
   BindLoad(m);
   BindManager(m);
   BindSafetensors(m);
+  BindMindSpore(m);
   m.def("match_name", &savepoint::MatchesName, nb::arg("pattern"), nb::arg("name"),
         "Whether the pattern selects the entry name (savepoint::MatchesName: the one name rule).");
   m.def("set_log_level", [](const std::string& level) {

@@ -41,10 +41,7 @@ nb::tuple LoadSafetensorsPy(const std::string& path, const std::vector<std::stri
     nb::gil_scoped_release release;
     r = LoadSafetensors(path, o);
   }
-  State state = Take(std::move(r));
-  nb::list values = ValuesToPython(state);
-  std::string metadata = DumpJson(state.metadata());
-  return nb::make_tuple(TensorBytesToPython(std::move(state)), values, metadata);
+  return LoadedStateToPython(Take(std::move(r)));
 }
 
 nb::dict InspectSafetensorsPy(const std::string& path) {

@@ -89,3 +89,41 @@ def test_tensor_over_512_mib_is_split_as_mindspore_splits_it(tmp_path):
     assert (tmp_path / "ours.ckpt").read_bytes() == src.read_bytes()
     back = ms.load_checkpoint(str(tmp_path / "ours.ckpt"))["big"].asnumpy()
     assert np.array_equal(back, big)
+
+
+# The Python API (savepoint.mindspore, MindSpore's argument names) against MindSpore itself.
+def test_python_api_reads_what_mindspore_writes(tmp_path):
+    from savepoint import mindspore as spms
+
+    src = tmp_path / "ms.ckpt"
+    ms.save_checkpoint(corpus(3), str(src), crc_check=True,
+                       append_dict={"epoch_num": 2, "lr": 0.5, "note": "abc"})  # fmt: skip
+    ours = spms.load_checkpoint(src)
+    theirs = ms.load_checkpoint(str(src))
+    assert set(ours) == set(theirs)
+    for name, v in theirs.items():
+        if isinstance(v, str):
+            assert ours[name] == v
+        else:
+            assert ours[name].shape == tuple(v.shape), name
+            assert ours[name].tobytes() == v.asnumpy().tobytes(), name
+    assert spms.checkpoint_info(src)["has_crc"]
+
+
+def test_mindspore_reads_what_the_python_api_writes(tmp_path):
+    from savepoint import mindspore as spms
+
+    arrays = {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "ids": np.arange(5, dtype=np.int64),
+              "mask": np.array([True, False]), "h": np.ones(3, np.float16)}  # fmt: skip
+    out = tmp_path / "ours.ckpt"
+    spms.save_checkpoint([{"name": k, "data": v} for k, v in arrays.items()], out, crc_check=True,
+                         append_dict={"epoch_num": 4, "lr": 0.25, "flag": True, "tag": "x"})  # fmt: skip
+    back = ms.load_checkpoint(str(out), crc_check=True)
+    for k, v in arrays.items():
+        assert np.array_equal(back[k].asnumpy(), v), k
+        assert back[k].asnumpy().dtype == v.dtype, k
+    # append_dict with MindSpore's own types: int -> Int64, float -> Float32, bool -> Bool.
+    assert str(back["epoch_num"].dtype) == "Int64" and int(back["epoch_num"].asnumpy()) == 4
+    assert str(back["lr"].dtype) == "Float32" and float(back["lr"].asnumpy()) == 0.25
+    assert str(back["flag"].dtype) == "Bool" and bool(back["flag"].asnumpy())
+    assert back["tag"] == "x"
