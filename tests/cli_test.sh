@@ -330,5 +330,22 @@ check "inspect of a safetensors file hides the Python structure too" eval \
 run "$SP" inspect --tree "$PYST"
 check "inspect --tree of a safetensors file" eval 'rc_is 0 && grep -q "\"exp_avg\": numpy opt.state.0.exp_avg  F32 \[3\]" "$OUT"'
 
+# --- MindSpore .ckpt (against files MindSpore itself writes: tests/mindspore/) -------------------
+MS=$TMP/model.ckpt
+run "$SP" convert "$CKPT" "$MS" --crc
+check "convert to .ckpt with --crc exits 0" eval 'rc_is 0 && out_has "(ckpt)"'
+run "$SP" inspect "$MS"
+check "inspect of a .ckpt lists its entries and its CRC" eval \
+  'rc_is 0 && out_has "MindSpore checkpoint" && out_has "CRC-32 trailer" && out_has "PIECES"'
+run "$SP" inspect --json "$MS"
+check "inspect --json of a .ckpt" json_ok 'j["format"] == "ckpt" and j["crc"] is not None and len(j["entries"]) > 0'
+run "$SP" verify --json "$MS"
+check "verify of a .ckpt checks its CRC" json_ok 'j["ok"] and j["format"] == "ckpt" and j["checksums"] and j["chunks"] == 1'
+flip_byte "$MS" 200
+run "$SP" verify "$MS"
+check "verify of a damaged .ckpt exits 2 naming both CRCs" eval 'rc_is 2 && err_has "CRC-32 mismatch: the trailer says"'
+run "$SP" convert "$CKPT" "$TMP/x.safetensors" --crc
+check "--crc with a safetensors target is refused" eval '! rc_is 0 && err_has "--crc"'
+
 echo "$PASSED passed, $FAILED failed"
 [[ $FAILED -eq 0 ]]

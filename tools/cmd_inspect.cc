@@ -211,6 +211,7 @@ void PrintJsonReport(const CheckpointReader& r, bool with_manifest) {
 }
 
 int RunInspect(const InspectArgs& args) {
+  if (args.path.ends_with(".ckpt")) return RunInspectCkpt(kCommand, args.path, args.json);
   Result<FileInfo> st = DefaultFileSystem()->Stat(args.path);
   if (st.ok() && !st->is_dir) {
     return RunInspectSafetensors(kCommand, args.path, args.json, args.tree);

@@ -86,9 +86,10 @@ void PrintHumanReport(const VerifyReport& v) {
 int RunVerify(const VerifyArgs& args) {
   ProgressLine progress(kCommand, args.json);
   Result<FileInfo> st = DefaultFileSystem()->Stat(args.path);
-  VerifyReport v = st.ok() && !st->is_dir
-                       ? VerifySafetensorsFile(args.path, args.threads, progress.Phase(""))
-                       : VerifyNative(args, progress.Phase(""));
+  VerifyReport v =
+      args.path.ends_with(".ckpt") ? VerifyCkptFile(args.path, args.threads, progress.Phase(""))
+      : st.ok() && !st->is_dir ? VerifySafetensorsFile(args.path, args.threads, progress.Phase(""))
+                               : VerifyNative(args, progress.Phase(""));
   progress.End();
   return PrintVerifyReport(v, args.json);
 }
@@ -107,8 +108,10 @@ void RegisterVerify(CLI::App& app, int* exit_code) {
   CLI::App* sub = app.add_subcommand(
       kCommand,
       "Check the CRC32C of every chunk of every tensor of a checkpoint (of a safetensors file: "
-      "validate the header and read every byte)");
-  sub->add_option("PATH", args->path, "Checkpoint directory or .safetensors file")->required();
+      "validate the header and read every byte; of a MindSpore .ckpt file: read every entry and "
+      "check its CRC-32 trailer)");
+  sub->add_option("PATH", args->path, "Checkpoint directory, .safetensors or .ckpt file")
+      ->required();
   sub->add_flag("--json", args->json, "Print one JSON object (docs/CLI.md)");
   sub->add_option("--threads", args->threads, "Threads reading and checking chunks")
       ->check(CLI::Range(1, 64))

@@ -26,11 +26,18 @@ void RegisterMerge(CLI::App& app, int* exit_code);    // cmd_merge.cc
 // `inspect` of a safetensors file (cmd_inspect_safetensors.cc); returns the exit code.
 int RunInspectSafetensors(std::string_view command, const std::string& path, bool json, bool tree);
 
+// `inspect` and `verify` of a MindSpore .ckpt file (cmd_ckpt.cc), as the two above.
+int RunInspectCkpt(std::string_view command, const std::string& path, bool json);
+struct VerifyReport;
+VerifyReport VerifyCkptFile(const std::string& path, int threads, const ProgressFn& progress);
+
 // What `verify` found, for either format (printed by PrintVerifyReport in cmd_verify.cc).
 struct VerifyReport {
   std::string path;
-  std::string format;     // "native" or "safetensors"
-  bool checksums = true;  // whether chunks were checked against checksums (safetensors: none)
+  std::string format;  // "native", "safetensors" or "ckpt"
+  // Whether the data was checked against checksums (safetensors: none; ckpt: its CRC-32 trailer
+  // when it has one, counted as one chunk).
+  bool checksums = true;
   Status status;
   size_t tensors = 0;
   LoadStats stats;  // bytes: logical tensor bytes verified; stored_bytes: as read from disk

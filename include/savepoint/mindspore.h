@@ -14,9 +14,10 @@
 //    "map_tensors";
 //  - a tensor in pieces (MindSpore writes those over 512 MiB in 512 MiB pieces) is one tensor.
 // Writing: every tensor (MindSpore's type names), every value (int as an Int64 scalar, float as a
-// Float64 scalar, bool as a Bool scalar, string as "str"; bytes and JSON values are refused), and
-// the metadata other than "mindspore.ckpt" as a string entry "savepoint.metadata" (JSON), which
-// MindSpore loads as an ordinary string parameter and savepoint reads back as the metadata. Tensors
+// Float64 scalar, bool as a Bool scalar, string as "str"), and what no MindSpore type holds (the
+// metadata other than "mindspore.ckpt", bytes and JSON values) in one string entry
+// "savepoint.metadata" (JSON), which MindSpore loads as an ordinary string parameter and savepoint
+// reads back into the metadata and the values. Tensors
 // over 512 MiB are split as MindSpore splits them.
 //
 // Thread safety: the functions are reentrant.
@@ -57,8 +58,8 @@ struct SAVEPOINT_API MindSporeSaveOptions {
 
 // Writes `state` as a `.ckpt` file at `path`, durably (a hidden temporary file in the same
 // directory, synced and renamed; docs/FORMAT.md §5), in parallel pieces through io.
-// Errors: InvalidArgument (a dtype MindSpore lacks: F8*, C64, C128; a bytes or JSON value; a value
-// and a tensor meeting under one name), AlreadyExists, I/O errors.
+// Errors: InvalidArgument (a dtype MindSpore lacks: F8*, C64, C128; a value named
+// "savepoint.metadata"), AlreadyExists, I/O errors.
 SAVEPOINT_API Status SaveMindSporeCheckpoint(const State& state, const std::string& path,
                                              const MindSporeSaveOptions& options = {},
                                              const IoOptions& io = {});

@@ -89,7 +89,7 @@ Result<State> LoadMindSporeCheckpoint(const std::string& path, const MindSporeLo
   if (scan.has_crc && options.crc_check)
     SP_RETURN_IF_ERROR(CheckCrc(*file, scan, path, io.io_threads));
   SP_ASSIGN_OR_RETURN(interop::ckpt::LoadPlan plan,
-                      interop::ckpt::PlanLoad(scan, options.names, path));
+                      interop::ckpt::PlanLoad(scan, *file, options.names, path));
   Progress progress(options.progress, plan.tensor_bytes);
   SP_RETURN_IF_ERROR(RunReads(*file, plan.reads, io.io_threads, &progress, path));
   SP_RETURN_IF_ERROR(interop::ckpt::FinishLoad(*file, path, &plan));

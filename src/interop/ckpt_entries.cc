@@ -12,6 +12,7 @@
 
 #include "core/utf8.h"
 #include "engine/select.h"
+#include "format/manifest.h"
 #include "savepoint/mindspore.h"
 
 namespace savepoint::interop::ckpt {
@@ -256,9 +257,9 @@ Status AddScalarValue(const std::string& name, const Value& value, ByteLayout* l
     type = std::string(kString);
     dims = {0};
   } else {
-    return InvalidArgumentError(
-        fmt::format("value {:?} is {}: a .ckpt file holds ints, floats, bools and strings", name,
-                    ValueKindName(value.kind())));
+    // bytes and JSON values travel in the savepoint.metadata entry (PlanSave)
+    return InternalError(
+        fmt::format("value {:?} of kind {} has no .ckpt type", name, ValueKindName(value.kind())));
   }
   TensorRecord head{type, dims, 0, content.size(), 0};
   AddValue(name, false, {head}, {std::as_bytes(std::span(content))}, true, layout);
@@ -289,6 +290,46 @@ Status AddMap(const State& state, const std::string& name, ByteLayout* layout,
   }
   AddValue(name, true, heads, contents, false, layout);
   return Status::OK();
+}
+
+// The text of the string entry `e`.
+Result<std::string> ReadText(const RandomAccessFile& file, const Entry& e,
+                             const std::string& path) {
+  if (ContentBytes(e, 0) > kMaxStringBytes) {
+    return Bad(path, e.name, fmt::format("a string of over {} bytes", kMaxStringBytes));
+  }
+  std::string bytes(ContentBytes(e, 0), '\0');
+  uint64_t at = 0;
+  for (const ValueRecord* v : e.values) {
+    const TensorRecord& t = v->tensors[0];
+    SP_RETURN_IF_ERROR(file.ReadAt(
+        t.content_offset, std::as_writable_bytes(std::span(bytes.data() + at, t.content_bytes))));
+    at += t.content_bytes;
+  }
+  return FromUcs4(std::as_bytes(std::span(bytes)), path, e.name);
+}
+
+bool IsString(const Entry& e) { return !e.map && e.values[0]->tensors[0].type == kString; }
+
+// The savepoint.metadata entry, when the file has one: {"metadata": <the State's metadata>,
+// "values": [bytes and JSON values as the manifest writes values]}, either member absent when
+// empty. Decoded into `out` (metadata and values).
+Status ReadSavepointEntry(const RandomAccessFile& file, const std::vector<Entry>& entries,
+                          const std::string& path, State* out) {
+  auto it = std::find_if(entries.begin(), entries.end(), [](const Entry& e) {
+    return IsString(e) && e.name == kMindSporeSavepointMetadataEntry;
+  });
+  if (it == entries.end()) return Status::OK();
+  SP_ASSIGN_OR_RETURN(std::string text, ReadText(file, *it, path));
+  Json entry = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (entry.is_discarded() || !entry.is_object()) {
+    return Bad(path, kMindSporeSavepointMetadataEntry, "not a JSON object");
+  }
+  if (entry.contains("metadata")) out->metadata() = entry["metadata"];
+  if (!entry.contains("values")) return Status::OK();
+  return format::ValuesFromJson(
+      entry["values"],
+      fmt::format("MindSpore checkpoint {}: {}", path, kMindSporeSavepointMetadataEntry), out);
 }
 
 }  // namespace
@@ -322,25 +363,29 @@ Result<std::vector<Entry>> GroupEntries(const Scan& scan, const std::string& pat
   return out;
 }
 
-Result<LoadPlan> PlanLoad(const Scan& scan, const std::vector<std::string>& names,
-                          const std::string& path) {
+Result<LoadPlan> PlanLoad(const Scan& scan, const RandomAccessFile& file,
+                          const std::vector<std::string>& names, const std::string& path) {
   SP_ASSIGN_OR_RETURN(std::vector<Entry> entries, GroupEntries(scan, path));
+  State extra;  // the savepoint.metadata entry's metadata and values
+  SP_RETURN_IF_ERROR(ReadSavepointEntry(file, entries, path, &extra));
   std::vector<std::string> tensors;
-  State strings;  // names of the string entries, for the selection
+  State values;  // names of the values (string entries and the extra values), for the selection
   for (const Entry& e : entries) {
     if (e.map) {
       for (std::string_view part : kMapParts) tensors.push_back(fmt::format("{}.{}", e.name, part));
-    } else if (e.values[0]->tensors[0].type == kString) {
+    } else if (IsString(e)) {
       if (e.name != kMindSporeSavepointMetadataEntry)
-        SP_RETURN_IF_ERROR(strings.PutValue(e.name, ""));
+        SP_RETURN_IF_ERROR(values.PutValue(e.name, ""));
     } else {
       tensors.push_back(e.name);
     }
   }
+  for (const auto& [name, e] : extra.entries()) SP_RETURN_IF_ERROR(values.PutValue(name, ""));
   SP_ASSIGN_OR_RETURN(
       std::vector<bool> keep,
-      engine::SelectTensors(names, tensors, strings, fmt::format("MindSpore checkpoint {}", path)));
+      engine::SelectTensors(names, tensors, values, fmt::format("MindSpore checkpoint {}", path)));
   LoadPlan plan;
+  SP_RETURN_IF_ERROR(engine::CopyValues(extra, &plan.state, names));  // and the metadata
   Json int4 = Json::array(), maps = Json::array();
   size_t k = 0;
   for (const Entry& e : entries) {
@@ -350,8 +395,8 @@ Result<LoadPlan> PlanLoad(const Scan& scan, const std::vector<std::string>& name
       if (!any) continue;
       SP_RETURN_IF_ERROR(PlanMap(e, path, &plan));
       maps.push_back(e.name);
-    } else if (e.values[0]->tensors[0].type == kString) {
-      if (e.name == kMindSporeSavepointMetadataEntry || engine::Selected(names, e.name)) {
+    } else if (IsString(e)) {
+      if (e.name != kMindSporeSavepointMetadataEntry && engine::Selected(names, e.name)) {
         plan.strings.push_back(e);
       }
     } else if (keep[k++]) {
@@ -368,37 +413,15 @@ Result<LoadPlan> PlanLoad(const Scan& scan, const std::vector<std::string>& name
 
 Status FinishLoad(const RandomAccessFile& file, const std::string& path, LoadPlan* plan) {
   for (const Entry& e : plan->strings) {
-    if (ContentBytes(e, 0) > kMaxStringBytes) {
-      return Bad(path, e.name, fmt::format("a string of over {} bytes", kMaxStringBytes));
-    }
-    std::string bytes(ContentBytes(e, 0), '\0');
-    uint64_t at = 0;
-    for (const ValueRecord* v : e.values) {
-      const TensorRecord& t = v->tensors[0];
-      SP_RETURN_IF_ERROR(file.ReadAt(
-          t.content_offset, std::as_writable_bytes(std::span(bytes.data() + at, t.content_bytes))));
-      at += t.content_bytes;
-    }
-    SP_ASSIGN_OR_RETURN(std::string text, FromUcs4(std::as_bytes(std::span(bytes)), path, e.name));
-    if (e.name != kMindSporeSavepointMetadataEntry) {
-      SP_RETURN_IF_ERROR(plan->state.PutValue(e.name, std::move(text)));
-      continue;
-    }
-    Json meta = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (meta.is_discarded() || !meta.is_object()) {
-      return Bad(path, e.name, "the savepoint metadata is not a JSON object");
-    }
-    if (plan->state.metadata().is_object() &&
-        plan->state.metadata().contains(kMindSporeMetadataKey)) {
-      meta[kMindSporeMetadataKey] = plan->state.metadata()[kMindSporeMetadataKey];
-    }
-    plan->state.metadata() = std::move(meta);
+    SP_ASSIGN_OR_RETURN(std::string text, ReadText(file, e, path));
+    SP_RETURN_IF_ERROR(plan->state.PutValue(e.name, std::move(text)));
   }
   return Status::OK();
 }
 
 Status PlanSave(const State& state, ByteLayout* layout) {
   const std::vector<std::string> int4 = MetadataList(state.metadata(), "int4");
+  Json extra = Json::array();  // values a .ckpt type cannot hold
   std::set<std::string> done;
   for (const std::string& name : MetadataList(state.metadata(), "map_tensors")) {
     SP_RETURN_IF_ERROR(AddMap(state, name, layout, &done));
@@ -409,7 +432,12 @@ Status PlanSave(const State& state, ByteLayout* layout) {
       if (name == kMindSporeSavepointMetadataEntry) {
         return InvalidArgumentError(fmt::format("value {:?}: the name is reserved", name));
       }
-      SP_RETURN_IF_ERROR(AddScalarValue(name, e.value(), layout));
+      const ValueKind kind = e.value().kind();
+      if (kind == ValueKind::kBytes || kind == ValueKind::kJson) {
+        extra.push_back(format::ValueToJson(name, e.value()));
+      } else {
+        SP_RETURN_IF_ERROR(AddScalarValue(name, e.value(), layout));
+      }
       continue;
     }
     const TensorView& v = e.tensor();
@@ -427,10 +455,11 @@ Status PlanSave(const State& state, ByteLayout* layout) {
   }
   Json meta = state.metadata();
   if (meta.is_object()) meta.erase(kMindSporeMetadataKey);
-  if (!meta.is_null() && !(meta.is_object() && meta.empty())) {
-    SP_RETURN_IF_ERROR(AddScalarValue(kMindSporeSavepointMetadataEntry, meta.dump(), layout));
-  }
-  return Status::OK();
+  Json entry = Json::object();
+  if (!meta.is_null() && !(meta.is_object() && meta.empty())) entry["metadata"] = std::move(meta);
+  if (!extra.empty()) entry["values"] = std::move(extra);
+  if (entry.empty()) return Status::OK();
+  return AddScalarValue(kMindSporeSavepointMetadataEntry, entry.dump(), layout);
 }
 
 }  // namespace savepoint::interop::ckpt

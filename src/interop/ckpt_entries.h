@@ -48,12 +48,13 @@ struct LoadPlan {
   std::deque<std::string> names;  // storage of Read::entry
 };
 
-// Plans the load of the entries `names` selects (empty = all). Corruption for sizes that do not
+// Plans the load of the entries `names` selects (empty = all); reads the savepoint.metadata entry
+// (metadata, bytes and JSON values) on the way. Corruption for sizes that do not
 // match shapes; InvalidArgument for an unknown type; NotFound for a name that matches nothing.
-Result<LoadPlan> PlanLoad(const Scan& scan, const std::vector<std::string>& names,
-                          const std::string& path);
+Result<LoadPlan> PlanLoad(const Scan& scan, const RandomAccessFile& file,
+                          const std::vector<std::string>& names, const std::string& path);
 
-// After the reads: decodes the string entries into values and the metadata.
+// After the reads: decodes the selected string entries into values.
 Status FinishLoad(const RandomAccessFile& file, const std::string& path, LoadPlan* plan);
 
 // Lays `state` out as a `.ckpt` payload (no trailer) in `layout`, borrowing the tensors' bytes.

@@ -80,6 +80,8 @@ TEST_F(CkptTest, RoundTripEveryDTypeScalarsStringsValuesAndMetadata) {
   SP_ASSERT_OK(s.PutValue("lr", 0.125));
   SP_ASSERT_OK(s.PutValue("flag", true));
   SP_ASSERT_OK(s.PutValue("note", "h\xc3\xa9llo \xf0\x9f\x99\x82"));
+  SP_ASSERT_OK(s.PutValue("blob", Value(savepoint::Bytes{{1, 2, 255}})));
+  SP_ASSERT_OK(s.PutValue("config", Value::FromJson({{"layers", 4}})));
   s.metadata() = {{"run", "abc"}, {"n", 7}};
   SaveStats stats;
   SP_ASSERT_OK(SaveMindSporeCheckpoint(s, kPath, {.stats = &stats}, Io()));
@@ -96,6 +98,9 @@ TEST_F(CkptTest, RoundTripEveryDTypeScalarsStringsValuesAndMetadata) {
   EXPECT_EQ(back.FindValue("note")->as_string(), "h\xc3\xa9llo \xf0\x9f\x99\x82");
   EXPECT_EQ(back.metadata(), s.metadata());
   EXPECT_EQ(back.FindValue(kMindSporeSavepointMetadataEntry), nullptr);
+  ASSERT_NE(back.FindValue("blob"), nullptr);  // kept in the savepoint.metadata entry
+  EXPECT_EQ(*back.FindValue("blob"), *s.FindValue("blob"));
+  EXPECT_EQ(*back.FindValue("config"), *s.FindValue("config"));
   // Selection by name and glob; a pattern that matches nothing is NotFound.
   State some = LoadMindSporeCheckpoint(kPath, {.names = {"t.F*", "note"}}, Io()).value();
   EXPECT_EQ(some.size(), 4u);  // t.F16, t.F32, t.F64 and note
@@ -310,7 +315,7 @@ TEST_F(CkptTest, RefusesWhatMindSporeCannotHold) {
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
   EXPECT_NE(st.message().find("f8"), std::string::npos) << st.ToString();
   State v;
-  SP_ASSERT_OK(v.PutValue("blob", Value(savepoint::Bytes{{1}})));
+  SP_ASSERT_OK(v.PutValue(kMindSporeSavepointMetadataEntry, "reserved"));
   EXPECT_EQ(SaveMindSporeCheckpoint(v, kPath, {}, Io()).code(), StatusCode::kInvalidArgument);
   EXPECT_FALSE(fs_.Exists(kPath));
   SP_ASSERT_OK(SaveMindSporeCheckpoint(State(), kPath, {}, Io()));
