@@ -26,9 +26,7 @@ backend="pread" (its eager load, which the goal names). Loads are checked after 
 
 import argparse
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -36,6 +34,7 @@ import warnings
 import torch
 
 import savepoint
+from bench_util import COLD, dd, evict, fsync_tree, remove, timed
 
 MIB = 1 << 20
 
@@ -55,67 +54,6 @@ def make_state(total_bytes, seed=0):
         used += rows * cols * dtype.itemsize + cols * dtype.itemsize
         i += 1
     return sd, used
-
-
-def _files(path):
-    if os.path.isfile(path):
-        return [path]
-    return [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
-
-
-def fsync_tree(path):
-    """fsync every file under `path`, every directory, and the parent directory."""
-    for f in _files(path):
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    dirs = [path] if os.path.isdir(path) else []
-    dirs += [d for d, _, _ in os.walk(path)][1:] if os.path.isdir(path) else []
-    for d in dirs + [os.path.dirname(os.path.abspath(path))]:
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def evict(path):
-    """Drops the (clean, synced) pages of `path`'s files from the page cache: the next read is cold.
-    posix_fadvise(DONTNEED) on every file, then, where this process may (root), the whole page cache
-    through /proc/sys/vm/drop_caches, which also catches pages fadvise leaves behind."""
-    for f in _files(path):
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    global COLD_METHOD
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        COLD_METHOD = "fadvise(DONTNEED) + drop_caches"
-    except OSError:
-        COLD_METHOD = "fadvise(DONTNEED) only (not root: drop_caches refused)"
-
-
-COLD_METHOD = "none yet"
-
-
-def remove(path):
-    if os.path.isdir(path):
-        shutil.rmtree(path)
-    elif os.path.exists(path):
-        os.remove(path)
-
-
-def timed(fn):
-    t = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t, out
 
 
 # ----------------------------------------------------------------------------- the contenders
@@ -208,10 +146,6 @@ def savepoint_mmap_load(p):
 
 def savepoint_mmap_lazy_touch(p):
     return touch(savepoint.load(p, mmap=True, verify=False))
-
-
-def dd(args):
-    subprocess.run(["dd", *args, "status=none"], check=True)
 
 
 # ----------------------------------------------------------------------------- the run
@@ -343,7 +277,7 @@ def main():
         for t in range(args.trials):
             print(f"trial {t + 1}/{args.trials} ...", flush=True)
             run_trial(sd, nbytes, args.dir, res, ckpt, t, args.saves_only)
-    print(f"cold reads: {COLD_METHOD}")
+    print(f"cold reads: {COLD['method']}")
     res.print(nbytes)
     res.goals()
 
