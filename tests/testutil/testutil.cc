@@ -83,6 +83,22 @@ State CrashState(uint64_t step) {
   return s;
 }
 
+State CkptCrashState(uint64_t step) {
+  State all = CrashState(step), out;
+  for (const auto& [name, e] : all.entries()) {
+    if (!e.is_tensor()) {
+      out.PutValue(name, e.value()).IgnoreError();
+      continue;
+    }
+    const DType d = e.tensor().dtype();
+    if (d == DType::kF8E4M3 || d == DType::kF8E5M2 || d == DType::kC64 || d == DType::kC128) {
+      continue;
+    }
+    out.Put(name, Tensor::CopyOf(e.tensor()).value()).IgnoreError();
+  }
+  return out;
+}
+
 ::testing::AssertionResult StatesEqual(const State& a, const State& b) {
   if (a.size() != b.size()) {
     return ::testing::AssertionFailure() << "sizes differ: " << a.size() << " vs " << b.size();

@@ -41,6 +41,8 @@ State RandomState(uint64_t seed, int num_tensors, uint64_t approx_bytes);
 // whose random bytes do not compress, plus a mostly-zero f32 tensor "opt.sparse" (1 MiB), which
 // does.
 State CrashState(uint64_t step);
+// CrashState(step) without the tensors a MindSpore .ckpt file cannot hold (F8, C64, C128).
+State CkptCrashState(uint64_t step);
 
 // Asserts that two states hold the same names, dtypes, shapes, bytes, values and metadata.
 ::testing::AssertionResult StatesEqual(const State& a, const State& b);
