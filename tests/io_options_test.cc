@@ -124,13 +124,12 @@ TEST(IoOptions, FileSystemAndDirectIoReachEveryFile) {
     EXPECT_EQ(fs.Take(), std::set<bool>{direct}) << "Load";
     SP_ASSERT_OK(VerifyCheckpoint(ck, {}, io));
     EXPECT_EQ(fs.Take(), std::set<bool>{direct}) << "VerifyCheckpoint";
-    // A safetensors file is written with O_DIRECT only when asked and a whole number of blocks;
-    // it is always read through the page cache (its tensors are not block-aligned).
+    // A safetensors file is written with O_DIRECT when asked (a last partial block through a
+    // second, buffered handle: never here, as MemFileSystem files are never direct); it is always
+    // read through the page cache (its tensors are not block-aligned).
     SaveStats st_stats;
     SP_ASSERT_OK(SaveSafetensors(state, st, {.stats = &st_stats}, io));
-    const uint64_t st_bytes = mem.Stat(st).value().size;
-    std::set<bool> wrote = fs.Take();
-    EXPECT_EQ(wrote, std::set<bool>{direct && st_bytes % 4096 == 0}) << "SaveSafetensors";
+    EXPECT_EQ(fs.Take(), std::set<bool>{direct}) << "SaveSafetensors";
     EXPECT_FALSE(st_stats.direct_io);  // MemFileSystem files never report direct()
     EXPECT_TRUE(testing::StatesEqual(state, LoadSafetensors(st, {}, io).value()));
     EXPECT_EQ(fs.Take(), std::set<bool>{false}) << "LoadSafetensors";

@@ -57,6 +57,10 @@ struct SAVEPOINT_API FileOptions {
   // Ask for O_DIRECT (bypass the page cache). Implementations that cannot do it open the file
   // normally; check `direct()` on the opened file. Default: false.
   bool direct_io = false;
+  // NewWritableFile: empty an existing file (O_TRUNC). false opens it as it is, to write part of
+  // it in place (e.g. the unaligned end of a file whose blocks another handle writes with
+  // O_DIRECT). Default: true.
+  bool truncate = true;
   // Backend for WriteAtMany / ReadAtMany. Only the POSIX file system has a choice; the others
   // ignore it. kAuto defers to SAVEPOINT_IO_BACKEND, then to run-time detection: the first file
   // opened logs at info level which backend is in use ("savepoint: I/O backend io_uring", or

@@ -87,8 +87,9 @@ struct SAVEPOINT_API SafetensorsSaveOptions {
 // blocks and can be written with O_DIRECT (readers accept any padding; the reference one does).
 // The layout depends only on the State, so equal States give byte-identical files. Tensor bytes
 // are copied through aligned staging buffers (8 MiB per thread, io.io_threads threads) and written
-// in parallel; with io.direct_io the file is written with O_DIRECT when it is a whole number of
-// 4 KiB blocks (SaveStats::direct_io says whether it was). The caller's memory is only read.
+// in parallel; with io.direct_io every whole 4 KiB block is written with O_DIRECT and a last
+// partial block through a buffered handle (SaveStats::direct_io says whether O_DIRECT was in
+// effect). The caller's memory is only read.
 //
 // Durability: the file is written under a hidden temporary name in the same directory
 // (".<name>.savepoint-tmp.<pid>.<random>"), synced, closed and renamed to `path`, and the directory

@@ -68,8 +68,8 @@ struct WriteLayoutOptions {
 };
 
 // Creates `path` through io.fs, preallocates it and writes the layout on io.io_threads threads
-// (O_DIRECT when io.direct_io and the size is a multiple of 4096), then syncs and closes it.
-// Sets *direct to whether O_DIRECT was in effect.
+// (with io.direct_io, O_DIRECT for every whole 4 KiB block and a second, buffered handle for a
+// last partial block), then syncs and closes it. Sets *direct to whether O_DIRECT was in effect.
 Status WriteByteLayout(const IoOptions& io, const std::string& path, const ByteLayout& layout,
                        const WriteLayoutOptions& options, bool* direct);
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -20,6 +21,7 @@
 
 #include "io/fault_fs.h"
 #include "io/mem_fs.h"
+#include "savepoint/tensor.h"
 
 namespace savepoint {
 namespace {
@@ -142,6 +144,26 @@ TEST_P(FileSystemTest, NewWritableFileTruncates) {
   WriteWhole(path, Pattern(5000, 1));
   WriteWhole(path, Pattern(10, 2));
   EXPECT_EQ(ReadWhole(path), Pattern(10, 2));
+}
+
+// truncate = false: an existing file is written in place, alongside another handle (the tail of a
+// file whose blocks an O_DIRECT handle writes, interop/byte_layout.cc).
+TEST_P(FileSystemTest, NewWritableFileWithoutTruncateWritesInPlace) {
+  const std::string path = Path("f");
+  const std::vector<std::byte> data = Pattern(3 * 4096 + 100, 3);
+  auto blocks = fs_->NewWritableFile(path, FileOptions{.direct_io = true});
+  ASSERT_TRUE(blocks.ok()) << blocks.status().ToString();
+  auto tail = fs_->NewWritableFile(path, FileOptions{.direct_io = false, .truncate = false});
+  ASSERT_TRUE(tail.ok()) << tail.status().ToString();
+  Tensor aligned = Tensor::Empty(DType::kU8, {3 * 4096}).value();  // O_DIRECT needs alignment
+  std::memcpy(aligned.data(), data.data(), 3 * 4096);
+  ASSERT_TRUE((*tail)->WriteAt(3 * 4096, std::span(data).subspan(3 * 4096)).ok());
+  ASSERT_TRUE((*blocks)->WriteAt(0, {aligned.data(), 3 * 4096}).ok());
+  for (auto* f : {&*tail, &*blocks}) {
+    ASSERT_TRUE((*f)->Sync().ok());
+    ASSERT_TRUE((*f)->Close().ok());
+  }
+  EXPECT_EQ(ReadWhole(path), data);
 }
 
 TEST_P(FileSystemTest, ConcurrentWritesToDisjointRanges) {

@@ -287,7 +287,7 @@ MemFileSystem::MemFileSystem() : state_(std::make_shared<State>()) {}
 MemFileSystem::~MemFileSystem() = default;
 
 Result<std::unique_ptr<WritableFile>> MemFileSystem::NewWritableFile(const std::string& path,
-                                                                     const FileOptions&) {
+                                                                     const FileOptions& options) {
   const std::string context = fmt::format("open {} for writing", path);
   const std::vector<std::string> parts = Components(path);
   std::lock_guard<std::mutex> lock(state_->mu);
@@ -300,7 +300,7 @@ Result<std::unique_ptr<WritableFile>> MemFileSystem::NewWritableFile(const std::
     slot = std::make_shared<Inode>(/*dir=*/false);
   } else if (slot->is_dir) {
     return ErrnoToStatus(EISDIR, context);
-  } else {
+  } else if (options.truncate) {
     slot->data = FileData{};  // O_TRUNC; durable_data keeps the old bytes until the next Sync
   }
   slot->mtime_ns = NowNs();

@@ -284,7 +284,8 @@ class PosixFileSystem final : public FileSystem {
                                                         const FileOptions& options) override {
     bool direct = false;
     const int fd =
-        OpenMaybeDirect(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, options.direct_io, &direct);
+        OpenMaybeDirect(path, O_WRONLY | O_CREAT | O_CLOEXEC | (options.truncate ? O_TRUNC : 0),
+                        options.direct_io, &direct);
     if (fd < 0) return ErrnoToStatus(errno, fmt::format("open {} for writing", path));
     return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(
         path, fd, direct, ResolveIoBackend(options.io_backend)));
