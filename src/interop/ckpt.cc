@@ -26,56 +26,66 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-constexpr uint64_t kReadBytes = uint64_t{8} << 20;  // bytes per parallel read or CRC block
+constexpr uint64_t kReadBytes = uint64_t{8} << 20;  // bytes per parallel read
 
-// The CRC-32 of the file's bytes before its trailer, read in parallel blocks.
-Result<uint32_t> PayloadCrc(const RandomAccessFile& file, uint64_t end, int threads) {
-  const uint64_t blocks = (end + kReadBytes - 1) / kReadBytes;
-  std::vector<uint32_t> crcs(blocks);
-  std::vector<std::vector<std::byte>> bufs(threads);
-  SP_RETURN_IF_ERROR(ParallelFor(blocks, threads, [&](size_t i, int w) -> Status {
-    const uint64_t at = i * kReadBytes, n = std::min(kReadBytes, end - at);
-    bufs[w].resize(kReadBytes);
-    std::span<std::byte> b(bufs[w].data(), n);
-    SP_RETURN_IF_ERROR(file.ReadAt(at, b));
-    crcs[i] = interop::Crc32Zlib(0, b);
+// One parallel read: into `dst`, or (dst null: bytes only the CRC covers, such as headers,
+// strings and entries not selected) into the worker's scratch buffer.
+struct Piece {
+  std::byte* dst;
+  uint64_t offset;
+  uint64_t bytes;
+  const std::string* entry;
+};
+
+// The reads cut into kReadBytes pieces in file order; with crc_end > 0 also the gaps between them
+// up to crc_end, so that one pass reads every byte the CRC covers exactly once.
+std::vector<Piece> Pieces(std::vector<interop::ckpt::Read> reads, uint64_t crc_end) {
+  std::sort(reads.begin(), reads.end(), [](const auto& a, const auto& b) {
+    return a.offset < b.offset;  // (a hash map's parts are planned part by part)
+  });
+  std::vector<Piece> out;
+  auto add = [&](std::byte* dst, uint64_t offset, uint64_t n, const std::string* entry) {
+    for (uint64_t k = 0; k < n; k += kReadBytes) {
+      out.push_back(
+          {dst != nullptr ? dst + k : nullptr, offset + k, std::min(kReadBytes, n - k), entry});
+    }
+  };
+  uint64_t at = 0;
+  for (const auto& r : reads) {
+    if (crc_end > 0 && r.offset > at) add(nullptr, at, r.offset - at, nullptr);
+    add(r.dst, r.offset, r.bytes, r.entry);
+    at = r.offset + r.bytes;
+  }
+  if (crc_end > at) add(nullptr, at, crc_end - at, nullptr);
+  return out;
+}
+
+// Runs the pieces on `threads` threads, counting tensor bytes in `progress`; with `crc` set,
+// also the CRC-32 of every piece, combined in file order into *crc.
+Status RunReads(const RandomAccessFile& file, const std::vector<Piece>& pieces, int threads,
+                Progress* progress, const std::string& path, uint32_t* crc) {
+  std::vector<uint32_t> crcs(crc != nullptr ? pieces.size() : 0);
+  std::vector<std::vector<std::byte>> scratch(threads);
+  SP_RETURN_IF_ERROR(ParallelFor(pieces.size(), threads, [&](size_t i, int w) -> Status {
+    const Piece& p = pieces[i];
+    if (p.dst == nullptr) scratch[w].resize(kReadBytes);
+    std::span<std::byte> buf(p.dst != nullptr ? p.dst : scratch[w].data(), p.bytes);
+    Status s = file.ReadAt(p.offset, buf);
+    if (!s.ok()) {
+      return p.entry == nullptr ? s.WithContext(fmt::format("MindSpore checkpoint {}", path))
+                                : s.WithContext(fmt::format("MindSpore checkpoint {}: entry {:?}",
+                                                            path, *p.entry));
+    }
+    if (crc != nullptr) crcs[i] = interop::Crc32Zlib(0, buf);
+    if (p.dst != nullptr) progress->Add(p.bytes);
     return Status::OK();
   }));
-  uint32_t crc = 0;
-  for (uint64_t i = 0; i < blocks; ++i) {
-    crc = interop::Crc32ZlibCombine(crc, crcs[i], std::min(kReadBytes, end - i * kReadBytes));
+  if (crc == nullptr) return Status::OK();
+  *crc = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    *crc = interop::Crc32ZlibCombine(*crc, crcs[i], pieces[i].bytes);
   }
-  return crc;
-}
-
-Status CheckCrc(const RandomAccessFile& file, const Scan& scan, const std::string& path,
-                int threads) {
-  SP_ASSIGN_OR_RETURN(uint32_t crc, PayloadCrc(file, scan.payload_end, threads));
-  if (crc == scan.stored_crc) return Status::OK();
-  return CorruptionError(fmt::format(
-      "MindSpore checkpoint {}: CRC-32 mismatch: the trailer says {}, the {} bytes before it give "
-      "{} (the file was changed or damaged after it was written)",
-      path, scan.stored_crc, scan.payload_end, crc));
-}
-
-// Runs the planned reads on `threads` threads, counting them in `progress`.
-Status RunReads(const RandomAccessFile& file, const std::vector<interop::ckpt::Read>& reads,
-                int threads, Progress* progress, const std::string& path) {
-  std::vector<interop::ckpt::Read> pieces;
-  for (const auto& r : reads) {
-    for (uint64_t at = 0; at < r.bytes; at += kReadBytes) {
-      pieces.push_back({r.dst + at, r.offset + at, std::min(kReadBytes, r.bytes - at), r.entry});
-    }
-  }
-  return ParallelFor(pieces.size(), threads, [&](size_t i, int) -> Status {
-    const auto& p = pieces[i];
-    Status s = file.ReadAt(p.offset, {p.dst, static_cast<size_t>(p.bytes)});
-    if (!s.ok()) {
-      return s.WithContext(fmt::format("MindSpore checkpoint {}: entry {:?}", path, *p.entry));
-    }
-    progress->Add(p.bytes);
-    return Status::OK();
-  });
+  return Status::OK();
 }
 
 }  // namespace
@@ -86,12 +96,21 @@ Result<State> LoadMindSporeCheckpoint(const std::string& path, const MindSporeLo
   SP_RETURN_IF_ERROR(ValidateIoOptions(io, fmt::format("load MindSpore checkpoint {}", path)));
   SP_ASSIGN_OR_RETURN(auto file, FileSystemOf(io)->NewRandomAccessFile(path, {}));
   SP_ASSIGN_OR_RETURN(Scan scan, interop::ckpt::ScanFile(*file, path));
-  if (scan.has_crc && options.crc_check)
-    SP_RETURN_IF_ERROR(CheckCrc(*file, scan, path, io.io_threads));
   SP_ASSIGN_OR_RETURN(interop::ckpt::LoadPlan plan,
                       interop::ckpt::PlanLoad(scan, *file, options.names, path));
+  // With a CRC to check, one pass reads every byte before the trailer: the tensors into their
+  // buffers, the rest into scratch, each piece checksummed as it arrives.
+  const bool check = scan.has_crc && options.crc_check;
   Progress progress(options.progress, plan.tensor_bytes);
-  SP_RETURN_IF_ERROR(RunReads(*file, plan.reads, io.io_threads, &progress, path));
+  uint32_t crc = 0;
+  SP_RETURN_IF_ERROR(RunReads(*file, Pieces(plan.reads, check ? scan.payload_end : 0),
+                              io.io_threads, &progress, path, check ? &crc : nullptr));
+  if (check && crc != scan.stored_crc) {
+    return CorruptionError(fmt::format(
+        "MindSpore checkpoint {}: CRC-32 mismatch: the trailer says {}, the {} bytes before it "
+        "give {} (the file was changed or damaged after it was written)",
+        path, scan.stored_crc, scan.payload_end, crc));
+  }
   SP_RETURN_IF_ERROR(interop::ckpt::FinishLoad(*file, path, &plan));
   progress.Finish();
   if (options.stats != nullptr) {
