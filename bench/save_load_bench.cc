@@ -7,7 +7,7 @@
 // Generates a training-like state of N bytes (rounded down to a multiple of 4; K large tensors
 // alternating F32 and BF16, default one per ~64 MiB, filled with xorshift data; plus four small
 // odd-sized tensors and a few values), then runs the phases (default save,load,verify,loadinto, in
-// the order given; save always runs first, read phases may repeat):
+// the order given; save always runs first, and any phase may repeat):
 //   save        Save to DIR/ckpt (durable when it returns: includes every fsync and the commit)
 //   load        Load with CRC32C verification into freshly allocated tensors
 //   verify      VerifyCheckpoint (re-reads and checksums every chunk, keeps nothing)
@@ -28,6 +28,12 @@
 //               then one SaveAsync: "async-reserved-first-stall" (not by default)
 //   memcpy      single-threaded memcpy of every tensor into one preallocated, already-touched
 //               buffer: the reference for async-stall (not by default)
+//   enc-save, enc-load, enc-verify, enc-loadinto  the same phases on an encrypted checkpoint
+//               (SaveOptions::key / LoadOptions::key, a fixed 32-byte key; DIR/ckpt-enc). A phase
+//               may be listed several times (enc-save replaces the encrypted checkpoint); at the
+//               end a line "enc-ratio" gives, per phase, the median GB/s encrypted over the median
+//               unencrypted (list both, interleaved, e.g.
+//               save,enc-save,load,enc-load,load,enc-load; not by default)
 // Before every read phase the checkpoint is dropped from the page cache: posix_fadvise(DONTNEED)
 // on each of its files, plus `echo 1 > /proc/sys/vm/drop_caches` when that file is writable
 // (unless --keep-cache). Every loaded byte is compared with the generated state; a mismatch
@@ -216,9 +222,10 @@ Args ParseArgs(int argc, char** argv) {
     } else if (f == "--phases") {
       a.phases = SplitComma(value(i));
       for (const auto& p : a.phases) {
-        static const char* const kPhases[] = {"save",       "load",          "verify",   "loadinto",
-                                              "load-nocrc", "load-mmap",     "mmap-one", "async",
-                                              "memcpy",     "async-reserved"};
+        static const char* const kPhases[] = {
+            "save",      "load",     "verify",     "loadinto",    "load-nocrc",
+            "load-mmap", "mmap-one", "async",      "memcpy",      "async-reserved",
+            "enc-save",  "enc-load", "enc-verify", "enc-loadinto"};
         if (std::find(std::begin(kPhases), std::end(kPhases), p) == std::end(kPhases)) {
           Usage(fmt::format("unknown phase {:?}", p));
         }
@@ -629,6 +636,28 @@ bool Has(const Args& a, const std::string& phase) {
   return std::find(a.phases.begin(), a.phases.end(), phase) != a.phases.end();
 }
 
+// The median GB/s of the measurements named `name` (0 when there is none).
+double MedianGbps(const std::vector<Measurement>& ms, const std::string& name) {
+  std::vector<double> v;
+  for (const Measurement& m : ms) {
+    if (m.name == name) v.push_back(m.gbps());
+  }
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// "enc-ratio save=0.950 load=0.970 ...": encrypted / unencrypted median GB/s per phase measured
+// both ways.
+std::string EncryptionRatios(const std::vector<Measurement>& ms) {
+  std::string out;
+  for (const char* phase : {"save", "load", "verify", "loadinto"}) {
+    const double plain = MedianGbps(ms, phase), enc = MedianGbps(ms, std::string("enc-") + phase);
+    if (plain > 0 && enc > 0) out += fmt::format(" {}={:.3f}", phase, enc / plain);
+  }
+  return out.empty() ? out : "enc-ratio" + out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -640,7 +669,11 @@ int main(int argc, char** argv) {
   if (fs::exists(ckpt)) Die(fmt::format("{} already exists; remove it first", ckpt));
   const std::string async_ckpt = ckpt + "-async";
   if (fs::exists(async_ckpt)) Die(fmt::format("{} already exists; remove it first", async_ckpt));
-  g_ckpts = {ckpt, async_ckpt};
+  const std::string enc_ckpt = ckpt + "-enc";
+  if (fs::exists(enc_ckpt)) Die(fmt::format("{} already exists; remove it first", enc_ckpt));
+  g_ckpts = {ckpt, async_ckpt, enc_ckpt};
+  const EncryptionKey key =
+      EncryptionKey::FromBytes(std::string("save_load_bench-key-0123456789ab"));
   std::atexit(RemoveCheckpoint);
 
   auto t0 = std::chrono::steady_clock::now();
@@ -658,25 +691,42 @@ int main(int argc, char** argv) {
     if (!s.ok()) Die(fmt::format("{}: {}", what, s.ToString()));
   };
   const IoOptions io = a.Io();
-  auto cold = [&] { cache_method = DropCaches(ckpt, a.drop_caches); };
-
-  // (a) Save.
-  {
+  auto cold = [&](const std::string& path) { cache_method = DropCaches(path, a.drop_caches); };
+  // Saves to `path` (encrypted when `encrypt`), replacing what is there.
+  auto save = [&](const std::string& name, const std::string& path, bool encrypt) {
+    RemoveOne(path);
     SaveStats st;
     SaveOptions so;
     so.chunk_bytes = a.chunk_bytes;
     so.compression = a.compression;
     so.stats = &st;
-    Measurement m{"save"};
+    if (encrypt) so.key = key;
+    Measurement m{name};
     Timer t;
-    check(Save(state, ckpt, so, io), "save");
+    check(Save(state, path, so, io), name.c_str());
     t.Stop(&m);
     Record(&m, st);
+    return m;
+  };
+
+  // (a) Save.
+  {
+    Measurement m = save("save", ckpt, false);
     if (Has(a, "save")) report(m);
   }
   // (b)-(e) The read phases, in the order --phases lists them (a phase may be listed twice).
-  for (const std::string& phase : a.phases) {
-    if (phase == "save") continue;
+  bool saved = false;  // the first "save" is (a); a later one saves again
+  for (const std::string& listed : a.phases) {
+    if (listed == "save" || listed == "enc-save") {
+      const bool enc = listed == "enc-save";
+      if (enc || std::exchange(saved, true)) report(save(listed, enc ? enc_ckpt : ckpt, enc));
+      continue;
+    }
+    // enc-<phase>: <phase> on the encrypted checkpoint (saved first if no enc-save came before).
+    const bool enc = listed.rfind("enc-", 0) == 0;
+    const std::string phase = enc ? listed.substr(4) : listed;
+    const std::string& path = enc ? enc_ckpt : ckpt;
+    if (enc && !fs::exists(enc_ckpt)) save("enc-save", enc_ckpt, true);
     if (phase == "memcpy") {
       report(MemcpyPhase(state));
       continue;
@@ -690,29 +740,30 @@ int main(int argc, char** argv) {
       continue;
     }
     if (phase == "mmap-one") {
-      cold();
+      cold(ckpt);
       report(MmapOnePhase(state, ckpt, check));
       continue;
     }
-    Measurement m{phase};
+    Measurement m{listed};
     LoadStats st;
     LoadOptions o;
     o.stats = &st;
+    if (enc) o.key = key;
     if (phase == "load" || phase == "load-nocrc" || phase == "load-mmap") {
       // Load into fresh tensors (allocation and first-touch page faults are part of the cost), or
       // with mmap into views of the mapped file (page-cache faults instead).
       o.verify_checksums = phase != "load-nocrc";
       o.mmap = phase == "load-mmap";
-      cold();
+      cold(path);
       Timer t;
-      Result<State> loaded = Load(ckpt, o, io);
+      Result<State> loaded = Load(path, o, io);
       t.Stop(&m);
       check(loaded.status(), phase.c_str());
       Compare(state, *loaded, phase.c_str());
     } else if (phase == "verify") {
-      cold();
+      cold(path);
       Timer t;
-      check(VerifyCheckpoint(ckpt, o, io), "verify");
+      check(VerifyCheckpoint(path, o, io), "verify");
       t.Stop(&m);
     } else if (phase == "loadinto") {
       // LoadInto preallocated, already-touched aligned tensors (a training loop resuming).
@@ -723,9 +774,9 @@ int main(int argc, char** argv) {
         check(t.status(), "allocate targets");
         check(targets.Put(name, std::move(t).value()), "allocate targets");
       }
-      cold();
+      cold(path);
       Timer t;
-      check(LoadInto(ckpt, targets, o, io), "loadinto");
+      check(LoadInto(path, targets, o, io), "loadinto");
       t.Stop(&m);
       Compare(state, targets, "loadinto");
     }
@@ -741,6 +792,8 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(tensor_bytes), state.num_tensors(), a.threads,
         static_cast<unsigned long long>(a.chunk_bytes >> 10), a.direct ? "requested" : "off",
         cache_method.c_str(), gen_seconds);
+    const std::string ratios = EncryptionRatios(ms);
+    if (!ratios.empty()) std::printf("%s\n", ratios.c_str());
   }
   return 0;
 }

@@ -8,7 +8,7 @@ pkg_check_modules(ISAL REQUIRED IMPORTED_TARGET libisal)   # CRC32C (crc32_iscsi
 pkg_check_modules(ZSTD REQUIRED IMPORTED_TARGET libzstd)  # per-chunk compression (zstd)
 pkg_check_modules(LZ4 REQUIRED IMPORTED_TARGET liblz4)     # per-chunk compression (lz4)
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing) # io_uring submission of direct I/O
-find_package(OpenSSL REQUIRED)              # base64 of bytes values; AES-GCM encryption later
+find_package(OpenSSL REQUIRED)              # encryption (EVP: AES-GCM/CBC, SM4-CBC), HMAC, HKDF; base64
 find_package(Protobuf REQUIRED)             # MindSpore .ckpt messages (protobuf wire format)
 pkg_check_modules(ZLIB REQUIRED IMPORTED_TARGET zlib)      # crc32_combine for .ckpt CRC trailers
 if(SAVEPOINT_BUILD_TOOLS)

@@ -108,7 +108,7 @@ run "$SP" inspect --json "$CKPT"
 check "inspect --json exits 0" rc_is 0
 check "inspect --json prints valid JSON" json_ok True
 check "inspect --json has the documented keys" json_ok \
-  'set(j) == {"path","format_version","created_ns","total_file_bytes","tensors","values","metadata","totals"}'
+  'set(j) == {"path","format_version","encrypted","created_ns","total_file_bytes","tensors","values","metadata","totals"} and j["encrypted"] is False'
 check "inspect --json tensors are well-formed" json_ok \
   'len(j["tensors"]) >= 1 and all(set(t) == {"name","dtype","shape","bytes","shards","chunks","codec","filter","stored_bytes"} for t in j["tensors"])'
 check "inspect --json totals add up" json_ok \

@@ -1,5 +1,7 @@
-// `savepoint convert SRC DST [--from F] [--to F] [--crc] [--overwrite]`: converts between a native
-// checkpoint directory, a safetensors file and a MindSpore `.ckpt` file, any way (docs/CLI.md).
+// `savepoint convert SRC DST [--from F] [--to F] [--crc] [--overwrite] [--dec-key-file F
+// [--dec-mode M]] [--enc-key-file F [--enc-mode M]]`: converts between a native checkpoint
+// directory, a safetensors file and a MindSpore `.ckpt` file, any way (docs/CLI.md); encrypted
+// `.ckpt` and native checkpoints are read and written with the key flags (key_flags.h).
 //
 // A format follows from --from / --to, else from the name: ".ckpt" is MindSpore, ".safetensors"
 // is safetensors; otherwise the source is a native checkpoint when it is a directory (else
@@ -12,6 +14,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "key_flags.h"
 #include "progress.h"
 #include "savepoint/mindspore.h"
 #include "savepoint/savepoint.h"
@@ -30,6 +33,8 @@ struct ConvertArgs {
   std::string to;
   bool crc = false;  // write MindSpore's CRC trailer (.ckpt targets)
   bool overwrite = false;
+  KeyFlags dec{.decrypt = true};   // the source's key
+  KeyFlags enc{.decrypt = false};  // the target's key
 };
 
 std::optional<Format> Named(const std::string& name) {
@@ -58,37 +63,62 @@ Format TargetFormat(const ConvertArgs& args) {
   return Format::kNative;
 }
 
+// InvalidArgument when key flags are given for a format without encryption (safetensors), or a
+// mode for a native checkpoint (always AES-256-GCM).
+Status CheckKeyFlags(const KeyFlags& k, Format f) {
+  const char* verb = k.decrypt ? "dec" : "enc";
+  if (f == Format::kSafetensors && !k.key_file.empty()) {
+    return InvalidArgumentError(
+        fmt::format("--{}-key-file: safetensors files are not encrypted", verb));
+  }
+  if (f == Format::kNative && !k.mode.empty()) {
+    return InvalidArgumentError(
+        fmt::format("--{}-mode applies to .ckpt files; native checkpoints use AES-256-GCM", verb));
+  }
+  return ModeOf(k).status();
+}
+
 // Reads the source (a native checkpoint's chunks are verified here: progress "reading").
-Result<State> LoadAny(const std::string& src, Format f, ProgressLine& progress) {
+Result<State> LoadAny(const ConvertArgs& args, Format f, ProgressLine& progress) {
+  SP_RETURN_IF_ERROR(CheckKeyFlags(args.dec, f));
   switch (f) {
     case Format::kSafetensors:
-      return LoadSafetensors(src, {.mmap = true, .progress = progress.Phase("reading")});
+      return LoadSafetensors(args.src, {.mmap = true, .progress = progress.Phase("reading")});
     case Format::kMindSpore:
-      return LoadMindSporeCheckpoint(src, {.progress = progress.Phase("reading")});
+      return LoadMindSporeCheckpoint(args.src, {.dec_key = KeyOf(args.dec),
+                                                .dec_mode = *ModeOf(args.dec),
+                                                .progress = progress.Phase("reading")});
     case Format::kNative:
       break;
   }
-  return Load(src, {.mmap = true, .progress = progress.Phase("reading")});
+  const bool encrypted = !args.dec.key_file.empty();  // (encrypted checkpoints are not mapped)
+  return Load(args.src,
+              {.mmap = !encrypted, .progress = progress.Phase("reading"), .key = KeyOf(args.dec)});
 }
 
 Status SaveAny(const State& state, const ConvertArgs& args, Format f, ProgressLine& progress) {
   if (args.crc && f != Format::kMindSpore) {
     return InvalidArgumentError("--crc applies to a MindSpore .ckpt target only");
   }
+  SP_RETURN_IF_ERROR(CheckKeyFlags(args.enc, f));
   switch (f) {
     case Format::kSafetensors:
       return SaveSafetensors(state, args.dst,
                              {.overwrite = args.overwrite, .progress = progress.Phase("writing")});
     case Format::kMindSpore:
-      return SaveMindSporeCheckpoint(state, args.dst,
-                                     {.overwrite = args.overwrite,
-                                      .crc_check = args.crc,
-                                      .progress = progress.Phase("writing")});
+      return SaveMindSporeCheckpoint(
+          state, args.dst,
+          {.overwrite = args.overwrite,
+           .crc_check = args.crc,
+           .enc_key = KeyOf(args.enc),
+           .enc_mode = ModeOf(args.enc)->value_or(MindSporeCipher::kAesGcm),
+           .progress = progress.Phase("writing")});
     case Format::kNative:
       break;
   }
-  return Save(state, args.dst,
-              {.overwrite = args.overwrite, .progress = progress.Phase("writing")});
+  return Save(
+      state, args.dst,
+      {.overwrite = args.overwrite, .progress = progress.Phase("writing"), .key = KeyOf(args.enc)});
 }
 
 int RunConvert(const ConvertArgs& args) {
@@ -96,7 +126,7 @@ int RunConvert(const ConvertArgs& args) {
   if (!from.ok()) return Fail(kCommand, from.status());
   const Format to = TargetFormat(args);
   ProgressLine progress(kCommand, /*json=*/false);
-  Result<State> state = LoadAny(args.src, *from, progress);
+  Result<State> state = LoadAny(args, *from, progress);
   Status s = state.ok() ? SaveAny(*state, args, to, progress) : state.status();
   progress.End();
   if (!s.ok()) return Fail(kCommand, s);
@@ -121,6 +151,8 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
       ->check(formats);
   sub->add_flag("--crc", args->crc, "Append MindSpore's CRC-32 trailer (.ckpt targets)");
   sub->add_flag("--overwrite", args->overwrite, "Replace an existing target");
+  AddKeyFlags(sub, &args->dec);
+  AddKeyFlags(sub, &args->enc);
   sub->callback(
       [args, exit_code] { *exit_code = RunGuarded(kCommand, [&] { return RunConvert(*args); }); });
 }

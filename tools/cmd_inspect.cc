@@ -24,6 +24,7 @@ struct InspectArgs {
   bool json = false;
   bool manifest = false;
   bool tree = false;
+  KeyFlags dec;
 };
 
 // Non-finite floats have no JSON number: they are written as "nan", "inf" or "-inf".
@@ -151,9 +152,13 @@ std::string DescribeEntry(const CheckpointReader& r, const std::string& name) {
   return "";
 }
 
-void PrintHuman(const CheckpointReader& r, bool tree) {
+void PrintHuman(const CheckpointReader& r, bool tree, bool keyed) {
   fmt::print("checkpoint {} (format version {}, created {}, {} on disk)\n", r.path(),
              r.format_version(), IsoTimeUtc(r.created_ns()), HumanBytes(r.total_file_bytes()));
+  if (r.encrypted()) {
+    fmt::print("encrypted: AES-256-GCM chunks, authenticated manifest{}\n",
+               keyed ? "" : " (not checked: no --dec-key-file; names and values shown unverified)");
+  }
   PrintTensorTable(r);
   PrintValueTable(r);
   const Json& meta = r.values().metadata();
@@ -197,6 +202,7 @@ void PrintJsonReport(const CheckpointReader& r, bool with_manifest) {
   Json out = Json::object();
   out["path"] = r.path();
   out["format_version"] = r.format_version();
+  out["encrypted"] = r.encrypted();
   out["created_ns"] = r.created_ns();
   out["total_file_bytes"] = r.total_file_bytes();
   out["tensors"] = TensorsJson(r);
@@ -211,17 +217,24 @@ void PrintJsonReport(const CheckpointReader& r, bool with_manifest) {
 }
 
 int RunInspect(const InspectArgs& args) {
-  if (args.path.ends_with(".ckpt")) return RunInspectCkpt(kCommand, args.path, args.json);
+  if (args.path.ends_with(".ckpt")) {
+    return RunInspectCkpt(kCommand, args.path, args.json, args.dec);
+  }
   Result<FileInfo> st = DefaultFileSystem()->Stat(args.path);
   if (st.ok() && !st->is_dir) {
     return RunInspectSafetensors(kCommand, args.path, args.json, args.tree);
   }
-  Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(args.path);
+  if (!args.dec.mode.empty()) {
+    return Fail(kCommand, InvalidArgumentError("--dec-mode applies to .ckpt files"));
+  }
+  LoadOptions options;
+  options.key = KeyOf(args.dec);
+  Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(args.path, options);
   if (!reader.ok()) return Fail(kCommand, reader.status());
   if (args.json) {
     PrintJsonReport(**reader, args.manifest);
   } else {
-    PrintHuman(**reader, args.tree);
+    PrintHuman(**reader, args.tree, !args.dec.key_file.empty());
   }
   return kExitOk;
 }
@@ -232,12 +245,14 @@ void RegisterInspect(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<InspectArgs>();
   CLI::App* sub = app.add_subcommand(
       kCommand, "Describe a checkpoint (tensors, values, metadata) without reading tensor data");
-  sub->add_option("PATH", args->path, "Checkpoint directory or .safetensors file")->required();
+  sub->add_option("PATH", args->path, "Checkpoint directory, .safetensors or .ckpt file")
+      ->required();
   CLI::Option* json = sub->add_flag("--json", args->json, "Print one JSON object (docs/CLI.md)");
   sub->add_flag("--manifest", args->manifest, "With --json: also include the raw manifest")
       ->needs(json);
   sub->add_flag("--tree", args->tree, "Print the Python structure tree (savepoint.python)")
       ->excludes(json);
+  AddKeyFlags(sub, &args->dec);
   sub->callback(
       [args, exit_code] { *exit_code = RunGuarded(kCommand, [&] { return RunInspect(*args); }); });
 }

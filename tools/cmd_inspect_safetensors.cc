@@ -46,9 +46,20 @@ std::string DescribeEntry(const SafetensorsInfo& info, const std::string& name) 
   return v != nullptr ? std::string(ValueKindName(v->kind())) : "";
 }
 
+// What the header says of MindSpore's flavour ("" for none), for the human output.
+std::string MindSporeText(const SafetensorsInfo& info) {
+  std::string out = info.mindspore_format ? "MindSpore flavour (format: ms)" : "";
+  if (info.has_crc_num) {
+    out += fmt::format("{}crc_num {} (MindSpore's CRC-32, checked by verify and load)",
+                       out.empty() ? "" : "; ", CompactJson(Json(info.raw_metadata.at("crc_num"))));
+  }
+  return out;
+}
+
 void PrintHuman(const SafetensorsInfo& info, bool tree) {
   fmt::print("safetensors file {} ({} header, {} in all)\n", info.path,
              HumanBytes(info.header_bytes), HumanBytes(info.file_bytes));
+  if (std::string ms = MindSporeText(info); !ms.empty()) fmt::print("{}\n", ms);
   if (!info.tensors.empty()) {
     Table table({"NAME", "DTYPE", "SHAPE", "BYTES", "OFFSET"}, {false, false, false, true, true});
     for (const SafetensorsTensorInfo& t : info.tensors) {
@@ -83,6 +94,8 @@ void PrintJsonReport(const SafetensorsInfo& info) {
               {"format", "safetensors"},
               {"file_bytes", info.file_bytes},
               {"header_bytes", info.header_bytes},
+              {"mindspore_format", info.mindspore_format},
+              {"crc_num", info.has_crc_num ? Json(info.raw_metadata.at("crc_num")) : Json(nullptr)},
               {"tensors", tensors},
               {"__metadata__", info.raw_metadata},
               {"metadata", info.values.metadata()},

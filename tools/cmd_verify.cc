@@ -21,6 +21,7 @@ struct VerifyArgs {
   std::string path;
   bool json = false;
   int threads = IoOptions().io_threads;
+  KeyFlags dec;
 };
 
 VerifyReport VerifyNative(const VerifyArgs& args, const ProgressFn& progress) {
@@ -29,6 +30,7 @@ VerifyReport VerifyNative(const VerifyArgs& args, const ProgressFn& progress) {
   out.format = "native";
   LoadOptions options;
   options.progress = progress;
+  options.key = KeyOf(args.dec);
   Result<std::unique_ptr<CheckpointReader>> reader =
       CheckpointReader::Open(args.path, options, {.io_threads = args.threads});
   if (!reader.ok()) {
@@ -86,10 +88,11 @@ void PrintHumanReport(const VerifyReport& v) {
 int RunVerify(const VerifyArgs& args) {
   ProgressLine progress(kCommand, args.json);
   Result<FileInfo> st = DefaultFileSystem()->Stat(args.path);
-  VerifyReport v =
-      args.path.ends_with(".ckpt") ? VerifyCkptFile(args.path, args.threads, progress.Phase(""))
-      : st.ok() && !st->is_dir ? VerifySafetensorsFile(args.path, args.threads, progress.Phase(""))
-                               : VerifyNative(args, progress.Phase(""));
+  VerifyReport v = args.path.ends_with(".ckpt")
+                       ? VerifyCkptFile(args.path, args.threads, progress.Phase(""), args.dec)
+                   : st.ok() && !st->is_dir
+                       ? VerifySafetensorsFile(args.path, args.threads, progress.Phase(""))
+                       : VerifyNative(args, progress.Phase(""));
   progress.End();
   return PrintVerifyReport(v, args.json);
 }
@@ -116,6 +119,7 @@ void RegisterVerify(CLI::App& app, int* exit_code) {
   sub->add_option("--threads", args->threads, "Threads reading and checking chunks")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
+  AddKeyFlags(sub, &args->dec);
   sub->callback(
       [args, exit_code] { *exit_code = RunGuarded(kCommand, [&] { return RunVerify(*args); }); });
 }

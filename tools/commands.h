@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "key_flags.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/status.h"
 
@@ -26,10 +27,13 @@ void RegisterMerge(CLI::App& app, int* exit_code);    // cmd_merge.cc
 // `inspect` of a safetensors file (cmd_inspect_safetensors.cc); returns the exit code.
 int RunInspectSafetensors(std::string_view command, const std::string& path, bool json, bool tree);
 
-// `inspect` and `verify` of a MindSpore .ckpt file (cmd_ckpt.cc), as the two above.
-int RunInspectCkpt(std::string_view command, const std::string& path, bool json);
+// `inspect` and `verify` of a MindSpore .ckpt file (cmd_ckpt.cc), as the two above; `dec` is the
+// key of an encrypted file.
+int RunInspectCkpt(std::string_view command, const std::string& path, bool json,
+                   const KeyFlags& dec);
 struct VerifyReport;
-VerifyReport VerifyCkptFile(const std::string& path, int threads, const ProgressFn& progress);
+VerifyReport VerifyCkptFile(const std::string& path, int threads, const ProgressFn& progress,
+                            const KeyFlags& dec);
 
 // What `verify` found, for either format (printed by PrintVerifyReport in cmd_verify.cc).
 struct VerifyReport {

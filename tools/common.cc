@@ -14,6 +14,7 @@ int ExitCodeFor(const Status& status) {
     case StatusCode::kOk:
       return kExitOk;
     case StatusCode::kCorruption:
+    case StatusCode::kUnauthenticated:  // wrong key or modified encrypted data: fails to verify
       return kExitCorruption;
     case StatusCode::kNotFound:
       return kExitNotFound;

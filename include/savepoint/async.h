@@ -7,7 +7,10 @@
 //
 // Phase 1, snapshot (the caller's thread, helped by snapshot_threads - 1 more): every tensor is
 // copied into a staging pool laid out as the data file will be (4 KiB-aligned extents packed into
-// fixed-size slabs), and each chunk's CRC32C is computed while its bytes are hot in cache. Phase 2,
+// fixed-size slabs), and each chunk's CRC32C is computed while its bytes are hot in cache. An
+// encrypted save (SaveOptions::key, resolved by SaveAsync on the caller's thread) encrypts during
+// this copy, so the caller is blocked longer (AES-GCM runs at a few GB/s per thread,
+// docs/PERFORMANCE.md); compressed chunks are encrypted after compression, in phase 2. Phase 2,
 // persist (background threads): the staged slabs are written with direct I/O once the snapshot is
 // done (or as soon as they are filled, when the pool runs short or persist_during_snapshot is set),
 // then the manifest is written and the checkpoint committed exactly like a synchronous Save
@@ -123,6 +126,8 @@ class SAVEPOINT_API Checkpointer {
   // `options.compression` is honoured: the snapshot copies each chunk into a slab of its own (so a
   // small tensor takes a whole slab) and the background threads compress and write it; each writer
   // thread then also holds two slab-sized buffers outside the staging cap.
+  // `options.key` is honoured (docs/FORMAT.md §10): the key is resolved here, before the copy (its
+  // errors are returned here), and the chunks are encrypted into the slabs during the snapshot.
   virtual Result<SaveHandle> SaveAsync(const State& state, const std::string& path,
                                        const SaveOptions& options = {}) = 0;
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "savepoint/dtype.h"
+#include "savepoint/encryption.h"
 #include "savepoint/export.h"
 #include "savepoint/filesystem.h"
 #include "savepoint/io_options.h"
@@ -128,6 +129,18 @@ struct SAVEPOINT_API SaveOptions {
   // savepoint. An asynchronous save has no progress callback (SaveHandle::Poll tells when it is
   // done): there it must be empty (else InvalidArgument). Default: empty (never called).
   ProgressFn progress = nullptr;
+  // Encrypts the checkpoint (docs/FORMAT.md §10): every chunk of tensor bytes is sealed with
+  // AES-256-GCM under a key derived from this one and a fresh random salt, and the manifest is
+  // authenticated (HMAC-SHA256). The key is 16 to 64 bytes (32 random bytes recommended): raw
+  // bytes, a key file or a provider (savepoint/encryption.h), resolved once per save, never
+  // logged; anything else is InvalidArgument naming this field. Compression, when set, is applied
+  // before encryption. Tensor names, dtypes, shapes, non-tensor values and metadata stay readable
+  // without the key (authenticated, not encrypted). Reading needs LoadOptions::key; an encrypted
+  // checkpoint cannot be memory-mapped. Save, SaveAsync, SaveDistributed (the same key on every
+  // rank) and the merges honour it. Costs AES-GCM's CPU time (several GB/s per core;
+  // docs/PERFORMANCE.md). Default: none (not encrypted: the checkpoint is byte-identical to one
+  // written by a build without encryption).
+  EncryptionKey key = {};
 };
 
 // Saves `state` as a checkpoint directory at `path` through `io`. Returns only after the
@@ -179,6 +192,18 @@ struct SAVEPOINT_API LoadOptions {
   // worker threads and the calling thread, never two calls at once; done never decreases. Must be
   // cheap and must not call into savepoint. Default: empty (never called).
   ProgressFn progress = nullptr;
+  // The key of an encrypted checkpoint (SaveOptions::key; docs/FORMAT.md §10), resolved once per
+  // call (per Open for a CheckpointReader). With it, opening checks the key (Unauthenticated
+  // "wrong key") and authenticates the manifest (Unauthenticated: modified), and every chunk read
+  // is authenticated by AES-GCM, also with verify_checksums = false (Unauthenticated naming the
+  // tensor and chunk). Without it, reading tensors of an encrypted checkpoint (Load, LoadInto,
+  // VerifyCheckpoint, LoadDistributed, a reader's ReadTensor, Verify and MapTensor) is
+  // InvalidArgument "checkpoint X is encrypted: pass LoadOptions::key"; CheckpointReader::Open
+  // itself succeeds, so that tools can list names, shapes and values, which are then not
+  // authenticated. A key for a checkpoint that is not encrypted is InvalidArgument, so that an
+  // unencrypted checkpoint cannot stand in for an encrypted one. Encrypted checkpoints cannot be
+  // mapped: mmap (and MapTensor) is InvalidArgument. Default: none.
+  EncryptionKey key = {};
 };
 
 // Loads a checkpoint into freshly allocated, aligned tensors (plus values and metadata).
@@ -214,14 +239,18 @@ class SAVEPOINT_API CheckpointReader {
   virtual ~CheckpointReader() = default;
 
   // Opens and validates the manifest of the checkpoint at `path`. Reads no tensor data. The
-  // reader keeps `options` (verify_checksums, map_mode, progress; names, mmap and stats are for
-  // Load and are not used) and `io` for every later call.
+  // reader keeps `options` (verify_checksums, map_mode, progress, key; names, mmap and stats are
+  // for Load and are not used) and `io` for every later call. An encrypted checkpoint is
+  // authenticated here when options.key is set (see LoadOptions::key).
   static Result<std::unique_ptr<CheckpointReader>> Open(const std::string& path,
                                                         const LoadOptions& options = {},
                                                         const IoOptions& io = {});
 
   virtual const std::string& path() const = 0;
   virtual uint32_t format_version() const = 0;
+  // Whether the checkpoint is encrypted (docs/FORMAT.md §10). Without LoadOptions::key the
+  // manifest of an encrypted checkpoint is not authenticated and no tensor can be read.
+  virtual bool encrypted() const = 0;
   virtual int64_t created_ns() const = 0;
   // Tensors in name order.
   virtual const std::vector<TensorInfo>& tensors() const = 0;
@@ -247,12 +276,14 @@ class SAVEPOINT_API CheckpointReader {
   // Errors: NotFound (no such tensor); FailedPrecondition (the tensor is stored as several shards
   // or compressed, so no contiguous copy of it exists: use ReadTensor); Unimplemented (the file
   // system cannot map); Corruption (bad data file header, file shorter than the manifest says, CRC
-  // mismatch). An empty tensor gives a view whose data() may be null.
+  // mismatch); InvalidArgument (the checkpoint is encrypted: its bytes on disk are ciphertext). An
+  // empty tensor gives a view whose data() may be null.
   virtual Result<TensorView> MapTensor(const std::string& name, bool verify) = 0;
   // Re-reads every chunk of every tensor and checks its CRC32C. The first mismatch is returned
   // as Corruption naming checkpoint, tensor, chunk, file and offset. Compressed chunks are checked
   // in their stored (compressed) form, which is what their CRC32C covers; they are not
-  // decompressed.
+  // decompressed. Encrypted chunks are also authenticated (decrypted into scratch memory): a
+  // failure is Unauthenticated naming the chunk.
   virtual Status Verify(LoadStats* stats = nullptr) = 0;
 };
 

@@ -90,8 +90,11 @@ SAVEPOINT_API Status ValidateLayouts(const std::vector<ShardLayout>& per_rank);
 
 struct SAVEPOINT_API DistributedSaveOptions {
   // Options of the underlying save: chunk_bytes, overwrite, create_parents, compression,
-  // format_version. `stats` (when set) receives this rank's bytes and chunks written, `progress`
-  // (when set) reports this rank's writes. Must be equal on every rank (stats and progress aside).
+  // format_version, key. `stats` (when set) receives this rank's bytes and chunks written,
+  // `progress` (when set) reports this rank's writes. Must be equal on every rank (stats and
+  // progress aside). An encrypted save (key): every rank resolves its own key and seals its own
+  // chunks under the coordinator's salt; a rank without a key, or with another key, makes the
+  // save fail on every rank with InvalidArgument before anything is committed.
   SaveOptions save;
   // Timeout of every collective of the save (the coordinator's commit is included in the wait of
   // the last one). Ranks other than the coordinator wait up to twice this for the coordinator's
@@ -129,7 +132,8 @@ struct SAVEPOINT_API ReadPlanSummary {
 // wrote it), InvalidArgument (dtype or global shape differs, box outside the tensor), Corruption
 // (a CRC mismatch, or stored shards that do not cover the box: names the tensor and the box).
 // On error the targets' contents are unspecified (row blocks are read straight into them, as
-// LoadInto does); the checkpoint is never changed.
+// LoadInto does); the checkpoint is never changed. An encrypted checkpoint needs options.key
+// (see LoadOptions::key); every chunk read is authenticated (Unauthenticated naming it).
 SAVEPOINT_API Status LoadDistributed(const std::string& path, State& targets,
                                      const ShardLayout& layout, const LoadOptions& options = {},
                                      const IoOptions& io = {});
@@ -149,10 +153,12 @@ SAVEPOINT_API Result<ReadPlanSummary> PlanDistributedLoad(const std::string& pat
 // --- Merge (export). ---
 
 struct SAVEPOINT_API MergeOptions {
-  // How the source is read (verify_checksums; names selects tensors). `progress` (when set)
-  // reports the read. mmap and map_mode must be left at their defaults (the merge reads).
+  // How the source is read (verify_checksums; names selects tensors; key decrypts an encrypted
+  // source). `progress` (when set) reports the read. mmap and map_mode must be left at their
+  // defaults (the merge reads).
   LoadOptions load;
-  // How the result is written (chunk_bytes, overwrite, compression, ...). `stats` (when set)
+  // How the result is written (chunk_bytes, overwrite, compression, key to encrypt it, which may
+  // differ from load.key: a merge can re-key or decrypt a checkpoint). `stats` (when set)
   // receives the statistics of the write; `progress` (when set) reports the write.
   SaveOptions save;
 };
@@ -165,8 +171,9 @@ SAVEPOINT_API Status MergeCheckpoint(const std::string& src, const std::string& 
                                      const MergeOptions& options = {}, const IoOptions& io = {});
 
 struct SAVEPOINT_API MergeSafetensorsOptions {
-  // How the source is read (verify_checksums; names selects tensors). mmap and map_mode must be
-  // left at their defaults.
+  // How the source is read (verify_checksums; names selects tensors; key decrypts an encrypted
+  // source: the safetensors files written are not encrypted). mmap and map_mode must be left at
+  // their defaults.
   LoadOptions load;
   // How the files are written (create_parents; `overwrite` must be false).
   // `stats` (when set) receives the statistics of the whole write, summed over the files, and

@@ -165,6 +165,12 @@ struct SAVEPOINT_API ManagerOptions {
   // Checkpointer, whose writer threads are io.io_threads), restore, index update and deletion.
   // Default: IoOptions defaults.
   IoOptions io;
+  // Encrypts every checkpoint the manager saves and decrypts every one it restores
+  // (SaveOptions::key, LoadOptions::key; docs/FORMAT.md §10): a key provider is asked once per
+  // save and per restore. Restoring a checkpoint that is not encrypted with a key set is
+  // InvalidArgument (see LoadOptions::key); listing and retention need no key. Only with format
+  // kNative (else InvalidArgument). Default: none (not encrypted).
+  EncryptionKey key = {};
 };
 
 // OK when the options are valid; otherwise InvalidArgument (or Unimplemented for safetensors)

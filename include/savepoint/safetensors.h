@@ -27,6 +27,16 @@
 //    A State whose metadata is null and that has no values writes an empty `__metadata__`
 //    (omitted) and reads back with null metadata. A foreign file's metadata reads back as a JSON
 //    object of strings.
+//  - `crc_num` is never copied from the metadata into a file (it would not match the data): a
+//    file has one only when SafetensorsSaveOptions::crc_check computes it.
+//
+// MindSpore's flavour (mindspore.save_checkpoint(..., format="safetensors"); docs/INTEROP.md):
+// an ordinary safetensors file whose `__metadata__` holds "format": "ms" and, with MindSpore's
+// crc_check, "crc_num": the decimal CRC-32 (zlib) of, for every tensor in name order, its UTF-8
+// name followed by its bytes, except that a 0-d integer tensor (I8 ... U64) holding v, with
+// 0 <= v < 2^63, counts as v zero bytes (Python's bytes(array) reads such an array as a count).
+// SaveSafetensors writes it with SafetensorsSaveOptions::mindspore_format / crc_check;
+// LoadSafetensors and VerifySafetensors check any crc_num they find (unless told not to).
 //
 // Parsing treats every file as hostile: the header length is capped (kMaxSafetensorsHeaderBytes,
 // the reference implementation's cap), the JSON nesting depth is capped, every name must be a
@@ -77,19 +87,33 @@ struct SAVEPOINT_API SafetensorsSaveOptions {
   // worker threads and the calling thread, never two calls at once; done never decreases. Must be
   // cheap and must not call into savepoint. Default: empty (never called).
   ProgressFn progress = nullptr;
+  // Write MindSpore's flavour, as mindspore.save_checkpoint(..., format="safetensors") does:
+  // `__metadata__` "format" is "ms" (whatever the metadata's own "format" member says), and what
+  // MindSpore 2.10's load_checkpoint cannot read is refused with InvalidArgument before anything
+  // is written: F8_E4M3, F8_E5M2 and C64 tensors, and a metadata string member named like a
+  // tensor (MindSpore reads it as that tensor's type), unless its value is "Int4". Default: false.
+  bool mindspore_format = false;
+  // Store MindSpore's `crc_num` (crc_check=True; see the file comment) in `__metadata__`, which
+  // MindSpore's load_checkpoint(..., crc_check=True) verifies. The CRC is computed from the staged
+  // bytes while the tensors are written, and the header is written last. Works without
+  // mindspore_format too (MindSpore itself writes it only in its flavour). MindSpore 2.10 itself
+  // cannot compute the CRC of a BF16 tensor or of a negative (or >= 2^63) integer scalar, so it
+  // fails to load such a file with crc_check=True (savepoint checks it). Default: false.
+  bool crc_check = false;
 };
 
 // Writes `state` as one safetensors file at `path`. Tensors are laid out back to back from offset
 // 0 of the data buffer, larger element sizes first and then by name (the reference writer's
-// order), and the header is padded with spaces to a multiple of 8 bytes, so every tensor starts at
-// a file offset that is a multiple of its element size. When the tensor bytes are a multiple of 8,
-// the header is padded further (by less than 4 KiB) so that the file is a whole number of 4 KiB
-// blocks and can be written with O_DIRECT (readers accept any padding; the reference one does).
-// The layout depends only on the State, so equal States give byte-identical files. Tensor bytes
-// are copied through aligned staging buffers (8 MiB per thread, io.io_threads threads) and written
-// in parallel; with io.direct_io every whole 4 KiB block is written with O_DIRECT and a last
-// partial block through a buffered handle (SaveStats::direct_io says whether O_DIRECT was in
-// effect). The caller's memory is only read.
+// order), and listed in that order in the header, after `__metadata__` (as the reference writer
+// does; MindSpore's reader requires it). The header is padded with spaces to a multiple of 8 bytes,
+// so every tensor starts at a file offset that is a multiple of its element size. When the tensor
+// bytes are a multiple of 8, the header is padded further (by less than 4 KiB) so that the file is
+// a whole number of 4 KiB blocks and can be written with O_DIRECT (readers accept any padding; the
+// reference one does). The layout depends only on the State, so equal States give byte-identical
+// files. Tensor bytes are copied through aligned staging buffers (8 MiB per thread, io.io_threads
+// threads) and written in parallel; with io.direct_io every whole 4 KiB block is written with
+// O_DIRECT and a last partial block through a buffered handle (SaveStats::direct_io says whether
+// O_DIRECT was in effect). The caller's memory is only read.
 //
 // Durability: the file is written under a hidden temporary name in the same directory
 // (".<name>.savepoint-tmp.<pid>.<random>"), synced, closed and renamed to `path`, and the directory
@@ -102,7 +126,8 @@ struct SAVEPOINT_API SafetensorsSaveOptions {
 // and a previous file at `path` is intact.
 //
 // Errors: InvalidArgument (a C128 tensor, an invalid view, metadata strings that are not UTF-8,
-// a header over kMaxSafetensorsHeaderBytes), AlreadyExists, and I/O errors.
+// a header over kMaxSafetensorsHeaderBytes, with mindspore_format what MindSpore cannot load),
+// AlreadyExists, and I/O errors.
 SAVEPOINT_API Status SaveSafetensors(const State& state, const std::string& path,
                                      const SafetensorsSaveOptions& options = {},
                                      const IoOptions& io = {});
@@ -125,11 +150,18 @@ struct SAVEPOINT_API SafetensorsLoadOptions {
   // Optional: receives statistics (bytes = tensor bytes loaded or mapped).
   LoadStats* stats = nullptr;
   // Optional progress of LoadSafetensors: called with the tensor bytes read so far and the total
-  // of the selected tensors, per 8 MiB piece, at most about 10 times a second, and once more with
-  // done == total at the end, from the I/O threads and the calling thread, never two calls at
-  // once; done never decreases. With mmap nothing is read, so it is called once, with done ==
-  // total. Must be cheap and must not call into savepoint. Default: empty (never called).
+  // to read (the selected tensors, or every tensor when crc_num is checked), per 8 MiB piece, at
+  // most about 10 times a second, and once more with done == total at the end, from the I/O
+  // threads and the calling thread, never two calls at once; done never decreases. With mmap
+  // nothing is read (unless crc_num is checked), so it is called once, with done == total. Must
+  // be cheap and must not call into savepoint. Default: empty (never called).
   ProgressFn progress = nullptr;
+  // Verify MindSpore's `crc_num` when `__metadata__` has one (a file without it loads as
+  // always). The CRC covers every tensor, so every tensor is read: those `names` leaves out into
+  // scratch buffers, and with mmap the mapping is read through once (pass false to keep a
+  // mapped load lazy). A mismatch, or a crc_num that is not a decimal CRC-32, is Corruption
+  // naming the file and both values. Default: true.
+  bool crc_check = true;
 };
 
 // One tensor entry of a safetensors header.
@@ -152,6 +184,12 @@ struct SAVEPOINT_API SafetensorsInfo {
   std::vector<SafetensorsTensorInfo> tensors;
   // `__metadata__` exactly as stored (reserved keys included).
   std::map<std::string, std::string> raw_metadata;
+  // MindSpore's flavour: `__metadata__` "format" is "ms".
+  bool mindspore_format = false;
+  // Whether `__metadata__` has a `crc_num`, and its value when that is a decimal CRC-32 (else 0;
+  // LoadSafetensors and VerifySafetensors then fail with Corruption). Not checked here.
+  bool has_crc_num = false;
+  uint32_t crc_num = 0;
   // The decoded values and metadata (a State without tensors), per the mapping above.
   State values;
 };
@@ -168,6 +206,26 @@ SAVEPOINT_API Result<SafetensorsInfo> InspectSafetensors(const std::string& path
 SAVEPOINT_API Result<State> LoadSafetensors(const std::string& path,
                                             const SafetensorsLoadOptions& options = {},
                                             const IoOptions& io = {});
+
+// What one VerifySafetensors checks and reports.
+struct SAVEPOINT_API SafetensorsVerifyOptions {
+  // Verify `crc_num` when the file has one, as SafetensorsLoadOptions::crc_check. Default: true.
+  bool crc_check = true;
+  // Optional: receives statistics (bytes = stored_bytes = tensor bytes read; chunks = 1 when a
+  // crc_num was verified, else 0), also on failure.
+  LoadStats* stats = nullptr;
+  // Optional progress: tensor bytes read so far of all of them, as SafetensorsLoadOptions.
+  ProgressFn progress = nullptr;
+};
+
+// Verifies the safetensors file at `path` without keeping its data: validates the header (as
+// InspectSafetensors), then reads every tensor byte in 8 MiB pieces on io.io_threads threads into
+// per-thread buffers, checking MindSpore's crc_num when the file has one. Errors: those of
+// InspectSafetensors, Corruption for a crc_num mismatch (naming the file and both values) or a
+// file that shrank, and I/O errors.
+SAVEPOINT_API Status VerifySafetensors(const std::string& path,
+                                       const SafetensorsVerifyOptions& options = {},
+                                       const IoOptions& io = {});
 
 // Whether savepoint can store `dtype` in a safetensors file (every dtype but C128).
 SAVEPOINT_API bool IsSafetensorsDType(DType dtype);

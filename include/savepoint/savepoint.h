@@ -9,6 +9,7 @@
 #include "savepoint/comm.h"         // IWYU pragma: export
 #include "savepoint/distributed.h"  // IWYU pragma: export
 #include "savepoint/dtype.h"        // IWYU pragma: export
+#include "savepoint/encryption.h"   // IWYU pragma: export
 #include "savepoint/export.h"
 #include "savepoint/filesystem.h"   // IWYU pragma: export
 #include "savepoint/io_options.h"   // IWYU pragma: export

@@ -34,7 +34,11 @@ enum class StatusCode : int {
   kResourceExhausted = 11,  // a size cap was exceeded
   kInternal = 12,           // a bug in savepoint
   kDeadlineExceeded = 13,   // a collective operation (Communicator) timed out
+  kUnauthenticated = 14,    // encrypted data failed to decrypt: wrong key, or it was modified
 };
+
+// The highest StatusCode (codes read from the wire above it are treated as kInternal).
+inline constexpr StatusCode kLastStatusCode = StatusCode::kUnauthenticated;
 
 // Stable lower-case name of a code, e.g. "corruption".
 SAVEPOINT_API std::string_view StatusCodeName(StatusCode code);
@@ -82,6 +86,7 @@ SAVEPOINT_API Status PermissionDeniedError(std::string message);
 SAVEPOINT_API Status ResourceExhaustedError(std::string message);
 SAVEPOINT_API Status InternalError(std::string message);
 SAVEPOINT_API Status DeadlineExceededError(std::string message);
+SAVEPOINT_API Status UnauthenticatedError(std::string message);
 
 // Maps an errno value to a Status: "<context>: <strerror(err)>" with the matching code.
 SAVEPOINT_API Status ErrnoToStatus(int err, std::string_view context);

@@ -91,6 +91,11 @@ nb::dict LoadStatsToPython(const LoadStats& s);
 // direct_io}: one shape for synchronous and asynchronous saves.
 nb::dict SaveStatsToPython(const SaveStats& s);
 
+// An encryption key from Python (savepoint/_keys.py normalises it first): None (no key), bytes
+// (the raw key), str (a key file) or a callable returning bytes (a provider, called with the GIL
+// taken). TypeError for anything else; `what` names the argument.
+EncryptionKey KeyFromPython(nb::handle key, const char* what);
+
 void BindErrors(nb::module_& m);
 void BindSave(nb::module_& m);
 void BindLoad(nb::module_& m);

@@ -8,11 +8,19 @@
 namespace savepoint::python {
 namespace {
 
-std::unique_ptr<CheckpointReader> Open(const std::string& path, int io_threads, bool direct_io) {
+// LoadOptions::key from a Python key (see KeyFromPython).
+LoadOptions WithKey(LoadOptions o, nb::handle key) {
+  o.key = KeyFromPython(key, "savepoint.load key");
+  return o;
+}
+
+std::unique_ptr<CheckpointReader> Open(const std::string& path, int io_threads, bool direct_io,
+                                       nb::handle key) {
   Result<std::unique_ptr<CheckpointReader>> r = InternalError("not opened");
+  LoadOptions o = WithKey({}, key);
   {
     nb::gil_scoped_release release;
-    r = CheckpointReader::Open(path, {}, {.io_threads = io_threads, .direct_io = direct_io});
+    r = CheckpointReader::Open(path, o, {.io_threads = io_threads, .direct_io = direct_io});
   }
   return Take(std::move(r));
 }
@@ -28,10 +36,10 @@ nb::list TensorsToPython(const CheckpointReader& r) {
 }
 
 nb::dict LoadInto(const std::string& path, const std::vector<TensorSpec>& targets, bool verify,
-                  int io_threads, bool direct_io) {
+                  int io_threads, bool direct_io, nb::handle key) {
   State state = MakeState(targets, {}, "");
   LoadStats stats;
-  LoadOptions o{.verify_checksums = verify, .stats = &stats};
+  LoadOptions o = WithKey({.verify_checksums = verify, .stats = &stats}, key);
   Status s;
   {
     nb::gil_scoped_release release;
@@ -47,14 +55,15 @@ nb::dict LoadInto(const std::string& path, const std::vector<TensorSpec>& target
 // chunk's CRC32C) before they are handed out; multi-shard and compressed ones are read into owned
 // buffers.
 nb::tuple LoadMapped(const std::string& path, const std::vector<std::string>& names, bool verify,
-                     int io_threads) {
+                     int io_threads, nb::handle key) {
   LoadStats stats;
   if (names.empty()) return nb::make_tuple(nb::list(), LoadStatsToPython(stats));
-  LoadOptions o{.names = names,
-                .verify_checksums = verify,
-                .mmap = true,
-                .map_mode = MapMode::kCopyOnWrite,
-                .stats = &stats};
+  LoadOptions o = WithKey({.names = names,
+                           .verify_checksums = verify,
+                           .mmap = true,
+                           .map_mode = MapMode::kCopyOnWrite,
+                           .stats = &stats},
+                          key);
   Result<State> r = InternalError("not loaded");
   {
     nb::gil_scoped_release release;
@@ -64,13 +73,13 @@ nb::tuple LoadMapped(const std::string& path, const std::vector<std::string>& na
   return nb::make_tuple(TensorBytesToPython(std::move(state)), LoadStatsToPython(stats));
 }
 
-nb::dict Verify(const std::string& path, int io_threads, bool direct_io) {
+nb::dict Verify(const std::string& path, int io_threads, bool direct_io, nb::handle key) {
   LoadStats stats;
+  LoadOptions o = WithKey({.stats = &stats}, key);
   Status s;
   {
     nb::gil_scoped_release release;
-    s = VerifyCheckpoint(path, {.stats = &stats},
-                         {.io_threads = io_threads, .direct_io = direct_io});
+    s = VerifyCheckpoint(path, o, {.io_threads = io_threads, .direct_io = direct_io});
   }
   Check(s);
   return LoadStatsToPython(stats);
@@ -102,9 +111,11 @@ nb::list List(const std::string& root) {
 
 void BindLoad(nb::module_& m) {
   nb::class_<CheckpointReader>(m, "Reader")
-      .def_static("open", &Open, nb::arg("path"), nb::arg("io_threads"), nb::arg("direct_io"))
+      .def_static("open", &Open, nb::arg("path"), nb::arg("io_threads"), nb::arg("direct_io"),
+                  nb::arg("key").none() = nb::none())
       .def_prop_ro("path", &CheckpointReader::path)
       .def_prop_ro("format_version", &CheckpointReader::format_version)
+      .def_prop_ro("encrypted", &CheckpointReader::encrypted)
       .def_prop_ro("created_ns", &CheckpointReader::created_ns)
       .def_prop_ro("total_file_bytes", &CheckpointReader::total_file_bytes)
       .def("tensors", &TensorsToPython, "[(name, dtype, shape, nbytes, num_shards)] by name.")
@@ -113,10 +124,11 @@ void BindLoad(nb::module_& m) {
            [](const CheckpointReader& r) { return DumpJson(r.values().metadata()); })
       .def("manifest_json", [](const CheckpointReader& r) { return DumpJson(r.manifest_json()); });
   m.def("load_into", &LoadInto, nb::arg("path"), nb::arg("targets"), nb::arg("verify"),
-        nb::arg("io_threads"), nb::arg("direct_io"));
+        nb::arg("io_threads"), nb::arg("direct_io"), nb::arg("key").none() = nb::none());
   m.def("load_mapped", &LoadMapped, nb::arg("path"), nb::arg("names"), nb::arg("verify"),
-        nb::arg("io_threads"));
-  m.def("verify", &Verify, nb::arg("path"), nb::arg("io_threads"), nb::arg("direct_io"));
+        nb::arg("io_threads"), nb::arg("key").none() = nb::none());
+  m.def("verify", &Verify, nb::arg("path"), nb::arg("io_threads"), nb::arg("direct_io"),
+        nb::arg("key").none() = nb::none());
   m.def("list_checkpoints", &List, nb::arg("root"));
 }
 

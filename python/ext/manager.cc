@@ -54,7 +54,7 @@ constexpr std::string_view kOptionKeys =
     " steps_per_epoch keep_last_n keep_per_n_minutes keep_all keep_every_n_steps keep_best_n"
     " best_metric best_mode async staging_bytes slab_bytes"
     " persist_during_snapshot allow_concurrent_saves snapshot_threads checksum format append_info"
-    " append_dict exception_save shard_id num_shards gc_on_open io_threads direct_io ";
+    " append_dict exception_save shard_id num_shards gc_on_open io_threads direct_io key ";
 
 std::unique_ptr<CheckpointManager> Open(const nb::dict& kw) {
   for (auto [key, value] : kw) {
@@ -125,6 +125,7 @@ std::unique_ptr<CheckpointManager> Open(const nb::dict& kw) {
       o.append_dict[k] = AppendValue(k, value);
     }
   }
+  if (kw.contains("key")) o.key = KeyFromPython(kw["key"], "CheckpointManager key");
   if (kw.contains("prefix_fn") && !kw["prefix_fn"].is_none()) {
     o.prefix_fn = NameCallable(kw["prefix_fn"]);
   }

@@ -158,7 +158,7 @@ void BindErrors(nb::module_& m) {
   m.def("_set_error_classes", &SetErrorClasses,
         "Registers {status code: exception class}; called once by savepoint._errors.");
   nb::dict codes;
-  for (int c = 0; c <= static_cast<int>(StatusCode::kInternal); ++c) {
+  for (int c = 0; c <= static_cast<int>(kLastStatusCode); ++c) {
     codes[nb::str(StatusCodeName(static_cast<StatusCode>(c)).data())] = c;
   }
   m.attr("STATUS_CODES") = codes;

@@ -34,22 +34,23 @@ Compression MakeCompression(const CompressionSpec& spec) {
   return c;
 }
 
-SaveOptions MakeSaveOptions(bool overwrite, bool create_parents,
-                            const CompressionSpec& compression) {
+SaveOptions MakeSaveOptions(bool overwrite, bool create_parents, const CompressionSpec& compression,
+                            nb::handle key) {
   SaveOptions o;
   o.compression = MakeCompression(compression);
   o.overwrite = overwrite;
   o.create_parents = create_parents;
+  o.key = KeyFromPython(key, "savepoint.save key");
   return o;
 }
 
 nb::dict SaveSync(const std::string& path, const std::vector<TensorSpec>& tensors,
                   const std::vector<ValueSpec>& values, const std::string& metadata, bool overwrite,
                   bool create_parents, bool direct_io, int io_threads, uint64_t chunk_bytes,
-                  const CompressionSpec& compression) {
+                  const CompressionSpec& compression, nb::handle key) {
   State state = MakeState(tensors, values, metadata);
   SaveStats stats;
-  SaveOptions o = MakeSaveOptions(overwrite, create_parents, compression);
+  SaveOptions o = MakeSaveOptions(overwrite, create_parents, compression, key);
   o.chunk_bytes = chunk_bytes;
   o.stats = &stats;
   Status s;
@@ -76,9 +77,9 @@ std::unique_ptr<Checkpointer> CreateCheckpointer(uint64_t staging_bytes, uint64_
 SaveHandle SaveAsync(Checkpointer& c, const std::string& path,
                      const std::vector<TensorSpec>& tensors, const std::vector<ValueSpec>& values,
                      const std::string& metadata, bool overwrite, bool create_parents,
-                     const CompressionSpec& compression) {
+                     const CompressionSpec& compression, nb::handle key) {
   State state = MakeState(tensors, values, metadata);
-  SaveOptions o = MakeSaveOptions(overwrite, create_parents, compression);
+  SaveOptions o = MakeSaveOptions(overwrite, create_parents, compression, key);
   Result<SaveHandle> h = InternalError("save not started");
   {
     nb::gil_scoped_release release;
@@ -127,7 +128,9 @@ void BindSave(nb::module_& m) {
         nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"), nb::arg("direct_io"),
         nb::arg("io_threads"), nb::arg("chunk_bytes"),
         nb::arg("compression") = CompressionSpec("none", "auto", 1),
-        "Saves borrowed tensors + values (GIL released); returns SaveStats as a dict.");
+        nb::arg("key").none() = nb::none(),
+        "Saves borrowed tensors + values (GIL released); returns SaveStats as a dict. key: None, "
+        "bytes, a key file path or a callable (SaveOptions::key).");
 
   nb::class_<SaveHandle>(m, "SaveHandle")
       .def("poll", &SaveHandle::Poll)
@@ -145,7 +148,8 @@ void BindSave(nb::module_& m) {
       .def("reserve", &Checkpointer::Reserve, nb::arg("bytes"))
       .def("save_async", &SaveAsync, nb::arg("path"), nb::arg("tensors"), nb::arg("values"),
            nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"),
-           nb::arg("compression") = CompressionSpec("none", "auto", 1))
+           nb::arg("compression") = CompressionSpec("none", "auto", 1),
+           nb::arg("key").none() = nb::none())
       .def("wait_all", &WaitAll)
       .def_prop_ro("staging_allocated_bytes", &Checkpointer::staging_allocated_bytes)
       .def_prop_ro("staging_cap_bytes", &Checkpointer::staging_cap_bytes);

@@ -19,7 +19,9 @@ subclasses carrying the C++ message (e.g. CorruptCheckpointError names tensor an
 from . import _core
 from ._errors import (
     AlreadyExistsError,
+    AuthenticationError,
     CorruptCheckpointError,
+    DeadlineExceededError,
     FailedPreconditionError,
     InternalError,
     InvalidArgumentError,
@@ -49,8 +51,10 @@ def set_log_level(level):
 __all__ = [
     "AlreadyExistsError",
     "AsyncCheckpointer",
+    "AuthenticationError",
     "CheckpointManager",
     "CorruptCheckpointError",
+    "DeadlineExceededError",
     "FailedPreconditionError",
     "InternalError",
     "InvalidArgumentError",

@@ -91,6 +91,22 @@ class InternalError(SavepointError, RuntimeError):
     code = "internal"
 
 
+class DeadlineExceededError(SavepointError, TimeoutError):
+    """A collective operation between ranks timed out."""
+
+    code = "deadline exceeded"
+
+
+class AuthenticationError(SavepointError):
+    """Encrypted data failed to decrypt or authenticate: a wrong key, or the data was modified.
+
+    The message names the file and the block or chunk. It is not a CorruptCheckpointError: with
+    the right key the checkpoint may be intact.
+    """
+
+    code = "unauthenticated"
+
+
 _BY_CODE = {
     cls.code: cls
     for cls in (
@@ -106,6 +122,8 @@ _BY_CODE = {
         PermissionDeniedError,
         ResourceExhaustedError,
         InternalError,
+        DeadlineExceededError,
+        AuthenticationError,
     )
 }
 

@@ -6,18 +6,36 @@ import sys
 
 import numpy as np
 
-from . import _core, _dtypes, _errors, _tree
+from . import _core, _dtypes, _errors, _keys, _tree
 
 # Tensors at least this large are allocated 4 KiB-aligned so O_DIRECT reads land in them directly.
 _ALIGN = 4096
 _ALIGN_MIN_BYTES = 1 << 20
 
 
-class _Info:
-    """The manifest side of a checkpoint: tensors, values, metadata, recorded structure."""
+def _load_key(key, what):
+    """`key` normalised (_keys.normalize) for the several core calls of one load: a provider is
+    called at most once per load (its result is reused by the later calls)."""
+    key = _keys.normalize(key, what)
+    if not callable(key):
+        return key
+    got = []
 
-    def __init__(self, path, io_threads, direct_io):
-        self.reader = _core.Reader.open(path, io_threads=io_threads, direct_io=direct_io)
+    def once():
+        if not got:
+            got.append(key())
+        return got[0]
+
+    return once
+
+
+class _Info:
+    """The manifest side of a checkpoint: tensors, values, metadata, recorded structure. With
+    `key` (an encrypted checkpoint's), the manifest is authenticated first."""
+
+    def __init__(self, path, io_threads, direct_io, key=None):
+        self.key = key
+        self.reader = _core.Reader.open(path, io_threads=io_threads, direct_io=direct_io, key=key)
         self.tensors = {t[0]: t for t in self.reader.tensors()}  # name -> (name, dtype, shape, nbytes, shards)
         self.values = {n: json.loads(v) if k == "json" else v for n, k, v in self.reader.values()}
         meta = json.loads(self.reader.metadata_json())
@@ -37,7 +55,7 @@ _FRAMEWORKS = {None: None, "pt": "pt", "torch": "pt", "np": "np", "numpy": "np"}
 
 
 def load(path, *, names=None, mmap=False, map_location=None, like=None, verify=True, io_threads=4,
-         direct_io=True, framework=None):  # fmt: skip
+         direct_io=True, framework=None, key=None):  # fmt: skip
     """Loads a checkpoint written by savepoint.save; returns the saved structure.
 
     Tensors come back as chosen by `framework`; scalars as the same Python types, and
@@ -73,11 +91,17 @@ def load(path, *, names=None, mmap=False, map_location=None, like=None, verify=T
         raises NotFoundError.
     verify: check every chunk's CRC32C (default True); a mismatch raises CorruptCheckpointError
         naming checkpoint, tensor, chunk, file and offset.
+    key: the key of an encrypted checkpoint (as savepoint.save takes it: bytes, a key file path or
+        a callable, called once per load). Required for an encrypted checkpoint (without it:
+        InvalidArgumentError "... is encrypted: pass LoadOptions::key"); refused for one that is not
+        encrypted (InvalidArgumentError). A wrong key, or a modified checkpoint, raises
+        AuthenticationError naming the manifest or the tensor and chunk (every chunk is
+        authenticated, also with verify=False). mmap=True is refused for encrypted checkpoints.
     """
     if framework not in _FRAMEWORKS:
         raise ValueError(f"savepoint.load: framework={framework!r}: use None, 'pt' or 'np'")
     path = os.fspath(path)
-    info = _Info(path, io_threads, direct_io)
+    info = _Info(path, io_threads, direct_io, _load_key(key, "savepoint.load: key"))
     info.tree = _for_framework(info, _FRAMEWORKS[framework])
     leaves = _tree.tensor_leaves(info.tree)
     plan = _Plan(path, info, _like_targets(like), mmap)
@@ -166,16 +190,17 @@ class _Plan:
             raise _errors.NotFoundError(f"checkpoint {self.path}: no tensor for {where}")
 
     def run(self, verify, io_threads, direct_io):
+        key = self.info.key
         if self.mapped:
             tensors, _ = _core.load_mapped(self.path, list(self.mapped), verify=verify,
-                                           io_threads=io_threads)  # fmt: skip
+                                           io_threads=io_threads, key=key)  # fmt: skip
             for name, dtype, shape, raw in tensors:
                 node = self.mapped.get(name)
                 if node is not None:  # (a name with glob characters may select others too)
                     self.loaded[name] = _dtypes.view_bytes(raw, dtype, shape, "torch" in node)
         if self.reads:
             _core.load_into(self.path, self.reads, verify=verify, io_threads=io_threads,
-                            direct_io=direct_io)  # fmt: skip
+                            direct_io=direct_io, key=key)  # fmt: skip
         for target, tmp in self.fixups:
             _copy_into(target, tmp)
 
@@ -317,18 +342,23 @@ def _place(t, node, p, map_location):
     return t
 
 
-def info(path):
+def info(path, *, key=None):
     """What a checkpoint holds without reading tensor data: {"tensors": [{name, dtype, shape,
-    nbytes}], "values": {name: value}, "metadata": the user metadata passed to save()}."""
-    i = _Info(os.fspath(path), 1, True)
+    nbytes}], "values": {name: value}, "metadata": the user metadata passed to save(),
+    "encrypted": bool}. An encrypted checkpoint is listed without its key too, but then nothing
+    of it is authenticated; with `key` its manifest is (AuthenticationError when it fails)."""
+    i = _Info(os.fspath(path), 1, True, _load_key(key, "savepoint.info: key"))
     tensors = [{"name": n, "dtype": d, "shape": list(s), "nbytes": b} for n, d, s, b, _ in i.tensors.values()]
-    return {"tensors": tensors, "values": dict(i.values), "metadata": i.metadata}
+    return {"tensors": tensors, "values": dict(i.values), "metadata": i.metadata,
+            "encrypted": i.reader.encrypted}  # fmt: skip
 
 
-def verify(path, *, io_threads=4, direct_io=True):
-    """Re-reads every chunk and checks its CRC32C; raises CorruptCheckpointError on a mismatch.
-    Returns a dict of statistics."""
-    return _core.verify(os.fspath(path), io_threads=io_threads, direct_io=direct_io)
+def verify(path, *, io_threads=4, direct_io=True, key=None):
+    """Re-reads every chunk and checks its CRC32C (and, for an encrypted checkpoint, which needs
+    `key`, authenticates it); raises CorruptCheckpointError on a mismatch, AuthenticationError
+    on a wrong key or a modified chunk. Returns a dict of statistics."""
+    return _core.verify(os.fspath(path), io_threads=io_threads, direct_io=direct_io,
+                        key=_keys.normalize(key, "savepoint.verify: key"))  # fmt: skip
 
 
 def list_checkpoints(root):

@@ -17,7 +17,7 @@ import os
 import signal
 import threading
 
-from . import _core, _errors, _load, _registry
+from . import _core, _errors, _keys, _load, _registry
 from ._save import _flatten
 
 StepInfo = collections.namedtuple("StepInfo", "step epoch step_in_epoch")
@@ -240,6 +240,12 @@ class CheckpointManager:
             save, closes the manager and re-raises the signal with the previous handler (SIGTERM
             then ends the process, SIGINT raises KeyboardInterrupt). A second signal before that
             re-raises at once.
+      Encryption:
+        key (None): encrypt every checkpoint saved and decrypt every one restored (bytes, a key
+            file path or a callable returning bytes, as savepoint.save takes it; a provider is
+            called once per save and per restore). Restoring an unencrypted checkpoint with a key
+            set raises InvalidArgumentError; listing and retention need no key. format="native"
+            only.
     """
 
     @_suggest_keywords
@@ -250,7 +256,7 @@ class CheckpointManager:
                  async_=False, staging_bytes=None, async_options=None, checksum=True,
                  format="native", io_threads=4, direct_io=True, gc_on_open=True, append_info=(),
                  append_dict=None, shard_id=0, num_shards=1, exception_save=False,
-                 handle_signals=False):  # fmt: skip
+                 handle_signals=False, key=None):  # fmt: skip
         self._m = None
         self._signals = None
         self._closed = False
@@ -281,6 +287,8 @@ class CheckpointManager:
         }
         if directory is not None:
             options["directory"] = os.fspath(directory)
+        self._key = _keys.normalize(key, "CheckpointManager: key")
+        options["key"] = self._key
         if isinstance(append_info, str):
             append_info = [append_info]
         options["append_info"] = [_str("append_info item", a) for a in append_info]
@@ -347,7 +355,8 @@ class CheckpointManager:
         rec = self._find(step, name)
         state = _load.load(rec["path"], like=like, map_location=map_location, mmap=mmap,
                            verify=self._checksum, io_threads=self._io_threads,
-                           direct_io=self._direct_io, framework=framework)  # fmt: skip
+                           direct_io=self._direct_io, framework=framework,
+                           key=self._key)  # fmt: skip
         self._resume(rec)
         return state
 
@@ -620,7 +629,7 @@ class CheckpointManager:
                             strict=bool(strict), renames=renames, only=only,
                             shard_id=self._shard_id, num_shards=self._num_shards,
                             verify=self._checksum, io_threads=self._io_threads,
-                            direct_io=self._direct_io)  # fmt: skip
+                            direct_io=self._direct_io, key=self._key)  # fmt: skip
 
     def _note_step(self, step, epoch):
         step, epoch = _int("step", step), _int("epoch", epoch)

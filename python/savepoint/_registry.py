@@ -264,7 +264,8 @@ class _Target:
 
 
 def load_into(path, objects, *, include=("*",), exclude=(), strict=True, renames=None, only=(),
-              shard_id=0, num_shards=1, verify=True, io_threads=4, direct_io=True):  # fmt: skip
+              shard_id=0, num_shards=1, verify=True, io_threads=4, direct_io=True,
+              key=None):  # fmt: skip
     """Loads the checkpoint at `path` into the registered `objects` ({name: Registered}).
 
     Two passes, as in C++: every selected object is planned first (its template matched against
@@ -276,7 +277,7 @@ def load_into(path, objects, *, include=("*",), exclude=(), strict=True, renames
     if isinstance(only, str):
         only = [only]
     only = list(only)
-    info = _load._Info(path, io_threads, direct_io)
+    info = _load._Info(path, io_threads, direct_io, _load._load_key(key, f"load {path}: key"))
     leaves = _leaf_nodes(info.tree)
     recorded = info.metadata.get(META_KEY)
     recorded = recorded.get("objects", {}) if isinstance(recorded, dict) else {}

@@ -81,7 +81,9 @@ def load_safetensors(path, *, names=None, mmap=False, framework="pt"):
         NotFoundError. Default: every tensor.
     mmap: map the file copy-on-write instead of reading it (tensors are writable; writes stay
         private). The header is validated either way; a hostile or truncated file raises
-        CorruptCheckpointError.
+        CorruptCheckpointError. A file with MindSpore's CRC-32 ("crc_num" in its metadata,
+        docs/INTEROP.md) has it verified (every tensor is then read; CorruptCheckpointError on a
+        mismatch); savepoint.mindspore.load_checkpoint(..., crc_check=False) skips that.
 
     Returns a SafetensorsDict: a dict name -> tensor, with the file's metadata in `.metadata` and
     scalars saved by save_safetensors in `.scalars`.

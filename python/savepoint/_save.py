@@ -5,7 +5,7 @@ import json
 import os
 import threading
 
-from . import _core, _errors, _tree
+from . import _core, _errors, _keys, _tree
 
 _DEFAULT_CHUNK = 8 << 20
 
@@ -48,7 +48,8 @@ def _compression(compression):
 
 
 def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata=None,
-         io_threads=4, chunk_bytes=_DEFAULT_CHUNK, direct_io=True, create_parents=True):  # fmt: skip
+         io_threads=4, chunk_bytes=_DEFAULT_CHUNK, direct_io=True, create_parents=True,
+         key=None):  # fmt: skip
     """Saves `obj` as a checkpoint directory at `path`, like torch.save but crash-consistent.
 
     obj: a nested dict / OrderedDict / list / tuple of torch tensors, numpy arrays, numpy scalars
@@ -71,6 +72,12 @@ def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata
         create an AsyncCheckpointer with them instead).
     chunk_bytes, create_parents: the C++ SaveOptions (an asynchronous save's chunks are its
         checkpointer's slabs: chunk_bytes must then be left at its default).
+    key: encrypt the checkpoint (AES-256-GCM per chunk, authenticated manifest; docs/FORMAT.md
+        §10): bytes (the raw key, 16 to 64 bytes; 32 random bytes recommended), a str or
+        os.PathLike (a file holding the raw key bytes; a str is always a path, never the key) or a
+        callable returning bytes (a provider, e.g. a KMS lookup, called once per save, possibly
+        from another thread). Loading then needs the same key; tensor names, shapes, values and
+        metadata stay readable without it. Default None: not encrypted.
 
     Returns a dict of statistics (bytes, chunks, seconds, direct_io) for a synchronous save, a
     SaveFuture for an asynchronous one. Errors are SavepointError subclasses (the C++ message).
@@ -85,12 +92,13 @@ def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata
                 f"save: use AsyncCheckpointer(io_threads=..., direct_io=..., slab_bytes=...).save()")
         return default_checkpointer().save(obj, path, overwrite=overwrite, metadata=metadata,
                                            create_parents=create_parents,
-                                           compression=compression)  # fmt: skip
+                                           compression=compression, key=key)  # fmt: skip
+    key = _keys.normalize(key, "savepoint.save: key")
     flat, meta_json = _flatten(obj, metadata)
     specs = [t.spec() for t in flat.tensors]
     return _core.save(os.fspath(path), specs, flat.values, meta_json, overwrite=overwrite,
                       create_parents=create_parents, direct_io=direct_io, io_threads=io_threads,
-                      chunk_bytes=chunk_bytes, compression=codec)  # fmt: skip
+                      chunk_bytes=chunk_bytes, compression=codec, key=key)  # fmt: skip
 
 
 class SaveFuture:
@@ -158,10 +166,16 @@ class AsyncCheckpointer:
     reserve: a state (anything save() takes) or a byte count: staging memory for that much is
         allocated and pre-touched in the background right away, so the first save blocks for the
         copy alone (default None: the first save allocates, which costs it ~0.3 s per GiB).
+    key: encrypt every save with this key (see savepoint.save; a provider is called once per
+        save, on the caller's thread, before the copy). save(key=...) overrides it per save.
+        Encryption happens during the copy, so it lengthens the time save() blocks (by roughly
+        the tensor bytes / AES-GCM speed per snapshot thread). Default None: not encrypted.
     """
 
     def __init__(self, staging_bytes=None, slab_bytes=8 << 20, io_threads=4,
-                 allow_concurrent_saves=False, reserve=None, direct_io=True):  # fmt: skip
+                 allow_concurrent_saves=False, reserve=None, direct_io=True,
+                 key=None):  # fmt: skip
+        self._key = _keys.normalize(key, "AsyncCheckpointer: key")
         self._c = _core.Checkpointer.create(staging_bytes or 0, slab_bytes, io_threads,
                                             bool(direct_io), allow_concurrent_saves)  # fmt: skip
         self._lock = threading.Lock()
@@ -183,15 +197,17 @@ class AsyncCheckpointer:
         self._checkpointer().reserve(nbytes)
 
     def save(self, obj, path, *, overwrite=False, metadata=None, create_parents=True,
-             compression=None):  # fmt: skip
+             compression=None, key=None):  # fmt: skip
         """Starts saving `obj` (see savepoint.save) and returns a SaveFuture once the caller may
-        modify its tensors again."""
+        modify its tensors again. key: this save's key (None: the checkpointer's)."""
         codec = _compression(compression)
+        key = self._key if key is None else _keys.normalize(key, "AsyncCheckpointer.save: key")
         flat, meta_json = _flatten(obj, metadata)
         specs = [t.spec() for t in flat.tensors]
         c = self._checkpointer()
         handle = c.save_async(os.fspath(path), specs, flat.values, meta_json, overwrite=overwrite,
-                              create_parents=create_parents, compression=codec)  # fmt: skip
+                              create_parents=create_parents, compression=codec,
+                              key=key)  # fmt: skip
         return SaveFuture(handle)
 
     def wait(self):

@@ -4,27 +4,27 @@ no MindSpore installation needed, tensors written and read in parallel with the 
     from savepoint import mindspore as spms
     spms.save_checkpoint({"w": np.ones((2, 3), np.float32)}, "net.ckpt", append_dict={"epoch_num": 3})
     params = spms.load_checkpoint("net.ckpt")          # {"w": array, "epoch_num": array(3)}
+    spms.save_checkpoint(params, "net.safetensors", format="safetensors", crc_check=True)
+
+format="safetensors" is MindSpore's safetensors flavour: "format": "ms" in the header's
+__metadata__ and, with crc_check, MindSpore's CRC-32 "crc_num" there (docs/INTEROP.md).
 
 Files written here load in MindSpore's `mindspore.load_checkpoint`, and files MindSpore writes load
-here, bit for bit (tests/mindspore/). Encryption (enc_key / dec_key) is not supported yet and
-raises UnimplementedError rather than writing or reading plaintext.
+here, bit for bit (tests/mindspore/), encrypted ones too (enc_key / dec_key: AES-GCM with 16, 24
+or 32-byte keys, AES-CBC, SM4-CBC; a key is bytes, a key file path or a callable returning bytes).
+CBC files also get an HMAC sidecar "<file>.mac" that savepoint checks (MindSpore's CBC files are
+unauthenticated).
 """
 
 import os
 
 import numpy as np
 
-from . import _core, _dtypes, _errors, _tree
+from . import _core, _dtypes, _errors, _keys, _tree
 
 __all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_info"]
 
 _FRAMEWORKS = ("np", "numpy", "pt", "torch")
-
-
-def _no_encryption(what, key):
-    if key is not None:
-        raise _errors.UnimplementedError(
-            f"savepoint.mindspore.{what}: encrypted checkpoints are not supported yet")
 
 
 def _as_array(name, data):
@@ -74,76 +74,158 @@ def _append_value(name, v):
                     f"float, bool or str, not {type(v).__name__}")  # fmt: skip
 
 
+# format="safetensors": MindSpore's flavour of safetensors ("format": "ms" in __metadata__, and its
+# CRC-32 "crc_num" with crc_check), written and read by savepoint's C++ safetensors code.
+
+
+def _save_safetensors(entries, path, crc_check, overwrite, io_threads):
+    """Every entry is a tensor in a safetensors file, as in MindSpore's: Python scalars become 0-d
+    arrays (int -> int64, float -> float64, bool -> bool_); strings cannot be stored."""
+    arrays = {}
+    for name, v in entries.items():
+        if isinstance(v, str):
+            raise TypeError(f"savepoint.mindspore.save_checkpoint: {name!r} is a string, which "
+                            f"format='safetensors' cannot store (nor can MindSpore)")  # fmt: skip
+        if isinstance(v, bool):
+            v = np.asarray(v, np.bool_)
+        elif isinstance(v, int):
+            v = np.asarray(v, np.int64)
+        elif isinstance(v, float):
+            v = np.asarray(v, np.float64)
+        arrays[name] = v
+    flat = _tree.Flattener()
+    flat.flatten(arrays)
+    specs = [t.spec() for t in flat.tensors]
+    return _core.save_safetensors(os.fspath(path), specs, flat.values, "",
+                                  overwrite=bool(overwrite), create_parents=True,
+                                  io_threads=io_threads, mindspore_format=True,
+                                  crc_check=bool(crc_check))  # fmt: skip
+
+
+def _load_safetensors(path, crc_check, names, io_threads):
+    """(tensors, values) of a safetensors file, its crc_num checked unless crc_check is False."""
+    path = os.fspath(path)
+    if crc_check is True and _core.inspect_safetensors(path)["crc_num"] is None:
+        raise _errors.CorruptCheckpointError(
+            f"savepoint.mindspore.load_checkpoint: {path} has no crc_num (crc_check=True)")
+    if isinstance(names, str):
+        names = [names]
+    tensors, values, _ = _core.load_safetensors(path, list(names or []), False,
+                                                crc_check=crc_check is not False,
+                                                io_threads=io_threads)  # fmt: skip
+    return tensors, values
+
+
+def _no_cipher_for_safetensors(what, key, mode):
+    """MindSpore refuses a key or a mode with format="safetensors" (ValueError): so does this."""
+    if key is not None or mode != "AES-GCM":
+        raise ValueError(f"savepoint.mindspore.{what}: format='safetensors' files are not "
+                         f"encrypted: leave the key and mode at their defaults")  # fmt: skip
+
+
+def _check_format(what, format):
+    if format not in ("ckpt", "safetensors"):
+        raise ValueError(f"savepoint.mindspore.{what}: format={format!r}: use 'ckpt' or "
+                         f"'safetensors'")  # fmt: skip
+
+
 def save_checkpoint(save_obj, ckpt_file_name, *, append_dict=None, enc_key=None,
                     enc_mode="AES-GCM", crc_check=False, format="ckpt", overwrite=True,
                     io_threads=4):  # fmt: skip
-    """Writes a MindSpore .ckpt file, as mindspore.save_checkpoint does.
+    """Writes a MindSpore .ckpt file, or with format="safetensors" a safetensors file in MindSpore's
+    flavour, as mindspore.save_checkpoint does.
 
     save_obj: a dict name -> data, or a list of {"name": ..., "data": ...}; data is a numpy array,
         a torch tensor, a MindSpore Tensor/Parameter (via asnumpy()) or a Python scalar (int ->
         Int64, float -> Float64, bool -> Bool, str -> a string entry).
     append_dict: extra entries with MindSpore's types (int -> Int64, float -> Float32, bool, str).
-    crc_check: append MindSpore's CRC-32 trailer.
+    crc_check: append MindSpore's CRC-32 trailer (inside the plaintext when encrypting, so
+        MindSpore loads the file with crc_check=True too).
+    enc_key: encrypt with this key (bytes, a key file path, or a callable returning bytes);
+        enc_mode: "AES-GCM" (default), "AES-CBC" or "SM4-CBC".
     overwrite: replace an existing file (MindSpore always does; default True).
+    format: "ckpt" (default) or "safetensors": every entry is then a tensor (Python scalars 0-d
+        arrays; a string is a TypeError, as MindSpore cannot store one either), crc_check stores
+        MindSpore's "crc_num", and enc_key / enc_mode must stay at their defaults (ValueError).
     Writes atomically (temporary file, fsync, rename). Returns the save statistics.
     """
-    _no_encryption("save_checkpoint", enc_key)
-    del enc_mode
-    if format != "ckpt":
-        raise _errors.UnimplementedError(
-            f"savepoint.mindspore.save_checkpoint: format={format!r}: only 'ckpt' is supported yet")
+    _check_format("save_checkpoint", format)
+    if format == "safetensors":
+        _no_cipher_for_safetensors("save_checkpoint", enc_key, enc_mode)
+    enc_key = _keys.normalize(enc_key, "savepoint.mindspore.save_checkpoint: enc_key")
     entries = _entries(save_obj)
     for name, v in (append_dict or {}).items():
         if name in entries:
             raise ValueError(f"savepoint.mindspore.save_checkpoint: append_dict[{name!r}] repeats "
                              f"an entry of save_obj")  # fmt: skip
         entries[name] = _append_value(name, v)
+    if format == "safetensors":
+        return _save_safetensors(entries, ckpt_file_name, crc_check, overwrite, io_threads)
     flat = _tree.Flattener()
     flat.flatten(entries)
     specs = [t.spec() for t in flat.tensors]
     return _core.save_mindspore(os.fspath(ckpt_file_name), specs, flat.values, "",
                                 overwrite=bool(overwrite), crc_check=bool(crc_check),
+                                enc_key=enc_key, enc_mode=str(enc_mode),
                                 io_threads=io_threads)  # fmt: skip
 
 
 def load_checkpoint(ckpt_file_name, *, dec_key=None, dec_mode="AES-GCM", crc_check=None,
                     format="ckpt", names=None, framework="np", io_threads=4):  # fmt: skip
-    """Reads a MindSpore .ckpt file as a dict name -> numpy array (framework="pt": torch tensors);
-    scalars are 0-d arrays and string entries str, as mindspore.load_checkpoint keeps them.
+    """Reads a MindSpore .ckpt file (format="safetensors": a safetensors file, MindSpore's flavour
+    or any other) as a dict name -> numpy array (framework="pt": torch tensors); scalars are 0-d
+    arrays and string entries str, as mindspore.load_checkpoint keeps them.
 
-    crc_check: None (default) verifies the CRC-32 trailer when the file has one; True also
-        requires one (CorruptCheckpointError without it); False skips the check.
+    crc_check: None (default) verifies the CRC-32 trailer (safetensors: "crc_num") when the file
+        has one; True also requires one (CorruptCheckpointError without it; MindSpore only warns);
+        False skips the check. A mismatch raises CorruptCheckpointError.
     names: entry names or glob patterns to load (default: all); one matching nothing raises
         NotFoundError. A hash map comes back as "<name>.keys", "<name>.values", "<name>.status";
         Int4 tensors as int8.
+    dec_key: the key of an encrypted file (bytes, a key file path, or a callable returning bytes);
+        dec_mode: the mode the file must use ("AES-GCM" by default, as in MindSpore). A wrong key
+        or a modified file raises AuthenticationError naming the block.
     """
-    _no_encryption("load_checkpoint", dec_key)
-    del dec_mode
-    if format != "ckpt":
-        raise _errors.UnimplementedError(
-            f"savepoint.mindspore.load_checkpoint: format={format!r}: only 'ckpt' is supported yet")
+    _check_format("load_checkpoint", format)
+    if format == "safetensors":
+        _no_cipher_for_safetensors("load_checkpoint", dec_key, dec_mode)
+    dec_key = _keys.normalize(dec_key, "savepoint.mindspore.load_checkpoint: dec_key")
     if framework not in _FRAMEWORKS:
         raise ValueError(f"savepoint.mindspore.load_checkpoint: framework={framework!r}: use 'np' "
                          f"or 'pt'")  # fmt: skip
+    if format == "safetensors":
+        tensors, values = _load_safetensors(ckpt_file_name, crc_check, names, io_threads)
+        return _as_dict(tensors, values, framework)
     path = os.fspath(ckpt_file_name)
-    if crc_check is True and not checkpoint_info(path)["has_crc"]:
+    if crc_check is True and callable(dec_key):
+        dec_key = _keys.normalize(dec_key(), "savepoint.mindspore.load_checkpoint: dec_key()")
+    if crc_check is True and not checkpoint_info(path, dec_key=dec_key)["has_crc"]:
         raise _errors.CorruptCheckpointError(
             f"savepoint.mindspore.load_checkpoint: {path} has no CRC trailer (crc_check=True)")
     if isinstance(names, str):
         names = [names]
     tensors, values, _ = _core.load_mindspore(path, list(names or []), crc_check is not False,
-                                              io_threads)  # fmt: skip
+                                              dec_key, str(dec_mode), io_threads)  # fmt: skip
+    return _as_dict(tensors, values, framework)
+
+
+def _as_dict(tensors, values, framework):
+    """What load_checkpoint returns, from the core's (tensors, values)."""
     to_torch = framework in ("pt", "torch")
     out = {name: _dtypes.view_bytes(raw, dtype, shape, to_torch) for name, dtype, shape, raw in tensors}
     out.update({name: v for name, _, v in values})
     return out
 
 
-def checkpoint_info(ckpt_file_name):
+def checkpoint_info(ckpt_file_name, dec_key=None):
     """The entries of a .ckpt file without reading tensor bytes: a dict with file_bytes, has_crc,
-    stored_crc and entries ({name: {"type", "shape", "bytes", "pieces"}}; "type" is MindSpore's
-    name, "map" for a hash map)."""
-    h = _core.inspect_mindspore(os.fspath(ckpt_file_name))
+    stored_crc, cipher ("" or the encryption mode), cipher_blocks, authentication and entries
+    ({name: {"type", "shape", "bytes", "pieces"}}; "type" is MindSpore's name, "map" for a hash
+    map). An encrypted file lists its entries only with dec_key (entries_listed says so)."""
+    dec_key = _keys.normalize(dec_key, "savepoint.mindspore.checkpoint_info: dec_key")
+    h = _core.inspect_mindspore(os.fspath(ckpt_file_name), dec_key)
     entries = {n: {"type": t, "shape": s, "bytes": b, "pieces": p} for n, t, s, b, p in h["entries"]}
-    return {"path": h["path"], "file_bytes": h["file_bytes"], "has_crc": h["has_crc"],
-            "stored_crc": h["stored_crc"], "entries": entries}  # fmt: skip
+    out = {k: h[k] for k in ("path", "file_bytes", "has_crc", "stored_crc", "cipher",
+                             "cipher_blocks", "authentication", "entries_listed")}  # fmt: skip
+    out["entries"] = entries
+    return out

@@ -36,6 +36,8 @@ std::string_view StatusCodeName(StatusCode code) {
       return "internal";
     case StatusCode::kDeadlineExceeded:
       return "deadline exceeded";
+    case StatusCode::kUnauthenticated:
+      return "unauthenticated";
   }
   return "unknown";
 }
@@ -76,6 +78,9 @@ Status ResourceExhaustedError(std::string m) {
 Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
 Status DeadlineExceededError(std::string m) {
   return {StatusCode::kDeadlineExceeded, std::move(m)};
+}
+Status UnauthenticatedError(std::string m) {
+  return {StatusCode::kUnauthenticated, std::move(m)};
 }
 
 static StatusCode CodeForErrno(int err) {

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "distributed/wire.h"
 #include "engine/paths.h"
@@ -23,7 +24,7 @@ namespace {
 Status ReadStatus(WireReader& r, Status* out) {
   SP_ASSIGN_OR_RETURN(uint64_t code, r.U64());
   SP_ASSIGN_OR_RETURN(std::string msg, r.Str());
-  if (code > static_cast<uint64_t>(StatusCode::kDeadlineExceeded)) {
+  if (code > static_cast<uint64_t>(kLastStatusCode)) {
     code = static_cast<uint64_t>(StatusCode::kInternal);
   }
   *out = code == 0 ? Status::OK() : Status(static_cast<StatusCode>(code), std::move(msg));
@@ -43,12 +44,13 @@ Status DecodeStatus(std::string_view bytes, std::string_view where) {
   return s;
 }
 
-std::string EncodePlan(const Status& status, const format::Manifest& lm) {
+std::string EncodePlan(const Status& status, const format::Manifest& lm, bool encrypted) {
   std::string out;
   EncodeStatus(status, &out);
   WireWriter w;
   bool has = status.ok() && !lm.tensors.empty();
   w.U64(lm.version);
+  w.U64(encrypted ? 1 : 0);
   w.U64(has ? lm.files[0].bytes : 0);
   w.U64(has ? lm.tensors.size() : 0);
   for (size_t i = 0; has && i < lm.tensors.size(); ++i) {
@@ -69,11 +71,19 @@ std::string EncodeCrcs(const Status& status, const format::Manifest& lm) {
   std::string out;
   EncodeStatus(status, &out);
   WireWriter w;
+  const bool encrypted = status.ok() && lm.encryption.enabled;
+  w.Str(encrypted ? std::string_view(reinterpret_cast<const char*>(lm.encryption.key_check.data()),
+                                     format::kKeyCheckBytes)
+                  : std::string_view());
   w.U64(status.ok() ? lm.tensors.size() : 0);
   for (size_t i = 0; status.ok() && i < lm.tensors.size(); ++i) {
-    const std::vector<uint32_t>& c = lm.tensors[i].shards[0].crc32c;
-    w.U64(c.size());
-    for (uint32_t v : c) w.U64(v);
+    const format::ShardRecord& s = lm.tensors[i].shards[0];
+    w.U64(s.crc32c.size());
+    for (uint32_t v : s.crc32c) w.U64(v);
+    w.U64(encrypted ? s.tags.size() : 0);
+    for (size_t k = 0; encrypted && k < s.tags.size(); ++k) {
+      w.Str({reinterpret_cast<const char*>(s.tags[k].data()), s.tags[k].size()});
+    }
   }
   return out + w.bytes();
 }
@@ -86,6 +96,7 @@ std::string EncodeVerdict(const Verdict& v) {
   w.U64(v.checkpoint_id);
   w.U64(v.file_index.size());
   for (int64_t i : v.file_index) w.I64(i);
+  w.Str(v.salt);
   return out + w.bytes();
 }
 
@@ -103,6 +114,7 @@ Result<Verdict> DecodeVerdict(std::string_view bytes, int world) {
   for (auto& i : v.file_index) {
     SP_ASSIGN_OR_RETURN(i, r.I64());
   }
+  SP_ASSIGN_OR_RETURN(v.salt, r.Str());
   return v;
 }
 
@@ -114,12 +126,19 @@ Status ManifestMerger::AddPlan(int rank, std::string_view bytes) {
   if (!st.ok()) return st.WithContext(fmt::format("rank {}", rank));
   Status s = [&]() -> Status {
     SP_ASSIGN_OR_RETURN(uint64_t version, r.U64());
-    if (version_ == 0) version_ = version, version_rank_ = rank;
+    SP_ASSIGN_OR_RETURN(uint64_t encrypted, r.U64());
+    if (version_ == 0) version_ = version, version_rank_ = rank, encrypted_ = encrypted != 0;
     if (version != version_) {
       return InvalidArgumentError(fmt::format(
           "rank {} writes format version {}, rank {} version {} (SaveOptions.format_version must "
           "be the same on every rank)",
           rank, version, version_rank_, version_));
+    }
+    if ((encrypted != 0) != encrypted_) {
+      return InvalidArgumentError(
+          fmt::format("SaveOptions.key is set on rank {} but not on rank {} (every rank must pass "
+                      "the same key)",
+                      encrypted_ ? version_rank_ : rank, encrypted_ ? rank : version_rank_));
     }
     SP_ASSIGN_OR_RETURN(ranks_[rank].file_bytes, r.U64());
     SP_ASSIGN_OR_RETURN(uint64_t n, r.Count(64));
@@ -175,12 +194,24 @@ Result<std::vector<int64_t>> ManifestMerger::Finish() {
   return file_index_;
 }
 
-Status ManifestMerger::AddCrcs(int rank, std::string_view bytes, uint64_t chunk_bytes) {
+Status ManifestMerger::AddCrcs(int rank, std::string_view bytes, uint64_t chunk_bytes,
+                               const format::KeyCheck* key_check) {
   WireReader r(bytes, fmt::format("checksums of rank {}", rank));
   Status st;
   Status wf = ReadStatus(r, &st);
   if (!wf.ok()) return Malformed("checksums", rank, wf);
   if (!st.ok()) return st.WithContext(fmt::format("rank {}", rank));
+  Result<std::string> check = r.Str();
+  if (!check.ok()) return Malformed("checksums", rank, check.status());
+  const std::string_view expect =
+      key_check == nullptr
+          ? std::string_view()
+          : std::string_view(reinterpret_cast<const char*>(key_check->data()), key_check->size());
+  if (*check != expect) {
+    return InvalidArgumentError(fmt::format(
+        "rank {}: SaveOptions.key differs from rank 0's (every rank must pass the same key)",
+        rank));
+  }
   Status s = [&]() -> Status {
     SP_ASSIGN_OR_RETURN(uint64_t n, r.Count(8));
     if (n != ranks_[rank].shards.size()) return InternalError("shard count differs from plan");
@@ -192,6 +223,14 @@ Status ManifestMerger::AddCrcs(int rank, std::string_view bytes, uint64_t chunk_
       for (auto& c : sh.crc32c) {
         SP_ASSIGN_OR_RETURN(uint64_t v, r.U64());
         c = static_cast<uint32_t>(v);
+      }
+      SP_ASSIGN_OR_RETURN(uint64_t tags, r.Count(8));
+      if (tags != (key_check != nullptr ? k : 0)) return InternalError("bad tag count");
+      sh.tags.resize(tags);
+      for (auto& t : sh.tags) {
+        SP_ASSIGN_OR_RETURN(std::string tag, r.Str());
+        if (tag.size() != t.size()) return InternalError("bad tag size");
+        std::memcpy(t.data(), tag.data(), t.size());
       }
     }
     return r.done() ? Status::OK() : InternalError("trailing bytes");

@@ -8,9 +8,14 @@
 //   3. The coordinator merges the descriptors, checks dtypes, global shapes and that the shards of
 //      every tensor tile it exactly (InvalidArgument naming the tensor), then creates the hidden
 //      temporary directory (engine::BeginSave), numbers the data files and picks the checkpoint
-//      id. Broadcast(verdict). On error every rank returns it; nothing was written.
-//   4. Every rank with shards writes and syncs its data file in the temporary directory.
-//   5. Gather(status + CRC32Cs) to the coordinator.
+//      id (and, for an encrypted save, the salt). Broadcast(verdict). On error every rank returns
+//      it; nothing was written.
+//   4. Every rank with shards writes and syncs its data file in the temporary directory. An
+//      encrypted save: each rank derives the checkpoint's keys from its own SaveOptions::key and
+//      the coordinator's salt and seals its chunks (engine/seal.h); nonces are unique across ranks
+//      because each rank's file has its own index.
+//   5. Gather(status + CRC32Cs, and for an encrypted save the key check and GCM tags) to the
+//      coordinator, which refuses a rank whose key differs from its own.
 //   6. The coordinator, only if every rank succeeded: writes and syncs MANIFEST, syncs the
 //      directory, commits by rename (engine::FinishFiles, engine::CommitSave, the single-process
 //      protocol's steps 4-10). Otherwise it removes the temporary directory.
@@ -19,11 +24,15 @@
 // returns an error; the coordinator removes the temporary directory on any error after step 3.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <optional>
 
 #include "distributed/descriptor.h"
 #include "distributed/shard.h"
 #include "engine/paths.h"
+#include "engine/seal.h"
 #include "engine/select.h"
 #include "engine/writer.h"
 #include "savepoint/distributed.h"
@@ -39,17 +48,22 @@ struct RankPlan {
   State mine;          // views of the shards this rank writes
   format::Manifest m;  // local manifest: files[0] = this rank's data file
   std::vector<engine::ChunkTask> tasks;
-  bool direct = false;  // whether this rank's data file was written with O_DIRECT
+  bool direct = false;             // whether this rank's data file was written with O_DIRECT
+  std::optional<SecretBytes> key;  // SaveOptions::key resolved (encrypted saves)
+  engine::ChunkSeal seal;          // encrypted saves: how `tasks` are sealed
 };
 
 Status PlanRank(const State& local, const ShardLayout& layout, int rank, int size,
-                const SaveOptions& o, RankPlan* p) {
+                const SaveOptions& o, const IoOptions& io, RankPlan* p) {
   const uint64_t chunk_bytes = o.chunk_bytes;
   const Compression& compression = o.compression;
   SP_RETURN_IF_ERROR(engine::CheckSaveOptions(
       SaveOptions{.chunk_bytes = chunk_bytes, .format_version = o.format_version}));
   if (compression.codec != Compression::Codec::kNone) {
     return UnimplementedError("SaveOptions.compression: distributed saves do not compress yet");
+  }
+  if (o.key) {
+    SP_ASSIGN_OR_RETURN(p->key, format::ResolveUserKey(o.key, FileSystemOf(io), "SaveOptions.key"));
   }
   SP_ASSIGN_OR_RETURN(std::vector<LocalShard> shards,
                       ResolveLocalShards(local, layout, rank, size));
@@ -108,6 +122,10 @@ Verdict Decide(const std::vector<std::string>& plans, const std::string& path, c
     c->began = true;
     v.tmp = c->target.tmp;
     v.checkpoint_id = engine::RandomU64();
+    if (c->merger.encrypted()) {
+      SP_ASSIGN_OR_RETURN(format::Salt salt, format::RandomSalt());
+      v.salt.assign(reinterpret_cast<const char*>(salt.data()), salt.size());
+    }
     return Status::OK();
   }();
   return v;
@@ -116,13 +134,16 @@ Verdict Decide(const std::vector<std::string>& plans, const std::string& path, c
 // Step 6 (coordinator): checks every rank's report, writes the manifest and commits.
 Status Commit(const std::vector<std::string>& reports, const Verdict& v, const SaveOptions& o,
               RankPlan* p, Coordinator* c) {
+  const bool encrypted = p->m.encryption.enabled;
   for (size_t r = 0; r < reports.size(); ++r) {
-    SP_RETURN_IF_ERROR(c->merger.AddCrcs(static_cast<int>(r), reports[r], p->m.chunk_bytes));
+    SP_RETURN_IF_ERROR(c->merger.AddCrcs(static_cast<int>(r), reports[r], p->m.chunk_bytes,
+                                         encrypted ? &p->m.encryption.key_check : nullptr));
   }
-  format::Manifest m = std::move(p->m);  // keeps the id stamp, time, writer and chunk size
+  format::Manifest m = std::move(p->m);  // keeps the id stamp, time, writer, chunk size and salt
   m.checkpoint_id = v.checkpoint_id;
   c->merger.TakeInto(&m);
-  SP_RETURN_IF_ERROR(engine::FinishFiles(c->target, nullptr, m));
+  SP_RETURN_IF_ERROR(
+      engine::FinishFiles(c->target, nullptr, m, encrypted ? &p->seal.keys : nullptr));
   return engine::CommitSave(c->target, o.overwrite);
 }
 
@@ -134,6 +155,19 @@ Status Commit(const std::vector<std::string>& reports, const Verdict& v, const S
 Timeout AnswerWait(const DistributedSaveOptions& o, bool root) {
   if (root || o.timeout > Timeout::max() / 2) return o.timeout;
   return 2 * o.timeout;
+}
+
+// Step 4, encrypted saves: derives the keys from this rank's key and the coordinator's salt and
+// makes the rank's plan sealed (its data file is `file_index` in the manifest).
+Status SealPlan(const Verdict& v, uint32_t file_index, RankPlan* p) {
+  format::Salt salt;
+  if (v.salt.size() != salt.size()) {
+    return InternalError(fmt::format("save verdict: salt of {} bytes", v.salt.size()));
+  }
+  std::memcpy(salt.data(), v.salt.data(), salt.size());
+  SP_ASSIGN_OR_RETURN(format::CheckpointKeys keys, format::CheckpointKeys::Derive(*p->key, salt));
+  engine::EnableSealing(std::move(keys), file_index, &p->m, &p->tasks, &p->seal);
+  return Status::OK();
 }
 
 // A collective that failed: the coordinator drops the temporary directory.
@@ -148,10 +182,10 @@ Status Run(Communicator& comm, const State& local, const ShardLayout& layout,
   const int rank = comm.rank(), size = comm.size();
   const bool root = rank == kRoot;
   Status planned = ValidateIoOptions(io, "distributed save");
-  if (planned.ok()) planned = PlanRank(local, layout, rank, size, o.save, p);
+  if (planned.ok()) planned = PlanRank(local, layout, rank, size, o.save, io, p);
   if (planned.ok() && root) planned = engine::CopyValues(local, &p->m.values);
   SP_ASSIGN_OR_RETURN(std::vector<std::string> plans,
-                      comm.Gather(EncodePlan(planned, p->m), kRoot, o.timeout));
+                      comm.Gather(EncodePlan(planned, p->m, p->key.has_value()), kRoot, o.timeout));
   std::unique_ptr<Coordinator> c = root ? std::make_unique<Coordinator>(size) : nullptr;
   std::string msg = root ? EncodeVerdict(Decide(plans, path, o.save, io, c.get())) : "";
   Status s = comm.Broadcast(&msg, kRoot, AnswerWait(o, root));
@@ -160,7 +194,11 @@ Status Run(Communicator& comm, const State& local, const ShardLayout& layout,
   if (!v.status.ok()) return Fail(v.status, c.get());
   p->m.checkpoint_id = v.checkpoint_id;
   engine::SaveTarget target{FileSystemOf(io), path, v.tmp};
-  Status wrote = WriteRankFile(target, o.save, io, static_cast<uint32_t>(v.file_index[rank]), p);
+  // A rank that writes no file still derives the keys: the coordinator writes the manifest, and
+  // every rank's key check is compared with the coordinator's.
+  const uint32_t file_index = static_cast<uint32_t>(std::max<int64_t>(v.file_index[rank], 0));
+  Status wrote = p->key ? SealPlan(v, file_index, p) : Status::OK();
+  if (wrote.ok()) wrote = WriteRankFile(target, o.save, io, file_index, p);
   Result<std::vector<std::string>> reports = comm.Gather(EncodeCrcs(wrote, p->m), kRoot, o.timeout);
   if (!reports.ok()) return Fail(reports.status(), c.get());
   msg.clear();

@@ -13,6 +13,11 @@
 // out by an ExtentAllocator (starting after the packed region of small tensors, which is staged in
 // slabs like an uncompressed file) as chunks finish (or the staged raw bytes, with the snapshot's
 // CRC, when it does not shrink) and return the slab.
+//
+// Encrypted saves (engine/seal.h): the key is resolved in SaveAsync, before the snapshot. The
+// snapshot encrypts uncompressed chunks into their slabs instead of copying them (the CRC32C then
+// covers the ciphertext); writer threads encrypt compressed chunks after compressing them, and
+// staged chunks that did not shrink in place, before writing.
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -23,8 +28,10 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
+#include "engine/seal.h"
 #include "engine/snapshot.h"
 #include "engine/staging_pool.h"
 #include "engine/writer.h"
@@ -46,7 +53,8 @@ struct SaveHandle::Shared final : engine::SnapshotSink {
   engine::SaveTarget target;
   bool overwrite = false;
   format::Manifest manifest;
-  std::vector<engine::ChunkTask> tasks;  // point into `manifest`
+  engine::ChunkSeal seal;                // encrypted saves (manifest.encryption.enabled)
+  std::vector<engine::ChunkTask> tasks;  // point into `manifest` (and to `seal`)
   engine::ExtentAllocator alloc;
   std::unique_ptr<WritableFile> file;
   engine::StagingPool* pool = nullptr;
@@ -132,7 +140,8 @@ struct SaveHandle::Shared final : engine::SnapshotSink {
     if (s.ok()) {
       if (format::UsesCompression(manifest)) manifest.files[0].bytes = alloc.end();
       for (const auto& t : manifest.tensors) stored += format::StoredBytes(t.shards[0]);
-      s = engine::FinishFiles(target, file.get(), manifest);
+      s = engine::FinishFiles(target, file.get(), manifest,
+                              manifest.encryption.enabled ? &seal.keys : nullptr);
     }
     if (s.ok()) s = engine::CommitSave(target, overwrite);
     if (!s.ok()) {
@@ -309,6 +318,12 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Stat
   SP_RETURN_IF_ERROR(CheckAsyncSaveOptions(options, options_, path));
   SaveOptions o = options;
   o.chunk_bytes = options_.slab_bytes;
+  std::optional<format::CheckpointKeys> keys;
+  if (o.key) {  // resolved on the caller's thread, before anything is created
+    Result<format::CheckpointKeys> k = NewSaveKeys(o.key, FileSystemOf(io_));
+    if (!k.ok()) return k.status().WithContext(fmt::format("save {}", path));
+    keys = std::move(*k);
+  }
   auto job = std::make_shared<SaveHandle::Shared>();
   job->start = Clock::now();
   job->pool = &pool_;
@@ -317,6 +332,7 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Stat
   Result<std::unique_ptr<WritableFile>> file = Status();
   Result<std::vector<ChunkTask>> tasks =
       PlanSave(state, o.chunk_bytes, &job->manifest, o.compression, o.format_version);
+  if (tasks.ok() && keys) EnableSealing(std::move(*keys), 0, &job->manifest, &*tasks, &job->seal);
   if (tasks.ok()) file = CreateDataFile(job->target, job->manifest, io_.direct_io);
   if (!tasks.ok() || !file.ok()) {
     AbandonSave(job->target);

@@ -93,6 +93,12 @@ Result<State> Load(const std::string& path, const LoadOptions& options, const Io
         path));
   }
   SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
+  if (options.mmap && reader->encrypted()) {
+    return InvalidArgumentError(fmt::format(
+        "load {}: LoadOptions.mmap: the checkpoint is encrypted, so its tensors cannot be mapped "
+        "(their bytes on disk are ciphertext): load it without mmap",
+        path));
+  }
   std::vector<std::string> all;
   for (const auto& t : reader->tensors()) all.push_back(t.name);
   SP_ASSIGN_OR_RETURN(std::vector<bool> keep,

@@ -47,6 +47,12 @@ Result<std::shared_ptr<const MappedFile>> Reader::Mapping(uint32_t index) {
 Result<TensorView> Reader::MapIndex(size_t index, std::shared_ptr<const MappedFile>* mapping) {
   const format::TensorRecord& t = m_.tensors[index];
   if (mapping != nullptr) mapping->reset();
+  if (m_.encryption.enabled) {
+    return InvalidArgumentError(fmt::format(
+        "checkpoint {}: tensor {:?} cannot be mapped: the checkpoint is encrypted, its bytes on "
+        "disk are ciphertext (read it with ReadTensor, or Load without mmap)",
+        path_, t.name));
+  }
   if (t.shards.empty()) {  // an empty tensor: nothing stored
     return TensorView(static_cast<const void*>(nullptr), t.dtype, t.shape);
   }

@@ -74,12 +74,70 @@ Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const 
     return bytes.status().WithContext(fmt::format("checkpoint {}", path));
   }
   SP_ASSIGN_OR_RETURN(r->m_, format::DecodeManifest(*bytes, mpath));
+  SP_RETURN_IF_ERROR(r->Unlock(*bytes, mpath));
   r->total_bytes_ = bytes->size();
   for (const auto& f : r->m_.files) r->total_bytes_ += f.bytes;
   for (const auto& t : r->m_.tensors) r->infos_.push_back(Describe(t));
   r->files_.resize(r->m_.files.size());
   r->maps_.resize(r->m_.files.size());
   return r;
+}
+
+Status Reader::Unlock(std::string_view bytes, const std::string& mpath) {
+  const EncryptionKey& key = options_.key;
+  if (!m_.encryption.enabled) {
+    if (!key) return Status::OK();
+    return InvalidArgumentError(fmt::format(
+        "checkpoint {} is not encrypted, but LoadOptions.key is set ({}): refused, so that an "
+        "unencrypted checkpoint cannot stand in for an encrypted one (load it without a key)",
+        path_, key.Describe()));
+  }
+  if (!key) return Status::OK();  // the manifest can be listed; CheckReadable refuses reads
+  Result<SecretBytes> user = format::ResolveUserKey(key, fs_, "LoadOptions.key");
+  if (!user.ok()) return user.status().WithContext(fmt::format("checkpoint {}", path_));
+  SP_ASSIGN_OR_RETURN(format::CheckpointKeys k,
+                      format::CheckpointKeys::Derive(*user, m_.encryption.salt));
+  if (!k.MatchesKeyCheck(m_.encryption.key_check)) {
+    return UnauthenticatedError(fmt::format(
+        "checkpoint {}: wrong key: LoadOptions.key ({}) is not the key it was encrypted with (the "
+        "manifest's key check differs)",
+        path_, key.Describe()));
+  }
+  SP_RETURN_IF_ERROR(format::AuthenticateManifest(bytes, m_, k, mpath));
+  keys_ = std::move(k);
+  return Status::OK();
+}
+
+Status Reader::CheckReadable() const {
+  if (!m_.encryption.enabled || keys_.has_value()) return Status::OK();
+  return InvalidArgumentError(
+      fmt::format("checkpoint {} is encrypted: pass LoadOptions::key", path_));
+}
+
+Status Reader::Unseal(const format::TensorRecord& t, const format::ShardRecord& s, uint64_t chunk,
+                      std::byte* in, std::byte* out) const {
+  const uint64_t cb = m_.chunk_bytes;
+  const uint64_t stored = format::ChunkStoredLen(s, chunk, cb);
+  if (!keys_.has_value()) {
+    if (out != nullptr && out != in) std::memcpy(out, in, stored);
+    return Status::OK();
+  }
+  format::ChunkIdentity id;
+  id.checkpoint_id = m_.checkpoint_id;
+  id.file = s.file;
+  id.offset = format::ChunkOffset(s, chunk, cb);
+  id.tensor = t.name;
+  id.box = s.offsets;
+  id.chunk = chunk;
+  id.raw_bytes = format::ChunkLen(s.bytes, chunk, cb);
+  id.stored_bytes = stored;
+  id.compressed = s.compressed() && s.stored[chunk].compressed;
+  Status st = keys_->Open(id, {in, stored}, s.tags[chunk], {out != nullptr ? out : in, stored});
+  if (st.ok()) return st;
+  return UnauthenticatedError(fmt::format(
+      "{}: AES-GCM authentication failed: the chunk was modified, moved, or copied from another "
+      "checkpoint",
+      ChunkWhere(t, s, chunk)));
 }
 
 int64_t Reader::IndexOf(std::string_view name) const {
@@ -179,6 +237,8 @@ Status Reader::ReadCompressedChunk(const Task& t, Buffers* b, bool verify) {
   if (!st.ok()) return st.WithContext(ChunkWhere(*t.tensor, s, t.chunk));
   std::span<const std::byte> stored(b->staging.data(), sc.bytes);
   if (verify) SP_RETURN_IF_ERROR(CheckChunk(*t.tensor, s, t.chunk, stored));
+  // Compressed, then encrypted: decrypt in place (authenticating also when only verifying).
+  SP_RETURN_IF_ERROR(Unseal(*t.tensor, s, t.chunk, b->staging.data(), b->staging.data()));
   if (t.dst.data == nullptr) return Status::OK();
   const uint64_t len = format::ChunkLen(s.bytes, t.chunk, m_.chunk_bytes);
   const size_t elem = DTypeSize(t.tensor->dtype);
@@ -201,7 +261,8 @@ Status Reader::ReadChunk(const Task& t, Buffers* b, bool verify) {
   if (out != nullptr && DirectRead(t, f)) {
     st = f->ReadAt(off, {out, f->direct() ? AlignUp(len) : len});
     if (!st.ok()) return st.WithContext(ChunkWhere(*t.tensor, s, t.chunk));
-    return verify ? CheckChunk(*t.tensor, s, t.chunk, {out, len}) : Status::OK();
+    if (verify) SP_RETURN_IF_ERROR(CheckChunk(*t.tensor, s, t.chunk, {out, len}));
+    return Unseal(*t.tensor, s, t.chunk, out, out);
   }
   // Through staging: a direct read covers the 4 KiB blocks holding the chunk (at most
   // StagingBytes, as the chunk is at most chunk_bytes long).
@@ -210,10 +271,9 @@ Status Reader::ReadChunk(const Task& t, Buffers* b, bool verify) {
   const uint64_t to = f->direct() ? AlignUp(off + len) : off + len;
   st = f->ReadAt(from, {b->staging.data(), to - from});
   if (!st.ok()) return st.WithContext(ChunkWhere(*t.tensor, s, t.chunk));
-  const std::byte* bytes = b->staging.data() + (off - from);
+  std::byte* bytes = b->staging.data() + (off - from);
   if (verify) SP_RETURN_IF_ERROR(CheckChunk(*t.tensor, s, t.chunk, {bytes, len}));
-  if (out != nullptr) std::memcpy(out, bytes, len);
-  return Status::OK();
+  return Unseal(*t.tensor, s, t.chunk, bytes, out);
 }
 
 // A chunk that can be read straight into its destination, with the whole read in one op: in
@@ -270,10 +330,9 @@ Status Reader::ReadRegion(const Region& r, Buffers* b, bool verify) {
   for (const Task& t : r.tasks) {
     const format::ShardRecord& s = *t.shard;
     const uint64_t len = format::ChunkLen(s.bytes, t.chunk, m_.chunk_bytes);
-    const std::byte* bytes =
-        b->region.data() + (format::ChunkOffset(s, t.chunk, m_.chunk_bytes) - from);
+    std::byte* bytes = b->region.data() + (format::ChunkOffset(s, t.chunk, m_.chunk_bytes) - from);
     if (verify) SP_RETURN_IF_ERROR(CheckChunk(*t.tensor, s, t.chunk, {bytes, len}));
-    if (t.dst.data != nullptr) std::memcpy(t.dst.data, bytes, len);
+    SP_RETURN_IF_ERROR(Unseal(*t.tensor, s, t.chunk, bytes, t.dst.data));
   }
   return Status::OK();
 }
@@ -298,6 +357,7 @@ Status Reader::ReadDirectBatch(std::span<const Task> run, RandomAccessFile* f, B
   for (const Task& t : run) {
     uint64_t len = format::ChunkLen(t.shard->bytes, t.chunk, m_.chunk_bytes);
     if (verify) SP_RETURN_IF_ERROR(CheckChunk(*t.tensor, *t.shard, t.chunk, {t.dst.data, len}));
+    SP_RETURN_IF_ERROR(Unseal(*t.tensor, *t.shard, t.chunk, t.dst.data, t.dst.data));
   }
   return Status::OK();
 }
@@ -324,12 +384,14 @@ Result<std::vector<std::pair<size_t, size_t>>> Reader::ReadRuns(const std::vecto
 
 Status Reader::ReadShardChunk(size_t tensor, size_t shard, uint64_t chunk, Destination dst,
                               Buffers* b, bool verify) {
+  SP_RETURN_IF_ERROR(CheckReadable());
   const format::TensorRecord& t = m_.tensors[tensor];
   return ReadChunk(Task{&t, &t.shards[shard], chunk, dst}, b, verify);
 }
 
 Status Reader::ReadShardChunks(size_t tensor, size_t shard, uint64_t first, uint64_t count,
                                Destination dst, Buffers* b, bool verify) {
+  SP_RETURN_IF_ERROR(CheckReadable());
   const format::TensorRecord& t = m_.tensors[tensor];
   std::vector<Task> run;
   run.reserve(count);
@@ -367,6 +429,7 @@ Status Reader::AddTasks(size_t ti, Destination dst, std::vector<Task>* tasks,
 
 Status Reader::ReadMany(const std::vector<std::pair<size_t, Destination>>& jobs, LoadStats* stats,
                         bool verify, Progress* progress) {
+  SP_RETURN_IF_ERROR(CheckReadable());
   auto start = std::chrono::steady_clock::now();
   std::vector<Task> tasks;
   std::vector<Scatter> scatter;

@@ -1,5 +1,8 @@
 // CheckpointReader implementation and the chunk-read pipeline shared by Load, LoadInto and Verify,
-// plus zero-copy access through read-only mappings of the data files (mmap.cc).
+// plus zero-copy access through read-only mappings of the data files (mmap.cc). Encrypted
+// checkpoints (docs/FORMAT.md §10): Open authenticates the manifest with LoadOptions::key (Unlock)
+// and every chunk is decrypted and authenticated after its CRC check (Unseal), in place in the
+// destination or from the staging buffer; without the key only the manifest can be listed.
 //
 // Ownership: a Reader owns its open data files and mappings; views returned by MapTensor/MapIndex
 // point into mappings it keeps alive until it is destroyed (callers that need a view to outlive it
@@ -12,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -53,6 +57,7 @@ class Reader final : public CheckpointReader {
 
   const std::string& path() const override { return path_; }
   uint32_t format_version() const override { return m_.version; }
+  bool encrypted() const override { return m_.encryption.enabled; }
   int64_t created_ns() const override { return m_.created_ns; }
   const std::vector<TensorInfo>& tensors() const override { return infos_; }
   uint64_t total_file_bytes() const override { return total_bytes_; }
@@ -84,6 +89,9 @@ class Reader final : public CheckpointReader {
                   bool verify, Progress* progress = nullptr);
   // Index of a tensor in the manifest, or -1.
   int64_t IndexOf(std::string_view name) const;
+  // OK unless the checkpoint is encrypted and was opened without LoadOptions::key
+  // (InvalidArgument "checkpoint P is encrypted: pass LoadOptions::key"). Every read checks it.
+  Status CheckReadable() const;
   // The validated manifest.
   const format::Manifest& manifest() const { return m_; }
   // Opens data file `index` (once), checking its header and size against the manifest.
@@ -158,6 +166,15 @@ class Reader final : public CheckpointReader {
   // Corruption (naming the chunk) unless `bytes` (chunk `chunk` of shard `s`) match its CRC32C.
   Status CheckChunk(const format::TensorRecord& t, const format::ShardRecord& s, uint64_t chunk,
                     std::span<const std::byte> bytes) const;
+  // Turns the stored bytes `in` of chunk `chunk` of `s` (CRC-checked when verifying) into its
+  // stored form in the clear at `out`: for an encrypted checkpoint, decrypts and authenticates
+  // them (out == in allowed; out null: in place, to authenticate only; Unauthenticated naming the
+  // chunk on failure); otherwise copies them unless out is null or equal to in.
+  Status Unseal(const format::TensorRecord& t, const format::ShardRecord& s, uint64_t chunk,
+                std::byte* in, std::byte* out) const;
+  // Open: checks LoadOptions::key against the manifest (`bytes`, the MANIFEST file) and, for an
+  // encrypted checkpoint with a key, authenticates the manifest and keeps the keys.
+  Status Unlock(std::string_view bytes, const std::string& mpath);
   Status AddTasks(size_t tensor, Destination dst, std::vector<Task>* tasks,
                   std::vector<Scatter>* scatter);
 
@@ -166,7 +183,8 @@ class Reader final : public CheckpointReader {
   IoOptions io_;
   std::string path_;
   format::Manifest m_;
-  mutable std::mutex json_mu_;  // guards json_built_ and json_
+  std::optional<format::CheckpointKeys> keys_;  // set when encrypted and opened with the key
+  mutable std::mutex json_mu_;                  // guards json_built_ and json_
   mutable bool json_built_ = false;
   mutable Json json_;  // set once by manifest_json()
   std::vector<TensorInfo> infos_;

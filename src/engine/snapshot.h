@@ -10,6 +10,8 @@
 // has finished, so slabs may reach the sink out of file order. Compressed saves stage each
 // compressed chunk in a slab of its own instead, handed to the sink with the raw bytes' CRC (their
 // uncompressed chunks, the packed small tensors, come first and are laid out in slabs as above).
+// Encrypted saves (ChunkTask::seal) encrypt each uncompressed chunk into its slab(s) instead of
+// copying it, one GCM message across the slabs it straddles, and checksum the ciphertext.
 //
 // Memory stays within the pool: the walker blocks in StagingPool::Acquire while every slab is
 // staged or being written (first calling SnapshotSink::StartPersist, so held-back writers drain),

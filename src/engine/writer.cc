@@ -9,7 +9,9 @@
 //       (CRC32C, while the bytes are hot in cache) and write in parallel. With compression
 //       (docs/FORMAT.md §7) each chunk is compressed instead, its CRC32C taken on the compressed
 //       bytes right after, and its stored form written at the next free 4 KiB-aligned offset
-//       (ExtentAllocator) as it finishes.
+//       (ExtentAllocator) as it finishes. With encryption (docs/FORMAT.md §10, engine/seal.h)
+//       each chunk's stored form is encrypted into a staging buffer (in place after compression)
+//       and the CRC32C taken on the ciphertext; the manifest is authenticated in 3c.
 //   3b. Sync and close the data file.
 //   3c. Write tmp/MANIFEST (it names every file, extent and checksum) and sync it.
 // Steps 4-8 (CommitSave) sync the directory, rename it into place and sync the parent. Readers
@@ -21,8 +23,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 
 #include "engine/paths.h"
+#include "engine/seal.h"
 #include "engine/select.h"
 #include "io/commit.h"
 #include "util/crc32c.h"
@@ -98,17 +102,23 @@ Status CheckSaveOptions(const SaveOptions& o) {
 // Whether chunk `t` can be written straight from the caller's memory (no staging copy).
 bool ZeroCopy(const ChunkTask& t, const WritableFile* f) {
   bool aligned = reinterpret_cast<uintptr_t>(t.src) % kAlignment == 0;
-  return t.stored == nullptr && t.span == 0 && t.len % kAlignment == 0 && (aligned || !f->direct());
+  return t.stored == nullptr && t.span == 0 && t.seal == nullptr && t.len % kAlignment == 0 &&
+         (aligned || !f->direct());
 }
 
 // Zero-copy chunks are written in batches of up to this many through WriteAtMany (io_uring where
 // available): a worker checksums a batch while it is hot, then has all of it in flight at once.
 constexpr size_t kWriteBatch = 4;
 
+// Whether chunk `t` is encrypted into a staging buffer of its own (encrypted saves: every chunk
+// neither packed nor compressed). Such chunks are written in batches like zero-copy ones, so that
+// as many writes are in flight as without encryption.
+bool Sealed(const ChunkTask& t) { return t.seal != nullptr && t.stored == nullptr && t.span == 0; }
+
 // A run of tasks [begin, end) that one worker writes: up to kWriteBatch consecutive zero-copy
-// chunks, the packed chunks of one span, or one other chunk.
+// chunks or sealed chunks, the packed chunks of one span, or one other chunk.
 struct Run {
-  enum class Kind { kZeroCopy, kPacked, kSingle };
+  enum class Kind { kZeroCopy, kSealed, kPacked, kSingle };
   size_t begin = 0;
   size_t end = 0;
   Kind kind = Kind::kSingle;
@@ -124,6 +134,11 @@ std::vector<Run> Runs(const std::vector<ChunkTask>& tasks, const WritableFile* f
     } else if (ZeroCopy(tasks[i], f)) {
       run.kind = Run::Kind::kZeroCopy;
       while (run.end < tasks.size() && run.end - i < kWriteBatch && ZeroCopy(tasks[run.end], f)) {
+        ++run.end;
+      }
+    } else if (Sealed(tasks[i])) {
+      run.kind = Run::Kind::kSealed;
+      while (run.end < tasks.size() && run.end - i < kWriteBatch && Sealed(tasks[run.end])) {
         ++run.end;
       }
     }
@@ -144,6 +159,32 @@ Status WriteZeroCopyBatch(std::span<const ChunkTask> run, WritableFile* f) {
   return f->WriteAtMany(ops);
 }
 
+// Allocates `*t` with `bytes` bytes (4 KiB-aligned) on first use.
+Status EnsureBuffer(Tensor* t, uint64_t bytes) {
+  if (t->data() != nullptr) return Status::OK();
+  SP_ASSIGN_OR_RETURN(*t, Tensor::Empty(DType::kU8, {static_cast<int64_t>(bytes)}));
+  return Status::OK();
+}
+
+// Encrypts a run of sealed chunks into `bufs` (one chunk_bytes buffer each, allocated on first
+// use), zero-padded to 4 KiB, then writes them with one batched submission.
+Status WriteSealedBatch(std::span<const ChunkTask> run, uint64_t chunk_bytes, WritableFile* f,
+                        std::vector<Tensor>* bufs) {
+  if (bufs->size() < run.size()) bufs->resize(run.size());
+  std::vector<WriteOp> ops;
+  ops.reserve(run.size());
+  for (size_t i = 0; i < run.size(); ++i) {
+    const ChunkTask& t = run[i];
+    SP_RETURN_IF_ERROR(EnsureBuffer(&(*bufs)[i], chunk_bytes));
+    std::byte* out = (*bufs)[i].data();
+    SP_RETURN_IF_ERROR(SealChunk(t, t.file_offset, t.src, out, t.len, false));
+    const uint64_t padded = AlignUp(t.len);
+    std::memset(out + t.len, 0, padded - t.len);
+    ops.push_back({t.file_offset, {out, padded}});
+  }
+  return f->WriteAtMany(ops);
+}
+
 // Lays the packed chunks of one span out in `buf` (kPackSpanBytes, 4 KiB-aligned) as they lie in
 // the file, each copied and checksummed in one pass, zero-fills the gaps, and writes the 4 KiB
 // blocks they cover with one write. The blocks of two spans never overlap.
@@ -158,7 +199,11 @@ Status WritePackedRun(std::span<const ChunkTask> run, WritableFile* f, std::byte
           t.file_offset, t.len, begin));
     }
     std::memset(buf + fill, 0, at - fill);
-    *t.crc = Crc32cCopy(0, t.src, buf + at, t.len);
+    if (t.seal != nullptr) {
+      SP_RETURN_IF_ERROR(SealChunk(t, t.file_offset, t.src, buf + at, t.len, false));
+    } else {
+      *t.crc = Crc32cCopy(0, t.src, buf + at, t.len);
+    }
     fill = at + t.len;
   }
   const uint64_t end = AlignUp(fill);
@@ -166,22 +211,18 @@ Status WritePackedRun(std::span<const ChunkTask> run, WritableFile* f, std::byte
   return f->WriteAt(begin, {buf, end});
 }
 
-// Allocates `*t` with `bytes` bytes (4 KiB-aligned) on first use.
-Status EnsureBuffer(Tensor* t, uint64_t bytes) {
-  if (t->data() != nullptr) return Status::OK();
-  SP_ASSIGN_OR_RETURN(*t, Tensor::Empty(DType::kU8, {static_cast<int64_t>(bytes)}));
-  return Status::OK();
-}
-
 // Writes one chunk, straight from the tensor when it is aligned for the file, else through
-// `staging` (copied and checksummed in one pass by Crc32cCopy).
+// `staging` (copied and checksummed in one pass by Crc32cCopy, or sealed there).
 Status WriteChunk(const ChunkTask& t, WritableFile* f, std::byte* staging) {
   bool aligned = reinterpret_cast<uintptr_t>(t.src) % kAlignment == 0;
-  if (t.len % kAlignment == 0 && (aligned || !f->direct())) {
+  if (t.seal != nullptr) {
+    SP_RETURN_IF_ERROR(SealChunk(t, t.file_offset, t.src, staging, t.len, false));
+  } else if (t.len % kAlignment == 0 && (aligned || !f->direct())) {
     *t.crc = Crc32c({t.src, t.len});
     return f->WriteAt(t.file_offset, {t.src, t.len});
+  } else {
+    *t.crc = Crc32cCopy(0, t.src, staging, t.len);
   }
-  *t.crc = Crc32cCopy(0, t.src, staging, t.len);
   uint64_t padded = AlignUp(t.len);
   std::memset(staging + t.len, 0, padded - t.len);
   return f->WriteAt(t.file_offset, {staging, padded});
@@ -204,10 +245,14 @@ Result<bool> WriteCompressedChunk(const ChunkTask& t, const std::byte* raw, uint
   // Keep the compressed form only if it saves at least one 4 KiB block on disk; otherwise the raw
   // bytes cost no more space and need no decompression.
   if (!c.compressed || AlignUp(c.stored_bytes) >= AlignUp(t.len)) return false;
-  *t.crc = Crc32c({out.data(), c.stored_bytes});  // the output is still hot in cache
   const uint64_t padded = AlignUp(c.stored_bytes);
-  std::memset(out.data() + c.stored_bytes, 0, padded - c.stored_bytes);
   const uint64_t offset = alloc->Allocate(padded);
+  if (t.seal != nullptr) {  // compress, then encrypt (in place)
+    SP_RETURN_IF_ERROR(SealChunk(t, offset, out.data(), out.data(), c.stored_bytes, true));
+  } else {
+    *t.crc = Crc32c({out.data(), c.stored_bytes});  // the output is still hot in cache
+  }
+  std::memset(out.data() + c.stored_bytes, 0, padded - c.stored_bytes);
   *t.stored = {offset, c.stored_bytes, true};
   SP_RETURN_IF_ERROR(f->WriteAt(offset, {out.data(), padded}));
   return true;
@@ -221,7 +266,11 @@ Status StoreRawChunk(const ChunkTask& t, std::byte* staged, uint32_t staged_crc,
   if (staged == nullptr) return WriteChunk(raw, f, staging);
   const uint64_t padded = AlignUp(t.len);
   std::memset(staged + t.len, 0, padded - t.len);
-  *t.crc = staged_crc;
+  if (t.seal != nullptr) {
+    SP_RETURN_IF_ERROR(SealChunk(t, raw.file_offset, staged, staged, t.len, false));
+  } else {
+    *t.crc = staged_crc;
+  }
   return f->WriteAt(raw.file_offset, {staged, padded});
 }
 
@@ -231,6 +280,7 @@ Status WriteTasks(const std::vector<ChunkTask>& tasks, uint64_t chunk_bytes, int
     Tensor staging;  // chunk_bytes: one unaligned or short chunk
     Tensor span;     // kPackSpanBytes: the packed chunks of one span
     CompressBuffers compress;
+    std::vector<Tensor> sealed;  // up to kWriteBatch x chunk_bytes: a run of sealed chunks
   };
   std::vector<Buffers> buffers(threads);
   const std::vector<Run> runs = Runs(tasks, f);
@@ -240,6 +290,8 @@ Status WriteTasks(const std::vector<ChunkTask>& tasks, uint64_t chunk_bytes, int
     switch (runs[r].kind) {
       case Run::Kind::kZeroCopy:
         return WriteZeroCopyBatch(run, f);
+      case Run::Kind::kSealed:
+        return WriteSealedBatch(run, chunk_bytes, f, &b.sealed);
       case Run::Kind::kPacked:
         SP_RETURN_IF_ERROR(EnsureBuffer(&b.span, format::kPackSpanBytes));
         return WritePackedRun(run, f, b.span.data());
@@ -355,6 +407,8 @@ void AddChunkTasks(format::TensorRecord& t, const std::byte* src, uint64_t chunk
     task.len = format::ChunkLen(s.bytes, c, chunk_bytes);
     task.file_offset = s.offset + c * chunk_bytes;
     task.crc = &s.crc32c[c];
+    task.tensor = &t;
+    task.chunk = c;
     if (pack != nullptr) task.span = pack->SpanStart(task.file_offset);
     if (s.compressed()) {
       task.stored = &s.stored[c];
@@ -424,12 +478,16 @@ Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const 
   return f;
 }
 
-Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manifest& m) {
+Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manifest& m,
+                   const format::CheckpointKeys* keys) {
   if (data != nullptr) {
     SP_RETURN_IF_ERROR(data->Sync());
     SP_RETURN_IF_ERROR(data->Close());
   }
-  std::string manifest = format::EncodeManifest(m);
+  if (m.encryption.enabled && keys == nullptr) {
+    return InternalError("an encrypted manifest is written without its keys");
+  }
+  std::string manifest = format::EncodeManifest(m, keys);
   if (manifest.size() - format::kManifestHeaderBytes > format::kMaxManifestBodyBytes) {
     return ResourceExhaustedError(fmt::format("manifest of {} bytes exceeds the cap of {}",
                                               manifest.size(), format::kMaxManifestBodyBytes));
@@ -449,11 +507,15 @@ void AbandonSave(const SaveTarget& t) { CommitOf(t, false).Abandon(); }
 
 namespace {
 
+// `keys`: the checkpoint's keys when it is encrypted, else null.
 Status WriteAndCommit(const State& state, const SaveTarget& target, const SaveOptions& o,
-                      const IoOptions& io, bool* direct, uint64_t* stored_bytes) {
+                      const IoOptions& io, const format::CheckpointKeys* keys, bool* direct,
+                      uint64_t* stored_bytes) {
   format::Manifest m;
   SP_ASSIGN_OR_RETURN(std::vector<ChunkTask> tasks,
                       PlanSave(state, o.chunk_bytes, &m, o.compression, o.format_version));
+  ChunkSeal seal;
+  if (keys != nullptr) EnableSealing(*keys, 0, &m, &tasks, &seal);
   SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, CreateDataFile(target, m, io.direct_io));
   *direct = f->direct();
   ExtentAllocator alloc(m.files[0].bytes);  // compressed chunks go after the planned layout
@@ -463,7 +525,7 @@ Status WriteAndCommit(const State& state, const SaveTarget& target, const SaveOp
   if (format::UsesCompression(m)) m.files[0].bytes = alloc.end();
   *stored_bytes = 0;
   for (const auto& t : m.tensors) *stored_bytes += format::StoredBytes(t.shards[0]);
-  SP_RETURN_IF_ERROR(FinishFiles(target, f.get(), m));
+  SP_RETURN_IF_ERROR(FinishFiles(target, f.get(), m, keys));
   return CommitSave(target, o.overwrite);
 }
 
@@ -475,10 +537,17 @@ namespace savepoint {
 Status Save(const State& state, const std::string& path, const SaveOptions& o,
             const IoOptions& io) {
   auto start = std::chrono::steady_clock::now();
+  std::optional<format::CheckpointKeys> keys;
+  if (o.key) {  // before anything is created: a bad key leaves no trace
+    Result<format::CheckpointKeys> k = engine::NewSaveKeys(o.key, FileSystemOf(io));
+    if (!k.ok()) return k.status().WithContext(fmt::format("save {}", path));
+    keys = std::move(*k);
+  }
   SP_ASSIGN_OR_RETURN(engine::SaveTarget target, engine::BeginSave(path, o, io));
   bool direct = false;
   uint64_t stored = 0;
-  Status s = engine::WriteAndCommit(state, target, o, io, &direct, &stored);
+  Status s =
+      engine::WriteAndCommit(state, target, o, io, keys ? &*keys : nullptr, &direct, &stored);
   if (!s.ok()) {
     engine::AbandonSave(target);
     return s.WithContext(fmt::format("save {}", target.path));

@@ -20,6 +20,8 @@ class Progress;  // util/progress.h
 
 namespace savepoint::engine {
 
+struct ChunkSeal;  // engine/seal.h
+
 // One chunk of one tensor: `len` bytes from `src`, to be stored at `file_offset`; its CRC32C is
 // stored into `*crc` (a slot of the manifest) once computed.
 //
@@ -31,6 +33,12 @@ namespace savepoint::engine {
 // offset of the kPackSpanBytes span of the packed region that holds the chunk (0 for any other
 // chunk). A packed chunk may share 4 KiB blocks with its neighbours, so the chunks of one span are
 // written together, with one aligned write (WriteTasks).
+//
+// Encrypted saves (docs/FORMAT.md §10; engine/seal.h): `seal` (null when not encrypted) is the
+// save's, `tensor` and `chunk` name the chunk (its shard's name and box go into the AAD), and
+// `tag` is the manifest slot of its GCM tag. The chunk is sealed where it is written (never in the
+// caller's memory) and *crc covers the ciphertext. PlanSave sets `tensor` and `chunk` of every
+// task, EnableSealing the rest.
 struct ChunkTask {
   const std::byte* src = nullptr;
   uint64_t len = 0;
@@ -40,6 +48,10 @@ struct ChunkTask {
   codec::CodecOptions codec;
   size_t elem_size = 1;
   uint64_t span = 0;
+  const ChunkSeal* seal = nullptr;
+  format::TensorRecord* tensor = nullptr;
+  uint64_t chunk = 0;
+  crypto::GcmTag* tag = nullptr;
 };
 
 // Hands out 4 KiB-aligned extents at the end of a data file, in the order chunks finish.
@@ -107,7 +119,9 @@ Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const 
 // Writes every task of a planned save into `f` on `threads` threads (1..64): consecutive zero-copy
 // chunks with one batched submission per run, the packed chunks of one span with one aligned write
 // through a span buffer, compressed chunks at offsets from `alloc` (nullptr when nothing is
-// compressed), any other chunk through a staging buffer. Sets every task's CRC. Counts the raw
+// compressed), consecutive sealed (encrypted) chunks encrypted into per-thread buffers (up to 4 x
+// chunk_bytes per thread) and written with one batched submission per run, any other chunk
+// through a staging buffer. Sets every task's CRC. Counts the raw
 // bytes of every task written in `progress` (when not null; the caller finishes it).
 Status WriteTasks(const std::vector<ChunkTask>& tasks, uint64_t chunk_bytes, int threads,
                   WritableFile* f, ExtentAllocator* alloc, Progress* progress = nullptr);
@@ -132,8 +146,10 @@ Status StoreRawChunk(const ChunkTask& t, std::byte* staged, uint32_t staged_crc,
                      ExtentAllocator* alloc, std::byte* staging);
 
 // Steps 3b-3c (writer.cc): syncs and closes the data file (unless `data` is null: a multi-rank
-// save's ranks close their own), writes and syncs MANIFEST.
-Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manifest& m);
+// save's ranks close their own), writes and syncs MANIFEST (authenticated with `keys` when `m` is
+// encrypted).
+Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manifest& m,
+                   const format::CheckpointKeys* keys = nullptr);
 
 // Steps 4-8 of the commit protocol (io::DurableCommit::Commit): syncs the temporary directory,
 // renames it into place (setting an old checkpoint aside when overwriting) and syncs the parent.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "format/endian.h"
 #include "util/base64.h"
@@ -48,9 +49,17 @@ Json ValueToJson(const std::string& name, const Value& v) {
 
 namespace {
 
-Json ShardToJson(const ShardRecord& s) {
+// The "tags" array of an encrypted shard: one hex string per chunk.
+Json TagsToJson(const ShardRecord& s) {
+  Json tags = Json::array();
+  for (const crypto::GcmTag& t : s.tags) tags.push_back(crypto::Hex(t));
+  return tags;
+}
+
+Json ShardToJson(const ShardRecord& s, bool encrypted) {
   Json j = {{"offsets", s.offsets}, {"sizes", s.sizes}, {"file", s.file},
             {"offset", s.offset},   {"bytes", s.bytes}, {"crc32c", s.crc32c}};
+  if (encrypted) j["tags"] = TagsToJson(s);
   if (!s.compressed()) return j;  // uncompressed shards stay exactly as in plain version 1
   Json offsets = Json::array(), sizes = Json::array(), flags = Json::array();
   for (const StoredChunk& c : s.stored) {
@@ -97,7 +106,16 @@ namespace {
 Json FeaturesToJson(const Manifest& m) {
   Json features = Json::array();
   if (UsesCompression(m)) features.push_back(kFeatureCompression);
+  if (m.encryption.enabled) features.push_back(kFeatureEncryption);
   return features;
+}
+
+// The manifest's "encryption" object (only in encrypted manifests).
+Json EncryptionToJson(const Manifest& m) {
+  return {{"cipher", kCipherName},
+          {"kdf", kKdfName},
+          {"salt", crypto::Hex(m.encryption.salt)},
+          {"key_check", crypto::Hex(m.encryption.key_check)}};
 }
 
 Json FilesToJson(const Manifest& m) {
@@ -120,22 +138,24 @@ Json ManifestToJson(const Manifest& m) {
   Json tensors = Json::array();
   for (const auto& t : m.tensors) {
     Json shards = Json::array();
-    for (const auto& s : t.shards) shards.push_back(ShardToJson(s));
+    for (const auto& s : t.shards) shards.push_back(ShardToJson(s, m.encryption.enabled));
     tensors.push_back(
         {{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}, {"shards", shards}});
   }
-  return {{"format", "savepoint"},
-          {"version", m.version},
-          {"required_features", FeaturesToJson(m)},
-          {"checkpoint_id", fmt::format("{:016x}", m.checkpoint_id)},
-          {"created_ns", std::max<int64_t>(m.created_ns, 0)},
-          {"writer", m.writer},
-          {"chunk_bytes", m.chunk_bytes},
-          {"alignment", ExtentAlignment(m.version)},
-          {"files", FilesToJson(m)},
-          {"tensors", tensors},
-          {"values", ValuesToJson(m)},
-          {"metadata", m.values.metadata()}};
+  Json j = {{"format", "savepoint"},
+            {"version", m.version},
+            {"required_features", FeaturesToJson(m)},
+            {"checkpoint_id", fmt::format("{:016x}", m.checkpoint_id)},
+            {"created_ns", std::max<int64_t>(m.created_ns, 0)},
+            {"writer", m.writer},
+            {"chunk_bytes", m.chunk_bytes},
+            {"alignment", ExtentAlignment(m.version)},
+            {"files", FilesToJson(m)},
+            {"tensors", tensors},
+            {"values", ValuesToJson(m)},
+            {"metadata", m.values.metadata()}};
+  if (m.encryption.enabled) j["encryption"] = EncryptionToJson(m);
+  return j;
 }
 
 namespace {
@@ -153,8 +173,9 @@ void AppendNumbers(std::string* out, const T& values) {
   out->push_back(']');
 }
 
-// The text of Dump(ShardToJson(s)), written directly: the keys in nlohmann's (sorted) order.
-void AppendShard(std::string* out, const ShardRecord& s) {
+// The text of Dump(ShardToJson(s, encrypted)), written directly: the keys in nlohmann's (sorted)
+// order.
+void AppendShard(std::string* out, const ShardRecord& s, bool encrypted) {
   auto put = std::back_inserter(*out);
   fmt::format_to(put, "{{\"bytes\":{}", s.bytes);
   if (s.compressed()) fmt::format_to(put, ",\"codec\":\"{}\"", codec::CodecName(s.codec));
@@ -180,12 +201,22 @@ void AppendShard(std::string* out, const ShardRecord& s) {
     *out += ",\"stored_offsets\":";
     AppendNumbers(out, offsets);
   }
+  if (encrypted) {
+    *out += ",\"tags\":[";
+    for (size_t i = 0; i < s.tags.size(); ++i) {
+      if (i > 0) out->push_back(',');
+      out->push_back('"');
+      *out += crypto::Hex(s.tags[i]);
+      out->push_back('"');
+    }
+    out->push_back(']');
+  }
   out->push_back('}');
 }
 
 // The text of the manifest's "tensors" array, written directly: building it as a JSON document
 // first costs more than everything else a save of thousands of small tensors does.
-void AppendTensors(std::string* out, const std::vector<TensorRecord>& tensors) {
+void AppendTensors(std::string* out, const std::vector<TensorRecord>& tensors, bool encrypted) {
   out->push_back('[');
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorRecord& t = tensors[i];
@@ -197,7 +228,7 @@ void AppendTensors(std::string* out, const std::vector<TensorRecord>& tensors) {
     *out += ",\"shards\":[";
     for (size_t k = 0; k < t.shards.size(); ++k) {
       if (k > 0) out->push_back(',');
-      AppendShard(out, t.shards[k]);
+      AppendShard(out, t.shards[k], encrypted);
     }
     *out += "]}";
   }
@@ -211,12 +242,13 @@ std::string EncodeBody(const Manifest& m) {
   body.reserve(256 + 160 * m.tensors.size());
   fmt::format_to(std::back_inserter(body),
                  "{{\"alignment\":{},\"checkpoint_id\":\"{:016x}\",\"chunk_bytes\":{},"
-                 "\"created_ns\":{},\"files\":{},\"format\":\"savepoint\",\"metadata\":{},"
+                 "\"created_ns\":{},{}\"files\":{},\"format\":\"savepoint\",\"metadata\":{},"
                  "\"required_features\":{},\"tensors\":",
                  ExtentAlignment(m.version), m.checkpoint_id, m.chunk_bytes,
-                 std::max<int64_t>(m.created_ns, 0), Dump(FilesToJson(m)),
-                 Dump(m.values.metadata()), Dump(FeaturesToJson(m)));
-  AppendTensors(&body, m.tensors);
+                 std::max<int64_t>(m.created_ns, 0),
+                 m.encryption.enabled ? "\"encryption\":" + Dump(EncryptionToJson(m)) + "," : "",
+                 Dump(FilesToJson(m)), Dump(m.values.metadata()), Dump(FeaturesToJson(m)));
+  AppendTensors(&body, m.tensors, m.encryption.enabled);
   fmt::format_to(std::back_inserter(body), ",\"values\":{},\"version\":{},\"writer\":{}}}",
                  Dump(ValuesToJson(m)), m.version, Dump(Json(m.writer)));
   return body;
@@ -224,7 +256,7 @@ std::string EncodeBody(const Manifest& m) {
 
 }  // namespace
 
-std::string EncodeManifest(const Manifest& m) {
+std::string EncodeManifest(const Manifest& m, const CheckpointKeys* keys) {
   std::string body = EncodeBody(m);
   std::string header(kManifestHeaderBytes, '\0');
   header.replace(0, 8, kManifestMagic);
@@ -233,7 +265,11 @@ std::string EncodeManifest(const Manifest& m) {
   PutU64(&header, 16, body.size());
   PutU64(&header, 24, m.checkpoint_id);
   PutU32(&header, 32, Crc32c(body));
-  PutU32(&header, 36, 0);  // flags
+  PutU32(&header, 36, m.encryption.enabled ? kManifestFlagEncrypted : 0);  // flags
+  if (m.encryption.enabled && keys != nullptr) {
+    const ManifestMac mac = keys->Mac(std::string_view(header).substr(0, kManifestMacOffset), body);
+    std::memcpy(header.data() + kManifestMacOffset, mac.data(), mac.size());
+  }
   PutU32(&header, 60, Crc32c(std::string_view(header).substr(0, 60)));
   return header + body;
 }

@@ -1,5 +1,6 @@
-// The native on-disk format (versions 1 and 2): constants, the manifest model, and its encoder and
-// validating decoder. docs/FORMAT.md is the specification; this file implements it.
+// The native on-disk format (versions 1 and 2, with the optional features compression and
+// encryption): constants, the manifest model, and its encoder and validating decoder.
+// docs/FORMAT.md is the specification; this file implements it.
 //
 // Everything here treats input as hostile: every size is capped, every offset is checked with
 // overflow-safe arithmetic, every name is validated, and errors are Corruption (bad bytes) or
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "codec/codec.h"
+#include "format/encryption.h"
 #include "savepoint/state.h"
 #include "savepoint/status.h"
 #include "savepoint/tensor.h"
@@ -84,6 +86,8 @@ struct ShardRecord {
   codec::Codec codec = codec::Codec::kNone;
   codec::Filter filter = codec::Filter::kNone;
   std::vector<StoredChunk> stored = {};  // one per chunk when codec != kNone, else empty
+  // Encrypted checkpoints (docs/FORMAT.md §10): the AES-GCM tag of each chunk; empty otherwise.
+  std::vector<crypto::GcmTag> tags = {};
 
   bool compressed() const { return codec != codec::Codec::kNone; }
 };
@@ -104,6 +108,8 @@ struct Manifest {
   std::vector<FileRecord> files;
   std::vector<TensorRecord> tensors;  // sorted by name
   State values;                       // values and metadata only (no tensors)
+  // Encryption (docs/FORMAT.md §10): disabled unless the chunks are encrypted.
+  EncryptionRecord encryption = {};
 };
 
 // Number of chunks of a shard of `bytes` bytes.
@@ -156,10 +162,14 @@ Status ValuesFromJson(const Json& values, std::string_view where, State* out);
 // The manifest body as JSON (the documented, stable schema).
 Json ManifestToJson(const Manifest& m);
 
-// Header + body, ready to be written to MANIFEST.
-std::string EncodeManifest(const Manifest& m);
+// Header + body, ready to be written to MANIFEST. An encrypted manifest (m.encryption.enabled) is
+// authenticated with `keys` (its MAC goes into the header); without keys its MAC is zero, which no
+// reader accepts (tests use that to forge manifests).
+std::string EncodeManifest(const Manifest& m, const CheckpointKeys* keys = nullptr);
 
-// Parses and fully validates MANIFEST bytes. `where` names the file in error messages.
+// Parses and fully validates MANIFEST bytes. `where` names the file in error messages. An encrypted
+// manifest is decoded (m.encryption holds its salt, key check and MAC) but not authenticated: that
+// needs the key (AuthenticateManifest, format/encryption.h).
 Result<Manifest> DecodeManifest(std::string_view bytes, std::string_view where);
 
 // Corruption ("<where>: tensor "T": shards overlap" / "shards cover N of M elements") unless the

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <set>
 
@@ -203,6 +204,30 @@ Status DecodeStored(const Json& j, uint64_t max_chunks, const Ctx& ctx, const st
   return Status::OK();
 }
 
+// The GCM tags of a shard of an encrypted manifest: exactly one per chunk (docs/FORMAT.md §10).
+// An unencrypted manifest has none.
+Status DecodeTags(const Json& j, const Manifest& m, const Ctx& ctx, const std::string& in,
+                  ShardRecord* s) {
+  if (!m.encryption.enabled) {
+    if (j.contains("tags"))
+      return ctx.Bad(fmt::format("{}: tags in an unencrypted checkpoint", in));
+    return Status::OK();
+  }
+  const uint64_t chunks = s->crc32c.size();  // == NumChunks: CheckShardRange checks it
+  SP_ASSIGN_OR_RETURN(const Json* tags, Array(j, "tags", chunks, ctx, in));
+  if (tags->size() != chunks) {
+    return ctx.Bad(fmt::format("{}: {} tags for {} checksums", in, tags->size(), chunks));
+  }
+  s->tags.resize(chunks);
+  for (size_t c = 0; c < chunks; ++c) {
+    const Json& t = (*tags)[c];
+    if (!t.is_string() || !ParseHex(t.get_ref<const std::string&>(), s->tags[c])) {
+      return ctx.Bad(fmt::format("{} chunk {}: tag is not 32 hex digits", in, c));
+    }
+  }
+  return Status::OK();
+}
+
 Result<ShardRecord> DecodeShard(const Json& j, const TensorRecord& t, const Manifest& m,
                                 const Ctx& ctx, const std::string& in) {
   ShardRecord s;
@@ -221,6 +246,7 @@ Result<ShardRecord> DecodeShard(const Json& j, const TensorRecord& t, const Mani
     s.crc32c.push_back(static_cast<uint32_t>(c.get<uint64_t>()));
   }
   if (j.contains("codec")) SP_RETURN_IF_ERROR(DecodeStored(j, max_chunks, ctx, in, &s));
+  SP_RETURN_IF_ERROR(DecodeTags(j, m, ctx, in, &s));
   SP_RETURN_IF_ERROR(CheckShardRange(t, s, m, ctx, in));
   return s;
 }
@@ -382,19 +408,54 @@ Status DecodeValues(const Json& root, const Ctx& ctx, Manifest* m) {
   return Status::OK();
 }
 
+// A hex field of exactly out.size() bytes of the "encryption" object.
+Status HexField(const Json& obj, const char* key, std::span<std::byte> out, const Ctx& ctx) {
+  SP_ASSIGN_OR_RETURN(std::string hex, Str(obj, key, ctx, "manifest.encryption"));
+  if (!ParseHex(hex, out)) {
+    return ctx.Bad(fmt::format("manifest.encryption.{} is not {} hex digits", key, 2 * out.size()));
+  }
+  return Status::OK();
+}
+
+// The "encryption" object (docs/FORMAT.md §10), present exactly when "encryption" is a required
+// feature and the header's flag says so.
+Status DecodeEncryption(const Json& root, bool required, const Ctx& ctx, Manifest* m) {
+  auto it = root.find("encryption");
+  if (it == root.end() && !required && !m->encryption.enabled) return Status::OK();
+  if (it == root.end() || !required || !m->encryption.enabled) {
+    return ctx.Bad(fmt::format(
+        "encryption is inconsistent: \"encryption\" object {}, required feature {}, header flag {}",
+        it == root.end() ? "absent" : "present", required ? "listed" : "not listed",
+        m->encryption.enabled ? "set" : "clear"));
+  }
+  SP_ASSIGN_OR_RETURN(std::string cipher, Str(*it, "cipher", ctx, "manifest.encryption"));
+  SP_ASSIGN_OR_RETURN(std::string kdf, Str(*it, "kdf", ctx, "manifest.encryption"));
+  if (cipher != kCipherName || kdf != kKdfName) {
+    return UnimplementedError(fmt::format(
+        "{}: encrypted with cipher {:?} and key derivation {:?} (this build knows {} with {})",
+        ctx.where, cipher.substr(0, 32), kdf.substr(0, 32), kCipherName, kKdfName));
+  }
+  SP_RETURN_IF_ERROR(HexField(*it, "salt", m->encryption.salt, ctx));
+  return HexField(*it, "key_check", m->encryption.key_check, ctx);
+}
+
 Status DecodeTop(const Json& root, const Ctx& ctx, Manifest* m, bool* compression) {
   if (!root.is_object()) return ctx.Bad("manifest body is not a JSON object");
   SP_ASSIGN_OR_RETURN(std::string format, Str(root, "format", ctx, "manifest"));
   if (format != "savepoint") return ctx.Bad("manifest.format is not \"savepoint\"");
   SP_ASSIGN_OR_RETURN(const Json* features, Array(root, "required_features", 64, ctx, "manifest"));
+  bool encryption = false;
   for (const Json& f : *features) {
     if (f.is_string() && f.get<std::string>() == kFeatureCompression) {
       *compression = true;
+    } else if (f.is_string() && f.get<std::string>() == kFeatureEncryption) {
+      encryption = true;
     } else {
       return UnimplementedError(fmt::format("{}: requires features {} unknown to this build",
                                             ctx.where, features->dump()));
     }
   }
+  SP_RETURN_IF_ERROR(DecodeEncryption(root, encryption, ctx, m));
   auto version = root.find("version");
   if (version != root.end() &&
       (!version->is_number_unsigned() || version->get<uint64_t>() != m->version)) {
@@ -476,6 +537,17 @@ Status CheckHeader(std::string_view bytes, const Ctx& ctx, Manifest* m) {
   m->checkpoint_id = GetU64(bytes, 24);
   if (GetU32(bytes, 32) != Crc32c(bytes.substr(kManifestHeaderBytes))) {
     return ctx.Bad("body checksum mismatch");
+  }
+  // Flags: bit 0 says the manifest is encrypted and its MAC is in bytes [40, 60) (§10). Writers
+  // before encryption wrote 0 and nothing in the reserved bytes.
+  const uint32_t flags = GetU32(bytes, 36);
+  if ((flags & ~kManifestFlagEncrypted) != 0) {
+    return UnimplementedError(
+        fmt::format("{}: header flags {:#x} unknown to this build", ctx.where, flags));
+  }
+  m->encryption.enabled = (flags & kManifestFlagEncrypted) != 0;
+  if (m->encryption.enabled) {
+    std::memcpy(m->encryption.mac.data(), bytes.data() + kManifestMacOffset, kManifestMacBytes);
   }
   return Status::OK();
 }

@@ -33,10 +33,7 @@ void ByteLayout::AddBorrowed(std::span<const std::byte> bytes) {
 
 uint64_t ByteLayout::Gather(uint64_t begin, std::span<std::byte> dst) const {
   const uint64_t end = begin + dst.size();
-  // The last segment starting at or before `begin`.
-  auto it = std::upper_bound(segments_.begin(), segments_.end(), begin,
-                             [](uint64_t b, const Segment& s) { return b < s.offset; });
-  if (it != segments_.begin()) --it;
+  auto it = segments_.begin() + static_cast<ptrdiff_t>(SegmentAt(begin));
   uint64_t payload = 0;
   for (; it != segments_.end() && it->offset < end; ++it) {
     const uint64_t lo = std::max(begin, it->offset);
@@ -46,6 +43,38 @@ uint64_t ByteLayout::Gather(uint64_t begin, std::span<std::byte> dst) const {
     if (it->payload) payload += hi - lo;
   }
   return payload;
+}
+
+uint32_t ByteLayout::Crc32(uint64_t end, int threads) const {
+  constexpr uint64_t kRange = uint64_t{64} << 20;
+  const uint64_t ranges = (end + kRange - 1) / kRange;
+  std::vector<uint32_t> crcs(ranges, 0);
+  Status s = ParallelFor(ranges, threads, [&](size_t r, int) {
+    const uint64_t begin = r * kRange, stop = std::min(end, begin + kRange);
+    auto it = std::upper_bound(segments_.begin(), segments_.end(), begin,
+                               [](uint64_t b, const Segment& x) { return b < x.offset; });
+    if (it != segments_.begin()) --it;
+    uint32_t crc = 0;
+    for (; it != segments_.end() && it->offset < stop; ++it) {
+      const uint64_t lo = std::max(begin, it->offset);
+      const uint64_t hi = std::min(stop, it->offset + it->bytes.size());
+      if (lo < hi) crc = Crc32Zlib(crc, it->bytes.subspan(lo - it->offset, hi - lo));
+    }
+    crcs[r] = crc;
+    return Status::OK();
+  });
+  s.IgnoreError();  // the body cannot fail
+  uint32_t crc = 0;
+  for (uint64_t r = 0; r < ranges; ++r) {
+    crc = Crc32ZlibCombine(crc, crcs[r], std::min(kRange, end - r * kRange));
+  }
+  return crc;
+}
+
+size_t ByteLayout::SegmentAt(uint64_t offset) const {
+  auto it = std::upper_bound(segments_.begin(), segments_.end(), offset,
+                             [](uint64_t b, const Segment& s) { return b < s.offset; });
+  return it == segments_.begin() ? 0 : static_cast<size_t>(it - segments_.begin()) - 1;
 }
 
 uint32_t Crc32Zlib(uint32_t crc, std::span<const std::byte> bytes) {
@@ -76,6 +105,7 @@ class LayoutWriter {
                           Tensor::Empty(DType::kU8, {static_cast<int64_t>(kLayoutPieceBytes)}));
       staging_.push_back(std::move(t));
     }
+    if (o_.head) return RunHeadLast(threads);
     // Pieces holding bytes at or after crc_end wait for the CRC of everything before them.
     const uint64_t tail =
         o_.crc_end > 0 ? std::min(o_.crc_end / kLayoutPieceBytes, pieces_) : pieces_;
@@ -97,12 +127,45 @@ class LayoutWriter {
   }
 
  private:
-  Status WritePiece(size_t i, int worker) {
+  // WriteLayoutOptions::head: the pieces from the head's end on, with the segments' CRCs, then
+  // the head pieces.
+  Status RunHeadLast(int threads) {
+    const uint64_t head =
+        std::min(pieces_, (o_.head_end + kLayoutPieceBytes - 1) / kLayoutPieceBytes);
+    parts_.resize(pieces_);
+    SP_RETURN_IF_ERROR(ParallelFor(
+        pieces_, threads, [&](size_t i, int w) { return WritePiece(i, w, /*write=*/i >= head); }));
+    std::vector<uint32_t> crcs(layout_.segments().size(), 0);
+    for (const std::vector<Part>& piece : parts_) {  // in file order: a segment's parts in order
+      for (const Part& p : piece) crcs[p.segment] = Crc32ZlibCombine(crcs[p.segment], p.crc, p.len);
+    }
+    parts_.clear();
+    SP_RETURN_IF_ERROR(o_.head(crcs));
+    return ParallelFor(head, threads, [&](size_t i, int w) { return WritePiece(i, w); });
+  }
+
+  // Records the CRC of each payload segment's bytes in piece i (staged in `buf`).
+  void SegmentCrcs(size_t i, uint64_t begin, std::span<const std::byte> buf) {
+    const auto& segments = layout_.segments();
+    const uint64_t end = begin + buf.size();
+    for (size_t k = layout_.SegmentAt(begin); k < segments.size() && segments[k].offset < end;
+         ++k) {
+      const uint64_t lo = std::max(begin, segments[k].offset);
+      const uint64_t hi = std::min(end, segments[k].offset + segments[k].bytes.size());
+      if (lo >= hi || !segments[k].payload) continue;
+      parts_[i].push_back({k, Crc32Zlib(0, buf.subspan(lo - begin, hi - lo)), hi - lo});
+    }
+  }
+
+  // Stages piece i; computes the CRCs asked for; writes it unless `write` is false.
+  Status WritePiece(size_t i, int worker, bool write = true) {
     const uint64_t begin = i * kLayoutPieceBytes;
     std::span<std::byte> buf(staging_[worker].data(),
                              std::min(kLayoutPieceBytes, layout_.size() - begin));
     const uint64_t payload = layout_.Gather(begin, buf);
     if (o_.crc_end >= begin + buf.size()) crcs_[i] = Crc32Zlib(0, buf);
+    if (!parts_.empty()) SegmentCrcs(i, begin, buf);
+    if (!write) return Status::OK();
     // Whole blocks through f_; a last partial block through the buffered tail handle.
     const uint64_t whole =
         tail_ != nullptr ? buf.size() / kDirectIOAlignment * kDirectIOAlignment : buf.size();
@@ -118,6 +181,12 @@ class LayoutWriter {
   WritableFile* tail_;
   uint64_t pieces_ = 0;
   std::vector<uint32_t> crcs_;  // CRC of each whole piece before crc_end
+  struct Part {
+    size_t segment = 0;
+    uint32_t crc = 0;
+    uint64_t len = 0;
+  };
+  std::vector<std::vector<Part>> parts_;  // per piece, with `head` until it is called
   std::vector<Tensor> staging_;
 };
 
@@ -173,9 +242,14 @@ Status CommitFile(const IoOptions& io, const std::string& target, const ByteLayo
       io::DurableCommit::Begin(fs, target, io::DurableCommit::Kind::kFile, co);
   if (!commit.ok()) return commit.status().WithContext(context);
   Progress progress(options.progress, layout.payload_bytes());
-  WriteLayoutOptions wo{options.crc_end, options.trailer, &progress};
+  WriteLayoutOptions wo{.crc_end = options.crc_end,
+                        .trailer = options.trailer,
+                        .progress = &progress,
+                        .head_end = options.head_end,
+                        .head = options.head};
   bool direct = false;
-  Status s = WriteByteLayout(io, commit->tmp(), layout, wo, &direct);
+  Status s = options.write ? options.write(commit->tmp(), &progress, &direct)
+                           : WriteByteLayout(io, commit->tmp(), layout, wo, &direct);
   if (s.ok()) progress.Finish();
   if (s.ok()) s = commit->Commit();
   if (!s.ok()) {

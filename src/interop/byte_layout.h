@@ -1,7 +1,9 @@
 // ByteLayout: a file to write, described as byte segments laid back to back from offset 0: header
 // bytes the writer built (owned) and tensor bytes it borrows from a State. WriteByteLayout writes
 // one in parallel 8 MiB pieces through aligned staging buffers, optionally with a zlib CRC-32 of a
-// prefix whose value the last bytes of the file may carry (MindSpore's `.ckpt` trailer).
+// prefix whose value the last bytes of the file may carry (MindSpore's `.ckpt` trailer), or with
+// the CRC-32 of every tensor segment, which a header written last may carry (MindSpore's
+// safetensors `crc_num`).
 //
 // Used by the safetensors and MindSpore `.ckpt` writers. Thread safety: a ByteLayout is built by
 // one thread; WriteByteLayout only reads it (and the trailer callback may rewrite owned bytes).
@@ -46,6 +48,10 @@ class ByteLayout {
   // Copies bytes [begin, begin + dst.size()) of the file into `dst`; returns how many of them are
   // payload bytes.
   uint64_t Gather(uint64_t begin, std::span<std::byte> dst) const;
+  // The index of the last segment starting at or before `offset` (0 when there is none).
+  size_t SegmentAt(uint64_t offset) const;
+  // The zlib CRC-32 of bytes [0, end), computed on `threads` threads from the segments in place.
+  uint32_t Crc32(uint64_t end, int threads) const;
 
  private:
   std::deque<std::string> owned_;
@@ -65,6 +71,13 @@ struct WriteLayoutOptions {
   std::function<void(uint32_t crc)> trailer = nullptr;
   // Counts the payload bytes of each piece written (may be null).
   Progress* progress = nullptr;
+  // A header written last, when `head` is set (not together with crc_end): the pieces holding the
+  // bytes before head_end are written after all others, and the CRC-32 (zlib) of every payload
+  // segment is computed from the staged bytes on the way (the head pieces are staged twice, once
+  // for it). Then `head(crcs)` is called once, crcs[i] the CRC-32 of segments()[i] (0 for owned
+  // segments); it may rewrite owned bytes before head_end. Its error fails the write.
+  uint64_t head_end = 0;
+  std::function<Status(const std::vector<uint32_t>& segment_crcs)> head = nullptr;
 };
 
 // Creates `path` through io.fs, preallocates it and writes the layout on io.io_threads threads
@@ -79,8 +92,13 @@ struct CommitFileOptions {
   bool create_parents = true;  // create missing parent directories, durably
   uint64_t crc_end = 0;        // as WriteLayoutOptions
   std::function<void(uint32_t crc)> trailer = nullptr;
+  uint64_t head_end = 0;  // as WriteLayoutOptions
+  std::function<Status(const std::vector<uint32_t>& segment_crcs)> head = nullptr;
   ProgressFn progress = nullptr;  // payload bytes written / layout.payload_bytes()
   SaveStats* stats = nullptr;     // filled on success (bytes = payload bytes)
+  // Writes the file instead of WriteByteLayout (e.g. encrypted); crc_end and trailer are then
+  // the writer's business. Default: empty (WriteByteLayout).
+  std::function<Status(const std::string& tmp, Progress* progress, bool* direct)> write = nullptr;
 };
 
 // The one path of the single-file writers (safetensors, MindSpore .ckpt): refuses a directory in

@@ -14,6 +14,7 @@
 #include "core/utf8.h"
 #include "format/endian.h"
 #include "format/manifest.h"
+#include "interop/safetensors_crc.h"
 #include "savepoint/filesystem.h"
 
 namespace savepoint::interop {
@@ -220,6 +221,14 @@ Result<SafetensorsInfo> DecodeHeader(std::string_view json, uint64_t file_bytes,
   }
   SP_RETURN_IF_ERROR(CheckTiling(info.tensors, file_bytes - info.data_offset, path));
   SP_RETURN_IF_ERROR(DecodeMetadata(info.raw_metadata, path, &info.values));
+  auto format = info.raw_metadata.find(kFormatKey);
+  info.mindspore_format = format != info.raw_metadata.end() && format->second == kMindSporeFormat;
+  auto crc = info.raw_metadata.find(kCrcNumKey);
+  info.has_crc_num = crc != info.raw_metadata.end();
+  if (info.has_crc_num) {
+    Result<uint32_t> stored = ParseCrcNum(crc->second, path);
+    if (stored.ok()) info.crc_num = *stored;
+  }
   for (const auto& [name, e] : info.values.entries()) {
     if (std::any_of(info.tensors.begin(), info.tensors.end(),
                     [&](const auto& t) { return t.name == name; })) {
@@ -308,22 +317,58 @@ Result<std::vector<std::pair<const std::string*, const TensorView*>>> FileOrder(
   return order;
 }
 
+// What MindSpore 2.10's load_checkpoint(format="safetensors") refuses: a dtype it has no numpy
+// type for, and a `__metadata__` key named like a tensor (it reads such an entry as the tensor's
+// MindSpore type, of which it knows only "Int4").
+Status CheckMindSporeLoads(const std::vector<Layout::Item>& items,
+                           const std::map<std::string, std::string>& raw, std::string_view path) {
+  for (const Layout::Item& item : items) {
+    const DType d = item.view->dtype();
+    if (d == DType::kF8E4M3 || d == DType::kF8E5M2 || d == DType::kC64) {
+      return InvalidArgumentError(
+          fmt::format("safetensors file {}: tensor {:?} has dtype {}, which MindSpore cannot load "
+                      "(mindspore_format)",
+                      path, *item.name, DTypeName(d)));
+    }
+    auto it = raw.find(*item.name);
+    if (it != raw.end() && it->second != "Int4") {
+      return InvalidArgumentError(
+          fmt::format("safetensors file {}: metadata key {:?} names a tensor, which MindSpore "
+                      "would read as that tensor's type (mindspore_format; only \"Int4\" is one)",
+                      path, *item.name));
+    }
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
-Result<Layout> PlanLayout(const State& state, std::string_view path) {
-  Json header = Json::object();
+Result<Layout> PlanLayout(const State& state, std::string_view path,
+                          const SafetensorsSaveOptions& options) {
   Layout layout;
   uint64_t at = 0;
   SP_ASSIGN_OR_RETURN(auto order, FileOrder(state, path));
   for (const auto& [name, v] : order) {
-    header[*name] = {{"dtype", DTypeName(v->dtype())},
-                     {"shape", v->shape()},
-                     {"data_offsets", {at, at + v->nbytes()}}};
-    layout.items.push_back({v, at});
+    layout.items.push_back({name, v, at});
     at += v->nbytes();
   }
   SP_ASSIGN_OR_RETURN(auto raw, EncodeMetadata(state));
+  raw.erase(kCrcNumKey);  // computed or absent, never copied: it would not match other data
+  if (options.mindspore_format) {
+    raw[kFormatKey] = kMindSporeFormat;
+    SP_RETURN_IF_ERROR(CheckMindSporeLoads(layout.items, raw, path));
+  }
+  if (options.crc_check) raw[kCrcNumKey] = kCrcNumPlaceholder;
+  // As the reference writer: `__metadata__` first, then the tensors in file order (readers such
+  // as MindSpore's require the entries in offset order), each as {dtype, shape, data_offsets}.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!raw.empty()) header[kMetadataField] = raw;
+  for (const Layout::Item& item : layout.items) {
+    const TensorView& v = *item.view;
+    header[*item.name] = {{"dtype", DTypeName(v.dtype())},
+                          {"shape", v.shape()},
+                          {"data_offsets", {item.offset, item.offset + v.nbytes()}}};
+  }
   std::string json = header.dump();  // names are valid UTF-8 (ValidateName), metadata checked
   json.resize((json.size() + 7) / 8 * 8, ' ');
   if (at % 8 == 0) {  // a whole number of blocks, with the data still 8-aligned (see the header)

@@ -36,16 +36,20 @@ Result<SafetensorsInfo> DecodeHeader(std::string_view json, uint64_t file_bytes,
 struct Layout {
   std::string header;  // written at offset 0; its size is a multiple of 8
   struct Item {
-    const TensorView* view;  // points into the State given to PlanLayout
-    uint64_t offset;         // absolute file offset
+    const std::string* name;  // point into the State given to PlanLayout
+    const TensorView* view;
+    uint64_t offset;  // absolute file offset
   };
   std::vector<Item> items;  // in file order (larger elements first, then name), back to back
   uint64_t file_bytes = 0;
 };
 
-// Plans the file for `state`. InvalidArgument for a dtype safetensors lacks (naming tensor and
-// dtype), an invalid view, metadata that cannot be encoded, or a header over the cap.
-Result<Layout> PlanLayout(const State& state, std::string_view path);
+// Plans the file for `state` with SafetensorsSaveOptions' mindspore_format and crc_check (the
+// header then holds kCrcNumPlaceholder, for FillCrcNum). InvalidArgument for a dtype safetensors
+// lacks (naming tensor and dtype), an invalid view, metadata that cannot be encoded, a header over
+// the cap, and, for MindSpore's flavour, what MindSpore cannot load.
+Result<Layout> PlanLayout(const State& state, std::string_view path,
+                          const SafetensorsSaveOptions& options = {});
 
 // `__metadata__` for the values and metadata of `state`.
 Result<std::map<std::string, std::string>> EncodeMetadata(const State& state);

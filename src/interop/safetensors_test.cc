@@ -14,6 +14,7 @@
 
 #include "format/endian.h"
 #include "interop/file_writer_testutil.h"
+#include "interop/safetensors_crc.h"
 #include "interop/safetensors_testutil.h"
 #include "io/fault_fs.h"
 #include "io/mem_fs.h"
@@ -309,6 +310,147 @@ TEST_F(SafetensorsTest, FaultsNeverLeaveAPartialFile) {
       },
       [](const std::string& p, FileSystem* fs) { return LoadSafetensors(p, {}, {.fs = fs}); },
       kPath, old_state, new_state);
+}
+
+// MindSpore's flavour: "format": "ms" and crc_num (docs/INTEROP.md).
+
+template <typename T>
+Tensor Of(DType dtype, Shape shape, std::vector<T> values) {
+  Tensor t = Tensor::Empty(dtype, std::move(shape)).value();
+  std::memcpy(t.data(), values.data(), t.nbytes());
+  return t;
+}
+
+// Python, with the quirk of 0-d integer arrays spelled out (bytes(np.array(3)) is 3 zero bytes):
+//   binascii.crc32(b"a" + b"\0" * 3 + b"b" + struct.pack("<2f", 1, 2) + b"c" + bytes([1, 2, 3])
+//                  + b"d" + struct.pack("<f", 0.5) + b"e" + struct.pack("<i", -1))  # 2917978312
+// ("e" = -1 is no count: MindSpore itself fails on it; savepoint hashes its bytes.)
+State CrcState() {
+  State s;
+  SP_EXPECT_OK(s.Put("b", Of<float>(DType::kF32, {2}, {1, 2})));
+  SP_EXPECT_OK(s.Put("a", Of<int64_t>(DType::kI64, {}, {3})));
+  SP_EXPECT_OK(s.Put("c", Of<uint8_t>(DType::kU8, {3}, {1, 2, 3})));
+  SP_EXPECT_OK(s.Put("d", Of<float>(DType::kF32, {}, {0.5})));
+  SP_EXPECT_OK(s.Put("e", Of<int32_t>(DType::kI32, {}, {-1})));
+  return s;
+}
+constexpr char kCrcOfCrcState[] = "2917978312";
+
+TEST_F(SafetensorsTest, MindSporeCrcNumIsMindSporesAlgorithm) {
+  State s = CrcState();
+  SP_ASSERT_OK(s.PutValue("step", 7));  // values are not tensors: not in the CRC
+  s.metadata() = Json{{"format", "pt"}, {"crc_num", "12"}};  // replaced, and dropped
+  SP_ASSERT_OK(SaveSafetensors(s, kPath, {.mindspore_format = true, .crc_check = true}, Io()));
+  Result<SafetensorsInfo> info = InspectSafetensors(kPath, &fs_);
+  SP_ASSERT_OK(info.status());
+  EXPECT_EQ(info->raw_metadata.at("crc_num"), kCrcOfCrcState);
+  EXPECT_EQ(info->raw_metadata.at("format"), "ms");
+  EXPECT_TRUE(info->mindspore_format);
+  EXPECT_TRUE(info->has_crc_num);
+  EXPECT_EQ(info->crc_num, 2917978312u);
+  // The header stays valid JSON padded with spaces after the crc_num went in.
+  std::string file = Contents(kPath);
+  EXPECT_EQ(format::GetU64(file, 0) % 8, 0u);
+  // `__metadata__` first, then the tensors in offset order, which MindSpore's reader requires.
+  auto header = nlohmann::ordered_json::parse(file.substr(8, format::GetU64(file, 0)));
+  EXPECT_EQ(header.begin().key(), "__metadata__");
+  uint64_t at = 0;
+  for (auto it = std::next(header.begin()); it != header.end(); ++it) {
+    EXPECT_EQ((*it)["data_offsets"][0].get<uint64_t>(), at) << it.key();
+    at = (*it)["data_offsets"][1].get<uint64_t>();
+  }
+  Result<State> back = LoadSafetensors(kPath, {}, Io());
+  SP_ASSERT_OK(back.status());
+  EXPECT_EQ(back->FindValue("step")->as_int(), 7);
+  EXPECT_EQ(back->num_tensors(), 5u);
+  SP_EXPECT_OK(VerifySafetensors(kPath, {}, Io()));
+  // Without the options: neither key (a stale crc_num is never copied).
+  SP_ASSERT_OK(SaveSafetensors(*back, kPath, {.overwrite = true}, Io()));
+  info = InspectSafetensors(kPath, &fs_);
+  SP_ASSERT_OK(info.status());
+  EXPECT_FALSE(info->has_crc_num);
+  EXPECT_EQ(info->raw_metadata.at("format"), "ms");  // the loaded metadata's own member
+
+  // A 0-d integer scalar counts as that many zero bytes, however many (binascii.crc32(b"\0" *
+  // 100000) == 3557922173, past the 4 KiB block of the doubling).
+  int64_t v = 100000;
+  std::optional<interop::CrcPart> zeros =
+      interop::IndexScalarCrc(DType::kI64, {}, std::as_bytes(std::span(&v, 1)));
+  ASSERT_TRUE(zeros.has_value());
+  EXPECT_EQ(zeros->crc, 3557922173u);
+  EXPECT_EQ(zeros->len, 100000u);
+  EXPECT_FALSE(interop::IndexScalarCrc(DType::kI64, {1}, std::as_bytes(std::span(&v, 1))));
+  EXPECT_FALSE(interop::IndexScalarCrc(DType::kF64, {}, std::as_bytes(std::span(&v, 1))));
+}
+
+TEST_F(SafetensorsTest, MindSporeCrcMismatchIsCorruption) {
+  testing::TempDir dir;
+  const std::string path = dir.Sub("ms.safetensors");
+  State s = CrcState();
+  SP_ASSERT_OK(s.Put("big", Filled(DType::kF32, {(3 << 20) + 5}, 9)));  // several pieces
+  SP_ASSERT_OK(SaveSafetensors(s, path, {.crc_check = true}, {.io_threads = 3}));
+  SP_ASSERT_OK(LoadSafetensors(path, LoadWith(true), {.io_threads = 3}).status());
+  SP_ASSERT_OK(VerifySafetensors(path, {}, {.io_threads = 3}));
+  // One flipped bit deep inside "big", which a load of "a" alone does not read but the CRC needs.
+  std::string bytes = DefaultFileSystem()->ReadFile(path, uint64_t{1} << 30).value();
+  bytes[bytes.size() - (5 << 20)] ^= 0x10;
+  SP_ASSERT_OK(DefaultFileSystem()->WriteFileSynced(path, bytes));
+  for (bool mmap : {false, true}) {
+    for (std::vector<std::string> names : {std::vector<std::string>{}, {"a"}}) {
+      SCOPED_TRACE(fmt::format("mmap {} names {}", mmap, names.size()));
+      Result<State> r = LoadSafetensors(path, LoadWith(mmap, names), {.io_threads = 3});
+      EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+      const std::string m = r.status().message();
+      EXPECT_NE(m.find(path), std::string::npos) << m;
+      EXPECT_NE(m.find("CRC-32 mismatch"), std::string::npos) << m;
+      SafetensorsLoadOptions unchecked = LoadWith(mmap, names);
+      unchecked.crc_check = false;
+      SP_EXPECT_OK(LoadSafetensors(path, unchecked).status());
+    }
+  }
+  LoadStats stats;
+  Status v = VerifySafetensors(path, {.stats = &stats}, {.io_threads = 2});
+  EXPECT_EQ(v.code(), StatusCode::kCorruption) << v.ToString();
+  EXPECT_EQ(stats.chunks, 0u);
+  SP_EXPECT_OK(VerifySafetensors(path, {.crc_check = false}, {.io_threads = 2}));
+  // Both values are named: the stored one, and what the bytes give.
+  Result<SafetensorsInfo> info = InspectSafetensors(path);
+  SP_ASSERT_OK(info.status());
+  EXPECT_NE(v.message().find(fmt::format("crc_num {},", info->crc_num)), std::string::npos)
+      << v.message();
+
+  // A crc_num that is no CRC-32 is Corruption too, unless unchecked.
+  for (const char* stored : {"-5", "4294967296", "12x", ""}) {
+    const std::string json =
+        fmt::format(R"({{"__metadata__":{{"crc_num":"{}"}},"x":{{"dtype":"U8","shape":[2],)"
+                    R"("data_offsets":[0,2]}}}})",
+                    stored);
+    std::string f(8, '\0');
+    format::PutU64(&f, 0, json.size());
+    SP_ASSERT_OK(fs_.WriteFileSynced(kPath, f + json + "ab"));
+    Result<State> bad = LoadSafetensors(kPath, {}, Io());
+    EXPECT_EQ(bad.status().code(), StatusCode::kCorruption) << bad.status().ToString();
+    SafetensorsLoadOptions unchecked;
+    unchecked.crc_check = false;
+    SP_EXPECT_OK(LoadSafetensors(kPath, unchecked, Io()).status());
+  }
+}
+
+TEST_F(SafetensorsTest, MindSporeFormatRefusesWhatMindSporeCannotLoad) {
+  for (DType d : {DType::kF8E4M3, DType::kF8E5M2, DType::kC64}) {
+    State s;
+    SP_ASSERT_OK(s.Put("w", Filled(d, {2}, 1)));
+    SP_EXPECT_OK(SaveSafetensors(s, kPath, {.overwrite = true}, Io()));
+    Status st = SaveSafetensors(s, kPath, {.overwrite = true, .mindspore_format = true}, Io());
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  }
+  State s;
+  SP_ASSERT_OK(s.Put("w", Filled(DType::kI8, {2}, 1)));
+  s.metadata() = Json{{"w", "Int4"}};  // MindSpore's qint4x2 marker: fine
+  SP_EXPECT_OK(SaveSafetensors(s, kPath, {.overwrite = true, .mindspore_format = true}, Io()));
+  s.metadata() = Json{{"w", "x"}};
+  Status st = SaveSafetensors(s, kPath, {.overwrite = true, .mindspore_format = true}, Io());
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
 }
 
 }  // namespace

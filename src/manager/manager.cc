@@ -238,6 +238,7 @@ class ManagerImpl final : public CheckpointManager {
   LoadOptions LoadOpts() const {
     LoadOptions lo;
     lo.verify_checksums = o_.checksum;
+    lo.key = o_.key;
     return lo;
   }
 
@@ -371,6 +372,7 @@ class ManagerImpl final : public CheckpointManager {
     SP_ASSIGN_OR_RETURN(State full, Decorate(state, rec));
     SaveOptions so;
     so.overwrite = true;  // a name repeats only when training went back to an older step
+    so.key = o_.key;
     if (async_) {
       SP_ASSIGN_OR_RETURN(SaveHandle h, async_->SaveAsync(full, rec.path, so));
       pending_.push_back({std::move(h), std::move(rec)});

@@ -77,6 +77,10 @@ Status ValidateAppendInfo(const ManagerOptions& o) {
 
 Status ValidateFormat(const ManagerOptions& o) {
   if (o.format == CheckpointFormat::kNative) return Status::OK();
+  if (o.key) {
+    return InvalidArgumentError(
+        "ManagerOptions.key: safetensors files cannot be encrypted; use format kNative");
+  }
   if (o.async || o.exception_save || !o.append_info.empty() || !o.append_dict.empty()) {
     return InvalidArgumentError(
         "ManagerOptions.format = safetensors: async, exception_save and append_info must keep "

@@ -59,5 +59,14 @@ State CkptCrashState(uint64_t step);
     ::savepoint::Status sp_s_ = (expr);                             \
     EXPECT_TRUE(sp_s_.ok()) << #expr << " -> " << sp_s_.ToString(); \
   } while (0)
+// `lhs = value of expr` (a Result), or a fatal failure naming the error.
+#define SP_ASSERT_OK_AND_ASSIGN(lhs, expr) \
+  SP_ASSERT_OK_AND_ASSIGN_IMPL_(SP_TEST_CONCAT_(sp_r_, __LINE__), lhs, expr)
+#define SP_ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr)                  \
+  auto tmp = (expr);                                                   \
+  ASSERT_TRUE(tmp.ok()) << #expr << " -> " << tmp.status().ToString(); \
+  lhs = std::move(*tmp)
+#define SP_TEST_CONCAT_(a, b) SP_TEST_CONCAT2_(a, b)
+#define SP_TEST_CONCAT2_(a, b) a##b
 
 #endif  // SAVEPOINT_TESTS_TESTUTIL_TESTUTIL_H_

@@ -112,7 +112,7 @@ class MpiCommunicator final : public Communicator {
     dist::WireReader r(bytes, "MPI abort message");
     Result<uint64_t> code = r.U64();
     Result<std::string> text = r.Str();
-    StatusCode c = code.ok() && *code > 0 && *code <= uint64_t(StatusCode::kDeadlineExceeded)
+    StatusCode c = code.ok() && *code > 0 && *code <= uint64_t(kLastStatusCode)
                        ? static_cast<StatusCode>(*code)
                        : StatusCode::kInternal;
     Break(Status(c, text.ok() ? *text : "rank aborted the group"), /*notify=*/false);

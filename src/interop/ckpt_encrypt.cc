@@ -1,0 +1,151 @@
+// Writing MindSpore's encrypted block framing (interop/ckpt_cipher.h): WriteEncryptedLayout.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "format/endian.h"
+#include "interop/ckpt_cipher.h"
+#include "savepoint/tensor.h"
+#include "util/parallel.h"
+
+namespace savepoint::interop::ckpt {
+namespace {
+
+// Where block i of the plaintext goes.
+struct OutBlock {
+  uint64_t plain_offset = 0;
+  uint64_t plain_bytes = 0;
+  uint64_t disk_offset = 0;
+  uint64_t disk_bytes = 0;
+};
+
+std::vector<OutBlock> PlanBlocks(MindSporeCipher mode, uint64_t plain_bytes) {
+  std::vector<OutBlock> out;
+  uint64_t disk = 0;
+  for (uint64_t at = 0; at < plain_bytes; at += kCipherBlockBytes) {
+    const uint64_t n = std::min(kCipherBlockBytes, plain_bytes - at);
+    const uint64_t d = CipherHeaderBytes(mode) + CipherTextBytes(mode, n);
+    out.push_back({at, n, disk, d});
+    disk += d;
+  }
+  return out;
+}
+
+// Gathers block `b` (`i` of `n`)'s plaintext into its place in `dst` (header + ciphertext,
+// dst.size() == b.disk_bytes) and encrypts it there; returns the payload bytes it holds. The IV is
+// random; an AES-GCM nonce is then the file's id and the block's sequence word (SequenceWord).
+Result<uint64_t> SealBlock(const ByteLayout& layout, const EncryptSpec& spec, const OutBlock& b,
+                           size_t i, size_t n, const std::array<std::byte, 8>& file_id,
+                           std::span<std::byte> dst) {
+  const uint64_t header = CipherHeaderBytes(spec.mode);
+  std::span<std::byte> body = dst.subspan(header);
+  const uint64_t payload = layout.Gather(b.plain_offset, body.first(b.plain_bytes));
+  std::array<std::byte, 16> iv{};
+  SP_RETURN_IF_ERROR(crypto::RandomBytes(iv));
+  if (spec.mode == MindSporeCipher::kAesGcm) {
+    std::memcpy(iv.data(), file_id.data(), file_id.size());
+    const uint32_t w = SequenceWord(i, n);
+    for (int k = 0; k < 4; ++k) iv[11 - k] = static_cast<std::byte>(w >> (8 * k));
+  }
+  std::string h(header, '\0');
+  format::PutU32(&h, 0, CipherMagic(spec.mode));
+  size_t p = 4;
+  const crypto::Bytes plain = body.first(b.plain_bytes);
+  if (spec.mode == MindSporeCipher::kAesGcm) {
+    SP_ASSIGN_OR_RETURN(crypto::GcmTag tag,
+                        crypto::GcmSeal(spec.key, crypto::Bytes(iv).first(crypto::kGcmNonceBytes),
+                                        {}, plain, body));
+    std::memcpy(h.data() + p, tag.data(), tag.size());
+    p += tag.size();
+  } else {
+    const auto cipher =
+        spec.mode == MindSporeCipher::kSm4Cbc ? crypto::CbcCipher::kSm4 : crypto::CbcCipher::kAes;
+    SP_RETURN_IF_ERROR(
+        crypto::CbcEncrypt(cipher, spec.key, iv, std::span<const crypto::Bytes>(&plain, 1), body));
+  }
+  const uint64_t cipher_len = b.disk_bytes - header;
+  format::PutU32(&h, p, static_cast<uint32_t>(4 + 16 + 4 + cipher_len));
+  format::PutU32(&h, p + 4, 16);
+  std::memcpy(h.data() + p + 8, iv.data(), iv.size());
+  format::PutU32(&h, p + 24, static_cast<uint32_t>(cipher_len));
+  std::memcpy(dst.data(), h.data(), header);
+  return payload;
+}
+
+// Writes buf[0, n) at `offset` in parallel pieces: whole 4 KiB blocks through `f`, a last partial
+// block through `tail` when given.
+Status WriteOut(WritableFile* f, WritableFile* tail, uint64_t offset,
+                std::span<const std::byte> buf, int threads) {
+  const uint64_t whole =
+      tail != nullptr ? buf.size() / kDirectIOAlignment * kDirectIOAlignment : buf.size();
+  const uint64_t pieces = (whole + kLayoutPieceBytes - 1) / kLayoutPieceBytes;
+  SP_RETURN_IF_ERROR(ParallelFor(pieces, threads, [&](size_t i, int) {
+    const uint64_t at = i * kLayoutPieceBytes;
+    return f->WriteAt(offset + at, buf.subspan(at, std::min(kLayoutPieceBytes, whole - at)));
+  }));
+  if (whole < buf.size()) return tail->WriteAt(offset + whole, buf.subspan(whole));
+  return Status::OK();
+}
+
+}  // namespace
+
+Status WriteEncryptedLayout(const IoOptions& io, const std::string& path, const ByteLayout& layout,
+                            const EncryptSpec& spec, Progress* progress, bool* direct) {
+  const std::vector<OutBlock> blocks = PlanBlocks(spec.mode, layout.size());
+  const uint64_t total = blocks.empty() ? 0 : blocks.back().disk_offset + blocks.back().disk_bytes;
+  FileSystem* fs = FileSystemOf(io);
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
+                      fs->NewWritableFile(path, {.direct_io = io.direct_io}));
+  *direct = f->direct();
+  SP_RETURN_IF_ERROR(f->Preallocate(total));
+  std::unique_ptr<WritableFile> tail;
+  if (f->direct()) {
+    SP_ASSIGN_OR_RETURN(tail, fs->NewWritableFile(path, {.direct_io = false, .truncate = false}));
+  }
+  // One wave: io_threads blocks encrypted side by side into `buf` after the `carry` bytes that
+  // the last wave left (less than a 4 KiB block), then written from the aligned file offset `at`.
+  const size_t wave = static_cast<size_t>(io.io_threads);
+  const uint64_t most =
+      CipherHeaderBytes(spec.mode) + CipherTextBytes(spec.mode, kCipherBlockBytes);
+  SP_ASSIGN_OR_RETURN(
+      Tensor staging,
+      Tensor::Empty(DType::kU8, {static_cast<int64_t>(kDirectIOAlignment + wave * most)}));
+  std::span<std::byte> buf(staging.data(), staging.nbytes());
+  if (spec.macs != nullptr) spec.macs->assign(blocks.size(), {});
+  std::array<std::byte, 8> file_id{};
+  SP_RETURN_IF_ERROR(crypto::RandomBytes(file_id));
+  uint64_t at = 0, carry = 0;
+  for (size_t first = 0; first < blocks.size(); first += wave) {
+    const size_t last = std::min(blocks.size(), first + wave);
+    const uint64_t base = blocks[first].disk_offset;
+    SP_RETURN_IF_ERROR(ParallelFor(last - first, io.io_threads, [&](size_t k, int) -> Status {
+      const OutBlock& b = blocks[first + k];
+      std::span<std::byte> dst = buf.subspan(carry + (b.disk_offset - base), b.disk_bytes);
+      SP_ASSIGN_OR_RETURN(uint64_t payload,
+                          SealBlock(layout, spec, b, first + k, blocks.size(), file_id, dst));
+      if (spec.macs != nullptr) {
+        (*spec.macs)[first + k] = BlockMac(spec.mac_key, first + k, total, dst);
+      }
+      if (progress != nullptr) progress->Add(payload);
+      return Status::OK();
+    }));
+    const uint64_t end =
+        carry + (blocks[last - 1].disk_offset + blocks[last - 1].disk_bytes - base);
+    const bool final_wave = last == blocks.size();
+    const uint64_t n = final_wave ? end : end / kDirectIOAlignment * kDirectIOAlignment;
+    SP_RETURN_IF_ERROR(WriteOut(f.get(), tail.get(), at, buf.first(n), io.io_threads));
+    std::memmove(buf.data(), buf.data() + n, end - n);
+    carry = end - n;
+    at += n;
+  }
+  if (tail != nullptr) {
+    SP_RETURN_IF_ERROR(tail->Sync());
+    SP_RETURN_IF_ERROR(tail->Close());
+  }
+  SP_RETURN_IF_ERROR(f->Sync());
+  return f->Close();
+}
+
+}  // namespace savepoint::interop::ckpt
