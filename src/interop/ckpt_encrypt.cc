@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <future>
 #include <memory>
 
 #include "format/endian.h"
@@ -104,23 +105,29 @@ Status WriteEncryptedLayout(const IoOptions& io, const std::string& path, const 
   if (f->direct()) {
     SP_ASSIGN_OR_RETURN(tail, fs->NewWritableFile(path, {.direct_io = false, .truncate = false}));
   }
-  // One wave: io_threads blocks encrypted side by side into `buf` after the `carry` bytes that
-  // the last wave left (less than a 4 KiB block), then written from the aligned file offset `at`.
-  const size_t wave = static_cast<size_t>(io.io_threads);
+  // Waves of blocks encrypted side by side into one of two aligned buffers, after the `carry`
+  // bytes the previous wave left (less than a 4 KiB block); while a wave is written from the
+  // aligned file offset `at` (in the background), the next one is encrypted into the other
+  // buffer. Memory: two buffers of `wave` blocks.
+  const size_t wave = static_cast<size_t>(std::max(1, (io.io_threads + 1) / 2));
   const uint64_t most =
       CipherHeaderBytes(spec.mode) + CipherTextBytes(spec.mode, kCipherBlockBytes);
-  SP_ASSIGN_OR_RETURN(
-      Tensor staging,
-      Tensor::Empty(DType::kU8, {static_cast<int64_t>(kDirectIOAlignment + wave * most)}));
-  std::span<std::byte> buf(staging.data(), staging.nbytes());
+  std::array<Tensor, 2> staging;
+  for (Tensor& t : staging) {
+    SP_ASSIGN_OR_RETURN(
+        t, Tensor::Empty(DType::kU8, {static_cast<int64_t>(kDirectIOAlignment + wave * most)}));
+  }
   if (spec.macs != nullptr) spec.macs->assign(blocks.size(), {});
   std::array<std::byte, 8> file_id{};
   SP_RETURN_IF_ERROR(crypto::RandomBytes(file_id));
   uint64_t at = 0, carry = 0;
-  for (size_t first = 0; first < blocks.size(); first += wave) {
+  std::future<Status> writing;
+  auto wait = [&writing]() { return writing.valid() ? writing.get() : Status::OK(); };
+  for (size_t first = 0, w = 0; first < blocks.size(); first += wave, w ^= 1) {
+    std::span<std::byte> buf(staging[w].data(), staging[w].nbytes());
     const size_t last = std::min(blocks.size(), first + wave);
     const uint64_t base = blocks[first].disk_offset;
-    SP_RETURN_IF_ERROR(ParallelFor(last - first, io.io_threads, [&](size_t k, int) -> Status {
+    Status sealed = ParallelFor(last - first, io.io_threads, [&](size_t k, int) -> Status {
       const OutBlock& b = blocks[first + k];
       std::span<std::byte> dst = buf.subspan(carry + (b.disk_offset - base), b.disk_bytes);
       SP_ASSIGN_OR_RETURN(uint64_t payload,
@@ -130,16 +137,22 @@ Status WriteEncryptedLayout(const IoOptions& io, const std::string& path, const 
       }
       if (progress != nullptr) progress->Add(payload);
       return Status::OK();
-    }));
+    });
+    Status written = wait();
+    SP_RETURN_IF_ERROR(written);
+    SP_RETURN_IF_ERROR(sealed);
     const uint64_t end =
         carry + (blocks[last - 1].disk_offset + blocks[last - 1].disk_bytes - base);
-    const bool final_wave = last == blocks.size();
-    const uint64_t n = final_wave ? end : end / kDirectIOAlignment * kDirectIOAlignment;
-    SP_RETURN_IF_ERROR(WriteOut(f.get(), tail.get(), at, buf.first(n), io.io_threads));
-    std::memmove(buf.data(), buf.data() + n, end - n);
+    const uint64_t n = last == blocks.size() ? end : end / kDirectIOAlignment * kDirectIOAlignment;
+    // The unaligned rest starts the other buffer; this one is written meanwhile.
     carry = end - n;
+    std::memcpy(staging[w ^ 1].data(), buf.data() + n, carry);
+    writing = std::async(std::launch::async, [&, offset = at, bytes = buf.first(n)] {
+      return WriteOut(f.get(), tail.get(), offset, bytes, io.io_threads);
+    });
     at += n;
   }
+  SP_RETURN_IF_ERROR(wait());
   if (tail != nullptr) {
     SP_RETURN_IF_ERROR(tail->Sync());
     SP_RETURN_IF_ERROR(tail->Close());
