@@ -162,19 +162,33 @@ Result<GcmTag> GcmSeal(Bytes key, Bytes nonce, Bytes aad, Bytes in, MutableBytes
   return GcmSeal(key, nonce, aad, std::span<const Bytes>(&in, 1), out);
 }
 
-Status GcmOpen(Bytes key, Bytes nonce, Bytes aad, Bytes in, const GcmTag& tag, MutableBytes out) {
-  if (out.size() < in.size()) return InternalError("GcmOpen: output too small");
+Status GcmOpen(Bytes key, Bytes nonce, Bytes aad, Bytes in, const GcmTag& tag,
+               std::span<const MutableBytes> outs) {
+  uint64_t total = 0;
+  for (MutableBytes o : outs) total += o.size();
+  if (total != in.size()) return InternalError("GcmOpen: outputs do not match the input");
   SP_ASSIGN_OR_RETURN(Ctx ctx, GcmInit(key, nonce, aad, false));
-  SP_ASSIGN_OR_RETURN(uint64_t n, Update(ctx.get(), in, U(out)));
+  uint64_t at = 0;
+  for (MutableBytes o : outs) {
+    SP_RETURN_IF_ERROR(Update(ctx.get(), in.subspan(at, o.size()), U(o)).status());
+    at += o.size();
+  }
   GcmTag t = tag;
   if (EVP_CIPHER_CTX_ctrl(ctx.get(), EVP_CTRL_GCM_SET_TAG, kGcmTagBytes, t.data()) != 1) {
     return OpenSslError("GCM tag");
   }
   int got = 0;
-  if (EVP_CipherFinal_ex(ctx.get(), U(out) + n, &got) != 1) {
+  unsigned char none[16];
+  if (EVP_CipherFinal_ex(ctx.get(), none, &got) != 1) {
     return UnauthenticatedError("AES-GCM authentication failed (wrong key, or the data changed)");
   }
   return Status::OK();
+}
+
+Status GcmOpen(Bytes key, Bytes nonce, Bytes aad, Bytes in, const GcmTag& tag, MutableBytes out) {
+  if (out.size() < in.size()) return InternalError("GcmOpen: output too small");
+  const MutableBytes o = out.first(in.size());
+  return GcmOpen(key, nonce, aad, in, tag, std::span<const MutableBytes>(&o, 1));
 }
 
 Status GcmDecryptRange(Bytes key, Bytes nonce, uint64_t offset, Bytes in, MutableBytes out) {
@@ -250,14 +264,19 @@ Status CbcDecryptRaw(CbcCipher cipher, Bytes key, Bytes iv, Bytes in, MutableByt
   return Update(ctx.get(), in, U(out)).status();
 }
 
-Sha256 Sha256Of(Bytes bytes) {
+Sha256 Sha256Of(std::span<const Bytes> parts) {
   Sha256 out{};
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  bool ok = ctx != nullptr && EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr) == 1;
+  for (Bytes p : parts) ok = ok && EVP_DigestUpdate(ctx, p.data(), p.size()) == 1;
   unsigned int n = 0;
-  if (EVP_Digest(U(bytes), bytes.size(), U(MutableBytes(out)), &n, EVP_sha256(), nullptr) != 1) {
-    std::abort();  // only on allocation failure inside OpenSSL
-  }
+  ok = ok && EVP_DigestFinal_ex(ctx, U(MutableBytes(out)), &n) == 1;
+  EVP_MD_CTX_free(ctx);
+  if (!ok) std::abort();  // only on allocation failure inside OpenSSL
   return out;
 }
+
+Sha256 Sha256Of(Bytes bytes) { return Sha256Of(std::span<const Bytes>(&bytes, 1)); }
 
 Sha256 HmacSha256(Bytes key, std::span<const Bytes> parts) {
   Sha256 out{};

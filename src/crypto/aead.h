@@ -61,6 +61,10 @@ class GcmSealer {
 // Decrypts and authenticates; Unauthenticated when the tag does not match (wrong key, or the
 // nonce, aad, ciphertext or tag changed). `out` may hold garbage on failure.
 Status GcmOpen(Bytes key, Bytes nonce, Bytes aad, Bytes in, const GcmTag& tag, MutableBytes out);
+// The same with the plaintext scattered over consecutive outputs (their sizes add up to
+// in.size(); an output may be the matching part of `in` itself).
+Status GcmOpen(Bytes key, Bytes nonce, Bytes aad, Bytes in, const GcmTag& tag,
+               std::span<const MutableBytes> outs);
 // The keystream part of GCM without authentication: decrypts bytes of a GCM ciphertext starting
 // at `offset` (any byte) of the message sealed with `nonce`. For reading a few bytes (headers)
 // before the whole message is authenticated; callers must authenticate later.
@@ -83,8 +87,9 @@ Result<uint64_t> CbcDecrypt(CbcCipher cipher, Bytes key, Bytes iv, Bytes in, Mut
 // the IV for the first block). For random access to CBC ciphertext.
 Status CbcDecryptRaw(CbcCipher cipher, Bytes key, Bytes iv, Bytes in, MutableBytes out);
 
-// SHA-256 of `bytes`.
+// SHA-256 of `bytes`, or of the concatenation of `parts`.
 Sha256 Sha256Of(Bytes bytes);
+Sha256 Sha256Of(std::span<const Bytes> parts);
 // HMAC-SHA256 of the concatenation of `parts`.
 Sha256 HmacSha256(Bytes key, std::span<const Bytes> parts);
 // HKDF-SHA256 (RFC 5869): `out.size()` bytes from `key`, `salt` and `info`.

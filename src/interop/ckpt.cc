@@ -106,20 +106,6 @@ struct DecryptPass {
   std::string path = {};
 };
 
-// Copies the parts of `reads` that lie in plaintext [begin, begin + plain.size()).
-void CopyReads(const std::vector<interop::ckpt::Read>& reads, uint64_t begin,
-               std::span<const std::byte> plain, Progress* progress) {
-  const uint64_t end = begin + plain.size();
-  auto it = std::partition_point(reads.begin(), reads.end(), [&](const interop::ckpt::Read& r) {
-    return r.offset + r.bytes <= begin;
-  });
-  for (; it != reads.end() && it->offset < end; ++it) {
-    const uint64_t lo = std::max(begin, it->offset), hi = std::min(end, it->offset + it->bytes);
-    std::memcpy(it->dst + (lo - it->offset), plain.data() + (lo - begin), hi - lo);
-    if (progress != nullptr) progress->Add(hi - lo);
-  }
-}
-
 Status RunDecryptPass(const DecryptPass& p, int threads, uint32_t* crc) {
   const auto& blocks = p.index->blocks;
   std::vector<uint32_t> crcs(blocks.size(), 0);
@@ -137,13 +123,16 @@ Status RunDecryptPass(const DecryptPass& p, int threads, uint32_t* crc) {
           "replaced, or the key is wrong)",
           where, interop::ckpt::MacSidecarPath(p.path)));
     }
-    SP_ASSIGN_OR_RETURN(std::span<std::byte> plain,
-                        interop::ckpt::OpenBlock(*p.index, i, p.key, disk, p.path));
-    SP_RETURN_IF_ERROR(p.view->Verify(i, plain, p.path));
-    CopyReads(p.reads, b.plain_offset, plain, p.progress);
-    if (p.crc_end > b.plain_offset) {
-      crcs[i] =
-          interop::Crc32Zlib(0, plain.first(std::min(plain.size(), p.crc_end - b.plain_offset)));
+    SP_ASSIGN_OR_RETURN(interop::ckpt::OpenedBlock plain,
+                        interop::ckpt::OpenBlock(*p.index, i, p.key, disk, p.reads, p.path));
+    SP_RETURN_IF_ERROR(p.view->Verify(i, plain.pieces, p.path));
+    if (p.progress != nullptr) p.progress->Add(plain.read_bytes);
+    uint64_t at = b.plain_offset;  // the CRC of the pieces before crc_end, in order
+    for (std::span<const std::byte> piece : plain.pieces) {
+      if (at >= p.crc_end) break;
+      const uint64_t n = std::min<uint64_t>(piece.size(), p.crc_end - at);
+      crcs[i] = interop::Crc32Zlib(crcs[i], piece.first(n));
+      at += n;
     }
     return Status::OK();
   }));

@@ -310,15 +310,26 @@ Status PlaintextView::ReadAt(uint64_t offset, std::span<std::byte> dst) const {
   return Status::OK();
 }
 
-Status PlaintextView::Verify(size_t i, Bytes plain, const std::string& path) const {
+Status PlaintextView::Verify(size_t i, std::span<const std::span<std::byte>> plain,
+                             const std::string& path) const {
   std::vector<Seen> seen;
   {
     std::lock_guard<std::mutex> lock(mu_);
     seen = seen_[i];
   }
   for (const Seen& s : seen) {
-    if (s.begin + s.bytes > plain.size() ||
-        crypto::Sha256Of(plain.subspan(s.begin, s.bytes)) != s.digest) {
+    // The parts of the pieces that hold [s.begin, s.begin + s.bytes).
+    std::vector<Bytes> parts;
+    uint64_t at = 0, got = 0;
+    for (std::span<std::byte> p : plain) {
+      const uint64_t lo = std::max(at, s.begin), hi = std::min(at + p.size(), s.begin + s.bytes);
+      if (lo < hi) {
+        parts.push_back(Bytes(p).subspan(lo - at, hi - lo));
+        got += hi - lo;
+      }
+      at += p.size();
+    }
+    if (got != s.bytes || crypto::Sha256Of(parts) != s.digest) {
       return UnauthenticatedError(fmt::format(
           "{}: the structure read before authentication differs from the authenticated block "
           "(the file changed while it was read)",
@@ -328,14 +339,40 @@ Status PlaintextView::Verify(size_t i, Bytes plain, const std::string& path) con
   return Status::OK();
 }
 
-Result<std::span<std::byte>> OpenBlock(const CipherIndex& index, size_t i, Bytes key,
-                                       std::span<std::byte> disk, const std::string& path) {
+namespace {
+
+// The block's plaintext [begin, begin + place.size()) as pieces: the parts of `reads` in their
+// buffers, the rest in `place`.
+OpenedBlock Scatter(std::span<const Read> reads, uint64_t begin, std::span<std::byte> place) {
+  OpenedBlock out;
+  const uint64_t end = begin + place.size();
+  auto it = std::partition_point(reads.begin(), reads.end(),
+                                 [&](const Read& r) { return r.offset + r.bytes <= begin; });
+  uint64_t at = begin;
+  for (; it != reads.end() && it->offset < end; ++it) {
+    const uint64_t lo = std::max(begin, it->offset), hi = std::min(end, it->offset + it->bytes);
+    if (lo > at) out.pieces.push_back(place.subspan(at - begin, lo - at));
+    out.pieces.push_back(std::span<std::byte>(it->dst + (lo - it->offset), hi - lo));
+    out.read_bytes += hi - lo;
+    at = hi;
+  }
+  if (at < end) out.pieces.push_back(place.subspan(at - begin, end - at));
+  return out;
+}
+
+}  // namespace
+
+Result<OpenedBlock> OpenBlock(const CipherIndex& index, size_t i, Bytes key,
+                              std::span<std::byte> disk, std::span<const Read> reads,
+                              const std::string& path) {
   const CipherBlock& b = index.blocks[i];
   std::span<std::byte> cipher = disk.subspan(b.cipher_offset - b.file_offset, b.cipher_bytes);
   if (index.mode == MindSporeCipher::kAesGcm) {
-    Status s = crypto::GcmOpen(key, Nonce(b), {}, cipher, b.tag, cipher);
+    OpenedBlock out = Scatter(reads, b.plain_offset, cipher);
+    const std::vector<crypto::MutableBytes> outs(out.pieces.begin(), out.pieces.end());
+    Status s = crypto::GcmOpen(key, Nonce(b), {}, cipher, b.tag, outs);
     if (!s.ok()) return s.WithContext(BlockContext(path, index, i));
-    return cipher;
+    return out;
   }
   Result<uint64_t> n = crypto::CbcDecrypt(CbcOf(index.mode), key, b.iv, cipher, cipher);
   if (!n.ok()) return n.status().WithContext(BlockContext(path, index, i));
@@ -343,7 +380,14 @@ Result<std::span<std::byte>> OpenBlock(const CipherIndex& index, size_t i, Bytes
     return UnauthenticatedError(fmt::format("{}: the padding changed while the file was read",
                                             BlockContext(path, index, i)));
   }
-  return cipher.first(*n);
+  std::span<std::byte> plain = cipher.first(*n);
+  OpenedBlock out = Scatter(reads, b.plain_offset, plain);
+  uint64_t at = 0;  // the pieces are consecutive: copy the reads' parts out of the block
+  for (std::span<std::byte> p : out.pieces) {
+    if (p.data() != plain.data() + at) std::memcpy(p.data(), plain.data() + at, p.size());
+    at += p.size();
+  }
+  return out;
 }
 
 Result<crypto::Sha256> CbcMacKey(Bytes key) {

@@ -1,5 +1,5 @@
-// MindSpore's encrypted `.ckpt` block framing (docs/FORMAT.md §9, "Encrypted .ckpt files"): the plaintext file cut into
-// blocks, each stored as
+// MindSpore's encrypted `.ckpt` block framing (docs/FORMAT.md §9, "Encrypted .ckpt files"): the
+// plaintext file cut into blocks, each stored as
 //   int32 magic | (AES-GCM only) 16-byte tag | int32 block_len | int32 iv_len = 16 | 16-byte IV |
 //   int32 cipher_len | ciphertext
 // with little-endian integers and block_len = 4 + 16 + 4 + cipher_len. AES-GCM uses the first 12
@@ -26,6 +26,7 @@
 
 #include "crypto/aead.h"
 #include "interop/byte_layout.h"
+#include "interop/ckpt_entries.h"
 #include "savepoint/filesystem.h"
 #include "savepoint/mindspore.h"
 #include "util/progress.h"
@@ -90,9 +91,11 @@ class PlaintextView : public RandomAccessFile {
   bool direct() const override { return false; }
   const std::string& path() const override { return file_.path(); }
 
-  // Checks every range returned so far that lies in block `i` against `plain`, the block's
-  // authenticated plaintext. Unauthenticated when one differs (the file changed while read).
-  Status Verify(size_t i, crypto::Bytes plain, const std::string& path) const;
+  // Checks every range returned so far that lies in block `i` against the block's authenticated
+  // plaintext, given as consecutive pieces. Unauthenticated when one differs (the file changed
+  // while it was read).
+  Status Verify(size_t i, std::span<const std::span<std::byte>> plain,
+                const std::string& path) const;
 
  private:
   Status ReadBlockRange(size_t i, uint64_t begin, std::span<std::byte> dst) const;
@@ -108,11 +111,21 @@ class PlaintextView : public RandomAccessFile {
   mutable std::vector<std::vector<Seen>> seen_;  // per block
 };
 
-// Decrypts block `i` in place: `disk` holds its on-disk bytes (header and ciphertext, as read
-// from file_offset); returns its plaintext (a prefix of the ciphertext's place in `disk`).
-// AES-GCM authenticates; CBC checks the padding. Errors name the block.
-Result<std::span<std::byte>> OpenBlock(const CipherIndex& index, size_t i, crypto::Bytes key,
-                                       std::span<std::byte> disk, const std::string& path);
+// A block's plaintext after OpenBlock: consecutive pieces, in the block's buffer or in the
+// buffers of the reads it holds.
+struct OpenedBlock {
+  std::vector<std::span<std::byte>> pieces;
+  uint64_t read_bytes = 0;  // bytes of `reads` it held
+};
+
+// Decrypts block `i`: `disk` holds its on-disk bytes (header and ciphertext, as read from
+// file_offset). The parts of `reads` (sorted by offset, not overlapping) that lie in the block
+// receive their bytes (AES-GCM decrypts straight into them; CBC decrypts in place and copies);
+// the rest of the plaintext stays in `disk`. AES-GCM authenticates, CBC checks the padding; on an
+// error (naming the block) the reads' buffers may hold unauthenticated bytes.
+Result<OpenedBlock> OpenBlock(const CipherIndex& index, size_t i, crypto::Bytes key,
+                              std::span<std::byte> disk, std::span<const Read> reads,
+                              const std::string& path);
 
 // The key of the CBC sidecar MAC: HKDF-SHA256(key, salt "", info "savepoint .ckpt block MAC v1").
 Result<crypto::Sha256> CbcMacKey(crypto::Bytes key);
