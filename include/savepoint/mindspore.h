@@ -20,11 +20,12 @@
 // reads back into the metadata and the values. Tensors
 // over 512 MiB are split as MindSpore splits them.
 //
-// Encryption (enc_key / dec_key): MindSpore's block framing (docs/FORMAT.md §9, "Encrypted .ckpt files"): the plaintext
-// file (CRC trailer included) is cut into 64 MiB blocks, each encrypted with AES-GCM, AES-CBC or
-// SM4-CBC under a fresh random IV. Every AES-GCM block is authenticated. AES-CBC and SM4-CBC are
-// not authenticated in MindSpore's format, so savepoint also writes an HMAC-SHA256 of each block
-// into a sidecar file "<path>.mac" and checks it when present (MindSpore ignores the sidecar).
+// Encryption (enc_key / dec_key): MindSpore's block framing (docs/FORMAT.md §9, "Encrypted .ckpt
+// files"): the plaintext file (CRC trailer included) is cut into 64 MiB blocks, each encrypted with
+// AES-GCM, AES-CBC or SM4-CBC under a fresh random IV. Every AES-GCM block is authenticated.
+// AES-CBC and SM4-CBC are not authenticated in MindSpore's format, so savepoint also writes an
+// HMAC-SHA256 of each block into a sidecar file "<path>.mac" and checks it when present (MindSpore
+// ignores the sidecar).
 //
 // Thread safety: the functions are reentrant.
 #ifndef SAVEPOINT_MINDSPORE_H_

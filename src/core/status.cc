@@ -79,9 +79,7 @@ Status InternalError(std::string m) { return {StatusCode::kInternal, std::move(m
 Status DeadlineExceededError(std::string m) {
   return {StatusCode::kDeadlineExceeded, std::move(m)};
 }
-Status UnauthenticatedError(std::string m) {
-  return {StatusCode::kUnauthenticated, std::move(m)};
-}
+Status UnauthenticatedError(std::string m) { return {StatusCode::kUnauthenticated, std::move(m)}; }
 
 static StatusCode CodeForErrno(int err) {
   switch (err) {
