@@ -64,6 +64,16 @@ def check(arrays, loaded, who):
             raise SystemExit(f"{who}: {k} differs after the round trip")
 
 
+def arg_parser(default_dir):
+    """The options the MindSpore benchmarks share: --gib, --dir, --trials, --no-mindspore."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gib", type=float, default=2.0)
+    ap.add_argument("--dir", default=default_dir)
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--no-mindspore", action="store_true", help="savepoint and dd only")
+    return ap
+
+
 def run_trials(contenders, arrays, trials, path_of, cold=True):
     """{(op, name): [seconds per trial]}: every contender saves then loads (cold unless told),
     in an order rotated per trial; loads are checked against `arrays` (untimed)."""
@@ -98,12 +108,7 @@ def print_table(res, nbytes, ours):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--gib", type=float, default=2.0)
-    ap.add_argument("--dir", default="build/bench-ckpt")
-    ap.add_argument("--trials", type=int, default=3)
-    ap.add_argument("--no-mindspore", action="store_true", help="savepoint and dd only")
-    args = ap.parse_args()
+    args = arg_parser("build/bench-ckpt").parse_args()
     ms.set_context(device_target="CPU")
     os.makedirs(args.dir, exist_ok=True)
     arrays, nbytes = make_state(int(args.gib * (1 << 30)))

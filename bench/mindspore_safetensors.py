@@ -11,12 +11,11 @@ The state is bench/mindspore_ckpt.py's. Saves are durable when their time stops;
 shows). Each trial runs the contenders in a rotated order; loads are checked, untimed.
 """
 
-import argparse
 import os
 
 import mindspore as ms
 from bench_util import COLD, dd
-from mindspore_ckpt import MIB, make_state, ms_load, ms_save, print_table, run_trials
+from mindspore_ckpt import MIB, arg_parser, make_state, ms_load, ms_save, print_table, run_trials
 
 from savepoint import mindspore as spms
 
@@ -24,12 +23,8 @@ ST = {"format": "safetensors"}
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--gib", type=float, default=2.0)
-    ap.add_argument("--dir", default="build/bench-st")
-    ap.add_argument("--trials", type=int, default=3)
+    ap = arg_parser("build/bench-st")
     ap.add_argument("--warm", action="store_true", help="loads from the page cache")
-    ap.add_argument("--no-mindspore", action="store_true", help="savepoint and dd only")
     args = ap.parse_args()
     ms.set_context(device_target="CPU")
     os.makedirs(args.dir, exist_ok=True)

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "format/endian.h"
+#include "interop/file_writer_testutil.h"
 #include "io/mem_fs.h"
 #include "savepoint/mindspore.h"
 #include "testutil/testutil.h"
@@ -261,6 +262,58 @@ TEST_F(CkptCipherTest, MindSporesZeroCrcAfterTheBlocksIsIgnored) {
       auto info, InspectMindSporeCheckpoint(kPath, &fs_, EncryptionKey::FromBytes(Key(16))));
   EXPECT_TRUE(info.outer_crc_trailer);
   SP_ASSERT_OK(Load(Key(16)).status());
+}
+
+TEST_F(CkptCipherTest, BadOrForeignSidecarsAreRefused) {
+  const State s = Small();
+  SP_ASSERT_OK(Save(s, MindSporeCipher::kSm4Cbc, Key(16)));
+  const std::string side = std::string(kPath) + ".mac";
+  const std::string good = Bytes(side);
+  for (const char* bad : {"not json", "{\"format\": \"other\"}", "[]"}) {
+    Put(bad, side);
+    const Status st = Load(Key(16)).status();
+    EXPECT_EQ(st.code(), StatusCode::kCorruption) << bad << " " << st.ToString();
+    EXPECT_NE(st.message().find("MAC sidecar"), std::string::npos) << st.ToString();
+  }
+  // A sidecar of another file (another size) is not taken for this one's.
+  State bigger = Small();
+  SP_ASSERT_OK(bigger.Put("extra", Tensor::Empty(DType::kF32, {1000}).value()));
+  SP_ASSERT_OK(SaveMindSporeCheckpoint(
+      bigger, "/d/other.ckpt",
+      {.enc_key = EncryptionKey::FromBytes(Key(16)), .enc_mode = MindSporeCipher::kSm4Cbc}, Io()));
+  Put(Bytes("/d/other.ckpt.mac"), side);
+  Status st = Load(Key(16)).status();
+  EXPECT_EQ(st.code(), StatusCode::kUnauthenticated) << st.ToString();
+  EXPECT_NE(st.message().find("describes another file"), std::string::npos) << st.ToString();
+  Put(good, side);
+  SP_EXPECT_OK(Load(Key(16)).status());
+  // Saving over a CBC file with AES-GCM removes its sidecar: it would describe nothing.
+  SP_ASSERT_OK(Save(s, MindSporeCipher::kAesGcm, Key(16)));
+  EXPECT_FALSE(fs_.Exists(side));
+}
+
+// Every injected failure (full disk, failed sync, crash) during an encrypted save leaves either
+// no file or the previous file at the path, never a partial one.
+TEST_F(CkptCipherTest, FaultsNeverLeaveAPartialEncryptedFile) {
+  State old_state, new_state;
+  Tensor a = Tensor::Empty(DType::kF32, {100}).value();
+  FillPattern(a.view(), 1);
+  Tensor b = Tensor::Empty(DType::kF64, {300}).value();
+  FillPattern(b.view(), 2);
+  SP_ASSERT_OK(old_state.Put("old", std::move(a)));
+  SP_ASSERT_OK(new_state.Put("new", std::move(b)));
+  const std::string key = Key(32);
+  testing::ExpectFaultsNeverLeaveAPartialFile(
+      [&](const State& s, const std::string& p, bool overwrite, FileSystem* fs) {
+        return SaveMindSporeCheckpoint(
+            s, p,
+            {.overwrite = overwrite, .crc_check = true, .enc_key = EncryptionKey::FromBytes(key)},
+            {.fs = fs});
+      },
+      [&](const std::string& p, FileSystem* fs) {
+        return LoadMindSporeCheckpoint(p, {.dec_key = EncryptionKey::FromBytes(key)}, {.fs = fs});
+      },
+      kPath, old_state, new_state);
 }
 
 }  // namespace
