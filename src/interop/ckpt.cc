@@ -189,9 +189,15 @@ Result<State> LoadEncrypted(const RandomAccessFile& file, MindSporeCipher mode,
   }
   // The structure is read before the blocks are authenticated: when it does not parse, a wrong
   // key or a modified block is the likelier cause, and the authenticated pass says which.
+  // Without authentication (CBC without a sidecar) a wrong key and a changed file look alike.
   auto explain = [&](const Status& s) {
     Status auth = RunDecryptPass(pass, io.io_threads, nullptr);
-    return auth.ok() ? s : auth;
+    if (!auth.ok()) return auth;
+    if (mode == MindSporeCipher::kAesGcm || pass.macs != nullptr) return s;
+    return UnauthenticatedError(fmt::format(
+        "MindSpore checkpoint {}: the decrypted file is not a valid checkpoint ({}): the key is "
+        "wrong or the file was changed ({} is not authenticated, so the two look alike)",
+        path, s.message(), MindSporeCipherName(mode)));
   };
   Result<Scan> scan = interop::ckpt::ScanFile(view, path);
   if (!scan.ok()) return explain(scan.status());
