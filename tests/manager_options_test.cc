@@ -71,14 +71,35 @@ TEST(ManagerOptions, EveryInvalidCombinationIsRejectedClearly) {
        StatusCode::kInvalidArgument, "reserved"},
       {"append_dict bad name", [](auto& o) { o.append_dict[""] = Value(1); },
        StatusCode::kInvalidArgument, "append_dict key"},
-      {"safetensors with async",
+      {"crc_check with native", [](auto& o) { o.crc_check = true; }, StatusCode::kInvalidArgument,
+       "crc_check: only with a file format"},
+      {"safetensors with a key",
        [](auto& o) {
          o.format = CheckpointFormat::kSafetensors;
-         o.async = true;
+         o.key = EncryptionKey::FromBytes(std::string(32, 'k'));
        },
-       StatusCode::kInvalidArgument, "must keep their defaults"},
-      {"safetensors", [](auto& o) { o.format = CheckpointFormat::kSafetensors; },
-       StatusCode::kUnimplemented, "until issue #5"},
+       StatusCode::kInvalidArgument, "safetensors files cannot be encrypted"},
+      {"enc_mode without a key",
+       [](auto& o) {
+         o.format = CheckpointFormat::kMindSporeCkpt;
+         o.enc_mode = MindSporeCipher::kSm4Cbc;
+       },
+       StatusCode::kInvalidArgument, "enc_mode = SM4-CBC: only with format kMindSporeCkpt"},
+      {"enc_mode with native",
+       [](auto& o) {
+         o.key = EncryptionKey::FromBytes(std::string(32, 'k'));
+         o.enc_mode = MindSporeCipher::kAesCbc;
+       },
+       StatusCode::kInvalidArgument, "enc_mode = AES-CBC"},
+      {"file format with a staging option",
+       [](auto& o) {
+         o.format = CheckpointFormat::kMindSporeCkpt;
+         o.async = true;
+         o.async_options.slab_bytes = 1 << 20;
+       },
+       StatusCode::kInvalidArgument, "async_options.slab_bytes: applies to native"},
+      {"unknown format", [](auto& o) { o.format = static_cast<CheckpointFormat>(7); },
+       StatusCode::kInvalidArgument, "format = 7"},
   };
   for (const BadCase& c : cases) {
     ManagerOptions o = Valid();

@@ -46,6 +46,7 @@
 #include "savepoint/export.h"
 #include "savepoint/filesystem.h"
 #include "savepoint/io_options.h"
+#include "savepoint/mindspore.h"
 #include "savepoint/state.h"
 #include "savepoint/stateful.h"
 #include "savepoint/status.h"
@@ -61,7 +62,12 @@ struct SAVEPOINT_API StepInfo {
   int64_t step_in_epoch = 0;  // 1-based step within the epoch (0 for a save before any step)
 };
 
-enum class CheckpointFormat { kNative, kSafetensors };
+// How the manager stores each checkpoint (see ManagerOptions::format).
+enum class CheckpointFormat {
+  kNative,         // a checkpoint directory "{name}" (docs/FORMAT.md)
+  kSafetensors,    // a file "{name}.safetensors"
+  kMindSporeCkpt,  // a MindSpore file "{name}.ckpt", as MindSpore's ModelCheckpoint writes them
+};
 
 // Checkpoint names form series: "{prefix}-{epoch}_{step}" and, after MindSpore's conflict rule,
 // "{prefix}_{n}-{epoch}_{step}" (n one more than the largest n in use).
@@ -128,16 +134,33 @@ struct SAVEPOINT_API ManagerOptions {
   // Staging options of the async Checkpointer (its I/O is `io`). Default: CheckpointerOptions
   // defaults.
   CheckpointerOptions async_options;
-  // With async: whenever an object is registered, reserve and pre-touch staging memory for the
-  // registered objects' tensor bytes in the background (Checkpointer::Reserve), so the first
-  // save blocks for the copy alone. Default: true.
+  // With async and kNative: whenever an object is registered, reserve and pre-touch staging memory
+  // for the registered objects' tensor bytes in the background (Checkpointer::Reserve), so the
+  // first save blocks for the copy alone. Default: true.
   bool prefault_staging = true;
-  // Verify every chunk's CRC32C when restoring (checksums are always written). Default: true.
+  // Verify checksums when restoring: every chunk's CRC32C (native; always written), a .ckpt
+  // file's CRC-32 trailer or a safetensors file's crc_num when the file has one. Default: true.
   bool checksum = true;
-  // kSafetensors is Unimplemented until issue #5; combined with async, exception_save or
-  // append_info it is InvalidArgument (as MindSpore rejects non-default options with it).
+  // How each checkpoint is stored. kNative: a checkpoint directory "{name}". kSafetensors: one
+  // file "{name}.safetensors" (savepoint/safetensors.h). kMindSporeCkpt: one file "{name}.ckpt"
+  // (savepoint/mindspore.h), so a MindSpore training loop keeps ModelCheckpoint's file layout
+  // ("{prefix}-{epoch}_{step}.ckpt"). Every option works with every format except: key (not
+  // with kSafetensors), crc_check and enc_mode (file formats only), and async_options (with a
+  // file format only snapshot_threads applies: an async save copies the state into fresh memory
+  // on that many threads while the caller waits, then writes the copy on a background thread).
+  // The manager metadata travels in each file (the "savepoint.metadata" entry of a .ckpt, the
+  // header metadata of a safetensors file); a .ckpt file without it (written by MindSpore) is
+  // indexed by its name "{prefix}-{epoch}_{step}.ckpt", its step derived from steps_per_epoch.
+  // Record names include the file suffix ("ckpt-1_5.ckpt"); Which::Name accepts either form.
   // Default: kNative.
   CheckpointFormat format = CheckpointFormat::kNative;
+  // File formats: write MindSpore's checksum: the CRC-32 trailer of a .ckpt file, or the
+  // MindSpore safetensors flavour with its crc_num (crc_check=True). With kNative:
+  // InvalidArgument (native checkpoints always carry per-chunk CRC32C). Default: false.
+  bool crc_check = false;
+  // kMindSporeCkpt with a key: the cipher (enc_mode). Another value than the default without a
+  // key, or with another format, is InvalidArgument. Default: AES-GCM.
+  MindSporeCipher enc_mode = MindSporeCipher::kAesGcm;
   // Extra values stored in every checkpoint: "epoch_num" and/or "step_num" (others are
   // InvalidArgument), plus append_dict's key/value pairs (int, float, bool or string values;
   // valid entry names other than "epoch_num", "step_num"). Default: none.
@@ -165,26 +188,27 @@ struct SAVEPOINT_API ManagerOptions {
   // Checkpointer, whose writer threads are io.io_threads), restore, index update and deletion.
   // Default: IoOptions defaults.
   IoOptions io;
-  // Encrypts every checkpoint the manager saves and decrypts every one it restores
-  // (SaveOptions::key, LoadOptions::key; docs/FORMAT.md §10): a key provider is asked once per
-  // save and per restore. Restoring a checkpoint that is not encrypted with a key set is
-  // InvalidArgument (see LoadOptions::key); listing and retention need no key. Only with format
-  // kNative (else InvalidArgument). Default: none (not encrypted).
+  // Encrypts every checkpoint the manager saves and decrypts every one it restores: native
+  // checkpoints as SaveOptions::key / LoadOptions::key (docs/FORMAT.md §10), .ckpt files as
+  // enc_key / dec_key with enc_mode (docs/FORMAT.md §9). A key provider is asked once per save
+  // and per restore. Restoring a checkpoint that is not encrypted with a key set is
+  // InvalidArgument; listing and retention need no key. With kSafetensors: InvalidArgument.
+  // Default: none (not encrypted).
   EncryptionKey key = {};
 };
 
-// OK when the options are valid; otherwise InvalidArgument (or Unimplemented for safetensors)
-// naming the field and value. CheckpointManager::Open calls it.
+// OK when the options are valid; otherwise InvalidArgument naming the field and value.
+// CheckpointManager::Open calls it.
 SAVEPOINT_API Status ValidateManagerOptions(const ManagerOptions& options);
 
 // One committed checkpoint in the index.
 struct SAVEPOINT_API CheckpointRecord {
-  std::string name;  // directory name, e.g. "ckpt-2_50"
+  std::string name;  // directory entry: "ckpt-2_50", or with a file format "ckpt-2_50.ckpt"
   std::string path;  // directory/name
   int64_t step = 0;
   int64_t epoch = 0;
   int64_t step_in_epoch = 0;
-  int64_t created_ns = 0;  // manifest creation time
+  int64_t created_ns = 0;  // manifest creation time (file formats: the file's mtime)
   uint64_t bytes = 0;      // file bytes
   bool breakpoint = false;
   bool epoch_end = false;  // saved at the end of `epoch` (OnEpochEnd, JobRunner)

@@ -151,6 +151,10 @@ struct SAVEPOINT_API MindSporeCheckpointInfo {
   // False when the file is encrypted and no key was given: entries and has_crc are then unknown.
   bool entries_listed = true;
   std::vector<MindSporeEntryInfo> entries;  // in file order
+  // The values and metadata savepoint keeps in its "savepoint.metadata" entry (a State without
+  // tensors; empty for a file without that entry or when entries are not listed). Not
+  // authenticated: read through the decrypting view, like `entries`.
+  State values;
 };
 
 // Scans the structure of the file at `path` through `fs` (nullptr = DefaultFileSystem()),

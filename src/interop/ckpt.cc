@@ -371,7 +371,7 @@ Status ListEntries(const RandomAccessFile& file, const std::string& path,
   SP_ASSIGN_OR_RETURN(std::vector<interop::ckpt::Entry> entries,
                       interop::ckpt::GroupEntries(scan, path));
   ListEntries(scan, entries, info);
-  return Status::OK();
+  return interop::ckpt::ReadSavepointEntry(file, entries, path, &info->values);
 }
 
 }  // namespace

@@ -103,18 +103,28 @@ void AddReads(const Entry& e, size_t part, std::byte* dst, const std::string* na
   }
 }
 
-// A tensor entry (possibly in pieces).
-Status PlanTensor(const Entry& e, const std::string& path, LoadPlan* plan, Json* int4) {
+}  // namespace
+
+Result<std::pair<DType, Shape>> TensorEntryInfo(const Entry& e, const std::string& path) {
   const TensorRecord& first = e.values[0]->tensors[0];
-  std::optional<DType> dtype = DTypeOf(first.type, false);
+  std::optional<DType> dtype = e.map ? std::nullopt : DTypeOf(first.type, false);
   if (!dtype) {
     return InvalidArgumentError(fmt::format(
         "MindSpore checkpoint {}: entry {:?} has type {:?}, which savepoint does not know", path,
-        e.name, first.type));
+        e.name, e.map ? "map" : first.type));
   }
   SP_ASSIGN_OR_RETURN(Shape shape,
                       ShapeOf(first.dims, ContentBytes(e, 0), DTypeSize(*dtype), path, e.name));
-  SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(*dtype, shape));
+  return std::pair{*dtype, std::move(shape)};
+}
+
+namespace {
+
+// A tensor entry (possibly in pieces).
+Status PlanTensor(const Entry& e, const std::string& path, LoadPlan* plan, Json* int4) {
+  const TensorRecord& first = e.values[0]->tensors[0];
+  SP_ASSIGN_OR_RETURN(auto info, TensorEntryInfo(e, path));
+  SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(info.first, info.second));
   if (first.type == kInt4) int4->push_back(e.name);
   plan->names.push_back(e.name);
   AddReads(e, 0, t.data(), &plan->names.back(), plan);
@@ -311,6 +321,8 @@ Result<std::string> ReadText(const RandomAccessFile& file, const Entry& e,
 
 bool IsString(const Entry& e) { return !e.map && e.values[0]->tensors[0].type == kString; }
 
+}  // namespace
+
 // The savepoint.metadata entry, when the file has one: {"metadata": <the State's metadata>,
 // "values": [bytes and JSON values as the manifest writes values]}, either member absent when
 // empty. Decoded into `out` (metadata and values).
@@ -331,8 +343,6 @@ Status ReadSavepointEntry(const RandomAccessFile& file, const std::vector<Entry>
       entry["values"],
       fmt::format("MindSpore checkpoint {}: {}", path, kMindSporeSavepointMetadataEntry), out);
 }
-
-}  // namespace
 
 Result<std::vector<Entry>> GroupEntries(const Scan& scan, const std::string& path) {
   std::vector<Entry> out;

@@ -32,6 +32,16 @@ struct Entry {
 // its pieces disagree (kind, type, dims).
 Result<std::vector<Entry>> GroupEntries(const Scan& scan, const std::string& path);
 
+// Decodes the savepoint.metadata entry of `entries` (when there is one) into `out`: its metadata
+// and its values (bytes and JSON values). Corruption when it is not the JSON savepoint writes.
+Status ReadSavepointEntry(const RandomAccessFile& file, const std::vector<Entry>& entries,
+                          const std::string& path, State* out);
+
+// The dtype and shape of a tensor entry (its pieces together; Int4 as I8): InvalidArgument for a
+// hash map or a type savepoint has no dtype for, Corruption when the bytes do not match the dims.
+// Its bytes are the concatenation of its values' tensors[0] contents, in order.
+Result<std::pair<DType, Shape>> TensorEntryInfo(const Entry& e, const std::string& path);
+
 // One contiguous read of tensor bytes into memory.
 struct Read {
   std::byte* dst = nullptr;

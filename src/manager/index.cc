@@ -151,7 +151,7 @@ Status ApplyRecordMeta(const Json& j, CheckpointRecord* r) {
 
 void SortRecords(std::vector<CheckpointRecord>& records) {
   std::stable_sort(records.begin(), records.end(), [](const auto& a, const auto& b) {
-    return std::tie(a.created_ns, a.name) < std::tie(b.created_ns, b.name);
+    return std::tie(a.created_ns, a.step, a.name) < std::tie(b.created_ns, b.step, b.name);
   });
 }
 
@@ -202,34 +202,41 @@ Status WriteIndex(FileSystem* fs, const std::string& dir, Index& index) {
   return Status::OK();
 }
 
-Result<CheckpointRecord> RecordFromCheckpoint(FileSystem* fs, const std::string& dir,
-                                              const std::string& name) {
+Result<CheckpointRecord> RecordFromCheckpoint(Store& store, const std::string& dir,
+                                              const std::string& entry, int64_t steps_per_epoch) {
   CheckpointRecord r;
-  r.name = name;
-  r.path = JoinPath(dir, name);
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
-                      CheckpointReader::Open(r.path, {}, {.fs = fs}));
-  const Json& meta = reader->values().metadata();
+  r.name = entry;
+  r.path = JoinPath(dir, entry);
+  SP_ASSIGN_OR_RETURN(StoredFacts facts, store.Describe(r.path, /*metadata=*/true));
+  r.created_ns = facts.created_ns;
+  r.bytes = facts.bytes;
+  const Json& meta = facts.metadata;
+  std::optional<NameParts> parts =
+      ParseCheckpointName(store.NameOf({.name = entry}).value_or(entry));
   if (meta.is_object() && meta.contains(kMetaKey)) {
     SP_RETURN_IF_ERROR(ApplyRecordMeta(meta[kMetaKey], &r).WithContext(r.path));
-  } else if (const Value* v = reader->values().FindValue("step"); v != nullptr && v->is_int()) {
-    r.step = v->as_int();
+  } else if (facts.step_value) {
+    r.step = *facts.step_value;
     r.epoch = 1;
     r.step_in_epoch = r.step;
+  } else if (parts && parts->epoch > 0) {
+    r.epoch = parts->epoch;
+    r.step_in_epoch = parts->step_in_epoch;
+    r.step = steps_per_epoch > 0 ? (parts->epoch - 1) * steps_per_epoch + parts->step_in_epoch
+                                 : parts->step_in_epoch;
+    r.breakpoint = parts->breakpoint;
   } else {
     return FailedPreconditionError(fmt::format("checkpoint {} has no step", r.path));
   }
-  r.created_ns = reader->created_ns();
-  r.bytes = reader->total_file_bytes();
   return r;
 }
 
-Result<bool> Reconcile(FileSystem* fs, const std::string& dir,
-                       std::vector<CheckpointRecord>& records) {
+Result<bool> Reconcile(Store& store, FileSystem* fs, const std::string& dir,
+                       std::vector<CheckpointRecord>& records, int64_t steps_per_epoch) {
   SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(dir));
   std::set<std::string> on_disk;
   for (const FileInfo& e : entries) {
-    if (e.is_dir && !e.name.empty() && e.name[0] != '.') on_disk.insert(e.name);
+    if (store.NameOf(e)) on_disk.insert(e.name);
   }
   bool changed = false;
   std::set<std::string> known;
@@ -241,7 +248,7 @@ Result<bool> Reconcile(FileSystem* fs, const std::string& dir,
   });
   for (const std::string& name : on_disk) {
     if (known.count(name) > 0) continue;
-    Result<CheckpointRecord> r = RecordFromCheckpoint(fs, dir, name);
+    Result<CheckpointRecord> r = RecordFromCheckpoint(store, dir, name, steps_per_epoch);
     if (!r.ok()) {
       spdlog::debug("savepoint: {} is not a manager checkpoint: {}", JoinPath(dir, name),
                     r.status().ToString());

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "manager/store.h"
 #include "savepoint/filesystem.h"
 #include "savepoint/manager.h"
 
@@ -35,18 +36,21 @@ Result<Index> ReadIndex(FileSystem* fs, const std::string& dir);
 // Writes `index` as generation index.generation + 1 (updating it) and removes older ones.
 Status WriteIndex(FileSystem* fs, const std::string& dir, Index& index);
 
-// A record for the committed checkpoint `dir`/`name`, from its manifest (NotFound/Corruption if
-// it is not a committed checkpoint; FailedPrecondition if it has no step).
-Result<CheckpointRecord> RecordFromCheckpoint(FileSystem* fs, const std::string& dir,
-                                              const std::string& name);
+// A record for the committed checkpoint at directory entry `entry` of `dir`, from the manager
+// metadata it carries; else from an int value "step" (a native checkpoint saved without a
+// manager: epoch 1); else from its name "{prefix}-{epoch}_{step}" (a file MindSpore wrote: the
+// step is (epoch - 1) * steps_per_epoch + step when steps_per_epoch > 0, else the name's step).
+// NotFound/Corruption if it is not a committed checkpoint; FailedPrecondition if it has no step.
+Result<CheckpointRecord> RecordFromCheckpoint(Store& store, const std::string& dir,
+                                              const std::string& entry, int64_t steps_per_epoch);
 
 // Makes `records` agree with the directory: drops records whose checkpoint is gone, adds
-// committed checkpoints that have a step but no record, ignores debris and other files, and sorts
-// by creation time. Returns whether anything changed.
-Result<bool> Reconcile(FileSystem* fs, const std::string& dir,
-                       std::vector<CheckpointRecord>& records);
+// committed checkpoints of the store's format that have a step but no record, ignores debris and
+// other files, and sorts by creation time. Returns whether anything changed.
+Result<bool> Reconcile(Store& store, FileSystem* fs, const std::string& dir,
+                       std::vector<CheckpointRecord>& records, int64_t steps_per_epoch);
 
-// Orders records oldest first (creation time, then name).
+// Orders records oldest first (creation time, then step, then name).
 void SortRecords(std::vector<CheckpointRecord>& records);
 
 }  // namespace savepoint::manager

@@ -25,6 +25,7 @@
 #include "manager/registry.h"
 #include "manager/retention.h"
 #include "manager/signals.h"
+#include "manager/store.h"
 #include "savepoint/catalog.h"
 
 namespace savepoint {
@@ -62,9 +63,7 @@ class ManagerImpl final : public CheckpointManager {
   }
 
   Status Init() {
-    if (o_.async) {
-      SP_ASSIGN_OR_RETURN(async_, Checkpointer::Create(o_.async_options, o_.io));
-    }
+    SP_ASSIGN_OR_RETURN(store_, Store::Create(o_));
     std::string dir = o_.directory_fn ? o_.directory_fn(StepInfo{0, 1, 0}) : o_.directory;
     SP_RETURN_IF_ERROR(OpenDirectory(dir));
     if (o_.handle_signals) {
@@ -90,9 +89,7 @@ class ManagerImpl final : public CheckpointManager {
     SP_ASSIGN_OR_RETURN(CheckpointRecord rec, Find(which));
     auto t0 = std::chrono::steady_clock::now();
     LoadStats io;
-    LoadOptions lo = LoadOpts();
-    lo.stats = &io;
-    SP_ASSIGN_OR_RETURN(State state, Load(rec.path, lo, o_.io));
+    SP_ASSIGN_OR_RETURN(State state, store_->Load(rec.path, &io));
     Restored(rec, io.bytes, SecondsSince(t0));
     return state;
   }
@@ -149,7 +146,7 @@ class ManagerImpl final : public CheckpointManager {
   Status Register(const std::string& name, Stateful* object, Category category) override {
     std::lock_guard<std::mutex> lock(mu_);
     SP_RETURN_IF_ERROR(registry_.Add(name, object, category));
-    if (async_ && o_.prefault_staging) ReserveStaging();
+    if (o_.async) ReserveStaging();
     return Status::OK();
   }
   Status Unregister(const std::string& name) override {
@@ -226,20 +223,13 @@ class ManagerImpl final : public CheckpointManager {
 
  private:
   struct Pending {
-    SaveHandle handle;
+    std::shared_ptr<InFlight> handle;
     CheckpointRecord record;
   };
 
   Status CheckOpen() const {
     if (!closed_) return Status::OK();
     return FailedPreconditionError(fmt::format("checkpoint manager of {} is closed", dir_));
-  }
-
-  LoadOptions LoadOpts() const {
-    LoadOptions lo;
-    lo.verify_checksums = o_.checksum;
-    lo.key = o_.key;
-    return lo;
   }
 
   // --- Directory. ---
@@ -258,12 +248,14 @@ class ManagerImpl final : public CheckpointManager {
       if (!removed.ok()) spdlog::warn("savepoint: {}: {}", context, removed.status().ToString());
     }
     SP_ASSIGN_OR_RETURN(Index index, ReadIndex(fs_, dir));
-    SP_ASSIGN_OR_RETURN(bool changed, Reconcile(fs_, dir, index.records));
+    SP_ASSIGN_OR_RETURN(bool changed,
+                        Reconcile(*store_, fs_, dir, index.records, o_.steps_per_epoch));
     if (changed) SP_RETURN_IF_ERROR(WriteIndex(fs_, dir, index).WithContext(context));
     SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs_->ListDir(dir));
     std::vector<std::string> names;
     for (const FileInfo& e : entries) {
-      if (e.is_dir && !e.name.ends_with("_breakpoint")) names.push_back(e.name);
+      std::optional<std::string> name = store_->NameOf(e);
+      if (name && !name->ends_with("_breakpoint")) names.push_back(*name);
     }
     prefix_ = o_.prefix_fn ? std::string() : ResolvePrefixConflict(o_.prefix, names);
     saved_in_dir_ = false;
@@ -286,7 +278,8 @@ class ManagerImpl final : public CheckpointManager {
     if (closed_) return Status::OK();
     Status s = Reap(true);
     closed_ = true;
-    async_.reset();
+    pending_.clear();
+    store_.reset();
     lock_.reset();
     if (signals_installed_) UninstallSignalHandlers();
     signals_installed_ = false;
@@ -301,7 +294,7 @@ class ManagerImpl final : public CheckpointManager {
     for (const auto& [name, e] : g->state.entries()) {
       if (e.is_tensor()) bytes += e.tensor().nbytes();
     }
-    async_->Reserve(bytes);
+    if (store_) store_->Reserve(bytes);
   }
 
   // --- Saving. ---
@@ -365,21 +358,18 @@ class ManagerImpl final : public CheckpointManager {
     }
     const StepInfo info = InfoFor(step, args);
     SP_RETURN_IF_ERROR(MaybeSwitchDirectory(info));
-    SP_ASSIGN_OR_RETURN(std::string name, NameFor(info, args.breakpoint));
+    SP_ASSIGN_OR_RETURN(std::string base, NameFor(info, args.breakpoint));
+    const std::string name = store_->EntryName(base);
     CheckpointRecord rec{
         name, JoinPath(dir_, name), step,           info.epoch,  info.step_in_epoch, 0,
         0,    args.breakpoint,      args.epoch_end, args.metrics};
     SP_ASSIGN_OR_RETURN(State full, Decorate(state, rec));
-    SaveOptions so;
-    so.overwrite = true;  // a name repeats only when training went back to an older step
-    so.key = o_.key;
-    if (async_) {
-      SP_ASSIGN_OR_RETURN(SaveHandle h, async_->SaveAsync(full, rec.path, so));
+    if (o_.async) {
+      SP_ASSIGN_OR_RETURN(std::shared_ptr<InFlight> h, store_->SaveAsync(full, rec.path));
       pending_.push_back({std::move(h), std::move(rec)});
     } else {
       SaveStats io;
-      so.stats = &io;
-      SP_RETURN_IF_ERROR(savepoint::Save(full, rec.path, so, o_.io));
+      SP_RETURN_IF_ERROR(store_->Save(full, rec.path, &io));
       SP_RETURN_IF_ERROR(
           Commit(rec, {"checkpoint_save", rec.name, step, io.bytes, io.seconds, io.seconds}));
     }
@@ -426,10 +416,9 @@ class ManagerImpl final : public CheckpointManager {
 
   // Indexes a committed checkpoint, applies retention, writes the index.
   Status Commit(CheckpointRecord rec, CheckpointStats stats) {
-    SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
-                        CheckpointReader::Open(rec.path, {}, {.fs = fs_}));
-    rec.created_ns = reader->created_ns();
-    rec.bytes = reader->total_file_bytes();
+    SP_ASSIGN_OR_RETURN(StoredFacts facts, store_->Describe(rec.path, /*metadata=*/false));
+    rec.created_ns = facts.created_ns;
+    rec.bytes = facts.bytes;
     std::erase_if(index_.records, [&](const CheckpointRecord& r) { return r.name == rec.name; });
     index_.records.push_back(std::move(rec));
     SortRecords(index_.records);
@@ -445,7 +434,7 @@ class ManagerImpl final : public CheckpointManager {
       if (in_flight) continue;  // being overwritten by a save in flight
       auto t0 = std::chrono::steady_clock::now();
       const std::string path = JoinPath(dir_, name);
-      Status s = DeleteCheckpoint(path, fs_);
+      Status s = store_->Delete(path);
       if (!s.ok()) {
         spdlog::warn("savepoint: retention: {}", s.ToString());
         if (fs_->Exists(path)) continue;  // still there: keep its record (else it is gone)
@@ -462,11 +451,11 @@ class ManagerImpl final : public CheckpointManager {
   Status Reap(bool block) {
     Status first = std::exchange(deferred_, Status::OK());
     while (!pending_.empty()) {
-      if (!block && !pending_.front().handle.Poll()) break;
+      if (!block && !pending_.front().handle->Poll()) break;
       Pending p = std::move(pending_.front());
       pending_.pop_front();
-      Status s = p.handle.Wait();
-      SaveStats st = p.handle.stats();
+      Status s = p.handle->Wait();
+      SaveStats st = p.handle->stats();
       CheckpointStats cs{"checkpoint_save", p.record.name, p.record.step,
                          st.bytes,          st.seconds,    st.blocked_seconds};
       if (s.ok()) s = Commit(std::move(p.record), cs);
@@ -486,8 +475,8 @@ class ManagerImpl final : public CheckpointManager {
   Result<CheckpointRecord> Find(const Which& which) const {
     const auto& rs = index_.records;
     for (auto it = rs.rbegin(); it != rs.rend(); ++it) {
-      if (!which.name.empty() ? it->name == which.name
-                              : (!which.step.has_value() || it->step == *which.step)) {
+      const bool named = it->name == which.name || it->name == store_->EntryName(which.name);
+      if (!which.name.empty() ? named : (!which.step.has_value() || it->step == *which.step)) {
         return *it;
       }
     }
@@ -499,9 +488,8 @@ class ManagerImpl final : public CheckpointManager {
   }
 
   Status LoadRegistered(const std::string& path, const LoadConfig& config) {
-    SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
-                        CheckpointReader::Open(path, LoadOpts(), o_.io));
-    return registry_.Load(*reader, config);
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<EntrySource> source, store_->OpenSource(path));
+    return registry_.Load(*source, config);
   }
 
   // Training continues after rec's step: the counters, and (SeriesRule::kContinue, before this
@@ -568,7 +556,7 @@ class ManagerImpl final : public CheckpointManager {
   bool saved_in_dir_ = false;  // a save into dir_ since it was opened (fixes the series)
   std::unique_ptr<FileSystem::FileLock> lock_;
   Index index_;
-  std::unique_ptr<Checkpointer> async_;
+  std::unique_ptr<Store> store_;
   std::deque<Pending> pending_;
   Status deferred_;
   Registry registry_;

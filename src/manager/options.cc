@@ -75,19 +75,48 @@ Status ValidateAppendInfo(const ManagerOptions& o) {
   return Status::OK();
 }
 
+// With a file format, async saves use only snapshot_threads of the Checkpointer's options.
+Status ValidateFileAsync(const CheckpointerOptions& a) {
+  const CheckpointerOptions d;
+  const char* field =
+      a.staging_bytes != d.staging_bytes                       ? "staging_bytes"
+      : a.prefault_bytes != d.prefault_bytes                   ? "prefault_bytes"
+      : a.slab_bytes != d.slab_bytes                           ? "slab_bytes"
+      : a.persist_during_snapshot != d.persist_during_snapshot ? "persist_during_snapshot"
+      : a.allow_concurrent_saves != d.allow_concurrent_saves   ? "allow_concurrent_saves"
+      : a.copier != d.copier                                   ? "copier"
+                                                               : nullptr;
+  if (field == nullptr) return Status::OK();
+  return InvalidArgumentError(fmt::format(
+      "ManagerOptions.async_options.{}: applies to native checkpoints only (a file format's async "
+      "save snapshots into fresh memory; only snapshot_threads applies)",
+      field));
+}
+
 Status ValidateFormat(const ManagerOptions& o) {
-  if (o.format == CheckpointFormat::kNative) return Status::OK();
-  if (o.key) {
-    return InvalidArgumentError(
-        "ManagerOptions.key: safetensors files cannot be encrypted; use format kNative");
+  const bool ckpt = o.format == CheckpointFormat::kMindSporeCkpt;
+  if (o.format != CheckpointFormat::kNative && o.format != CheckpointFormat::kSafetensors &&
+      !ckpt) {
+    return InvalidArgumentError(fmt::format("ManagerOptions.format = {}: not a CheckpointFormat",
+                                            static_cast<int>(o.format)));
   }
-  if (o.async || o.exception_save || !o.append_info.empty() || !o.append_dict.empty()) {
+  if (o.format == CheckpointFormat::kNative && o.crc_check) {
     return InvalidArgumentError(
-        "ManagerOptions.format = safetensors: async, exception_save and append_info must keep "
-        "their defaults with this format");
+        "ManagerOptions.crc_check: only with a file format (kSafetensors, kMindSporeCkpt); native "
+        "checkpoints always carry a CRC32C per chunk");
   }
-  return UnimplementedError(
-      "ManagerOptions.format = safetensors: not supported yet (until issue #5); use kNative");
+  if (o.format == CheckpointFormat::kSafetensors && o.key) {
+    return InvalidArgumentError(
+        "ManagerOptions.key: safetensors files cannot be encrypted; use format kNative or "
+        "kMindSporeCkpt");
+  }
+  if (o.enc_mode != MindSporeCipher::kAesGcm && !(ckpt && o.key)) {
+    return InvalidArgumentError(
+        fmt::format("ManagerOptions.enc_mode = {}: only with format kMindSporeCkpt and a key",
+                    MindSporeCipherName(o.enc_mode)));
+  }
+  if (o.format != CheckpointFormat::kNative) return ValidateFileAsync(o.async_options);
+  return Status::OK();
 }
 
 Status ValidateWhere(const ManagerOptions& o) {
@@ -140,6 +169,37 @@ Policy ResolvePolicy(const ManagerOptions& o) {
 std::string CheckpointName(std::string_view prefix, const StepInfo& info, bool breakpoint) {
   return fmt::format("{}-{}_{}{}", prefix, info.epoch, info.step_in_epoch,
                      breakpoint ? "_breakpoint" : "");
+}
+
+namespace {
+
+// A decimal integer >= 0 that fills `s`.
+std::optional<int64_t> ParseCount(std::string_view s) {
+  int64_t n = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size() || n < 0) return std::nullopt;
+  return n;
+}
+
+}  // namespace
+
+std::optional<NameParts> ParseCheckpointName(std::string_view name) {
+  NameParts parts;
+  if (name.ends_with("_breakpoint")) {
+    parts.breakpoint = true;
+    name.remove_suffix(std::string_view("_breakpoint").size());
+  }
+  const size_t dash = name.rfind('-');
+  if (dash == std::string_view::npos || dash == 0) return std::nullopt;
+  std::string_view rest = name.substr(dash + 1);
+  const size_t under = rest.find('_');
+  if (under == std::string_view::npos) return std::nullopt;
+  std::optional<int64_t> epoch = ParseCount(rest.substr(0, under));
+  std::optional<int64_t> step = ParseCount(rest.substr(under + 1));
+  if (!epoch || !step) return std::nullopt;
+  parts.epoch = *epoch;
+  parts.step_in_epoch = *step;
+  return parts;
 }
 
 namespace {

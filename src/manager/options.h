@@ -34,6 +34,15 @@ Status ValidatePrefix(std::string_view prefix, std::string_view what);
 // "{prefix}-{epoch}_{step_in_epoch}", plus "_breakpoint" for a breakpoint.
 std::string CheckpointName(std::string_view prefix, const StepInfo& info, bool breakpoint);
 
+// What a checkpoint name "{prefix}-{epoch}_{step_in_epoch}[_breakpoint]" says (the prefix may
+// contain '-' and '_': the last '-' starts the suffix); nullopt for other names.
+struct NameParts {
+  int64_t epoch = 0;
+  int64_t step_in_epoch = 0;
+  bool breakpoint = false;
+};
+std::optional<NameParts> ParseCheckpointName(std::string_view name);
+
 // MindSpore's conflict rule: `prefix` if no name in `existing` uses it, else "{prefix}_{n}" with
 // n one more than the largest suffix in use (1 when only the bare prefix is used).
 std::string ResolvePrefixConflict(const std::string& prefix,

@@ -10,6 +10,9 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <cstring>
+#include <optional>
 #include <set>
 
 #include "engine/select.h"
@@ -98,7 +101,7 @@ Result<Gathered> Registry::Gather() const {
   return g;
 }
 
-Result<Registry::Plan> Registry::PlanObject(CheckpointReader& reader, const LoadConfig& config,
+Result<Registry::Plan> Registry::PlanObject(EntrySource& reader, const LoadConfig& config,
                                             const std::string& name, const Object& o) const {
   Plan plan{name, o.object, State(), {}};
   SP_RETURN_IF_ERROR(o.object->SaveState(plan.templ).WithContext(fmt::format("load {:?}", name)));
@@ -158,7 +161,7 @@ Result<Registry::Plan> Registry::PlanObject(CheckpointReader& reader, const Load
   return plan;
 }
 
-Status Registry::Load(CheckpointReader& reader, const LoadConfig& config) const {
+Status Registry::Load(EntrySource& reader, const LoadConfig& config) const {
   SP_ASSIGN_OR_RETURN(std::vector<bool> selected, SelectedCategories(config));
   std::vector<Plan> plans;
   for (const auto& [name, o] : objects_) {
@@ -180,6 +183,106 @@ Status Registry::Load(CheckpointReader& reader, const LoadConfig& config) const 
     SP_RETURN_IF_ERROR(plan.object->LoadState(in).WithContext(fmt::format("load {:?}", plan.name)));
   }
   return Status::OK();
+}
+
+namespace {
+
+class ReaderSource final : public EntrySource {
+ public:
+  explicit ReaderSource(std::unique_ptr<CheckpointReader> r) : r_(std::move(r)) {}
+  const std::string& path() const override { return r_->path(); }
+  const State& values() const override { return r_->values(); }
+  const std::vector<TensorInfo>& tensors() const override { return r_->tensors(); }
+  const TensorInfo* FindTensor(const std::string& name) const override {
+    return r_->FindTensor(name);
+  }
+  Status ReadTensor(const std::string& name, const TensorView& dst) override {
+    return r_->ReadTensor(name, dst);
+  }
+
+ private:
+  std::unique_ptr<CheckpointReader> r_;
+};
+
+// A .ckpt file stores int, float and bool values as 0-d Int64, Float64 and Bool tensors (as
+// MindSpore does): such a tensor also serves as the value.
+std::optional<Value> ScalarValue(const TensorView& t) {
+  if (!t.shape().empty() || t.data() == nullptr) return std::nullopt;
+  switch (t.dtype()) {
+    case DType::kI64: {
+      int64_t x;
+      std::memcpy(&x, t.data(), sizeof x);
+      return Value(x);
+    }
+    case DType::kF64: {
+      double x;
+      std::memcpy(&x, t.data(), sizeof x);
+      return Value(x);
+    }
+    case DType::kBool:
+      return Value(t.data()[0] != std::byte{0});
+    default:
+      return std::nullopt;
+  }
+}
+
+// A State loaded whole (a file format).
+class StateSource final : public EntrySource {
+ public:
+  StateSource(State state, std::string path) : state_(std::move(state)), path_(std::move(path)) {
+    values_.metadata() = state_.metadata();
+    for (const auto& [name, e] : state_.entries()) {
+      if (!e.is_tensor()) {
+        values_.PutValue(name, e.value()).IgnoreError();  // names are valid: they are in a State
+        continue;
+      }
+      const TensorView& t = e.tensor();
+      if (std::optional<Value> v = ScalarValue(t)) values_.PutValue(name, *v).IgnoreError();
+      infos_.push_back({.name = name,
+                        .dtype = t.dtype(),
+                        .shape = t.shape(),
+                        .nbytes = t.nbytes(),
+                        .num_shards = 1,
+                        .num_chunks = 1,
+                        .stored_bytes = t.nbytes()});
+    }
+  }
+  const std::string& path() const override { return path_; }
+  const State& values() const override { return values_; }
+  const std::vector<TensorInfo>& tensors() const override { return infos_; }
+  const TensorInfo* FindTensor(const std::string& name) const override {
+    auto it =
+        std::lower_bound(infos_.begin(), infos_.end(), name,
+                         [](const TensorInfo& t, const std::string& n) { return t.name < n; });
+    return it != infos_.end() && it->name == name ? &*it : nullptr;
+  }
+  Status ReadTensor(const std::string& name, const TensorView& dst) override {
+    const TensorView* src = state_.FindTensor(name);
+    if (src == nullptr) return NotFoundError(fmt::format("{}: no tensor {:?}", path_, name));
+    if (src->dtype() != dst.dtype() || src->shape() != dst.shape()) {
+      return InvalidArgumentError(fmt::format(
+          "{}: tensor {:?} is {} {}, the target {} {}", path_, name, DTypeName(src->dtype()),
+          ShapeToString(src->shape()), DTypeName(dst.dtype()), ShapeToString(dst.shape())));
+    }
+    if (src->nbytes() > 0) std::memcpy(dst.data(), src->data(), src->nbytes());
+    return Status::OK();
+  }
+
+ private:
+  State state_;
+  State values_;  // state_'s values and metadata
+  std::string path_;
+  std::vector<TensorInfo> infos_;  // name order (State entries are sorted)
+};
+
+}  // namespace
+
+std::unique_ptr<EntrySource> SourceOf(std::unique_ptr<CheckpointReader> reader) {
+  return std::make_unique<ReaderSource>(std::move(reader));
+}
+
+std::unique_ptr<EntrySource> SourceOf(State state, std::string path) {
+  return std::make_unique<StateSource>(std::move(state), std::move(path));
 }
 
 }  // namespace savepoint::manager

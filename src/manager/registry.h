@@ -8,6 +8,7 @@
 #define SAVEPOINT_MANAGER_REGISTRY_H_
 
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,24 @@
 #include "savepoint/stateful.h"
 
 namespace savepoint::manager {
+
+// What Registry::Load reads: an engine checkpoint (SourceOf(reader)) or a State loaded whole from
+// a file format (SourceOf(state, path)). Entries are looked up by full name.
+class EntrySource {
+ public:
+  virtual ~EntrySource() = default;
+  virtual const std::string& path() const = 0;
+  // Non-tensor values and the State's metadata.
+  virtual const State& values() const = 0;
+  // Tensors in name order (name, dtype and shape filled in).
+  virtual const std::vector<TensorInfo>& tensors() const = 0;
+  virtual const TensorInfo* FindTensor(const std::string& name) const = 0;
+  // Reads one tensor into `dst`, which must match its dtype and shape.
+  virtual Status ReadTensor(const std::string& name, const TensorView& dst) = 0;
+};
+
+std::unique_ptr<EntrySource> SourceOf(std::unique_ptr<CheckpointReader> reader);
+std::unique_ptr<EntrySource> SourceOf(State state, std::string path);
 
 // A gathered state: `state` borrows tensors from `parts`, so keep both until the save is done.
 struct Gathered {
@@ -33,9 +52,9 @@ class Registry {
 
   // Asks every object for its state.
   Result<Gathered> Gather() const;
-  // Loads `reader`'s checkpoint into the objects. Checks everything (strictness, dtypes, shapes,
+  // Loads `source`'s checkpoint into the objects. Checks everything (strictness, dtypes, shapes,
   // shard count) before writing into any object.
-  Status Load(CheckpointReader& reader, const LoadConfig& config) const;
+  Status Load(EntrySource& source, const LoadConfig& config) const;
 
  private:
   struct Object {
@@ -45,8 +64,8 @@ class Registry {
   struct Plan;
   // "model." or "loader.shard-0.".
   std::string EntryPrefix(const std::string& name, Category category) const;
-  Result<Plan> PlanObject(CheckpointReader& reader, const LoadConfig& config,
-                          const std::string& name, const Object& o) const;
+  Result<Plan> PlanObject(EntrySource& reader, const LoadConfig& config, const std::string& name,
+                          const Object& o) const;
 
   int shard_id_;
   int num_shards_;

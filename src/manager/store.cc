@@ -1,0 +1,299 @@
+// The manager's stores (manager/store.h): native checkpoint directories, safetensors files and
+// MindSpore .ckpt files.
+#include "manager/store.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "interop/ckpt_cipher.h"
+#include "savepoint/async.h"
+#include "savepoint/catalog.h"
+#include "savepoint/mindspore.h"
+#include "savepoint/safetensors.h"
+#include "util/parallel.h"
+
+namespace savepoint::manager {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+bool Hidden(const FileInfo& e) { return e.name.empty() || e.name[0] == '.'; }
+
+// --- Native checkpoint directories. ---
+
+class HandleInFlight final : public InFlight {
+ public:
+  explicit HandleInFlight(SaveHandle h) : h_(std::move(h)) {}
+  bool Poll() override { return h_.Poll(); }
+  Status Wait() override { return h_.Wait(); }
+  SaveStats stats() override { return h_.stats(); }
+
+ private:
+  SaveHandle h_;
+};
+
+class NativeStore final : public Store {
+ public:
+  explicit NativeStore(const ManagerOptions& o) : o_(o), fs_(FileSystemOf(o.io)) {}
+
+  Status Init() {
+    if (!o_.async) return Status::OK();
+    SP_ASSIGN_OR_RETURN(async_, Checkpointer::Create(o_.async_options, o_.io));
+    return Status::OK();
+  }
+
+  std::string EntryName(std::string_view name) const override { return std::string(name); }
+  std::optional<std::string> NameOf(const FileInfo& e) const override {
+    if (!e.is_dir || Hidden(e)) return std::nullopt;
+    return e.name;
+  }
+
+  Status Save(const State& state, const std::string& path, SaveStats* stats) override {
+    SaveOptions so = SaveOpts();
+    so.stats = stats;
+    return savepoint::Save(state, path, so, o_.io);
+  }
+  Result<std::shared_ptr<InFlight>> SaveAsync(const State& state,
+                                              const std::string& path) override {
+    SP_ASSIGN_OR_RETURN(SaveHandle h, async_->SaveAsync(state, path, SaveOpts()));
+    return std::shared_ptr<InFlight>(std::make_shared<HandleInFlight>(std::move(h)));
+  }
+  Result<State> Load(const std::string& path, LoadStats* stats) override {
+    LoadOptions lo = LoadOpts();
+    lo.stats = stats;
+    return savepoint::Load(path, lo, o_.io);
+  }
+  Result<std::unique_ptr<EntrySource>> OpenSource(const std::string& path) override {
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                        CheckpointReader::Open(path, LoadOpts(), o_.io));
+    return SourceOf(std::move(reader));
+  }
+  Result<StoredFacts> Describe(const std::string& path, bool metadata) override {
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                        CheckpointReader::Open(path, {}, {.fs = fs_}));
+    StoredFacts f{reader->created_ns(), reader->total_file_bytes(), Json(), std::nullopt};
+    if (!metadata) return f;
+    f.metadata = reader->values().metadata();
+    if (const Value* v = reader->values().FindValue("step"); v != nullptr && v->is_int()) {
+      f.step_value = v->as_int();
+    }
+    return f;
+  }
+  Status Delete(const std::string& path) override { return DeleteCheckpoint(path, fs_); }
+  void Reserve(uint64_t bytes) override {
+    if (async_ && o_.prefault_staging) async_->Reserve(bytes);
+  }
+
+ private:
+  SaveOptions SaveOpts() const {
+    SaveOptions so;
+    so.overwrite = true;  // a name repeats only when training went back to an older step
+    so.key = o_.key;
+    return so;
+  }
+  LoadOptions LoadOpts() const {
+    LoadOptions lo;
+    lo.verify_checksums = o_.checksum;
+    lo.key = o_.key;
+    return lo;
+  }
+
+  const ManagerOptions& o_;
+  FileSystem* const fs_;
+  std::unique_ptr<Checkpointer> async_;
+};
+
+// --- Files: safetensors and MindSpore .ckpt. ---
+
+// A copy of `state` in fresh memory (values and metadata too), copied on up to `threads` threads.
+Result<State> Snapshot(const State& state, int threads) {
+  State out;
+  out.metadata() = state.metadata();
+  std::vector<std::pair<const std::string*, const TensorView*>> tensors;
+  for (const auto& [name, e] : state.entries()) {
+    if (e.is_tensor()) {
+      tensors.emplace_back(&name, &e.tensor());
+    } else {
+      SP_RETURN_IF_ERROR(out.PutValue(name, e.value()));
+    }
+  }
+  std::vector<Tensor> copies(tensors.size());
+  SP_RETURN_IF_ERROR(ParallelFor(tensors.size(), threads, [&](size_t i, int) -> Status {
+    SP_ASSIGN_OR_RETURN(copies[i], Tensor::CopyOf(*tensors[i].second));
+    return Status::OK();
+  }));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    SP_RETURN_IF_ERROR(out.Put(*tensors[i].first, std::move(copies[i])));
+  }
+  return out;
+}
+
+// A file save running on its own thread.
+class ThreadInFlight final : public InFlight {
+ public:
+  // Runs save(snapshot) on a new thread; `blocked` is the snapshot time.
+  ThreadInFlight(State snapshot, std::function<Status(const State&, SaveStats*)> save,
+                 double blocked)
+      : start_(Clock::now()) {
+    stats_.blocked_seconds = blocked;
+    thread_ = std::thread([this, s = std::move(snapshot), save = std::move(save), blocked] {
+      SaveStats st;
+      Status result = save(s, &st);
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_ = st;
+      stats_.blocked_seconds = blocked;
+      stats_.seconds = blocked + SecondsSince(start_);
+      result_ = std::move(result);
+      done_ = true;
+      cv_.notify_all();
+    });
+  }
+  ~ThreadInFlight() override { thread_.join(); }
+
+  bool Poll() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  Status Wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    return result_;
+  }
+  SaveStats stats() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+
+ private:
+  const Clock::time_point start_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;  // guarded by mu_
+  Status result_;      // guarded by mu_
+  SaveStats stats_;    // guarded by mu_
+  std::thread thread_;
+};
+
+int SnapshotThreads(const CheckpointerOptions& o) {
+  if (o.snapshot_threads > 0) return o.snapshot_threads;
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+}
+
+class FileStore final : public Store {
+ public:
+  explicit FileStore(const ManagerOptions& o)
+      : o_(o),
+        fs_(FileSystemOf(o.io)),
+        ckpt_(o.format == CheckpointFormat::kMindSporeCkpt),
+        ext_(ckpt_ ? ".ckpt" : ".safetensors") {}
+  ~FileStore() override {
+    if (last_) last_->Wait().IgnoreError();  // the manager reaps every save before this
+  }
+
+  std::string EntryName(std::string_view name) const override { return std::string(name) + ext_; }
+  std::optional<std::string> NameOf(const FileInfo& e) const override {
+    if (e.is_dir || Hidden(e) || !e.name.ends_with(ext_) || e.name.size() == ext_.size()) {
+      return std::nullopt;
+    }
+    return e.name.substr(0, e.name.size() - ext_.size());
+  }
+
+  Status Save(const State& state, const std::string& path, SaveStats* stats) override {
+    if (ckpt_) {
+      MindSporeSaveOptions so;
+      so.overwrite = true;
+      so.crc_check = o_.crc_check;
+      so.enc_key = o_.key;
+      so.enc_mode = o_.enc_mode;
+      so.stats = stats;
+      return SaveMindSporeCheckpoint(state, path, so, o_.io);
+    }
+    SafetensorsSaveOptions so;
+    so.overwrite = true;
+    so.stats = stats;
+    so.mindspore_format = o_.crc_check;
+    so.crc_check = o_.crc_check;
+    return SaveSafetensors(state, path, so, o_.io);
+  }
+  Result<std::shared_ptr<InFlight>> SaveAsync(const State& state,
+                                              const std::string& path) override {
+    if (last_) {
+      last_->Wait().IgnoreError();  // its result is the manager's to report
+      last_.reset();
+    }
+    const Clock::time_point t0 = Clock::now();
+    SP_ASSIGN_OR_RETURN(State snapshot, Snapshot(state, SnapshotThreads(o_.async_options)));
+    auto save = [this, path](const State& s, SaveStats* st) { return Save(s, path, st); };
+    last_ = std::make_shared<ThreadInFlight>(std::move(snapshot), save, SecondsSince(t0));
+    return std::shared_ptr<InFlight>(last_);
+  }
+  Result<State> Load(const std::string& path, LoadStats* stats) override {
+    if (ckpt_) {
+      MindSporeLoadOptions lo;
+      lo.crc_check = o_.checksum;
+      lo.dec_key = o_.key;
+      lo.stats = stats;
+      return LoadMindSporeCheckpoint(path, lo, o_.io);
+    }
+    SafetensorsLoadOptions lo;
+    lo.crc_check = o_.checksum;
+    lo.stats = stats;
+    return LoadSafetensors(path, lo, o_.io);
+  }
+  Result<std::unique_ptr<EntrySource>> OpenSource(const std::string& path) override {
+    SP_ASSIGN_OR_RETURN(State state, Load(path, nullptr));
+    return SourceOf(std::move(state), path);
+  }
+  Result<StoredFacts> Describe(const std::string& path, bool metadata) override {
+    SP_ASSIGN_OR_RETURN(FileInfo info, fs_->Stat(path));
+    StoredFacts f{info.mtime_ns, info.size, Json(), std::nullopt};
+    if (!metadata) return f;
+    if (ckpt_) {
+      // Without the key an encrypted file's metadata cannot be read: the record then comes from
+      // the file name.
+      Result<MindSporeCheckpointInfo> ms = InspectMindSporeCheckpoint(path, fs_, o_.key);
+      if (ms.ok()) f.metadata = ms->values.metadata();
+    } else {
+      SP_ASSIGN_OR_RETURN(SafetensorsInfo st, InspectSafetensors(path, fs_));
+      f.metadata = st.values.metadata();
+    }
+    return f;
+  }
+  Status Delete(const std::string& path) override {
+    SP_RETURN_IF_ERROR(DeleteCheckpoint(path, fs_));
+    if (!ckpt_) return Status::OK();
+    const std::string sidecar = interop::ckpt::MacSidecarPath(path);  // CBC files' MACs
+    if (fs_->Exists(sidecar)) return fs_->RemoveFile(sidecar);
+    return Status::OK();
+  }
+  void Reserve(uint64_t) override {}
+
+ private:
+  const ManagerOptions& o_;
+  FileSystem* const fs_;
+  const bool ckpt_;
+  const std::string ext_;
+  std::shared_ptr<ThreadInFlight> last_;  // the newest async save
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Store>> Store::Create(const ManagerOptions& options) {
+  if (options.format != CheckpointFormat::kNative) {
+    return std::unique_ptr<Store>(std::make_unique<FileStore>(options));
+  }
+  auto store = std::make_unique<NativeStore>(options);
+  SP_RETURN_IF_ERROR(store->Init());
+  return std::unique_ptr<Store>(std::move(store));
+}
+
+}  // namespace savepoint::manager
