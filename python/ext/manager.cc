@@ -54,7 +54,8 @@ constexpr std::string_view kOptionKeys =
     " steps_per_epoch keep_last_n keep_per_n_minutes keep_all keep_every_n_steps keep_best_n"
     " best_metric best_mode async staging_bytes slab_bytes"
     " persist_during_snapshot allow_concurrent_saves snapshot_threads checksum format append_info"
-    " append_dict exception_save shard_id num_shards gc_on_open io_threads direct_io key ";
+    " append_dict exception_save shard_id num_shards gc_on_open io_threads direct_io key crc_check"
+    " enc_mode ";
 
 std::unique_ptr<CheckpointManager> Open(const nb::dict& kw) {
   for (auto [key, value] : kw) {
@@ -115,9 +116,14 @@ std::unique_ptr<CheckpointManager> Open(const nb::dict& kw) {
         choice("series", {"continue", "new"}) == "new" ? SeriesRule::kNew : SeriesRule::kContinue;
   }
   if (kw.contains("format")) {
-    o.format = choice("format", {"native", "safetensors"}) == "native"
-                   ? CheckpointFormat::kNative
-                   : CheckpointFormat::kSafetensors;
+    const std::string f = choice("format", {"native", "ckpt", "safetensors"});
+    o.format = f == "native" ? CheckpointFormat::kNative
+               : f == "ckpt" ? CheckpointFormat::kMindSporeCkpt
+                             : CheckpointFormat::kSafetensors;
+  }
+  get("crc_check", o.crc_check);
+  if (kw.contains("enc_mode")) {
+    o.enc_mode = Take(ParseMindSporeCipher(nb::cast<std::string>(kw["enc_mode"])));
   }
   if (kw.contains("append_dict") && !kw["append_dict"].is_none()) {
     for (auto [key, value] : nb::cast<nb::dict>(kw["append_dict"])) {

@@ -93,6 +93,9 @@ def _name_callable(fn, what):
     return call
 
 
+# The file suffix of each format's checkpoints (record names include it).
+_SUFFIX = {"native": "", "ckpt": ".ckpt", "safetensors": ".safetensors"}
+
 class _Signals:
     """The process's SIGTERM / SIGINT handlers of one manager (Python's signal module: main
     thread only). The handler only records the signal; the manager acts on it at its next hook.
@@ -221,7 +224,18 @@ class CheckpointManager:
             staging_bytes, slab_bytes (8 MiB), persist_during_snapshot (False),
             allow_concurrent_saves (False), snapshot_threads (0 = up to 4).
         checksum (True): verify every chunk's CRC32C when restoring.
-        format ("native"): "safetensors" is not implemented yet (UnimplementedError).
+        format ("native"): how each checkpoint is stored: "native" (a checkpoint directory
+            "{name}"), "ckpt" (a MindSpore file "{name}.ckpt", as ModelCheckpoint names them, so
+            a MindSpore training loop keeps its file layout) or "safetensors" (a file
+            "{name}.safetensors"). With a file format, restore() returns a flat dict {entry name:
+            numpy array, or torch tensor with framework="pt"} as savepoint.mindspore.
+            load_checkpoint does (int/float/bool values of a .ckpt file are 0-d arrays), and
+            restore_registered / load_from are not available (UnimplementedError); record names
+            include the suffix ("ckpt-1_5.ckpt"). A .ckpt file MindSpore wrote in the directory is
+            indexed by its name (its step derived from steps_per_epoch).
+        crc_check (False): file formats: write MindSpore's checksum (a .ckpt CRC-32 trailer, or
+            the MindSpore safetensors flavour with crc_num).
+        enc_mode ("AES-GCM"): format="ckpt" with a key: "AES-GCM", "AES-CBC" or "SM4-CBC".
         io_threads (4), direct_io (True): I/O of every save (synchronous, or the async
             Checkpointer's writer threads) and of restores.
         gc_on_open (True): remove debris of crashed saves when opening.
@@ -245,7 +259,7 @@ class CheckpointManager:
             file path or a callable returning bytes, as savepoint.save takes it; a provider is
             called once per save and per restore). Restoring an unencrypted checkpoint with a key
             set raises InvalidArgumentError; listing and retention need no key. format="native"
-            only.
+            or "ckpt" (as its enc_key, with enc_mode).
     """
 
     @_suggest_keywords
@@ -256,7 +270,8 @@ class CheckpointManager:
                  async_=False, staging_bytes=None, async_options=None, checksum=True,
                  format="native", io_threads=4, direct_io=True, gc_on_open=True, append_info=(),
                  append_dict=None, shard_id=0, num_shards=1, exception_save=False,
-                 handle_signals=False, key=None):  # fmt: skip
+                 handle_signals=False, key=None, crc_check=False,
+                 enc_mode="AES-GCM"):  # fmt: skip
         self._m = None
         self._signals = None
         self._closed = False
@@ -278,6 +293,8 @@ class CheckpointManager:
             "async": bool(async_),
             "checksum": bool(checksum),
             "format": _str("format", format),
+            "crc_check": bool(crc_check),
+            "enc_mode": _str("enc_mode", enc_mode),
             "io_threads": _int("io_threads", io_threads),
             "direct_io": bool(direct_io),
             "gc_on_open": bool(gc_on_open),
@@ -313,6 +330,7 @@ class CheckpointManager:
         self._shard_id, self._num_shards = options["shard_id"], options["num_shards"]
         self._checksum, self._io_threads = options["checksum"], options["io_threads"]
         self._direct_io = options["direct_io"]
+        self._format, self._enc_mode = options["format"], options["enc_mode"]
         self._objects = {}  # name -> _registry.Registered
         # Hook bookkeeping, as in the C++ manager.
         self._global_step = 0
@@ -353,6 +371,10 @@ class CheckpointManager:
         names: see `series`). Returns the saved structure (keyword arguments as for
         savepoint.load). NotFoundError when there is none."""
         rec = self._find(step, name)
+        if self._format != "native":
+            state = self._load_file(rec["path"], framework)
+            self._resume(rec)
+            return state
         state = _load.load(rec["path"], like=like, map_location=map_location, mmap=mmap,
                            verify=self._checksum, io_threads=self._io_threads,
                            direct_io=self._direct_io, framework=framework,
@@ -607,7 +629,8 @@ class CheckpointManager:
         self._m.wait()
         records = self._m.all()
         for r in reversed(records):
-            if (r["name"] == name) if name is not None else (step is None or r["step"] == step):
+            named = r["name"] in (name, f"{name}{_SUFFIX[self._format]}")
+            if named if name is not None else (step is None or r["step"] == step):
                 return r
         what = (f"named {name!r}" if name is not None else
                 "at all" if step is None else f"at step {step}")  # fmt: skip
@@ -622,7 +645,23 @@ class CheckpointManager:
         self._epoch_first_step = rec["step"] - rec["step_in_epoch"] + 1
         return rec
 
+    def _load_file(self, path, framework):
+        """A checkpoint of a file format, as savepoint.mindspore.load_checkpoint reads it."""
+        from . import mindspore
+
+        if framework not in (None, "np", "numpy", "pt", "torch"):
+            raise ValueError(f"restore: framework={framework!r}: use None, 'pt' or 'np'")
+        return mindspore.load_checkpoint(path, dec_key=self._key, dec_mode=self._enc_mode,
+                                         crc_check=self._checksum and None,
+                                         format=self._format,
+                                         framework="np" if framework in (None, "numpy") else "pt",
+                                         io_threads=self._io_threads)  # fmt: skip
+
     def _load_registered(self, path, include, exclude, strict, renames, only):
+        if self._format != "native":
+            raise _errors.UnimplementedError(
+                f"load {path} into the registered objects: not available with format="
+                f"{self._format!r}; use restore() and load each object's state, or format='native'")
         if not self._objects:
             raise _errors.FailedPreconditionError(f"load {path}: no objects are registered")
         _registry.load_into(path, self._objects, include=include, exclude=exclude,

@@ -103,13 +103,6 @@ def test_bad_option_values_raise_invalid_argument(tmp_path, kwargs, match):
     assert isinstance(e.value, ValueError)
 
 
-def test_safetensors_format_is_unimplemented(tmp_path):
-    with pytest.raises(savepoint.UnimplementedError, match="safetensors"):
-        savepoint.CheckpointManager(tmp_path / "a", format="safetensors")
-    with pytest.raises(savepoint.InvalidArgumentError, match="exception_save"):
-        savepoint.CheckpointManager(tmp_path / "a", format="safetensors", exception_save=True)
-
-
 def test_append_info_and_dict_are_stored(tmp_path):
     extra = {"run": "r1", "lr": 0.5, "ok": True}
     with savepoint.CheckpointManager(tmp_path / "ck", steps_per_epoch=3,
