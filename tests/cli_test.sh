@@ -345,7 +345,13 @@ flip_byte "$MS" 200
 run "$SP" verify "$MS"
 check "verify of a damaged .ckpt exits 2 naming both CRCs" eval 'rc_is 2 && err_has "CRC-32 mismatch: the trailer says"'
 run "$SP" convert "$CKPT" "$TMP/x.safetensors" --crc
-check "--crc with a safetensors target is refused" eval '! rc_is 0 && err_has "--crc"'
+check "--crc with a safetensors target writes MindSpore's crc_num" eval 'rc_is 0'
+run "$SP" inspect --json "$TMP/x.safetensors"
+check "... in MindSpore's flavour" json_ok 'j["mindspore_format"] and j["crc_num"] is not None'
+run "$SP" convert "$CKPT" "$TMP/x_native" --crc
+check "--crc with a native target is refused" eval '! rc_is 0 && err_has "--crc applies to .ckpt and .safetensors"'
+run "$SP" convert "$CKPT" "$TMP/y.ckpt" --mindspore
+check "--mindspore with a .ckpt target is refused" eval '! rc_is 0 && err_has "--mindspore applies"'
 
 echo "$PASSED passed, $FAILED failed"
 [[ $FAILED -eq 0 ]]

@@ -1,5 +1,5 @@
-// `savepoint convert SRC DST [--from F] [--to F] [--crc] [--overwrite] [--dec-key-file F
-// [--dec-mode M]] [--enc-key-file F [--enc-mode M]]`: converts between a native checkpoint
+// `savepoint convert SRC DST [--from F] [--to F] [--crc] [--mindspore] [--overwrite]
+// [--dec-key-file F [--dec-mode M]] [--enc-key-file F [--enc-mode M]]`: converts between a native checkpoint
 // directory, a safetensors file and a MindSpore `.ckpt` file, any way (docs/CLI.md); encrypted
 // `.ckpt` and native checkpoints are read and written with the key flags (key_flags.h).
 //
@@ -31,7 +31,8 @@ struct ConvertArgs {
   std::string dst;
   std::string from;  // "", "native", "safetensors" or "ckpt"
   std::string to;
-  bool crc = false;  // write MindSpore's CRC trailer (.ckpt targets)
+  bool crc = false;        // write MindSpore's CRC (.ckpt trailer, safetensors crc_num)
+  bool mindspore = false;  // safetensors targets: MindSpore's flavour (format: ms)
   bool overwrite = false;
   KeyFlags dec{.decrypt = true};   // the source's key
   KeyFlags enc{.decrypt = false};  // the target's key
@@ -97,14 +98,22 @@ Result<State> LoadAny(const ConvertArgs& args, Format f, ProgressLine& progress)
 }
 
 Status SaveAny(const State& state, const ConvertArgs& args, Format f, ProgressLine& progress) {
-  if (args.crc && f != Format::kMindSpore) {
-    return InvalidArgumentError("--crc applies to a MindSpore .ckpt target only");
+  if (args.crc && f == Format::kNative) {
+    return InvalidArgumentError(
+        "--crc applies to .ckpt and .safetensors targets (native checkpoints always carry CRC32C "
+        "per chunk)");
+  }
+  if (args.mindspore && f != Format::kSafetensors) {
+    return InvalidArgumentError("--mindspore applies to a .safetensors target only");
   }
   SP_RETURN_IF_ERROR(CheckKeyFlags(args.enc, f));
   switch (f) {
     case Format::kSafetensors:
       return SaveSafetensors(state, args.dst,
-                             {.overwrite = args.overwrite, .progress = progress.Phase("writing")});
+                             {.overwrite = args.overwrite,
+                              .progress = progress.Phase("writing"),
+                              .mindspore_format = args.mindspore || args.crc,
+                              .crc_check = args.crc});
     case Format::kMindSpore:
       return SaveMindSporeCheckpoint(
           state, args.dst,
@@ -149,7 +158,12 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
   sub->add_option("--from", args->from, "Source format (default: from SRC)")->check(formats);
   sub->add_option("--to", args->to, "Target format (default: from DST's extension)")
       ->check(formats);
-  sub->add_flag("--crc", args->crc, "Append MindSpore's CRC-32 trailer (.ckpt targets)");
+  sub->add_flag("--crc", args->crc,
+                "Write MindSpore's CRC-32: a .ckpt trailer, or a .safetensors crc_num (implies "
+                "--mindspore)");
+  sub->add_flag("--mindspore", args->mindspore,
+                "Write MindSpore's safetensors flavour (\"format\": \"ms\"), as "
+                "mindspore.save_checkpoint(format=\"safetensors\") does");
   sub->add_flag("--overwrite", args->overwrite, "Replace an existing target");
   AddKeyFlags(sub, &args->dec);
   AddKeyFlags(sub, &args->enc);

@@ -141,6 +141,22 @@ def test_mindspore_loads_our_files_with_crc_check(tmp_path):
     assert ours(out, names=["t1", "step"]).keys() == {"t1", "step"}
 
 
+def test_cli_converts_a_mindspore_ckpt_to_its_safetensors_flavour(tmp_path):
+    src = tmp_path / "ms.ckpt"
+    ms.save_checkpoint(corpus(3, bf16=False), str(src))
+    want = {k: (str(v.dtype), tuple(v.shape), v.asnumpy().tobytes())
+            for k, v in ms.load_checkpoint(str(src)).items()}  # fmt: skip
+    for flags, crc in ((["--crc"], True), (["--mindspore"], False)):
+        dst = tmp_path / f"out_{crc}.safetensors"
+        cli("convert", src, dst, *flags)
+        h, _ = header(dst)
+        assert h["__metadata__"]["format"] == "ms" and ("crc_num" in h["__metadata__"]) == crc
+        got = {k: (str(v.dtype), tuple(v.shape), v.asnumpy().tobytes())
+               for k, v in ms.load_checkpoint(str(dst), format="safetensors",
+                                              crc_check=crc).items()}  # fmt: skip
+        assert got == want
+
+
 def test_bfloat16_and_negative_scalars_mindspore_cannot_check(tmp_path):
     """MindSpore 2.10 cannot compute its own CRC over a bfloat16 tensor or a negative integer
     scalar; savepoint writes and checks the natural value (their bytes), and MindSpore loads such
