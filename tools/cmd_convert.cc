@@ -1,7 +1,7 @@
 // `savepoint convert SRC DST [--from F] [--to F] [--crc] [--mindspore] [--overwrite]
-// [--dec-key-file F [--dec-mode M]] [--enc-key-file F [--enc-mode M]]`: converts between a native checkpoint
-// directory, a safetensors file and a MindSpore `.ckpt` file, any way (docs/CLI.md); encrypted
-// `.ckpt` and native checkpoints are read and written with the key flags (key_flags.h).
+// [--dec-key-file F [--dec-mode M]] [--enc-key-file F [--enc-mode M]]`: converts between a native
+// checkpoint directory, a safetensors file and a MindSpore `.ckpt` file, any way (docs/CLI.md);
+// encrypted `.ckpt` and native checkpoints are read and written with the key flags (key_flags.h).
 //
 // A format follows from --from / --to, else from the name: ".ckpt" is MindSpore, ".safetensors"
 // is safetensors; otherwise the source is a native checkpoint when it is a directory (else
