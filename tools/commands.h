@@ -17,12 +17,14 @@
 
 namespace savepoint::cli {
 
-void RegisterInspect(CLI::App& app, int* exit_code);  // cmd_inspect.cc
-void RegisterVerify(CLI::App& app, int* exit_code);   // cmd_verify.cc
-void RegisterLs(CLI::App& app, int* exit_code);       // cmd_ls.cc
-void RegisterGc(CLI::App& app, int* exit_code);       // cmd_gc.cc
-void RegisterConvert(CLI::App& app, int* exit_code);  // cmd_convert.cc
-void RegisterMerge(CLI::App& app, int* exit_code);    // cmd_merge.cc
+void RegisterInspect(CLI::App& app, int* exit_code);    // cmd_inspect.cc
+void RegisterVerify(CLI::App& app, int* exit_code);     // cmd_verify.cc
+void RegisterLs(CLI::App& app, int* exit_code);         // cmd_ls.cc
+void RegisterGc(CLI::App& app, int* exit_code);         // cmd_gc.cc
+void RegisterConvert(CLI::App& app, int* exit_code);    // cmd_convert.cc
+void RegisterMerge(CLI::App& app, int* exit_code);      // cmd_merge.cc
+void RegisterStrategy(CLI::App& app, int* exit_code);   // cmd_strategy.cc
+void RegisterTransform(CLI::App& app, int* exit_code);  // cmd_transform.cc
 
 // `inspect` of a safetensors file (cmd_inspect_safetensors.cc); returns the exit code.
 int RunInspectSafetensors(std::string_view command, const std::string& path, bool json, bool tree);

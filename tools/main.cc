@@ -41,6 +41,8 @@ int Main(int argc, char** argv) {
   RegisterGc(app, &exit_code);
   RegisterConvert(app, &exit_code);
   RegisterMerge(app, &exit_code);
+  RegisterStrategy(app, &exit_code);
+  RegisterTransform(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

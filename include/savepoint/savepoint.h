@@ -11,18 +11,19 @@
 #include "savepoint/dtype.h"        // IWYU pragma: export
 #include "savepoint/encryption.h"   // IWYU pragma: export
 #include "savepoint/export.h"
-#include "savepoint/filesystem.h"   // IWYU pragma: export
-#include "savepoint/io_options.h"   // IWYU pragma: export
-#include "savepoint/job_runner.h"   // IWYU pragma: export
-#include "savepoint/logging.h"      // IWYU pragma: export
-#include "savepoint/manager.h"      // IWYU pragma: export
-#include "savepoint/mindspore.h"    // IWYU pragma: export
-#include "savepoint/safetensors.h"  // IWYU pragma: export
-#include "savepoint/state.h"        // IWYU pragma: export
-#include "savepoint/stateful.h"     // IWYU pragma: export
-#include "savepoint/status.h"       // IWYU pragma: export
-#include "savepoint/tensor.h"       // IWYU pragma: export
-#include "savepoint/value.h"        // IWYU pragma: export
+#include "savepoint/filesystem.h"          // IWYU pragma: export
+#include "savepoint/io_options.h"          // IWYU pragma: export
+#include "savepoint/job_runner.h"          // IWYU pragma: export
+#include "savepoint/logging.h"             // IWYU pragma: export
+#include "savepoint/manager.h"             // IWYU pragma: export
+#include "savepoint/mindspore.h"           // IWYU pragma: export
+#include "savepoint/mindspore_strategy.h"  // IWYU pragma: export
+#include "savepoint/safetensors.h"         // IWYU pragma: export
+#include "savepoint/state.h"               // IWYU pragma: export
+#include "savepoint/stateful.h"            // IWYU pragma: export
+#include "savepoint/status.h"              // IWYU pragma: export
+#include "savepoint/tensor.h"              // IWYU pragma: export
+#include "savepoint/value.h"               // IWYU pragma: export
 
 namespace savepoint {
 // Library version, e.g. "0.1.0".

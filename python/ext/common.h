@@ -102,6 +102,7 @@ void BindLoad(nb::module_& m);
 void BindManager(nb::module_& m);
 void BindSafetensors(nb::module_& m);
 void BindMindSpore(nb::module_& m);
+void BindMindSporeStrategy(nb::module_& m);
 
 }  // namespace savepoint::python
 

@@ -176,6 +176,7 @@ NB_MODULE(_core, m) {
   BindManager(m);
   BindSafetensors(m);
   BindMindSpore(m);
+  BindMindSporeStrategy(m);
   m.def("match_name", &savepoint::MatchesName, nb::arg("pattern"), nb::arg("name"),
         "Whether the pattern selects the entry name (savepoint::MatchesName: the one name rule).");
   m.def("set_log_level", [](const std::string& level) {

@@ -22,7 +22,8 @@ import numpy as np
 
 from . import _core, _dtypes, _errors, _keys, _tree
 
-__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_info"]
+__all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_info", "transform_checkpoints",
+           "transform_checkpoint_by_rank", "rank_list_for_transform", "merge_pipeline_strategys"]
 
 _FRAMEWORKS = ("np", "numpy", "pt", "torch")
 
@@ -229,3 +230,92 @@ def checkpoint_info(ckpt_file_name, dec_key=None):
                              "cipher_blocks", "authentication", "entries_listed")}  # fmt: skip
     out["entries"] = entries
     return out
+
+
+# --- Distributed checkpoints: MindSpore's mindspore.parallel functions (docs/INTEROP.md). ---
+
+_DEFAULT_BUDGET = 1 << 30
+
+
+def _opt_path(what, path):
+    if path is None:
+        return None
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"savepoint.mindspore: {what} must be a path or None, not "
+                        f"{type(path).__name__}")  # fmt: skip
+    return os.fspath(path)
+
+
+def _check_rank(rank_id):
+    if isinstance(rank_id, bool) or not isinstance(rank_id, int):
+        raise TypeError("savepoint.mindspore: rank_id must be an int")
+
+
+def transform_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
+                          src_strategy_file=None, dst_strategy_file=None, output_format="ckpt",
+                          *, ranks=None, memory_budget_bytes=_DEFAULT_BUDGET,
+                          io_threads=4):  # fmt: skip
+    """mindspore.parallel.transform_checkpoints: the checkpoint in src_checkpoints_dir/rank_N/
+    (the lexicographically last .ckpt of each) saved under src_strategy_file, rewritten for
+    dst_strategy_file as dst_checkpoints_dir/rank_N/{ckpt_prefix}N.ckpt (or
+    {ckpt_prefix}N_part{stage}.ckpt when the source strategy is one pipeline stage of the
+    destination's). A strategy of None means "not split". Reads only the bytes each destination
+    rank needs; destination ranks run in parallel within memory_budget_bytes; every file is
+    written atomically, and nothing is written when the strategies do not fit the files.
+    ranks: the destination ranks to write (default: all).
+    """
+    if output_format != "ckpt":
+        raise ValueError(f"savepoint.mindspore.transform_checkpoints: output_format="
+                         f"{output_format!r}: only 'ckpt' is supported")  # fmt: skip
+    if not isinstance(ckpt_prefix, str):
+        raise TypeError("savepoint.mindspore.transform_checkpoints: ckpt_prefix must be a str")
+    _core.ms_transform(os.fspath(src_checkpoints_dir), os.fspath(dst_checkpoints_dir), ckpt_prefix,
+                       _opt_path("src_strategy_file", src_strategy_file),
+                       _opt_path("dst_strategy_file", dst_strategy_file),
+                       [int(r) for r in (ranks or [])], int(memory_budget_bytes),
+                       int(io_threads))  # fmt: skip
+
+
+def transform_checkpoint_by_rank(rank_id, checkpoint_files_map, save_checkpoint_file_name,
+                                 src_strategy_file=None, dst_strategy_file=None, *,
+                                 memory_budget_bytes=_DEFAULT_BUDGET, io_threads=4):  # fmt: skip
+    """mindspore.parallel.transform_checkpoint_by_rank: destination rank rank_id's checkpoint,
+    written to save_checkpoint_file_name (must end in ".ckpt"), from checkpoint_files_map
+    {source rank: .ckpt file} (at least the ranks rank_list_for_transform lists)."""
+    _check_rank(rank_id)
+    if not isinstance(checkpoint_files_map, dict):
+        raise TypeError("savepoint.mindspore.transform_checkpoint_by_rank: checkpoint_files_map "
+                        "must be a dict")  # fmt: skip
+    if not isinstance(save_checkpoint_file_name, (str, os.PathLike)):
+        raise TypeError("savepoint.mindspore.transform_checkpoint_by_rank: "
+                        "save_checkpoint_file_name must be a path")  # fmt: skip
+    files = {int(r): os.fspath(p) for r, p in checkpoint_files_map.items()}
+    _core.ms_transform_by_rank(rank_id, files, os.fspath(save_checkpoint_file_name),
+                               _opt_path("src_strategy_file", src_strategy_file),
+                               _opt_path("dst_strategy_file", dst_strategy_file),
+                               int(memory_budget_bytes), int(io_threads))  # fmt: skip
+
+
+def rank_list_for_transform(rank_id, src_strategy_file=None, dst_strategy_file=None):
+    """mindspore.parallel.rank_list_for_transform: the source ranks destination rank rank_id needs,
+    in descending order. Lists only the ranks holding bytes it needs (MindSpore often lists all)."""
+    _check_rank(rank_id)
+    return list(_core.ms_rank_list(rank_id, _opt_path("src_strategy_file", src_strategy_file),
+                                   _opt_path("dst_strategy_file", dst_strategy_file)))  # fmt: skip
+
+
+def merge_pipeline_strategys(src_strategy_dirs, dst_strategy_file):
+    """mindspore.parallel.merge_pipeline_strategys: the per-stage strategy files of
+    src_strategy_dirs (all .ckpt or all .json) merged into dst_strategy_file, parameters renamed
+    "{stage}-{name}"."""
+    src = os.fspath(src_strategy_dirs)
+    if not os.path.isdir(src):
+        raise NotADirectoryError(f"savepoint.mindspore.merge_pipeline_strategys: {src} is not a "
+                                 f"directory")  # fmt: skip
+    _core.ms_merge_strategies(src, os.fspath(dst_strategy_file))
+
+
+def strategy_layouts(strategy_file):
+    """The resolved layouts of a strategy file: {param: {"dev_matrix", "tensor_map", "stages",
+    ...}} (stage prefixes of a merged file removed)."""
+    return dict(_core.ms_strategy_layouts(os.fspath(strategy_file)))

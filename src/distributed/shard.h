@@ -17,6 +17,10 @@ struct LocalShard {
   ShardSpec spec;
 };
 
+// The checks ShardFromLayout makes that do not depend on the rank (device matrix, tensor map,
+// uneven split, optimizer pieces), in O(dims): InvalidArgument saying what is wrong.
+Status CheckMindSporeLayout(const Shape& global_shape, const MindSporeLayout& layout);
+
 // InvalidArgument naming `name` unless offsets/sizes have the rank of `global` and the box
 // [offsets, offsets + sizes) lies within it.
 Status CheckBox(std::string_view name, const Shape& global, const Shape& offsets,

@@ -1,0 +1,205 @@
+// MindSpore parallel strategy files and distributed-checkpoint transforms (docs/INTEROP.md,
+// "MindSpore strategy files").
+//
+// A MindSpore job that runs with model, optimizer or pipeline parallelism saves one `.ckpt` file
+// per rank (`rank_N/...ckpt`) and a strategy file stating, per parameter, how it is split: a device
+// matrix, a tensor map and optimizer sharding (protobuf package `mindspore.straspb`, or JSON).
+// This header reads and writes those files, maps every layout to savepoint's shard boxes and
+// replica groups (savepoint/distributed.h), and moves a checkpoint from one layout to another the
+// way MindSpore's `mindspore.parallel` functions do (same output names and contents), reading only
+// the bytes each destination rank needs.
+//
+// Ownership: everything is returned by value. Thread safety: the functions are reentrant.
+#ifndef SAVEPOINT_MINDSPORE_STRATEGY_H_
+#define SAVEPOINT_MINDSPORE_STRATEGY_H_
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "savepoint/distributed.h"
+#include "savepoint/export.h"
+#include "savepoint/filesystem.h"
+#include "savepoint/io_options.h"
+#include "savepoint/status.h"
+
+namespace savepoint {
+
+// --- The file, as written. ---
+
+// One parameter's layout (ParallelLayouts).
+struct SAVEPOINT_API MindSporeParamLayout {
+  // Device matrix: ranks arranged row-major, last axis fastest. Product = ranks per stage.
+  std::vector<int64_t> dev_matrix;
+  // One entry per tensor dim: the device axes splitting it, in MindSpore's numbering (k names
+  // axis dev_matrix.size() - 1 - k), the most significant first; {-1} leaves the dim whole.
+  std::vector<std::vector<int32_t>> tensor_map;
+  // Whether the file writes tensor_map in the nested form (one TensorMap message per tensor dim)
+  // rather than one flat TensorMap. Kept so that a file is written back as it was read.
+  bool nested_tensor_map = false;
+  // Uneven manual split of dim 0 (MindSpore's manual-split Gather): the size of each slice along
+  // dim 0, and where each starts (indices_offset; empty = running sum). Empty = even split.
+  std::vector<int64_t> param_split_shape;
+  std::vector<int64_t> indices_offset;
+  // MindSpore's embedding "field" size; read and written back, not used for slicing (MindSpore's
+  // transform ignores it too). Default: 0.
+  int32_t field = 0;
+  // Optimizer sharding: dim 0 of each model-parallel slice split further into this many pieces
+  // across the ranks holding that slice (-1: all of them; 0: none). Default: 0.
+  int32_t opt_weight_shard_size = 0;
+  // The rank stride between the members of an optimizer-shard group (informational: the pieces
+  // follow from the device matrix). Default: 0.
+  int32_t opt_weight_shard_step = 0;
+  // The full tensor shape, when the file states it (JSON "tensor_shape"); empty otherwise.
+  std::vector<int64_t> tensor_shape;
+};
+
+// One operator's strategy (ParallelStrategyItem): kept for round trips and for the stage number.
+struct SAVEPOINT_API MindSporeNodeStrategy {
+  std::string node_name;
+  uint32_t stage = 0;
+  std::vector<std::vector<uint32_t>> strategy;  // one ParallelStrategy (dims) per input
+};
+
+enum class MindSporeStrategyFormat {
+  kProtobuf,  // MindSpore's default (`.ckpt` strategy files)
+  kJson,      // `strategy_ckpt_config(..., save_file="x.json")`
+};
+
+// A strategy file (ParallelStrategyMap).
+struct SAVEPOINT_API MindSporeStrategy {
+  uint32_t current_stage = 0;
+  std::vector<MindSporeNodeStrategy> nodes;  // in file order
+  // Parameter name -> layout, in file order. In a merged file the names carry "{stage}-".
+  std::vector<std::pair<std::string, MindSporeParamLayout>> layouts;
+};
+
+// Parses a strategy file's bytes (`file` names it in errors). JSON when the first byte that is
+// not white space is '{', protobuf otherwise. Untrusted input: at most 256 MiB, 2^20 layouts,
+// 64 tensor dims and device axes; Corruption naming the file (and the parameter) for malformed
+// input; missing optional JSON fields take their defaults.
+SAVEPOINT_API Result<MindSporeStrategy> ParseMindSporeStrategy(std::string_view bytes,
+                                                               const std::string& file);
+// Reads and parses the file at `path` through `fs` (nullptr = DefaultFileSystem()).
+SAVEPOINT_API Result<MindSporeStrategy> ReadMindSporeStrategy(const std::string& path,
+                                                              FileSystem* fs = nullptr);
+// The file's bytes in `format` (protobuf: the bytes MindSpore's own module writes).
+SAVEPOINT_API std::string EncodeMindSporeStrategy(const MindSporeStrategy& strategy,
+                                                  MindSporeStrategyFormat format);
+// Writes the file durably (temporary file, sync, rename; replaces an existing file).
+SAVEPOINT_API Status WriteMindSporeStrategy(const MindSporeStrategy& strategy,
+                                            const std::string& path, MindSporeStrategyFormat format,
+                                            const IoOptions& io = {});
+
+// --- The layouts, resolved. ---
+
+// One parameter of a resolved strategy: its layout and the pipeline stages holding it.
+struct SAVEPOINT_API MindSporeParamPlacement {
+  MindSporeParamLayout layout;
+  std::vector<uint32_t> stages;  // sorted; {0} outside pipeline parallelism
+};
+
+// A checked strategy: every layout valid, one device count per stage, stages 0..stages-1.
+struct SAVEPOINT_API MindSporeLayoutMap {
+  std::string file;
+  int64_t stage_devices = 1;  // ranks per pipeline stage (the product of every dev_matrix)
+  uint32_t stages = 1;        // pipeline stages
+  uint32_t file_stage = 0;    // the stage of the file's first node (0 without nodes)
+  // Parameter name (stage prefix removed) -> placement.
+  std::map<std::string, MindSporeParamPlacement, std::less<>> params;
+};
+
+// Checks `strategy` (read from `file`) and resolves it. A file is taken as merged (names
+// "{stage}-{name}") when every layout name starts with decimal digits and '-'; other names may
+// hold '-'. InvalidArgument naming the file and the parameter for: an empty dev_matrix or axes
+// < 1, device counts that differ between parameters, tensor maps naming a missing or repeated
+// device axis, a param_split_shape that does not match its split, optimizer sharding the device
+// matrix cannot hold, two stages claiming one parameter with different layouts, stages that are
+// not 0..n-1.
+SAVEPOINT_API Result<MindSporeLayoutMap> ResolveMindSporeStrategy(const MindSporeStrategy& strategy,
+                                                                  const std::string& file);
+SAVEPOINT_API Result<MindSporeLayoutMap> ReadMindSporeLayouts(const std::string& path,
+                                                              FileSystem* fs = nullptr);
+
+// How many pieces `layout` cuts each dim of the tensor into (optimizer sharding not included).
+SAVEPOINT_API std::vector<int64_t> MindSporeSplitCounts(const MindSporeParamLayout& layout);
+
+// The full shape of a parameter whose slice (as one rank saved it) has shape `slice`: each dim
+// times its split count, dim 0 also times the optimizer-shard size (or the sum of
+// param_split_shape). InvalidArgument when the ranks differ or on overflow.
+SAVEPOINT_API Result<Shape> MindSporeGlobalShape(const MindSporeParamLayout& layout,
+                                                 const Shape& slice);
+
+// The box and replica group of `local_rank` (in [0, product of dev_matrix)) for a tensor of
+// `global_shape` under `layout`. Replicas are local ranks. InvalidArgument (naming `param`) for a
+// bad layout or a shape that the split does not divide.
+SAVEPOINT_API Result<ShardSpec> MindSporeShard(const MindSporeParamLayout& layout,
+                                               const Shape& global_shape, int64_t local_rank,
+                                               std::string_view param = "");
+
+// MindSpore's remove_redundancy assignment: the parameters `local_rank` saves. Parameters are
+// taken in name order; the k-th parameter of a replica group (ranks holding the same slice) goes
+// to member k % group size (members sorted by rank). Parameters without a layout (`all_params`
+// entries absent from the map) are saved by every rank. `global_shapes` gives each parameter's
+// full shape. Returns sorted names.
+SAVEPOINT_API Result<std::vector<std::string>> MindSporeRedundancyFreeParams(
+    const MindSporeLayoutMap& layouts,
+    const std::map<std::string, Shape, std::less<>>& global_shapes, int64_t local_rank);
+
+// --- MindSpore's mindspore.parallel functions. ---
+
+// merge_pipeline_strategys: merges the per-stage strategy files in `src_dir` (every `*.ckpt`, or
+// every `*.json`; mixing both is InvalidArgument) into `dst_file`: layouts renamed
+// "{stage}-{name}", node strategies appended, current_stage = 1, one file per stage (a second file
+// of a stage already merged is skipped, as MindSpore does), written in the sources' format.
+SAVEPOINT_API Status MergeMindSporeStrategies(const std::string& src_dir,
+                                              const std::string& dst_file,
+                                              const IoOptions& io = {});
+
+struct SAVEPOINT_API MindSporeTransformOptions {
+  // Source and destination strategy files; nullopt = not split (every parameter whole on one
+  // rank). Default: nullopt.
+  std::optional<std::string> src_strategy_file = std::nullopt;
+  std::optional<std::string> dst_strategy_file = std::nullopt;
+  // Destination ranks to write (transform_checkpoints); empty = all. Default: empty.
+  std::vector<int64_t> ranks = {};
+  // Most bytes of destination tensors held in memory at once (ranks are transformed in parallel,
+  // io.io_threads at most, as long as their outputs fit; one rank always runs). Default: 1 GiB.
+  uint64_t memory_budget_bytes = uint64_t{1} << 30;
+  // Replace existing destination files. Default: true (MindSpore overwrites).
+  bool overwrite = true;
+};
+
+// rank_list_for_transform: the source ranks whose files destination rank `rank` needs, sorted in
+// descending order as MindSpore returns them. savepoint lists only the ranks holding bytes the
+// rank needs (MindSpore lists every rank its redistribution plan touches, often all of them):
+// per parameter, one holder of each needed slice (the rank's own local rank when it holds it),
+// plus the source rank (rank % source devices) parameters without a layout are copied from.
+SAVEPOINT_API Result<std::vector<int64_t>> MindSporeRankListForTransform(
+    int64_t rank, const MindSporeTransformOptions& options, const IoOptions& io = {});
+
+// transform_checkpoint_by_rank: writes destination rank `rank`'s checkpoint to `dst_file` (which
+// must end in ".ckpt") from `src_files` (source rank -> .ckpt file; at least the ranks
+// MindSporeRankListForTransform lists).
+SAVEPOINT_API Status MindSporeTransformCheckpointByRank(
+    int64_t rank, const std::map<int64_t, std::string>& src_files, const std::string& dst_file,
+    const MindSporeTransformOptions& options, const IoOptions& io = {});
+
+// transform_checkpoints: `src_dir/rank_N/` (the lexicographically last `*.ckpt` in each) ->
+// `dst_dir/rank_N/{prefix}N.ckpt` for every destination rank (or, when the source strategy covers
+// a strict subset of a single-stage destination's parameters, the source's stage s:
+// `dst_dir/rank_N/{prefix}N_part{s}.ckpt`). Everything is planned and checked before the first
+// file is written: a missing rank directory or parameter, or a strategy that does not fit the
+// files, writes nothing. Each file is committed atomically.
+SAVEPOINT_API Status MindSporeTransformCheckpoints(const std::string& src_dir,
+                                                   const std::string& dst_dir,
+                                                   const std::string& prefix,
+                                                   const MindSporeTransformOptions& options,
+                                                   const IoOptions& io = {});
+
+}  // namespace savepoint
+
+#endif  // SAVEPOINT_MINDSPORE_STRATEGY_H_

@@ -1,0 +1,415 @@
+// MindSpore's transform_checkpoints / transform_checkpoint_by_rank / rank_list_for_transform
+// (savepoint/mindspore_strategy.h) on the plan of transform_plan.cc.
+//
+// Every source file is scanned once (headers only, bounded memory), every destination file is
+// planned and checked, and only then are files written. A destination file is built in memory:
+// each cut parameter is filled from the byte runs of the source slices that intersect its box
+// (one run per slice when the slices are row blocks; otherwise a run per row, or the span between
+// the first and last byte when there are more than 2^20 runs), each parameter copied whole is read
+// with the .ckpt reader; then the file is committed atomically. Destination files are built in
+// parallel, as many at once as fit the memory budget.
+#include "mindspore_strategy/transform.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+
+#include "engine/box.h"
+#include "interop/ckpt_cipher.h"
+#include "interop/ckpt_entries.h"
+#include "io/commit.h"
+#include "savepoint/mindspore.h"
+#include "util/parallel.h"
+
+namespace savepoint {
+namespace {
+
+using transform::Copy;
+using transform::Job;
+using transform::OutTensor;
+using transform::RankPlan;
+using transform::Side;
+using transform::SourceParam;
+
+constexpr size_t kMaxRuns = size_t{1} << 20;
+
+// One source rank's file, scanned.
+struct SourceFile {
+  std::string path;
+  std::unique_ptr<RandomAccessFile> file;
+  interop::ckpt::Scan scan;
+  std::vector<interop::ckpt::Entry> entries;
+  std::vector<std::pair<std::string, std::optional<SourceParam>>> params;
+  std::map<std::string, size_t, std::less<>> index;  // name -> entries
+};
+
+Result<std::unique_ptr<SourceFile>> OpenSource(FileSystem* fs, const std::string& path) {
+  auto f = std::make_unique<SourceFile>();
+  f->path = path;
+  SP_ASSIGN_OR_RETURN(f->file, fs->NewRandomAccessFile(path, {}));
+  SP_ASSIGN_OR_RETURN(std::optional<MindSporeCipher> mode, interop::ckpt::SniffCipher(*f->file));
+  if (mode) {
+    return UnimplementedError(
+        fmt::format("MindSpore checkpoint {} is encrypted: transform reads plain files", path));
+  }
+  SP_ASSIGN_OR_RETURN(f->scan, interop::ckpt::ScanFile(*f->file, path));
+  SP_ASSIGN_OR_RETURN(f->entries, interop::ckpt::GroupEntries(f->scan, path));
+  for (size_t i = 0; i < f->entries.size(); ++i) {
+    const interop::ckpt::Entry& e = f->entries[i];
+    std::optional<SourceParam> info;
+    if (!e.map && e.values[0]->tensors[0].type != "str") {
+      SP_ASSIGN_OR_RETURN(auto ds, interop::ckpt::TensorEntryInfo(e, path));
+      info = SourceParam{ds.first, ds.second};
+    }
+    f->index.emplace(e.name, i);
+    f->params.emplace_back(e.name, std::move(info));
+  }
+  return f;
+}
+
+class FileSources : public transform::Sources {
+ public:
+  static Result<std::unique_ptr<FileSources>> Open(FileSystem* fs,
+                                                   const std::map<int64_t, std::string>& paths,
+                                                   int threads) {
+    auto out = std::make_unique<FileSources>();
+    std::vector<std::pair<int64_t, std::string>> list(paths.begin(), paths.end());
+    std::vector<std::unique_ptr<SourceFile>> files(list.size());
+    SP_RETURN_IF_ERROR(ParallelFor(list.size(), threads, [&](size_t i, int) -> Status {
+      SP_ASSIGN_OR_RETURN(files[i], OpenSource(fs, list[i].second));
+      return Status::OK();
+    }));
+    for (size_t i = 0; i < list.size(); ++i) out->files_[list[i].first] = std::move(files[i]);
+    return out;
+  }
+  bool Has(int64_t rank) const override { return files_.count(rank) > 0; }
+  std::string Path(int64_t rank) const override {
+    return Has(rank) ? files_.at(rank)->path : fmt::format("(rank {}: none)", rank);
+  }
+  const std::vector<std::pair<std::string, std::optional<SourceParam>>>* Params(
+      int64_t rank) const override {
+    return Has(rank) ? &files_.at(rank)->params : nullptr;
+  }
+  const SourceFile& File(int64_t rank) const { return *files_.at(rank); }
+
+ private:
+  std::map<int64_t, std::unique_ptr<SourceFile>> files_;
+};
+
+// Reads bytes [offset, offset + dst.size()) of an entry's content (its pieces concatenated).
+Status ReadContent(const SourceFile& f, const interop::ckpt::Entry& e, uint64_t offset,
+                   std::span<std::byte> dst) {
+  for (const interop::ckpt::ValueRecord* v : e.values) {
+    const interop::ckpt::TensorRecord& t = v->tensors[0];
+    if (dst.empty()) break;
+    if (offset >= t.content_bytes) {
+      offset -= t.content_bytes;
+      continue;
+    }
+    const uint64_t n = std::min<uint64_t>(dst.size(), t.content_bytes - offset);
+    SP_RETURN_IF_ERROR(f.file->ReadAt(t.content_offset + offset, dst.first(n)));
+    dst = dst.subspan(n);
+    offset = 0;
+  }
+  return Status::OK();
+}
+
+Shape Minus(const Shape& a, const Shape& b) {
+  Shape out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] - b[i];
+  return out;
+}
+
+// Fills the part `c` of destination tensor `t` (held in `dst`) from its source slice.
+Status FillCopy(const SourceFile& f, const OutTensor& t, const Copy& c, Tensor* dst) {
+  const interop::ckpt::Entry& e = f.entries[f.index.at(t.name)];
+  const size_t elem = DTypeSize(t.dtype);
+  const Shape in_src = Minus(c.offsets, c.src_offsets), in_dst = Minus(c.offsets, t.offsets);
+  const uint64_t need = NumElements(c.sizes).value() * elem;
+  if (need == 0) return Status::OK();
+  auto runs = engine::BoxByteRuns(c.src_sizes, in_src, c.sizes, elem, kMaxRuns);
+  uint64_t listed = 0;
+  for (const auto& [b, en] : runs) listed += en - b;
+  const bool whole = c.sizes == t.sizes;  // the packed part is the destination itself
+  std::vector<std::byte> buf;
+  std::byte* packed = whole ? dst->data() : nullptr;
+  if (!whole || listed != need) buf.resize(listed), packed = buf.data();
+  uint64_t at = 0;
+  for (const auto& [b, en] : runs) {
+    SP_RETURN_IF_ERROR(ReadContent(f, e, b, {packed + at, en - b}));
+    at += en - b;
+  }
+  if (whole && listed == need) return Status::OK();
+  const Shape zero(c.sizes.size(), 0);
+  const engine::RegionSide to{dst->data(), t.sizes, in_dst};
+  if (listed == need) {
+    engine::CopyRegion({packed, c.sizes, zero}, to, c.sizes, elem);
+  } else {
+    engine::CopyRegion({packed, c.src_sizes, in_src, runs.front().first}, to, c.sizes, elem);
+  }
+  return Status::OK();
+}
+
+// Whether the loaded entry `name` belongs to one of `names` (a hash map's parts are named
+// "<name>.keys", "<name>.values", "<name>.status").
+bool Selected(const std::vector<std::string>& names, const std::string& name) {
+  for (const char* part : {"", ".keys", ".values", ".status"}) {
+    if (!name.ends_with(part)) continue;
+    const std::string base = name.substr(0, name.size() - std::strlen(part));
+    if (std::binary_search(names.begin(), names.end(), base)) return true;
+  }
+  return false;
+}
+
+// Adds the entries `names` (sorted) of source `f` to `out`, whole, with the .ckpt reader.
+Status CopyWhole(const SourceFile& f, const std::vector<std::string>& names, const IoOptions& io,
+                 State* out) {
+  SP_ASSIGN_OR_RETURN(State loaded, LoadMindSporeCheckpoint(f.path, {.names = names}, io));
+  auto in = std::make_shared<State>(std::move(loaded));
+  for (const auto& [name, e] : in->entries()) {
+    if (!Selected(names, name)) continue;
+    SP_RETURN_IF_ERROR(e.is_tensor() ? out->PutView(name, e.tensor())
+                                     : out->PutValue(name, e.value()));
+  }
+  out->KeepAlive(in);
+  const Json ms = in->metadata().is_object()
+                      ? in->metadata().value(kMindSporeMetadataKey, Json::object())
+                      : Json::object();
+  for (const auto& [key, list] : ms.items()) {
+    Json& to = out->metadata()[kMindSporeMetadataKey][key];
+    for (const Json& n : list) {
+      if (n.is_string() && Selected(names, n.get<std::string>())) to.push_back(n);
+    }
+  }
+  return Status::OK();
+}
+
+Result<State> BuildRank(const RankPlan& plan, const FileSources& in, const IoOptions& io) {
+  State out;
+  for (const OutTensor& t : plan.tensors) {
+    SP_ASSIGN_OR_RETURN(Tensor dst, Tensor::Empty(t.dtype, t.sizes));
+    for (const Copy& c : t.copies) {
+      SP_RETURN_IF_ERROR(FillCopy(in.File(c.src_rank), t, c, &dst)
+                             .WithContext(fmt::format("parameter {:?}", t.name)));
+    }
+    SP_RETURN_IF_ERROR(out.Put(t.name, std::move(dst)));
+  }
+  for (auto [rank, names] : plan.whole) {
+    std::sort(names.begin(), names.end());
+    SP_RETURN_IF_ERROR(CopyWhole(in.File(rank), names, io, &out));
+  }
+  return out;
+}
+
+// Builds and writes the files, in waves that fit the memory budget.
+Status RunPlans(const std::vector<RankPlan>& plans, const FileSources& in,
+                const MindSporeTransformOptions& options, const IoOptions& io) {
+  IoOptions inner = io;
+  inner.io_threads = 1;
+  for (size_t begin = 0; begin < plans.size();) {
+    size_t end = begin + 1;
+    uint64_t bytes = plans[begin].bytes;
+    while (end < plans.size() && static_cast<int>(end - begin) < io.io_threads &&
+           bytes + plans[end].bytes <= options.memory_budget_bytes) {
+      bytes += plans[end++].bytes;
+    }
+    SP_RETURN_IF_ERROR(ParallelFor(end - begin, io.io_threads, [&](size_t i, int) -> Status {
+      const RankPlan& p = plans[begin + i];
+      const std::string context = fmt::format("transform: destination rank {}", p.job.rank);
+      Result<State> state = BuildRank(p, in, inner);
+      if (!state.ok()) return state.status().WithContext(context);
+      return SaveMindSporeCheckpoint(*state, p.job.path, {.overwrite = options.overwrite}, inner)
+          .WithContext(context);
+    }));
+    begin = end;
+  }
+  return Status::OK();
+}
+
+Result<Side> LoadSide(const std::optional<std::string>& file, FileSystem* fs) {
+  Side side;
+  if (!file) return side;
+  SP_ASSIGN_OR_RETURN(side.map, ReadMindSporeLayouts(*file, fs));
+  if (side.map->params.empty()) {
+    return InvalidArgumentError(fmt::format("strategy file {} lists no parameter layouts", *file));
+  }
+  return side;
+}
+
+}  // namespace
+
+namespace {
+
+// "rank_N" (N decimal, at most 9 digits) -> N.
+std::optional<int64_t> RankOfDir(const std::string& name) {
+  if (!name.starts_with("rank_") || name.size() == 5 || name.size() > 14) return std::nullopt;
+  int64_t rank = 0;
+  for (char c : name.substr(5)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    rank = rank * 10 + (c - '0');
+  }
+  return rank;
+}
+
+// The source file of every rank directory of `dir`: its lexicographically last "*.ckpt" (hidden
+// files, such as a writer's temporary files, are not candidates).
+Result<std::map<int64_t, std::string>> RankFiles(FileSystem* fs, const std::string& dir) {
+  SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(dir));
+  std::map<int64_t, std::string> out;
+  for (const FileInfo& e : entries) {
+    std::optional<int64_t> rank = RankOfDir(e.name);
+    if (!e.is_dir || !rank) continue;
+    const std::string sub = dir + "/" + e.name;
+    SP_ASSIGN_OR_RETURN(std::vector<FileInfo> files, fs->ListDir(sub));
+    std::string best;
+    for (const FileInfo& f : files) {
+      if (!f.is_dir && f.name.ends_with(".ckpt") && !f.name.starts_with(".")) {
+        best = std::max(best, f.name);
+      }
+    }
+    if (!best.empty()) out[*rank] = sub + "/" + best;
+  }
+  return out;
+}
+
+bool Excluded(const std::string& name) {
+  return name.starts_with("accu_grads") || name.starts_with("adam_v") || name.starts_with("adam_m");
+}
+
+// MindSpore's "_part" case: one-stage strategies, the source's parameters (optimizer state aside)
+// a strict subset of the destination's.
+bool IsPartCase(const Side& src, const Side& dst) {
+  if (!src.map || !dst.map || src.stages() != 1 || dst.stages() != 1) return false;
+  size_t s = 0, d = 0;
+  for (const auto& [name, p] : dst.map->params) d += Excluded(name) ? 0 : 1;
+  for (const auto& [name, p] : src.map->params) {
+    if (Excluded(name)) continue;
+    if (!dst.Find(name)) return false;
+    ++s;
+  }
+  return s < d;
+}
+
+// With a source strategy, the rank directories must be exactly its ranks.
+Status CheckRankCount(const Side& src, const std::map<int64_t, std::string>& files,
+                      const std::string& dir) {
+  const int64_t want = src.devices() * src.stages();
+  if (!src.map) return Status::OK();
+  std::string problem;
+  for (int64_t r = 0; r < want && problem.empty(); ++r) {
+    if (files.count(r) == 0) problem = fmt::format("rank_{} (or its .ckpt file) is missing", r);
+  }
+  if (problem.empty() && files.rbegin()->first >= want) {
+    problem = fmt::format("rank_{} is beyond them", files.rbegin()->first);
+  }
+  if (problem.empty()) return Status::OK();
+  const auto& [first, p] = *src.map->params.begin();
+  return InvalidArgumentError(fmt::format(
+      "source strategy file {} says {} ranks per stage (parameter {:?}: dev_matrix [{}]) x {} "
+      "stages = {} ranks, but in {} {}",
+      src.map->file, src.devices(), first, fmt::join(p.layout.dev_matrix, ", "), src.stages(), want,
+      dir, problem));
+}
+
+std::vector<Job> Jobs(const Side& src, const Side& dst, const std::string& dir,
+                      const std::string& prefix) {
+  std::vector<Job> jobs;
+  if (IsPartCase(src, dst)) {
+    const int64_t stage = src.map->file_stage;
+    for (int64_t l = 0; l < dst.devices(); ++l) {
+      jobs.push_back({l, stage * src.devices(),
+                      fmt::format("{}/rank_{}/{}{}_part{}.ckpt", dir, l, prefix, l, stage)});
+    }
+    return jobs;
+  }
+  for (int64_t r = 0; r < dst.devices() * dst.stages(); ++r) {
+    jobs.push_back({r, 0, fmt::format("{}/rank_{}/{}{}.ckpt", dir, r, prefix, r)});
+  }
+  return jobs;
+}
+
+Result<std::vector<Job>> SelectJobs(std::vector<Job> jobs, const std::vector<int64_t>& ranks) {
+  if (ranks.empty()) return jobs;
+  std::vector<Job> out;
+  for (int64_t r : ranks) {
+    auto it = std::find_if(jobs.begin(), jobs.end(), [&](const Job& j) { return j.rank == r; });
+    if (it == jobs.end()) {
+      return InvalidArgumentError(fmt::format(
+          "transform: destination rank {} does not exist (the destination has {} ranks)", r,
+          jobs.size()));
+    }
+    out.push_back(*it);
+  }
+  return out;
+}
+
+Status CheckRank(const Side& dst, int64_t rank) {
+  const int64_t n = dst.devices() * dst.stages();
+  if (rank >= 0 && rank < n) return Status::OK();
+  return InvalidArgumentError(
+      fmt::format("transform: destination rank {} is outside the destination's {} ranks", rank, n));
+}
+
+}  // namespace
+
+Result<std::vector<int64_t>> MindSporeRankListForTransform(int64_t rank,
+                                                           const MindSporeTransformOptions& options,
+                                                           const IoOptions& io) {
+  FileSystem* fs = FileSystemOf(io);
+  SP_ASSIGN_OR_RETURN(Side src, LoadSide(options.src_strategy_file, fs));
+  SP_ASSIGN_OR_RETURN(Side dst, LoadSide(options.dst_strategy_file, fs));
+  SP_RETURN_IF_ERROR(CheckRank(dst, rank));
+  return transform::NeededRanks(src, dst, rank);
+}
+
+Status MindSporeTransformCheckpointByRank(int64_t rank,
+                                          const std::map<int64_t, std::string>& src_files,
+                                          const std::string& dst_file,
+                                          const MindSporeTransformOptions& options,
+                                          const IoOptions& io) {
+  SP_RETURN_IF_ERROR(ValidateIoOptions(io, "transform_checkpoint_by_rank"));
+  if (!dst_file.ends_with(".ckpt")) {
+    return InvalidArgumentError(
+        fmt::format("transform_checkpoint_by_rank: {} does not end in .ckpt", dst_file));
+  }
+  FileSystem* fs = FileSystemOf(io);
+  SP_ASSIGN_OR_RETURN(Side src, LoadSide(options.src_strategy_file, fs));
+  SP_ASSIGN_OR_RETURN(Side dst, LoadSide(options.dst_strategy_file, fs));
+  SP_RETURN_IF_ERROR(CheckRank(dst, rank));
+  SP_ASSIGN_OR_RETURN(auto sources, FileSources::Open(fs, src_files, io.io_threads));
+  SP_ASSIGN_OR_RETURN(RankPlan plan, transform::PlanRank(src, dst, {rank, 0, dst_file}, *sources));
+  return RunPlans({plan}, *sources, options, io);
+}
+
+Status MindSporeTransformCheckpoints(const std::string& src_dir, const std::string& dst_dir,
+                                     const std::string& prefix,
+                                     const MindSporeTransformOptions& options,
+                                     const IoOptions& io) {
+  SP_RETURN_IF_ERROR(ValidateIoOptions(io, "transform_checkpoints"));
+  if (prefix.find('/') != std::string::npos) {
+    return InvalidArgumentError(fmt::format("transform: ckpt_prefix {:?} holds a '/'", prefix));
+  }
+  FileSystem* fs = FileSystemOf(io);
+  SP_ASSIGN_OR_RETURN(Side src, LoadSide(options.src_strategy_file, fs));
+  SP_ASSIGN_OR_RETURN(Side dst, LoadSide(options.dst_strategy_file, fs));
+  SP_ASSIGN_OR_RETURN(auto files, RankFiles(fs, src_dir));
+  if (files.empty()) {
+    return NotFoundError(
+        fmt::format("transform: no rank_N directory with a .ckpt file in {}", src_dir));
+  }
+  if (!IsPartCase(src, dst)) SP_RETURN_IF_ERROR(CheckRankCount(src, files, src_dir));
+  SP_ASSIGN_OR_RETURN(std::vector<Job> jobs,
+                      SelectJobs(Jobs(src, dst, dst_dir, prefix), options.ranks));
+  SP_ASSIGN_OR_RETURN(auto sources, FileSources::Open(fs, files, io.io_threads));
+  std::vector<RankPlan> plans;
+  for (const Job& job : jobs) {
+    SP_ASSIGN_OR_RETURN(RankPlan p, transform::PlanRank(src, dst, job, *sources));
+    plans.push_back(std::move(p));
+  }
+  return RunPlans(plans, *sources, options, io);
+}
+
+}  // namespace savepoint

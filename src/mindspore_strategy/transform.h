@@ -1,0 +1,87 @@
+// Internals of the MindSpore transform (savepoint/mindspore_strategy.h): which destination files
+// there are, and for each, which source slices fill which parameter (transform_plan.cc); the
+// source files and the execution live in transform.cc.
+//
+// MindSpore's rules, which the plan follows (docs/INTEROP.md, "MindSpore strategy files"): a
+// destination rank r is local rank r % Nd of stage r / Nd (Nd: destination ranks per stage).
+// Source rank s*Ns + l (stage s, local rank l) holds the stage-s slices of local rank l. The
+// parameters of a destination file are the names of its "home" source files (local rank
+// r % Nd % Ns of every source stage), less the parameters of other destination stages; a parameter
+// with a layout on both sides (a missing strategy counts as "whole on one rank") is cut to the
+// destination box, every other one is copied whole from the first home file holding it.
+#ifndef SAVEPOINT_MINDSPORE_STRATEGY_TRANSFORM_H_
+#define SAVEPOINT_MINDSPORE_STRATEGY_TRANSFORM_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "savepoint/mindspore_strategy.h"
+
+namespace savepoint::transform {
+
+// One side of a transform: a resolved strategy, or none (every parameter whole on one rank).
+struct Side {
+  std::optional<MindSporeLayoutMap> map;
+  int64_t devices() const { return map ? map->stage_devices : 1; }
+  uint32_t stages() const { return map ? map->stages : 1; }
+  const MindSporeParamPlacement* Find(std::string_view name) const;
+};
+
+// One destination file.
+struct Job {
+  int64_t rank = 0;       // destination rank
+  int64_t src_base = 0;   // first source rank (the source stage's, in the "_part" case)
+  std::string path = {};  // the file to write
+};
+
+// What a source rank's file holds, as the planner sees it.
+struct SourceParam {
+  DType dtype;
+  Shape shape;
+};
+class Sources {
+ public:
+  virtual ~Sources() = default;
+  virtual bool Has(int64_t rank) const = 0;
+  // The file of `rank` (for errors).
+  virtual std::string Path(int64_t rank) const = 0;
+  // Tensor entries of the file, in file order; nullopt when `rank` has none.
+  virtual const std::vector<std::pair<std::string, std::optional<SourceParam>>>* Params(
+      int64_t rank) const = 0;
+};
+
+// One source slice's part of a destination tensor (global coordinates).
+struct Copy {
+  int64_t src_rank = 0;
+  Shape src_offsets = {}, src_sizes = {};  // the source slice's box
+  Shape offsets = {}, sizes = {};          // the part copied
+};
+
+struct OutTensor {
+  std::string name;
+  DType dtype = DType::kU8;
+  Shape offsets, sizes;  // the destination box
+  std::vector<Copy> copies;
+};
+
+struct RankPlan {
+  Job job;
+  std::vector<OutTensor> tensors = {};
+  std::map<int64_t, std::vector<std::string>> whole = {};  // source rank -> entries copied whole
+  uint64_t bytes = 0;                                      // destination tensor bytes (cut ones)
+};
+
+// Plans one destination file from the sources. Errors name the strategy files, the source files
+// and the parameter.
+Result<RankPlan> PlanRank(const Side& src, const Side& dst, const Job& job, const Sources& sources);
+
+// The source ranks destination rank `rank` reads (layouts only), sorted in descending order.
+Result<std::vector<int64_t>> NeededRanks(const Side& src, const Side& dst, int64_t rank);
+
+}  // namespace savepoint::transform
+
+#endif  // SAVEPOINT_MINDSPORE_STRATEGY_TRANSFORM_H_
