@@ -1,7 +1,8 @@
 // `savepoint transform --src DIR --dst DIR [--src-strategy F] [--dst-strategy F] [--prefix P]
-// [--format ckpt] [--rank N]... [--memory-budget BYTES] [--threads N] [--json]`: moves a MindSpore
-// distributed checkpoint (rank_N/ directories of .ckpt files) from one parallel layout to another,
-// as mindspore.parallel.transform_checkpoints does (savepoint/mindspore_strategy.h, docs/CLI.md).
+// [--format ckpt|safetensors] [--rank N]... [--memory-budget BYTES] [--threads N] [--json]`: moves
+// a MindSpore distributed checkpoint (rank_N/ directories of .ckpt files) from one parallel layout
+// to another, as mindspore.parallel.transform_checkpoints does (savepoint/mindspore_strategy.h,
+// docs/CLI.md).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -12,6 +13,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "progress.h"
 #include "savepoint/mindspore_strategy.h"
 
 namespace savepoint::cli {
@@ -38,9 +40,13 @@ int RunTransform(const TransformArgs& args) {
   if (!args.dst_strategy.empty()) o.dst_strategy_file = args.dst_strategy;
   o.ranks = args.ranks;
   o.memory_budget_bytes = args.memory_budget;
+  if (args.format == "safetensors") o.output_format = MindSporeTransformFormat::kSafetensors;
+  ProgressLine progress(kCommand, args.json);
+  o.progress = progress.Phase("");
   const auto t0 = std::chrono::steady_clock::now();
   Status s = MindSporeTransformCheckpoints(args.src, args.dst, args.prefix, o,
                                            {.io_threads = args.threads});
+  progress.End();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (args.json) {
@@ -75,8 +81,8 @@ void RegisterTransform(CLI::App& app, int* exit_code) {
                   "Destination strategy file (default: not split)");
   sub->add_option("--prefix", args->prefix, "Output file prefix: rank_N/{prefix}N.ckpt")
       ->capture_default_str();
-  sub->add_option("--format", args->format, "Output format")
-      ->check(CLI::IsMember({"ckpt"}))
+  sub->add_option("--format", args->format, "Output format: .ckpt or MindSpore's safetensors")
+      ->check(CLI::IsMember({"ckpt", "safetensors"}))
       ->capture_default_str();
   sub->add_option("--rank", args->ranks, "Destination rank to write (repeat; default: all)")
       ->check(CLI::NonNegativeNumber);

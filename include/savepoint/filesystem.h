@@ -67,6 +67,11 @@ struct SAVEPOINT_API FileOptions {
   // "... pwrite (io_uring unavailable: <reason>)"). Check `io_backend()` on the opened file.
   // Default: kAuto.
   IoBackend io_backend = IoBackend::kAuto;
+  // NewRandomAccessFile: the file will be read in scattered byte ranges, not scanned, so the POSIX
+  // file system turns the kernel's read-ahead off for it (posix_fadvise RANDOM): a read then
+  // fetches its own pages from the disk and no more (read-ahead windows reach megabytes). Others
+  // ignore it. Default: false.
+  bool random_access = false;
 };
 
 // One transfer of a batched write: `data` goes to the file at `offset`. The bytes must stay valid

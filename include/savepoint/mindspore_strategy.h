@@ -20,10 +20,12 @@
 #include <string_view>
 #include <vector>
 
+#include "savepoint/checkpoint.h"
 #include "savepoint/distributed.h"
 #include "savepoint/export.h"
 #include "savepoint/filesystem.h"
 #include "savepoint/io_options.h"
+#include "savepoint/mindspore.h"
 #include "savepoint/status.h"
 
 namespace savepoint {
@@ -42,8 +44,8 @@ struct SAVEPOINT_API MindSporeParamLayout {
   bool nested_tensor_map = false;
   // Uneven manual split of dim 0 (MindSpore's manual-split Gather): the size of each slice along
   // dim 0, and where each starts (indices_offset; empty = running sum). Empty = even split.
-  std::vector<int64_t> param_split_shape;
-  std::vector<int64_t> indices_offset;
+  std::vector<int64_t> param_split_shape = {};
+  std::vector<int64_t> indices_offset = {};
   // MindSpore's embedding "field" size; read and written back, not used for slicing (MindSpore's
   // transform ignores it too). Default: 0.
   int32_t field = 0;
@@ -54,7 +56,7 @@ struct SAVEPOINT_API MindSporeParamLayout {
   // follow from the device matrix). Default: 0.
   int32_t opt_weight_shard_step = 0;
   // The full tensor shape, when the file states it (JSON "tensor_shape"); empty otherwise.
-  std::vector<int64_t> tensor_shape;
+  std::vector<int64_t> tensor_shape = {};
 };
 
 // One operator's strategy (ParallelStrategyItem): kept for round trips and for the stage number.
@@ -159,6 +161,12 @@ SAVEPOINT_API Status MergeMindSporeStrategies(const std::string& src_dir,
                                               const std::string& dst_file,
                                               const IoOptions& io = {});
 
+// The format of a transform's destination files.
+enum class MindSporeTransformFormat {
+  kCkpt,         // MindSpore `.ckpt` (output_format="ckpt")
+  kSafetensors,  // MindSpore's safetensors flavour (output_format="safetensors"; "format": "ms")
+};
+
 struct SAVEPOINT_API MindSporeTransformOptions {
   // Source and destination strategy files; nullopt = not split (every parameter whole on one
   // rank). Default: nullopt.
@@ -171,6 +179,18 @@ struct SAVEPOINT_API MindSporeTransformOptions {
   uint64_t memory_budget_bytes = uint64_t{1} << 30;
   // Replace existing destination files. Default: true (MindSpore overwrites).
   bool overwrite = true;
+  // The destination files' format: kCkpt writes `{prefix}N.ckpt` (SaveMindSporeCheckpoint);
+  // kSafetensors writes `{prefix}N.safetensors` as MindSpore's safetensors transform does
+  // (SaveSafetensors with mindspore_format: `__metadata__` {"format": "ms"}, the reference
+  // writer's tensor order). Default: kCkpt.
+  MindSporeTransformFormat output_format = MindSporeTransformFormat::kCkpt;
+  // Optional progress of MindSporeTransformCheckpoints / ByRank: called with the destination's
+  // tensor bytes as total and how far they are along, each byte counting half once read into
+  // memory and fully once written, at most about 10 times a second, and once more with done ==
+  // total when every file is committed. Called from the worker threads and the calling thread,
+  // never two calls at once; done never decreases. Must be cheap and must not call into
+  // savepoint. Default: empty (never called).
+  ProgressFn progress = nullptr;
 };
 
 // rank_list_for_transform: the source ranks whose files destination rank `rank` needs, sorted in
@@ -182,8 +202,8 @@ SAVEPOINT_API Result<std::vector<int64_t>> MindSporeRankListForTransform(
     int64_t rank, const MindSporeTransformOptions& options, const IoOptions& io = {});
 
 // transform_checkpoint_by_rank: writes destination rank `rank`'s checkpoint to `dst_file` (which
-// must end in ".ckpt") from `src_files` (source rank -> .ckpt file; at least the ranks
-// MindSporeRankListForTransform lists).
+// must end in ".ckpt", or ".safetensors" for that output_format) from `src_files` (source rank ->
+// .ckpt file; at least the ranks MindSporeRankListForTransform lists).
 SAVEPOINT_API Status MindSporeTransformCheckpointByRank(
     int64_t rank, const std::map<int64_t, std::string>& src_files, const std::string& dst_file,
     const MindSporeTransformOptions& options, const IoOptions& io = {});
@@ -191,14 +211,122 @@ SAVEPOINT_API Status MindSporeTransformCheckpointByRank(
 // transform_checkpoints: `src_dir/rank_N/` (the lexicographically last `*.ckpt` in each) ->
 // `dst_dir/rank_N/{prefix}N.ckpt` for every destination rank (or, when the source strategy covers
 // a strict subset of a single-stage destination's parameters, the source's stage s:
-// `dst_dir/rank_N/{prefix}N_part{s}.ckpt`). Everything is planned and checked before the first
-// file is written: a missing rank directory or parameter, or a strategy that does not fit the
-// files, writes nothing. Each file is committed atomically.
+// `dst_dir/rank_N/{prefix}N_part{s}.ckpt`); `.safetensors` instead of `.ckpt` for that
+// output_format. Everything is planned and checked before the first file is written: a missing
+// rank directory or parameter, or a strategy that does not fit the files, writes nothing. Each
+// file is committed atomically.
 SAVEPOINT_API Status MindSporeTransformCheckpoints(const std::string& src_dir,
                                                    const std::string& dst_dir,
                                                    const std::string& prefix,
                                                    const MindSporeTransformOptions& options,
                                                    const IoOptions& io = {});
+
+// --- Loading a MindSpore distributed checkpoint into a layout (no offline transform). ---
+//
+// The MindSpore counterparts of LoadDistributed (savepoint/distributed.h): the source is a
+// MindSpore distributed checkpoint, `src_dir/rank_N/` (the lexicographically last `*.ckpt` of
+// each, as transform_checkpoints takes it) saved under a source strategy file, and this rank's
+// tensors are read from it directly, in parallel on io.io_threads threads, reading only the byte
+// runs of the source slices that intersect each box (one holder per slice) and only the files
+// that hold them (plus, for the layout, the first rank of each source stage, whose entries name
+// the parameters). Nothing is written. MindSpore's .ckpt files carry at most one CRC over the
+// whole file, which a partial read cannot check: the bytes are taken as stored. Encrypted
+// source files are refused (Unimplemented). Every parameter the source strategy lists must be in
+// the files of its stage (NotFound naming the file and the parameter), every rank directory the
+// strategy implies must be there (InvalidArgument naming the strategy file and the rank), and
+// every slice must have the shape and dtype the strategy gives it (InvalidArgument naming the
+// file); all of it is checked before any tensor byte is read.
+
+struct SAVEPOINT_API MindSporeDistributedLoadOptions {
+  // The source checkpoint's strategy file (protobuf or JSON; a merged pipeline file for a
+  // pipeline job); nullopt = not split (rank_0's file holds every parameter whole). Default:
+  // nullopt.
+  std::optional<std::string> src_strategy_file = std::nullopt;
+  // LoadMindSporeDistributedRank only: the destination strategy file giving this rank's boxes;
+  // nullopt = not split (the rank gets every parameter whole). Must be nullopt for the layout
+  // forms (InvalidArgument), where the ShardLayout gives the boxes. Default: nullopt.
+  std::optional<std::string> dst_strategy_file = std::nullopt;
+};
+
+// Fills every tensor of `targets` (owned or borrowed buffers) with its box, layout[name] (the
+// whole tensor when absent; the target's shape must equal the box's sizes and its dtype the
+// parameter's, and the layout's global_shape the parameter's full shape: InvalidArgument naming
+// it otherwise), from the MindSpore distributed checkpoint in `src_dir`. A parameter without a
+// source layout (such as global_step) is read from the first rank of the first source stage
+// whose file holds it. The replicas of a ShardSpec are not used. Values and metadata of
+// `targets` are left as they are. Errors: NotFound (no such parameter: names the directory and
+// the parameter), InvalidArgument (a layout entry without a target, a parameter that is not a
+// tensor, options.dst_strategy_file set). On error the targets' contents are unspecified.
+SAVEPOINT_API Status LoadMindSporeDistributed(const std::string& src_dir, State& targets,
+                                              const ShardLayout& layout,
+                                              const MindSporeDistributedLoadOptions& options = {},
+                                              const IoOptions& io = {});
+
+// Like LoadMindSporeDistributed, allocating one tensor per layout entry (dtype from the source).
+SAVEPOINT_API Result<State> LoadMindSporeDistributedAlloc(
+    const std::string& src_dir, const ShardLayout& layout,
+    const MindSporeDistributedLoadOptions& options = {}, const IoOptions& io = {});
+
+// Destination rank `rank` of options.dst_strategy_file, in memory: exactly the entries
+// MindSporeTransformCheckpointByRank would write for it (cut parameters, entries copied whole,
+// string entries as values, hash maps as their three tensors), reading only the files
+// MindSporeRankListForTransform lists. InvalidArgument when `rank` is outside the destination.
+// (MindSpore's "_part" case, a source that is one stage of the destination's model, is not
+// supported: the source directory must hold every rank of the source strategy.)
+SAVEPOINT_API Result<State> LoadMindSporeDistributedRank(
+    const std::string& src_dir, int64_t rank, const MindSporeDistributedLoadOptions& options,
+    const IoOptions& io = {});
+
+// --- remove_redundancy: the file each rank of a MindSpore job saves. ---
+
+// Writes rank `rank`'s `.ckpt` file as a MindSpore job running under `strategy_file` writes it
+// with remove_redundancy (ModelCheckpoint / CheckpointConfig(remove_redundancy=True)): of the
+// parameters the strategy lays out on the rank's pipeline stage, only those
+// MindSporeRedundancyFreeParams assigns to the rank (the k-th parameter, in name order, of each
+// replica group goes to member k % group size), plus every entry of `local` without a layout on
+// that stage (global_step, values) and the metadata. `local` is the rank's full local state: its
+// slice of every parameter of its stage (borrowed; not changed), from which the full shapes follow;
+// every such parameter must be there, since each one shifts the assignment (NotFound naming the
+// strategy file, the rank and the parameter otherwise; InvalidArgument for a slice the layout
+// cannot have come from, or a `rank` outside the strategy: a merged pipeline file holds every
+// rank, a stage's own file those of its stage). The result loads in MindSpore with
+// load_checkpoint (the parameters the rank holds) and, merged over all ranks, gives every
+// parameter exactly once. `options` and `io` as for SaveMindSporeCheckpoint (which writes it).
+SAVEPOINT_API Status SaveMindSporeRedundancyFree(const State& local,
+                                                 const std::string& strategy_file, int64_t rank,
+                                                 const std::string& path,
+                                                 const MindSporeSaveOptions& options = {},
+                                                 const IoOptions& io = {});
+
+// --- Exporting a native checkpoint as a MindSpore job's rank files. ---
+
+struct SAVEPOINT_API MindSporeExportOptions {
+  // The MindSpore job's strategy file (protobuf or JSON; a merged file for a pipeline job);
+  // nullopt = not split (one rank, every tensor whole). Default: nullopt.
+  std::optional<std::string> dst_strategy_file = std::nullopt;
+  // Destination ranks to write; empty = all. Default: empty.
+  std::vector<int64_t> ranks = {};
+  // How the source is read (verify_checksums, key for an encrypted source; mmap and map_mode must
+  // stay at their defaults; names must be empty). Default: {}.
+  LoadOptions load = {};
+  // Replace existing destination files. Default: true (as transform_checkpoints).
+  bool overwrite = true;
+};
+
+// Writes the native checkpoint at `src` (written by SaveDistributed or Save: any sharding) as
+// `dst_dir/rank_N/{prefix}N.ckpt` for the ranks of options.dst_strategy_file, the files
+// MindSpore's transform_checkpoints writes from the merged checkpoint: a tensor with a layout is
+// cut to the rank's box (and left out on the ranks of other pipeline stages), every other tensor
+// and every value is copied whole; of the metadata only what the .ckpt format keeps
+// (kMindSporeMetadataKey) is carried over. So MindSpore's load_checkpoint on rank N gets exactly its
+// slices. Every rank's layout is planned and checked before the first file is written; each rank
+// reads only the chunks its boxes overlap (LoadDistributed), holds its boxes in memory, and is
+// committed atomically. The strategy file itself is not copied. Errors name the destination rank
+// and the tensor (InvalidArgument for a shape the strategy cannot split or a rank outside it).
+SAVEPOINT_API Status ExportMindSporeDistributed(const std::string& src, const std::string& dst_dir,
+                                                const std::string& prefix,
+                                                const MindSporeExportOptions& options = {},
+                                                const IoOptions& io = {});
 
 }  // namespace savepoint
 

@@ -103,17 +103,18 @@ struct SAVEPOINT_API SafetensorsSaveOptions {
 };
 
 // Writes `state` as one safetensors file at `path`. Tensors are laid out back to back from offset
-// 0 of the data buffer, larger element sizes first and then by name (the reference writer's
-// order), and listed in that order in the header, after `__metadata__` (as the reference writer
-// does; MindSpore's reader requires it). The header is padded with spaces to a multiple of 8 bytes,
-// so every tensor starts at a file offset that is a multiple of its element size. When the tensor
-// bytes are a multiple of 8, the header is padded further (by less than 4 KiB) so that the file is
-// a whole number of 4 KiB blocks and can be written with O_DIRECT (readers accept any padding; the
-// reference one does). The layout depends only on the State, so equal States give byte-identical
-// files. Tensor bytes are copied through aligned staging buffers (8 MiB per thread, io.io_threads
-// threads) and written in parallel; with io.direct_io every whole 4 KiB block is written with
-// O_DIRECT and a last partial block through a buffered handle (SaveStats::direct_io says whether
-// O_DIRECT was in effect). The caller's memory is only read.
+// 0 of the data buffer in the reference writer's order (safetensors 0.8: by its dtype enum, last
+// first, so larger element sizes first, then by name), and listed in that order in the header,
+// after `__metadata__` (as the reference writer does; MindSpore's reader requires it). The header
+// is padded with spaces to a multiple of 8 bytes, so every tensor starts at a file offset that is
+// a multiple of its element size. When the tensor bytes are a multiple of 8, the header is padded
+// further (by less than 4 KiB) so that the file is a whole number of 4 KiB blocks and can be
+// written with O_DIRECT (readers accept any padding; the reference one does). The layout depends
+// only on the State, so equal States give byte-identical files. Tensor bytes are copied through
+// aligned staging buffers (8 MiB per thread, io.io_threads threads) and written in parallel; with
+// io.direct_io every whole 4 KiB block is written with O_DIRECT and a last partial block through a
+// buffered handle (SaveStats::direct_io says whether O_DIRECT was in effect). The caller's memory
+// is only read.
 //
 // Durability: the file is written under a hidden temporary name in the same directory
 // (".<name>.savepoint-tmp.<pid>.<random>"), synced, closed and renamed to `path`, and the directory

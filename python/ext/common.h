@@ -103,6 +103,7 @@ void BindManager(nb::module_& m);
 void BindSafetensors(nb::module_& m);
 void BindMindSpore(nb::module_& m);
 void BindMindSporeStrategy(nb::module_& m);
+void BindMindSporeDistributed(nb::module_& m);
 
 }  // namespace savepoint::python
 

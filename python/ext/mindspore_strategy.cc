@@ -10,18 +10,23 @@
 namespace savepoint::python {
 namespace {
 
+// `format` is "ckpt" or "safetensors" (checked by the Python wrapper).
 MindSporeTransformOptions Options(const std::optional<std::string>& src,
                                   const std::optional<std::string>& dst,
-                                  uint64_t memory_budget_bytes) {
+                                  uint64_t memory_budget_bytes,
+                                  const std::string& format = "ckpt") {
   return {.src_strategy_file = src,
           .dst_strategy_file = dst,
-          .memory_budget_bytes = memory_budget_bytes};
+          .memory_budget_bytes = memory_budget_bytes,
+          .output_format = format == "safetensors" ? MindSporeTransformFormat::kSafetensors
+                                                   : MindSporeTransformFormat::kCkpt};
 }
 
 void Transform(const std::string& src_dir, const std::string& dst_dir, const std::string& prefix,
                const std::optional<std::string>& src, const std::optional<std::string>& dst,
-               const std::vector<int64_t>& ranks, uint64_t memory_budget_bytes, int io_threads) {
-  MindSporeTransformOptions o = Options(src, dst, memory_budget_bytes);
+               const std::vector<int64_t>& ranks, uint64_t memory_budget_bytes, int io_threads,
+               const std::string& format) {
+  MindSporeTransformOptions o = Options(src, dst, memory_budget_bytes, format);
   o.ranks = ranks;
   Check(Unlocked([&] {
     return MindSporeTransformCheckpoints(src_dir, dst_dir, prefix, o, {.io_threads = io_threads});
@@ -31,8 +36,8 @@ void Transform(const std::string& src_dir, const std::string& dst_dir, const std
 void TransformByRank(int64_t rank, const std::map<int64_t, std::string>& files,
                      const std::string& dst_file, const std::optional<std::string>& src,
                      const std::optional<std::string>& dst, uint64_t memory_budget_bytes,
-                     int io_threads) {
-  const MindSporeTransformOptions o = Options(src, dst, memory_budget_bytes);
+                     int io_threads, const std::string& format) {
+  const MindSporeTransformOptions o = Options(src, dst, memory_budget_bytes, format);
   Check(Unlocked([&] {
     return MindSporeTransformCheckpointByRank(rank, files, dst_file, o, {.io_threads = io_threads});
   }));
@@ -70,11 +75,11 @@ nb::dict Layouts(const std::string& path) {
 void BindMindSporeStrategy(nb::module_& m) {
   m.def("ms_transform", &Transform, nb::arg("src_dir"), nb::arg("dst_dir"), nb::arg("prefix"),
         nb::arg("src").none(), nb::arg("dst").none(), nb::arg("ranks"),
-        nb::arg("memory_budget_bytes"), nb::arg("io_threads"),
+        nb::arg("memory_budget_bytes"), nb::arg("io_threads"), nb::arg("output_format"),
         "MindSporeTransformCheckpoints (GIL released).");
   m.def("ms_transform_by_rank", &TransformByRank, nb::arg("rank"), nb::arg("files"),
         nb::arg("dst_file"), nb::arg("src").none(), nb::arg("dst").none(),
-        nb::arg("memory_budget_bytes"), nb::arg("io_threads"),
+        nb::arg("memory_budget_bytes"), nb::arg("io_threads"), nb::arg("output_format"),
         "MindSporeTransformCheckpointByRank (GIL released).");
   m.def("ms_rank_list", &RankList, nb::arg("rank"), nb::arg("src").none(), nb::arg("dst").none(),
         "MindSporeRankListForTransform (GIL released).");

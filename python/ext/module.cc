@@ -177,6 +177,7 @@ NB_MODULE(_core, m) {
   BindSafetensors(m);
   BindMindSpore(m);
   BindMindSporeStrategy(m);
+  BindMindSporeDistributed(m);
   m.def("match_name", &savepoint::MatchesName, nb::arg("pattern"), nb::arg("name"),
         "Whether the pattern selects the entry name (savepoint::MatchesName: the one name rule).");
   m.def("set_log_level", [](const std::string& level) {

@@ -23,7 +23,8 @@ import numpy as np
 from . import _core, _dtypes, _errors, _keys, _tree
 
 __all__ = ["save_checkpoint", "load_checkpoint", "checkpoint_info", "transform_checkpoints",
-           "transform_checkpoint_by_rank", "rank_list_for_transform", "merge_pipeline_strategys"]
+           "transform_checkpoint_by_rank", "rank_list_for_transform", "merge_pipeline_strategys",
+           "load_distributed", "save_checkpoint_without_redundancy", "export_distributed"]
 
 _FRAMEWORKS = ("np", "numpy", "pt", "torch")
 
@@ -246,6 +247,12 @@ def _opt_path(what, path):
     return os.fspath(path)
 
 
+def _check_output_format(output_format):
+    if output_format not in ("ckpt", "safetensors"):
+        raise ValueError(f"savepoint.mindspore: output_format={output_format!r}: must be 'ckpt' "
+                         "or 'safetensors'")  # fmt: skip
+
+
 def _check_rank(rank_id):
     if isinstance(rank_id, bool) or not isinstance(rank_id, int):
         raise TypeError("savepoint.mindspore: rank_id must be an int")
@@ -262,26 +269,29 @@ def transform_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
     destination's). A strategy of None means "not split". Reads only the bytes each destination
     rank needs; destination ranks run in parallel within memory_budget_bytes; every file is
     written atomically, and nothing is written when the strategies do not fit the files.
+    output_format="safetensors" writes {ckpt_prefix}N.safetensors in MindSpore's flavour (as
+    MindSpore's transform of safetensors sources does; MindSpore refuses .ckpt sources there).
     ranks: the destination ranks to write (default: all).
     """
-    if output_format != "ckpt":
-        raise ValueError(f"savepoint.mindspore.transform_checkpoints: output_format="
-                         f"{output_format!r}: only 'ckpt' is supported")  # fmt: skip
+    _check_output_format(output_format)
     if not isinstance(ckpt_prefix, str):
         raise TypeError("savepoint.mindspore.transform_checkpoints: ckpt_prefix must be a str")
     _core.ms_transform(os.fspath(src_checkpoints_dir), os.fspath(dst_checkpoints_dir), ckpt_prefix,
                        _opt_path("src_strategy_file", src_strategy_file),
                        _opt_path("dst_strategy_file", dst_strategy_file),
                        [int(r) for r in (ranks or [])], int(memory_budget_bytes),
-                       int(io_threads))  # fmt: skip
+                       int(io_threads), output_format)  # fmt: skip
 
 
 def transform_checkpoint_by_rank(rank_id, checkpoint_files_map, save_checkpoint_file_name,
                                  src_strategy_file=None, dst_strategy_file=None, *,
-                                 memory_budget_bytes=_DEFAULT_BUDGET, io_threads=4):  # fmt: skip
+                                 memory_budget_bytes=_DEFAULT_BUDGET, io_threads=4,
+                                 output_format=None):  # fmt: skip
     """mindspore.parallel.transform_checkpoint_by_rank: destination rank rank_id's checkpoint,
-    written to save_checkpoint_file_name (must end in ".ckpt"), from checkpoint_files_map
-    {source rank: .ckpt file} (at least the ranks rank_list_for_transform lists)."""
+    written to save_checkpoint_file_name (must end in ".ckpt", or ".safetensors" for
+    output_format="safetensors"), from checkpoint_files_map {source rank: .ckpt file} (at least
+    the ranks rank_list_for_transform lists). output_format None: "safetensors" when the name
+    ends in ".safetensors", else "ckpt"."""
     _check_rank(rank_id)
     if not isinstance(checkpoint_files_map, dict):
         raise TypeError("savepoint.mindspore.transform_checkpoint_by_rank: checkpoint_files_map "
@@ -290,10 +300,15 @@ def transform_checkpoint_by_rank(rank_id, checkpoint_files_map, save_checkpoint_
         raise TypeError("savepoint.mindspore.transform_checkpoint_by_rank: "
                         "save_checkpoint_file_name must be a path")  # fmt: skip
     files = {int(r): os.fspath(p) for r, p in checkpoint_files_map.items()}
-    _core.ms_transform_by_rank(rank_id, files, os.fspath(save_checkpoint_file_name),
+    dst_file = os.fspath(save_checkpoint_file_name)
+    if output_format is None:
+        output_format = "safetensors" if dst_file.endswith(".safetensors") else "ckpt"
+    _check_output_format(output_format)
+    _core.ms_transform_by_rank(rank_id, files, dst_file,
                                _opt_path("src_strategy_file", src_strategy_file),
                                _opt_path("dst_strategy_file", dst_strategy_file),
-                               int(memory_budget_bytes), int(io_threads))  # fmt: skip
+                               int(memory_budget_bytes), int(io_threads),
+                               output_format)  # fmt: skip
 
 
 def rank_list_for_transform(rank_id, src_strategy_file=None, dst_strategy_file=None):
@@ -319,3 +334,82 @@ def strategy_layouts(strategy_file):
     """The resolved layouts of a strategy file: {param: {"dev_matrix", "tensor_map", "stages",
     ...}} (stage prefixes of a merged file removed)."""
     return dict(_core.ms_strategy_layouts(os.fspath(strategy_file)))
+
+
+# --- Distributed checkpoints without an offline step (docs/INTEROP.md). ---
+
+
+def _box(name, box):
+    if not isinstance(box, (tuple, list)) or len(box) != 3:
+        raise TypeError(f"savepoint.mindspore.load_distributed: layout[{name!r}] must be "
+                        f"(global_shape, offsets, sizes)")  # fmt: skip
+    return tuple([int(d) for d in part] for part in box)
+
+
+def load_distributed(src_checkpoints_dir, src_strategy_file=None, *, rank_id=None,
+                     dst_strategy_file=None, layout=None, framework="np",
+                     io_threads=4):  # fmt: skip
+    """This rank's part of a MindSpore distributed checkpoint, with no offline transform: the
+    checkpoint in src_checkpoints_dir/rank_N/ (the lexicographically last .ckpt of each) saved
+    under src_strategy_file (None: not split), read straight into the boxes this rank needs,
+    reading only the byte ranges of the source slices that intersect them. Give one of:
+
+    rank_id: destination rank rank_id of dst_strategy_file (None: not split): exactly the entries
+        transform_checkpoint_by_rank would write for it (as load_checkpoint returns them);
+    layout: {name: (global_shape, offsets, sizes)}: those boxes (any layout, uneven splits too;
+        global_shape must be the parameter's full shape); a name of the layout gets its box.
+
+    Returns a dict name -> numpy array (framework="pt": torch tensors)."""
+    if (rank_id is None) == (layout is None):
+        raise ValueError("savepoint.mindspore.load_distributed: give rank_id or layout")
+    if framework not in _FRAMEWORKS:
+        raise ValueError(f"savepoint.mindspore.load_distributed: framework={framework!r}: use "
+                         f"'np' or 'pt'")  # fmt: skip
+    src_dir = os.fspath(src_checkpoints_dir)
+    src = _opt_path("src_strategy_file", src_strategy_file)
+    if layout is None:
+        _check_rank(rank_id)
+        tensors, values, _ = _core.ms_load_distributed_rank(
+            src_dir, rank_id, src, _opt_path("dst_strategy_file", dst_strategy_file),
+            int(io_threads))  # fmt: skip
+    else:
+        if dst_strategy_file is not None:
+            raise ValueError("savepoint.mindspore.load_distributed: dst_strategy_file goes with "
+                             "rank_id, not with layout")  # fmt: skip
+        boxes = {str(n): _box(n, b) for n, b in dict(layout).items()}
+        tensors, values, _ = _core.ms_load_distributed_layout(src_dir, boxes, src, int(io_threads))
+    return _as_dict(tensors, values, framework)
+
+
+def save_checkpoint_without_redundancy(save_obj, ckpt_file_name, strategy_file, rank_id, *,
+                                       crc_check=False, overwrite=True,
+                                       io_threads=4):  # fmt: skip
+    """Writes rank rank_id's .ckpt file as a MindSpore job under strategy_file writes it with
+    remove_redundancy=True (CheckpointConfig): of the parameters the strategy lays out on the
+    rank's stage only those MindSpore's rule assigns to it (the k-th parameter, by name, of each
+    replica group goes to member k % group size), plus every entry without a layout there.
+
+    save_obj: the rank's full local state (every parameter of its stage, as save_checkpoint takes
+        it: the assignment counts each one). Returns the save statistics."""
+    _check_rank(rank_id)
+    flat = _tree.Flattener()
+    flat.flatten(_entries(save_obj))
+    return _core.ms_save_redundancy_free(
+        os.fspath(ckpt_file_name), [t.spec() for t in flat.tensors], flat.values,
+        os.fspath(strategy_file), rank_id, bool(overwrite), bool(crc_check),
+        int(io_threads))  # fmt: skip
+
+
+def export_distributed(checkpoint_dir, dst_checkpoints_dir, ckpt_prefix, dst_strategy_file=None,
+                       *, ranks=None, io_threads=4):  # fmt: skip
+    """Writes the savepoint checkpoint at checkpoint_dir (any sharding: a distributed save, or a
+    plain one) as a MindSpore job's rank files dst_checkpoints_dir/rank_N/{ckpt_prefix}N.ckpt for
+    dst_strategy_file (None: not split), the files transform_checkpoints writes from the merged
+    checkpoint. Each rank reads only the chunks its slices overlap. ranks: the destination ranks
+    to write (default: all)."""
+    if not isinstance(ckpt_prefix, str):
+        raise TypeError("savepoint.mindspore.export_distributed: ckpt_prefix must be a str")
+    _core.ms_export(os.fspath(checkpoint_dir), os.fspath(dst_checkpoints_dir), ckpt_prefix,
+                    _opt_path("dst_strategy_file", dst_strategy_file),
+                    [int(r) for r in (ranks or [])], int(io_threads))  # fmt: skip
+

@@ -291,9 +291,21 @@ Status DecodeMetadata(const std::map<std::string, std::string>& raw, std::string
 
 namespace {
 
-// The tensors of `state` in file order: larger elements first, then by name, as the reference
-// writer orders them. Every size is a multiple of its element size, so each tensor starts at a
-// multiple of its element size (the data buffer itself starts 8-byte aligned).
+// Where the reference writer (safetensors 0.8) puts a dtype: it sorts tensors by its Dtype enum,
+// last first, so larger elements come first and, within a size, U64 I64 F64 C64, F32 U32 I32, BF16
+// F16 U16 I16, F8_E4M3 F8_E5M2 I8 U8 BOOL.
+int ReferenceRank(DType d) {
+  static constexpr DType kOrder[] = {DType::kU64,    DType::kI64, DType::kF64, DType::kC64,
+                                     DType::kF32,    DType::kU32, DType::kI32, DType::kBF16,
+                                     DType::kF16,    DType::kU16, DType::kI16, DType::kF8E4M3,
+                                     DType::kF8E5M2, DType::kI8,  DType::kU8,  DType::kBool};
+  const auto* it = std::find(std::begin(kOrder), std::end(kOrder), d);
+  return static_cast<int>(it - std::begin(kOrder));
+}
+
+// The tensors of `state` in file order: the reference writer's (ReferenceRank, then by name).
+// Every size is a multiple of its element size, so each tensor starts at a multiple of its
+// element size (the data buffer itself starts 8-byte aligned).
 Result<std::vector<std::pair<const std::string*, const TensorView*>>> FileOrder(
     const State& state, std::string_view path) {
   std::vector<std::pair<const std::string*, const TensorView*>> order;
@@ -312,7 +324,7 @@ Result<std::vector<std::pair<const std::string*, const TensorView*>>> FileOrder(
     order.emplace_back(&name, &v);
   }
   std::stable_sort(order.begin(), order.end(), [](const auto& a, const auto& b) {
-    return DTypeSize(a.second->dtype()) > DTypeSize(b.second->dtype());
+    return ReferenceRank(a.second->dtype()) < ReferenceRank(b.second->dtype());
   });
   return order;
 }

@@ -40,7 +40,7 @@ struct Layout {
     const TensorView* view;
     uint64_t offset;  // absolute file offset
   };
-  std::vector<Item> items;  // in file order (larger elements first, then name), back to back
+  std::vector<Item> items;  // in file order (the reference writer's), back to back
   uint64_t file_bytes = 0;
 };
 

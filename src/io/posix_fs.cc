@@ -297,6 +297,8 @@ class PosixFileSystem final : public FileSystem {
     struct stat st;
     SP_ASSIGN_OR_RETURN(const int fd,
                         OpenRegularForRead(path, options.direct_io, &direct, &st, "reading"));
+    // A hint: a failure costs only read-ahead.
+    if (options.random_access) (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM);
     return std::unique_ptr<RandomAccessFile>(std::make_unique<PosixRandomAccessFile>(
         path, fd, direct, static_cast<uint64_t>(st.st_size), ResolveIoBackend(options.io_backend)));
   }

@@ -7,7 +7,8 @@
 // (one run per slice when the slices are row blocks; otherwise a run per row, or the span between
 // the first and last byte when there are more than 2^20 runs), each parameter copied whole is read
 // with the .ckpt reader; then the file is committed atomically. Destination files are built in
-// parallel, as many at once as fit the memory budget.
+// parallel, as many at once as fit the memory budget, the io_threads shared out between them: a
+// file's parts are read, and its bytes written, on its share of threads.
 #include "mindspore_strategy/transform.h"
 
 #include <fmt/format.h>
@@ -16,13 +17,16 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <mutex>
 
 #include "engine/box.h"
 #include "interop/ckpt_cipher.h"
 #include "interop/ckpt_entries.h"
 #include "io/commit.h"
 #include "savepoint/mindspore.h"
+#include "savepoint/safetensors.h"
 #include "util/parallel.h"
+#include "util/progress.h"
 
 namespace savepoint {
 namespace {
@@ -35,6 +39,34 @@ using transform::Side;
 using transform::SourceParam;
 
 constexpr size_t kMaxRuns = size_t{1} << 20;
+
+// One destination file's share of the transform's Progress: twice its tensor bytes (each byte
+// counts once read and once written), never more, all of it by Finish.
+class RankMeter {
+ public:
+  RankMeter(Progress* progress, uint64_t share) : progress_(progress), share_(share) {}
+  void Add(uint64_t n) {
+    if (!progress_->enabled()) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    n = std::min(n, share_ - added_);
+    added_ += n;
+    progress_->Add(n);
+  }
+  void Finish() { Add(share_); }
+  // A ProgressFn for one sub-operation (a load, a save) that adds the growth of its done count.
+  ProgressFn Deltas() {
+    if (!progress_->enabled()) return nullptr;
+    return [this, last = uint64_t{0}](uint64_t done, uint64_t) mutable {
+      if (done > last) Add(done - last), last = done;
+    };
+  }
+
+ private:
+  Progress* progress_;
+  const uint64_t share_;
+  std::mutex mu_;
+  uint64_t added_ = 0;  // guarded by mu_
+};
 
 // One source rank's file, scanned.
 struct SourceFile {
@@ -49,7 +81,8 @@ struct SourceFile {
 Result<std::unique_ptr<SourceFile>> OpenSource(FileSystem* fs, const std::string& path) {
   auto f = std::make_unique<SourceFile>();
   f->path = path;
-  SP_ASSIGN_OR_RETURN(f->file, fs->NewRandomAccessFile(path, {}));
+  // Only the byte runs a destination needs are read: no read-ahead past them.
+  SP_ASSIGN_OR_RETURN(f->file, fs->NewRandomAccessFile(path, {.random_access = true}));
   SP_ASSIGN_OR_RETURN(std::optional<MindSporeCipher> mode, interop::ckpt::SniffCipher(*f->file));
   if (mode) {
     return UnimplementedError(
@@ -123,8 +156,8 @@ Shape Minus(const Shape& a, const Shape& b) {
   return out;
 }
 
-// Fills the part `c` of destination tensor `t` (held in `dst`) from its source slice.
-Status FillCopy(const SourceFile& f, const OutTensor& t, const Copy& c, Tensor* dst) {
+// Fills the part `c` of destination tensor `t` (its bytes at `dst`) from its source slice.
+Status FillCopy(const SourceFile& f, const OutTensor& t, const Copy& c, std::byte* dst) {
   const interop::ckpt::Entry& e = f.entries[f.index.at(t.name)];
   const size_t elem = DTypeSize(t.dtype);
   const Shape in_src = Minus(c.offsets, c.src_offsets), in_dst = Minus(c.offsets, t.offsets);
@@ -135,7 +168,7 @@ Status FillCopy(const SourceFile& f, const OutTensor& t, const Copy& c, Tensor* 
   for (const auto& [b, en] : runs) listed += en - b;
   const bool whole = c.sizes == t.sizes;  // the packed part is the destination itself
   std::vector<std::byte> buf;
-  std::byte* packed = whole ? dst->data() : nullptr;
+  std::byte* packed = whole ? dst : nullptr;
   if (!whole || listed != need) buf.resize(listed), packed = buf.data();
   uint64_t at = 0;
   for (const auto& [b, en] : runs) {
@@ -144,7 +177,7 @@ Status FillCopy(const SourceFile& f, const OutTensor& t, const Copy& c, Tensor* 
   }
   if (whole && listed == need) return Status::OK();
   const Shape zero(c.sizes.size(), 0);
-  const engine::RegionSide to{dst->data(), t.sizes, in_dst};
+  const engine::RegionSide to{dst, t.sizes, in_dst};
   if (listed == need) {
     engine::CopyRegion({packed, c.sizes, zero}, to, c.sizes, elem);
   } else {
@@ -166,8 +199,9 @@ bool Selected(const std::vector<std::string>& names, const std::string& name) {
 
 // Adds the entries `names` (sorted) of source `f` to `out`, whole, with the .ckpt reader.
 Status CopyWhole(const SourceFile& f, const std::vector<std::string>& names, const IoOptions& io,
-                 State* out) {
-  SP_ASSIGN_OR_RETURN(State loaded, LoadMindSporeCheckpoint(f.path, {.names = names}, io));
+                 RankMeter* meter, State* out) {
+  SP_ASSIGN_OR_RETURN(State loaded, LoadMindSporeCheckpoint(
+                                        f.path, {.names = names, .progress = meter->Deltas()}, io));
   auto in = std::make_shared<State>(std::move(loaded));
   for (const auto& [name, e] : in->entries()) {
     if (!Selected(names, name)) continue;
@@ -187,28 +221,92 @@ Status CopyWhole(const SourceFile& f, const std::vector<std::string>& names, con
   return Status::OK();
 }
 
-Result<State> BuildRank(const RankPlan& plan, const FileSources& in, const IoOptions& io) {
-  State out;
-  for (const OutTensor& t : plan.tensors) {
+// Adds the cut tensors of `plan` to `out`, their copies filled on `threads` threads (each copy
+// is a disjoint part of its tensor).
+Status FillCut(const RankPlan& plan, const FileSources& in, int threads, RankMeter* meter,
+               State* out) {
+  std::vector<Tensor> tensors;
+  std::vector<std::pair<size_t, size_t>> work;  // (tensor, copy)
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    const OutTensor& t = plan.tensors[i];
     SP_ASSIGN_OR_RETURN(Tensor dst, Tensor::Empty(t.dtype, t.sizes));
-    for (const Copy& c : t.copies) {
-      SP_RETURN_IF_ERROR(FillCopy(in.File(c.src_rank), t, c, &dst)
-                             .WithContext(fmt::format("parameter {:?}", t.name)));
-    }
-    SP_RETURN_IF_ERROR(out.Put(t.name, std::move(dst)));
+    tensors.push_back(std::move(dst));
+    for (size_t k = 0; k < t.copies.size(); ++k) work.emplace_back(i, k);
   }
+  SP_RETURN_IF_ERROR(ParallelFor(work.size(), threads, [&](size_t w, int) -> Status {
+    const OutTensor& t = plan.tensors[work[w].first];
+    const Copy& c = t.copies[work[w].second];
+    SP_RETURN_IF_ERROR(FillCopy(in.File(c.src_rank), t, c, tensors[work[w].first].data())
+                           .WithContext(fmt::format("parameter {:?}", t.name)));
+    meter->Add(NumElements(c.sizes).value() * DTypeSize(t.dtype));
+    return Status::OK();
+  }));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    SP_RETURN_IF_ERROR(out->Put(plan.tensors[i].name, std::move(tensors[i])));
+  }
+  return Status::OK();
+}
+
+Result<State> BuildRank(const RankPlan& plan, const FileSources& in, const IoOptions& io,
+                        RankMeter* meter) {
+  State out;
+  SP_RETURN_IF_ERROR(FillCut(plan, in, io.io_threads, meter, &out));
   for (auto [rank, names] : plan.whole) {
     std::sort(names.begin(), names.end());
-    SP_RETURN_IF_ERROR(CopyWhole(in.File(rank), names, io, &out));
+    SP_RETURN_IF_ERROR(CopyWhole(in.File(rank), names, io, meter, &out));
   }
   return out;
+}
+
+// MindSpore's safetensors flavour has no place for the .ckpt bookkeeping: int4 tensors are
+// marked as MindSpore marks them ("<name>": "Int4"), and hash maps stay three plain tensors.
+void ToSafetensorsMetadata(State* state) {
+  Json& meta = state->metadata();
+  if (!meta.is_object() || !meta.contains(kMindSporeMetadataKey)) return;
+  const Json ms = meta[kMindSporeMetadataKey];
+  meta.erase(kMindSporeMetadataKey);
+  for (const Json& n : ms.value("int4", Json::array())) {
+    if (n.is_string()) meta[n.get<std::string>()] = "Int4";
+  }
+  if (meta.empty()) meta = nullptr;
+}
+
+// Writes one destination file in the options' format.
+Status WriteRank(State* state, const std::string& path, const MindSporeTransformOptions& options,
+                 ProgressFn progress, const IoOptions& io) {
+  if (options.output_format == MindSporeTransformFormat::kCkpt) {
+    return SaveMindSporeCheckpoint(
+        *state, path, {.overwrite = options.overwrite, .progress = std::move(progress)}, io);
+  }
+  ToSafetensorsMetadata(state);
+  return SaveSafetensors(
+      *state, path,
+      {.overwrite = options.overwrite, .progress = std::move(progress), .mindspore_format = true},
+      io);
+}
+
+// Builds and writes one destination file.
+Status RunPlan(const RankPlan& p, const FileSources& in, const MindSporeTransformOptions& options,
+               Progress* progress, const IoOptions& io) {
+  const std::string context = fmt::format("transform: destination rank {}", p.job.rank);
+  RankMeter meter(progress, 2 * p.bytes);
+  Result<State> state = BuildRank(p, in, io, &meter);
+  if (!state.ok()) return state.status().WithContext(context);
+  SP_RETURN_IF_ERROR(
+      WriteRank(&*state, p.job.path, options, meter.Deltas(), io).WithContext(context));
+  meter.Finish();
+  return Status::OK();
 }
 
 // Builds and writes the files, in waves that fit the memory budget.
 Status RunPlans(const std::vector<RankPlan>& plans, const FileSources& in,
                 const MindSporeTransformOptions& options, const IoOptions& io) {
-  IoOptions inner = io;
-  inner.io_threads = 1;
+  uint64_t total = 0;
+  for (const RankPlan& p : plans) total += p.bytes;
+  // Progress counts each byte twice (read, written); the caller sees destination bytes.
+  ProgressFn halved = nullptr;
+  if (options.progress) halved = [&](uint64_t d, uint64_t t) { options.progress(d / 2, t / 2); };
+  Progress progress(halved, 2 * total);
   for (size_t begin = 0; begin < plans.size();) {
     size_t end = begin + 1;
     uint64_t bytes = plans[begin].bytes;
@@ -216,16 +314,15 @@ Status RunPlans(const std::vector<RankPlan>& plans, const FileSources& in,
            bytes + plans[end].bytes <= options.memory_budget_bytes) {
       bytes += plans[end++].bytes;
     }
+    // The threads are shared out between the ranks of the wave (reads and writes of each rank).
+    IoOptions inner = io;
+    inner.io_threads = std::max(1, io.io_threads / static_cast<int>(end - begin));
     SP_RETURN_IF_ERROR(ParallelFor(end - begin, io.io_threads, [&](size_t i, int) -> Status {
-      const RankPlan& p = plans[begin + i];
-      const std::string context = fmt::format("transform: destination rank {}", p.job.rank);
-      Result<State> state = BuildRank(p, in, inner);
-      if (!state.ok()) return state.status().WithContext(context);
-      return SaveMindSporeCheckpoint(*state, p.job.path, {.overwrite = options.overwrite}, inner)
-          .WithContext(context);
+      return RunPlan(plans[begin + i], in, options, &progress, inner);
     }));
     begin = end;
   }
+  progress.Finish();
   return Status::OK();
 }
 
@@ -314,19 +411,23 @@ Status CheckRankCount(const Side& src, const std::map<int64_t, std::string>& fil
       dir, problem));
 }
 
+std::string_view Extension(MindSporeTransformFormat format) {
+  return format == MindSporeTransformFormat::kCkpt ? ".ckpt" : ".safetensors";
+}
+
 std::vector<Job> Jobs(const Side& src, const Side& dst, const std::string& dir,
-                      const std::string& prefix) {
+                      const std::string& prefix, std::string_view ext) {
   std::vector<Job> jobs;
   if (IsPartCase(src, dst)) {
     const int64_t stage = src.map->file_stage;
     for (int64_t l = 0; l < dst.devices(); ++l) {
       jobs.push_back({l, stage * src.devices(),
-                      fmt::format("{}/rank_{}/{}{}_part{}.ckpt", dir, l, prefix, l, stage)});
+                      fmt::format("{}/rank_{}/{}{}_part{}{}", dir, l, prefix, l, stage, ext)});
     }
     return jobs;
   }
   for (int64_t r = 0; r < dst.devices() * dst.stages(); ++r) {
-    jobs.push_back({r, 0, fmt::format("{}/rank_{}/{}{}.ckpt", dir, r, prefix, r)});
+    jobs.push_back({r, 0, fmt::format("{}/rank_{}/{}{}{}", dir, r, prefix, r, ext)});
   }
   return jobs;
 }
@@ -371,9 +472,10 @@ Status MindSporeTransformCheckpointByRank(int64_t rank,
                                           const MindSporeTransformOptions& options,
                                           const IoOptions& io) {
   SP_RETURN_IF_ERROR(ValidateIoOptions(io, "transform_checkpoint_by_rank"));
-  if (!dst_file.ends_with(".ckpt")) {
+  const std::string_view ext = Extension(options.output_format);
+  if (!dst_file.ends_with(ext)) {
     return InvalidArgumentError(
-        fmt::format("transform_checkpoint_by_rank: {} does not end in .ckpt", dst_file));
+        fmt::format("transform_checkpoint_by_rank: {} does not end in {}", dst_file, ext));
   }
   FileSystem* fs = FileSystemOf(io);
   SP_ASSIGN_OR_RETURN(Side src, LoadSide(options.src_strategy_file, fs));
@@ -401,8 +503,9 @@ Status MindSporeTransformCheckpoints(const std::string& src_dir, const std::stri
         fmt::format("transform: no rank_N directory with a .ckpt file in {}", src_dir));
   }
   if (!IsPartCase(src, dst)) SP_RETURN_IF_ERROR(CheckRankCount(src, files, src_dir));
-  SP_ASSIGN_OR_RETURN(std::vector<Job> jobs,
-                      SelectJobs(Jobs(src, dst, dst_dir, prefix), options.ranks));
+  SP_ASSIGN_OR_RETURN(
+      std::vector<Job> jobs,
+      SelectJobs(Jobs(src, dst, dst_dir, prefix, Extension(options.output_format)), options.ranks));
   SP_ASSIGN_OR_RETURN(auto sources, FileSources::Open(fs, files, io.io_threads));
   std::vector<RankPlan> plans;
   for (const Job& job : jobs) {
@@ -411,5 +514,45 @@ Status MindSporeTransformCheckpoints(const std::string& src_dir, const std::stri
   }
   return RunPlans(plans, *sources, options, io);
 }
+
+// --- Shared with the distributed loads (transform.h; distributed_load.cc). ---
+namespace transform {
+
+Result<std::map<int64_t, std::string>> SourceRankFiles(FileSystem* fs, const std::string& dir) {
+  return RankFiles(fs, dir);
+}
+
+Result<Side> ReadSide(const std::optional<std::string>& file, FileSystem* fs) {
+  return LoadSide(file, fs);
+}
+
+Status CheckSourceRanks(const Side& src, const std::map<int64_t, std::string>& files,
+                        const std::string& dir) {
+  return CheckRankCount(src, files, dir);
+}
+
+Result<std::unique_ptr<Sources>> OpenSources(FileSystem* fs,
+                                             const std::map<int64_t, std::string>& files,
+                                             int threads) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<FileSources> s, FileSources::Open(fs, files, threads));
+  return std::unique_ptr<Sources>(std::move(s));
+}
+
+Status FillTensor(const OutTensor& t, const Sources& in, std::byte* data) {
+  const auto& files = static_cast<const FileSources&>(in);
+  for (const Copy& c : t.copies) {
+    SP_RETURN_IF_ERROR(FillCopy(files.File(c.src_rank), t, c, data)
+                           .WithContext(fmt::format("parameter {:?}", t.name)));
+  }
+  return Status::OK();
+}
+
+Result<State> BuildRankState(const RankPlan& plan, const Sources& in, const IoOptions& io) {
+  Progress none(nullptr, 0);
+  RankMeter meter(&none, 0);
+  return BuildRank(plan, static_cast<const FileSources&>(in), io, &meter);
+}
+
+}  // namespace transform
 
 }  // namespace savepoint

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -72,7 +73,7 @@ struct RankPlan {
   Job job;
   std::vector<OutTensor> tensors = {};
   std::map<int64_t, std::vector<std::string>> whole = {};  // source rank -> entries copied whole
-  uint64_t bytes = 0;                                      // destination tensor bytes (cut ones)
+  uint64_t bytes = 0;  // destination tensor bytes (cut and whole; hash maps and strings aside)
 };
 
 // Plans one destination file from the sources. Errors name the strategy files, the source files
@@ -81,6 +82,47 @@ Result<RankPlan> PlanRank(const Side& src, const Side& dst, const Job& job, cons
 
 // The source ranks destination rank `rank` reads (layouts only), sorted in descending order.
 Result<std::vector<int64_t>> NeededRanks(const Side& src, const Side& dst, int64_t rank);
+
+// --- Shared with the distributed loads and exports (distributed_load.cc, export.cc). ---
+
+// The tensors `names` of a rank's own layout: each one's box is layout[name], or the whole
+// tensor when absent. `home` holds at least the first rank of each source stage (whose entries
+// name the parameters; every parameter the source strategy lists must be among them); `in` as
+// for PlanBox. NotFound for a name no home file holds, InvalidArgument for one that is not a
+// tensor.
+Result<std::vector<OutTensor>> PlanBoxes(const Side& src, const std::vector<std::string>& names,
+                                         const ShardLayout& layout, const Sources& home,
+                                         const Sources* in);
+
+// One tensor of a rank's own layout (a box given directly, not by a destination strategy): the
+// source slices that fill `box` (global coordinates; box.global_shape must be the parameter's
+// full shape). `home` is the parameter's entry in the file of source rank `home_rank` (the first
+// home file holding it); a parameter without a source layout is read from that file. With
+// `in` == nullptr only the layouts are used (the home rank, else the first member of each
+// replica group, is taken as the holder); otherwise the holders present in `in` are checked
+// against the strategy. Errors name the strategy file, the source file and the parameter.
+Result<OutTensor> PlanBox(const Side& src, std::string_view name, const SourceParam& home,
+                          int64_t home_rank, const ShardSpec& box, const Sources* in);
+
+// The following are defined in transform.cc.
+// The source file of every rank directory of `dir`: its lexicographically last "*.ckpt".
+Result<std::map<int64_t, std::string>> SourceRankFiles(FileSystem* fs, const std::string& dir);
+// A strategy file resolved; nullopt = not split. InvalidArgument when it lists no layouts.
+Result<Side> ReadSide(const std::optional<std::string>& file, FileSystem* fs);
+// InvalidArgument (naming the strategy file and the rank) unless `files` holds exactly the
+// source strategy's ranks.
+Status CheckSourceRanks(const Side& src, const std::map<int64_t, std::string>& files,
+                        const std::string& dir);
+// Opens and scans (headers only, bounded memory, in parallel) the files, source rank -> path.
+Result<std::unique_ptr<Sources>> OpenSources(FileSystem* fs,
+                                             const std::map<int64_t, std::string>& files,
+                                             int threads);
+// Fills the bytes of `t` (t.sizes of t.dtype, row-major, at `data`) from its copies, reading
+// only their byte runs. `in` must come from OpenSources. Thread-safe for distinct tensors.
+Status FillTensor(const OutTensor& t, const Sources& in, std::byte* data);
+// The State a destination file of `plan` holds (what the transform writes). `in` must come
+// from OpenSources.
+Result<State> BuildRankState(const RankPlan& plan, const Sources& in, const IoOptions& io);
 
 }  // namespace savepoint::transform
 

@@ -185,17 +185,20 @@ Status CheckSlices(std::string_view name, const SourceParam& want, const std::ve
   return Status::OK();
 }
 
+// The full shape of a parameter whose home file holds `home`.
+Result<Shape> GlobalShapeOf(const Side& src, std::string_view name, const SourceParam& home) {
+  const MindSporeParamPlacement* p = src.Find(name);
+  if (p == nullptr) return home.shape;
+  Result<Shape> g = MindSporeGlobalShape(p->layout, home.shape);
+  if (!g.ok()) {
+    return g.status().WithContext(fmt::format("{}: parameter {:?}", SideName(src, "source"), name));
+  }
+  return g;
+}
+
 Result<OutTensor> PlanCut(const Side& src, const Side& dst, const Job& job, std::string_view name,
                           const SourceParam& home, const Sources& in) {
-  Shape global = home.shape;
-  if (const MindSporeParamPlacement* p = src.Find(name)) {
-    Result<Shape> g = MindSporeGlobalShape(p->layout, home.shape);
-    if (!g.ok()) {
-      return g.status().WithContext(
-          fmt::format("{}: parameter {:?}", SideName(src, "source"), name));
-    }
-    global = *g;
-  }
+  SP_ASSIGN_OR_RETURN(Shape global, GlobalShapeOf(src, name, home));
   SP_ASSIGN_OR_RETURN(ShardSpec box, DstBox(dst, job, name, global));
   SP_ASSIGN_OR_RETURN(std::vector<Copy> copies,
                       SourceCopies(src, dst, job, name, global, box, &in));
@@ -227,6 +230,7 @@ Result<RankPlan> PlanRank(const Side& src, const Side& dst, const Job& job, cons
     if (Dropped(src, dst, job, name)) continue;
     const auto& [rank, info] = u.first.at(name);
     if (!info || !IsCut(src, dst, job, name)) {
+      if (info) plan.bytes += NumBytes(info->dtype, info->shape).value();
       plan.whole[rank].push_back(name);
       continue;
     }
@@ -256,6 +260,58 @@ Result<std::vector<int64_t>> NeededRanks(const Side& src, const Side& dst, int64
     }
   }
   return std::vector<int64_t>(out.rbegin(), out.rend());
+}
+
+Result<OutTensor> PlanBox(const Side& src, std::string_view name, const SourceParam& home,
+                          int64_t home_rank, const ShardSpec& box, const Sources* in) {
+  SP_ASSIGN_OR_RETURN(Shape global, GlobalShapeOf(src, name, home));
+  if (box.global_shape != global) {
+    return InvalidArgumentError(fmt::format(
+        "parameter {:?} is {} {} in the source checkpoint ({}), the target layout says {}", name,
+        DTypeName(home.dtype), ShapeToString(global), SideName(src, "source"),
+        ShapeToString(box.global_shape)));
+  }
+  SP_RETURN_IF_ERROR(dist::CheckBox(name, global, box.offsets, box.sizes));
+  std::vector<Copy> copies;
+  if (src.map && src.Find(name) == nullptr) {  // not split: the home file's copy
+    Copy c{.src_rank = home_rank, .src_offsets = Shape(global.size(), 0), .src_sizes = global};
+    if (dist::IntersectBoxes(box.offsets, box.sizes, c.src_offsets, global, &c.offsets, &c.sizes)) {
+      copies.push_back(std::move(c));
+    }
+  } else {
+    SP_ASSIGN_OR_RETURN(copies, SourceCopies(src, Side{}, Job{}, name, global, box, in));
+  }
+  if (in != nullptr) SP_RETURN_IF_ERROR(CheckSlices(name, home, copies, *in));
+  return OutTensor{std::string(name), home.dtype, box.offsets, box.sizes, std::move(copies)};
+}
+
+Result<std::vector<OutTensor>> PlanBoxes(const Side& src, const std::vector<std::string>& names,
+                                         const ShardLayout& layout, const Sources& home,
+                                         const Sources* in) {
+  SP_ASSIGN_OR_RETURN(Universe u, HomeNames(src, Side{}, Job{}, home));
+  SP_RETURN_IF_ERROR(CheckListed(src, Side{}, Job{}, u, home));
+  std::vector<OutTensor> out;
+  for (const std::string& name : names) {
+    auto it = u.first.find(name);
+    if (it == u.first.end()) {
+      return NotFoundError(fmt::format(
+          "no parameter {:?} in the source files (first rank of each stage; rank 0: {})", name,
+          home.Path(0)));
+    }
+    const auto& [rank, info] = it->second;
+    if (!info) {
+      return InvalidArgumentError(fmt::format(
+          "parameter {:?} of source file {} is not a tensor (a string or a hash map)", name,
+          home.Path(rank)));
+    }
+    SP_ASSIGN_OR_RETURN(Shape global, GlobalShapeOf(src, name, *info));
+    auto l = layout.find(name);
+    const ShardSpec box =
+        l != layout.end() ? l->second : ShardSpec{global, Shape(global.size(), 0), global, {}};
+    SP_ASSIGN_OR_RETURN(OutTensor t, PlanBox(src, name, *info, rank, box, in));
+    out.push_back(std::move(t));
+  }
+  return out;
 }
 
 }  // namespace savepoint::transform
