@@ -318,9 +318,9 @@ struct SAVEPOINT_API MindSporeExportOptions {
 // MindSpore's transform_checkpoints writes from the merged checkpoint: a tensor with a layout is
 // cut to the rank's box (and left out on the ranks of other pipeline stages), every other tensor
 // and every value is copied whole; of the metadata only what the .ckpt format keeps
-// (kMindSporeMetadataKey) is carried over. So MindSpore's load_checkpoint on rank N gets exactly its
-// slices. Every rank's layout is planned and checked before the first file is written; each rank
-// reads only the chunks its boxes overlap (LoadDistributed), holds its boxes in memory, and is
+// (kMindSporeMetadataKey) is carried over. So MindSpore's load_checkpoint on rank N gets exactly
+// its slices. Every rank's layout is planned and checked before the first file is written; each
+// rank reads only the chunks its boxes overlap (LoadDistributed), holds its boxes in memory, and is
 // committed atomically. The strategy file itself is not copied. Errors name the destination rank
 // and the tensor (InvalidArgument for a shape the strategy cannot split or a rank outside it).
 SAVEPOINT_API Status ExportMindSporeDistributed(const std::string& src, const std::string& dst_dir,

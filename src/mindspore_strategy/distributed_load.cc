@@ -50,7 +50,8 @@ Result<RankPaths> Subset(const RankPaths& files, const std::set<int64_t>& ranks,
   for (int64_t r : ranks) {
     auto it = files.find(r);
     if (it == files.end()) {
-      return NotFoundError(fmt::format("source rank {} (directory {}/rank_{}) is missing", r, dir, r));
+      return NotFoundError(
+          fmt::format("source rank {} (directory {}/rank_{}) is missing", r, dir, r));
     }
     out.insert(*it);
   }
@@ -95,10 +96,10 @@ Status CheckTargets(const std::vector<OutTensor>& tensors, const std::vector<Ten
   for (size_t i = 0; i < tensors.size(); ++i) {
     const OutTensor& t = tensors[i];
     if (views[i].dtype() == t.dtype && views[i].shape() == t.sizes) continue;
-    return InvalidArgumentError(fmt::format(
-        "parameter {:?}: the target is {} {}, the box to load is {} {}", t.name,
-        DTypeName(views[i].dtype()), ShapeToString(views[i].shape()), DTypeName(t.dtype),
-        ShapeToString(t.sizes)));
+    return InvalidArgumentError(
+        fmt::format("parameter {:?}: the target is {} {}, the box to load is {} {}", t.name,
+                    DTypeName(views[i].dtype()), ShapeToString(views[i].shape()),
+                    DTypeName(t.dtype), ShapeToString(t.sizes)));
   }
   return Status::OK();
 }
@@ -172,8 +173,8 @@ Result<State> LoadMindSporeDistributedRank(const std::string& src_dir, int64_t r
     SP_ASSIGN_OR_RETURN(Source src, OpenSource(src_dir, options, fs));
     SP_ASSIGN_OR_RETURN(Side dst, transform::ReadSide(options.dst_strategy_file, fs));
     if (rank < 0 || rank >= dst.devices() * dst.stages()) {
-      return InvalidArgumentError(fmt::format("the destination has {} ranks",
-                                              dst.devices() * dst.stages()));
+      return InvalidArgumentError(
+          fmt::format("the destination has {} ranks", dst.devices() * dst.stages()));
     }
     SP_ASSIGN_OR_RETURN(std::vector<int64_t> ranks, transform::NeededRanks(src.side, dst, rank));
     SP_ASSIGN_OR_RETURN(RankPaths needed,

@@ -2,9 +2,8 @@
 // strategy's rank or a ShardLayout, the remove_redundancy save, and exporting a native sharded
 // checkpoint as rank files. The source rank files are cut by the transform from a whole model
 // (the transform itself is checked against MindSpore in tests/mindspore/).
-#include <gtest/gtest.h>
-
 #include <fmt/format.h>
+#include <gtest/gtest.h>
 
 #include <cstring>
 #include <mutex>
@@ -86,7 +85,8 @@ void ExpectSameTensors(const State& want, const State& got) {
   for (const auto& [n, e] : got.entries()) b.insert(n);
   EXPECT_EQ(a, b);
   for (const auto& [n, e] : want.entries()) {
-    if (e.is_tensor() && got.Find(n) != nullptr) ExpectSameTensor(e.tensor(), got.Find(n)->tensor(), n);
+    if (e.is_tensor() && got.Find(n) != nullptr)
+      ExpectSameTensor(e.tensor(), got.Find(n)->tensor(), n);
   }
 }
 
@@ -114,8 +114,8 @@ class MindSporeDistributedTest : public ::testing::Test {
  protected:
   void SetUp() override {
     SP_ASSERT_OK(SaveMindSporeCheckpoint(whole_, "/m/whole/rank_0/whole.ckpt", {}, io_));
-    SP_ASSERT_OK(WriteMindSporeStrategy(Dp2Mp2(), "/m/src.ckpt",
-                                        MindSporeStrategyFormat::kProtobuf, io_));
+    SP_ASSERT_OK(
+        WriteMindSporeStrategy(Dp2Mp2(), "/m/src.ckpt", MindSporeStrategyFormat::kProtobuf, io_));
     SP_ASSERT_OK(WriteMindSporeStrategy(Mp4(), "/m/dst.json", MindSporeStrategyFormat::kJson, io_));
     SP_ASSERT_OK(MindSporeTransformCheckpoints("/m/whole", "/m/src", "src",
                                                {.dst_strategy_file = "/m/src.ckpt"}, io_));
@@ -132,9 +132,10 @@ TEST_F(MindSporeDistributedTest, RankFormEqualsTheTransformsFile) {
   SP_ASSERT_OK(MindSporeTransformCheckpoints("/m/src", "/m/out", "d", t, io_));
   for (int64_t r = 0; r < 4; ++r) {
     SP_ASSERT_OK_AND_ASSIGN(
-        State got, LoadMindSporeDistributedRank(
-                       "/m/src", r, {.src_strategy_file = "/m/src.ckpt", .dst_strategy_file = "/m/dst.json"},
-                       io_));
+        State got,
+        LoadMindSporeDistributedRank(
+            "/m/src", r, {.src_strategy_file = "/m/src.ckpt", .dst_strategy_file = "/m/dst.json"},
+            io_));
     SP_ASSERT_OK_AND_ASSIGN(
         State want, LoadMindSporeCheckpoint(fmt::format("/m/out/rank_{}/d{}.ckpt", r, r), {}, io_));
     ExpectSameTensors(want, got);
@@ -143,9 +144,9 @@ TEST_F(MindSporeDistributedTest, RankFormEqualsTheTransformsFile) {
   SP_ASSERT_OK_AND_ASSIGN(State all, LoadMindSporeDistributedRank(
                                          "/m/src", 0, {.src_strategy_file = "/m/src.ckpt"}, io_));
   ExpectSameTensors(whole_, all);
-  EXPECT_EQ(LoadMindSporeDistributedRank("/m/src", 4, {.src_strategy_file = "/m/src.ckpt",
-                                                       .dst_strategy_file = "/m/dst.json"},
-                                         io_)
+  EXPECT_EQ(LoadMindSporeDistributedRank(
+                "/m/src", 4,
+                {.src_strategy_file = "/m/src.ckpt", .dst_strategy_file = "/m/dst.json"}, io_)
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);
@@ -160,10 +161,9 @@ TEST_F(MindSporeDistributedTest, LayoutFormReadsUnevenBoxesAndOnlyTheFilesItNeed
   layout["v"] = {{4, 8}, {0, 0}, {4, 8}, {}};
   layout["global_step"] = {{1}, {0}, {1}, {}};
   OpenCounter counter(&fs_);
-  SP_ASSERT_OK_AND_ASSIGN(State got,
-                          LoadMindSporeDistributedAlloc("/m/src", layout,
-                                                        {.src_strategy_file = "/m/src.ckpt"},
-                                                        {.fs = &counter}));
+  SP_ASSERT_OK_AND_ASSIGN(
+      State got, LoadMindSporeDistributedAlloc(
+                     "/m/src", layout, {.src_strategy_file = "/m/src.ckpt"}, {.fs = &counter}));
   for (const auto& [name, spec] : layout) {
     ExpectSameTensor(Slice(whole_.Find(name)->tensor(), spec).view(), got.Find(name)->tensor(),
                      name);
@@ -180,11 +180,11 @@ TEST_F(MindSporeDistributedTest, LayoutFormReadsUnevenBoxesAndOnlyTheFilesItNeed
   SP_ASSERT_OK(targets.Put("w", Tensor::Empty(DType::kF32, {8, 3}).value()));
   ShardLayout half{{"w", SplitDim({8, 8}, 1, 2, 0).value()}};
   half["w"].sizes = {8, 3};  // a box of its own: columns 0..3
-  SP_ASSERT_OK(LoadMindSporeDistributed("/m/src", targets, half,
-                                        {.src_strategy_file = "/m/src.ckpt"}, io_));
+  SP_ASSERT_OK(
+      LoadMindSporeDistributed("/m/src", targets, half, {.src_strategy_file = "/m/src.ckpt"}, io_));
   ExpectSameTensor(whole_.Find("v")->tensor(), targets.Find("v")->tensor(), "v");
-  ExpectSameTensor(Slice(whole_.Find("w")->tensor(), half["w"]).view(),
-                   targets.Find("w")->tensor(), "w");
+  ExpectSameTensor(Slice(whole_.Find("w")->tensor(), half["w"]).view(), targets.Find("w")->tensor(),
+                   "w");
 }
 
 TEST_F(MindSporeDistributedTest, LayoutFormErrorsNameTheParameter) {
@@ -218,17 +218,20 @@ std::vector<std::string> Names(const State& s) {
 TEST_F(MindSporeDistributedTest, RedundancyFreeFilesHoldEachSliceOnce) {
   // Groups (sorted names b, v, w): b and v {0, 2} | {1, 3}, w {0, 1} | {2, 3}; the k-th parameter
   // of a group goes to member k % 2.
-  const std::vector<std::vector<std::string>> want = {
-      {"b", "global_step", "w"}, {"b", "global_step"}, {"global_step", "v", "w"},
-      {"global_step", "v"}};
+  const std::vector<std::vector<std::string>> want = {{"b", "global_step", "w"},
+                                                      {"b", "global_step"},
+                                                      {"global_step", "v", "w"},
+                                                      {"global_step", "v"}};
   for (int64_t r = 0; r < 4; ++r) {
     SP_ASSERT_OK_AND_ASSIGN(
-        State local, LoadMindSporeCheckpoint(fmt::format("/m/src/rank_{}/src{}.ckpt", r, r), {}, io_));
+        State local,
+        LoadMindSporeCheckpoint(fmt::format("/m/src/rank_{}/src{}.ckpt", r, r), {}, io_));
     const std::string out = fmt::format("/m/rr/rank_{}/r{}.ckpt", r, r);
     SP_ASSERT_OK(SaveMindSporeRedundancyFree(local, "/m/src.ckpt", r, out, {}, io_));
     SP_ASSERT_OK_AND_ASSIGN(State saved, LoadMindSporeCheckpoint(out, {}, io_));
     EXPECT_EQ(Names(saved), want[r]) << r;
-    for (const auto& [n, e] : saved.entries()) ExpectSameTensor(local.Find(n)->tensor(), e.tensor(), n);
+    for (const auto& [n, e] : saved.entries())
+      ExpectSameTensor(local.Find(n)->tensor(), e.tensor(), n);
   }
   SP_ASSERT_OK_AND_ASSIGN(State local, LoadMindSporeCheckpoint("/m/src/rank_0/src0.ckpt", {}, io_));
   State partial;
@@ -253,8 +256,8 @@ TEST_F(MindSporeDistributedTest, ExportOfASavepointShardedCheckpointEqualsTheTra
     return SaveDistributed(comm, local, {{"w", half}}, "/n/ck", {}, io_);
   });
   for (const Status& s : saved) SP_ASSERT_OK(s);
-  SP_ASSERT_OK(ExportMindSporeDistributed("/n/ck", "/n/ex", "e",
-                                          {.dst_strategy_file = "/m/dst.json"}, io_));
+  SP_ASSERT_OK(
+      ExportMindSporeDistributed("/n/ck", "/n/ex", "e", {.dst_strategy_file = "/m/dst.json"}, io_));
   SP_ASSERT_OK(MindSporeTransformCheckpoints("/m/whole", "/m/out", "d",
                                              {.dst_strategy_file = "/m/dst.json"}, io_));
   for (int64_t r = 0; r < 4; ++r) {
@@ -267,8 +270,8 @@ TEST_F(MindSporeDistributedTest, ExportOfASavepointShardedCheckpointEqualsTheTra
   // A strategy that cannot split the tensors writes nothing.
   SP_ASSERT_OK(WriteMindSporeStrategy(Strategy({{"w", Layout({3}, {{0}, {-1}})}}), "/m/bad.ckpt",
                                       MindSporeStrategyFormat::kProtobuf, io_));
-  Status s = ExportMindSporeDistributed("/n/ck", "/n/bad", "e", {.dst_strategy_file = "/m/bad.ckpt"},
-                                        io_);
+  Status s =
+      ExportMindSporeDistributed("/n/ck", "/n/bad", "e", {.dst_strategy_file = "/m/bad.ckpt"}, io_);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
   EXPECT_NE(s.message().find("\"w\""), std::string::npos) << s.ToString();
   EXPECT_FALSE(fs_.Stat("/n/bad").ok());

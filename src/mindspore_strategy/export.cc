@@ -53,8 +53,8 @@ Result<std::vector<int64_t>> Ranks(const transform::Side& dst, const std::vector
   }
   for (int64_t r : out) {
     if (r < 0 || r >= n) {
-      return InvalidArgumentError(fmt::format("destination rank {}: the destination has {} ranks",
-                                              r, n));
+      return InvalidArgumentError(
+          fmt::format("destination rank {}: the destination has {} ranks", r, n));
     }
   }
   return out;
@@ -68,7 +68,8 @@ Status Export(const std::string& src, const std::string& dst_dir, const std::str
   if (!o.load.names.empty()) {
     return InvalidArgumentError("MindSporeExportOptions.load.names: every tensor is exported");
   }
-  SP_ASSIGN_OR_RETURN(transform::Side dst, transform::ReadSide(o.dst_strategy_file, FileSystemOf(io)));
+  SP_ASSIGN_OR_RETURN(transform::Side dst,
+                      transform::ReadSide(o.dst_strategy_file, FileSystemOf(io)));
   SP_ASSIGN_OR_RETURN(auto reader, CheckpointReader::Open(src, o.load, io));
   SP_ASSIGN_OR_RETURN(std::vector<int64_t> ranks, Ranks(dst, o.ranks));
   std::vector<ShardLayout> layouts;

@@ -37,10 +37,11 @@ Result<State> Selection(const State& local, const Shapes& laid_out,
                         const std::vector<std::string>& kept) {
   State out;
   for (const auto& [name, e] : local.entries()) {
-    const bool mine = laid_out.count(name) == 0 ||
-                      std::binary_search(kept.begin(), kept.end(), name);
+    const bool mine =
+        laid_out.count(name) == 0 || std::binary_search(kept.begin(), kept.end(), name);
     if (!mine) continue;
-    SP_RETURN_IF_ERROR(e.is_tensor() ? out.PutView(name, e.tensor()) : out.PutValue(name, e.value()));
+    SP_RETURN_IF_ERROR(e.is_tensor() ? out.PutView(name, e.tensor())
+                                     : out.PutValue(name, e.value()));
   }
   out.metadata() = local.metadata();
   return out;

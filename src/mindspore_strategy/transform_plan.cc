@@ -300,9 +300,9 @@ Result<std::vector<OutTensor>> PlanBoxes(const Side& src, const std::vector<std:
     }
     const auto& [rank, info] = it->second;
     if (!info) {
-      return InvalidArgumentError(fmt::format(
-          "parameter {:?} of source file {} is not a tensor (a string or a hash map)", name,
-          home.Path(rank)));
+      return InvalidArgumentError(
+          fmt::format("parameter {:?} of source file {} is not a tensor (a string or a hash map)",
+                      name, home.Path(rank)));
     }
     SP_ASSIGN_OR_RETURN(Shape global, GlobalShapeOf(src, name, *info));
     auto l = layout.find(name);
