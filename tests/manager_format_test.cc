@@ -132,6 +132,10 @@ TEST(ManagerFormat, IndexesFilesMindSporeWroteByTheirNames) {
                                          {.fs = &fs}));
   }
   SP_ASSERT_OK(fs.WriteFileSynced("/ckpt/lenet-graph.meta", "graph"));
+  // A file named like a checkpoint that is not a readable .ckpt (cut short by a copy) is not
+  // indexed.
+  std::string cut = fs.ReadFile("/ckpt/lenet-3_5.ckpt", 1 << 30).value();
+  SP_ASSERT_OK(fs.WriteFileSynced("/ckpt/lenet-3_9.ckpt", cut.substr(0, cut.size() / 2)));
   ManagerOptions o = FileOptions(&fs, CheckpointFormat::kMindSporeCkpt);
   o.prefix = "lenet";
   o.steps_per_epoch = 10;

@@ -652,7 +652,7 @@ class CheckpointManager:
         if framework not in (None, "np", "numpy", "pt", "torch"):
             raise ValueError(f"restore: framework={framework!r}: use None, 'pt' or 'np'")
         return mindspore.load_checkpoint(path, dec_key=self._key, dec_mode=self._enc_mode,
-                                         crc_check=self._checksum and None,
+                                         crc_check=None if self._checksum else False,
                                          format=self._format,
                                          framework="np" if framework in (None, "numpy") else "pt",
                                          io_threads=self._io_threads)  # fmt: skip

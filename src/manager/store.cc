@@ -258,10 +258,7 @@ class FileStore final : public Store {
     StoredFacts f{info.mtime_ns, info.size, Json(), std::nullopt};
     if (!metadata) return f;
     if (ckpt_) {
-      // Without the key an encrypted file's metadata cannot be read: the record then comes from
-      // the file name.
-      Result<MindSporeCheckpointInfo> ms = InspectMindSporeCheckpoint(path, fs_, o_.key);
-      if (ms.ok()) f.metadata = ms->values.metadata();
+      SP_ASSIGN_OR_RETURN(f.metadata, CkptMetadata(path));
     } else {
       SP_ASSIGN_OR_RETURN(SafetensorsInfo st, InspectSafetensors(path, fs_));
       f.metadata = st.values.metadata();
@@ -278,6 +275,19 @@ class FileStore final : public Store {
   void Reserve(uint64_t) override {}
 
  private:
+  // The savepoint metadata of a .ckpt file (null for a file MindSpore wrote). An encrypted file
+  // whose key the manager lacks (or has another of) is listed without it: null, so the record
+  // comes from the file name. A file that is not a readable .ckpt is an error (Reconcile skips
+  // it).
+  Result<Json> CkptMetadata(const std::string& path) {
+    Result<MindSporeCheckpointInfo> info = InspectMindSporeCheckpoint(path, fs_, o_.key);
+    if (info.ok()) return info->values.metadata();
+    if (!o_.key) return info.status();
+    SP_ASSIGN_OR_RETURN(MindSporeCheckpointInfo keyless, InspectMindSporeCheckpoint(path, fs_));
+    if (keyless.cipher.empty()) return info.status();  // not encrypted: the file is bad
+    return Json();
+  }
+
   const ManagerOptions& o_;
   FileSystem* const fs_;
   const bool ckpt_;

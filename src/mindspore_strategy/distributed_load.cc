@@ -60,7 +60,7 @@ Result<RankPaths> Subset(const RankPaths& files, const std::set<int64_t>& ranks,
 
 // The planned tensors and the files they read.
 struct BoxPlan {
-  std::unique_ptr<Sources> sources;
+  std::unique_ptr<transform::FileSources> sources;
   std::vector<OutTensor> tensors;
 };
 
@@ -77,7 +77,7 @@ Result<BoxPlan> PlanLayout(const std::string& dir, const std::vector<std::string
   std::set<int64_t> ranks;
   for (uint32_t s = 0; s < src.side.stages(); ++s) ranks.insert(s * src.side.devices());
   SP_ASSIGN_OR_RETURN(RankPaths home_files, Subset(src.files, ranks, dir));
-  SP_ASSIGN_OR_RETURN(auto home, transform::OpenSources(fs, home_files, io.io_threads));
+  SP_ASSIGN_OR_RETURN(auto home, transform::FileSources::Open(fs, home_files, io.io_threads));
   SP_ASSIGN_OR_RETURN(std::vector<OutTensor> draft,
                       transform::PlanBoxes(src.side, names, layout, *home, nullptr));
   for (const OutTensor& t : draft) {
@@ -85,7 +85,7 @@ Result<BoxPlan> PlanLayout(const std::string& dir, const std::vector<std::string
   }
   SP_ASSIGN_OR_RETURN(RankPaths needed, Subset(src.files, ranks, dir));
   BoxPlan plan;
-  SP_ASSIGN_OR_RETURN(plan.sources, transform::OpenSources(fs, needed, io.io_threads));
+  SP_ASSIGN_OR_RETURN(plan.sources, transform::FileSources::Open(fs, needed, io.io_threads));
   SP_ASSIGN_OR_RETURN(plan.tensors, transform::PlanBoxes(src.side, names, layout, *plan.sources,
                                                          plan.sources.get()));
   return plan;
@@ -179,7 +179,7 @@ Result<State> LoadMindSporeDistributedRank(const std::string& src_dir, int64_t r
     SP_ASSIGN_OR_RETURN(std::vector<int64_t> ranks, transform::NeededRanks(src.side, dst, rank));
     SP_ASSIGN_OR_RETURN(RankPaths needed,
                         Subset(src.files, std::set<int64_t>(ranks.begin(), ranks.end()), src_dir));
-    SP_ASSIGN_OR_RETURN(auto sources, transform::OpenSources(fs, needed, io.io_threads));
+    SP_ASSIGN_OR_RETURN(auto sources, transform::FileSources::Open(fs, needed, io.io_threads));
     SP_ASSIGN_OR_RETURN(transform::RankPlan plan,
                         transform::PlanRank(src.side, dst, {.rank = rank}, *sources));
     return transform::BuildRankState(plan, *sources, io);

@@ -11,6 +11,7 @@
 
 #include "engine/box.h"
 #include "io/mem_fs.h"
+#include "mindspore_strategy/strategy_testutil.h"
 #include "savepoint/mindspore.h"
 #include "savepoint/mindspore_strategy.h"
 #include "testutil/forwarding_fs.h"
@@ -20,15 +21,7 @@
 namespace savepoint {
 namespace {
 
-MindSporeParamLayout Layout(std::vector<int64_t> dev, std::vector<std::vector<int32_t>> map,
-                            int32_t k = 0, int32_t step = 0) {
-  MindSporeParamLayout l;
-  l.dev_matrix = std::move(dev);
-  l.tensor_map = std::move(map);
-  l.opt_weight_shard_size = k;
-  l.opt_weight_shard_step = step;
-  return l;
-}
+using testing::Layout;
 
 MindSporeStrategy Strategy(std::vector<std::pair<std::string, MindSporeParamLayout>> layouts) {
   return {0, {{"op", 0, {{1}}}}, std::move(layouts)};

@@ -6,23 +6,14 @@
 
 #include "io/mem_fs.h"
 #include "mindspore_strategy/strategy.pb.h"
+#include "mindspore_strategy/strategy_testutil.h"
 #include "savepoint/mindspore_strategy.h"
 #include "testutil/testutil.h"
 
 namespace savepoint {
 namespace {
 
-MindSporeParamLayout Layout(std::vector<int64_t> dev, std::vector<std::vector<int32_t>> map,
-                            int32_t k = 0, int32_t step = 0) {
-  MindSporeParamLayout l;
-  l.dev_matrix = std::move(dev);
-  l.tensor_map = std::move(map);
-  l.nested_tensor_map = std::any_of(l.tensor_map.begin(), l.tensor_map.end(),
-                                    [](const auto& a) { return a.size() > 1; });
-  l.opt_weight_shard_size = k;
-  l.opt_weight_shard_step = step;
-  return l;
-}
+using testing::Layout;
 
 MindSporeStrategy Strategy(std::vector<std::pair<std::string, MindSporeParamLayout>> layouts,
                            uint32_t stage = 0) {

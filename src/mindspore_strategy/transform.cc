@@ -29,13 +29,29 @@
 #include "util/progress.h"
 
 namespace savepoint {
+namespace transform {
+
+// One source rank's file, scanned.
+struct SourceFile {
+  std::string path;
+  std::unique_ptr<RandomAccessFile> file;
+  interop::ckpt::Scan scan;
+  std::vector<interop::ckpt::Entry> entries;
+  std::vector<std::pair<std::string, std::optional<SourceParam>>> params;
+  std::map<std::string, size_t, std::less<>> index;  // name -> entries
+};
+
+}  // namespace transform
+
 namespace {
 
 using transform::Copy;
+using transform::FileSources;
 using transform::Job;
 using transform::OutTensor;
 using transform::RankPlan;
 using transform::Side;
+using transform::SourceFile;
 using transform::SourceParam;
 
 constexpr size_t kMaxRuns = size_t{1} << 20;
@@ -68,16 +84,6 @@ class RankMeter {
   uint64_t added_ = 0;  // guarded by mu_
 };
 
-// One source rank's file, scanned.
-struct SourceFile {
-  std::string path;
-  std::unique_ptr<RandomAccessFile> file;
-  interop::ckpt::Scan scan;
-  std::vector<interop::ckpt::Entry> entries;
-  std::vector<std::pair<std::string, std::optional<SourceParam>>> params;
-  std::map<std::string, size_t, std::less<>> index;  // name -> entries
-};
-
 Result<std::unique_ptr<SourceFile>> OpenSource(FileSystem* fs, const std::string& path) {
   auto f = std::make_unique<SourceFile>();
   f->path = path;
@@ -102,35 +108,6 @@ Result<std::unique_ptr<SourceFile>> OpenSource(FileSystem* fs, const std::string
   }
   return f;
 }
-
-class FileSources : public transform::Sources {
- public:
-  static Result<std::unique_ptr<FileSources>> Open(FileSystem* fs,
-                                                   const std::map<int64_t, std::string>& paths,
-                                                   int threads) {
-    auto out = std::make_unique<FileSources>();
-    std::vector<std::pair<int64_t, std::string>> list(paths.begin(), paths.end());
-    std::vector<std::unique_ptr<SourceFile>> files(list.size());
-    SP_RETURN_IF_ERROR(ParallelFor(list.size(), threads, [&](size_t i, int) -> Status {
-      SP_ASSIGN_OR_RETURN(files[i], OpenSource(fs, list[i].second));
-      return Status::OK();
-    }));
-    for (size_t i = 0; i < list.size(); ++i) out->files_[list[i].first] = std::move(files[i]);
-    return out;
-  }
-  bool Has(int64_t rank) const override { return files_.count(rank) > 0; }
-  std::string Path(int64_t rank) const override {
-    return Has(rank) ? files_.at(rank)->path : fmt::format("(rank {}: none)", rank);
-  }
-  const std::vector<std::pair<std::string, std::optional<SourceParam>>>* Params(
-      int64_t rank) const override {
-    return Has(rank) ? &files_.at(rank)->params : nullptr;
-  }
-  const SourceFile& File(int64_t rank) const { return *files_.at(rank); }
-
- private:
-  std::map<int64_t, std::unique_ptr<SourceFile>> files_;
-};
 
 // Reads bytes [offset, offset + dst.size()) of an entry's content (its pieces concatenated).
 Status ReadContent(const SourceFile& f, const interop::ckpt::Entry& e, uint64_t offset,
@@ -531,26 +508,48 @@ Status CheckSourceRanks(const Side& src, const std::map<int64_t, std::string>& f
   return CheckRankCount(src, files, dir);
 }
 
-Result<std::unique_ptr<Sources>> OpenSources(FileSystem* fs,
-                                             const std::map<int64_t, std::string>& files,
-                                             int threads) {
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<FileSources> s, FileSources::Open(fs, files, threads));
-  return std::unique_ptr<Sources>(std::move(s));
+FileSources::FileSources() = default;
+FileSources::~FileSources() = default;
+
+Result<std::unique_ptr<FileSources>> FileSources::Open(FileSystem* fs,
+                                                       const std::map<int64_t, std::string>& paths,
+                                                       int threads) {
+  auto out = std::make_unique<FileSources>();
+  std::vector<std::pair<int64_t, std::string>> list(paths.begin(), paths.end());
+  std::vector<std::unique_ptr<SourceFile>> files(list.size());
+  SP_RETURN_IF_ERROR(ParallelFor(list.size(), threads, [&](size_t i, int) -> Status {
+    SP_ASSIGN_OR_RETURN(files[i], OpenSource(fs, list[i].second));
+    return Status::OK();
+  }));
+  for (size_t i = 0; i < list.size(); ++i) out->files_[list[i].first] = std::move(files[i]);
+  return out;
 }
 
-Status FillTensor(const OutTensor& t, const Sources& in, std::byte* data) {
-  const auto& files = static_cast<const FileSources&>(in);
+bool FileSources::Has(int64_t rank) const { return files_.count(rank) > 0; }
+
+std::string FileSources::Path(int64_t rank) const {
+  return Has(rank) ? files_.at(rank)->path : fmt::format("(rank {}: none)", rank);
+}
+
+const std::vector<std::pair<std::string, std::optional<SourceParam>>>* FileSources::Params(
+    int64_t rank) const {
+  return Has(rank) ? &files_.at(rank)->params : nullptr;
+}
+
+const SourceFile& FileSources::File(int64_t rank) const { return *files_.at(rank); }
+
+Status FillTensor(const OutTensor& t, const FileSources& in, std::byte* data) {
   for (const Copy& c : t.copies) {
-    SP_RETURN_IF_ERROR(FillCopy(files.File(c.src_rank), t, c, data)
+    SP_RETURN_IF_ERROR(FillCopy(in.File(c.src_rank), t, c, data)
                            .WithContext(fmt::format("parameter {:?}", t.name)));
   }
   return Status::OK();
 }
 
-Result<State> BuildRankState(const RankPlan& plan, const Sources& in, const IoOptions& io) {
+Result<State> BuildRankState(const RankPlan& plan, const FileSources& in, const IoOptions& io) {
   Progress none(nullptr, 0);
   RankMeter meter(&none, 0);
-  return BuildRank(plan, static_cast<const FileSources&>(in), io, &meter);
+  return BuildRank(plan, in, io, &meter);
 }
 
 }  // namespace transform

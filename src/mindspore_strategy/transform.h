@@ -113,16 +113,34 @@ Result<Side> ReadSide(const std::optional<std::string>& file, FileSystem* fs);
 // source strategy's ranks.
 Status CheckSourceRanks(const Side& src, const std::map<int64_t, std::string>& files,
                         const std::string& dir);
-// Opens and scans (headers only, bounded memory, in parallel) the files, source rank -> path.
-Result<std::unique_ptr<Sources>> OpenSources(FileSystem* fs,
-                                             const std::map<int64_t, std::string>& files,
-                                             int threads);
+// One source rank's file, scanned (transform.cc).
+struct SourceFile;
+
+// The source files of a transform: opened and scanned (headers only, bounded memory).
+class FileSources final : public Sources {
+ public:
+  FileSources();
+  ~FileSources() override;
+  // Opens and scans the files (source rank -> path) on `threads` threads.
+  static Result<std::unique_ptr<FileSources>> Open(FileSystem* fs,
+                                                   const std::map<int64_t, std::string>& paths,
+                                                   int threads);
+  bool Has(int64_t rank) const override;
+  std::string Path(int64_t rank) const override;
+  const std::vector<std::pair<std::string, std::optional<SourceParam>>>* Params(
+      int64_t rank) const override;
+  // Precondition: Has(rank).
+  const SourceFile& File(int64_t rank) const;
+
+ private:
+  std::map<int64_t, std::unique_ptr<SourceFile>> files_;
+};
+
 // Fills the bytes of `t` (t.sizes of t.dtype, row-major, at `data`) from its copies, reading
-// only their byte runs. `in` must come from OpenSources. Thread-safe for distinct tensors.
-Status FillTensor(const OutTensor& t, const Sources& in, std::byte* data);
-// The State a destination file of `plan` holds (what the transform writes). `in` must come
-// from OpenSources.
-Result<State> BuildRankState(const RankPlan& plan, const Sources& in, const IoOptions& io);
+// only their byte runs. Thread-safe for distinct tensors.
+Status FillTensor(const OutTensor& t, const FileSources& in, std::byte* data);
+// The State a destination file of `plan` holds (what the transform writes).
+Result<State> BuildRankState(const RankPlan& plan, const FileSources& in, const IoOptions& io);
 
 }  // namespace savepoint::transform
 

@@ -86,3 +86,11 @@ def test_files_the_manager_writes_load_in_mindspore(tmp_path, enc_mode, async_):
         assert got["w"].tobytes() == states[step]["w"].tobytes()
         assert got["b"].tobytes() == states[step]["b"].tobytes()
         assert int(got["step_num"]) == step
+
+
+def test_safetensors_files_the_manager_writes_load_in_mindspore_with_crc(tmp_path):
+    state = {"w": np.arange(64, dtype=np.float32).reshape(8, 8), "n": np.arange(5, dtype=np.int64)}
+    with savepoint.CheckpointManager(tmp_path, format="safetensors", crc_check=True) as mgr:
+        assert mgr.save(1, state)
+    got = _ms_values(tmp_path / "ckpt-1_1.safetensors", format="safetensors", crc_check=True)
+    assert got["w"].tobytes() == state["w"].tobytes() and got["n"].tobytes() == state["n"].tobytes()
