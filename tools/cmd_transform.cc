@@ -1,8 +1,8 @@
 // `savepoint transform --src DIR --dst DIR [--src-strategy F] [--dst-strategy F] [--prefix P]
-// [--format ckpt|safetensors] [--rank N]... [--memory-budget BYTES] [--threads N] [--json]`: moves
-// a MindSpore distributed checkpoint (rank_N/ directories of .ckpt files) from one parallel layout
-// to another, as mindspore.parallel.transform_checkpoints does (savepoint/mindspore_strategy.h,
-// docs/CLI.md).
+// [--format ckpt|safetensors|native] [--rank N]... [--memory-budget BYTES] [--threads N] [--json]`:
+// moves a MindSpore distributed checkpoint (rank_N/ directories of .ckpt files) from one parallel
+// layout to another, as mindspore.parallel.transform_checkpoints does
+// (savepoint/mindspore_strategy.h, docs/CLI.md).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -40,7 +40,9 @@ int RunTransform(const TransformArgs& args) {
   if (!args.dst_strategy.empty()) o.dst_strategy_file = args.dst_strategy;
   o.ranks = args.ranks;
   o.memory_budget_bytes = args.memory_budget;
-  if (args.format == "safetensors") o.output_format = MindSporeTransformFormat::kSafetensors;
+  Result<MindSporeTransformFormat> format = MindSporeTransformFormatFromName(args.format);
+  if (!format.ok()) return Fail(kCommand, format.status());
+  o.output_format = *format;
   ProgressLine progress(kCommand, args.json);
   o.progress = progress.Phase("");
   const auto t0 = std::chrono::steady_clock::now();
@@ -81,8 +83,9 @@ void RegisterTransform(CLI::App& app, int* exit_code) {
                   "Destination strategy file (default: not split)");
   sub->add_option("--prefix", args->prefix, "Output file prefix: rank_N/{prefix}N.ckpt")
       ->capture_default_str();
-  sub->add_option("--format", args->format, "Output format: .ckpt or MindSpore's safetensors")
-      ->check(CLI::IsMember({"ckpt", "safetensors"}))
+  sub->add_option("--format", args->format,
+                  "Output format: .ckpt, MindSpore's safetensors, or a native checkpoint per rank")
+      ->check(CLI::IsMember({"ckpt", "safetensors", "native"}))
       ->capture_default_str();
   sub->add_option("--rank", args->ranks, "Destination rank to write (repeat; default: all)")
       ->check(CLI::NonNegativeNumber);

@@ -165,7 +165,13 @@ SAVEPOINT_API Status MergeMindSporeStrategies(const std::string& src_dir,
 enum class MindSporeTransformFormat {
   kCkpt,         // MindSpore `.ckpt` (output_format="ckpt")
   kSafetensors,  // MindSpore's safetensors flavour (output_format="safetensors"; "format": "ms")
+  kNative,       // a savepoint native checkpoint directory per rank (output_format="native")
 };
+
+// The format named "ckpt", "safetensors" or "native" (the names of output_format and of the CLI's
+// --format); InvalidArgument naming the accepted names otherwise.
+SAVEPOINT_API Result<MindSporeTransformFormat> MindSporeTransformFormatFromName(
+    std::string_view name);
 
 struct SAVEPOINT_API MindSporeTransformOptions {
   // Source and destination strategy files; nullopt = not split (every parameter whole on one
@@ -182,7 +188,9 @@ struct SAVEPOINT_API MindSporeTransformOptions {
   // The destination files' format: kCkpt writes `{prefix}N.ckpt` (SaveMindSporeCheckpoint);
   // kSafetensors writes `{prefix}N.safetensors` as MindSpore's safetensors transform does
   // (SaveSafetensors with mindspore_format: `__metadata__` {"format": "ms"}, the reference
-  // writer's tensor order). Default: kCkpt.
+  // writer's tensor order); kNative writes the directory `{prefix}N` as a savepoint native
+  // checkpoint (docs/FORMAT.md: CRC32C per chunk, committed atomically; the MindSpore .ckpt
+  // bookkeeping kept in its metadata, so it converts back to a .ckpt losslessly). Default: kCkpt.
   MindSporeTransformFormat output_format = MindSporeTransformFormat::kCkpt;
   // Optional progress of MindSporeTransformCheckpoints / ByRank: called with the destination's
   // tensor bytes as total and how far they are along, each byte counting half once read into
@@ -202,7 +210,8 @@ SAVEPOINT_API Result<std::vector<int64_t>> MindSporeRankListForTransform(
     int64_t rank, const MindSporeTransformOptions& options, const IoOptions& io = {});
 
 // transform_checkpoint_by_rank: writes destination rank `rank`'s checkpoint to `dst_file` (which
-// must end in ".ckpt", or ".safetensors" for that output_format) from `src_files` (source rank ->
+// must end in ".ckpt", or ".safetensors" for that output_format; for kNative it is the
+// checkpoint directory and must not end in either) from `src_files` (source rank ->
 // .ckpt file; at least the ranks MindSporeRankListForTransform lists).
 SAVEPOINT_API Status MindSporeTransformCheckpointByRank(
     int64_t rank, const std::map<int64_t, std::string>& src_files, const std::string& dst_file,
@@ -212,9 +221,9 @@ SAVEPOINT_API Status MindSporeTransformCheckpointByRank(
 // `dst_dir/rank_N/{prefix}N.ckpt` for every destination rank (or, when the source strategy covers
 // a strict subset of a single-stage destination's parameters, the source's stage s:
 // `dst_dir/rank_N/{prefix}N_part{s}.ckpt`); `.safetensors` instead of `.ckpt` for that
-// output_format. Everything is planned and checked before the first file is written: a missing
-// rank directory or parameter, or a strategy that does not fit the files, writes nothing. Each
-// file is committed atomically.
+// output_format, and no extension (a checkpoint directory) for kNative. Everything is planned and
+// checked before the first file is written: a missing rank directory or parameter, or a strategy
+// that does not fit the files, writes nothing. Each file is committed atomically.
 SAVEPOINT_API Status MindSporeTransformCheckpoints(const std::string& src_dir,
                                                    const std::string& dst_dir,
                                                    const std::string& prefix,

@@ -10,7 +10,7 @@
 namespace savepoint::python {
 namespace {
 
-// `format` is "ckpt" or "safetensors" (checked by the Python wrapper).
+// `format` is "ckpt", "safetensors" or "native".
 MindSporeTransformOptions Options(const std::optional<std::string>& src,
                                   const std::optional<std::string>& dst,
                                   uint64_t memory_budget_bytes,
@@ -18,8 +18,7 @@ MindSporeTransformOptions Options(const std::optional<std::string>& src,
   return {.src_strategy_file = src,
           .dst_strategy_file = dst,
           .memory_budget_bytes = memory_budget_bytes,
-          .output_format = format == "safetensors" ? MindSporeTransformFormat::kSafetensors
-                                                   : MindSporeTransformFormat::kCkpt};
+          .output_format = Take(MindSporeTransformFormatFromName(format))};
 }
 
 void Transform(const std::string& src_dir, const std::string& dst_dir, const std::string& prefix,

@@ -248,9 +248,9 @@ def _opt_path(what, path):
 
 
 def _check_output_format(output_format):
-    if output_format not in ("ckpt", "safetensors"):
-        raise ValueError(f"savepoint.mindspore: output_format={output_format!r}: must be 'ckpt' "
-                         "or 'safetensors'")  # fmt: skip
+    if output_format not in ("ckpt", "safetensors", "native"):
+        raise ValueError(f"savepoint.mindspore: output_format={output_format!r}: must be 'ckpt', "
+                         "'safetensors' or 'native'")  # fmt: skip
 
 
 def _check_rank(rank_id):
@@ -271,6 +271,8 @@ def transform_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
     written atomically, and nothing is written when the strategies do not fit the files.
     output_format="safetensors" writes {ckpt_prefix}N.safetensors in MindSpore's flavour (as
     MindSpore's transform of safetensors sources does; MindSpore refuses .ckpt sources there).
+    output_format="native" writes each rank as a savepoint checkpoint directory
+    {ckpt_prefix}N (CRC32C per chunk; savepoint.load reads it).
     ranks: the destination ranks to write (default: all).
     """
     _check_output_format(output_format)
@@ -289,9 +291,10 @@ def transform_checkpoint_by_rank(rank_id, checkpoint_files_map, save_checkpoint_
                                  output_format=None):  # fmt: skip
     """mindspore.parallel.transform_checkpoint_by_rank: destination rank rank_id's checkpoint,
     written to save_checkpoint_file_name (must end in ".ckpt", or ".safetensors" for
-    output_format="safetensors"), from checkpoint_files_map {source rank: .ckpt file} (at least
-    the ranks rank_list_for_transform lists). output_format None: "safetensors" when the name
-    ends in ".safetensors", else "ckpt"."""
+    output_format="safetensors"; a checkpoint directory for output_format="native"), from
+    checkpoint_files_map {source rank: .ckpt file} (at least the ranks rank_list_for_transform
+    lists). output_format None: "safetensors" when the name ends in ".safetensors", else
+    "ckpt"."""
     _check_rank(rank_id)
     if not isinstance(checkpoint_files_map, dict):
         raise TypeError("savepoint.mindspore.transform_checkpoint_by_rank: checkpoint_files_map "

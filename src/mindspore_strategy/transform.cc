@@ -18,11 +18,14 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include "engine/box.h"
 #include "interop/ckpt_cipher.h"
 #include "interop/ckpt_entries.h"
 #include "io/commit.h"
+#include "savepoint/catalog.h"
+#include "savepoint/checkpoint.h"
 #include "savepoint/mindspore.h"
 #include "savepoint/safetensors.h"
 #include "util/parallel.h"
@@ -255,6 +258,10 @@ Status WriteRank(State* state, const std::string& path, const MindSporeTransform
     return SaveMindSporeCheckpoint(
         *state, path, {.overwrite = options.overwrite, .progress = std::move(progress)}, io);
   }
+  if (options.output_format == MindSporeTransformFormat::kNative) {
+    return Save(*state, path, {.overwrite = options.overwrite, .progress = std::move(progress)},
+                io);
+  }
   ToSafetensorsMetadata(state);
   return SaveSafetensors(
       *state, path,
@@ -389,7 +396,32 @@ Status CheckRankCount(const Side& src, const std::map<int64_t, std::string>& fil
 }
 
 std::string_view Extension(MindSporeTransformFormat format) {
-  return format == MindSporeTransformFormat::kCkpt ? ".ckpt" : ".safetensors";
+  switch (format) {
+    case MindSporeTransformFormat::kCkpt:
+      return ".ckpt";
+    case MindSporeTransformFormat::kSafetensors:
+      return ".safetensors";
+    case MindSporeTransformFormat::kNative:
+      break;
+  }
+  return "";
+}
+
+// transform_checkpoint_by_rank's destination: a file with the format's extension, or for a
+// native checkpoint a directory whose name does not look like a file of the other formats.
+Status CheckDestinationName(const std::string& dst_file, MindSporeTransformFormat format) {
+  const std::string_view ext = Extension(format);
+  if (!ext.empty() && !dst_file.ends_with(ext)) {
+    return InvalidArgumentError(
+        fmt::format("transform_checkpoint_by_rank: {} does not end in {}", dst_file, ext));
+  }
+  if (ext.empty() && (dst_file.ends_with(".ckpt") || dst_file.ends_with(".safetensors"))) {
+    return InvalidArgumentError(fmt::format(
+        "transform_checkpoint_by_rank: {} names a file, but output_format native writes a "
+        "checkpoint directory",
+        dst_file));
+  }
+  return Status::OK();
 }
 
 std::vector<Job> Jobs(const Side& src, const Side& dst, const std::string& dir,
@@ -424,6 +456,18 @@ Result<std::vector<Job>> SelectJobs(std::vector<Job> jobs, const std::vector<int
   return out;
 }
 
+// The hidden debris a killed earlier run left in the destination rank directories (temporaries of
+// processes that are gone; docs/FORMAT.md §5), removed before this run writes there.
+Status RemoveDebris(FileSystem* fs, const std::vector<Job>& jobs) {
+  std::set<std::string> dirs;
+  for (const Job& job : jobs) dirs.insert(Dirname(job.path));
+  for (const std::string& dir : dirs) {
+    if (!fs->Exists(dir)) continue;
+    SP_RETURN_IF_ERROR(GarbageCollect(dir, {.fs = fs}).status());
+  }
+  return Status::OK();
+}
+
 Status CheckRank(const Side& dst, int64_t rank) {
   const int64_t n = dst.devices() * dst.stages();
   if (rank >= 0 && rank < n) return Status::OK();
@@ -432,6 +476,14 @@ Status CheckRank(const Side& dst, int64_t rank) {
 }
 
 }  // namespace
+
+Result<MindSporeTransformFormat> MindSporeTransformFormatFromName(std::string_view name) {
+  if (name == "ckpt") return MindSporeTransformFormat::kCkpt;
+  if (name == "safetensors") return MindSporeTransformFormat::kSafetensors;
+  if (name == "native") return MindSporeTransformFormat::kNative;
+  return InvalidArgumentError(fmt::format(
+      "transform: output format {:?}: must be \"ckpt\", \"safetensors\" or \"native\"", name));
+}
 
 Result<std::vector<int64_t>> MindSporeRankListForTransform(int64_t rank,
                                                            const MindSporeTransformOptions& options,
@@ -449,11 +501,7 @@ Status MindSporeTransformCheckpointByRank(int64_t rank,
                                           const MindSporeTransformOptions& options,
                                           const IoOptions& io) {
   SP_RETURN_IF_ERROR(ValidateIoOptions(io, "transform_checkpoint_by_rank"));
-  const std::string_view ext = Extension(options.output_format);
-  if (!dst_file.ends_with(ext)) {
-    return InvalidArgumentError(
-        fmt::format("transform_checkpoint_by_rank: {} does not end in {}", dst_file, ext));
-  }
+  SP_RETURN_IF_ERROR(CheckDestinationName(dst_file, options.output_format));
   FileSystem* fs = FileSystemOf(io);
   SP_ASSIGN_OR_RETURN(Side src, LoadSide(options.src_strategy_file, fs));
   SP_ASSIGN_OR_RETURN(Side dst, LoadSide(options.dst_strategy_file, fs));
@@ -489,6 +537,7 @@ Status MindSporeTransformCheckpoints(const std::string& src_dir, const std::stri
     SP_ASSIGN_OR_RETURN(RankPlan p, transform::PlanRank(src, dst, job, *sources));
     plans.push_back(std::move(p));
   }
+  SP_RETURN_IF_ERROR(RemoveDebris(fs, jobs));
   return RunPlans(plans, *sources, options, io);
 }
 

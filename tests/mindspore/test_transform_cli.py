@@ -11,6 +11,7 @@ from mindspore.parallel import transform_checkpoints as ms_transform
 from test_transform import (DP2MP4, MP4, MP8, STAGE0, STAGE1, lay, merged_pipeline, source,
                             tree, write_strategy)  # fmt: skip
 
+from savepoint import _errors
 from savepoint import mindspore as spms
 
 CLI = os.environ["SAVEPOINT_CLI"]
@@ -74,3 +75,29 @@ def test_strategy_show_of_a_file_that_is_not_one(tmp_path):
     junk.write_bytes(b"\x0a\xff\xff\xff\xff\x0f")
     out = cli("strategy", "show", junk, code=2)
     assert "junk.ckpt" in out.stderr
+
+
+def test_transform_command_native_output(tmp_path):
+    """--format native: each destination rank is a savepoint checkpoint directory that verifies,
+    and converts back into the .ckpt MindSpore's transform writes, bit for bit."""
+    src_dir, src = source(tmp_path, DP2MP4)
+    dst = write_strategy(tmp_path / "dst.ckpt", MP4)
+    ms_transform(src_dir, str(tmp_path / "ms"), "dst", src, dst)
+    cli("transform", "--src", src_dir, "--dst", tmp_path / "nat", "--src-strategy", src,
+        "--dst-strategy", dst, "--prefix", "dst", "--format", "native")  # fmt: skip
+    want = tree(tmp_path / "ms")
+    for r in range(4):
+        ckpt_dir = tmp_path / "nat" / f"rank_{r}" / f"dst{r}"
+        assert (ckpt_dir / "MANIFEST").is_file()
+        cli("verify", ckpt_dir)
+        cli("convert", ckpt_dir, tmp_path / "back" / f"rank_{r}" / f"dst{r}.ckpt")
+    assert tree(tmp_path / "back") == want
+    # The Python face takes the same name; a .ckpt name for a native destination is refused.
+    spms.transform_checkpoints(src_dir, str(tmp_path / "py"), "dst", src, dst,
+                               output_format="native")  # fmt: skip
+    assert sorted(os.listdir(tmp_path / "py" / "rank_2")) == ["dst2"]
+    with pytest.raises(_errors.InvalidArgumentError, match="checkpoint directory"):
+        spms.transform_checkpoint_by_rank(0, {r: os.path.join(src_dir, f"rank_{r}", "src.ckpt")
+                                              for r in range(8)},
+                                          str(tmp_path / "x.ckpt"), src, dst,
+                                          output_format="native")  # fmt: skip

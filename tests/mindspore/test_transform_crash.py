@@ -1,7 +1,7 @@
 """A `savepoint transform` killed part-way (SIGKILL at random moments; the seed is printed, and
 SAVEPOINT_CRASH_SEED replays it) never leaves a destination file under its final name that is not
 byte-equal to the file an uninterrupted run writes, and a re-run completes the job with every file
-equal to the uninterrupted run's. Sources are cut by savepoint's transform (bit-exact with
+equal to the uninterrupted run's and no hidden debris of the killed runs left behind. Sources are cut by savepoint's transform (bit-exact with
 MindSpore's, test_transform.py) from a ~100 MiB model, so that a run lasts long enough to be
 killed inside it."""
 import os
@@ -73,3 +73,5 @@ def test_killed_transform_leaves_whole_files_and_rerun_completes(tmp_path):
             assert name in want and data == want[name], (name, seed)
     subprocess.run(command(src_dir, src, dst, out), check=True, capture_output=True)
     assert final_files(out) == want, seed
+    hidden = [f for _, _, fs in os.walk(out) for f in fs if f.startswith(".")]
+    assert hidden == [], (hidden, seed)
