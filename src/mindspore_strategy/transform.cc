@@ -104,7 +104,7 @@ Result<std::unique_ptr<SourceFile>> OpenSource(FileSystem* fs, const std::string
     std::optional<SourceParam> info;
     if (!e.map && e.values[0]->tensors[0].type != "str") {
       SP_ASSIGN_OR_RETURN(auto ds, interop::ckpt::TensorEntryInfo(e, path));
-      info = SourceParam{ds.first, ds.second};
+      info = SourceParam{ds.first, ds.second, e.values[0]->tensors[0].type == "Int4"};
     }
     f->index.emplace(e.name, i);
     f->params.emplace_back(e.name, std::move(info));
@@ -223,6 +223,9 @@ Status FillCut(const RankPlan& plan, const FileSources& in, int threads, RankMet
   }));
   for (size_t i = 0; i < tensors.size(); ++i) {
     SP_RETURN_IF_ERROR(out->Put(plan.tensors[i].name, std::move(tensors[i])));
+    if (plan.tensors[i].int4) {
+      out->metadata()[kMindSporeMetadataKey]["int4"].push_back(plan.tensors[i].name);
+    }
   }
   return Status::OK();
 }

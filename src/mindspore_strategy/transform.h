@@ -43,6 +43,7 @@ struct Job {
 struct SourceParam {
   DType dtype;
   Shape shape;
+  bool int4 = false;  // a MindSpore Int4 (qint4x2) entry, read as I8
 };
 class Sources {
  public:
@@ -67,6 +68,7 @@ struct OutTensor {
   DType dtype = DType::kU8;
   Shape offsets, sizes;  // the destination box
   std::vector<Copy> copies;
+  bool int4 = false;  // the source entries are Int4: the destination entry is marked Int4 too
 };
 
 struct RankPlan {

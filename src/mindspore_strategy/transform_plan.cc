@@ -203,7 +203,8 @@ Result<OutTensor> PlanCut(const Side& src, const Side& dst, const Job& job, std:
   SP_ASSIGN_OR_RETURN(std::vector<Copy> copies,
                       SourceCopies(src, dst, job, name, global, box, &in));
   SP_RETURN_IF_ERROR(CheckSlices(name, home, copies, in));
-  return OutTensor{std::string(name), home.dtype, box.offsets, box.sizes, std::move(copies)};
+  return OutTensor{std::string(name), home.dtype,        box.offsets,
+                   box.sizes,         std::move(copies), home.int4};
 }
 
 // A parameter the source strategy lists must be in the file of its stage.
@@ -282,7 +283,8 @@ Result<OutTensor> PlanBox(const Side& src, std::string_view name, const SourcePa
     SP_ASSIGN_OR_RETURN(copies, SourceCopies(src, Side{}, Job{}, name, global, box, in));
   }
   if (in != nullptr) SP_RETURN_IF_ERROR(CheckSlices(name, home, copies, *in));
-  return OutTensor{std::string(name), home.dtype, box.offsets, box.sizes, std::move(copies)};
+  return OutTensor{std::string(name), home.dtype,        box.offsets,
+                   box.sizes,         std::move(copies), home.int4};
 }
 
 Result<std::vector<OutTensor>> PlanBoxes(const Side& src, const std::vector<std::string>& names,

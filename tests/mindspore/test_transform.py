@@ -239,6 +239,27 @@ def test_bf16_nan_payloads_are_kept(tmp_path):
     assert b"".join(p[2] for p in parts) == bits.tobytes()  # MindSpore's own gives 0x7FC0
 
 
+def test_int4_parameters_keep_their_type(tmp_path):
+    """MindSpore's transform writes Int4 (qint4x2) parameters back as Int8, cut or whole; savepoint
+    writes the same bytes and keeps the Int4 type."""
+    root = tmp_path / "whole"
+    (root / "rank_0").mkdir(parents=True)
+    q = np.arange(64, dtype=np.int8).reshape(8, 8)
+    ms.save_checkpoint([{"name": n, "data": Parameter(Tensor(q, ms.qint4x2), name=n)}
+                        for n in ("cut", "whole")], str(root / "rank_0" / "m.ckpt"))  # fmt: skip
+    dst = write_strategy(tmp_path / "dst.ckpt", {"cut": lay([4], [0, -1])})
+    ms_transform(str(root), str(tmp_path / "ms"), "d", None, dst)
+    spms.transform_checkpoints(str(root), str(tmp_path / "sp"), "d", None, dst)
+    for r in range(4):
+        want = contents(tmp_path / "ms" / f"rank_{r}" / f"d{r}.ckpt")
+        got = contents(tmp_path / "sp" / f"rank_{r}" / f"d{r}.ckpt")
+        assert sorted(got) == sorted(want) == ["cut", "whole"]
+        for n in want:
+            assert want[n][0] == "Int8" and got[n][0] == "Int4"
+            assert got[n][1:] == want[n][1:], (r, n)  # same shape and bytes
+        assert got["cut"][2] == q[2 * r:2 * r + 2].tobytes()
+
+
 def lying(tmp_path, layouts_src, dst_layouts, mutate=None):
     src_dir, src = source(tmp_path, layouts_src)
     if mutate:
