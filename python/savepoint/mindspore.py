@@ -259,9 +259,9 @@ def _check_rank(rank_id):
 
 
 def transform_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
-                          src_strategy_file=None, dst_strategy_file=None, output_format="ckpt",
-                          *, ranks=None, memory_budget_bytes=_DEFAULT_BUDGET,
-                          io_threads=4):  # fmt: skip
+                          src_strategy_file=None, dst_strategy_file=None, process_num=1,
+                          output_format="ckpt", *, ranks=None,
+                          memory_budget_bytes=_DEFAULT_BUDGET, io_threads=None):  # fmt: skip
     """mindspore.parallel.transform_checkpoints: the checkpoint in src_checkpoints_dir/rank_N/
     (the lexicographically last .ckpt of each) saved under src_strategy_file, rewritten for
     dst_strategy_file as dst_checkpoints_dir/rank_N/{ckpt_prefix}N.ckpt (or
@@ -273,9 +273,17 @@ def transform_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
     MindSpore's transform of safetensors sources does; MindSpore refuses .ckpt sources there).
     output_format="native" writes each rank as a savepoint checkpoint directory
     {ckpt_prefix}N (CRC32C per chunk; savepoint.load reads it).
+    process_num (MindSpore's argument, in its position): how many destination ranks MindSpore
+    builds at once in worker processes; savepoint builds them on threads, io_threads of them
+    (default: max(4, process_num)) within memory_budget_bytes.
     ranks: the destination ranks to write (default: all).
     """
     _check_output_format(output_format)
+    if isinstance(process_num, bool) or not isinstance(process_num, int) or process_num < 1:
+        raise ValueError(f"savepoint.mindspore.transform_checkpoints: process_num={process_num!r}: "
+                         "must be a positive int")  # fmt: skip
+    if io_threads is None:
+        io_threads = max(4, process_num)
     if not isinstance(ckpt_prefix, str):
         raise TypeError("savepoint.mindspore.transform_checkpoints: ckpt_prefix must be a str")
     _core.ms_transform(os.fspath(src_checkpoints_dir), os.fspath(dst_checkpoints_dir), ckpt_prefix,

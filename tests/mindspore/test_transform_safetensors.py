@@ -83,7 +83,8 @@ def test_safetensors_output_matches_mindspore(tmp_path, src_l, dst_l, tag):
 def test_safetensors_output_loads_in_mindspore_and_refuses_bad_formats(tmp_path):
     src_dir, src = source(tmp_path, MP8)
     dst = write_strategy(tmp_path / "dst.ckpt", MP4)
-    spms.transform_checkpoints(src_dir, str(tmp_path / "sp"), "d", src, dst, "safetensors")
+    # MindSpore's positional order: process_num, then output_format.
+    spms.transform_checkpoints(src_dir, str(tmp_path / "sp"), "d", src, dst, 2, "safetensors")
     spms.transform_checkpoints(src_dir, str(tmp_path / "ck"), "d", src, dst)
     for r in range(4):
         a = ms.load_checkpoint(str(tmp_path / "sp" / f"rank_{r}" / f"d{r}.safetensors"),
@@ -93,7 +94,10 @@ def test_safetensors_output_loads_in_mindspore_and_refuses_bad_formats(tmp_path)
         for k in a:
             assert a[k].asnumpy().tobytes() == b[k].asnumpy().tobytes(), k
     with pytest.raises(ValueError):
-        spms.transform_checkpoints(src_dir, str(tmp_path / "x"), "d", src, dst, "native")
+        spms.transform_checkpoints(src_dir, str(tmp_path / "x"), "d", src, dst,
+                                   output_format="pickle")  # fmt: skip
+    with pytest.raises(ValueError, match="process_num"):
+        spms.transform_checkpoints(src_dir, str(tmp_path / "x"), "d", src, dst, 0)
     with pytest.raises(Exception, match="does not end in .safetensors"):
         spms.transform_checkpoint_by_rank(0, {0: "a.ckpt"}, str(tmp_path / "y.ckpt"), src, dst,
                                           output_format="safetensors")  # fmt: skip
