@@ -1,11 +1,13 @@
 // `savepoint convert SRC DST [--from F] [--to F] [--crc] [--mindspore] [--overwrite]
 // [--dec-key-file F [--dec-mode M]] [--enc-key-file F [--enc-mode M]]`: converts between a native
-// checkpoint directory, a safetensors file and a MindSpore `.ckpt` file, any way (docs/CLI.md);
-// encrypted `.ckpt` and native checkpoints are read and written with the key flags (key_flags.h).
+// checkpoint directory, a safetensors file and a MindSpore `.ckpt` file, any way, and imports a
+// PyTorch DCP (FileSystemWriter) directory (docs/CLI.md); encrypted `.ckpt` and native
+// checkpoints are read and written with the key flags (key_flags.h).
 //
 // A format follows from --from / --to, else from the name: ".ckpt" is MindSpore, ".safetensors"
-// is safetensors; otherwise the source is a native checkpoint when it is a directory (else
-// safetensors) and the target a native checkpoint directory. Native and safetensors sources are
+// is safetensors; otherwise the source is a DCP directory when it holds `.metadata` and no
+// MANIFEST, a native checkpoint when it is another directory (else safetensors), and the target a
+// native checkpoint directory. Native and safetensors sources are
 // mapped, not copied, where the file system allows it, and written straight from the mapping.
 #include <fmt/format.h>
 
@@ -16,6 +18,7 @@
 #include "common.h"
 #include "key_flags.h"
 #include "progress.h"
+#include "savepoint/dcp.h"
 #include "savepoint/mindspore.h"
 #include "savepoint/savepoint.h"
 
@@ -24,12 +27,12 @@ namespace {
 
 constexpr char kCommand[] = "convert";
 
-enum class Format { kNative, kSafetensors, kMindSpore };
+enum class Format { kNative, kSafetensors, kMindSpore, kDcp };
 
 struct ConvertArgs {
   std::string src;
   std::string dst;
-  std::string from;  // "", "native", "safetensors" or "ckpt"
+  std::string from;  // "", "native", "safetensors", "ckpt" or "dcp" (a source only)
   std::string to;
   bool crc = false;        // write MindSpore's CRC (.ckpt trailer, safetensors crc_num)
   bool mindspore = false;  // safetensors targets: MindSpore's flavour (format: ms)
@@ -42,11 +45,22 @@ std::optional<Format> Named(const std::string& name) {
   if (name == "native") return Format::kNative;
   if (name == "safetensors") return Format::kSafetensors;
   if (name == "ckpt") return Format::kMindSpore;
+  if (name == "dcp") return Format::kDcp;
   return std::nullopt;
 }
 
 const char* FormatName(Format f) {
-  return f == Format::kNative ? "native" : f == Format::kSafetensors ? "safetensors" : "ckpt";
+  switch (f) {
+    case Format::kNative:
+      return "native";
+    case Format::kSafetensors:
+      return "safetensors";
+    case Format::kMindSpore:
+      return "ckpt";
+    case Format::kDcp:
+      break;
+  }
+  return "dcp";
 }
 
 Result<Format> SourceFormat(const ConvertArgs& args) {
@@ -54,7 +68,11 @@ Result<Format> SourceFormat(const ConvertArgs& args) {
   if (args.src.ends_with(".ckpt")) return Format::kMindSpore;
   if (args.src.ends_with(".safetensors")) return Format::kSafetensors;
   SP_ASSIGN_OR_RETURN(FileInfo info, DefaultFileSystem()->Stat(args.src));
-  return info.is_dir ? Format::kNative : Format::kSafetensors;
+  if (!info.is_dir) return Format::kSafetensors;
+  FileSystem* fs = DefaultFileSystem();
+  const bool dcp =
+      fs->Exists(JoinPath(args.src, ".metadata")) && !fs->Exists(JoinPath(args.src, "MANIFEST"));
+  return dcp ? Format::kDcp : Format::kNative;
 }
 
 Format TargetFormat(const ConvertArgs& args) {
@@ -68,9 +86,9 @@ Format TargetFormat(const ConvertArgs& args) {
 // mode for a native checkpoint (always AES-256-GCM).
 Status CheckKeyFlags(const KeyFlags& k, Format f) {
   const char* verb = k.decrypt ? "dec" : "enc";
-  if (f == Format::kSafetensors && !k.key_file.empty()) {
-    return InvalidArgumentError(
-        fmt::format("--{}-key-file: safetensors files are not encrypted", verb));
+  if ((f == Format::kSafetensors || f == Format::kDcp) && !k.key_file.empty()) {
+    return InvalidArgumentError(fmt::format("--{}-key-file: {} files are not encrypted", verb,
+                                            f == Format::kDcp ? "DCP" : "safetensors"));
   }
   if (f == Format::kNative && !k.mode.empty()) {
     return InvalidArgumentError(
@@ -89,6 +107,8 @@ Result<State> LoadAny(const ConvertArgs& args, Format f, ProgressLine& progress)
       return LoadMindSporeCheckpoint(args.src, {.dec_key = KeyOf(args.dec),
                                                 .dec_mode = *ModeOf(args.dec),
                                                 .progress = progress.Phase("reading")});
+    case Format::kDcp:
+      return LoadDcpCheckpoint(args.src, {.progress = progress.Phase("reading")});
     case Format::kNative:
       break;
   }
@@ -108,6 +128,10 @@ Status SaveAny(const State& state, const ConvertArgs& args, Format f, ProgressLi
   }
   SP_RETURN_IF_ERROR(CheckKeyFlags(args.enc, f));
   switch (f) {
+    case Format::kDcp:
+      return InvalidArgumentError(
+          "--to dcp: DCP directories are a source only (write savepoint checkpoints through DCP "
+          "with savepoint.torch.StorageWriter instead)");
     case Format::kSafetensors:
       return SaveSafetensors(state, args.dst,
                              {.overwrite = args.overwrite,
@@ -150,11 +174,15 @@ int RunConvert(const ConvertArgs& args) {
 void RegisterConvert(CLI::App& app, int* exit_code) {
   auto args = std::make_shared<ConvertArgs>();
   CLI::App* sub = app.add_subcommand(
-      kCommand, "Convert between native checkpoints, safetensors and MindSpore .ckpt files");
-  sub->add_option("SRC", args->src, "Checkpoint directory, .safetensors or .ckpt file")->required();
+      kCommand,
+      "Convert between native checkpoints, safetensors and MindSpore .ckpt files; import PyTorch "
+      "DCP directories");
+  sub->add_option("SRC", args->src,
+                  "Checkpoint directory, DCP directory, .safetensors or .ckpt file")
+      ->required();
   sub->add_option("DST", args->dst, "Target checkpoint directory, .safetensors or .ckpt file")
       ->required();
-  const auto formats = CLI::IsMember({"native", "safetensors", "ckpt"});
+  const auto formats = CLI::IsMember({"native", "safetensors", "ckpt", "dcp"});
   sub->add_option("--from", args->from, "Source format (default: from SRC)")->check(formats);
   sub->add_option("--to", args->to, "Target format (default: from DST's extension)")
       ->check(formats);

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -129,6 +130,87 @@ SAVEPOINT_API Status SaveDistributed(Communicator& comm, const State& local,
                                      const DistributedSaveOptions& options = {},
                                      const IoOptions& io = {});
 
+// --- The save's steps one by one. ---
+//
+// SaveDistributed is these steps joined by a Communicator's collectives (docs/DISTRIBUTED.md,
+// "Save protocol"). A framework that runs its own collectives (the torch DCP storage plug-in,
+// python/savepoint/torch.py) calls them itself and carries their bytes between the ranks:
+//   every rank:   RankSave::Plan           -> plan bytes     (step 1), to the coordinator
+//   coordinator:  SaveCoordinator::Decide  -> verdict bytes  (step 3), to every rank
+//   every rank:   RankSave::Write(verdict) -> report bytes   (step 4), to the coordinator
+//   coordinator:  SaveCoordinator::Commit(reports)           (step 6)
+// A failed step's bytes carry its error, naming the rank, to the coordinator. The bytes are
+// opaque and valid only between these calls of one save by one build of the library.
+// Thread safety: an object is used by one thread at a time.
+class SAVEPOINT_API RankSave {
+ public:
+  RankSave(int rank, int world);
+  ~RankSave();
+  RankSave(const RankSave&) = delete;
+  RankSave& operator=(const RankSave&) = delete;
+
+  // Step 1: resolves `layout` for the tensors of `local` as SaveDistributed does, picks the shards
+  // this rank writes (one member per replica group) and lays out its data file. Rank 0 also takes
+  // the values and metadata of `local`. The tensors' memory must stay valid and unchanged until
+  // Write returns. Returns the plan bytes; when planning failed they carry the error, which
+  // planned() also returns.
+  std::string Plan(const State& local, const ShardLayout& layout, const SaveOptions& o,
+                   const IoOptions& io);
+  const Status& planned() const;
+
+  // Adds the non-tensor values of `values` (and its metadata, when not null) to what this rank
+  // hands the coordinator's Commit. For the coordinator's rank, after Plan; Plan already took rank
+  // 0's. InvalidArgument when a name is already taken.
+  Status AddValues(const State& values);
+
+  // Step 4: takes the coordinator's verdict. When the verdict is an error (or malformed) returns
+  // it: the save is over and nothing is to be reported. Otherwise writes and syncs this rank's
+  // data file (when it has shards) and returns the report bytes, which carry the write's error if
+  // it failed (wrote() returns it too).
+  Result<std::string> Write(std::string_view verdict, const SaveOptions& o, const IoOptions& io);
+  const Status& wrote() const;
+
+  uint64_t bytes() const;  // tensor bytes this rank writes (after Plan)
+  size_t chunks() const;   // chunks this rank writes (after Plan)
+  bool direct_io() const;  // whether its data file was written with O_DIRECT (after Write)
+
+ private:
+  friend class SaveCoordinator;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The coordinator's steps (rank 0 in SaveDistributed). `o`: the save's options (overwrite,
+// create_parents; equal on every rank); `io.fs` the shared storage.
+class SAVEPOINT_API SaveCoordinator {
+ public:
+  SaveCoordinator(std::string path, int world, SaveOptions o, IoOptions io);
+  // Removes the temporary directory unless the save was committed.
+  ~SaveCoordinator();
+  SaveCoordinator(const SaveCoordinator&) = delete;
+  SaveCoordinator& operator=(const SaveCoordinator&) = delete;
+
+  // Step 3: merges the plans of ranks 0..world-1, checks dtypes, global shapes and that the shards
+  // of every tensor tile it (InvalidArgument naming the tensor), creates the hidden temporary
+  // directory and draws the checkpoint id. Returns the verdict bytes, the same for every rank;
+  // they carry the error when the plans were refused (nothing was written then).
+  std::string Decide(const std::vector<std::string>& plans);
+  // The verdict's status after Decide (OK when the save goes on).
+  const Status& decided() const;
+
+  // Step 6: checks every rank's report, writes and syncs MANIFEST and commits by rename. `own` is
+  // the coordinator's rank's RankSave after its Write: its plan carries the values, metadata and
+  // (encrypted saves) the keys. On error removes the temporary directory.
+  Status Commit(const std::vector<std::string>& reports, RankSave& own);
+
+  // Removes the temporary directory, if any (a step failed elsewhere). Idempotent.
+  void Abandon();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 // --- Load into any layout. ---
 
 // What a rank needs from a checkpoint to fill its layout (no data read).
@@ -152,6 +234,21 @@ struct SAVEPOINT_API ReadPlanSummary {
 SAVEPOINT_API Status LoadDistributed(const std::string& path, State& targets,
                                      const ShardLayout& layout, const LoadOptions& options = {},
                                      const IoOptions& io = {});
+
+// One box of a stored tensor to read: the elements [offsets, offsets + view.shape()) of tensor
+// `name` (global coordinates) into `view` (row-major, the box's shape, the tensor's dtype).
+struct SAVEPOINT_API BoxTarget {
+  std::string name;
+  Shape offsets;
+  TensorView view;
+};
+
+// Reads boxes of stored tensors into caller buffers, as LoadDistributed reads a layout's boxes
+// (the same reads: only the overlapping chunks, in parallel, each verified whole), but with any
+// number of boxes per tensor (boxes must not share target memory). Values and metadata are not
+// read. Errors as LoadDistributed's; the Corruption of a CRC mismatch names the tensor and chunk.
+SAVEPOINT_API Status LoadBoxes(const std::string& path, const std::vector<BoxTarget>& boxes,
+                               const LoadOptions& options = {}, const IoOptions& io = {});
 
 // Like LoadDistributed, allocating one tensor per layout entry (dtype from the checkpoint).
 SAVEPOINT_API Result<State> LoadDistributedAlloc(const std::string& path, const ShardLayout& layout,

@@ -60,27 +60,40 @@ struct Plan {
   std::vector<Piece> pieces;
 };
 
-Result<Target> ResolveTarget(const engine::Reader& r, const std::string& name,
-                             const TensorView& view, const ShardLayout& layout) {
+// Checks the target box (offsets, sizes) of tensor `name` of global shape `global`, into `view`,
+// against the checkpoint.
+Result<Target> CheckTarget(const engine::Reader& r, const std::string& name, const Shape& global,
+                           const Shape& offsets, const Shape& sizes, const TensorView& view) {
   int64_t i = r.IndexOf(name);
   if (i < 0) return NotFoundError(fmt::format("checkpoint {}: no tensor {:?}", r.path(), name));
   const format::TensorRecord& t = r.manifest().tensors[i];
-  auto it = layout.find(name);
-  ShardSpec spec =
-      it != layout.end() ? it->second : ShardSpec{t.shape, Shape(t.shape.size(), 0), t.shape, {}};
   std::string where = fmt::format("checkpoint {}: tensor {:?}", r.path(), name);
-  if (spec.global_shape != t.shape || t.dtype != view.dtype()) {
-    return InvalidArgumentError(fmt::format(
-        "{} is {} {}, the target layout says {} {}", where, DTypeName(t.dtype),
-        ShapeToString(t.shape), DTypeName(view.dtype()), ShapeToString(spec.global_shape)));
+  if (global != t.shape || t.dtype != view.dtype()) {
+    return InvalidArgumentError(fmt::format("{} is {} {}, the target layout says {} {}", where,
+                                            DTypeName(t.dtype), ShapeToString(t.shape),
+                                            DTypeName(view.dtype()), ShapeToString(global)));
   }
-  SP_RETURN_IF_ERROR(CheckBox(name, t.shape, spec.offsets, spec.sizes));
-  if (spec.sizes != view.shape()) {
+  SP_RETURN_IF_ERROR(CheckBox(name, t.shape, offsets, sizes));
+  if (sizes != view.shape()) {
     return InvalidArgumentError(fmt::format("{}: target buffer is {}, the layout's box is {}",
                                             where, ShapeToString(view.shape()),
-                                            ShapeToString(spec.sizes)));
+                                            ShapeToString(sizes)));
   }
-  return Target{name, static_cast<size_t>(i), spec.offsets, view};
+  return Target{name, static_cast<size_t>(i), offsets, view};
+}
+
+// The target of `view` under `layout` (the whole tensor when the layout has no entry).
+Result<Target> ResolveTarget(const engine::Reader& r, const std::string& name,
+                             const TensorView& view, const ShardLayout& layout) {
+  auto it = layout.find(name);
+  if (it != layout.end()) {
+    const ShardSpec& spec = it->second;
+    return CheckTarget(r, name, spec.global_shape, spec.offsets, spec.sizes, view);
+  }
+  int64_t i = r.IndexOf(name);
+  if (i < 0) return NotFoundError(fmt::format("checkpoint {}: no tensor {:?}", r.path(), name));
+  const Shape& shape = r.manifest().tensors[i].shape;
+  return CheckTarget(r, name, shape, Shape(shape.size(), 0), shape, view);
 }
 
 // The chunks of `shard` holding bytes of the box (offsets, sizes), in global coordinates.
@@ -168,6 +181,20 @@ Result<Plan> MakePlan(const engine::Reader& r, const TargetViews& targets,
       return InvalidArgumentError(
           fmt::format("layout names tensor {:?}, not in the targets", name));
     }
+  }
+  for (const Target& t : plan.targets) SP_RETURN_IF_ERROR(AddPieces(r, t, &plan));
+  return plan;
+}
+
+Result<Plan> MakeBoxPlan(const engine::Reader& r, const std::vector<BoxTarget>& boxes) {
+  Plan plan;
+  plan.targets.reserve(boxes.size());  // pieces point at targets
+  for (const BoxTarget& b : boxes) {
+    int64_t i = r.IndexOf(b.name);
+    if (i < 0) return NotFoundError(fmt::format("checkpoint {}: no tensor {:?}", r.path(), b.name));
+    SP_ASSIGN_OR_RETURN(Target t, CheckTarget(r, b.name, r.manifest().tensors[i].shape, b.offsets,
+                                              b.view.shape(), b.view));
+    plan.targets.push_back(std::move(t));
   }
   for (const Target& t : plan.targets) SP_RETURN_IF_ERROR(AddPieces(r, t, &plan));
   return plan;
@@ -327,6 +354,14 @@ Status CopyPieces(const engine::Reader& r, const Plan& plan, int threads) {
   });
 }
 
+// Opens the files, reads the pieces and copies them into place.
+Status Execute(engine::Reader& r, Plan& plan, const LoadOptions& o, const IoOptions& io,
+               LoadStats* stats) {
+  SP_RETURN_IF_ERROR(OpenFiles(r, plan));
+  SP_RETURN_IF_ERROR(ReadPieces(r, plan, o, io, stats));
+  return CopyPieces(r, plan, io.io_threads);
+}
+
 }  // namespace
 }  // namespace savepoint::dist
 
@@ -343,15 +378,31 @@ Status LoadDistributed(const std::string& path, State& targets, const ShardLayou
   }
   SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
   SP_ASSIGN_OR_RETURN(dist::Plan plan, dist::MakePlan(*reader, dist::TensorsOf(targets), layout));
-  SP_RETURN_IF_ERROR(dist::OpenFiles(*reader, plan));
   LoadStats stats;
-  SP_RETURN_IF_ERROR(dist::ReadPieces(*reader, plan, options, io, &stats));
-  SP_RETURN_IF_ERROR(dist::CopyPieces(*reader, plan, io.io_threads));
+  SP_RETURN_IF_ERROR(dist::Execute(*reader, plan, options, io, &stats));
   SP_RETURN_IF_ERROR(engine::CopyValues(reader->values(), &targets));
   if (options.stats != nullptr) {
     stats.bytes = targets.tensor_bytes();
     stats.direct_io = reader->AnyFileDirect();
     stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    *options.stats = stats;
+  }
+  return Status::OK();
+}
+
+Status LoadBoxes(const std::string& path, const std::vector<BoxTarget>& boxes,
+                 const LoadOptions& options, const IoOptions& io) {
+  if (options.mmap || options.map_mode != MapMode::kReadOnly) {
+    return InvalidArgumentError(fmt::format(
+        "box load {}: LoadOptions.mmap and map_mode do not apply: leave them at their defaults",
+        path));
+  }
+  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
+  SP_ASSIGN_OR_RETURN(dist::Plan plan, dist::MakeBoxPlan(*reader, boxes));
+  LoadStats stats;
+  SP_RETURN_IF_ERROR(dist::Execute(*reader, plan, options, io, &stats));
+  if (options.stats != nullptr) {
+    for (const BoxTarget& b : boxes) stats.bytes += b.view.nbytes();
     *options.stats = stats;
   }
   return Status::OK();

@@ -22,6 +22,8 @@
 //   7. Broadcast(result): every rank returns the same status.
 // A collective that fails (timeout, an aborted or dead rank) breaks the group, so every rank
 // returns an error; the coordinator removes the temporary directory on any error after step 3.
+// The steps are the public RankSave (1, 4) and SaveCoordinator (3, 6), so that a framework with
+// collectives of its own (the torch DCP plug-in) runs the same protocol; Run joins them here.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -101,52 +103,6 @@ Status WriteRankFile(const engine::SaveTarget& target, const SaveOptions& o, con
   return f->Close();
 }
 
-// The coordinator's state across steps 3-6.
-struct Coordinator {
-  explicit Coordinator(int size) : merger(size) {}
-  ManifestMerger merger;
-  engine::SaveTarget target;
-  bool began = false;
-};
-
-// Step 3 (coordinator): merges plans, validates, creates the temporary directory.
-Verdict Decide(const std::vector<std::string>& plans, const std::string& path, const SaveOptions& o,
-               const IoOptions& io, Coordinator* c) {
-  Verdict v;
-  v.status = [&]() -> Status {
-    for (size_t r = 0; r < plans.size(); ++r) {
-      SP_RETURN_IF_ERROR(c->merger.AddPlan(static_cast<int>(r), plans[r]));
-    }
-    SP_ASSIGN_OR_RETURN(v.file_index, c->merger.Finish());
-    SP_ASSIGN_OR_RETURN(c->target, engine::BeginSave(path, o, io));
-    c->began = true;
-    v.tmp = c->target.tmp;
-    v.checkpoint_id = engine::RandomU64();
-    if (c->merger.encrypted()) {
-      SP_ASSIGN_OR_RETURN(format::Salt salt, format::RandomSalt());
-      v.salt.assign(reinterpret_cast<const char*>(salt.data()), salt.size());
-    }
-    return Status::OK();
-  }();
-  return v;
-}
-
-// Step 6 (coordinator): checks every rank's report, writes the manifest and commits.
-Status Commit(const std::vector<std::string>& reports, const Verdict& v, const SaveOptions& o,
-              RankPlan* p, Coordinator* c) {
-  const bool encrypted = p->m.encryption.enabled;
-  for (size_t r = 0; r < reports.size(); ++r) {
-    SP_RETURN_IF_ERROR(c->merger.AddCrcs(static_cast<int>(r), reports[r], p->m.chunk_bytes,
-                                         encrypted ? &p->m.encryption.key_check : nullptr));
-  }
-  format::Manifest m = std::move(p->m);  // keeps the id stamp, time, writer, chunk size and salt
-  m.checkpoint_id = v.checkpoint_id;
-  c->merger.TakeInto(&m);
-  SP_RETURN_IF_ERROR(
-      engine::FinishFiles(c->target, nullptr, m, encrypted ? &p->seal.keys : nullptr));
-  return engine::CommitSave(c->target, o.overwrite);
-}
-
 // How long a rank waits for the coordinator's answer (steps 3 and 7). The coordinator gets the
 // full timeout; every other rank twice that (saturating), so that the coordinator, which alone
 // sees which ranks are missing from its gather, gives the verdict naming them, instead of a rank
@@ -170,45 +126,23 @@ Status SealPlan(const Verdict& v, uint32_t file_index, RankPlan* p) {
   return Status::OK();
 }
 
-// A collective that failed: the coordinator drops the temporary directory.
-Status Fail(const Status& s, Coordinator* c) {
-  if (c != nullptr && c->began) engine::AbandonSave(c->target);
-  return s;
-}
-
+// The steps joined by the communicator's collectives.
 Status Run(Communicator& comm, const State& local, const ShardLayout& layout,
            const std::string& path, const DistributedSaveOptions& o, const IoOptions& io,
-           RankPlan* p) {
+           RankSave* mine) {
   const int rank = comm.rank(), size = comm.size();
   const bool root = rank == kRoot;
-  Status planned = ValidateIoOptions(io, "distributed save");
-  if (planned.ok()) planned = PlanRank(local, layout, rank, size, o.save, io, p);
-  if (planned.ok() && root) planned = engine::CopyValues(local, &p->m.values);
   SP_ASSIGN_OR_RETURN(std::vector<std::string> plans,
-                      comm.Gather(EncodePlan(planned, p->m, p->key.has_value()), kRoot, o.timeout));
-  std::unique_ptr<Coordinator> c = root ? std::make_unique<Coordinator>(size) : nullptr;
-  std::string msg = root ? EncodeVerdict(Decide(plans, path, o.save, io, c.get())) : "";
-  Status s = comm.Broadcast(&msg, kRoot, AnswerWait(o, root));
-  if (!s.ok()) return Fail(s, c.get());
-  SP_ASSIGN_OR_RETURN(Verdict v, DecodeVerdict(msg, size));
-  if (!v.status.ok()) return Fail(v.status, c.get());
-  p->m.checkpoint_id = v.checkpoint_id;
-  engine::SaveTarget target{FileSystemOf(io), path, v.tmp};
-  // A rank that writes no file still derives the keys: the coordinator writes the manifest, and
-  // every rank's key check is compared with the coordinator's.
-  const uint32_t file_index = static_cast<uint32_t>(std::max<int64_t>(v.file_index[rank], 0));
-  Status wrote = p->key ? SealPlan(v, file_index, p) : Status::OK();
-  if (wrote.ok()) wrote = WriteRankFile(target, o.save, io, file_index, p);
-  Result<std::vector<std::string>> reports = comm.Gather(EncodeCrcs(wrote, p->m), kRoot, o.timeout);
-  if (!reports.ok()) return Fail(reports.status(), c.get());
+                      comm.Gather(mine->Plan(local, layout, o.save, io), kRoot, o.timeout));
+  std::unique_ptr<SaveCoordinator> c =
+      root ? std::make_unique<SaveCoordinator>(path, size, o.save, io) : nullptr;
+  std::string msg = root ? c->Decide(plans) : "";
+  SP_RETURN_IF_ERROR(comm.Broadcast(&msg, kRoot, AnswerWait(o, root)));
+  SP_ASSIGN_OR_RETURN(std::string report, mine->Write(msg, o.save, io));
+  SP_ASSIGN_OR_RETURN(std::vector<std::string> reports, comm.Gather(report, kRoot, o.timeout));
   msg.clear();
-  if (root) {
-    Status committed = Commit(*reports, v, o.save, p, c.get());
-    if (!committed.ok()) Fail(committed, c.get()).IgnoreError();
-    EncodeStatus(committed, &msg);
-  }
-  s = comm.Broadcast(&msg, kRoot, AnswerWait(o, root));
-  if (!s.ok()) return s;
+  if (root) EncodeStatus(c->Commit(reports, *mine), &msg);
+  SP_RETURN_IF_ERROR(comm.Broadcast(&msg, kRoot, AnswerWait(o, root)));
   return DecodeStatus(msg, "save result");
 }
 
@@ -217,18 +151,143 @@ Status Run(Communicator& comm, const State& local, const ShardLayout& layout,
 
 namespace savepoint {
 
+struct RankSave::Impl {
+  int rank, world;
+  dist::RankPlan p;
+  Status planned = FailedPreconditionError("RankSave: not planned");
+  Status wrote = FailedPreconditionError("RankSave: not written");
+  dist::Verdict verdict;
+};
+
+RankSave::RankSave(int rank, int world) : impl_(std::make_unique<Impl>()) {
+  impl_->rank = rank;
+  impl_->world = world;
+}
+RankSave::~RankSave() = default;
+const Status& RankSave::planned() const { return impl_->planned; }
+const Status& RankSave::wrote() const { return impl_->wrote; }
+uint64_t RankSave::bytes() const { return impl_->p.mine.tensor_bytes(); }
+size_t RankSave::chunks() const { return impl_->p.tasks.size(); }
+bool RankSave::direct_io() const { return impl_->p.direct; }
+
+std::string RankSave::Plan(const State& local, const ShardLayout& layout, const SaveOptions& o,
+                           const IoOptions& io) {
+  Impl& i = *impl_;
+  i.p = dist::RankPlan();
+  i.planned = ValidateIoOptions(io, "distributed save");
+  if (i.planned.ok()) i.planned = dist::PlanRank(local, layout, i.rank, i.world, o, io, &i.p);
+  if (i.planned.ok() && i.rank == dist::kRoot) i.planned = AddValues(local);
+  return dist::EncodePlan(i.planned, i.p.m, i.p.key.has_value());
+}
+
+Status RankSave::AddValues(const State& values) {
+  for (const auto& [name, e] : values.entries()) {
+    if (!e.is_tensor()) SP_RETURN_IF_ERROR(impl_->p.m.values.PutValue(name, e.value()));
+  }
+  if (!values.metadata().is_null()) impl_->p.m.values.metadata() = values.metadata();
+  return Status::OK();
+}
+
+Result<std::string> RankSave::Write(std::string_view verdict, const SaveOptions& o,
+                                    const IoOptions& io) {
+  Impl& i = *impl_;
+  SP_ASSIGN_OR_RETURN(i.verdict, dist::DecodeVerdict(verdict, i.world));
+  SP_RETURN_IF_ERROR(i.verdict.status);
+  i.p.m.checkpoint_id = i.verdict.checkpoint_id;
+  engine::SaveTarget target{FileSystemOf(io), "", i.verdict.tmp};
+  // A rank that writes no file still derives the keys: the coordinator writes the manifest, and
+  // every rank's key check is compared with the coordinator's.
+  const uint32_t file_index =
+      static_cast<uint32_t>(std::max<int64_t>(i.verdict.file_index[i.rank], 0));
+  i.wrote = i.planned;
+  if (i.wrote.ok() && i.p.key) i.wrote = dist::SealPlan(i.verdict, file_index, &i.p);
+  if (i.wrote.ok()) i.wrote = dist::WriteRankFile(target, o, io, file_index, &i.p);
+  return dist::EncodeCrcs(i.wrote, i.p.m);
+}
+
+struct SaveCoordinator::Impl {
+  explicit Impl(int world) : merger(world) {}
+  std::string path;
+  SaveOptions o;
+  IoOptions io;
+  dist::ManifestMerger merger;
+  engine::SaveTarget target;
+  dist::Verdict verdict;
+  bool began = false, committed = false;
+};
+
+SaveCoordinator::SaveCoordinator(std::string path, int world, SaveOptions o, IoOptions io)
+    : impl_(std::make_unique<Impl>(world)) {
+  impl_->path = std::move(path);
+  impl_->o = std::move(o);
+  impl_->io = io;
+}
+
+SaveCoordinator::~SaveCoordinator() { Abandon(); }
+
+void SaveCoordinator::Abandon() {
+  if (impl_->began && !impl_->committed) engine::AbandonSave(impl_->target);
+  impl_->began = false;
+}
+
+const Status& SaveCoordinator::decided() const { return impl_->verdict.status; }
+
+std::string SaveCoordinator::Decide(const std::vector<std::string>& plans) {
+  Impl& c = *impl_;
+  dist::Verdict& v = c.verdict;
+  v.status = [&]() -> Status {
+    for (size_t r = 0; r < plans.size(); ++r) {
+      SP_RETURN_IF_ERROR(c.merger.AddPlan(static_cast<int>(r), plans[r]));
+    }
+    SP_ASSIGN_OR_RETURN(v.file_index, c.merger.Finish());
+    SP_ASSIGN_OR_RETURN(c.target, engine::BeginSave(c.path, c.o, c.io));
+    c.began = true;
+    v.tmp = c.target.tmp;
+    v.checkpoint_id = engine::RandomU64();
+    if (c.merger.encrypted()) {
+      SP_ASSIGN_OR_RETURN(format::Salt salt, format::RandomSalt());
+      v.salt.assign(reinterpret_cast<const char*>(salt.data()), salt.size());
+    }
+    return Status::OK();
+  }();
+  return dist::EncodeVerdict(v);
+}
+
+Status SaveCoordinator::Commit(const std::vector<std::string>& reports, RankSave& own) {
+  Impl& c = *impl_;
+  Status s = [&]() -> Status {
+    SP_RETURN_IF_ERROR(c.verdict.status);
+    if (!c.began) return FailedPreconditionError("SaveCoordinator::Commit before Decide");
+    dist::RankPlan* p = &own.impl_->p;
+    const bool encrypted = p->m.encryption.enabled;
+    for (size_t r = 0; r < reports.size(); ++r) {
+      SP_RETURN_IF_ERROR(c.merger.AddCrcs(static_cast<int>(r), reports[r], p->m.chunk_bytes,
+                                          encrypted ? &p->m.encryption.key_check : nullptr));
+    }
+    format::Manifest m = std::move(p->m);  // keeps the id stamp, time, writer, chunk size, salt
+    m.checkpoint_id = c.verdict.checkpoint_id;
+    c.merger.TakeInto(&m);
+    SP_RETURN_IF_ERROR(
+        engine::FinishFiles(c.target, nullptr, m, encrypted ? &p->seal.keys : nullptr));
+    return engine::CommitSave(c.target, c.o.overwrite);
+  }();
+  c.committed = s.ok();
+  if (!s.ok()) Abandon();
+  return s;
+}
+
 Status SaveDistributed(Communicator& comm, const State& local, const ShardLayout& layout,
                        const std::string& path, const DistributedSaveOptions& o,
                        const IoOptions& io) {
   auto start = std::chrono::steady_clock::now();
-  dist::RankPlan p;
-  Status s = dist::Run(comm, local, layout, path, o, io, &p);
+  RankSave mine(comm.rank(), comm.size());
+  Status s = dist::Run(comm, local, layout, path, o, io, &mine);
   std::string context =
       fmt::format("distributed save {} (rank {} of {})", path, comm.rank(), comm.size());
   if (!s.ok()) return s.WithContext(context);
   if (o.save.stats != nullptr) {
-    const uint64_t bytes = p.mine.tensor_bytes();
-    *o.save.stats = SaveStats{bytes, p.tasks.size(), 0, p.direct, bytes, 0, 0};
+    const uint64_t bytes = mine.bytes();
+    *o.save.stats = SaveStats{bytes, mine.chunks(), 0, mine.direct_io(), bytes, 0, 0};
     o.save.stats->seconds = o.save.stats->blocked_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }

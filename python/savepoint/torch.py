@@ -1,0 +1,316 @@
+"""A storage plug-in for torch.distributed.checkpoint (DCP): savepoint checkpoints through DCP.
+
+    import torch.distributed.checkpoint as dcp
+    import savepoint.torch
+
+    dcp.save(state_dict, storage_writer=savepoint.torch.StorageWriter("ckpt/step-100"))
+    dcp.load(state_dict, storage_reader=savepoint.torch.StorageReader("ckpt/step-100"))
+
+What lands on disk is a native savepoint checkpoint (docs/FORMAT.md): a CRC32C per chunk, committed
+atomically by the coordinator (hidden temporary directory, rename), readable by savepoint.load,
+the C++ API and the CLI (`savepoint verify`, `inspect`). DCP runs the collectives; the plug-in
+maps the steps of savepoint's distributed save onto DCP's phases (docs/INTEROP.md, "PyTorch DCP"):
+
+  prepare_global_plan (coordinator)  plans every rank's data file from the items DCP's planner
+                                     gave it, checks they tile every tensor, creates the
+                                     temporary directory: the verdict goes in SavePlan.storage_data
+  write_data (every rank)            writes and syncs its data file; its report (CRC32Cs) and its
+                                     BYTE_IO values go back in a WriteResult's storage_data
+  finish (coordinator)               writes the manifest and commits
+
+A tensor write item is a shard (a box of the global tensor); a BYTE_IO item (DCP's torch.save of
+a non-tensor value) becomes a bytes value of the same name. read_metadata describes the stored
+shards as DCP's chunks; read_data reads each ReadItem's box straight into its destination,
+reading only the chunks that overlap it, each verified against its CRC32C.
+"""
+
+import dataclasses
+import io
+import json
+import os
+
+import torch
+from torch.distributed.checkpoint import metadata as _md
+from torch.distributed.checkpoint import planner as _planner
+from torch.distributed.checkpoint import storage as _storage
+from torch.futures import Future
+
+from . import _core, _dtypes, _errors
+
+__all__ = ["StorageReader", "StorageWriter"]
+
+_DEFAULT_CHUNK_BYTES = 8 << 20
+# The fqn of the WriteResult that carries a rank's report to the coordinator (not a state key).
+_REPORT_FQN = "\0savepoint.report"
+# Key of the user metadata holding what DCP needs back on load.
+_META_KEY = "torch.distributed.checkpoint"
+
+
+@dataclasses.dataclass(frozen=True)
+class _SaveVerdict:
+    """SavePlan.storage_data: the coordinator's verdict and the plan it made for this rank."""
+
+    verdict: bytes
+    plan: bytes
+    world: int
+
+
+@dataclasses.dataclass(frozen=True)
+class _RankReport:
+    """WriteResult.storage_data of a rank's report item."""
+
+    rank: int
+    report: bytes
+    values: dict
+
+
+def _dtype_name(dtype, fqn):
+    name = _dtypes.from_torch_dtype(dtype)
+    if name is None:
+        raise _errors.InvalidArgumentError(f"tensor {fqn!r}: dtype {dtype} is not supported")
+    return name
+
+
+def _shard_spec(item, address=0, shape=None):
+    """(name, address, dtype, shape, global shape, offsets) of a tensor WriteItem."""
+    td = item.tensor_data
+    fqn = item.index.fqn
+    sizes = list(td.chunk.sizes)
+    return (fqn, address, _dtype_name(td.properties.dtype, fqn), sizes if shape is None else shape,
+            list(td.size), list(td.chunk.offsets))
+
+
+def _is_tensor(item):
+    return item.type != _planner.WriteItemType.BYTE_IO
+
+
+class StorageWriter(_storage.StorageWriter):
+    """Writes DCP saves (dcp.save, dcp.async_save) as a savepoint checkpoint at `path`.
+
+    overwrite: replace an existing checkpoint (atomically). chunk_bytes: the unit of the
+    checksums (default 8 MiB; the same on every rank). io_threads, direct_io: as savepoint.save.
+    """
+
+    def __init__(self, path, *, overwrite=False, chunk_bytes=_DEFAULT_CHUNK_BYTES, io_threads=4,
+                 direct_io=True):
+        super().__init__()
+        self.path = os.fspath(path)
+        self.overwrite = overwrite
+        self.chunk_bytes = chunk_bytes
+        self.io_threads = io_threads
+        self.direct_io = direct_io
+        self._rank = 0
+        self._is_coordinator = True
+        self._coordinator = None
+        self._own = None
+
+    def reset(self, checkpoint_id=None):
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+        self._abandon()
+
+    def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+        self._is_coordinator = is_coordinator
+        self._rank = kwargs.get("rank", _default_rank())
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        """Coordinator: plans every rank's file and decides; the verdict goes to every rank."""
+        world = len(plans)
+        shapes = [
+            _core.dcp_plan_shapes(r, world, [_shard_spec(i) for i in p.items if _is_tensor(i)],
+                                  self.chunk_bytes)
+            for r, p in enumerate(plans)
+        ]
+        self._abandon()
+        self._coordinator = _core.DcpCoordinator(self.path, world, self.overwrite)
+        verdict = self._coordinator.decide(shapes)
+        return [dataclasses.replace(p, storage_data=_SaveVerdict(verdict, shapes[r], world))
+                for r, p in enumerate(plans)]
+
+    def write_data(self, plan, planner):
+        """Every rank: writes its data file; returns its report for the coordinator."""
+        sd = plan.storage_data
+        tensors, specs, values, results = [], [], {}, []
+        for item in plan.items:
+            data = planner.resolve_data(item)
+            if not _is_tensor(item):
+                values[item.index.fqn] = bytes(data.getbuffer())
+                results.append(_storage.WriteResult(item.index, len(values[item.index.fqn]), None))
+                continue
+            t = data.detach().to("cpu").contiguous()
+            tensors.append(t)  # alive until the write returns
+            specs.append(_shard_spec(item, t.data_ptr() if t.numel() else 0, list(t.shape)))
+            results.append(_storage.WriteResult(item.index, t.numel() * t.element_size(), None))
+        mine = _core.DcpRankSave(self._rank, sd.world, self.chunk_bytes, self.io_threads,
+                                 self.direct_io)
+        if mine.plan(specs) != sd.plan:
+            raise _errors.InternalError(
+                f"DCP save {self.path}: rank {self._rank} planned other writes than the "
+                "coordinator planned for it")
+        report = mine.write(sd.verdict)
+        if self._is_coordinator:
+            self._own = mine
+        index = _md.MetadataIndex(_REPORT_FQN)
+        results.append(_storage.WriteResult(index, 0, _RankReport(self._rank, report, values)))
+        fut = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata, results):
+        """Coordinator: checks every rank's report, writes the manifest and commits."""
+        reports = [None] * len(results)
+        values = {}
+        for rank_results in results:
+            for r in rank_results:
+                if r.index.fqn == _REPORT_FQN:
+                    reports[r.storage_data.rank] = r.storage_data.report
+                    values.update(r.storage_data.values)
+        if any(r is None for r in reports) or self._own is None or self._coordinator is None:
+            raise _errors.InternalError(f"DCP save {self.path}: a rank's report is missing")
+        meta = {_META_KEY: {"byte_io": sorted(values), "planner_data": _jsonable(metadata)}}
+        self._own.add_values([(k, "bytes", v) for k, v in values.items()], json.dumps(meta))
+        coordinator, self._coordinator = self._coordinator, None
+        own, self._own = self._own, None
+        coordinator.commit(reports, own)
+
+    def storage_meta(self):
+        return _md.StorageMeta(checkpoint_id=self.path)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return isinstance(checkpoint_id, (str, os.PathLike))
+
+    def _abandon(self):
+        """Drops a save that did not finish (its temporary directory goes)."""
+        if self._coordinator is not None:
+            self._coordinator.abandon()
+        self._coordinator = None
+        self._own = None
+
+
+def _default_rank():
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def _jsonable(metadata):
+    """DCP's planner_data (the default planner's fqn -> key path) as JSON, or None."""
+    data = getattr(metadata, "planner_data", None)
+    try:
+        json.dumps(data)
+    except (TypeError, ValueError):
+        return None
+    return data
+
+
+def _from_json_planner_data(data):
+    if not isinstance(data, dict):
+        return data
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+
+
+class StorageReader(_storage.StorageReader):
+    """Reads a savepoint checkpoint at `path` for dcp.load, in any sharding (resharding).
+
+    Any savepoint checkpoint loads, not only those written through DCP: values that DCP did not
+    write are handed to DCP as torch.save bytes of their Python value. verify: check every chunk
+    read against its CRC32C (default). io_threads, direct_io: as savepoint.load.
+    """
+
+    def __init__(self, path, *, verify=True, io_threads=4, direct_io=False):
+        super().__init__()
+        self.path = os.fspath(path)
+        self.verify = verify
+        self.io_threads = io_threads
+        self.direct_io = direct_io
+        self._dtypes = {}
+        self._values = {}
+        self._byte_io = set()
+        self._loaded = False
+
+    def reset(self, checkpoint_id=None):
+        if checkpoint_id is not None:
+            self.path = os.fspath(checkpoint_id)
+            self._loaded = False
+
+    def read_metadata(self, *args, **kwargs):
+        reader = _core.Reader.open(self.path, self.io_threads, False)
+        manifest = json.loads(reader.manifest_json())
+        meta = json.loads(reader.metadata_json() or "null") or {}
+        dcp_meta = meta.get(_META_KEY, {}) if isinstance(meta, dict) else {}
+        self._byte_io = set(dcp_meta.get("byte_io", []))
+        self._values = {name: (kind, v) for name, kind, v in reader.values()}
+        entries = {}
+        for t in manifest["tensors"]:
+            entries[t["name"]] = self._tensor_metadata(t)
+            self._dtypes[t["name"]] = t["dtype"]
+        for name in self._values:
+            entries[name] = _md.BytesStorageMetadata()
+        self._loaded = True
+        return _md.Metadata(state_dict_metadata=entries,
+                            planner_data=_from_json_planner_data(dcp_meta.get("planner_data")),
+                            storage_meta=_md.StorageMeta(checkpoint_id=self.path))
+
+    @staticmethod
+    def _tensor_metadata(t):
+        chunks = [_md.ChunkStorageMetadata(offsets=torch.Size(s["offsets"]),
+                                           sizes=torch.Size(s["sizes"])) for s in t["shards"]]
+        props = _md.TensorProperties(dtype=_dtypes.to_torch_dtype(t["dtype"]))
+        return _md.TensorStorageMetadata(properties=props, size=torch.Size(t["shape"]),
+                                         chunks=chunks)
+
+    def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+        if not self._loaded:  # DCP handed this reader metadata it read elsewhere
+            self.read_metadata()
+
+    def prepare_local_plan(self, plan):
+        return plan
+
+    def prepare_global_plan(self, plans):
+        return plans
+
+    def read_data(self, plan, planner):
+        """Reads every ReadItem's box (verified chunks only) and hands it to the planner."""
+        boxes, done = [], []
+        for req in plan.items:
+            if req.type == _planner.LoadItemType.BYTE_IO:
+                planner.load_bytes(req, io.BytesIO(self._value_bytes(req.storage_index.fqn)))
+                continue
+            dest = planner.resolve_tensor(req).detach()
+            tmp = self._box_buffer(req, dest)
+            if tmp.numel():
+                offsets = [a + b for a, b in zip(req.storage_index.offset, req.storage_offsets)]
+                boxes.append((req.storage_index.fqn, offsets, tmp.data_ptr(),
+                               self._dtypes[req.storage_index.fqn], list(req.lengths)))
+            done.append((req, dest, tmp))
+        _core.load_boxes(self.path, boxes, self.verify, self.io_threads, self.direct_io)
+        for req, dest, tmp in done:
+            if tmp is not dest:
+                dest.copy_(tmp)
+            planner.commit_tensor(req, dest)
+        fut = Future()
+        fut.set_result(None)
+        return fut
+
+    def _box_buffer(self, req, dest):
+        """`dest` when the box can be read straight into it, else a buffer of the stored dtype."""
+        dtype = _dtypes.to_torch_dtype(self._dtypes[req.storage_index.fqn])
+        if (dest.device.type == "cpu" and dest.dtype == dtype and dest.is_contiguous()
+                and list(dest.shape) == list(req.lengths)):
+            return dest
+        return torch.empty(tuple(req.lengths), dtype=dtype)
+
+    def _value_bytes(self, name):
+        kind, value = self._values[name]
+        if name in self._byte_io and kind == "bytes":
+            return value  # DCP's own torch.save bytes
+        buf = io.BytesIO()
+        torch.save(json.loads(value) if kind == "json" else value, buf)
+        return buf.getvalue()
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id):
+        return isinstance(checkpoint_id, (str, os.PathLike))

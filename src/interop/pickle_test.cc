@@ -1,0 +1,89 @@
+// The restricted pickle reader: plain data parses, allow-listed globals are recorded (never run),
+// everything else is refused naming the global or opcode and its byte offset.
+#include "interop/pickle.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace savepoint::interop {
+namespace {
+
+using namespace std::string_literals;
+
+PickleOptions Allow() {
+  return {.globals = {{"torch.Size", GlobalRole::kCallable},
+                      {"torch.float32", GlobalRole::kConstant},
+                      {"m.C", GlobalRole::kClass}}};
+}
+
+TEST(Pickle, PlainDataAndRecordedCalls) {
+  // {'a': (1, -2, 'x'), 'b': torch.Size((3,)), 'c': C() with state {'k': torch.float32}}
+  const std::string p =
+      "\x80\x04}(\x8c\x01"
+      "a"
+      "K\x01J\xfe\xff\xff\xff\x8c\x01x\x87"
+      "\x8c\x01"
+      "b"
+      "\x8c\x05torch\x8c\x04Size\x93K\x03\x85\x85R"
+      "\x8c\x01"
+      "c"
+      "\x8c\x01m\x8c\x01"
+      "C\x93)\x81}\x8c\x01k\x8c\x05torch\x8c\x07"
+      "float32\x93sbu."s;
+  Result<Pickle> r = Pickle::Parse(p, Allow(), "t");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const Pickle& k = *r;
+  const Pickle::Node* a = k.Get(k.root(), "a");
+  ASSERT_NE(a, nullptr);
+  ASSERT_EQ(a->items.size(), 3u);
+  EXPECT_EQ(k.at(a->items[1]).i, -2);
+  EXPECT_EQ(k.at(a->items[2]).s, "x");
+  const Pickle::Node* b = k.Get(k.root(), "b");
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(b->kind, Pickle::Kind::kObject);
+  EXPECT_EQ(b->s, "torch.Size");
+  const Pickle::Node* c = k.Get(k.root(), "c");
+  ASSERT_NE(c, nullptr);
+  const Pickle::Node* f = k.Field(*c, "k");
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->s, "torch.float32");
+}
+
+TEST(Pickle, RefusesWhatItDoesNotKnow) {
+  struct Case {
+    std::string bytes, want;
+  };
+  const Case cases[] = {
+      {"cposix\nsystem\n(S'x'\ntR."s, "refusing global \"posix.system\" at byte 0"},
+      {"\x80\x04\x8c\x08"
+       "builtins\x8c\x04"
+       "eval\x93."s,
+       "refusing global \"builtins.eval\" at byte 18"},
+      {"\x80\x02\x63torch\nfloat32\n)R."s, "refusing REDUCE of \"torch.float32\""},
+      {"\x80\x02\x63torch\nSize\n)\x81."s, "refusing NEWOBJ of \"torch.Size\""},
+      {"\x80\x02S'x'\n."s, "opcode 0x53 at byte 2 is not allowed"},
+      {"\x80\x02\x8b\x00\x00\x00\x01."s, "opcode 0x8b"},
+      {"\x80\x02N\x51."s, "persistent id at byte 3"},
+      {"\x80\x02" + std::string(70, ']') + std::string(69, 'a') + ".", "nested deeper than 64"},
+      {"\x80\x02h\x05."s, "memo key 5"},
+      {"\x80\x02X\xff\xff\xff\x7f."s, "truncated"},
+      {"\x80\x02NN."s, "STOP with a stack"},
+      {"\x80\x02N"s, "ends without STOP"},
+  };
+  for (const Case& c : cases) {
+    Result<Pickle> r = Pickle::Parse(c.bytes, Allow(), "t");
+    ASSERT_FALSE(r.ok()) << c.want;
+    EXPECT_NE(r.status().message().find(c.want), std::string::npos) << r.status().ToString();
+  }
+}
+
+TEST(Pickle, SizeCap) {
+  PickleOptions o = Allow();
+  o.max_bytes = 4;
+  EXPECT_EQ(Pickle::Parse("\x80\x02N."s + "    ", o, "t").status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace savepoint::interop

@@ -1,0 +1,186 @@
+"""The torch.distributed.checkpoint storage plug-in (savepoint.torch): DCP's own dcp.save /
+dcp.async_save / dcp.load flows on savepoint storage, in one process and on gloo ranks
+(helpers/dcp_ranks.py), resharded loads, checksums that DCP's own FileSystemReader lacks."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
+
+import savepoint  # noqa: E402
+import savepoint.torch as spt  # noqa: E402
+from conftest import run_python  # noqa: E402
+
+
+def _state(fill=True):
+    g = torch.Generator().manual_seed(7)
+
+    def t(x):
+        return x if fill else torch.zeros_like(x)
+
+    return {
+        "model": {
+            "w": t(torch.randn(300, 70, generator=g)),  # 84000 B: several 16 KiB chunks below
+            "b": t(torch.randn(70, generator=g).to(torch.bfloat16)),
+            "ids": t(torch.randint(0, 1 << 40, (33,), generator=g)),
+        },
+        "scalar": t(torch.tensor(2.5)),
+        "step": 100 if fill else 0,
+        "sched": {"lr": [0.1, 0.01]} if fill else {"lr": []},
+    }
+
+
+def _assert_equal(a, b):
+    for k in ("w", "b", "ids"):
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert torch.equal(a["scalar"], b["scalar"])
+    assert a["step"] == b["step"] and a["sched"] == b["sched"]
+
+
+@pytest.fixture(autouse=True)
+def _quiet_single_process_warning():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _save(path, **kw):
+    dcp.save(_state(), storage_writer=spt.StorageWriter(path, chunk_bytes=16 << 10, **kw))
+
+
+def test_save_load_roundtrip_single_process(tmp_path, savepoint_cli):
+    path = str(tmp_path / "ckpt")
+    _save(path)
+    out = _state(fill=False)
+    dcp.load(out, storage_reader=spt.StorageReader(path))
+    _assert_equal(out, _state())
+    # A native checkpoint: savepoint.load, the CLI's verify and inspect read it.
+    flat = savepoint.load(path)
+    assert torch.equal(torch.as_tensor(flat["model.w"]), _state()["model"]["w"])
+    assert sorted(k for k in flat) == ["model.b", "model.ids", "model.w", "scalar", "sched.lr",
+                                       "step"]
+    subprocess.run([savepoint_cli, "verify", path], check=True, capture_output=True)
+    shown = subprocess.run([savepoint_cli, "inspect", "--json", path], check=True,
+                           capture_output=True, text=True).stdout
+    assert "model.w" in shown
+    # Committed atomically: nothing hidden is left beside it.
+    assert os.listdir(tmp_path) == ["ckpt"]
+
+
+def test_async_save(tmp_path):
+    path = str(tmp_path / "ckpt")
+    fut = dcp.async_save(_state(), storage_writer=spt.StorageWriter(path))
+    fut.result()
+    out = _state(fill=False)
+    dcp.load(out, storage_reader=spt.StorageReader(path))
+    _assert_equal(out, _state())
+
+
+def test_existing_checkpoint_is_refused_unless_overwrite(tmp_path):
+    path = str(tmp_path / "ckpt")
+    _save(path)
+    with pytest.raises(CheckpointException, match="already exists"):
+        _save(path)
+    _save(path, overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+class _LosesItsTempDir(spt.StorageWriter):
+    """A writer whose temporary directory vanishes before the ranks write (a failing rank)."""
+
+    def write_data(self, plan, planner):
+        parent = os.path.dirname(self.path)
+        for name in os.listdir(parent):
+            if name.startswith("."):
+                shutil.rmtree(os.path.join(parent, name))
+        return super().write_data(plan, planner)
+
+
+def test_failed_write_commits_nothing(tmp_path):
+    path = str(tmp_path / "ckpt")
+    with pytest.raises(CheckpointException, match="rank 0"):
+        dcp.save(_state(), storage_writer=_LosesItsTempDir(path))
+    assert os.listdir(tmp_path) == []
+
+
+def test_native_checkpoint_loads_through_dcp(tmp_path):
+    """A checkpoint written by savepoint.save (values not from DCP) loads with dcp.load."""
+    path = str(tmp_path / "native")
+    w = torch.arange(12.0).reshape(3, 4)
+    savepoint.save({"w": w, "step": 5, "name": "run"}, path)
+    out = {"w": torch.zeros(3, 4), "step": 0, "name": ""}
+    dcp.load(out, storage_reader=spt.StorageReader(path))
+    assert torch.equal(out["w"], w) and out["step"] == 5 and out["name"] == "run"
+
+
+def _flip_byte(path, offset):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0x5A]))
+
+
+def test_corrupt_chunk_fails_naming_it_where_dcp_alone_loads_garbage(tmp_path):
+    ours = str(tmp_path / "ours")
+    _save(ours)
+    manifest = json.loads(savepoint._core.Reader.open(ours, 1, False).manifest_json())
+    w = next(t for t in manifest["tensors"] if t["name"] == "model.w")
+    shard = w["shards"][0]
+    chunk = 2  # a byte inside the third 16 KiB chunk of model.w
+    data = os.path.join(ours, manifest["files"][shard["file"]]["name"])
+    _flip_byte(data, shard["offset"] + chunk * (16 << 10) + 100)
+    with pytest.raises(CheckpointException) as e:
+        dcp.load(_state(fill=False), storage_reader=spt.StorageReader(ours))
+    msg = str(e.value)
+    assert "model.w" in msg and "chunk 2" in msg and "CRC" in msg.upper(), msg
+
+    # The contrast: DCP's own FileSystemWriter/Reader keep no checksum of tensor bytes, so the
+    # same flipped byte loads silently as a wrong value.
+    theirs = str(tmp_path / "theirs")
+    dcp.save(_state(), storage_writer=dcp.FileSystemWriter(theirs))
+    md = dcp.FileSystemReader(theirs).read_metadata()
+    info = next(v for k, v in md.storage_data.items() if k.fqn == "model.w")
+    _flip_byte(os.path.join(theirs, info.relative_path), info.offset + info.length // 2)
+    out = _state(fill=False)
+    dcp.load(out, storage_reader=dcp.FileSystemReader(theirs))
+    assert not torch.equal(out["model"]["w"], _state()["model"]["w"])
+
+
+def test_resharded_load_in_one_process(tmp_path):
+    """Saved whole, loaded into boxes that cross the stored chunks (DCP's narrowing)."""
+    path = str(tmp_path / "ckpt")
+    _save(path)
+    full = _state()["model"]["w"]
+    out = {"model": {"w": torch.zeros(300, 70)}}
+    dcp.load(out, storage_reader=spt.StorageReader(path))
+    assert torch.equal(out["model"]["w"], full)
+
+
+@pytest.mark.parametrize("save_world,load_worlds", [(4, (2, 3)), (2, (4,))])
+def test_gloo_ranks_save_and_reshard(tmp_path, savepoint_cli, save_world, load_worlds):
+    """DTensors over a 2-D (4 ranks) or 1-D mesh, a replicated plain tensor and values: dcp.save
+    and dcp.async_save on `save_world` gloo ranks, dcp.load on other worlds and meshes."""
+    root = str(tmp_path)
+    r = run_python("dcp_ranks.py", "save", save_world, root, check=False)
+    assert r.returncode == 0, r.stderr[-4000:]
+    for name in ("sync", "async"):
+        subprocess.run([savepoint_cli, "verify", os.path.join(root, name)], check=True,
+                       capture_output=True)
+        files = sorted(f for f in os.listdir(os.path.join(root, name)) if f.endswith(".spd"))
+        assert len(files) >= 2, files  # every rank with shards wrote its own file
+    flat = savepoint.load(os.path.join(root, "sync"))
+    g = torch.Generator().manual_seed(1234)
+    assert torch.equal(torch.as_tensor(flat["model.weight"]), torch.randn(8, 6, generator=g))
+    for world in load_worlds:
+        r = run_python("dcp_ranks.py", "load", world, root, check=False)
+        assert r.returncode == 0, r.stderr[-4000:]
