@@ -11,6 +11,7 @@
 
 #include "commands.h"
 #include "common.h"
+#include "inspect_sparse.h"
 #include "python_tree.h"
 #include "savepoint/savepoint.h"
 
@@ -130,7 +131,7 @@ void PrintValueTable(const CheckpointReader& r) {
   Table table({"NAME", "KIND", "VALUE"});
   size_t rows = 0;
   for (const auto& [name, entry] : r.values().entries()) {
-    if (entry.is_tensor()) continue;
+    if (entry.is_tensor() || name == "savepoint.sparse") continue;  // (PrintSparseTables)
     const Value& v = entry.value();
     table.AddRow({name, std::string(ValueKindName(v.kind())), ValueText(v)});
     ++rows;
@@ -161,6 +162,7 @@ void PrintHuman(const CheckpointReader& r, bool tree, bool keyed) {
   }
   PrintTensorTable(r);
   PrintValueTable(r);
+  if (HasSparseTables(r)) PrintSparseTables(r);
   const Json& meta = r.values().metadata();
   fmt::print("\nmetadata: {}\n", meta.is_null() ? "none" : CompactJson(VisibleMetadata(meta)));
   PrintHiddenMetadata(meta, tree, [&](const std::string& name) { return DescribeEntry(r, name); });
@@ -212,6 +214,7 @@ void PrintJsonReport(const CheckpointReader& r, bool with_manifest) {
                    {"tensor_bytes", TensorBytes(r)},
                    {"stored_bytes", StoredBytes(r)},
                    {"compression_ratio", CompressionRatio(r)}};
+  if (HasSparseTables(r)) out["sparse"] = SparseTablesJson(r);
   if (with_manifest) out["manifest"] = r.manifest_json();
   PrintJson(out);
 }

@@ -21,7 +21,8 @@ constexpr int kMaxDepth = 64;
 constexpr size_t kMaxUnknownChars = 60;
 
 constexpr const char* kContainerKinds[] = {"dict", "odict", "list", "tuple"};
-constexpr const char* kLeafKinds[] = {"torch", "numpy", "npscalar", "value", "bigint", "none"};
+constexpr const char* kLeafKinds[] = {"torch",  "numpy", "npscalar", "value",
+                                      "bigint", "none",  "sparse"};
 
 // The kind of a tree node ("dict", "torch", ...; _tree.py ENCODING), or "" when not recognized.
 std::string NodeKind(const Json& node) {

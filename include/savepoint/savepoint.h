@@ -7,6 +7,7 @@
 #include "savepoint/catalog.h"      // IWYU pragma: export
 #include "savepoint/checkpoint.h"   // IWYU pragma: export
 #include "savepoint/comm.h"         // IWYU pragma: export
+#include "savepoint/dcp.h"          // IWYU pragma: export
 #include "savepoint/distributed.h"  // IWYU pragma: export
 #include "savepoint/dtype.h"        // IWYU pragma: export
 #include "savepoint/encryption.h"   // IWYU pragma: export
@@ -19,6 +20,7 @@
 #include "savepoint/mindspore.h"           // IWYU pragma: export
 #include "savepoint/mindspore_strategy.h"  // IWYU pragma: export
 #include "savepoint/safetensors.h"         // IWYU pragma: export
+#include "savepoint/sparse.h"              // IWYU pragma: export
 #include "savepoint/state.h"               // IWYU pragma: export
 #include "savepoint/stateful.h"            // IWYU pragma: export
 #include "savepoint/status.h"              // IWYU pragma: export

@@ -10,6 +10,8 @@
 //  - a borrowed TensorView (the caller keeps the memory alive while the State is used; this is how
 //    Save avoids copying the caller's buffers and how Load fills caller-provided buffers),
 //  - a Value (int, float, bool, string, bytes, JSON).
+// Beside the entries, a State holds named sparse embedding tables (SparseTable, savepoint/sparse.h:
+// int64 ids plus named slots of one row per id); a table name must not also name an entry.
 // Plus one JSON object of free-form user metadata, and a list of opaque keep-alive owners (see
 // KeepAlive) that let borrowed views point into memory the State itself keeps alive, e.g. the
 // read-only file mappings behind Load(..., {.mmap = true}).
@@ -32,6 +34,8 @@
 #include "savepoint/value.h"
 
 namespace savepoint {
+
+class SparseTable;  // savepoint/sparse.h
 
 inline constexpr size_t kMaxNameBytes = 4096;
 
@@ -87,9 +91,23 @@ class SAVEPOINT_API State {
   void KeepAlive(std::shared_ptr<const void> owner);
   size_t num_keep_alive() const { return keep_alive_.size(); }
 
+  // --- Sparse embedding tables (savepoint/sparse.h; defined in src/sparse/table.cc). ---
+  // Adds a table (validated: SparseTable::Validate). Fails on a bad name, or one already used by
+  // a table or an entry. A table made of views borrows the caller's memory, as PutView does.
+  Status PutTable(std::string name, SparseTable table);
+  // nullptr when absent.
+  const SparseTable* FindTable(std::string_view name) const;
+  // Removes a table; returns whether it existed.
+  bool EraseTable(std::string_view name);
+  // Every table, by name (shared so that copies of a State's table list are cheap).
+  const std::map<std::string, std::shared_ptr<const SparseTable>, std::less<>>& tables() const {
+    return tables_;
+  }
+
  private:
   Status Insert(std::string name, Entry entry);
   std::map<std::string, Entry, std::less<>> entries_;
+  std::map<std::string, std::shared_ptr<const SparseTable>, std::less<>> tables_;
   Json metadata_;
   std::vector<std::shared_ptr<const void>> keep_alive_;
 };

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 #include <exception>
+#include <map>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -96,6 +98,16 @@ nb::dict SaveStatsToPython(const SaveStats& s);
 // taken). TypeError for anything else; `what` names the argument.
 EncryptionKey KeyFromPython(nb::handle key, const char* what);
 
+// Distributed saves from Python (torch_distributed.cc): a Communicator over a Python object
+// (savepoint/_torch_comm.py's TorchCommunicator; see PyCommunicator there), a ShardLayout from
+// {name: (global_shape, offsets, sizes, replicas)}, and a collective timeout from seconds
+// (InvalidArgument unless > 0; inf = none).
+using BoxSpecs = std::map<std::string, std::tuple<std::vector<int64_t>, std::vector<int64_t>,
+                                                  std::vector<int64_t>, std::vector<int>>>;
+std::unique_ptr<Communicator> MakeTorchCommunicator(nb::object comm);
+ShardLayout LayoutFromBoxes(const BoxSpecs& boxes);
+Timeout TimeoutFromPython(double seconds);
+
 void BindErrors(nb::module_& m);
 void BindSave(nb::module_& m);
 void BindLoad(nb::module_& m);
@@ -104,6 +116,9 @@ void BindSafetensors(nb::module_& m);
 void BindMindSpore(nb::module_& m);
 void BindMindSporeStrategy(nb::module_& m);
 void BindMindSporeDistributed(nb::module_& m);
+void BindDcp(nb::module_& m);
+void BindTorchDistributed(nb::module_& m);
+void BindSparse(nb::module_& m);
 
 }  // namespace savepoint::python
 

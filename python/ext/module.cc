@@ -178,6 +178,9 @@ NB_MODULE(_core, m) {
   BindMindSpore(m);
   BindMindSporeStrategy(m);
   BindMindSporeDistributed(m);
+  BindDcp(m);
+  BindTorchDistributed(m);
+  BindSparse(m);
   m.def("match_name", &savepoint::MatchesName, nb::arg("pattern"), nb::arg("name"),
         "Whether the pattern selects the entry name (savepoint::MatchesName: the one name rule).");
   m.def("set_log_level", [](const std::string& level) {

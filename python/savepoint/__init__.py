@@ -12,6 +12,9 @@ savepoint.CheckpointManager runs a training loop's checkpoints: intervals, reten
 registered objects (anything with state_dict / load_state_dict), epoch-aware names and hooks,
 breakpoints on exceptions and SIGTERM.
 
+savepoint.SparseTable(ids=..., slots={"embedding": e, ...}) leaves save sparse embedding tables
+(sharded by id, delta saves with base=, loads into any number of shards; docs/SPARSE.md).
+
 The C++ core (savepoint._core) does all I/O with the GIL released. Errors are SavepointError
 subclasses carrying the C++ message (e.g. CorruptCheckpointError names tensor and chunk).
 """
@@ -35,10 +38,14 @@ from ._errors import (
     SavepointIOError,
     UnimplementedError,
 )
+from ._distributed import DistributedSaveFuture, PerRank
 from ._load import info, list_checkpoints, load, verify
 from ._manager import CheckpointManager, StepInfo
 from ._safetensors import SafetensorsDict, load_safetensors, safetensors_info, save_safetensors
 from ._save import AsyncCheckpointer, SaveFuture, default_checkpointer, save
+from ._sparse import DirtyTracker, SparseTable, gen_slice
+from ._sparse_io import chain as sparse_chain
+from ._sparse_io import load_tables
 
 __version__ = _core.__version__
 
@@ -55,6 +62,8 @@ __all__ = [
     "CheckpointManager",
     "CorruptCheckpointError",
     "DeadlineExceededError",
+    "DirtyTracker",
+    "DistributedSaveFuture",
     "FailedPreconditionError",
     "InternalError",
     "InvalidArgumentError",
@@ -62,22 +71,27 @@ __all__ = [
     "NoSpaceError",
     "NotFoundError",
     "OutOfRangeError",
+    "PerRank",
     "PermissionDeniedError",
     "ResourceExhaustedError",
     "SafetensorsDict",
     "SaveFuture",
     "SavepointError",
     "SavepointIOError",
+    "SparseTable",
     "StepInfo",
     "UnimplementedError",
     "default_checkpointer",
+    "gen_slice",
     "info",
     "list_checkpoints",
     "load",
+    "load_tables",
     "load_safetensors",
     "safetensors_info",
     "save",
     "save_safetensors",
     "set_log_level",
+    "sparse_chain",
     "verify",
 ]

@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from . import _core, _dtypes, _errors, _keys, _tree
+from . import _core, _dtypes, _errors, _keys, _sparse_io, _tree
 
 # Tensors at least this large are allocated 4 KiB-aligned so O_DIRECT reads land in them directly.
 _ALIGN = 4096
@@ -55,7 +55,9 @@ _FRAMEWORKS = {None: None, "pt": "pt", "torch": "pt", "np": "np", "numpy": "np"}
 
 
 def load(path, *, names=None, mmap=False, map_location=None, like=None, verify=True, io_threads=4,
-         direct_io=True, framework=None, key=None):  # fmt: skip
+         direct_io=True, framework=None, key=None, strict=True, process_group=None,
+         timeout=600.0, per_rank="strict", tables=None, slots=None, shard_id=0,
+         shard_num=1):  # fmt: skip
     """Loads a checkpoint written by savepoint.save; returns the saved structure.
 
     Tensors come back as chosen by `framework`; scalars as the same Python types, and
@@ -97,11 +99,78 @@ def load(path, *, names=None, mmap=False, map_location=None, like=None, verify=T
         encrypted (InvalidArgumentError). A wrong key, or a modified checkpoint, raises
         AuthenticationError naming the manifest or the tensor and chunk (every chunk is
         authenticated, also with verify=False). mmap=True is refused for encrypted checkpoints.
+    strict: with False, tensors of `like` that the checkpoint lacks are skipped (left as they
+        are) instead of raising NotFoundError.
+    process_group: a torch.distributed process group (or group.WORLD): every rank calls load()
+        with its own `like` (required), whose DTensors (any mesh and placements, any world size:
+        not necessarily the saving job's) receive their local boxes in place, reading only the
+        byte ranges they need; other tensors of `like` are read whole. Checkpoint tensors that
+        are not in `like` are not read (left out of the result); values come from the
+        checkpoint. If any rank fails, every rank raises (naming it). names, mmap,
+        map_location and framework do not apply. timeout: seconds to wait for the other ranks.
+        Parts saved as savepoint.PerRank come back to each rank as its own (read whole, into
+        the `like` tensor at that position when there is one, PerRank-wrapped or not, else into
+        new CPU tensors). Without process_group they load as the list of every saving rank's.
+    per_rank: with process_group, what a rank gets of a PerRank part saved by a job of another
+        world size: "strict" (default; the same world size gives rank r the entry of rank r, any
+        other raises InvalidArgumentError naming the key and both world sizes), "modulo" (rank r
+        gets the entry of saved rank r % saved world size), "all" (every rank gets the list of
+        all saved ranks' entries, whatever the world sizes).
+
+    Sparse tables (docs/SPARSE.md): a checkpoint holding savepoint.SparseTables (a full one or
+    the head of a delta chain) loads with the chain applied, each table as a SparseTable (ids and
+    slots as numpy arrays, torch tensors if saved from torch or with framework="pt"; rows in
+    storage order), dense tensors whole (like's tensors are filled by a copy; mmap is refused).
+    tables, slots: table / slot names or glob patterns to load (default all; e.g.
+        slots="embedding" leaves the optimizer slots out); unselected tables are left out.
+    shard_id, shard_num: give only the rows whose slice (id mod 65536) lies in
+        savepoint.gen_slice(shard_id, shard_num), whatever number of ranks saved them.
+    process_group: every rank gets the rows it owns under the group's size (shard_id = group
+        rank, shard_num = group size), dense tensors whole (like= optional: its DTensors get
+        their local boxes), its PerRank parts as per_rank says; every rank raises if one fails.
+    savepoint.load_tables loads only the tables (with rename= and slot_dtypes=).
     """
+    sparse_args = tables is not None or slots is not None or (shard_id, shard_num) != (0, 1)
+    if process_group is not None:
+        key = _load_key(key, "savepoint.load: key")  # (a provider is called once)
+    if process_group is not None and (like is None or sparse_args or _has_tables(path, key)):
+        if names is not None or mmap or map_location is not None:
+            raise ValueError("savepoint.load: a load of sparse tables with process_group takes "
+                             "none of names, mmap, map_location")  # fmt: skip
+        if (shard_id, shard_num) != (0, 1):
+            raise ValueError("savepoint.load: pass process_group or shard_id/shard_num")
+        return _sparse_io.load_distributed(path, process_group, framework=framework,
+                                           tables=tables, slots=slots, verify=verify,
+                                           io_threads=io_threads, direct_io=direct_io, key=key,
+                                           timeout=timeout, per_rank=per_rank, like=like,
+                                           strict=strict)  # fmt: skip
+    if process_group is not None:
+        from . import _distributed
+
+        if like is None or names is not None or mmap or map_location is not None or framework:
+            raise ValueError("savepoint.load: with process_group, pass like= and none of names, "
+                             "mmap, map_location, framework")  # fmt: skip
+        return _distributed.load(path, like, process_group, strict=strict, verify=verify,
+                                 io_threads=io_threads, direct_io=direct_io, key=key,
+                                 timeout=timeout, per_rank=per_rank)  # fmt: skip
     if framework not in _FRAMEWORKS:
         raise ValueError(f"savepoint.load: framework={framework!r}: use None, 'pt' or 'np'")
     path = os.fspath(path)
     info = _Info(path, io_threads, direct_io, _load_key(key, "savepoint.load: key"))
+    if _sparse_io.has_tables(info):
+        if mmap:
+            raise _errors.UnimplementedError(
+                f"savepoint.load({path!r}): the checkpoint holds sparse tables: mmap=True is not "
+                "supported for it")  # fmt: skip
+        return _sparse_io.load(path, info, framework=framework, names=names,
+                               map_location=map_location, tables=tables, slots=slots,
+                               shard_id=shard_id, shard_num=shard_num, verify=verify,
+                               io_threads=io_threads, direct_io=direct_io, like=like,
+                               strict=strict)  # fmt: skip
+    if sparse_args:
+        raise _errors.InvalidArgumentError(
+            f"savepoint.load({path!r}): tables=, slots=, shard_id= and shard_num= apply to "
+            "checkpoints with sparse tables; this one has none")  # fmt: skip
     info.tree = _for_framework(info, _FRAMEWORKS[framework])
     leaves = _tree.tensor_leaves(info.tree)
     plan = _Plan(path, info, _like_targets(like), mmap)
@@ -109,10 +178,20 @@ def load(path, *, names=None, mmap=False, map_location=None, like=None, verify=T
     for p, node in leaves:
         if _tree.leaf_name(node) in selected:
             plan.add(p, node)
-    plan.check_like_covered({p for p, _ in leaves})
+    if strict:
+        plan.check_like_covered({p for p, _ in leaves})
     plan.run(verify, io_threads, direct_io)
     finish = _finisher(plan.loaded, selected, map_location, plan.like_names)
     return _tree.rebuild(info.tree, finish, info.values)
+
+
+def _has_tables(path, key):
+    """Whether the checkpoint at `path` holds sparse tables; False when it cannot be opened (the
+    load then reports that on every rank)."""
+    try:
+        return _sparse_io.has_tables(_Info(os.fspath(path), 1, False, key))
+    except Exception:  # noqa: BLE001 (reported by the load itself)
+        return False
 
 
 def _for_framework(info, framework):

@@ -5,13 +5,13 @@ import json
 import os
 import threading
 
-from . import _core, _errors, _keys, _tree
+from . import _core, _errors, _keys, _sparse, _sparse_io, _tree
 
 _DEFAULT_CHUNK = 8 << 20
 
 
-def _flatten(obj, metadata):
-    f = _tree.Flattener()
+def _flatten(obj, metadata, flattener=None):
+    f = flattener if flattener is not None else _tree.Flattener()
     tree = f.flatten(obj)
     meta = {}
     if metadata is not None:
@@ -49,7 +49,8 @@ def _compression(compression):
 
 def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata=None,
          io_threads=4, chunk_bytes=_DEFAULT_CHUNK, direct_io=True, create_parents=True,
-         key=None):  # fmt: skip
+         key=None, process_group=None, timeout=600.0, verify_replicas=True, base=None,
+         concurrency=0):  # fmt: skip
     """Saves `obj` as a checkpoint directory at `path`, like torch.save but crash-consistent.
 
     obj: a nested dict / OrderedDict / list / tuple of torch tensors, numpy arrays, numpy scalars
@@ -58,6 +59,8 @@ def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata
         directly. Non-contiguous tensors/arrays and tensors on an accelerator are first copied to a
         contiguous host buffer (a documented conversion); anything else raises TypeError naming its
         key path. Storage sharing between tensors is not preserved (each is stored whole).
+        Leaves may also be savepoint.SparseTable (or objects with __savepoint_table__()): sparse
+        embedding tables, saved without a copy (see `base` and docs/SPARSE.md).
     async_: when True, return a SaveFuture as soon as the tensors are copied into the default
         AsyncCheckpointer's staging memory (the caller may then modify them); the write, fsync and
         commit continue in the background. Default False: return once the checkpoint is durable.
@@ -79,9 +82,57 @@ def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata
         from another thread). Loading then needs the same key; tensor names, shapes, values and
         metadata stay readable without it. Default None: not encrypted.
 
+    process_group: a torch.distributed process group (or torch.distributed.group.WORLD): every
+        rank of it calls save() with its own state dict, and one sharded checkpoint is written
+        (docs/DISTRIBUTED.md, "PyTorch distributed"). DTensor leaves are saved as their local
+        shards (replicated boxes written once); other tensors are taken as replicated on every
+        rank (DDP) and written once; non-tensor values and metadata come from rank 0. Per-rank
+        state (RNG states, data-loader positions, counters) is marked savepoint.PerRank(obj):
+        each rank's obj is saved under names carrying its rank ("rng@rank3") and loaded back by
+        the same rank (savepoint.load, per_rank=). Ranks whose state dicts differ in keys, dtypes
+        or shapes, or whose plain tensors differ in bytes (see verify_replicas), get
+        InvalidArgumentError on every rank before anything is written. With async_=True, the local tensors are copied, then
+        the save runs on a background thread (one at a time, in call order) and a
+        DistributedSaveFuture is returned. compression is not supported with a process group.
+    timeout: seconds each collective step of a distributed save may wait for the other ranks
+        (default 600); a rank that died or hangs makes the others fail with an error naming it.
+    verify_replicas: with a process_group, check that every plain (replicated) tensor holds the
+        same bytes on every rank (each rank hashes every byte of them, CRC32C, before anything is
+        written; InvalidArgumentError naming the tensor and the ranks that differ). Default True;
+        False skips the hashing (it reads every replicated byte once on every rank, ~10 GB/s).
+
+    base: sparse tables (savepoint.SparseTable leaves, docs/SPARSE.md): the path of the previous
+        checkpoint of a delta chain; this save is then a delta in which each table holds only its
+        rows touched since `base` plus SparseTable(deleted=ids) (tables of the chain absent here
+        carry over unchanged; dense tensors and values are saved whole). Default None: a full
+        save. concurrency: threads sorting the tables' rows (0: io_threads). Tables are not
+        saved asynchronously (async_=True is UnimplementedError).
+
     Returns a dict of statistics (bytes, chunks, seconds, direct_io) for a synchronous save, a
     SaveFuture for an asynchronous one. Errors are SavepointError subclasses (the C++ message).
     """
+    if async_ and (base is not None or _sparse.contains_table(obj)):
+        raise _errors.UnimplementedError(
+            f"savepoint.save({os.fspath(path)!r}): sparse tables and delta saves (base=) are "
+            "saved synchronously only: pass async_=False")  # fmt: skip
+    if process_group is not None and (base is not None or _sparse.contains_table(obj)):
+        if compression is not None:
+            raise _errors.UnimplementedError("savepoint.save: compression with a process_group")
+        return _sparse_io.save_distributed(
+            obj, path, process_group, base=base, concurrency=concurrency, metadata=metadata,
+            timeout=timeout, verify_replicas=verify_replicas, key=key, overwrite=overwrite,
+            create_parents=create_parents, chunk_bytes=chunk_bytes, io_threads=io_threads,
+            direct_io=direct_io)  # fmt: skip
+    if process_group is not None:
+        if compression is not None:
+            raise _errors.UnimplementedError("savepoint.save: compression with a process_group")
+        from . import _distributed
+
+        return _distributed.save(obj, path, process_group, async_=async_, overwrite=overwrite,
+                                 metadata=metadata, io_threads=io_threads,
+                                 chunk_bytes=chunk_bytes, direct_io=direct_io,
+                                 create_parents=create_parents, key=key,
+                                 timeout=timeout, verify_replicas=verify_replicas)  # fmt: skip
     codec = _compression(compression)
     if async_:
         given = {k: v for k, v, d in (("io_threads", io_threads, 4), ("direct_io", direct_io, True),
@@ -94,7 +145,14 @@ def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata
                                            create_parents=create_parents,
                                            compression=compression, key=key)  # fmt: skip
     key = _keys.normalize(key, "savepoint.save: key")
-    flat, meta_json = _flatten(obj, metadata)
+    flattener = _tree.Flattener()
+    flattener.allow_tables = True
+    flat, meta_json = _flatten(obj, metadata, flattener)
+    if flat.tables or base is not None:
+        return _sparse_io.save(flat, meta_json, path, base=base, concurrency=concurrency,
+                               overwrite=overwrite, create_parents=create_parents,
+                               direct_io=direct_io, io_threads=io_threads,
+                               chunk_bytes=chunk_bytes, codec=codec, key=key)  # fmt: skip
     specs = [t.spec() for t in flat.tensors]
     return _core.save(os.fspath(path), specs, flat.values, meta_json, overwrite=overwrite,
                       create_parents=create_parents, direct_io=direct_io, io_threads=io_threads,

@@ -22,6 +22,10 @@ one of
     {"value": NAME}                          a Python bool/int/float/str/bytes (value entry NAME)
     {"bigint": NAME}                         a Python int outside int64 (string value, decimal)
     {"none": null}                           None
+    {"sparse": NAME, "pt": true}             a savepoint.SparseTable (or an object with
+                                             __savepoint_table__) stored as sparse table NAME
+                                             (docs/FORMAT.md §11); "pt" (optional): its ids were
+                                             a torch tensor
 and KEY is a JSON string (a str key) or {"int": N} (an int key, e.g. optimizer state ids).
 Names are unique: a path whose joined name is taken (keys containing ".") gets "~N" appended;
 control characters in keys are escaped in the name (never in the recorded key).
@@ -33,7 +37,7 @@ import re
 
 import numpy as np
 
-from . import _dtypes
+from . import _dtypes, _sparse
 
 TREE_KEY = "savepoint.python"
 TREE_VERSION = 1
@@ -66,11 +70,16 @@ class TensorLeaf:
 
 
 class Flattener:
-    """Walks an object; collects tensor leaves, value entries and the tree JSON."""
+    """Walks an object; collects tensor leaves, value entries and the tree JSON. Sparse tables
+    are collected only where the caller saves them (allow_tables; else TypeError), so that no
+    other writer drops them silently."""
+
+    allow_tables = False
 
     def __init__(self):
         self.tensors = []  # TensorLeaf
         self.values = []  # (name, kind, value)
+        self.tables = []  # (name, savepoint.SparseTable)
         self._names = set()
 
     def flatten(self, obj):
@@ -94,6 +103,9 @@ class Flattener:
         torch = _dtypes.torch_module()
         if torch is not None and isinstance(obj, torch.Tensor):
             return self._torch(torch, obj, path)
+        table = _sparse.as_table(obj)
+        if table is not None:
+            return self._table(table, path)
         raise unsupported(
             path, f"an object of type {t.__module__}.{t.__qualname__}",
             "only dict, OrderedDict, list, tuple, torch.Tensor, numpy arrays and scalars, bool, "
@@ -173,6 +185,21 @@ class Flattener:
             node["grad"] = True
         if type(t) is torch.nn.Parameter:
             node["param"] = True
+        return node
+
+    def _table(self, table, path):
+        if not self.allow_tables:
+            raise unsupported(path, "a savepoint.SparseTable",
+                              "sparse tables are saved by savepoint.save(..., async_=False) "
+                              "only (not asynchronously, by the manager or to other formats)")
+        if getattr(self, "_inside", None) is not None:  # (a PerRank of a distributed save)
+            raise unsupported(path, "a SparseTable inside a savepoint.PerRank",
+                              "each rank passes the rows it owns of one table: save it plainly")
+        name = self._name(path)
+        self.tables.append((name, table))
+        node = {"sparse": name}
+        if _sparse._kind(table.ids) == "pt":
+            node["pt"] = True
         return node
 
     def _name(self, path):

@@ -32,6 +32,9 @@ const TensorView& State::Entry::tensor() const {
 
 Status State::Insert(std::string name, Entry entry) {
   SP_RETURN_IF_ERROR(ValidateName(name));
+  if (tables_.count(name) > 0) {
+    return AlreadyExistsError(fmt::format("state entry {:?}: a sparse table has that name", name));
+  }
   auto [it, inserted] = entries_.try_emplace(std::move(name));
   if (!inserted) return AlreadyExistsError(fmt::format("duplicate state entry {:?}", it->first));
   it->second = std::move(entry);

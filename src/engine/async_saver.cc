@@ -36,6 +36,7 @@
 #include "engine/staging_pool.h"
 #include "engine/writer.h"
 #include "savepoint/async.h"
+#include "savepoint/sparse.h"
 
 namespace savepoint {
 
@@ -380,6 +381,10 @@ void CheckpointerImpl::Launch(std::shared_ptr<SaveHandle::Shared> job) {
 Result<SaveHandle> CheckpointerImpl::SaveAsync(const State& state, const std::string& path,
                                                const SaveOptions& options) {
   auto t0 = Clock::now();
+  if (!state.tables().empty()) {
+    return UnimplementedError(fmt::format(
+        "save {}: asynchronous saves of sparse tables are not implemented: use SaveSparse", path));
+  }
   std::lock_guard<std::mutex> serial(save_mu_);
   if (!options_.allow_concurrent_saves) WaitAll().IgnoreError();  // errors went to their handles
   SP_ASSIGN_OR_RETURN(std::shared_ptr<SaveHandle::Shared> job, Prepare(state, path, options));

@@ -10,6 +10,7 @@
 #include "engine/select.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/savepoint.h"
+#include "savepoint/sparse.h"
 #include "util/progress.h"
 
 namespace savepoint {
@@ -93,6 +94,10 @@ Result<State> Load(const std::string& path, const LoadOptions& options, const Io
         path));
   }
   SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
+  if (reader->values().FindValue(format::kSparseValueName) != nullptr) {
+    reader.reset();  // a checkpoint with sparse tables: every table whole, its chain applied
+    return LoadSparse(path, {.load = options}, io);
+  }
   if (options.mmap && reader->encrypted()) {
     return InvalidArgumentError(fmt::format(
         "load {}: LoadOptions.mmap: the checkpoint is encrypted, so its tensors cannot be mapped "
@@ -142,7 +147,9 @@ Status LoadInto(const std::string& path, State& targets, const LoadOptions& opti
     jobs.emplace_back(i, engine::Destination{v.data(), owned ? owned->capacity() : v.nbytes()});
   }
   SP_RETURN_IF_ERROR(reader->ReadMany(jobs, options.stats, options.verify_checksums));
-  return engine::CopyValues(reader->values(), &targets);
+  SP_RETURN_IF_ERROR(engine::CopyValues(reader->values(), &targets));
+  targets.Erase(format::kSparseValueName);  // the tables' description is not a user value
+  return Status::OK();
 }
 
 Status VerifyCheckpoint(const std::string& path, const LoadOptions& options, const IoOptions& io) {

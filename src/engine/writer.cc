@@ -29,6 +29,7 @@
 #include "engine/seal.h"
 #include "engine/select.h"
 #include "io/commit.h"
+#include "savepoint/sparse.h"
 #include "util/crc32c.h"
 #include "util/parallel.h"
 #include "util/progress.h"
@@ -536,6 +537,9 @@ namespace savepoint {
 
 Status Save(const State& state, const std::string& path, const SaveOptions& o,
             const IoOptions& io) {
+  // Sparse tables are stored as tensors plus their description (src/sparse/save.cc), which saves
+  // a State without tables through here.
+  if (!state.tables().empty()) return SaveSparse(state, path, {.save = o}, io);
   auto start = std::chrono::steady_clock::now();
   std::optional<format::CheckpointKeys> keys;
   if (o.key) {  // before anything is created: a bad key leaves no trace

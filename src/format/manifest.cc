@@ -107,6 +107,7 @@ Json FeaturesToJson(const Manifest& m) {
   Json features = Json::array();
   if (UsesCompression(m)) features.push_back(kFeatureCompression);
   if (m.encryption.enabled) features.push_back(kFeatureEncryption);
+  if (m.values.FindValue(kSparseValueName) != nullptr) features.push_back(kFeatureSparse);
   return features;
 }
 

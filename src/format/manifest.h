@@ -57,6 +57,10 @@ inline constexpr size_t kMaxFileNameBytes = 255;
 
 // Names a reader must know to read a checkpoint that lists them in `required_features`.
 inline constexpr std::string_view kFeatureCompression = "compression";
+// Sparse embedding tables (docs/FORMAT.md §11): listed exactly when the manifest's values hold the
+// JSON value kSparseValueName, which describes the tables stored as tensors of the checkpoint.
+inline constexpr std::string_view kFeatureSparse = "sparse";
+inline constexpr std::string_view kSparseValueName = "savepoint.sparse";
 
 struct FileRecord {
   std::string name;  // plain file name inside the checkpoint directory

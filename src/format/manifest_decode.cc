@@ -439,7 +439,7 @@ Status DecodeEncryption(const Json& root, bool required, const Ctx& ctx, Manifes
   return HexField(*it, "key_check", m->encryption.key_check, ctx);
 }
 
-Status DecodeTop(const Json& root, const Ctx& ctx, Manifest* m, bool* compression) {
+Status DecodeTop(const Json& root, const Ctx& ctx, Manifest* m, bool* compression, bool* sparse) {
   if (!root.is_object()) return ctx.Bad("manifest body is not a JSON object");
   SP_ASSIGN_OR_RETURN(std::string format, Str(root, "format", ctx, "manifest"));
   if (format != "savepoint") return ctx.Bad("manifest.format is not \"savepoint\"");
@@ -450,6 +450,8 @@ Status DecodeTop(const Json& root, const Ctx& ctx, Manifest* m, bool* compressio
       *compression = true;
     } else if (f.is_string() && f.get<std::string>() == kFeatureEncryption) {
       encryption = true;
+    } else if (f.is_string() && f.get<std::string>() == kFeatureSparse) {
+      *sparse = true;
     } else {
       return UnimplementedError(fmt::format("{}: requires features {} unknown to this build",
                                             ctx.where, features->dump()));
@@ -484,8 +486,8 @@ Status DecodeBody(std::string_view body, const Ctx& ctx, Manifest* m) {
   SP_RETURN_IF_ERROR(CheckJsonDepth(body, kMaxJsonDepth, ctx.where));
   Json root = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return ctx.Bad("manifest body is not valid JSON");
-  bool compression = false;
-  SP_RETURN_IF_ERROR(DecodeTop(root, ctx, m, &compression));
+  bool compression = false, sparse = false;
+  SP_RETURN_IF_ERROR(DecodeTop(root, ctx, m, &compression, &sparse));
   SP_RETURN_IF_ERROR(DecodeFiles(root, ctx, m));
   SP_ASSIGN_OR_RETURN(const Json* tensors, Array(root, "tensors", kMaxTensors, ctx, "manifest"));
   for (size_t i = 0; i < tensors->size(); ++i) {
@@ -504,6 +506,12 @@ Status DecodeBody(std::string_view body, const Ctx& ctx, Manifest* m) {
   }
   SP_RETURN_IF_ERROR(CheckExtents(*m, ctx));
   SP_RETURN_IF_ERROR(DecodeValues(root, ctx, m));
+  const Value* tables = m->values.FindValue(kSparseValueName);
+  if (sparse != (tables != nullptr && tables->kind() == ValueKind::kJson)) {
+    return ctx.Bad(
+        fmt::format("\"{}\" in required_features and a JSON value {:?}: one without the other",
+                    kFeatureSparse, kSparseValueName));
+  }
   for (const auto& t : m->tensors) {
     if (m->values.Contains(t.name))
       return ctx.Bad(fmt::format("name {:?} is both tensor and value", t.name));

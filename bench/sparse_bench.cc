@@ -1,0 +1,237 @@
+// Sparse embedding tables (docs/SPARSE.md): a table of --rows ids x --dim f32 with two Adam slots
+// (exp_avg, exp_avg_sq), held by --shards thread ranks (each the ids of its RecIS slice range, in
+// hash-table order: the save sorts them), measured in one run against references taken in the
+// same run:
+//   dd        dd if=/dev/zero bs=8M oflag=direct conv=fsync of the full save's bytes
+//   full      SaveSparseDistributed of every row
+//   raw       the baseline a RecIS user has today: each shard writes its ids and rows to its own
+//             files (write + fsync, what torch.save of each shard's tensors amounts to)
+//   delta     SaveSparseDistributed with --touched (default 1%) of the rows as a delta on `full`
+//   load N->N and N->(N-1): every loader (a thread) loads its shard of the table
+// Usage: sparse_bench --dir DIR [--rows 1048576] [--dim 32] [--shards 4] [--touched 0.01]
+//                     [--threads 4] [--sorted 0|1]
+// The final line lists every ratio. The full size is --rows 4194304 --dim 128 (~6 GiB).
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "savepoint/savepoint.h"
+
+namespace sp = savepoint;
+
+namespace {
+
+struct Flags {
+  std::string dir;
+  int64_t rows = int64_t{1} << 20;
+  int64_t dim = 32;
+  int shards = 4;
+  double touched = 0.01;
+  int threads = 4;
+  bool sorted = false;  // ids already in storage order (the save then copies nothing)
+};
+
+void Must(const sp::Status& s, std::string_view what) {
+  if (s.ok()) return;
+  fmt::print(stderr, "sparse_bench: {}: {}\n", what, s.ToString());
+  std::exit(1);
+}
+
+Flags Parse(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--dir")
+      f.dir = v;
+    else if (k == "--rows")
+      f.rows = std::stoll(v);
+    else if (k == "--dim")
+      f.dim = std::stoll(v);
+    else if (k == "--shards")
+      f.shards = std::stoi(v);
+    else if (k == "--touched")
+      f.touched = std::stod(v);
+    else if (k == "--threads")
+      f.threads = std::stoi(v);
+    else if (k == "--sorted")
+      f.sorted = v == "1";
+    else
+      Must(sp::InvalidArgumentError("unknown flag " + k), "flags");
+  }
+  if (f.dir.empty() || f.shards < 2)
+    Must(sp::InvalidArgumentError("need --dir, --shards >= 2"), "flags");
+  return f;
+}
+
+double Seconds(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// One shard's rows: random ids of its slice range (in random order), three f32 slots.
+struct Shard {
+  sp::Tensor ids, emb, m, v;
+  sp::State Table(const std::vector<int64_t>* subset = nullptr) const;
+};
+
+sp::State Shard::Table(const std::vector<int64_t>* subset) const {
+  std::vector<sp::SparseTable::Slot> slots = {
+      {"embedding", emb.view()}, {"exp_avg", m.view()}, {"exp_avg_sq", v.view()}};
+  sp::State s;
+  sp::SparseTable t = sp::SparseTable::FromViews(ids.view(), slots).value();
+  if (subset != nullptr) t = sp::MakeDelta(t, *subset, {}).value();
+  Must(s.PutTable("emb", std::move(t)), "table");
+  return s;
+}
+
+std::vector<Shard> Generate(const Flags& f) {
+  std::vector<Shard> shards(f.shards);
+  for (int r = 0; r < f.shards; ++r) {
+    const sp::SliceRange range = sp::GenSlice(r, f.shards).value();
+    const int64_t n = f.rows / f.shards;
+    Shard& s = shards[r];
+    s.ids = sp::Tensor::Empty(sp::DType::kI64, {n}).value();
+    std::mt19937_64 rng(r);
+    const int64_t width = range.end - range.begin;
+    for (int64_t i = 0; i < n; ++i) {  // distinct: i-th id in slice begin + i % width
+      s.ids.as<int64_t>()[i] = (i / width) * sp::kNumSlices + range.begin + i % width;
+    }
+    if (!f.sorted) std::shuffle(s.ids.as<int64_t>().begin(), s.ids.as<int64_t>().end(), rng);
+    for (sp::Tensor* t : {&s.emb, &s.m, &s.v}) {
+      *t = sp::Tensor::Empty(sp::DType::kF32, {n, f.dim}).value();
+      for (float& x : t->as<float>()) x = static_cast<float>(rng() % 1000) / 1000.0f;
+    }
+  }
+  return shards;
+}
+
+// Runs fn(rank, comm) on one thread per shard.
+void OnRanks(int n, const std::function<sp::Status(int, sp::Communicator&)>& fn,
+             std::string_view what) {
+  auto comms = sp::NewThreadCommunicators(n);
+  std::vector<sp::Status> st(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { st[r] = fn(r, *comms[r]); });
+  for (auto& t : threads) t.join();
+  for (const auto& s : st) Must(s, what);
+}
+
+uint64_t DirBytes(const std::string& dir) {
+  uint64_t n = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) n += e.file_size();
+  }
+  return n;
+}
+
+void WriteRaw(const std::string& path, const sp::Tensor& t) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0 || ::write(fd, t.data(), t.nbytes()) != static_cast<ssize_t>(t.nbytes()) ||
+      ::fsync(fd) != 0) {
+    Must(sp::IOError("raw write " + path), "raw");
+  }
+  ::close(fd);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Flags f = Parse(argc, argv);
+  std::filesystem::remove_all(f.dir);
+  std::filesystem::create_directories(f.dir);
+  const std::vector<Shard> shards = Generate(f);
+  const sp::IoOptions io{.io_threads = f.threads};
+  const std::string full = f.dir + "/full", delta = f.dir + "/delta";
+
+  const double t_full = Seconds([&] {
+    OnRanks(
+        f.shards,
+        [&](int r, sp::Communicator& c) {
+          return sp::SaveSparseDistributed(c, shards[r].Table(), {}, full, {}, io);
+        },
+        "full save");
+  });
+  const uint64_t full_bytes = DirBytes(full);
+  const std::string dd = fmt::format(
+      "dd if=/dev/zero of='{}/dd' bs=8M count={} oflag=direct "
+      "conv=fsync status=none",
+      f.dir, (full_bytes + (8 << 20) - 1) >> 23);
+  const double t_dd =
+      Seconds([&] { Must(std::system(dd.c_str()) == 0 ? sp::Status() : sp::IOError(dd), "dd"); });
+  std::filesystem::remove(f.dir + "/dd");
+
+  const double t_raw = Seconds([&] {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < f.shards; ++r) {
+      threads.emplace_back([&, r] {
+        int k = 0;
+        for (const sp::Tensor* t : {&shards[r].ids, &shards[r].emb, &shards[r].m, &shards[r].v}) {
+          WriteRaw(fmt::format("{}/raw-{}-{}", f.dir, r, k++), *t);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  });
+
+  std::vector<std::vector<int64_t>> touched(f.shards);
+  for (int r = 0; r < f.shards; ++r) {
+    const auto ids = shards[r].ids.as<int64_t>();
+    const size_t n = static_cast<size_t>(f.touched * ids.size());
+    touched[r].assign(ids.begin(), ids.begin() + n);  // ids are in random order
+  }
+  std::vector<sp::State> deltas;
+  for (int r = 0; r < f.shards; ++r) deltas.push_back(shards[r].Table(&touched[r]));
+  const double t_delta = Seconds([&] {
+    OnRanks(
+        f.shards,
+        [&](int r, sp::Communicator& c) {
+          return sp::SaveSparseDistributed(c, deltas[r], {}, delta, {.base = full}, io);
+        },
+        "delta save");
+  });
+  const uint64_t delta_bytes = DirBytes(delta);
+
+  auto load = [&](int m) {
+    return Seconds([&] {
+      OnRanks(
+          m,
+          [&](int r, sp::Communicator&) {
+            return sp::LoadSparse(full, {.shard_id = r, .shard_num = m}, io).status();
+          },
+          "load");
+    });
+  };
+  const double t_nn = load(f.shards), t_nm = load(f.shards - 1);
+  const double t_nn2 = load(f.shards), t_nm2 = load(f.shards - 1);  // ABBA
+  const double nn = (t_nn + t_nn2) / 2, nm = (t_nm + t_nm2) / 2;
+
+  const double gib = static_cast<double>(full_bytes) / (1 << 30);
+  fmt::print("table: {} ids x {} f32 x 3 slots over {} shards, {:.2f} GiB on disk\n", f.rows, f.dim,
+             f.shards, gib);
+  fmt::print("dd          {:.3f} s  {:.2f} GiB/s\n", t_dd, gib / t_dd);
+  fmt::print("full save   {:.3f} s  {:.2f} GiB/s\n", t_full, gib / t_full);
+  fmt::print("raw files   {:.3f} s  {:.2f} GiB/s\n", t_raw, gib / t_raw);
+  fmt::print("delta save  {:.3f} s  {} bytes ({:.2f}% touched)\n", t_delta, delta_bytes,
+             100 * f.touched);
+  fmt::print("load {}->{}  {:.3f} s; {}->{}  {:.3f} s\n", f.shards, f.shards, nn, f.shards,
+             f.shards - 1, nm);
+  fmt::print(
+      "ratios: full/dd speed {:.2f} (goal >= 0.9); full/raw speed {:.2f}; delta bytes {:.2f}% of "
+      "full (goal <= 1.1%); delta time {:.2f}% of full (goal <= 3%); load {}->{} / {}->{} {:.2f} "
+      "(goal <= 1.2)\n",
+      t_dd / t_full, t_raw / t_full, 100.0 * delta_bytes / full_bytes, 100.0 * t_delta / t_full,
+      f.shards, f.shards - 1, f.shards, f.shards, nm / nn);
+  std::filesystem::remove_all(f.dir);
+  return 0;
+}

@@ -1,0 +1,249 @@
+// Bindings of the sparse embedding tables (savepoint/sparse.h) for savepoint/_sparse_io.py:
+// SaveSparse and SaveSparseDistributed of tables whose ids and slots borrow the caller's memory
+// (no copy), LoadSparse (a shard's rows, delta chain applied) handing back the loaded tensors and
+// tables without a copy, SparseChain, and DirtySet. The GIL is released for all I/O.
+#include "savepoint/sparse.h"
+
+#include <fmt/format.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+
+#include <optional>
+
+#include "common.h"
+
+namespace savepoint::python {
+namespace {
+
+// (table name, ids as TensorSpec (its name unused), slots as TensorSpecs named by slot, deleted
+// ids or None).
+using TableSpec =
+    std::tuple<std::string, TensorSpec, std::vector<TensorSpec>, std::optional<TensorSpec>>;
+
+TensorView ViewOf(const TensorSpec& spec, const std::string& what) {
+  const auto& [name, address, dtype_name, shape] = spec;
+  std::optional<DType> dtype = DTypeFromName(dtype_name);
+  if (!dtype) throw StatusError(InvalidArgumentError(what + ": dtype " + dtype_name));
+  return TensorView(reinterpret_cast<void*>(address), *dtype, shape);
+}
+
+// Adds the borrowed tables to `state`; InvalidArgument naming the checkpoint `path`, the table
+// (and the slot or id).
+void AddTables(State& state, const std::vector<TableSpec>& tables, const std::string& path) {
+  for (const auto& [name, ids, slots, deleted] : tables) {
+    const std::string where = fmt::format("savepoint.save {}: table {:?}", path, name);
+    std::vector<SparseTable::Slot> views;
+    for (const TensorSpec& s : slots) {
+      views.push_back({std::get<0>(s), ViewOf(s, where + " slot " + std::get<0>(s))});
+    }
+    TensorView del = deleted ? ViewOf(*deleted, where + " deleted") : TensorView();
+    Result<SparseTable> t =
+        SparseTable::FromViews(ViewOf(ids, where + " ids"), std::move(views), std::move(del));
+    if (!t.ok()) throw StatusError(t.status().WithContext(where));
+    Check(state.PutTable(name, std::move(t).value()).WithContext(where));
+  }
+}
+
+using CompressionSpec = std::tuple<std::string, std::string, int>;
+
+Compression CompressionOf(const CompressionSpec& spec) {
+  const auto& [codec, shuffle, level] = spec;
+  Compression c;
+  if (codec == "zstd") {
+    c.codec = Compression::Codec::kZstd;
+  } else if (codec == "lz4") {
+    c.codec = Compression::Codec::kLz4;
+  } else if (codec != "none") {
+    throw StatusError(InvalidArgumentError("compression codec " + codec));
+  }
+  if (shuffle == "on") {
+    c.shuffle = Compression::Shuffle::kOn;
+  } else if (shuffle == "off") {
+    c.shuffle = Compression::Shuffle::kOff;
+  } else if (shuffle != "auto") {
+    throw StatusError(InvalidArgumentError("compression shuffle " + shuffle));
+  }
+  c.zstd_level = level;
+  return c;
+}
+
+SparseSaveOptions SaveOptionsOf(bool overwrite, bool create_parents, uint64_t chunk_bytes,
+                                nb::handle key, const std::string& base, int concurrency) {
+  SparseSaveOptions o;
+  o.save.overwrite = overwrite;
+  o.save.create_parents = create_parents;
+  o.save.chunk_bytes = chunk_bytes;
+  o.save.key = KeyFromPython(key, "savepoint.save key");
+  o.base = base;
+  o.concurrency = concurrency;
+  return o;
+}
+
+nb::dict SaveSparsePy(const std::string& path, const std::vector<TensorSpec>& tensors,
+                      const std::vector<ValueSpec>& values, const std::string& metadata,
+                      const std::vector<TableSpec>& tables, bool overwrite, bool create_parents,
+                      bool direct_io, int io_threads, uint64_t chunk_bytes,
+                      const CompressionSpec& compression, nb::handle key, const std::string& base,
+                      int concurrency) {
+  State state = MakeState(tensors, values, metadata);
+  AddTables(state, tables, path);
+  SaveStats stats;
+  SparseSaveOptions o =
+      SaveOptionsOf(overwrite, create_parents, chunk_bytes, key, base, concurrency);
+  o.save.compression = CompressionOf(compression);
+  o.save.stats = &stats;
+  Check(Unlocked([&] {
+    return SaveSparse(state, path, o, {.io_threads = io_threads, .direct_io = direct_io});
+  }));
+  return SaveStatsToPython(stats);
+}
+
+nb::dict SaveSparseDistributedPy(nb::object comm, const std::string& path,
+                                 const std::vector<TensorSpec>& tensors, const BoxSpecs& boxes,
+                                 const std::vector<ValueSpec>& values, const std::string& metadata,
+                                 const std::vector<TableSpec>& tables, bool overwrite,
+                                 bool create_parents, uint64_t chunk_bytes, int io_threads,
+                                 bool direct_io, double timeout_s, nb::handle key,
+                                 const std::string& base, int concurrency) {
+  std::unique_ptr<Communicator> communicator = MakeTorchCommunicator(std::move(comm));
+  State state;
+  try {  // a bad local table fails this rank before any collective: abort the others too
+    state = MakeState(tensors, values, metadata);
+    AddTables(state, tables, path);
+  } catch (const StatusError& e) {
+    communicator->Abort(
+        e.status().WithContext(fmt::format("savepoint.save on rank {}", communicator->rank())));
+    throw;
+  }
+  ShardLayout layout = LayoutFromBoxes(boxes);
+  SaveStats stats;
+  SparseSaveOptions o =
+      SaveOptionsOf(overwrite, create_parents, chunk_bytes, key, base, concurrency);
+  o.save.stats = &stats;
+  o.timeout = TimeoutFromPython(timeout_s);
+  Check(Unlocked([&] {
+    return SaveSparseDistributed(*communicator, state, layout, path, o,
+                                 {.io_threads = io_threads, .direct_io = direct_io});
+  }));
+  return SaveStatsToPython(stats);
+}
+
+// (name, dtype name, shape, uint8 numpy array of its bytes) of `t`, kept alive by `owner`.
+nb::tuple BytesOf(std::string_view name, const TensorView& t, nb::handle owner) {
+  nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> bytes(reinterpret_cast<uint8_t*>(t.data()),
+                                                     {static_cast<size_t>(t.nbytes())}, owner);
+  return nb::make_tuple(nb::str(name.data(), name.size()), nb::str(DTypeName(t.dtype()).data()),
+                        nb::tuple(nb::cast(t.shape())), bytes.cast());
+}
+
+// A loaded State as (tensors, values, metadata JSON, tables) without a copy: tensors as
+// TensorBytesToPython gives them, tables as [(name, ids as (name, dtype, shape, bytes), [slots as
+// (slot name, dtype, shape, bytes)])] in name order. One capsule keeps the State alive.
+nb::tuple SparseStateToPython(State state) {
+  nb::list values = ValuesToPython(state);
+  std::string metadata = DumpJson(state.metadata());
+  auto* owned = new State(std::move(state));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<State*>(p); });
+  nb::list tensors;
+  for (const auto& [name, e] : owned->entries()) {
+    if (e.is_tensor()) tensors.append(BytesOf(name, e.tensor(), owner));
+  }
+  nb::list tables;
+  for (const auto& [name, t] : owned->tables()) {
+    nb::list slots;
+    for (const SparseTable::Slot& s : t->slots()) slots.append(BytesOf(s.name, s.view, owner));
+    tables.append(nb::make_tuple(nb::str(name.data(), name.size()),
+                                 BytesOf("ids", t->ids_view(), owner), slots));
+  }
+  return nb::make_tuple(tensors, values, metadata, tables);
+}
+
+nb::tuple LoadSparsePy(const std::string& path, int shard_id, int shard_num,
+                       const std::vector<std::string>& tables,
+                       const std::vector<std::string>& slots,
+                       const std::map<std::string, std::string>& rename,
+                       const std::map<std::string, std::string>& slot_dtypes, bool dense,
+                       bool verify, int io_threads, bool direct_io, nb::handle key) {
+  SparseLoadOptions o;
+  o.load.verify_checksums = verify;
+  o.load.key = KeyFromPython(key, "savepoint.load key");
+  o.shard_id = shard_id;
+  o.shard_num = shard_num;
+  o.tables = tables;
+  o.slots = slots;
+  o.rename = rename;
+  for (const auto& [slot, dtype_name] : slot_dtypes) {
+    std::optional<DType> dtype = DTypeFromName(dtype_name);
+    if (!dtype) throw StatusError(InvalidArgumentError("slot " + slot + ": dtype " + dtype_name));
+    o.slot_dtypes[slot] = *dtype;
+  }
+  o.dense = dense;
+  Result<State> r = Unlocked(
+      [&] { return LoadSparse(path, o, {.io_threads = io_threads, .direct_io = direct_io}); });
+  return SparseStateToPython(Take(std::move(r)));
+}
+
+nb::list ChainPy(const std::string& path) {
+  Result<std::vector<SparseChainLink>> r = Unlocked([&] { return SparseChain(path); });
+  nb::list out;
+  for (const SparseChainLink& l : Take(std::move(r))) {
+    out.append(nb::make_tuple(l.path, fmt::format("{:016x}", l.checkpoint_id), l.depth));
+  }
+  return out;
+}
+
+std::span<const int64_t> IdsAt(uintptr_t address, size_t count) {
+  return {reinterpret_cast<const int64_t*>(address), count};
+}
+
+nb::bytes IdBytes(const std::vector<int64_t>& ids) {
+  return nb::bytes(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int64_t));
+}
+
+}  // namespace
+
+void BindSparse(nb::module_& m) {
+  m.def("save_sparse", &SaveSparsePy, nb::arg("path"), nb::arg("tensors"), nb::arg("values"),
+        nb::arg("metadata"), nb::arg("tables"), nb::arg("overwrite"), nb::arg("create_parents"),
+        nb::arg("direct_io"), nb::arg("io_threads"), nb::arg("chunk_bytes"), nb::arg("compression"),
+        nb::arg("key").none(), nb::arg("base"), nb::arg("concurrency"),
+        "SaveSparse of borrowed tensors, values and tables (GIL released); tables: [(name, ids, "
+        "[slots], deleted or None)] as tensor specs. base: '' for a full save, else the delta's "
+        "base. Returns SaveStats.");
+  m.def("save_sparse_distributed", &SaveSparseDistributedPy, nb::arg("comm"), nb::arg("path"),
+        nb::arg("tensors"), nb::arg("boxes"), nb::arg("values"), nb::arg("metadata"),
+        nb::arg("tables"), nb::arg("overwrite"), nb::arg("create_parents"), nb::arg("chunk_bytes"),
+        nb::arg("io_threads"), nb::arg("direct_io"), nb::arg("timeout_s"), nb::arg("key").none(),
+        nb::arg("base"), nb::arg("concurrency"),
+        "SaveSparseDistributed over a Python communicator (as save_distributed); each rank's "
+        "tables hold the rows it owns.");
+  m.def("load_sparse", &LoadSparsePy, nb::arg("path"), nb::arg("shard_id"), nb::arg("shard_num"),
+        nb::arg("tables"), nb::arg("slots"), nb::arg("rename"), nb::arg("slot_dtypes"),
+        nb::arg("dense"), nb::arg("verify"), nb::arg("io_threads"), nb::arg("direct_io"),
+        nb::arg("key").none() = nb::none(),
+        "LoadSparse: (tensors, values, metadata JSON, tables [(name, ids, [slots])]), every "
+        "tensor as (name, dtype, shape, uint8 array of its bytes), no copy.");
+  m.def("sparse_chain", &ChainPy, nb::arg("path"),
+        "The delta chain ending at path, newest first: [(path, checkpoint id hex, depth)].");
+  m.def("gen_slice", [](int index, int shards) {
+    SliceRange r = Take(GenSlice(index, shards));
+    return nb::make_tuple(r.begin, r.end);
+  });
+
+  nb::class_<DirtySet>(m, "DirtySet")
+      .def(nb::init<>())
+      .def(
+          "touch",
+          [](DirtySet& d, uintptr_t address, size_t count) { d.Touch(IdsAt(address, count)); },
+          nb::arg("address"), nb::arg("count"))
+      .def(
+          "delete",
+          [](DirtySet& d, uintptr_t address, size_t count) { d.Delete(IdsAt(address, count)); },
+          nb::arg("address"), nb::arg("count"))
+      .def("touched", [](const DirtySet& d) { return IdBytes(d.touched()); })
+      .def("deleted", [](const DirtySet& d) { return IdBytes(d.deleted()); })
+      .def("clear", &DirtySet::Clear);
+}
+
+}  // namespace savepoint::python

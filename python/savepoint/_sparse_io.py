@@ -1,0 +1,325 @@
+"""Saving and loading states that hold sparse tables (savepoint.save / load route here when a
+state holds a SparseTable, a delta `base` is given, or the checkpoint has tables; docs/SPARSE.md,
+"Python")."""
+
+import json
+import os
+
+import numpy as np
+
+from . import _core, _dtypes, _errors, _keys, _sparse, _tree
+
+_RESERVED = "savepoint.sparse"  # the description value and the prefix of table tensors
+
+
+def has_tables(info):
+    """Whether the checkpoint behind `info` (_load._Info) holds sparse tables."""
+    return _RESERVED in info.values
+
+
+def _view(x, what):
+    """(spec (name, address, dtype, shape), owner keeping the memory alive) of a CPU-contiguous
+    view of tensor or array `x` (device tensors and non-contiguous ones are copied)."""
+    if _sparse._kind(x) == "np":
+        a = np.ascontiguousarray(x)
+        return (what, a.__array_interface__["data"][0], _dtypes.from_numpy_dtype(a.dtype),
+                list(a.shape)), a  # fmt: skip
+    t = x.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    t = t.to("cpu").contiguous()
+    return (what, t.data_ptr(), _dtypes.from_torch_dtype(t.dtype), list(t.shape)), t
+
+
+def table_specs(tables):
+    """([(name, ids, [slots], deleted or None)] for the core, owners to keep alive)."""
+    specs, owners = [], []
+    for name, t in tables:
+        ids, o = _view(t.ids, "ids")
+        owners.append(o)
+        slots = []
+        for slot, x in t.slots.items():
+            spec, o = _view(x, slot)
+            slots.append(spec)
+            owners.append(o)
+        deleted = None
+        if t.deleted is not None:
+            deleted, o = _view(t.deleted, "deleted")
+            owners.append(o)
+        specs.append((name, ids, slots, deleted))
+    return specs, owners
+
+
+def save(flat, meta_json, path, *, base, concurrency, overwrite, create_parents, direct_io,
+         io_threads, chunk_bytes, codec, key):  # fmt: skip
+    """SaveSparse of a flattened state (_tree.Flattener with its tables)."""
+    specs = [t.spec() for t in flat.tensors]
+    tables, owners = table_specs(flat.tables)
+    stats = _core.save_sparse(os.fspath(path), specs, flat.values, meta_json, tables,
+                              overwrite=overwrite, create_parents=create_parents,
+                              direct_io=direct_io, io_threads=io_threads, chunk_bytes=chunk_bytes,
+                              compression=codec, key=key, base=_base(base),
+                              concurrency=int(concurrency))  # fmt: skip
+    del owners
+    return stats
+
+
+def _base(base):
+    return "" if base is None else os.fspath(base)
+
+
+def save_distributed(obj, path, process_group, *, base, concurrency, metadata, timeout,
+                     verify_replicas, key, overwrite, create_parents, chunk_bytes, io_threads,
+                     direct_io):  # fmt: skip
+    """savepoint.save(state, path, process_group=pg) of a state with tables (or a delta): every
+    rank passes the rows it owns; SaveSparseDistributed over the group's TorchCommunicator."""
+    from . import _distributed, _save, _torch_comm
+
+    class Job(_distributed._SaveJob):
+        def run(self):
+            comm = self.group.comm()
+            try:
+                self._agree(comm)
+                specs = [t.spec() for t in self.flat.tensors]
+                tables, owners = table_specs(self.flat.tables)
+                stats = _core.save_sparse_distributed(
+                    comm, self.path, specs, self.flat.boxes, self.flat.values, self.meta_json,
+                    tables, base=_base(base), concurrency=int(concurrency), **self.options)
+                del owners
+                return stats
+            except _errors.SavepointError:
+                if comm.broken:  # the control group's messages may be out of step now
+                    _torch_comm.forget_control_group(self.group.ranks, self.group.purpose)
+                raise
+
+    group = _distributed._Group(process_group, "sync")
+    job = Job(group, os.fspath(path), float(timeout), bool(verify_replicas), dict(
+        overwrite=overwrite, create_parents=create_parents, chunk_bytes=chunk_bytes,
+        io_threads=io_threads, direct_io=direct_io, timeout_s=float(timeout),
+        key=_keys.normalize(key, "savepoint.save: key")))  # fmt: skip
+    try:
+        flattener = _distributed._ShardFlattener(group)
+        flattener.allow_tables = True
+        job.flat, job.meta_json = _save._flatten(obj, metadata, flattener)
+    except Exception as e:  # noqa: BLE001 (told to the other ranks first, then raised)
+        job.error = e
+    return job.run()
+
+
+# ---------------------------------------------------------------------- load
+
+
+def _names(x, what):
+    if x is None:
+        return []
+    if isinstance(x, str):
+        return [x]
+    if not all(isinstance(n, str) for n in x):
+        raise TypeError(f"savepoint.load: {what} must be a str or a list of str")
+    return list(x)
+
+
+def _core_load(path, *, shard_id, shard_num, tables, slots, rename, slot_dtypes, dense, verify,
+               io_threads, direct_io, key):  # fmt: skip
+    rename = dict(rename or {})
+    slot_dtypes = {k: v if isinstance(v, str) else _dtype_of(v)
+                   for k, v in (slot_dtypes or {}).items()}  # fmt: skip
+    return _core.load_sparse(os.fspath(path), int(shard_id), int(shard_num),
+                             _names(tables, "tables"), _names(slots, "slots"), rename,
+                             slot_dtypes, dense, verify, io_threads, direct_io, key)  # fmt: skip
+
+
+def _dtype_of(d):
+    """A savepoint dtype name from a numpy or torch dtype."""
+    try:
+        got = _dtypes.from_numpy_dtype(np.dtype(d))
+    except TypeError:
+        got = _dtypes.from_torch_dtype(d)
+    if got is None:
+        raise TypeError(f"savepoint.load: slot_dtypes: {d!r} is not a dtype")
+    return got
+
+
+def _to_table(ids, slots, as_torch):
+    _, dtype, shape, raw = ids
+    table_ids = _dtypes.view_bytes(raw, dtype, shape, as_torch)
+    table_slots = {n: _dtypes.view_bytes(r, d, s, as_torch) for n, d, s, r in slots}
+    return _sparse.SparseTable(table_ids, table_slots)
+
+
+def _wants_torch(framework, node):
+    if framework == "pt":
+        return True
+    if framework == "np":
+        return False
+    return bool(node.get("pt")) and _dtypes.torch_module() is not None
+
+
+def _fill(target, value, entry, p, group):
+    """Copies loaded tensor `value` (checkpoint entry (name, dtype, shape, raw)) into `like`
+    target `target` (a tensor, an array, or with `group` a DTensor: its local box)."""
+    from . import _distributed, _load
+
+    where = _tree.describe_path(p).replace("obj", "like", 1)
+    got = _sparse._dtype_name(target)
+    if got != entry[1] or tuple(target.shape) != tuple(entry[2]):
+        raise _errors.InvalidArgumentError(
+            f"savepoint.load: {where} is {got} {list(target.shape)} but checkpoint tensor "
+            f"{entry[0]!r} is {entry[1]} {list(entry[2])}")  # fmt: skip
+    dtensor = _distributed._dtensor_class() if group is not None else None
+    if dtensor is not None and isinstance(target, dtensor):
+        box = _distributed._box(target, group, where)
+        if box is not None and 0 not in box[2]:
+            index = tuple(slice(o, o + s) for o, s in zip(box[1], box[2]))
+            _load._copy_into(_distributed._local(target), value[index])
+        return target
+    _load._copy_into(target, value)
+    return target
+
+
+def load(path, info, *, framework, names, map_location, tables, slots, shard_id, shard_num,
+         verify, io_threads, direct_io, per_rank=None, like=None, strict=True,
+         group=None):  # fmt: skip
+    """savepoint.load of a checkpoint with tables: the saved structure, tables as SparseTables
+    (this shard's rows, chain applied), dense tensors whole (copied into `like`'s tensors, arrays
+    and, with `group`, DTensors, which are then returned)."""
+    from . import _load
+
+    tensors, values, meta_json, loaded = _core_load(
+        path, shard_id=shard_id, shard_num=shard_num, tables=tables, slots=slots, rename=None,
+        slot_dtypes=None, dense=True, verify=verify, io_threads=io_threads, direct_io=direct_io,
+        key=info.key)  # fmt: skip
+    values = {n: json.loads(v) if k == "json" else v for n, k, v in values}
+    by_name = {t[0]: t for t in tensors}
+    tables_by_name = {t[0]: t for t in loaded}
+    meta = json.loads(meta_json)
+    tree = meta.get(_tree.TREE_KEY) if isinstance(meta, dict) else None
+    if tree is None:  # written by the C++ API or the CLI: a flat dict by entry name
+        items = [[n, {"numpy": n}] for n in by_name]
+        items += [[n, {"value": n}] for n in values if n != _RESERVED]
+        items += [[n, {"sparse": n}] for n in tables_by_name]
+        tree = {"version": 1, "root": {"dict": sorted(items, key=lambda kv: kv[0])}}
+    info.tree = tree
+    if per_rank is not None:  # (rank, world size, mode): a distributed load's PerRank parts
+        from . import _distributed
+
+        _distributed._pick_per_rank(info, os.fspath(path), *per_rank)
+    info.tensors = {n: (n, d, s, 0, 1) for n, d, s, _ in tensors}
+    info.tree = _load._for_framework(info, _load._FRAMEWORKS[framework])
+    leaves = _tree.tensor_leaves(info.tree)
+    selected = _load._select(info, leaves, names, os.fspath(path))
+    framework = _load._FRAMEWORKS[framework]
+    targets = _load._like_targets(like)
+    if strict:
+        missing = set(targets) - {p for p, _ in leaves}
+        if missing:
+            where = ", ".join(_tree.describe_path(p).replace("obj", "like", 1)
+                              for p in sorted(missing, key=str)[:5])  # fmt: skip
+            raise _errors.NotFoundError(f"checkpoint {path}: no tensor for {where}")
+
+    def finish(p, node):
+        if "sparse" in node:
+            t = tables_by_name.get(node["sparse"])
+            if t is None:
+                return _tree.MISSING  # not selected by tables=
+            return _to_table(t[1], t[2], _wants_torch(framework, node))
+        name = _tree.leaf_name(node)
+        if name not in selected:
+            return _tree.MISSING
+        entry = by_name.get(name)
+        if entry is None:
+            raise _errors.CorruptCheckpointError(
+                f"checkpoint {path}: the recorded structure names tensor {name!r}, which is "
+                "missing")  # fmt: skip
+        target = targets.get(p)
+        if target is not None:
+            value = _dtypes.view_bytes(entry[3], entry[1], entry[2], _sparse._kind(target) == "pt")
+            return _fill(target, value, entry, p, group)
+        value = _dtypes.view_bytes(entry[3], entry[1], entry[2], "torch" in node)
+        if "npscalar" in node:
+            return value[()] if isinstance(value, np.ndarray) else value.item()
+        if "torch" not in node or isinstance(value, np.ndarray):
+            return value
+        return _load._place(value, node, p, map_location)
+
+    return _tree.rebuild(info.tree, finish, values)
+
+
+def load_distributed(path, process_group, *, framework, tables, slots, verify, io_threads,
+                     direct_io, key, timeout, per_rank, like=None, strict=True):  # fmt: skip
+    """savepoint.load(path, process_group=pg) of a checkpoint with tables: each rank gets the
+    rows it owns under the group's size (shard rank of size), dense tensors and values whole,
+    its own PerRank parts (per_rank as savepoint.load takes it). If any rank fails, every rank
+    raises (naming it)."""
+    from . import _distributed, _load, _torch_comm
+
+    if per_rank not in _distributed.PER_RANK_MODES:
+        raise ValueError(f"savepoint.load: per_rank={per_rank!r}: use one of "
+                         f"{_distributed.PER_RANK_MODES}")  # fmt: skip
+
+    group = _distributed._Group(process_group)
+    comm = group.comm()
+    out, error = None, None
+    try:
+        info = _load._Info(os.fspath(path), io_threads, direct_io,
+                           _load._load_key(key, "savepoint.load: key"))  # fmt: skip
+        if not has_tables(info):
+            raise _errors.InvalidArgumentError(
+                f"savepoint.load({os.fspath(path)!r}): with process_group, pass like= (only a "
+                "checkpoint with sparse tables loads without it)")  # fmt: skip
+        out = load(path, info, framework=framework, names=None, map_location="cpu", tables=tables,
+                   slots=slots, shard_id=comm.rank, shard_num=comm.size, verify=verify,
+                   io_threads=io_threads, direct_io=direct_io,
+                   per_rank=(comm.rank, comm.size, per_rank), group=group, strict=strict,
+                   like=None if like is None else _distributed._without_markers(like))  # fmt: skip
+    except Exception as e:  # noqa: BLE001 (told to the other ranks first, then raised)
+        error = e
+    try:
+        _distributed._agree_on_outcome(comm, error, float(timeout))
+    finally:
+        if comm.broken:
+            _torch_comm.forget_control_group(group.ranks, group.purpose)
+    return out
+
+
+def load_tables(path, *, tables=None, slots=None, rename=None, slot_dtypes=None, shard_id=0,
+                shard_num=1, process_group=None, framework=None, verify=True, io_threads=4,
+                direct_io=True, key=None):  # fmt: skip
+    """Only the sparse tables of a checkpoint (delta chain applied), as {name: SparseTable}: the
+    RecIS model-bank load (several checkpoints' tables into one model).
+
+    tables: table names or glob patterns to load (default: all; a pattern matching none is
+        NotFoundError). slots: slot names or patterns to load in every table (e.g. "embedding"
+        for a warm start without optimizer slots). rename: {saved table name: returned name}.
+    slot_dtypes: {slot name: dtype} required of the loaded slots (InvalidArgumentError naming
+        table, slot and both dtypes otherwise); numpy/torch dtypes or names such as "F32".
+    shard_id, shard_num: this loader's shard: the rows whose slice (id mod 65536) lies in
+        gen_slice(shard_id, shard_num), whatever number of shards saved them. With
+        process_group: the group rank and size (shard_id/shard_num must be left alone).
+    framework: "np" (default) or "pt" (torch tensors)."""
+    if framework not in (None, "np", "numpy", "pt", "torch"):
+        raise ValueError(f"savepoint.load_tables: framework={framework!r}: use 'np' or 'pt'")
+    if process_group is not None:
+        from . import _distributed
+
+        if (shard_id, shard_num) != (0, 1):
+            raise ValueError("savepoint.load_tables: pass process_group or shard_id/shard_num")
+        dist = _distributed._torch()[1]
+        shard_id, shard_num = dist.get_rank(process_group), dist.get_world_size(process_group)
+    from . import _load
+
+    _, _, _, loaded = _core_load(
+        path, shard_id=shard_id, shard_num=shard_num, tables=tables, slots=slots, rename=rename,
+        slot_dtypes=slot_dtypes, dense=False, verify=verify, io_threads=io_threads,
+        direct_io=direct_io, key=_load._load_key(key, "savepoint.load_tables: key"))  # fmt: skip
+    as_torch = framework in ("pt", "torch")
+    return {name: _to_table(ids, slots_, as_torch) for name, ids, slots_ in loaded}
+
+
+def chain(path):
+    """The delta chain ending at `path`, newest first: [{"path", "checkpoint_id", "depth"}]
+    (depth 0: the full checkpoint). Reads manifests only."""
+    links = _core.sparse_chain(os.fspath(path))
+    return [{"path": p, "checkpoint_id": c, "depth": d} for p, c, d in links]

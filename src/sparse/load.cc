@@ -1,0 +1,379 @@
+// LoadSparse: the rows of a shard's slices, from any number of saving shards, with the delta chain
+// applied; compaction.
+//
+// Stored tables are in storage order, (slice, id) ascending, whatever the number of ranks that
+// wrote them (save.cc), and their slice_rows tensor counts the rows of every slice. So the rows of
+// slices [B, E) are one row range [sum(counts[0, B)), sum(counts[0, E))) of every table tensor:
+// LoadDistributed reads just the chunks of that range, from just the files (saving ranks) that
+// hold it, verifying each. Then the chain is applied oldest first: both sides are in storage
+// order, so each delta is one merge (a delta's row wins over the older one of the same id, its
+// deleted ids are dropped).
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "engine/select.h"
+#include "savepoint/distributed.h"
+#include "sparse/chain.h"
+
+namespace savepoint::sparse {
+namespace {
+
+// One table's rows in storage order (owned).
+struct Rows {
+  Tensor ids;
+  std::vector<Tensor> slots;  // the selected slots, in the base's order
+};
+
+std::span<const int64_t> Ids(const Tensor& t) { return t.as<const int64_t>(); }
+
+// Rows [first, last) of the named tensors of `link`, read with LoadDistributed (only the chunks
+// that hold them).
+Result<std::vector<Tensor>> ReadRows(Link& link, const std::vector<std::string>& names,
+                                     int64_t first, int64_t last, const LoadOptions& load,
+                                     const IoOptions& io) {
+  std::vector<Tensor> out;
+  State targets;
+  ShardLayout layout;
+  for (const std::string& name : names) {
+    const format::TensorRecord& rec = link.reader->manifest().tensors[link.reader->IndexOf(name)];
+    ShardSpec spec{rec.shape, Shape(rec.shape.size(), 0), rec.shape, {}};
+    spec.offsets[0] = first;
+    spec.sizes[0] = last - first;
+    SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(rec.dtype, spec.sizes));
+    SP_RETURN_IF_ERROR(targets.PutView(name, t.view()));
+    layout[name] = std::move(spec);
+    out.push_back(std::move(t));
+  }
+  if (last > first) SP_RETURN_IF_ERROR(LoadDistributed(link.path, targets, layout, load, io));
+  return out;
+}
+
+// The slice range of `link`'s slice_rows tensor `counts` to read for `range`, and the row where
+// its first slice starts: the union of the stored shards (saving ranks' parts) that intersect
+// `range`, and the first row of the ids tensor's shard in the same file as the first of them (a
+// rank's rows and counts share its data file). So a loader reads only the files that hold its
+// slices. When no such ids shard exists, every count from slice 0 (and row 0).
+std::pair<SliceRange, int64_t> CountsToRead(const Link& link, const std::string& counts,
+                                            const std::string& ids, SliceRange range) {
+  const engine::Reader& r = *link.reader;
+  const format::TensorRecord& c = r.manifest().tensors[r.IndexOf(counts)];
+  const format::TensorRecord& i = r.manifest().tensors[r.IndexOf(ids)];
+  SliceRange read = range;
+  const format::ShardRecord* first = nullptr;
+  for (const format::ShardRecord& s : c.shards) {
+    const int64_t begin = s.offsets[0], end = begin + s.sizes[0];
+    if (end <= range.begin || begin >= range.end || begin == end) continue;
+    read.begin = std::min(read.begin, begin);
+    read.end = std::max(read.end, end);
+    if (first == nullptr || begin < first->offsets[0]) first = &s;
+  }
+  for (const format::ShardRecord& s : i.shards) {
+    if (first != nullptr && s.file == first->file) return {read, s.offsets[0]};
+  }
+  return {SliceRange{0, read.end}, 0};
+}
+
+// The rows of `range` in a table whose slice counts are tensor `counts` of `link` and whose ids
+// tensor `ids` has `total` rows: [first, last). Corruption when a count is negative or the rows
+// run past `total`.
+Result<std::pair<int64_t, int64_t>> RowRange(Link& link, const std::string& counts,
+                                             const std::string& ids, int64_t total,
+                                             SliceRange range, const LoadOptions& load,
+                                             const IoOptions& io) {
+  const auto [read, row] = CountsToRead(link, counts, ids, range);
+  SP_ASSIGN_OR_RETURN(std::vector<Tensor> t,
+                      ReadRows(link, {counts}, read.begin, read.end, load, io));
+  std::span<const int64_t> c = Ids(t[0]);
+  int64_t sum = row, first = 0;
+  for (int64_t s = read.begin; s < range.end; ++s) {
+    if (s == range.begin) first = sum;
+    const int64_t n = c[s - read.begin];
+    if (n < 0 || n > total - sum) {
+      return CorruptionError(
+          fmt::format("checkpoint {}: tensor {:?}: slice {} counts {} rows, past "
+                      "the {} stored (or negative)",
+                      link.path, counts, s, n, total));
+    }
+    sum += n;
+  }
+  return std::make_pair(first, sum);
+}
+
+// Corruption unless `ids` are in strict storage order and within `range`.
+Status CheckIds(std::span<const int64_t> ids, SliceRange range, const Link& link,
+                const std::string& tensor) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!range.Contains(SliceOf(ids[i])) || (i > 0 && !KeyLess(ids[i - 1], ids[i]))) {
+      return CorruptionError(fmt::format(
+          "checkpoint {}: tensor {:?}: id {} at row {} is out of order or outside the slices its "
+          "counts give",
+          link.path, tensor, ids[i], i));
+    }
+  }
+  return Status::OK();
+}
+
+// The ids and the slots named `slots` of table `t` of `link`, for `range`.
+Result<Rows> ReadTable(Link& link, const StoredTable& t, const std::vector<std::string>& slots,
+                       SliceRange range, const LoadOptions& load, const IoOptions& io) {
+  const engine::Reader& r = *link.reader;
+  const int64_t total = r.manifest().tensors[r.IndexOf(t.names.ids)].shape[0];
+  SP_ASSIGN_OR_RETURN(auto rows,
+                      RowRange(link, t.names.slice_rows, t.names.ids, total, range, load, io));
+  std::vector<std::string> names = {t.names.ids};
+  for (const std::string& slot : slots) {
+    for (const auto& [name, tensor] : t.names.slots) {
+      if (name == slot) names.push_back(tensor);
+    }
+  }
+  SP_ASSIGN_OR_RETURN(std::vector<Tensor> read,
+                      ReadRows(link, names, rows.first, rows.second, load, io));
+  SP_RETURN_IF_ERROR(CheckIds(Ids(read[0]), range, link, t.names.ids));
+  Rows out{std::move(read[0]), {}};
+  for (size_t k = 1; k < read.size(); ++k) out.slots.push_back(std::move(read[k]));
+  return out;
+}
+
+// The deleted ids of delta table `t` of `link` in `range`.
+Result<Tensor> ReadDeleted(Link& link, const StoredTable& t, SliceRange range,
+                           const LoadOptions& load, const IoOptions& io) {
+  const engine::Reader& r = *link.reader;
+  const int64_t total = r.manifest().tensors[r.IndexOf(t.names.deleted)].shape[0];
+  SP_ASSIGN_OR_RETURN(auto rows, RowRange(link, t.names.deleted_slice_rows, t.names.deleted, total,
+                                          range, load, io));
+  SP_ASSIGN_OR_RETURN(std::vector<Tensor> read,
+                      ReadRows(link, {t.names.deleted}, rows.first, rows.second, load, io));
+  SP_RETURN_IF_ERROR(CheckIds(Ids(read[0]), range, link, t.names.deleted));
+  return std::move(read[0]);
+}
+
+// Where each row of a merge comes from: row `row` of the older rows (delta false) or the delta's.
+struct Pick {
+  bool delta;
+  int64_t row;
+};
+
+// The rows of `older` updated by `delta` and without `deleted` (all in storage order).
+std::vector<Pick> MergeOrder(std::span<const int64_t> older, std::span<const int64_t> delta,
+                             std::span<const int64_t> deleted) {
+  std::vector<Pick> picks;
+  picks.reserve(older.size() + delta.size());
+  size_t i = 0, j = 0, k = 0;
+  while (i < older.size() || j < delta.size()) {
+    const bool take_delta = i == older.size() || (j < delta.size() && !KeyLess(older[i], delta[j]));
+    if (take_delta) {
+      if (i < older.size() && older[i] == delta[j]) ++i;  // replaced
+      picks.push_back({true, static_cast<int64_t>(j++)});
+      continue;
+    }
+    while (k < deleted.size() && KeyLess(deleted[k], older[i])) ++k;
+    if (k == deleted.size() || deleted[k] != older[i]) picks.push_back({false, int64_t(i)});
+    ++i;
+  }
+  return picks;
+}
+
+// Copies the rows `picks` of `older` / `delta` (same dtype and row shape) into a new tensor.
+Result<Tensor> CopyPicks(const Tensor& older, const Tensor& delta, const std::vector<Pick>& picks) {
+  Shape shape = older.shape();
+  shape[0] = static_cast<int64_t>(picks.size());
+  SP_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(older.dtype(), shape));
+  const uint64_t rb = SparseTable::RowBytes(older.view()) != 0
+                          ? SparseTable::RowBytes(older.view())
+                          : SparseTable::RowBytes(delta.view());
+  for (size_t i = 0; i < picks.size(); ++i) {
+    const Tensor& src = picks[i].delta ? delta : older;
+    std::memcpy(out.data() + i * rb, src.data() + picks[i].row * rb, rb);
+  }
+  return out;
+}
+
+Result<Rows> Apply(const Rows& older, const Rows& delta, const Tensor& deleted) {
+  const std::vector<Pick> picks = MergeOrder(Ids(older.ids), Ids(delta.ids), Ids(deleted));
+  Rows out;
+  SP_ASSIGN_OR_RETURN(out.ids, CopyPicks(older.ids, delta.ids, picks));
+  for (size_t k = 0; k < older.slots.size(); ++k) {
+    SP_ASSIGN_OR_RETURN(Tensor t, CopyPicks(older.slots[k], delta.slots[k], picks));
+    out.slots.push_back(std::move(t));
+  }
+  return out;
+}
+
+const StoredTable* FindStored(const Desc& d, std::string_view name) {
+  for (const StoredTable& t : d.tables) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+// Table `name` with slots `slots` for `range`, the chain (newest first) applied.
+Result<Rows> LoadTable(std::vector<Link>& chain, const std::string& name,
+                       const std::vector<std::string>& slots, SliceRange range,
+                       const LoadOptions& load, const IoOptions& io) {
+  Link& base = chain.back();
+  SP_ASSIGN_OR_RETURN(Rows rows,
+                      ReadTable(base, *FindStored(base.desc, name), slots, range, load, io));
+  for (size_t l = chain.size() - 1; l-- > 0;) {
+    const StoredTable* t = FindStored(chain[l].desc, name);
+    if (t == nullptr) continue;  // unchanged in this delta
+    SP_ASSIGN_OR_RETURN(Rows delta, ReadTable(chain[l], *t, slots, range, load, io));
+    SP_ASSIGN_OR_RETURN(Tensor deleted, ReadDeleted(chain[l], *t, range, load, io));
+    SP_ASSIGN_OR_RETURN(rows, Apply(rows, delta, deleted));
+  }
+  return rows;
+}
+
+// The names of `all` that `patterns` select (all when empty); NotFound for a pattern that selects
+// nothing (`what` names the kind of thing).
+Result<std::vector<std::string>> Select(const std::vector<std::string>& patterns,
+                                        const std::vector<std::string>& all,
+                                        std::string_view what) {
+  for (const std::string& p : patterns) {
+    if (std::none_of(all.begin(), all.end(), [&](const auto& n) { return MatchesName(p, n); })) {
+      return NotFoundError(fmt::format("no {} matches {:?}", what, p));
+    }
+  }
+  std::vector<std::string> out;
+  for (const std::string& n : all) {
+    if (engine::Selected(patterns, n)) out.push_back(n);
+  }
+  return out;
+}
+
+Status CheckOptions(const SparseLoadOptions& o) {
+  if (o.load.mmap || !o.load.names.empty() || o.load.stats != nullptr || o.load.progress) {
+    return InvalidArgumentError(
+        "a checkpoint with sparse tables is loaded by LoadSparse, whose LoadOptions must leave "
+        "mmap, "
+        "names, stats and progress at their defaults (select with SparseLoadOptions)");
+  }
+  return GenSlice(o.shard_id, o.shard_num).status();
+}
+
+// The chain's schema after checking every delta against it.
+Result<Schema> ChainSchema(const std::vector<Link>& chain) {
+  Schema schema = SchemaOf(chain.back());
+  for (size_t l = 0; l + 1 < chain.size(); ++l) {
+    SP_RETURN_IF_ERROR(CheckDeltaSchema(
+        SchemaOf(chain[l]), StatusCode::kCorruption,
+        fmt::format("delta chain link {} -> {}", chain[l].path, chain[l + 1].path), schema));
+  }
+  return schema;
+}
+
+// The slots to load of `table`, checking slot_dtypes.
+Result<std::vector<std::string>> PickSlots(const std::string& table,
+                                           const std::vector<SlotSchema>& slots,
+                                           const SparseLoadOptions& o) {
+  std::vector<std::string> out;
+  for (const SlotSchema& s : slots) {
+    if (!engine::Selected(o.slots, s.name)) continue;
+    auto want = o.slot_dtypes.find(s.name);
+    if (want != o.slot_dtypes.end() && want->second != s.dtype) {
+      return InvalidArgumentError(
+          fmt::format("table {:?}: slot {:?} is {} in the checkpoint, {} "
+                      "was asked for",
+                      table, s.name, DTypeName(s.dtype), DTypeName(want->second)));
+    }
+    out.push_back(s.name);
+  }
+  return out;
+}
+
+// Loads the selected tables into `into`.
+Status LoadTables(std::vector<Link>& chain, const Schema& schema, const SparseLoadOptions& o,
+                  const IoOptions& io, State& into) {
+  std::vector<std::string> names, all_slots;
+  for (const auto& [name, slots] : schema) {
+    names.push_back(name);
+    for (const SlotSchema& s : slots) all_slots.push_back(s.name);
+  }
+  SP_ASSIGN_OR_RETURN(std::vector<std::string> tables, Select(o.tables, names, "table"));
+  SP_RETURN_IF_ERROR(Select(o.slots, all_slots, "slot").status());
+  for (const auto& [from, to] : o.rename) {
+    if (schema.count(from) == 0) return NotFoundError(fmt::format("rename: no table {:?}", from));
+  }
+  const SliceRange range = *GenSlice(o.shard_id, o.shard_num);
+  for (const std::string& name : tables) {
+    SP_ASSIGN_OR_RETURN(std::vector<std::string> slots, PickSlots(name, schema.at(name), o));
+    SP_ASSIGN_OR_RETURN(Rows rows, LoadTable(chain, name, slots, range, o.load, io));
+    std::vector<std::pair<std::string, Tensor>> named;
+    for (size_t k = 0; k < slots.size(); ++k)
+      named.emplace_back(slots[k], std::move(rows.slots[k]));
+    SP_ASSIGN_OR_RETURN(SparseTable t,
+                        SparseTable::FromTensors(std::move(rows.ids), std::move(named)));
+    auto it = o.rename.find(name);
+    SP_RETURN_IF_ERROR(into.PutTable(it == o.rename.end() ? name : it->second, std::move(t)));
+  }
+  return Status::OK();
+}
+
+// The dense tensors, values and metadata of the chain's newest checkpoint into `into`.
+Status LoadDense(engine::Reader& r, const LoadOptions& load, State& into) {
+  std::vector<std::pair<size_t, engine::Destination>> jobs;
+  for (size_t i = 0; i < r.tensors().size(); ++i) {
+    const TensorInfo& info = r.tensors()[i];
+    if (info.name.starts_with(kTensorPrefix)) continue;
+    SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(info.dtype, info.shape));
+    jobs.emplace_back(i, engine::Destination{t.data(), t.capacity()});
+    SP_RETURN_IF_ERROR(into.Put(info.name, std::move(t)));
+  }
+  SP_RETURN_IF_ERROR(r.ReadMany(jobs, nullptr, load.verify_checksums));
+  State values;
+  SP_RETURN_IF_ERROR(engine::CopyValues(r.values(), &values));
+  values.Erase(format::kSparseValueName);
+  return engine::CopyValues(values, &into);
+}
+
+}  // namespace
+}  // namespace savepoint::sparse
+
+namespace savepoint {
+
+Status LoadSparseInto(const std::string& path, State& into, const SparseLoadOptions& o,
+                      const IoOptions& io) {
+  const std::string context = fmt::format("sparse load {}", path);
+  SP_RETURN_IF_ERROR(sparse::CheckOptions(o).WithContext(context));
+  Result<std::vector<sparse::Link>> chain = sparse::OpenChain(path, o.load, io);
+  if (!chain.ok()) return chain.status().WithContext(context);
+  Result<sparse::Schema> schema = sparse::ChainSchema(*chain);
+  if (!schema.ok()) return schema.status().WithContext(context);
+  SP_RETURN_IF_ERROR(sparse::LoadTables(*chain, *schema, o, io, into).WithContext(context));
+  if (!o.dense) return Status::OK();
+  return sparse::LoadDense(*chain->front().reader, o.load, into).WithContext(context);
+}
+
+Result<State> LoadSparse(const std::string& path, const SparseLoadOptions& o, const IoOptions& io) {
+  State state;
+  SP_RETURN_IF_ERROR(LoadSparseInto(path, state, o, io));
+  return state;
+}
+
+Result<std::vector<SparseChainLink>> SparseChain(const std::string& path, const IoOptions& io) {
+  SP_ASSIGN_OR_RETURN(std::vector<sparse::Link> chain, sparse::OpenChain(path, LoadOptions{}, io));
+  std::vector<SparseChainLink> out;
+  for (const sparse::Link& l : chain) {
+    out.push_back({l.path, l.reader->manifest().checkpoint_id, l.desc.depth});
+  }
+  return out;
+}
+
+Status CompactSparse(const std::string& src, const std::string& dst, const SparseSaveOptions& o,
+                     const LoadOptions& load, const IoOptions& io) {
+  if (!o.base.empty()) {
+    return InvalidArgumentError(fmt::format(
+        "compact {} into {}: SparseSaveOptions.base must be empty (the result is a full save)", src,
+        dst));
+  }
+  SP_ASSIGN_OR_RETURN(State state, LoadSparse(src, {.load = load}, io));
+  return SaveSparse(state, dst, o, io);
+}
+
+bool ShouldCompact(int64_t depth, uint64_t delta_bytes, uint64_t base_bytes,
+                   const CompactionPolicy& policy) {
+  return depth > policy.max_depth || static_cast<double>(delta_bytes) >
+                                         policy.max_delta_ratio * static_cast<double>(base_bytes);
+}
+
+}  // namespace savepoint

@@ -1,0 +1,275 @@
+// SaveSparse and SaveSparseDistributed: a State with tables becomes a State of tensors (the tables'
+// rows in storage order, views where they already are) plus the description value
+// (docs/FORMAT.md §11), saved by Save or SaveDistributed, so chunking, checksums, compression,
+// encryption and the commit protocol are the engine's.
+//
+// A distributed save first all-gathers every rank's row counts and table schemas: rank r's rows
+// become rows [sum of the rows of ranks < r, + its rows) of each global table tensor, and its
+// slice counts the box GenSlice(r, n) of the slice_rows tensor, so every rank's rows are one box
+// in its own data file, and the global tensors are in storage order.
+#include <fmt/format.h>
+
+#include "engine/select.h"
+#include "savepoint/distributed.h"
+#include "sparse/chain.h"
+
+namespace savepoint::sparse {
+namespace {
+
+// What a save hands to the engine.
+struct Flat {
+  State state;                      // dense tensors, table tensors (views), values, metadata
+  ShardLayout layout;               // distributed saves: the boxes of this rank's tensors
+  std::vector<SortedTable> sorted;  // keeps sorted copies alive
+  Desc desc;
+};
+
+Status CheckDense(const State& state) {
+  for (const auto& [name, e] : state.entries()) {
+    if (name.starts_with(kTensorPrefix) || name == format::kSparseValueName) {
+      return InvalidArgumentError(fmt::format(
+          "entry {:?}: the prefix {:?} and the name {:?} are reserved for sparse tables", name,
+          kTensorPrefix, format::kSparseValueName));
+    }
+  }
+  return Status::OK();
+}
+
+// The schema of the tables of `state`.
+Schema SchemaOfState(const State& state) {
+  Schema schema;
+  for (const auto& [name, t] : state.tables()) {
+    std::vector<SlotSchema>& slots = schema[name];
+    for (const SparseTable::Slot& s : t->slots()) {
+      slots.push_back(
+          {s.name, s.view.dtype(), Shape(s.view.shape().begin() + 1, s.view.shape().end())});
+    }
+  }
+  return schema;
+}
+
+// For a delta: records the base in `d` and checks the tables against the base chain's.
+Status PrepareDelta(const State& state, const std::string& path, const SparseSaveOptions& o,
+                    const IoOptions& io, Desc* d) {
+  if (o.base.empty()) {
+    for (const auto& [name, t] : state.tables()) {
+      if (!t->deleted().empty()) {
+        return InvalidArgumentError(fmt::format(
+            "table {:?} has deleted ids, but SparseSaveOptions.base is empty (a full save)", name));
+      }
+    }
+    return Status::OK();
+  }
+  SP_ASSIGN_OR_RETURN(d->base, RecordBase(path, o.base));
+  Result<std::vector<Link>> chain = OpenChain(o.base, LoadOptions{}, io);  // manifests only
+  if (!chain.ok()) return chain.status().WithContext(fmt::format("delta save {}: base", path));
+  d->base_id = chain->front().reader->manifest().checkpoint_id;
+  d->depth = chain->front().desc.depth + 1;
+  if (d->depth > kMaxChainDepth) {
+    return InvalidArgumentError(
+        fmt::format("delta save {}: the chain would exceed {} deltas "
+                    "(compact it: CompactSparse)",
+                    path, kMaxChainDepth));
+  }
+  return CheckDeltaSchema(SchemaOfState(state), StatusCode::kInvalidArgument,
+                          fmt::format("delta save {} on {}", path, o.base),
+                          SchemaOf(chain->back()));
+}
+
+// Rows of one table in a save: where this rank's rows start in the global tensors, and their
+// global lengths ([0]: ids and slots, [1]: deleted ids).
+struct Placement {
+  int64_t offset[2] = {0, 0};
+  int64_t total[2] = {0, 0};
+};
+
+// Adds `view` as tensor `name` of `flat`, this rank's box at `row` of a global tensor of `rows`
+// rows (dims after the first whole).
+Status AddPart(const std::string& name, const TensorView& view, int64_t row, int64_t rows,
+               Flat* flat) {
+  ShardSpec spec;
+  spec.global_shape = view.shape();
+  spec.global_shape[0] = rows;
+  spec.offsets = Shape(view.shape().size(), 0);
+  spec.offsets[0] = row;
+  spec.sizes = view.shape();
+  spec.replicas = {};  // this rank only
+  flat->layout[name] = std::move(spec);
+  return flat->state.PutView(name, view);
+}
+
+// The tensors of table `name` (number `index` in name order; sorted into `s`) into `flat`.
+Status AddTable(const std::string& name, size_t index, const SparseTable& t, const SortedTable& s,
+                SliceRange range, const Placement& p, Flat* flat) {
+  std::vector<std::string> slots;
+  for (const SparseTable::Slot& slot : t.slots()) slots.push_back(slot.name);
+  StoredTable stored{name, NamesFor(index, name, slots, flat->desc.delta())};
+  const StoredNames& n = stored.names;
+  SP_RETURN_IF_ERROR(AddPart(n.ids, s.ids, p.offset[0], p.total[0], flat));
+  SP_RETURN_IF_ERROR(AddPart(n.slice_rows, s.slice_rows.view(), range.begin, kNumSlices, flat));
+  for (size_t k = 0; k < slots.size(); ++k) {
+    SP_RETURN_IF_ERROR(AddPart(n.slots[k].second, s.slots[k], p.offset[0], p.total[0], flat));
+  }
+  if (flat->desc.delta()) {
+    SP_RETURN_IF_ERROR(AddPart(n.deleted, s.deleted, p.offset[1], p.total[1], flat));
+    SP_RETURN_IF_ERROR(
+        AddPart(n.deleted_slice_rows, s.deleted_slice_rows.view(), range.begin, kNumSlices, flat));
+  }
+  flat->desc.tables.push_back(std::move(stored));
+  return Status::OK();
+}
+
+// Sorts every table of `state` (name order) into `flat->sorted`.
+Status SortAll(const State& state, SliceRange range, int threads, Flat* flat) {
+  for (const auto& [name, t] : state.tables()) {
+    Result<SortedTable> s = SortTable(*t, range, threads);
+    if (!s.ok()) return s.status().WithContext(fmt::format("sparse table {:?}", name));
+    flat->sorted.push_back(std::move(*s));
+  }
+  return Status::OK();
+}
+
+// Fills `flat->state`: the dense tensors (views), values and metadata of `state`, every table's
+// tensors placed by `places` (one per table, name order), and the description.
+Status Fill(const State& state, SliceRange range, const std::vector<Placement>& places,
+            Flat* flat) {
+  SP_RETURN_IF_ERROR(engine::CopyValues(state, &flat->state));
+  for (const auto& [name, e] : state.entries()) {
+    if (e.is_tensor()) SP_RETURN_IF_ERROR(flat->state.PutView(name, e.tensor()));
+  }
+  size_t i = 0;
+  for (const auto& [name, t] : state.tables()) {
+    SP_RETURN_IF_ERROR(AddTable(name, i, *t, flat->sorted[i], range, places[i], flat));
+    ++i;
+  }
+  return flat->state.PutValue(std::string(format::kSparseValueName),
+                              Value::FromJson(EncodeDesc(flat->desc)));
+}
+
+// Checks `state` and prepares `flat` (sorted tables, the delta's base) for rank `range`'s slices.
+Status Prepare(const State& state, const std::string& path, const SparseSaveOptions& o,
+               const IoOptions& io, SliceRange range, Flat* flat) {
+  SP_RETURN_IF_ERROR(CheckDense(state));
+  SP_RETURN_IF_ERROR(PrepareDelta(state, path, o, io, &flat->desc));
+  const int threads = o.concurrency > 0 ? o.concurrency : io.io_threads;
+  return SortAll(state, range, threads, flat);
+}
+
+IoOptions WriteIo(const SparseSaveOptions& o, const IoOptions& io) {
+  IoOptions w = io;
+  if (o.concurrency > 0) w.io_threads = o.concurrency;
+  return w;
+}
+
+// --- Distributed: one all-gather of every rank's row counts and schemas. ---
+
+// This rank's message: its error, or per table (name order) its rows, deleted ids and schema.
+std::string EncodeCounts(const Status& prepared, const State& state, const Flat& flat) {
+  if (!prepared.ok()) {
+    return Json{{"code", static_cast<int>(prepared.code())}, {"error", prepared.message()}}.dump();
+  }
+  Json tables = Json::array();
+  const Schema schema = SchemaOfState(state);
+  size_t i = 0;
+  for (const auto& [name, t] : state.tables()) {
+    Json slots = Json::array();
+    for (const auto& s : schema.at(name)) {
+      slots.push_back({s.name, DTypeName(s.dtype), s.row});
+    }
+    tables.push_back({name, t->num_rows(), flat.sorted[i].deleted.shape()[0], slots});
+    ++i;
+  }
+  return Json{{"tables", tables}}.dump();
+}
+
+// Whether two ranks' table lists (EncodeCounts) name the same tables with the same slots.
+bool SameTables(const Json& a, const Json& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i][0] != b[i][0] || a[i][3] != b[i][3]) return false;
+  }
+  return true;
+}
+
+// This rank's placement of every table from the gathered messages; the first rank's error, or
+// InvalidArgument naming a rank whose tables differ from rank 0's. The same verdict on every rank.
+Result<std::vector<Placement>> Place(const std::vector<std::string>& all, int rank) {
+  std::vector<Json> msgs;
+  for (size_t r = 0; r < all.size(); ++r) {
+    msgs.push_back(Json::parse(all[r], nullptr, false));
+    const Json& m = msgs.back();
+    if (m.is_discarded() || !m.is_object()) return InternalError("bad sparse save message");
+    if (m.contains("error")) {
+      return Status(static_cast<StatusCode>(m["code"].get<int>()),
+                    fmt::format("rank {}: {}", r, m["error"].get<std::string>()));
+    }
+  }
+  const Json& tables0 = msgs[0]["tables"];
+  std::vector<Placement> places(tables0.size());
+  for (size_t r = 0; r < msgs.size(); ++r) {
+    const Json& tables = msgs[r]["tables"];
+    if (!SameTables(tables, tables0)) {
+      return InvalidArgumentError(fmt::format(
+          "rank {} holds tables {}, rank 0 {}: every rank must hold the same tables and slots", r,
+          tables.dump().substr(0, 512), tables0.dump().substr(0, 512)));
+    }
+    for (size_t i = 0; i < tables.size(); ++i) {
+      for (int k = 0; k < 2; ++k) {
+        const int64_t n = tables[i][1 + k].get<int64_t>();
+        if (static_cast<int>(r) < rank) places[i].offset[k] += n;
+        places[i].total[k] += n;
+      }
+    }
+  }
+  return places;
+}
+
+}  // namespace
+}  // namespace savepoint::sparse
+
+namespace savepoint {
+
+Status SaveSparse(const State& state, const std::string& path, const SparseSaveOptions& o,
+                  const IoOptions& io) {
+  sparse::Flat flat;
+  SP_RETURN_IF_ERROR(sparse::Prepare(state, path, o, io, SliceRange{}, &flat)
+                         .WithContext(fmt::format("save {}", path)));
+  std::vector<sparse::Placement> places;
+  for (const auto& s : flat.sorted) {
+    sparse::Placement p;
+    p.total[0] = s.ids.shape()[0];
+    p.total[1] = s.deleted.shape()[0];
+    places.push_back(p);
+  }
+  SP_RETURN_IF_ERROR(
+      sparse::Fill(state, SliceRange{}, places, &flat).WithContext(fmt::format("save {}", path)));
+  return Save(flat.state, path, o.save, sparse::WriteIo(o, io));
+}
+
+Status SaveSparseDistributed(Communicator& comm, const State& local, const ShardLayout& layout,
+                             const std::string& path, const SparseSaveOptions& o,
+                             const IoOptions& io) {
+  const std::string context =
+      fmt::format("sparse save {} (rank {} of {})", path, comm.rank(), comm.size());
+  sparse::Flat flat;
+  Result<SliceRange> range = GenSlice(comm.rank(), comm.size());
+  Status prepared = range.status();
+  if (prepared.ok()) prepared = sparse::Prepare(local, path, o, io, *range, &flat);
+  SP_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                      comm.AllGather(sparse::EncodeCounts(prepared, local, flat), o.timeout));
+  Result<std::vector<sparse::Placement>> places = sparse::Place(all, comm.rank());
+  Status filled = places.status();
+  if (filled.ok()) filled = sparse::Fill(local, *range, *places, &flat);
+  for (const auto& [name, spec] : layout) {
+    if (filled.ok() && flat.layout.count(name) == 0) flat.layout[name] = spec;
+  }
+  if (!places.ok()) return places.status().WithContext(context);  // on every rank
+  if (!filled.ok()) {  // this rank only: make the others' SaveDistributed fail, naming it
+    comm.Abort(filled);
+    return filled.WithContext(context);
+  }
+  DistributedSaveOptions d{.save = o.save, .timeout = o.timeout};
+  return SaveDistributed(comm, flat.state, flat.layout, path, d, sparse::WriteIo(o, io));
+}
+
+}  // namespace savepoint

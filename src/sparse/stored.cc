@@ -1,0 +1,312 @@
+// The sparse description (docs/FORMAT.md §11): names, encoding, validation; the storage-order sort.
+#include "sparse/stored.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "util/parallel.h"
+
+namespace savepoint::sparse {
+
+StoredNames NamesFor(size_t index, std::string_view table, const std::vector<std::string>& slots,
+                     bool delta) {
+  const std::string prefix = fmt::format("{}{}.{}/", kTensorPrefix, index, table);
+  StoredNames n;
+  n.ids = prefix + "ids";
+  n.slice_rows = prefix + "slice_rows";
+  if (delta) {
+    n.deleted = prefix + "deleted";
+    n.deleted_slice_rows = prefix + "deleted_slice_rows";
+  }
+  for (const std::string& s : slots) n.slots.emplace_back(s, prefix + "slot/" + s);
+  return n;
+}
+
+Json EncodeDesc(const Desc& d) {
+  Json tables = Json::array();
+  for (const StoredTable& t : d.tables) {
+    Json slots = Json::array();
+    for (const auto& [slot, tensor] : t.names.slots) {
+      slots.push_back({{"name", slot}, {"tensor", tensor}});
+    }
+    Json j = {{"name", t.name},
+              {"ids", t.names.ids},
+              {"slice_rows", t.names.slice_rows},
+              {"slots", std::move(slots)}};
+    if (d.delta()) {
+      j["deleted"] = t.names.deleted;
+      j["deleted_slice_rows"] = t.names.deleted_slice_rows;
+    }
+    tables.push_back(std::move(j));
+  }
+  Json base = nullptr;
+  if (d.delta()) base = {{"path", d.base}, {"checkpoint_id", fmt::format("{:016x}", d.base_id)}};
+  return {{"format", kDescFormat}, {"depth", d.depth}, {"base", base}, {"tables", tables}};
+}
+
+namespace {
+
+// Decoding context: every error is Corruption "<where>: savepoint.sparse: <what>".
+struct Ctx {
+  std::string where;
+  Status Bad(std::string_view what) const {
+    return CorruptionError(fmt::format("{}: {}: {}", where, format::kSparseValueName, what));
+  }
+};
+
+Result<std::string> Str(const Json& j, const char* key, const Ctx& ctx, std::string_view in) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_string())
+    return ctx.Bad(fmt::format("{}.{} is not a string", in, key));
+  return it->get<std::string>();
+}
+
+const format::TensorRecord* FindRecord(const format::Manifest& m, std::string_view name) {
+  auto it = std::lower_bound(m.tensors.begin(), m.tensors.end(), name,
+                             [](const auto& t, std::string_view n) { return t.name < n; });
+  return it != m.tensors.end() && it->name == name ? &*it : nullptr;
+}
+
+// The record of tensor `key` of `j` (a table), which must be I64 of the given shape (`len` < 0:
+// rank 1, any length).
+Result<const format::TensorRecord*> IdRecord(const Json& j, const char* key, int64_t len,
+                                             const format::Manifest& m, const Ctx& ctx,
+                                             std::string_view in) {
+  SP_ASSIGN_OR_RETURN(std::string name, Str(j, key, ctx, in));
+  const format::TensorRecord* t = FindRecord(m, name);
+  if (t == nullptr || !name.starts_with(kTensorPrefix)) {
+    return ctx.Bad(fmt::format("{}.{}: no tensor {:?}", in, key, name.substr(0, 256)));
+  }
+  if (t->dtype != DType::kI64 || t->shape.size() != 1 || (len >= 0 && t->shape[0] != len)) {
+    return ctx.Bad(fmt::format("{}.{}: tensor {:?} is {} {}", in, key, name, DTypeName(t->dtype),
+                               ShapeToString(t->shape)));
+  }
+  return t;
+}
+
+Status DecodeSlots(const Json& j, int64_t rows, const format::Manifest& m, const Ctx& ctx,
+                   const std::string& in, StoredNames* n) {
+  auto slots = j.find("slots");
+  if (slots == j.end() || !slots->is_array() || slots->size() > kMaxSlots) {
+    return ctx.Bad(fmt::format("{}.slots is not an array of at most {}", in, kMaxSlots));
+  }
+  for (size_t k = 0; k < slots->size(); ++k) {
+    const Json& s = (*slots)[k];
+    const std::string sin = fmt::format("{}.slots[{}]", in, k);
+    if (!s.is_object()) return ctx.Bad(sin + " is not an object");
+    SP_ASSIGN_OR_RETURN(std::string slot, Str(s, "name", ctx, sin));
+    SP_ASSIGN_OR_RETURN(std::string tensor, Str(s, "tensor", ctx, sin));
+    const format::TensorRecord* t = FindRecord(m, tensor);
+    if (!ValidateName(slot).ok() || t == nullptr || !tensor.starts_with(kTensorPrefix)) {
+      return ctx.Bad(
+          fmt::format("{}: bad slot name or no tensor {:?}", sin, tensor.substr(0, 256)));
+    }
+    if (t->shape.empty() || t->shape[0] != rows) {
+      return ctx.Bad(fmt::format("{}: slot {:?} has shape {}, but the table has {} ids", sin, slot,
+                                 ShapeToString(t->shape), rows));
+    }
+    for (const auto& [other, unused] : n->slots) {
+      if (other == slot) return ctx.Bad(fmt::format("{}: slot {:?} appears twice", sin, slot));
+    }
+    n->slots.emplace_back(slot, tensor);
+  }
+  return Status::OK();
+}
+
+Result<StoredTable> DecodeTable(const Json& j, bool delta, const format::Manifest& m,
+                                const Ctx& ctx, size_t i) {
+  const std::string in = fmt::format("tables[{}]", i);
+  if (!j.is_object()) return ctx.Bad(in + " is not an object");
+  StoredTable t;
+  SP_ASSIGN_OR_RETURN(t.name, Str(j, "name", ctx, in));
+  if (!ValidateName(t.name).ok()) return ctx.Bad(in + ".name is not a valid name");
+  SP_ASSIGN_OR_RETURN(const format::TensorRecord* ids, IdRecord(j, "ids", -1, m, ctx, in));
+  SP_ASSIGN_OR_RETURN(const format::TensorRecord* rows,
+                      IdRecord(j, "slice_rows", kNumSlices, m, ctx, in));
+  t.names.ids = ids->name;
+  t.names.slice_rows = rows->name;
+  if (delta) {
+    SP_ASSIGN_OR_RETURN(const format::TensorRecord* del, IdRecord(j, "deleted", -1, m, ctx, in));
+    SP_ASSIGN_OR_RETURN(const format::TensorRecord* drows,
+                        IdRecord(j, "deleted_slice_rows", kNumSlices, m, ctx, in));
+    t.names.deleted = del->name;
+    t.names.deleted_slice_rows = drows->name;
+  } else if (j.contains("deleted")) {
+    return ctx.Bad(in + ": deleted ids in a full checkpoint");
+  }
+  SP_RETURN_IF_ERROR(DecodeSlots(j, ids->shape[0], m, ctx, in, &t.names));
+  return t;
+}
+
+Status DecodeBaseLink(const Json& root, const Ctx& ctx, Desc* d) {
+  auto depth = root.find("depth");
+  if (depth == root.end() || !depth->is_number_integer() || depth->get<int64_t>() < 0 ||
+      depth->get<int64_t>() > kMaxChainDepth) {
+    return ctx.Bad(fmt::format("depth is not an integer in [0, {}]", kMaxChainDepth));
+  }
+  d->depth = depth->get<int64_t>();
+  auto base = root.find("base");
+  if (base == root.end() || (d->delta() != base->is_object()) ||
+      (!d->delta() && !base->is_null())) {
+    return ctx.Bad("base must be an object in a delta (depth > 0), null otherwise");
+  }
+  if (!d->delta()) return Status::OK();
+  SP_ASSIGN_OR_RETURN(d->base, Str(*base, "path", ctx, "base"));
+  SP_ASSIGN_OR_RETURN(std::string id, Str(*base, "checkpoint_id", ctx, "base"));
+  const bool plain = !d->base.empty() && d->base.size() <= 4096 &&
+                     d->base.find('\0') == std::string::npos &&
+                     (d->base[0] == '/' || d->base.find('/') == std::string::npos);
+  if (!plain || id.size() != 16 || id.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return ctx.Bad(
+        "base.path must be a sibling's name or an absolute path and base.checkpoint_id "
+        "16 lower-case hex digits");
+  }
+  d->base_id = std::stoull(id, nullptr, 16);
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<Desc> DecodeDesc(const format::Manifest& m, std::string_view where, bool* found) {
+  const Value* v = m.values.FindValue(format::kSparseValueName);
+  *found = v != nullptr && v->kind() == ValueKind::kJson;
+  if (!*found) return Desc{};
+  const Ctx ctx{std::string(where)};
+  const Json& root = v->as_json();
+  if (!root.is_object()) return ctx.Bad("not a JSON object");
+  auto f = root.find("format");
+  if (f == root.end() || !f->is_number_integer() || f->get<int64_t>() != kDescFormat) {
+    return UnimplementedError(fmt::format("{}: {}: format is not {} (this build's)", where,
+                                          format::kSparseValueName, kDescFormat));
+  }
+  Desc d;
+  SP_RETURN_IF_ERROR(DecodeBaseLink(root, ctx, &d));
+  auto tables = root.find("tables");
+  if (tables == root.end() || !tables->is_array() || tables->size() > kMaxTables) {
+    return ctx.Bad(fmt::format("tables is not an array of at most {}", kMaxTables));
+  }
+  for (size_t i = 0; i < tables->size(); ++i) {
+    SP_ASSIGN_OR_RETURN(StoredTable t, DecodeTable((*tables)[i], d.delta(), m, ctx, i));
+    for (const StoredTable& other : d.tables) {
+      if (other.name == t.name) return ctx.Bad(fmt::format("table {:?} appears twice", t.name));
+    }
+    d.tables.push_back(std::move(t));
+  }
+  return d;
+}
+
+namespace {
+std::string Parent(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "" : path.substr(0, slash + 1);
+}
+}  // namespace
+
+std::string ResolveBase(const std::string& path, const std::string& base) {
+  return base.starts_with('/') ? base : Parent(path) + base;
+}
+
+Result<std::string> RecordBase(const std::string& path, const std::string& base_path) {
+  const std::string parent = Parent(base_path);
+  if (parent == Parent(path)) return base_path.substr(parent.size());
+  if (base_path.starts_with('/')) return base_path;
+  return InvalidArgumentError(
+      fmt::format("base {:?} of {:?}: must be a sibling of the checkpoint or an absolute path",
+                  base_path, path));
+}
+
+namespace {
+
+// Row counts per slice of `range` of `ids` (already checked to lie in it), as an I64 tensor.
+Result<Tensor> CountSlices(std::span<const int64_t> ids, SliceRange range) {
+  SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(DType::kI64, {range.end - range.begin}));
+  std::span<int64_t> counts = t.as<int64_t>();
+  for (int64_t id : ids) ++counts[SliceOf(id) - range.begin];
+  return t;
+}
+
+Status CheckRange(std::span<const int64_t> ids, SliceRange range, std::string_view what) {
+  for (int64_t id : ids) {
+    if (!range.Contains(SliceOf(id))) {
+      return InvalidArgumentError(
+          fmt::format("{} {} (slice {}) lies outside this shard's slices [{}, {})", what, id,
+                      SliceOf(id), range.begin, range.end));
+    }
+  }
+  return Status::OK();
+}
+
+// The permutation putting `ids` in storage order.
+std::vector<int64_t> Order(std::span<const int64_t> ids) {
+  std::vector<int64_t> perm(ids.size());
+  std::iota(perm.begin(), perm.end(), 0);
+  std::sort(perm.begin(), perm.end(),
+            [&](int64_t a, int64_t b) { return KeyLess(ids[a], ids[b]); });
+  return perm;
+}
+
+// A copy of `v` with rows in the order `perm`, copied on `threads` threads.
+Result<Tensor> Gather(const TensorView& v, const std::vector<int64_t>& perm, int threads) {
+  SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(v.dtype(), v.shape()));
+  const uint64_t rb = SparseTable::RowBytes(v);
+  constexpr size_t kBlock = 4096;
+  const size_t blocks = (perm.size() + kBlock - 1) / kBlock;
+  SP_RETURN_IF_ERROR(ParallelFor(blocks, threads, [&](size_t b, int) -> Status {
+    const size_t end = std::min(perm.size(), (b + 1) * kBlock);
+    for (size_t i = b * kBlock; i < end; ++i) {
+      std::memcpy(t.data() + i * rb, v.data() + perm[i] * rb, rb);
+    }
+    return Status::OK();
+  }));
+  return t;
+}
+
+// `ids` in storage order: the view itself when already sorted, else a sorted copy in `owned`.
+Result<TensorView> SortedIds(const TensorView& v, std::span<const int64_t> ids,
+                             std::vector<Tensor>* owned) {
+  if (std::is_sorted(ids.begin(), ids.end(), KeyLess)) return v;
+  SP_ASSIGN_OR_RETURN(Tensor t, Tensor::CopyOf(v));
+  std::span<int64_t> s = t.as<int64_t>();
+  std::sort(s.begin(), s.end(), KeyLess);
+  owned->push_back(std::move(t));
+  return owned->back().view();
+}
+
+}  // namespace
+
+Result<SortedTable> SortTable(const SparseTable& t, SliceRange range, int threads) {
+  SP_RETURN_IF_ERROR(CheckRange(t.ids(), range, "id"));
+  SP_RETURN_IF_ERROR(CheckRange(t.deleted(), range, "deleted id"));
+  SortedTable s;
+  std::span<const int64_t> ids = t.ids();
+  if (std::is_sorted(ids.begin(), ids.end(), KeyLess)) {  // no copy
+    s.ids = t.ids_view();
+    for (const SparseTable::Slot& slot : t.slots()) s.slots.push_back(slot.view);
+  } else {
+    const std::vector<int64_t> perm = Order(ids);
+    SP_ASSIGN_OR_RETURN(Tensor sorted, Gather(t.ids_view(), perm, threads));
+    s.owned.push_back(std::move(sorted));
+    for (const SparseTable::Slot& slot : t.slots()) {
+      SP_ASSIGN_OR_RETURN(Tensor rows, Gather(slot.view, perm, threads));
+      s.owned.push_back(std::move(rows));
+    }
+    s.ids = s.owned[0].view();
+    for (size_t k = 1; k < s.owned.size(); ++k) s.slots.push_back(s.owned[k].view());
+  }
+  if (t.deleted().empty()) {
+    static const int64_t kNone = 0;
+    s.deleted = TensorView(&kNone, DType::kI64, {0});
+  } else {
+    const TensorView del(t.deleted().data(), DType::kI64,
+                         {static_cast<int64_t>(t.deleted().size())});
+    SP_ASSIGN_OR_RETURN(s.deleted, SortedIds(del, t.deleted(), &s.owned));
+  }
+  SP_ASSIGN_OR_RETURN(s.slice_rows, CountSlices(ids, range));
+  SP_ASSIGN_OR_RETURN(s.deleted_slice_rows, CountSlices(t.deleted(), range));
+  return s;
+}
+
+}  // namespace savepoint::sparse

@@ -1,0 +1,94 @@
+// How sparse tables are stored in a native checkpoint (docs/FORMAT.md §11): each table is a few
+// ordinary tensors whose rows are in storage order, (slice, id) ascending, described by the JSON
+// value format::kSparseValueName. This header has the names of those tensors, the description's
+// encoder and hostile-input-proof decoder, and the sort into storage order.
+#ifndef SAVEPOINT_SPARSE_STORED_H_
+#define SAVEPOINT_SPARSE_STORED_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "format/manifest.h"
+#include "savepoint/sparse.h"
+
+namespace savepoint::sparse {
+
+// Prefix of every tensor that stores part of a table; dense entries may not use it.
+inline constexpr std::string_view kTensorPrefix = "savepoint.sparse/";
+// The version of the description (its "format" member).
+inline constexpr int64_t kDescFormat = 1;
+// Caps on what a description may hold.
+inline constexpr int64_t kMaxChainDepth = 4096;
+inline constexpr size_t kMaxTables = size_t{1} << 16;
+inline constexpr size_t kMaxSlots = 1024;
+
+// Names of the tensors of one stored table.
+struct StoredNames {
+  std::string ids;                 // I64 [rows]
+  std::string slice_rows;          // I64 [65536]: rows per slice
+  std::string deleted;             // deltas: I64 [n], the deleted ids in storage order
+  std::string deleted_slice_rows;  // deltas: I64 [65536]
+  std::vector<std::pair<std::string, std::string>> slots;  // slot name, tensor name
+};
+
+// The names a writer gives the tensors of table number `index` (in name order) of a checkpoint:
+// "savepoint.sparse/<index>.<table>/ids", ".../slice_rows", ".../slot/<slot>", and in a delta
+// ".../deleted" and ".../deleted_slice_rows". Distinct for distinct tables and slots.
+StoredNames NamesFor(size_t index, std::string_view table, const std::vector<std::string>& slots,
+                     bool delta);
+
+// One table of a checkpoint.
+struct StoredTable {
+  std::string name;
+  StoredNames names;
+};
+
+// The sparse description of one checkpoint.
+struct Desc {
+  int64_t depth = 0;     // 0: a full checkpoint; a delta: its base's depth + 1
+  std::string base;      // deltas: the base, a sibling's name or an absolute path
+  uint64_t base_id = 0;  // deltas: the base's checkpoint id
+  std::vector<StoredTable> tables;
+  bool delta() const { return depth > 0; }
+};
+
+Json EncodeDesc(const Desc& d);
+
+// Decodes and validates the description of the checkpoint whose manifest is `m` (`where` names it
+// in messages): its JSON shape and caps, and every tensor it names against the manifest (dtypes,
+// shapes, rows agreeing across slots). nullopt-like: `*found` is false when `m` has no tables.
+Result<Desc> DecodeDesc(const format::Manifest& m, std::string_view where, bool* found);
+
+// Where `base` (as a Desc records it) lies, for a delta at `path`.
+std::string ResolveBase(const std::string& path, const std::string& base);
+// How a delta at `path` records its base at `base_path`: the base's name when they are siblings,
+// else base_path when absolute. InvalidArgument otherwise.
+Result<std::string> RecordBase(const std::string& path, const std::string& base_path);
+
+// The (slice, id) order of storage.
+inline bool KeyLess(int64_t a, int64_t b) {
+  const int64_t sa = SliceOf(a), sb = SliceOf(b);
+  return sa != sb ? sa < sb : a < b;
+}
+
+// A table's rows in storage order, with their slice counts over `range`: views of the caller's
+// table when it is already in that order, else of the owned copies in `owned`.
+struct SortedTable {
+  TensorView ids;
+  std::vector<TensorView> slots;  // in the table's slot order
+  TensorView deleted;             // I64 [n], storage order
+  Tensor slice_rows;              // I64 [range size]
+  Tensor deleted_slice_rows;      // I64 [range size]
+  std::vector<Tensor> owned;
+};
+
+// Sorts `t` into storage order on `threads` threads and counts its rows per slice of `range`.
+// InvalidArgument naming the id when an id or deleted id lies outside `range`.
+Result<SortedTable> SortTable(const SparseTable& t, SliceRange range, int threads);
+
+}  // namespace savepoint::sparse
+
+#endif  // SAVEPOINT_SPARSE_STORED_H_
