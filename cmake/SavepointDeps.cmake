@@ -20,3 +20,18 @@ endif()
 # OpenMPI (Debian libopenmpi-dev) for the savepoint_mpi communicator; optional: without it the
 # library builds and the MPI target and tests are skipped.
 find_package(MPI COMPONENTS CXX QUIET)
+# gRPC (Debian libgrpc++-dev, protobuf-compiler-grpc) for the failover controller and agents
+# (savepoint_failover, `savepoint controller`, docs/FAILOVER.md); optional like MPI: without it
+# that library, the subcommand, the example and their tests are skipped.
+option(SAVEPOINT_BUILD_FAILOVER "Build the gRPC failover controller and agents when gRPC is found"
+       ON)
+if(SAVEPOINT_BUILD_FAILOVER)
+  pkg_check_modules(GRPCPP QUIET IMPORTED_TARGET grpc++)
+  find_program(SAVEPOINT_GRPC_CPP_PLUGIN grpc_cpp_plugin)
+endif()
+if(SAVEPOINT_BUILD_FAILOVER AND GRPCPP_FOUND AND SAVEPOINT_GRPC_CPP_PLUGIN)
+  set(SAVEPOINT_HAVE_GRPC ON)
+else()
+  set(SAVEPOINT_HAVE_GRPC OFF)
+  message(STATUS "gRPC not found (or SAVEPOINT_BUILD_FAILOVER=OFF): savepoint_failover and `savepoint controller` are not built")
+endif()

@@ -17,6 +17,13 @@ if(TARGET savepoint_mpi)
   install(EXPORT savepointMpiTargets NAMESPACE savepoint::
           DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/savepoint)
 endif()
+# The failover controller and agents (savepoint/failover_rpc.h, gRPC) likewise, when built.
+if(TARGET savepoint_failover)
+  install(TARGETS savepoint_failover EXPORT savepointFailoverTargets
+          LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+  install(EXPORT savepointFailoverTargets NAMESPACE savepoint::
+          DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/savepoint)
+endif()
 configure_package_config_file(cmake/savepointConfig.cmake.in
   ${CMAKE_CURRENT_BINARY_DIR}/savepointConfig.cmake
   INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/savepoint)

@@ -25,6 +25,8 @@ void RegisterConvert(CLI::App& app, int* exit_code);    // cmd_convert.cc
 void RegisterMerge(CLI::App& app, int* exit_code);      // cmd_merge.cc
 void RegisterStrategy(CLI::App& app, int* exit_code);   // cmd_strategy.cc
 void RegisterTransform(CLI::App& app, int* exit_code);  // cmd_transform.cc
+// cmd_controller.cc; only in builds with gRPC (SAVEPOINT_HAVE_FAILOVER).
+void RegisterController(CLI::App& app, int* exit_code);
 
 // `inspect` of a safetensors file (cmd_inspect_safetensors.cc); returns the exit code.
 int RunInspectSafetensors(std::string_view command, const std::string& path, bool json, bool tree);

@@ -43,6 +43,9 @@ int Main(int argc, char** argv) {
   RegisterMerge(app, &exit_code);
   RegisterStrategy(app, &exit_code);
   RegisterTransform(app, &exit_code);
+#ifdef SAVEPOINT_HAVE_FAILOVER
+  RegisterController(app, &exit_code);
+#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,524 @@
+// The failover controller (savepoint/failover_rpc.h).
+//
+// A synchronous gRPC server. Each rank's Session runs on a server thread that reads the rank's
+// messages into its slot; the driver thread watches the slots (registration, heartbeat deadlines,
+// disconnects) and runs the failure protocol:
+//   detect -> Stop to every survivor -> wait until each parked (or stop_grace) -> DecideDump ->
+//   Dump to each writer -> wait for every writer's DumpDone (a writer that dies breaks the dump's
+//   relayed collectives, so its coordinator commits nothing) -> Exit to every survivor.
+// The dump's collectives (rpc Collective) are rounds in `dump_`: round k completes when every
+// writer has sent its k-th contribution; a dead writer, an abort or a deadline breaks the dump.
+// Everything shared is guarded by mu_; each slot's stream has its own write mutex, and the stream
+// pointer is cleared (under that mutex) when its Session returns.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "failover/rpc/common.h"
+#include "savepoint/failover_rpc.h"
+
+namespace savepoint {
+namespace {
+
+using failover::rpc::AgentMessage;
+using failover::rpc::ControllerMessage;
+using Clock = std::chrono::steady_clock;
+using ServerStream = grpc::ServerReaderWriter<ControllerMessage, AgentMessage>;
+
+struct Slot {
+  bool registered = false;
+  bool healthy = true;
+  bool finished = false;
+  bool paused = false;
+  Clock::time_point last_beat;
+  failover::rpc::StepState state;
+  std::vector<ReplicaGroup> groups;
+  std::optional<Status> dump_done;
+  std::unique_ptr<std::mutex> write_mu = std::make_unique<std::mutex>();
+  ServerStream* stream = nullptr;  // while its Session runs
+};
+
+struct DumpRounds {
+  struct Round {
+    std::vector<std::string> in;
+    int arrived = 0;
+    int left = 0;
+  };
+  std::string id;
+  std::vector<int> writers;  // writer index -> rank
+  Status broken;
+  std::map<uint64_t, Round> rounds;
+};
+
+std::string RandomId() {
+  std::random_device rd;
+  return fmt::format("{:08x}{:08x}", rd(), rd());
+}
+
+class Controller final : public FailoverController, public failover::rpc::Failover::Service {
+ public:
+  explicit Controller(ControllerOptions o) : o_(std::move(o)), slots_(o_.world) {}
+  ~Controller() override {
+    {
+      std::lock_guard lock(mu_);
+      shutdown_ = true;
+      cv_.notify_all();
+    }
+    if (driver_.joinable()) driver_.join();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now());
+  }
+
+  Status Listen();
+  int port() const override { return port_; }
+  Result<JobOutcome> Wait() override {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    if (!ended_.ok()) return ended_;
+    return outcome_;
+  }
+
+  grpc::Status Session(grpc::ServerContext* ctx, ServerStream* stream) override;
+  grpc::Status Collective(grpc::ServerContext* ctx, const failover::rpc::CollectiveRequest* req,
+                          failover::rpc::CollectiveReply* reply) override;
+
+ private:
+  grpc::Status Refuse() {
+    std::lock_guard lock(mu_);
+    ++outcome_.refused_calls;
+    failover::Log().warn("savepoint controller: refused a call without the job token");
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong or missing job token");
+  }
+  grpc::Status Admit(const failover::rpc::Hello& h, ServerStream* stream);
+  void Absorb(int rank, const AgentMessage& m);
+  void Detach(int rank);
+  void Send(int rank, const ControllerMessage& m);
+  void DeclareDead(int rank, const std::string& why);
+  void CheckHeartbeats();
+  void Drive();
+  Status AwaitRegistration();
+  bool AllFinished() const;
+  void HandleFailure();
+  Result<DumpPlan> Decide(const std::vector<RankReport>& reports) {
+    std::lock_guard lock(mu_);
+    return DecideDump(reports, Groups());
+  }
+  std::optional<int64_t> CatchUpStep(const std::vector<RankReport>& reports);
+  std::vector<RankReport> ParkSurvivors(int64_t until_step);
+  std::vector<ReplicaGroup> Groups() const;
+  void RunDump(const DumpPlan& plan);
+  std::string DumpPath(int source) const;
+  void ExitAll(Status why);
+  void End(Status s) {
+    std::lock_guard lock(mu_);
+    ended_ = std::move(s);
+    done_ = true;
+    cv_.notify_all();
+  }
+
+  const ControllerOptions o_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::thread driver_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Slot> slots_;
+  bool failed_ = false;  // a rank was declared dead
+  std::optional<DumpRounds> dump_;
+  JobOutcome outcome_;
+  Status ended_;
+  bool done_ = false;
+  bool shutdown_ = false;  // the destructor runs: the driver gives up
+};
+
+Status Controller::Listen() {
+  grpc::ServerBuilder b;
+  b.AddListeningPort(o_.listen, grpc::InsecureServerCredentials(), &port_);
+  b.RegisterService(this);
+  server_ = b.BuildAndStart();
+  if (!server_ || port_ == 0) return IOError(fmt::format("cannot listen on {}", o_.listen));
+  driver_ = std::thread([this] { Drive(); });
+  return Status::OK();
+}
+
+grpc::Status Controller::Session(grpc::ServerContext* ctx, ServerStream* stream) {
+  if (!failover::HasToken(*ctx, o_.token)) return Refuse();
+  AgentMessage m;
+  if (!stream->Read(&m) || !m.has_hello()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "expected a hello");
+  }
+  const int rank = m.hello().rank();
+  if (grpc::Status s = Admit(m.hello(), stream); !s.ok()) return s;
+  while (stream->Read(&m)) Absorb(rank, m);
+  Detach(rank);
+  return grpc::Status::OK;
+}
+
+grpc::Status Controller::Admit(const failover::rpc::Hello& h, ServerStream* stream) {
+  std::unique_lock lock(mu_);
+  const int rank = h.rank();
+  if (h.world() != o_.world || rank < 0 || rank >= o_.world) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        fmt::format("rank {} of {} in a job of {}", rank, h.world(), o_.world));
+  }
+  Slot& s = slots_[rank];
+  if (s.registered) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        fmt::format("rank {} is already registered{}", rank,
+                                    s.healthy ? "" : " and was declared dead"));
+  }
+  s.registered = true;
+  s.last_beat = Clock::now();
+  s.state.set_step(-1);
+  s.groups = failover::GroupsFromProto(h.groups());
+  failover::Log().info("savepoint controller: rank {} registered (pid {})", rank, h.pid());
+  std::lock_guard wlock(*s.write_mu);
+  s.stream = stream;  // the Welcome follows once every rank registered (AwaitRegistration)
+  cv_.notify_all();
+  return grpc::Status::OK;
+}
+
+void Controller::Absorb(int rank, const AgentMessage& m) {
+  std::lock_guard lock(mu_);
+  Slot& s = slots_[rank];
+  if (!s.healthy) {
+    ++outcome_.late_messages;  // a rank declared dead stays dead
+    return;
+  }
+  s.last_beat = Clock::now();
+  if (m.has_heartbeat()) s.state = m.heartbeat();
+  if (m.has_paused()) {
+    s.state = m.paused();
+    s.paused = true;
+  }
+  if (m.has_dump_done()) {
+    s.dump_done = failover::FromWire(m.dump_done().code(), m.dump_done().message());
+  }
+  if (m.has_finished()) s.finished = true;
+  cv_.notify_all();
+}
+
+void Controller::Detach(int rank) {
+  std::lock_guard lock(mu_);
+  Slot& s = slots_[rank];
+  {
+    std::lock_guard wlock(*s.write_mu);
+    s.stream = nullptr;
+  }
+  if (!s.finished && !done_) {
+    DeclareDead(rank, "its connection dropped (the process exited or was killed)");
+  }
+}
+
+void Controller::Send(int rank, const ControllerMessage& m) {
+  Slot& s = slots_[rank];
+  std::lock_guard wlock(*s.write_mu);
+  if (s.stream != nullptr) s.stream->Write(m);
+}
+
+// Under mu_.
+void Controller::DeclareDead(int rank, const std::string& why) {
+  Slot& s = slots_[rank];
+  if (!s.healthy) return;
+  s.healthy = false;
+  outcome_.dead.push_back(rank);
+  failover::Log().error("savepoint controller: rank {} declared dead: {}", rank, why);
+  if (!failed_) {
+    failed_ = true;
+    outcome_.failure = true;
+    outcome_.failed_rank = rank;
+    outcome_.detected_unix_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count();
+    outcome_.reason = why;
+    outcome_.dump_status = FailedPreconditionError(fmt::format("rank {} failed: {}", rank, why));
+  }
+  if (dump_) {
+    for (int w : dump_->writers) {
+      if (w == rank && dump_->broken.ok()) {
+        dump_->broken =
+            FailedPreconditionError(fmt::format("writer rank {} died during the dump", rank));
+      }
+    }
+  }
+  cv_.notify_all();
+}
+
+// Under mu_.
+void Controller::CheckHeartbeats() {
+  const Clock::time_point now = Clock::now();
+  for (int r = 0; r < o_.world; ++r) {
+    Slot& s = slots_[r];
+    if (!s.registered || !s.healthy || s.finished) continue;
+    const auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - s.last_beat);
+    if (silent > o_.heartbeat_timeout) {
+      DeclareDead(
+          r, fmt::format("no heartbeat for {} ms (hung, stopped or partitioned)", silent.count()));
+    }
+  }
+}
+
+bool Controller::AllFinished() const {
+  for (const Slot& s : slots_) {
+    if (!s.finished) return false;
+  }
+  return true;
+}
+
+Status Controller::AwaitRegistration() {
+  std::unique_lock lock(mu_);
+  const Clock::time_point give_up = Clock::now() + o_.register_timeout;
+  auto all = [&] {
+    return std::all_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.registered; });
+  };
+  while (!all() && !failed_) {
+    if (shutdown_) return FailedPreconditionError("the controller was shut down");
+    if (Clock::now() > give_up) {
+      std::vector<int> missing;
+      for (int r = 0; r < o_.world; ++r) {
+        if (!slots_[r].registered) missing.push_back(r);
+      }
+      return DeadlineExceededError(fmt::format("ranks {} did not register within {} ms", missing,
+                                               o_.register_timeout.count()));
+    }
+    cv_.wait_for(lock, std::chrono::milliseconds(20));
+  }
+  // The job starts together: every rank's Connect returns now, and heartbeats count from here.
+  ControllerMessage welcome;
+  welcome.mutable_welcome()->set_heartbeat_ms(o_.heartbeat_interval.count());
+  for (int r = 0; r < o_.world; ++r) {
+    slots_[r].last_beat = Clock::now();
+    Send(r, welcome);
+  }
+  return Status::OK();
+}
+
+void Controller::Drive() {
+  if (Status s = AwaitRegistration(); !s.ok()) {
+    ExitAll(s);
+    return End(s);
+  }
+  {
+    std::unique_lock lock(mu_);
+    while (!failed_ && !AllFinished() && !shutdown_) {
+      CheckHeartbeats();
+      cv_.wait_for(lock, std::chrono::milliseconds(20));
+    }
+  }
+  if (failed_) HandleFailure();
+  End(Status::OK());
+}
+
+std::vector<ReplicaGroup> Controller::Groups() const {
+  std::set<ReplicaGroup> all;
+  for (const Slot& s : slots_) all.insert(s.groups.begin(), s.groups.end());
+  if (all.empty()) return DataParallelGroups(o_.world);
+  return std::vector<ReplicaGroup>(all.begin(), all.end());
+}
+
+std::vector<RankReport> Controller::ParkSurvivors(int64_t until_step) {
+  std::unique_lock lock(mu_);
+  ControllerMessage stop;
+  stop.mutable_stop()->set_reason(outcome_.dump_status.message());
+  stop.mutable_stop()->set_grace_ms(o_.stop_grace.count());
+  stop.mutable_stop()->set_until_step(until_step);
+  for (int r = 0; r < o_.world; ++r) {
+    slots_[r].paused = false;
+    if (slots_[r].healthy && !slots_[r].finished) Send(r, stop);
+  }
+  const Clock::time_point give_up = Clock::now() + o_.stop_grace + o_.heartbeat_interval * 2;
+  auto parked = [&] {
+    for (const Slot& s : slots_) {
+      if (s.healthy && !s.finished && !s.paused) return false;
+    }
+    return true;
+  };
+  while (!parked() && Clock::now() < give_up) {
+    CheckHeartbeats();
+    cv_.wait_for(lock, std::chrono::milliseconds(10));
+  }
+  std::vector<RankReport> reports;
+  for (int r = 0; r < o_.world; ++r) {
+    const Slot& s = slots_[r];
+    // A survivor that did not park may still be changing its state: never a source.
+    reports.push_back(
+        {r, s.healthy && !s.finished, s.state.step(), s.state.updating() || !s.paused});
+  }
+  return reports;
+}
+
+std::string Controller::DumpPath(int source) const {
+  const failover::rpc::StepState& st = slots_[source].state;
+  std::string name = o_.naming == DumpNaming::kMindSpore
+                         ? MindSporeDumpName(st.step())
+                         : FailureDumpName(o_.prefix, st.epoch(), st.step_in_epoch());
+  return (std::filesystem::path(o_.directory) / name).string();
+}
+
+void Controller::RunDump(const DumpPlan& plan) {
+  std::unique_lock lock(mu_);
+  const std::vector<ReplicaGroup> groups = Groups();
+  const std::string path = DumpPath(plan.dumpers[0]);
+  dump_ = DumpRounds{RandomId(), plan.dumpers, Status::OK(), {}};
+  for (size_t w = 0; w < plan.dumpers.size(); ++w) {
+    ControllerMessage m;
+    failover::rpc::Dump* d = m.mutable_dump();
+    d->set_dump_id(dump_->id);
+    d->set_path(path);
+    d->set_step(plan.step);
+    d->set_writer(static_cast<int>(w));
+    d->set_writers(static_cast<int>(plan.dumpers.size()));
+    d->set_timeout_ms(o_.dump_timeout.count());
+    std::vector<ReplicaGroup> mine;
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (plan.source_of_group[g] == plan.dumpers[w]) mine.push_back(groups[g]);
+    }
+    failover::GroupsToProto(mine, d->mutable_groups());
+    Send(plan.dumpers[w], m);
+  }
+  failover::Log().info("savepoint controller: dumping step {} from ranks {} into {}", plan.step,
+                       plan.dumpers, path);
+  auto answered = [&] {
+    for (int r : plan.dumpers) {
+      if (slots_[r].healthy && !slots_[r].dump_done) return false;
+    }
+    return true;
+  };
+  while (!answered() && !shutdown_) {
+    CheckHeartbeats();
+    cv_.wait_for(lock, std::chrono::milliseconds(10));
+  }
+  const Slot& coordinator = slots_[plan.dumpers[0]];
+  Status s = coordinator.dump_done.value_or(dump_->broken);
+  // A coordinator that died after its commit: the rename is atomic, so the MANIFEST tells.
+  if (!coordinator.dump_done && std::filesystem::exists(std::filesystem::path(path) / "MANIFEST")) {
+    s = Status::OK();
+  }
+  outcome_.dumped = s.ok();
+  outcome_.dump_path = s.ok() ? path : "";
+  outcome_.dump_step = plan.step;
+  outcome_.writers = plan.dumpers;
+  if (!s.ok()) outcome_.dump_status = s.WithContext("no dump: the dump failed");
+}
+
+// The newest step of the usable survivors when some usable survivor is behind it and every group
+// has a usable member (so that catching up could allow a dump); nullopt otherwise.
+std::optional<int64_t> Controller::CatchUpStep(const std::vector<RankReport>& reports) {
+  std::lock_guard lock(mu_);
+  auto usable = [&](int r) { return reports[r].healthy && !reports[r].updating; };
+  int64_t newest = -1;
+  bool behind = false;
+  for (const RankReport& r : reports) {
+    if (usable(r.rank)) newest = std::max(newest, r.step);
+  }
+  for (const RankReport& r : reports) behind |= usable(r.rank) && r.step < newest;
+  for (const ReplicaGroup& g : Groups()) {
+    if (std::none_of(g.begin(), g.end(), usable)) return std::nullopt;
+  }
+  if (!behind || newest < 0) return std::nullopt;
+  return newest;
+}
+
+void Controller::HandleFailure() {
+  const Clock::time_point t0 = Clock::now();
+  std::vector<RankReport> reports = ParkSurvivors(-1);
+  Result<DumpPlan> plan = Decide(reports);
+  if (!plan.ok()) {
+    // Ranks parked at different steps (no collective keeps them in step): once, let those behind
+    // catch up with the newest, then decide again.
+    if (std::optional<int64_t> newest = CatchUpStep(reports)) {
+      failover::Log().info(
+          "savepoint controller: survivors at different steps; catching up to step {}", *newest);
+      reports = ParkSurvivors(*newest);
+      plan = Decide(reports);
+    }
+  }
+  if (plan.ok()) {
+    RunDump(*plan);
+  } else {
+    std::lock_guard lock(mu_);
+    outcome_.dump_status = plan.status();
+  }
+  Status why;
+  {
+    std::lock_guard lock(mu_);
+    outcome_.detect_to_commit_ms =
+        std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    why = FailedPreconditionError(fmt::format("rank {} failed; {}", outcome_.failed_rank,
+                                              outcome_.dumped
+                                                  ? "dump committed at " + outcome_.dump_path
+                                                  : outcome_.dump_status.message()));
+  }
+  failover::Log().info("savepoint controller: {}", why.message());
+  ExitAll(why);
+}
+
+void Controller::ExitAll(Status why) {
+  std::lock_guard lock(mu_);
+  ControllerMessage m;
+  m.mutable_exit()->set_code(static_cast<int32_t>(why.code()));
+  m.mutable_exit()->set_reason(why.message());
+  for (int r = 0; r < o_.world; ++r) Send(r, m);
+}
+
+grpc::Status Controller::Collective(grpc::ServerContext* ctx,
+                                    const failover::rpc::CollectiveRequest* req,
+                                    failover::rpc::CollectiveReply* reply) {
+  if (!failover::HasToken(*ctx, o_.token)) return Refuse();
+  std::unique_lock lock(mu_);
+  auto fail = [&](const Status& s) {
+    reply->set_code(static_cast<int32_t>(s.code()));
+    reply->set_message(s.message());
+    return grpc::Status::OK;
+  };
+  if (!dump_ || dump_->id != req->dump_id()) return fail(FailedPreconditionError("no such dump"));
+  const int n = static_cast<int>(dump_->writers.size());
+  if (req->writer() < 0 || req->writer() >= n) return fail(InvalidArgumentError("bad writer"));
+  if (req->abort()) {
+    if (dump_->broken.ok()) {
+      dump_->broken = FailedPreconditionError(
+          fmt::format("writer {} aborted the dump: {}", req->writer(), req->abort_reason()));
+    }
+    cv_.notify_all();
+    return fail(dump_->broken);
+  }
+  DumpRounds::Round& round = dump_->rounds[req->seq()];
+  if (round.in.empty()) round.in.resize(n);
+  round.in[req->writer()] = req->data();
+  ++round.arrived;
+  cv_.notify_all();
+  const Clock::time_point give_up = Clock::now() + std::chrono::milliseconds(req->timeout_ms());
+  cv_.wait_until(lock, give_up, [&] { return round.arrived == n || !dump_->broken.ok(); });
+  if (dump_->broken.ok() && round.arrived < n) {
+    dump_->broken = DeadlineExceededError(
+        fmt::format("dump collective {}: {} of {} writers arrived", req->seq(), round.arrived, n));
+    cv_.notify_all();
+  }
+  if (!dump_->broken.ok()) return fail(dump_->broken);
+  for (const std::string& b : round.in) reply->add_data(b);
+  if (++round.left == n) dump_->rounds.erase(req->seq());
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<FailoverController>> FailoverController::Start(ControllerOptions o) {
+  SP_RETURN_IF_ERROR(failover::CheckToken(o.token));
+  if (o.world < 1) return InvalidArgumentError(fmt::format("world {}: must be >= 1", o.world));
+  if (o.directory.empty()) return InvalidArgumentError("no dump directory");
+  if (o.heartbeat_interval.count() <= 0 || o.heartbeat_timeout <= o.heartbeat_interval) {
+    return InvalidArgumentError("heartbeat_timeout must exceed heartbeat_interval (> 0)");
+  }
+  auto c = std::make_unique<Controller>(std::move(o));
+  SP_RETURN_IF_ERROR(c->Listen());
+  return std::unique_ptr<FailoverController>(std::move(c));
+}
+
+}  // namespace savepoint

@@ -1,0 +1,388 @@
+// Failure-time checkpoints end to end inside one process: a controller and N agents (one thread
+// per rank) over gRPC on localhost. A rank "dies" by dropping its connection (Abandon: what the
+// kernel does to a SIGKILLed process's socket) or by going silent (no heartbeats).
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <latch>
+#include <thread>
+
+#include "savepoint/failover_rpc.h"
+#include "savepoint/manager.h"
+#include "savepoint/savepoint.h"
+#include "testutil/testutil.h"
+
+namespace savepoint {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr char kToken[] = "test-token-0123456789abcdef";
+constexpr int kElems = 8;
+
+// The deterministic state of a rank after `step` updates: what every replica holds.
+float WeightAt(int64_t step, int i) { return static_cast<float>(step * 0.5 + i); }
+
+// One rank: its state, its agent, and what the test does to it.
+struct Rank {
+  int rank = 0;
+  int world = 0;
+  std::vector<float> w = std::vector<float>(kElems);
+  int64_t step = 0;
+  ShardLayout layout;                      // set by two-group tests
+  std::vector<ReplicaGroup> groups;        // empty: data parallel
+  std::function<bool(Rank&)> at_step_end;  // returns false to stop the loop (the rank "dies")
+  std::function<bool(Rank&)> mid_update;   // between BeginUpdate and the update; false: "dies"
+  std::function<Result<DumpSource>(Rank&)> source_hook;
+  std::unique_ptr<FailoverAgent> agent;
+  Status result;
+};
+
+ControllerOptions Options(int world, const std::string& dir) {
+  ControllerOptions o;
+  o.token = kToken;
+  o.world = world;
+  o.directory = dir;
+  o.heartbeat_interval = 50ms;
+  o.heartbeat_timeout = 1000ms;  // generous: the CI machine may be loaded
+  o.stop_grace = 1000ms;
+  o.dump_timeout = 10s;
+  return o;
+}
+
+DumpSource SourceOf(Rank& r) {
+  DumpSource d;
+  // Two-group layouts hold half of a [2*kElems] tensor; otherwise the whole [kElems].
+  d.state.PutView("w", TensorView(r.w.data(), DType::kF32, {kElems})).IgnoreError();
+  d.state.PutValue("loader.position", r.step * 32).IgnoreError();
+  d.layout = r.layout;
+  return d;
+}
+
+void RunRank(Rank& r, int port, int64_t steps) {
+  AgentOptions o;
+  o.controller = "127.0.0.1:" + std::to_string(port);
+  o.token = kToken;
+  o.rank = r.rank;
+  o.world = r.world;
+  o.groups = r.groups;
+  o.source = [&r]() -> Result<DumpSource> {
+    return r.source_hook ? r.source_hook(r) : SourceOf(r);
+  };
+  auto agent = FailoverAgent::Connect(o);
+  if (!agent.ok()) {
+    r.result = agent.status();
+    return;
+  }
+  r.agent = std::move(agent).value();
+  for (int64_t s = r.step + 1; s <= steps; ++s) {
+    r.result = r.agent->BeginUpdate(s);
+    if (!r.result.ok()) return;
+    if (r.mid_update && !r.mid_update(r)) return;
+    for (int i = 0; i < kElems; ++i)
+      r.w[i] = WeightAt(s, i + (r.layout.empty() ? 0 : r.rank % 2 * kElems));
+    r.step = s;
+    r.agent->EndUpdate(s);
+    if (r.at_step_end && !r.at_step_end(r)) return;
+    std::this_thread::sleep_for(5ms);
+  }
+  r.result = r.agent->Finish();
+}
+
+// Runs a job of ranks.size() ranks for `steps` steps; returns the controller's outcome.
+Result<JobOutcome> RunJob(std::vector<Rank>& ranks, const ControllerOptions& co, int64_t steps) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<FailoverController> c, FailoverController::Start(co));
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    ranks[i].rank = static_cast<int>(i);
+    ranks[i].world = static_cast<int>(ranks.size());
+    threads.emplace_back([&, i, port = c->port()] { RunRank(ranks[i], port, steps); });
+  }
+  SP_RETURN_IF_ERROR(c->Wait().status());
+  for (std::thread& t : threads) t.join();
+  return c->Wait();  // again: counts what the ranks sent after the verdict
+}
+
+// A rank that crashes (drops its connection) after `step`.
+std::function<bool(Rank&)> DieAfter(int64_t step) {
+  return [step](Rank& r) {
+    if (r.step < step) return true;
+    r.agent->Abandon();
+    return false;
+  };
+}
+
+TEST(FailoverTest, JobThatEndsNormallyDumpsNothing) {
+  testing::TempDir dir;
+  std::vector<Rank> ranks(3);
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, Options(3, dir.path()), 10));
+  EXPECT_FALSE(out.failure);
+  for (const Rank& r : ranks) SP_EXPECT_OK(r.result);
+}
+
+TEST(FailoverTest, Rank0DiesAndASurvivorDumpsTheLastStep) {
+  testing::TempDir dir;
+  std::vector<Rank> ranks(4);
+  ranks[0].at_step_end = DieAfter(6);
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, Options(4, dir.path()), 1000));
+  ASSERT_TRUE(out.failure);
+  EXPECT_EQ(out.failed_rank, 0);
+  ASSERT_TRUE(out.dumped) << out.dump_status.ToString();
+  ASSERT_EQ(out.writers.size(), 1u);
+  EXPECT_NE(out.writers[0], 0);
+  EXPECT_GE(out.dump_step, 6);
+  EXPECT_EQ(ranks[out.writers[0]].step, out.dump_step);
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(ranks[r].result.code(), StatusCode::kFailedPrecondition);
+  SP_ASSERT_OK_AND_ASSIGN(State loaded, Load(out.dump_path));
+  const TensorView* w = loaded.FindTensor("w");
+  ASSERT_NE(w, nullptr);
+  for (int i = 0; i < kElems; ++i) {
+    EXPECT_EQ(reinterpret_cast<const float*>(w->data())[i], WeightAt(out.dump_step, i));
+  }
+  EXPECT_EQ(loaded.FindValue("failover.step")->as_int(), out.dump_step);
+  EXPECT_EQ(loaded.FindValue("loader.position")->as_int(), out.dump_step * 32);
+  // The manager sees the dump as its newest checkpoint.
+  ManagerOptions mo;
+  mo.directory = dir.path();
+  SP_ASSERT_OK_AND_ASSIGN(auto manager, CheckpointManager::Open(mo));
+  ASSERT_TRUE(manager->Latest().has_value());
+  EXPECT_EQ(manager->Latest()->step, out.dump_step);
+  EXPECT_EQ(manager->Latest()->name, FailureDumpName("ckpt", 1, out.dump_step));
+}
+
+// Two replica groups: ranks 0 and 2 hold rows [0, 8) of w, ranks 1 and 3 rows [8, 16).
+void TwoGroups(std::vector<Rank>& ranks) {
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const int half = static_cast<int>(r % 2);
+    ranks[r].layout["w"] = SplitDim({2 * kElems}, 0, 2, half, {half, half + 2}).value();
+    ranks[r].groups = {{half, half + 2}};
+  }
+}
+
+TEST(FailoverTest, OneDeadPerGroupDumpsFromTwoWriters) {
+  testing::TempDir dir;
+  std::vector<Rank> ranks(4);
+  TwoGroups(ranks);
+  ranks[0].at_step_end = DieAfter(4);
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, Options(4, dir.path()), 1000));
+  ASSERT_TRUE(out.dumped) << out.dump_status.ToString();
+  ASSERT_EQ(out.writers.size(), 2u);  // rank 2 for rows [0, 8), rank 1 or 3 for rows [8, 16)
+  EXPECT_EQ(out.writers[0] + out.writers[1] - 2 == 1 || out.writers[0] + out.writers[1] - 2 == 3,
+            true);
+  SP_ASSERT_OK_AND_ASSIGN(State loaded, Load(out.dump_path));
+  const TensorView* w = loaded.FindTensor("w");
+  ASSERT_NE(w, nullptr);
+  ASSERT_EQ(w->shape(), (Shape{2 * kElems}));
+  for (int i = 0; i < 2 * kElems; ++i) {
+    EXPECT_EQ(reinterpret_cast<const float*>(w->data())[i], WeightAt(out.dump_step, i));
+  }
+}
+
+TEST(FailoverTest, TwoRanksOfOneGroupDieNoDump) {
+  testing::TempDir dir;
+  std::vector<Rank> ranks(4);
+  TwoGroups(ranks);
+  std::latch both(2);
+  for (int r : {1, 3}) {
+    ranks[r].at_step_end = [&both](Rank& me) {
+      if (me.step < 5) return true;
+      both.arrive_and_wait();
+      me.agent->Abandon();
+      return false;
+    };
+  }
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, Options(4, dir.path()), 1000));
+  ASSERT_TRUE(out.failure);
+  EXPECT_FALSE(out.dumped);
+  EXPECT_FALSE(out.dump_status.ok());
+  EXPECT_NE(out.dump_status.message().find("no dump"), std::string::npos)
+      << out.dump_status.ToString();
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    ADD_FAILURE() << "left " << e.path();
+  }
+}
+
+TEST(FailoverTest, HungRankIsDeclaredDeadAndItsLateHeartbeatsIgnored) {
+  testing::TempDir dir;
+  std::vector<Rank> ranks(3);
+  ranks[2].at_step_end = [](Rank& me) {
+    if (me.step != 5) return true;
+    me.agent->PauseHeartbeatsForTesting(true);
+    std::this_thread::sleep_for(2000ms);  // hung: alive, connected, silent
+    me.agent->PauseHeartbeatsForTesting(false);
+    std::this_thread::sleep_for(200ms);
+    return true;  // then tries to go on: BeginUpdate says the job stopped
+  };
+  auto t0 = std::chrono::steady_clock::now();
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, Options(3, dir.path()), 1000));
+  ASSERT_TRUE(out.failure);
+  EXPECT_EQ(out.failed_rank, 2);
+  EXPECT_NE(out.reason.find("no heartbeat"), std::string::npos) << out.reason;
+  EXPECT_TRUE(out.dumped) << out.dump_status.ToString();
+  EXPECT_GT(out.late_messages, 0);
+  EXPECT_EQ(ranks[2].result.code(), StatusCode::kFailedPrecondition);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+}
+
+TEST(FailoverTest, DyingWriterCommitsNothing) {
+  testing::TempDir dir;
+  std::vector<Rank> ranks(3);
+  ranks[0].at_step_end = DieAfter(3);
+  // Whichever survivor is chosen dies while it writes.
+  std::vector<std::thread> killers(3);
+  for (int r : {1, 2}) {
+    ranks[r].source_hook = [&killers](Rank& me) -> Result<DumpSource> {
+      killers[me.rank] = std::thread([&me] { me.agent->Abandon(); });
+      std::this_thread::sleep_for(800ms);  // the controller sees the writer gone meanwhile
+      return SourceOf(me);
+    };
+  }
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, Options(3, dir.path()), 1000));
+  for (std::thread& k : killers) {
+    if (k.joinable()) k.join();
+  }
+  ASSERT_TRUE(out.failure);
+  EXPECT_FALSE(out.dumped);
+  EXPECT_NE(out.dump_status.message().find("died during the dump"), std::string::npos)
+      << out.dump_status.ToString();
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    ADD_FAILURE() << "left " << e.path();
+  }
+}
+
+TEST(FailoverTest, DeathMidUpdateDumpsTheSurvivorsStep) {
+  testing::TempDir dir;
+  std::vector<Rank> ranks(3);
+  ranks[1].mid_update = [](Rank& me) {
+    if (me.step < 5) return true;
+    me.agent->Abandon();  // dies with its state half-updated: never a source
+    return false;
+  };
+  ControllerOptions co = Options(3, dir.path());
+  co.naming = DumpNaming::kMindSpore;
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, co, 1000));
+  ASSERT_TRUE(out.dumped) << out.dump_status.ToString();
+  EXPECT_EQ(out.failed_rank, 1);
+  EXPECT_GE(out.dump_step, 5);
+  EXPECT_EQ(std::filesystem::path(out.dump_path).filename(), MindSporeDumpName(out.dump_step));
+  SP_ASSERT_OK_AND_ASSIGN(State loaded, Load(out.dump_path));
+  EXPECT_EQ(reinterpret_cast<const float*>(loaded.FindTensor("w")->data())[3],
+            WeightAt(out.dump_step, 3));
+}
+
+TEST(FailoverTest, OnlyReplicaStuckMidUpdateMeansNoDump) {
+  testing::TempDir dir;
+  std::vector<Rank> ranks(2);
+  std::atomic<bool> stuck{false};
+  ranks[0].at_step_end = [&stuck](Rank& me) {
+    if (me.step < 4) return true;
+    while (!stuck) std::this_thread::sleep_for(1ms);
+    me.agent->Abandon();  // dies while its only replica is mid-update
+    return false;
+  };
+  ranks[1].mid_update = [&stuck](Rank& me) {
+    if (me.step != 4) return true;  // the update of step 5
+    stuck = true;
+    std::this_thread::sleep_for(2500ms);  // longer than stop_grace (1 s)
+    return true;
+  };
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, Options(2, dir.path()), 1000));
+  ASSERT_TRUE(out.failure);
+  EXPECT_FALSE(out.dumped);
+  EXPECT_NE(out.dump_status.message().find("mid-update"), std::string::npos)
+      << out.dump_status.ToString();
+}
+
+TEST(FailoverTest, WrongTokenIsRefused) {
+  testing::TempDir dir;
+  SP_ASSERT_OK_AND_ASSIGN(auto c, FailoverController::Start(Options(1, dir.path())));
+  AgentOptions o;
+  o.controller = "127.0.0.1:" + std::to_string(c->port());
+  o.token = "not-the-job-token-at-all";
+  o.rank = 0;
+  o.world = 1;
+  o.connect_timeout = 2s;
+  EXPECT_EQ(FailoverAgent::Connect(o).status().code(), StatusCode::kUnauthenticated);
+  o.token = kToken;
+  SP_ASSERT_OK_AND_ASSIGN(auto agent, FailoverAgent::Connect(o));
+  SP_ASSERT_OK(agent->Finish());
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, c->Wait());
+  EXPECT_FALSE(out.failure);
+  EXPECT_GE(out.refused_calls, 1);
+}
+
+TEST(FailoverTest, ControllerKilledTrainingGoesOn) {
+  testing::TempDir dir;
+  SP_ASSERT_OK_AND_ASSIGN(auto c, FailoverController::Start(Options(2, dir.path())));
+  std::vector<Rank> ranks(2);
+  std::atomic<int> at_5{0};
+  for (Rank& r : ranks) {
+    r.at_step_end = [&at_5](Rank& me) {
+      if (me.step == 5) ++at_5;
+      if (me.step > 5 && me.step < 40) std::this_thread::sleep_for(5ms);
+      return true;
+    };
+  }
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    ranks[i].rank = i;
+    ranks[i].world = 2;
+    threads.emplace_back([&, i, port = c->port()] { RunRank(ranks[i], port, 60); });
+  }
+  while (at_5 < 2) std::this_thread::sleep_for(1ms);
+  c.reset();  // the controller goes away
+  for (std::thread& t : threads) t.join();
+  for (const Rank& r : ranks) {
+    EXPECT_EQ(r.step, 60);
+    EXPECT_FALSE(r.agent->controller_status().ok());
+  }
+}
+
+double CpuSeconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// The steady-state cost of failure protection (docs/PERFORMANCE.md): the step-state calls on the
+// training thread, and the CPU the heartbeats take (agent and controller together).
+TEST(FailoverCostTest, StepReportingAndHeartbeats) {
+  testing::TempDir dir;
+  ControllerOptions co = Options(1, dir.path());
+  co.heartbeat_interval = 100ms;
+  co.heartbeat_timeout = 1000ms;
+  SP_ASSERT_OK_AND_ASSIGN(auto c, FailoverController::Start(co));
+  AgentOptions o;
+  o.controller = "127.0.0.1:" + std::to_string(c->port());
+  o.token = kToken;
+  o.rank = 0;
+  o.world = 1;
+  SP_ASSERT_OK_AND_ASSIGN(auto agent, FailoverAgent::Connect(o));
+  constexpr int kSteps = 200000;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int s = 1; s <= kSteps; ++s) {
+    SP_ASSERT_OK(agent->BeginUpdate(s));
+    agent->EndUpdate(s);
+  }
+  const double ns =
+      std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() /
+      kSteps;
+  const double cpu0 = CpuSeconds();
+  std::this_thread::sleep_for(2s);
+  const double cpu_ms_per_s = (CpuSeconds() - cpu0) * 1000 / 2;
+  std::printf(
+      "BeginUpdate+EndUpdate: %.0f ns per step; heartbeats (100 ms, agent + controller): "
+      "%.3f ms CPU per second\n",
+      ns, cpu_ms_per_s);
+  EXPECT_LT(ns, 100000);          // far below 1% of a 100 ms step (1 ms)
+  EXPECT_LT(cpu_ms_per_s, 10.0);  // likewise
+  SP_ASSERT_OK(agent->Finish());
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, c->Wait());
+  EXPECT_FALSE(out.failure);
+}
+
+}  // namespace
+}  // namespace savepoint
