@@ -116,6 +116,11 @@ void BindSafetensors(nb::module_& m);
 void BindMindSpore(nb::module_& m);
 void BindMindSporeStrategy(nb::module_& m);
 void BindMindSporeDistributed(nb::module_& m);
+// (codec, shuffle, zstd level) from Python: codec "none" | "zstd" | "lz4", shuffle "auto" | "on" |
+// "off" (the Python side checks the spelling; anything else is InvalidArgument here too).
+using CompressionSpec = std::tuple<std::string, std::string, int>;
+Compression MakeCompression(const CompressionSpec& spec);  // save.cc
+
 void BindDcp(nb::module_& m);
 void BindTorchDistributed(nb::module_& m);
 void BindSparse(nb::module_& m);

@@ -7,11 +7,6 @@
 #include "common.h"
 
 namespace savepoint::python {
-namespace {
-
-// (codec, shuffle, zstd level) from Python: codec "none" | "zstd" | "lz4", shuffle "auto" | "on" |
-// "off" (the Python side checks the spelling; anything else is InvalidArgument here too).
-using CompressionSpec = std::tuple<std::string, std::string, int>;
 
 Compression MakeCompression(const CompressionSpec& spec) {
   const auto& [codec, shuffle, level] = spec;
@@ -33,6 +28,8 @@ Compression MakeCompression(const CompressionSpec& spec) {
   c.zstd_level = level;
   return c;
 }
+
+namespace {
 
 SaveOptions MakeSaveOptions(bool overwrite, bool create_parents, const CompressionSpec& compression,
                             nb::handle key) {

@@ -45,29 +45,6 @@ void AddTables(State& state, const std::vector<TableSpec>& tables, const std::st
   }
 }
 
-using CompressionSpec = std::tuple<std::string, std::string, int>;
-
-Compression CompressionOf(const CompressionSpec& spec) {
-  const auto& [codec, shuffle, level] = spec;
-  Compression c;
-  if (codec == "zstd") {
-    c.codec = Compression::Codec::kZstd;
-  } else if (codec == "lz4") {
-    c.codec = Compression::Codec::kLz4;
-  } else if (codec != "none") {
-    throw StatusError(InvalidArgumentError("compression codec " + codec));
-  }
-  if (shuffle == "on") {
-    c.shuffle = Compression::Shuffle::kOn;
-  } else if (shuffle == "off") {
-    c.shuffle = Compression::Shuffle::kOff;
-  } else if (shuffle != "auto") {
-    throw StatusError(InvalidArgumentError("compression shuffle " + shuffle));
-  }
-  c.zstd_level = level;
-  return c;
-}
-
 SparseSaveOptions SaveOptionsOf(bool overwrite, bool create_parents, uint64_t chunk_bytes,
                                 nb::handle key, const std::string& base, int concurrency) {
   SparseSaveOptions o;
@@ -91,7 +68,7 @@ nb::dict SaveSparsePy(const std::string& path, const std::vector<TensorSpec>& te
   SaveStats stats;
   SparseSaveOptions o =
       SaveOptionsOf(overwrite, create_parents, chunk_bytes, key, base, concurrency);
-  o.save.compression = CompressionOf(compression);
+  o.save.compression = MakeCompression(compression);
   o.save.stats = &stats;
   Check(Unlocked([&] {
     return SaveSparse(state, path, o, {.io_threads = io_threads, .direct_io = direct_io});

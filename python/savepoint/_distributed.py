@@ -480,7 +480,7 @@ _inflight = None  # the last asynchronous distributed save (one runs at a time, 
 _inflight_lock = threading.Lock()
 
 
-class DistributedSaveFuture:
+class DistributedSaveFuture(_save._Future):
     """An asynchronous distributed save: done(), wait(timeout), result(timeout), exception(),
     path, stats (this rank's, once done), as savepoint.SaveFuture."""
 
@@ -515,21 +515,6 @@ class DistributedSaveFuture:
         if self._error is not None:
             raise self._error
         return True
-
-    def result(self, timeout=None):
-        if not self.wait(timeout):
-            raise TimeoutError(f"savepoint: save to {self.path} still running after {timeout} s")
-        return self.stats
-
-    def exception(self, timeout=None):
-        try:
-            self.result(timeout)
-        except _errors.SavepointError as e:
-            return e
-        return None
-
-    def __repr__(self):
-        return f"DistributedSaveFuture({self.path!r}, done={self.done()})"
 
 
 # ---------------------------------------------------------------------- load

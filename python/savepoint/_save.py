@@ -159,7 +159,29 @@ def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata
                       chunk_bytes=chunk_bytes, compression=codec, key=key)  # fmt: skip
 
 
-class SaveFuture:
+class _Future:
+    """result(), exception() and repr of a save future, from its done(), wait(timeout), path and
+    stats (SaveFuture; DistributedSaveFuture in _distributed.py)."""
+
+    def result(self, timeout=None):
+        """The save's stats once committed; raises its error, or TimeoutError."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"savepoint: save to {self.path} still running after {timeout} s")
+        return self.stats
+
+    def exception(self, timeout=None):
+        """The save's error (None if it committed); TimeoutError if it is still running."""
+        try:
+            self.result(timeout)
+        except _errors.SavepointError as e:
+            return e
+        return None
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.path!r}, done={self.done()})"
+
+
+class SaveFuture(_Future):
     """One asynchronous save. Like concurrent.futures.Future: done(), wait(), result(),
     exception(); plus `stats` and `path`. Thread-safe."""
 
@@ -190,22 +212,6 @@ class SaveFuture:
         self._h.check()
         return True
 
-    def result(self, timeout=None):
-        """The save's stats once committed; raises its error, or TimeoutError."""
-        if not self.wait(timeout):
-            raise TimeoutError(f"savepoint: save to {self.path} still running after {timeout} s")
-        return self.stats
-
-    def exception(self, timeout=None):
-        """The save's error (None if it committed); TimeoutError if it is still running."""
-        try:
-            self.result(timeout)
-        except _errors.SavepointError as e:
-            return e
-        return None
-
-    def __repr__(self):
-        return f"SaveFuture({self.path!r}, done={self.done()})"
 
 
 class AsyncCheckpointer:
