@@ -42,11 +42,35 @@ namespace savepoint {
 // Copies tensor bytes into host staging memory during the snapshot. The default copies with
 // memcpy and checksums in the same pass. A device copier (e.g. CUDA device-to-host) implements
 // this to snapshot accelerator memory; the CRC is then computed on the staged host bytes.
+// Thread safety: Copies() and Copy() are called from several snapshot threads at once;
+// PrepareStaging() and ReleaseStaging() from the thread allocating or freeing a slab.
 class SAVEPOINT_API SnapshotCopier {
  public:
   virtual ~SnapshotCopier() = default;
+  // Whether this copier copies the tensor memory at `src` (one call per tensor chunk). false
+  // leaves that memory to the built-in copy, which checksums while it copies (e.g. a device
+  // copier declines plain host memory). Default: true.
+  virtual bool Copies(const std::byte* src) const {
+    (void)src;
+    return true;
+  }
   // Copies `n` bytes from `src` (tensor memory as given in the State) to `dst` (host memory).
+  // Returns only once the bytes are in `dst`.
   virtual Status Copy(const std::byte* src, std::byte* dst, uint64_t n) = 0;
+  // The most bytes handed to one Copy call; the checksum of those staged bytes follows each call.
+  // Default: 0 = 256 KiB, so the checksum reads bytes still in cache. A device copier asks for
+  // more (up to a whole chunk) so that its per-call latency is amortised.
+  virtual uint64_t max_copy_bytes() const { return 0; }
+  // Called once for each staging slab when the Checkpointer allocates it, before any Copy into
+  // it (e.g. to page-lock it so that a device's DMA engine writes it at full speed). An error is
+  // logged and the slab used as it is. Default: nothing.
+  virtual Status PrepareStaging(std::byte* slab, uint64_t n) {
+    (void)slab, (void)n;
+    return Status::OK();
+  }
+  // Called for each slab PrepareStaging succeeded on, before the Checkpointer frees it (when the
+  // Checkpointer is destroyed). Default: nothing.
+  virtual void ReleaseStaging(std::byte* slab, uint64_t n) { (void)slab, (void)n; }
 };
 
 struct SAVEPOINT_API CheckpointerOptions {
@@ -75,11 +99,13 @@ struct SAVEPOINT_API CheckpointerOptions {
   // Threads copying (and checksumming) the state during the snapshot, the caller's thread
   // included (0..64). Each chunk is copied by one thread; more threads shorten the time the
   // caller is blocked when one core cannot saturate memory bandwidth. Default: 0 = the hardware
-  // threads, at most 4. 1 = the caller's thread alone.
+  // threads, at most 4 (at most 8 with a `copier`: a CUDA copier's threads wait for their DMA
+  // between checksums). 1 = the caller's thread alone.
   int snapshot_threads = 0;
   // Snapshot copier (not owned; must outlive the Checkpointer; called from several threads at
-  // once when snapshot_threads != 1). Default: nullptr = the built-in copy, which checksums each
-  // slice of the source and then streams it to the staging slab.
+  // once when snapshot_threads != 1), e.g. CreateCudaSnapshotCopier (savepoint/cuda.h). Default:
+  // nullptr = the built-in copy, which checksums each slice of the source and then streams it to
+  // the staging slab.
   SnapshotCopier* copier = nullptr;
 };
 

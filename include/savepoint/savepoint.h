@@ -7,6 +7,7 @@
 #include "savepoint/catalog.h"      // IWYU pragma: export
 #include "savepoint/checkpoint.h"   // IWYU pragma: export
 #include "savepoint/comm.h"         // IWYU pragma: export
+#include "savepoint/cuda.h"         // IWYU pragma: export
 #include "savepoint/dcp.h"          // IWYU pragma: export
 #include "savepoint/distributed.h"  // IWYU pragma: export
 #include "savepoint/dtype.h"        // IWYU pragma: export

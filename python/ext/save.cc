@@ -59,19 +59,34 @@ nb::dict SaveSync(const std::string& path, const std::vector<TensorSpec>& tensor
   return SaveStatsToPython(stats);
 }
 
-std::unique_ptr<Checkpointer> CreateCheckpointer(uint64_t staging_bytes, uint64_t slab_bytes,
-                                                 int io_threads, bool direct_io,
-                                                 bool allow_concurrent_saves,
-                                                 uint64_t prefault_bytes) {
+// A Checkpointer and the snapshot copier it uses (destroyed after it).
+struct PyCheckpointer {
+  std::unique_ptr<SnapshotCopier> copier;
+  std::unique_ptr<Checkpointer> c;
+};
+
+// cuda_device >= 0: tensors in CUDA memory are copied by CreateCudaSnapshotCopier into pinned
+// slabs (registered by that device's primary context); its errors are raised (FailedPrecondition
+// without a CUDA driver). -1: host memory only.
+std::unique_ptr<PyCheckpointer> CreateCheckpointer(uint64_t staging_bytes, uint64_t slab_bytes,
+                                                   int io_threads, bool direct_io,
+                                                   bool allow_concurrent_saves,
+                                                   uint64_t prefault_bytes, int cuda_device,
+                                                   int snapshot_threads) {
+  auto out = std::make_unique<PyCheckpointer>();
+  if (cuda_device >= 0) out->copier = Take(CreateCudaSnapshotCopier({.device = cuda_device}));
   CheckpointerOptions o;
   o.staging_bytes = staging_bytes;
   o.prefault_bytes = prefault_bytes;
   o.slab_bytes = slab_bytes;
   o.allow_concurrent_saves = allow_concurrent_saves;
-  return Take(Checkpointer::Create(o, {.io_threads = io_threads, .direct_io = direct_io}));
+  o.copier = out->copier.get();
+  o.snapshot_threads = snapshot_threads;
+  out->c = Take(Checkpointer::Create(o, {.io_threads = io_threads, .direct_io = direct_io}));
+  return out;
 }
 
-SaveHandle SaveAsync(Checkpointer& c, const std::string& path,
+SaveHandle SaveAsync(PyCheckpointer& pc, const std::string& path,
                      const std::vector<TensorSpec>& tensors, const std::vector<ValueSpec>& values,
                      const std::string& metadata, bool overwrite, bool create_parents,
                      const CompressionSpec& compression, nb::handle key) {
@@ -80,7 +95,7 @@ SaveHandle SaveAsync(Checkpointer& c, const std::string& path,
   Result<SaveHandle> h = InternalError("save not started");
   {
     nb::gil_scoped_release release;
-    h = c.SaveAsync(state, path, o);
+    h = pc.c->SaveAsync(state, path, o);
   }
   return Take(std::move(h));
 }
@@ -109,11 +124,11 @@ bool WaitFor(const SaveHandle& h, double timeout_s) {
   }
 }
 
-void WaitAll(Checkpointer& c) {
+void WaitAll(PyCheckpointer& pc) {
   Status s;
   {
     nb::gil_scoped_release release;
-    s = c.WaitAll();
+    s = pc.c->WaitAll();
   }
   Check(s);
 }
@@ -138,18 +153,24 @@ void BindSave(nb::module_& m) {
       .def_prop_ro("stats", [](const SaveHandle& h) { return SaveStatsToPython(h.stats()); })
       .def_prop_ro("path", &SaveHandle::path);
 
-  nb::class_<Checkpointer>(m, "Checkpointer")
+  nb::class_<PyCheckpointer>(m, "Checkpointer")
       .def_static("create", &CreateCheckpointer, nb::arg("staging_bytes"), nb::arg("slab_bytes"),
                   nb::arg("io_threads"), nb::arg("direct_io"), nb::arg("allow_concurrent_saves"),
-                  nb::arg("prefault_bytes") = 0)
-      .def("reserve", &Checkpointer::Reserve, nb::arg("bytes"))
+                  nb::arg("prefault_bytes") = 0, nb::arg("cuda_device") = -1,
+                  nb::arg("snapshot_threads") = 0)
+      .def(
+          "reserve", [](PyCheckpointer& pc, uint64_t bytes) { pc.c->Reserve(bytes); },
+          nb::arg("bytes"))
       .def("save_async", &SaveAsync, nb::arg("path"), nb::arg("tensors"), nb::arg("values"),
            nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"),
            nb::arg("compression") = CompressionSpec("none", "auto", 1),
            nb::arg("key").none() = nb::none())
       .def("wait_all", &WaitAll)
-      .def_prop_ro("staging_allocated_bytes", &Checkpointer::staging_allocated_bytes)
-      .def_prop_ro("staging_cap_bytes", &Checkpointer::staging_cap_bytes);
+      .def_prop_ro("staging_allocated_bytes",
+                   [](const PyCheckpointer& pc) { return pc.c->staging_allocated_bytes(); })
+      .def_prop_ro("staging_cap_bytes",
+                   [](const PyCheckpointer& pc) { return pc.c->staging_cap_bytes(); })
+      .def_prop_ro("device_copies", [](const PyCheckpointer& pc) { return pc.copier != nullptr; });
 }
 
 }  // namespace savepoint::python

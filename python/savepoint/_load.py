@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from . import _core, _dtypes, _errors, _keys, _sparse_io, _tree
+from . import _core, _cuda, _dtypes, _errors, _keys, _sparse_io, _tree
 
 # Tensors at least this large are allocated 4 KiB-aligned so O_DIRECT reads land in them directly.
 _ALIGN = 4096
@@ -173,7 +173,7 @@ def load(path, *, names=None, mmap=False, map_location=None, like=None, verify=T
             "checkpoints with sparse tables; this one has none")  # fmt: skip
     info.tree = _for_framework(info, _FRAMEWORKS[framework])
     leaves = _tree.tensor_leaves(info.tree)
-    plan = _Plan(path, info, _like_targets(like), mmap)
+    plan = _Plan(path, info, _like_targets(like), mmap, map_location)
     selected = _select(info, leaves, names, path)
     for p, node in leaves:
         if _tree.leaf_name(node) in selected:
@@ -234,8 +234,10 @@ class _Plan:
     reads: with mmap, the core maps (copy-on-write) and checks the tensors not bound for `like`;
     the rest are read in one parallel load_into pass."""
 
-    def __init__(self, path, info, targets, mmap):
+    def __init__(self, path, info, targets, mmap, map_location=None):
         self.path, self.info, self.targets, self.mmap = path, info, targets, mmap
+        self.map_location = map_location
+        self.staged = []  # (name, CUDA tensor, entry): read through pinned buffers (_cuda.py)
         self.loaded = {}  # entry name -> tensor or array
         self.like_names = set()  # entries filled into `like` tensors (returned as they are)
         self.fixups = []  # (like target, temporary): targets that cannot take the bytes directly
@@ -253,13 +255,19 @@ class _Plan:
             dest, direct = _check_like(target, entry, p)
             self.loaded[name] = target
             self.like_names.add(name)
+            if dest is None:
+                self.staged.append((name, target, entry))
+                return
             if not direct:
                 self.fixups.append((target, dest))
         elif self.mmap:
             self.mapped[name] = node
             return
         else:
-            dest = self.loaded[name] = _allocate(node, entry)
+            dest = self.loaded[name] = _allocate(node, entry, self.map_location)
+            if getattr(dest, "is_cuda", False):
+                self.staged.append((name, dest, entry))
+                return
         self.reads.append(_spec(name, dest, entry))
 
     def check_like_covered(self, leaf_paths):
@@ -280,6 +288,8 @@ class _Plan:
         if self.reads:
             _core.load_into(self.path, self.reads, verify=verify, io_threads=io_threads,
                             direct_io=direct_io, key=key)  # fmt: skip
+        _cuda.load_staged(self.path, self.staged, verify=verify, io_threads=io_threads,
+                          direct_io=direct_io, key=key)  # fmt: skip
         for target, tmp in self.fixups:
             _copy_into(target, tmp)
 
@@ -327,7 +337,8 @@ def _like_targets(like):
 
 
 def _check_like(target, entry, p):
-    """(destination to read into, whether it is `target` itself)."""
+    """(destination to read into, whether it is `target` itself); (None, False) for a contiguous
+    CUDA tensor, filled through pinned buffers (_cuda.load_staged)."""
     name, dtype, shape, nbytes, _ = entry
     where = _tree.describe_path(p).replace("obj", "like", 1)
     if isinstance(target, np.ndarray):
@@ -342,6 +353,8 @@ def _check_like(target, entry, p):
         raise ValueError(
             f"savepoint.load: {where} is {got} {list(target.shape)} but checkpoint tensor {name!r} "
             f"is {dtype} {list(shape)}")
+    if not direct and _cuda.is_staged_target(target):
+        return None, False
     return (target if direct else _allocate(alloc, entry)), direct
 
 
@@ -369,11 +382,17 @@ def _bump_version(t):
         graph.increment_version(t)
 
 
-def _allocate(node, entry):
+def _allocate(node, entry, map_location=None):
+    """A new tensor or array for `entry`: in host memory, or directly on the CUDA device the tensor
+    goes to (map_location, else the one it was saved from) when CUDA is available."""
     _, dtype, shape, nbytes, _ = entry
     torch = _dtypes.torch_module() if "torch" in node else None
     if torch is not None:
         tdt = _dtypes.to_torch_dtype(dtype)
+        on_device = _on_cuda(torch, map_location if map_location is not None else node.get("device"),
+                             tuple(shape), tdt)  # fmt: skip
+        if on_device is not None:
+            return on_device
         if nbytes < _ALIGN_MIN_BYTES:
             return torch.empty(tuple(shape), dtype=tdt)
         raw = torch.empty(nbytes + _ALIGN, dtype=torch.uint8)
@@ -385,6 +404,19 @@ def _allocate(node, entry):
     raw = np.empty(nbytes + _ALIGN, np.uint8)
     off = -raw.__array_interface__["data"][0] % _ALIGN
     return raw[off : off + nbytes].view(npdt).reshape(tuple(shape))
+
+
+def _on_cuda(torch, device, shape, dtype):
+    """An empty tensor on `device` if it is an available CUDA device, else None (the tensor is
+    read into host memory; _place then moves it, or reports why it cannot)."""
+    if device is None or not torch.cuda.is_available():
+        return None
+    try:
+        if torch.device(device).type != "cuda":
+            return None
+        return torch.empty(shape, dtype=dtype, device=device)
+    except (RuntimeError, AssertionError, TypeError):
+        return None
 
 
 def _finisher(loaded, selected, map_location, like_names):

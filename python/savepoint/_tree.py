@@ -75,8 +75,12 @@ class Flattener:
     other writer drops them silently."""
 
     allow_tables = False
+    # CUDA tensors are passed by device address (the checkpointer has a CUDA snapshot copier);
+    # else they are first copied to host memory. cuda_devices collects the devices they are on.
+    cuda_in_place = False
 
     def __init__(self):
+        self.cuda_devices = set()  # torch.device of the CUDA tensors passed in place
         self.tensors = []  # TensorLeaf
         self.values = []  # (name, kind, value)
         self.tables = []  # (name, savepoint.SparseTable)
@@ -172,10 +176,12 @@ class Flattener:
             src = src.resolve_conj()
         if src.is_neg():
             src = src.resolve_neg()
-        if src.device.type != "cpu":
+        if src.device.type == "cuda" and self.cuda_in_place:
+            self.cuda_devices.add(src.device)
+        elif src.device.type != "cpu":
             src = src.to("cpu")  # documented copy to host
         if not src.is_contiguous():
-            src = src.contiguous()  # documented copy
+            src = src.contiguous()  # documented copy (on the tensor's device)
         name = self._name(path)
         self.tensors.append(TensorLeaf(name, src.data_ptr(), dtype, tuple(src.shape), src))
         node = {"torch": name}

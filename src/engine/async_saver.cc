@@ -204,7 +204,8 @@ class CheckpointerImpl final : public Checkpointer {
       : options_(o),
         io_(io),
         pool_(o.slab_bytes,
-              (o.staging_bytes != 0 ? o.staging_bytes : DefaultStagingBytes()) / o.slab_bytes) {}
+              (o.staging_bytes != 0 ? o.staging_bytes : DefaultStagingBytes()) / o.slab_bytes,
+              o.copier) {}
 
   ~CheckpointerImpl() override {
     WaitAll().IgnoreError();
@@ -356,8 +357,8 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Stat
   plan.data_file_bytes = job->manifest.files[0].bytes;
   plan.pool = &pool_;
   plan.copier = options_.copier;
-  plan.threads =
-      options_.snapshot_threads > 0 ? options_.snapshot_threads : engine::DefaultSnapshotThreads();
+  plan.threads = options_.snapshot_threads > 0 ? options_.snapshot_threads
+                                               : engine::DefaultSnapshotThreads(options_.copier);
   engine::RunSnapshot(plan, job.get());  // errors go to the job
   job->Close();
   std::lock_guard<std::mutex> lock(job->mu);

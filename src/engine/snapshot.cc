@@ -103,15 +103,22 @@ class Crew {
     while (auto job = Pop(true)) Run(*job);
   }
 
-  // Copies `n` bytes and extends *crc over them: Crc32cCopy, or the custom copier slice by slice
-  // with the checksum of each staged slice right after it.
+  // Bytes handed to one call of the custom copier (its max_copy_bytes, else kCrc32cSlice).
+  uint64_t CopierPiece() const {
+    const uint64_t m = plan_.copier->max_copy_bytes();
+    return m != 0 ? m : kCrc32cSlice;
+  }
+
+  // Copies `n` bytes and extends *crc over them: Crc32cCopy, or the custom copier (when it takes
+  // the source) piece by piece with the checksum of each staged piece right after it.
   Status CopySegment(const std::byte* src, std::byte* dst, uint64_t n, uint32_t* crc) {
-    if (plan_.copier == nullptr) {
+    if (plan_.copier == nullptr || !plan_.copier->Copies(src)) {
       *crc = Crc32cCopy(*crc, src, dst, n);
       return Status::OK();
     }
+    const uint64_t piece = CopierPiece();
     for (uint64_t done = 0; done < n;) {
-      const uint64_t len = std::min<uint64_t>(n - done, kCrc32cSlice);
+      const uint64_t len = std::min<uint64_t>(n - done, piece);
       SP_RETURN_IF_ERROR(plan_.copier->Copy(src + done, dst + done, len));
       *crc = Crc32cExtend(*crc, {dst + done, len});
       done += len;
@@ -119,26 +126,33 @@ class Crew {
     return Status::OK();
   }
 
-  // Encrypted saves (engine/seal.h): seals the chunk of `job` into its segments, a slice at a
-  // time (copied by the custom copier first, when there is one, then encrypted in place), each
-  // slice checksummed right after; sets the chunk's tag and CRC (of the ciphertext).
+  // Encrypted saves (engine/seal.h): seals the chunk of `job` into its segments: each piece is
+  // copied by the custom copier first (when it takes the source), then encrypted in place a slice
+  // at a time, each slice checksummed right after; sets the chunk's tag and CRC (of the
+  // ciphertext).
   Status SealSegments(const CopyJob& job) {
     const ChunkTask& t = *job.task;
     SP_ASSIGN_OR_RETURN(crypto::GcmSealer sealer,
                         t.seal->keys.BeginSeal(IdentityOf(t, t.file_offset, t.len, false)));
+    const bool custom = plan_.copier != nullptr && plan_.copier->Copies(t.src);
+    const uint64_t piece = custom ? CopierPiece() : kCrc32cSlice;
     uint32_t crc = 0;
     for (const Segment& s : job.segments) {
       for (uint64_t done = 0; done < s.n;) {
-        const uint64_t n = std::min<uint64_t>(s.n - done, kCrc32cSlice);
+        const uint64_t len = std::min<uint64_t>(s.n - done, piece);
         const std::byte* src = t.src + s.from + done;
         std::byte* dst = s.dst + done;
-        if (plan_.copier != nullptr) {
-          SP_RETURN_IF_ERROR(plan_.copier->Copy(src, dst, n));
+        if (custom) {
+          SP_RETURN_IF_ERROR(plan_.copier->Copy(src, dst, len));
           src = dst;
         }
-        SP_RETURN_IF_ERROR(sealer.Update({src, n}, {dst, n}));
-        crc = Crc32cExtend(crc, {dst, n});
-        done += n;
+        for (uint64_t at = 0; at < len;) {
+          const uint64_t n = std::min<uint64_t>(len - at, kCrc32cSlice);
+          SP_RETURN_IF_ERROR(sealer.Update({src + at, n}, {dst + at, n}));
+          crc = Crc32cExtend(crc, {dst + at, n});
+          at += n;
+        }
+        done += len;
       }
     }
     SP_ASSIGN_OR_RETURN(*t.tag, sealer.Finish());
@@ -282,9 +296,9 @@ void RunSnapshot(const SnapshotPlan& plan, SnapshotSink* sink) {
   crew.Finish();
 }
 
-int DefaultSnapshotThreads() {
+int DefaultSnapshotThreads(const SnapshotCopier* copier) {
   const unsigned hw = std::thread::hardware_concurrency();
-  return static_cast<int>(std::clamp(hw, 1u, 4u));
+  return static_cast<int>(std::clamp(hw, 1u, copier != nullptr ? 8u : 4u));
 }
 
 }  // namespace savepoint::engine

@@ -71,8 +71,9 @@ struct SnapshotPlan {
 // fails the save).
 void RunSnapshot(const SnapshotPlan& plan, SnapshotSink* sink);
 
-// The default number of snapshot threads: the hardware threads, at most 4.
-int DefaultSnapshotThreads();
+// The default number of snapshot threads: the hardware threads, at most 4; at most 8 with a
+// custom copier (a device copier's threads wait for DMA between their checksums).
+int DefaultSnapshotThreads(const SnapshotCopier* copier);
 
 }  // namespace savepoint::engine
 

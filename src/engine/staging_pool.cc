@@ -1,11 +1,34 @@
 #include "engine/staging_pool.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cstring>
 
 namespace savepoint::engine {
 
-StagingPool::StagingPool(uint64_t slab_bytes, size_t max_slabs)
-    : slab_bytes_(slab_bytes), max_slabs_(max_slabs < 2 ? 2 : max_slabs) {}
+StagingPool::StagingPool(uint64_t slab_bytes, size_t max_slabs, SnapshotCopier* copier)
+    : slab_bytes_(slab_bytes), max_slabs_(max_slabs < 2 ? 2 : max_slabs), copier_(copier) {}
+
+StagingPool::~StagingPool() {
+  for (std::byte* slab : prepared_) copier_->ReleaseStaging(slab, slab_bytes_);
+}
+
+Result<Tensor> StagingPool::NewSlab(bool touch, bool* prepared) {
+  SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kU8, {int64_t(slab_bytes_)}));
+  if (touch) std::memset(t.data(), 0, slab_bytes_);  // the page faults happen here
+  *prepared = false;
+  if (copier_ == nullptr) return t;
+  Status st = copier_->PrepareStaging(t.data(), slab_bytes_);
+  if (st.ok()) {
+    *prepared = true;
+  } else if (!warned_.exchange(true)) {
+    spdlog::warn(
+        "savepoint: preparing a staging slab for the snapshot copier: {} (the slabs "
+        "that fail are used as they are)",
+        st.ToString());
+  }
+  return t;
+}
 
 Result<std::byte*> StagingPool::Acquire(const std::function<bool()>& cancelled) {
   std::unique_lock<std::mutex> lock(mu_);
@@ -16,7 +39,9 @@ Result<std::byte*> StagingPool::Acquire(const std::function<bool()>& cancelled) 
     return slab;
   }
   if (slabs_.size() < max_slabs_) {
-    SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kU8, {int64_t(slab_bytes_)}));
+    bool prepared;
+    SP_ASSIGN_OR_RETURN(Tensor t, NewSlab(/*touch=*/false, &prepared));
+    if (prepared) prepared_.push_back(t.data());
     slabs_.push_back(std::move(t));
     return slabs_.back().data();
   }
@@ -41,11 +66,15 @@ Result<bool> StagingPool::GrowOne(uint64_t target_bytes) {
     std::lock_guard<std::mutex> lock(mu_);
     if (slabs_.size() >= max_slabs_ || slabs_.size() * slab_bytes_ >= target_bytes) return false;
   }
-  SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kU8, {int64_t(slab_bytes_)}));
-  std::memset(t.data(), 0, slab_bytes_);  // the page faults happen here, not in a snapshot
+  bool prepared;
+  SP_ASSIGN_OR_RETURN(Tensor t, NewSlab(/*touch=*/true, &prepared));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (slabs_.size() >= max_slabs_) return false;  // Acquire took the last place meanwhile
+    if (slabs_.size() >= max_slabs_) {  // Acquire took the last place meanwhile
+      if (prepared) copier_->ReleaseStaging(t.data(), slab_bytes_);
+      return false;
+    }
+    if (prepared) prepared_.push_back(t.data());
     slabs_.push_back(std::move(t));
     free_.push_back(slabs_.back().data());
   }

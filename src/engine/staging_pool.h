@@ -7,6 +7,7 @@
 #ifndef SAVEPOINT_ENGINE_STAGING_POOL_H_
 #define SAVEPOINT_ENGINE_STAGING_POOL_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +15,7 @@
 #include <mutex>
 #include <vector>
 
+#include "savepoint/async.h"
 #include "savepoint/status.h"
 #include "savepoint/tensor.h"
 
@@ -21,7 +23,12 @@ namespace savepoint::engine {
 
 class StagingPool {
  public:
-  StagingPool(uint64_t slab_bytes, size_t max_slabs);
+  // `copier` (not owned, may be null) prepares each new slab (SnapshotCopier::PrepareStaging)
+  // and releases it in the destructor.
+  StagingPool(uint64_t slab_bytes, size_t max_slabs, SnapshotCopier* copier = nullptr);
+  ~StagingPool();
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
 
   // A free slab, blocking until one is released. Returns nullptr if `cancelled()` becomes true
   // while waiting (re-checked whenever Wake() or Release() is called), or an error if memory
@@ -46,12 +53,19 @@ class StagingPool {
   uint64_t in_use_bytes() const;
 
  private:
+  // A new slab (every page touched if `touch`), prepared by the copier if there is one; sets
+  // *prepared to whether that succeeded (a failure is logged; the slab is used unprepared).
+  Result<Tensor> NewSlab(bool touch, bool* prepared);
+
   const uint64_t slab_bytes_;
   const size_t max_slabs_;
+  SnapshotCopier* const copier_;
+  std::atomic<bool> warned_{false};  // a failed PrepareStaging was logged
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Tensor> slabs_;     // every slab ever allocated
-  std::vector<std::byte*> free_;  // slabs ready for reuse
+  std::vector<Tensor> slabs_;         // every slab ever allocated
+  std::vector<std::byte*> free_;      // slabs ready for reuse
+  std::vector<std::byte*> prepared_;  // slabs the copier prepared (released in the destructor)
 };
 
 }  // namespace savepoint::engine

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <thread>
 
+#include "engine/snapshot.h"
 #include "interop/ckpt_cipher.h"
 #include "savepoint/async.h"
 #include "savepoint/catalog.h"
@@ -184,8 +185,7 @@ class ThreadInFlight final : public InFlight {
 };
 
 int SnapshotThreads(const CheckpointerOptions& o) {
-  if (o.snapshot_threads > 0) return o.snapshot_threads;
-  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+  return o.snapshot_threads > 0 ? o.snapshot_threads : engine::DefaultSnapshotThreads(o.copier);
 }
 
 class FileStore final : public Store {

@@ -1,0 +1,110 @@
+"""CUDA tensors in saves and loads: which device pins the staging slabs, waiting for the
+streams that wrote the tensors, and loads into GPU memory through reusable pinned buffers."""
+
+import sys
+
+from . import _core, _errors
+
+_BATCH_BYTES = 256 << 20  # one pinned buffer's size (or the largest tensor's, if larger)
+_ALIGN = 4096  # each tensor's place in a buffer (the reads may use direct I/O)
+
+
+def checkpointer_device(cuda):
+    """AsyncCheckpointer(cuda=): the device whose context pins the staging slabs, or -1 for no
+    CUDA snapshot copier."""
+    if cuda not in (None, True, False):
+        raise _errors.InvalidArgumentError(
+            f"AsyncCheckpointer: cuda={cuda!r}: use None, True or False")
+    torch = sys.modules.get("torch")
+    available = torch is not None and torch.cuda.is_available()
+    if cuda is False or (cuda is None and not available):
+        return -1
+    return torch.cuda.current_device() if available else 0  # (the core says if a driver is there)
+
+
+def settle(devices):
+    """Waits for the work queued on the current stream of each device: the snapshot copies run on
+    streams of their own and must see the tensors' final bytes."""
+    if devices:
+        torch = sys.modules["torch"]
+        for d in devices:
+            torch.cuda.current_stream(d).synchronize()
+
+
+def is_staged_target(target):
+    """Whether a `like` target is filled through the pinned buffers: a contiguous CUDA tensor."""
+    return (getattr(target, "is_cuda", False) and target.is_contiguous()
+            and not target.is_conj() and not target.is_neg())  # fmt: skip
+
+
+def _batches(staged, capacity):
+    batch, used = [], 0
+    for item in staged:
+        n = -(-item[2][3] // _ALIGN) * _ALIGN
+        if batch and used + n > capacity:
+            yield batch
+            batch, used = [], 0
+        batch.append(item)
+        used += n
+    if batch:
+        yield batch
+
+
+def load_staged(path, staged, *, verify, io_threads, direct_io, key, batch_bytes=_BATCH_BYTES):
+    """Reads the tensors of `staged` [(entry name, target tensor, info entry)] into their targets
+    through two reusable host buffers (page-locked when CUDA is available) of max(batch_bytes,
+    largest tensor) bytes: batch k+1 is read while batch k is copied to the device on a side
+    stream. Host memory stays bounded by the two buffers, not the state."""
+    if not staged:
+        return
+    torch = sys.modules["torch"]
+    pin = torch.cuda.is_available()
+    largest = max(entry[3] for _, _, entry in staged)
+    capacity = max(batch_bytes, -(-largest // _ALIGN) * _ALIGN)
+    buffers, pending = [], [[], []]  # pending: events of the copies out of each buffer
+    streams = {}
+    with torch.no_grad():
+        for i, batch in enumerate(_batches(staged, capacity)):
+            b = i % 2
+            if len(buffers) <= b:
+                raw = torch.empty(capacity + _ALIGN, dtype=torch.uint8, pin_memory=pin)
+                off = -raw.data_ptr() % _ALIGN
+                buffers.append(raw[off : off + capacity])
+            for ev in pending[b]:
+                ev.synchronize()  # its previous batch has left for the device
+            buf, specs, views, at = buffers[b], [], [], 0
+            for name, target, entry in batch:
+                n = entry[3]
+                views.append((target, buf[at : at + n].view(target.dtype).view(target.shape)))
+                specs.append((name, buf.data_ptr() + at, entry[1], list(entry[2])))
+                at += -(-n // _ALIGN) * _ALIGN
+            _core.load_into(path, specs, verify=verify, io_threads=io_threads,
+                            direct_io=direct_io, key=key)  # fmt: skip
+            pending[b] = _copy_out(torch, views, streams)
+    for s in streams.values():
+        s.synchronize()
+
+
+def _copy_out(torch, views, streams):
+    """Copies each (target, host view) on a side stream of the target's device (non-blocking from
+    page-locked memory); returns the events that mark the copies' end. CPU targets (the tests'
+    stand-in for a device) are copied at once."""
+    events = {}
+    for target, view in views:
+        if not target.is_cuda:
+            target.copy_(view)
+            continue
+        d = target.device
+        s = streams.get(d)
+        if s is None:
+            s = streams[d] = torch.cuda.Stream(device=d)
+            s.wait_stream(torch.cuda.current_stream(d))  # after the caller's work on the target
+        with torch.cuda.stream(s):
+            target.copy_(view, non_blocking=True)
+        events[d] = s
+    out = []
+    for d, s in events.items():
+        ev = torch.cuda.Event()
+        ev.record(s)
+        out.append(ev)
+    return out
