@@ -31,6 +31,24 @@ def settle(devices):
             torch.cuda.current_stream(d).synchronize()
 
 
+def snapshot_to_pinned(leaves):
+    """Replaces each leaf's CUDA tensor (leaf.owner) by a copy in page-locked host memory (torch's
+    caching host allocator: reused by later saves), copied without blocking on the current stream
+    of its device (so after the work queued there), then waits for those streams once."""
+    if not leaves:
+        return
+    torch = sys.modules["torch"]
+    devices = set()
+    for leaf in leaves:
+        src = leaf.owner
+        host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        host.copy_(src, non_blocking=True)
+        devices.add(src.device)
+        leaf.owner, leaf.address = host, host.data_ptr()
+    for d in devices:
+        torch.cuda.current_stream(d).synchronize()
+
+
 def is_staged_target(target):
     """Whether a `like` target is filled through the pinned buffers: a contiguous CUDA tensor."""
     return (getattr(target, "is_cuda", False) and target.is_contiguous()

@@ -37,7 +37,7 @@ import os
 import struct
 import threading
 
-from . import _core, _dtypes, _errors, _keys, _load, _save, _torch_comm, _tree
+from . import _core, _cuda, _dtypes, _errors, _keys, _load, _save, _torch_comm, _tree
 
 
 def _torch():
@@ -289,7 +289,9 @@ def save(obj, path, process_group, *, async_, overwrite, metadata, io_threads, c
         io_threads=io_threads, direct_io=direct_io, timeout_s=float(timeout),
         key=_keys.normalize(key, "savepoint.save: key")))  # fmt: skip
     try:
-        job.flat, job.meta_json = _save._flatten(obj, metadata, _ShardFlattener(group))
+        flattener = _ShardFlattener(group)
+        flattener.cuda_in_place = async_  # CUDA shards: snapshotted through pinned memory
+        job.flat, job.meta_json = _save._flatten(obj, metadata, flattener)
         if async_:
             job.snapshot()
     except Exception as e:  # noqa: BLE001 (told to the other ranks first, then raised)
@@ -308,8 +310,13 @@ class _SaveJob:
         self.flat = self.meta_json = self.error = None
 
     def snapshot(self):
-        """Copies the local tensors, so that training may change them while the save runs."""
+        """Copies the local tensors, so that training may change them while the save runs (CUDA
+        ones into page-locked host memory, _cuda.snapshot_to_pinned)."""
+        on_gpu = [leaf for leaf in self.flat.tensors if getattr(leaf.owner, "is_cuda", False)]
+        _cuda.snapshot_to_pinned(on_gpu)
         for leaf in self.flat.tensors:
+            if any(leaf is g for g in on_gpu):
+                continue  # (just copied from a GPU)
             if hasattr(leaf.owner, "__array_interface__"):
                 leaf.owner = leaf.owner.copy()
                 leaf.address = leaf.owner.__array_interface__["data"][0]

@@ -26,6 +26,7 @@ import atexit
 import datetime
 import re
 import struct
+import sys
 import threading
 import time
 
@@ -425,10 +426,25 @@ def control_group(process_group, purpose="sync"):
         # every rank does, and the group is then named as torch names groups of all ranks.
         local = len(key[0]) != dist.get_world_size()
         g = dist.new_group(ranks=list(key[0]), backend="gloo", use_local_synchronization=local,
-                           sort_ranks=False, group_desc=f"savepoint_{purpose}",
-                           timeout=_GROUP_TIMEOUT)  # fmt: skip
+                           group_desc=f"savepoint_{purpose}", timeout=_GROUP_TIMEOUT,
+                           **_keep_order(dist, key[0]))  # fmt: skip
         _groups[key] = g
     return g
+
+
+def _keep_order(dist, ranks):
+    """new_group's argument keeping the group ranks in the order of `ranks` (sort_ranks=False,
+    where torch has it); a torch without it sorts them, which is the same for sorted ranks."""
+    import inspect
+
+    if "sort_ranks" in inspect.signature(dist.new_group).parameters:
+        return {"sort_ranks": False}
+    if list(ranks) != sorted(ranks):
+        raise _errors.UnimplementedError(
+            f"savepoint: a process group of ranks {list(ranks)} (not in ascending order) needs "
+            "a torch whose new_group takes sort_ranks; this is torch "
+            f"{sys.modules['torch'].__version__}")  # fmt: skip
+    return {}
 
 
 def forget_control_group(ranks, purpose):
