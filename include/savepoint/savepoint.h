@@ -11,6 +11,7 @@
 #include "savepoint/dcp.h"          // IWYU pragma: export
 #include "savepoint/distributed.h"  // IWYU pragma: export
 #include "savepoint/dtype.h"        // IWYU pragma: export
+#include "savepoint/durable.h"      // IWYU pragma: export
 #include "savepoint/encryption.h"   // IWYU pragma: export
 #include "savepoint/export.h"
 #include "savepoint/filesystem.h"          // IWYU pragma: export

@@ -183,6 +183,19 @@ NB_MODULE(_core, m) {
   BindSparse(m);
   m.def("match_name", &savepoint::MatchesName, nb::arg("pattern"), nb::arg("name"),
         "Whether the pattern selects the entry name (savepoint::MatchesName: the one name rule).");
+  m.def(
+      "write_file_durably",
+      [](const std::string& path, nb::bytes data, bool overwrite) {
+        savepoint::Status s;
+        {
+          nb::gil_scoped_release release;
+          s = savepoint::WriteFileDurably(savepoint::DefaultFileSystem(), path,
+                                          {data.c_str(), data.size()}, overwrite);
+        }
+        Check(s);
+      },
+      nb::arg("path"), nb::arg("data"), nb::arg("overwrite"),
+      "Writes a small file whole and durably (savepoint::WriteFileDurably).");
   m.def("set_log_level", [](const std::string& level) {
     savepoint::SetLogLevel(Take(savepoint::ParseLogLevel(level)));
   });

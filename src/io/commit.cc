@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "engine/paths.h"
+#include "savepoint/durable.h"
 
 namespace savepoint::io {
 
@@ -57,4 +58,25 @@ Status DurableCommit::Commit() const {
 
 void DurableCommit::Abandon() const { fs_->RemoveAll(tmp_).IgnoreError(); }
 
+Status WriteFileDurably(FileSystem* fs, const std::string& path, std::string_view contents,
+                        const CommitOptions& options) {
+  SP_ASSIGN_OR_RETURN(DurableCommit commit,
+                      DurableCommit::Begin(fs, path, DurableCommit::Kind::kFile, options));
+  Status s = fs->WriteFileSynced(commit.tmp(), contents);
+  if (s.ok()) s = commit.Commit();
+  if (!s.ok()) commit.Abandon();
+  return s;
+}
+
 }  // namespace savepoint::io
+
+namespace savepoint {
+
+Status WriteFileDurably(FileSystem* fs, const std::string& path, std::string_view contents,
+                        bool overwrite) {
+  io::CommitOptions co;
+  co.overwrite = overwrite;
+  return io::WriteFileDurably(fs, path, contents, co);
+}
+
+}  // namespace savepoint

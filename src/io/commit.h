@@ -81,6 +81,12 @@ class DurableCommit {
   CommitOptions options_;
 };
 
+// A small file written whole through the protocol above: `contents` appear at `path` all or
+// nothing, durably (steps 1-8 with one WriteFileSynced in between). The manager's index and the
+// Python helpers' list files (savepoint.recis) are written this way.
+Status WriteFileDurably(FileSystem* fs, const std::string& path, std::string_view contents,
+                        const CommitOptions& options);
+
 }  // namespace savepoint::io
 
 #endif  // SAVEPOINT_IO_COMMIT_H_

@@ -7,9 +7,12 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cerrno>
+
 #include "io/fault_fs.h"
 #include "io/mem_fs.h"
 #include "savepoint/catalog.h"
+#include "testutil/testutil.h"
 
 namespace savepoint::io {
 namespace {
@@ -107,6 +110,21 @@ TEST(DurableCommit, RefusesAnExistingTargetUnlessOverwriting) {
   EXPECT_EQ(DurableCommit::Begin(&mem, "/missing/d", Kind::kDirectory, no_parents).status().code(),
             StatusCode::kNotFound);
   EXPECT_EQ(mem.ListDir("/").value().size(), 1u);  // no debris of the refused commits
+}
+
+TEST(WriteFileDurably, WritesWholeRefusesOrReplaces) {
+  MemFileSystem mem;
+  SP_ASSERT_OK(WriteFileDurably(&mem, "/dir/list", "a\n", false));  // parents created
+  EXPECT_EQ(mem.ReadFile("/dir/list", 100).value(), "a\n");
+  EXPECT_EQ(WriteFileDurably(&mem, "/dir/list", "b\n", false).code(), StatusCode::kAlreadyExists);
+  SP_ASSERT_OK(WriteFileDurably(&mem, "/dir/list", "a\nb\n", true));
+  EXPECT_EQ(mem.ReadFile("/dir/list", 100).value(), "a\nb\n");
+  EXPECT_EQ(mem.ListDir("/dir").value().size(), 1u) << "no temporary left";
+  FaultInjectionFileSystem faulty(&mem);
+  faulty.FailNth(FaultInjectionFileSystem::Op::kWrite, 1, ENOSPC);  // the temporary's write
+  EXPECT_EQ(WriteFileDurably(&faulty, "/dir/list", "c\n", true).code(), StatusCode::kNoSpace);
+  EXPECT_EQ(mem.ReadFile("/dir/list", 100).value(), "a\nb\n") << "the old contents stay";
+  EXPECT_EQ(mem.ListDir("/dir").value().size(), 1u) << "the temporary was removed";
 }
 
 }  // namespace

@@ -181,15 +181,7 @@ Status WriteIndex(FileSystem* fs, const std::string& dir, Index& index) {
   io::CommitOptions co;
   co.overwrite = true;
   co.create_parents = false;
-  SP_ASSIGN_OR_RETURN(
-      io::DurableCommit commit,
-      io::DurableCommit::Begin(fs, JoinPath(dir, name), io::DurableCommit::Kind::kFile, co));
-  Status s = fs->WriteFileSynced(commit.tmp(), IndexJson(next).dump(1));
-  if (s.ok()) s = commit.Commit();
-  if (!s.ok()) {
-    commit.Abandon();
-    return s;
-  }
+  SP_RETURN_IF_ERROR(io::WriteFileDurably(fs, JoinPath(dir, name), IndexJson(next).dump(1), co));
   index.generation = generation;
   // Older generations and stray temporaries are garbage now; failing to remove them is harmless.
   SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(dir));
