@@ -107,7 +107,7 @@ def _copy_out(torch, views, streams):
     """Copies each (target, host view) on a side stream of the target's device (non-blocking from
     page-locked memory); returns the events that mark the copies' end. CPU targets (the tests'
     stand-in for a device) are copied at once."""
-    events = {}
+    used = []
     for target, view in views:
         if not target.is_cuda:
             target.copy_(view)
@@ -119,10 +119,6 @@ def _copy_out(torch, views, streams):
             s.wait_stream(torch.cuda.current_stream(d))  # after the caller's work on the target
         with torch.cuda.stream(s):
             target.copy_(view, non_blocking=True)
-        events[d] = s
-    out = []
-    for d, s in events.items():
-        ev = torch.cuda.Event()
-        ev.record(s)
-        out.append(ev)
-    return out
+        if s not in used:
+            used.append(s)
+    return [s.record_event() for s in used]

@@ -312,17 +312,17 @@ class _SaveJob:
     def snapshot(self):
         """Copies the local tensors, so that training may change them while the save runs (CUDA
         ones into page-locked host memory, _cuda.snapshot_to_pinned)."""
-        on_gpu = [leaf for leaf in self.flat.tensors if getattr(leaf.owner, "is_cuda", False)]
-        _cuda.snapshot_to_pinned(on_gpu)
+        on_gpu = []
         for leaf in self.flat.tensors:
-            if any(leaf is g for g in on_gpu):
-                continue  # (just copied from a GPU)
-            if hasattr(leaf.owner, "__array_interface__"):
+            if getattr(leaf.owner, "is_cuda", False):
+                on_gpu.append(leaf)
+            elif hasattr(leaf.owner, "__array_interface__"):
                 leaf.owner = leaf.owner.copy()
                 leaf.address = leaf.owner.__array_interface__["data"][0]
             else:
                 leaf.owner = leaf.owner.clone()
                 leaf.address = leaf.owner.data_ptr()
+        _cuda.snapshot_to_pinned(on_gpu)
 
     def run(self):
         comm = self.group.comm()

@@ -213,7 +213,6 @@ class SaveFuture(_Future):
         return True
 
 
-
 class AsyncCheckpointer:
     """Asynchronous two-phase saves with a capped, reusable staging pool (C++ Checkpointer).
 

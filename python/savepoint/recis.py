@@ -173,7 +173,7 @@ class Saver:
             slots = self._slot_filter(want["sparse"])
         loaded = _load.load(path, process_group=group, slots=slots or None, framework="pt",
                             per_rank="strict" if want["io_state"] else "all")  # fmt: skip
-        if (want["sparse"] or want["sparse_opt"]) and slots != []:
+        if want["sparse"] or want["sparse_opt"]:
             self._set_tables(loaded.get("sparse", {}), strict, path)
         if want["dense"]:
             self._load_dense(loaded.get("dense", {}), strict)
@@ -185,14 +185,10 @@ class Saver:
         if want["sparse_opt"] and "__sparse_optim__" in extra and self._sparse_optim is not None:
             self._sparse_optim.load_state_dict(extra["__sparse_optim__"])
         if want["io_state"]:
-            self._set_io_state(loaded.get("io_state", {}), path)
-
-    def _set_io_state(self, io, path):
-        if isinstance(io, list):  # (saved by one worker of a group, loaded by one process)
-            io = io[0]
-        for k, obj in self._io_state.items():
-            if k in io:
-                obj.load_io_state(io[k])
+            io = loaded.get("io_state", {})  # (this worker's: the counts agree, checked above)
+            for k, obj in self._io_state.items():
+                if k in io:
+                    obj.load_io_state(io[k])
 
     def _slot_filter(self, params):
         """The slots to load when only the parameters (params) or only the optimizer slots are:

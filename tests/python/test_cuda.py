@@ -24,6 +24,8 @@ def test_cuda_option_is_checked():
         assert ckpt.cuda == torch.cuda.is_available()  # default: where torch has CUDA
     with savepoint.AsyncCheckpointer(staging_bytes=4 << 20, slab_bytes=1 << 20, cuda=False) as c:
         assert not c.cuda
+    with pytest.raises(savepoint.InvalidArgumentError, match="snapshot_threads = 65"):
+        savepoint.AsyncCheckpointer(snapshot_threads=65)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA driver is present")
@@ -57,6 +59,25 @@ def test_staged_load_in_batches(tmp_path, batch_bytes, seed):
                       key=None, batch_bytes=batch_bytes)  # fmt: skip
     for k, v in state.items():
         assert torch.equal(targets[k], v), k
+
+
+def test_staged_load_names_a_corrupt_chunk(tmp_path):
+    """A flipped byte under the pinned-buffer load path fails the load naming tensor and chunk."""
+    import os
+
+    savepoint.save({"w": torch.arange(3 << 18, dtype=torch.float32)}, tmp_path / "c",
+                   chunk_bytes=1 << 20)  # fmt: skip
+    (data,) = [f for f in os.listdir(tmp_path / "c") if f.endswith(".spd")]
+    with open(tmp_path / "c" / data, "r+b") as f:  # data at 4096; chunk 1 is [1 MiB, 2 MiB)
+        f.seek(4096 + (1 << 20) + 7)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x01]))
+    info = savepoint._load._Info(str(tmp_path / "c"), 2, False, None)
+    target = torch.empty(3 << 18)
+    with pytest.raises(savepoint.CorruptCheckpointError, match=r'tensor "w" chunk 1'):
+        _cuda.load_staged(str(tmp_path / "c"), [("w", target, info.tensors["w"])], verify=True,
+                          io_threads=2, direct_io=False, key=None, batch_bytes=4096)  # fmt: skip
 
 
 @needs_gpu

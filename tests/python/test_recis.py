@@ -91,6 +91,22 @@ def test_save_and_load_everything(tmp_path):
     assert reader2.pos == 42 and saver2.get_extra_data("counter") == {"epochs": 3}
 
 
+def test_bad_options_and_modules(tmp_path):
+    with pytest.raises(savepoint.InvalidArgumentError, match="max_keep=0"):
+        recis.Saver(_trained(), output_dir=str(tmp_path), max_keep=0)
+    with pytest.raises(savepoint.FailedPreconditionError, match="shard 1 of 2"):
+        recis.Saver(_trained(), output_dir=str(tmp_path)).save("c", 1, 2)  # no torch.distributed
+    assert recis.read_checkpoint_ids(str(tmp_path)) == []  # nothing listed
+
+    class HalfTable(torch.nn.Module):  # saves a table but cannot take one back
+        def __savepoint_table__(self):
+            return savepoint.SparseTable(torch.zeros(0, dtype=torch.int64), {"e": torch.zeros(0)})
+
+    model = torch.nn.Sequential(HalfTable())
+    with pytest.raises(TypeError, match="no __savepoint_set_table__"):
+        recis.Saver(model, output_dir=str(tmp_path))
+
+
 def test_load_conf_categories(tmp_path):
     m = _trained()
     recis.Saver(m, output_dir=str(tmp_path)).save("c")

@@ -566,3 +566,24 @@ def test_strict_false_without_process_group_skips_missing_like_entries(tmp_path)
     got = savepoint.load(path, like=like, strict=False)
     assert sorted(got) == ["a"] and torch.equal(like["a"], torch.arange(4.0))
     assert torch.equal(like["b"], torch.ones(2))
+
+
+def test_control_groups_on_a_torch_without_sort_ranks():
+    """torch 2.11's new_group has no sort_ranks (found on the GPU machine): savepoint then relies
+    on torch sorting the ranks, and refuses a group whose ranks are not in ascending order."""
+
+    class OldDist:
+        @staticmethod
+        def new_group(ranks=None, timeout=None, backend=None, pg_options=None,
+                      use_local_synchronization=False, group_desc=None):  # fmt: skip
+            return None
+
+    class NewDist:
+        @staticmethod
+        def new_group(ranks=None, sort_ranks=True):
+            return None
+
+    assert _torch_comm._keep_order(NewDist, [2, 0]) == {"sort_ranks": False}
+    assert _torch_comm._keep_order(OldDist, [0, 1, 3]) == {}
+    with pytest.raises(savepoint.UnimplementedError, match=r"\[2, 0\] \(not in ascending order\)"):
+        _torch_comm._keep_order(OldDist, [2, 0])
