@@ -12,22 +12,23 @@ def _files(path):
     return [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
 
 
+def fsync_path(path):
+    """fsync one file or directory by its path."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_tree(path):
     """fsync every file under `path`, every directory, and the parent directory."""
     for f in _files(path):
-        fd = os.open(f, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(f)
     dirs = [path] if os.path.isdir(path) else []
     dirs += [d for d, _, _ in os.walk(path)][1:] if os.path.isdir(path) else []
     for d in dirs + [os.path.dirname(os.path.abspath(path))]:
-        fd = os.open(d, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(d)
 
 
 def evict(path):
@@ -64,6 +65,28 @@ def timed(fn):
     t = time.perf_counter()
     out = fn()
     return time.perf_counter() - t, out
+
+
+def timed_all(fn):
+    """Seconds from a torch.distributed barrier before fn to one after it (the slowest rank's
+    time), and fn's result."""
+    import torch.distributed as dist  # noqa: PLC0415 (only the distributed benchmarks need it)
+
+    dist.barrier()
+    t = time.perf_counter()
+    out = fn()
+    dist.barrier()
+    return time.perf_counter() - t, out
+
+
+def cold(rank, path):
+    """Every rank waits while rank 0 evicts `path` from the page cache (evict)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    dist.barrier()
+    if rank == 0:
+        evict(path)
+    dist.barrier()
 
 
 def dd(args):

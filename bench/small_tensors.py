@@ -24,6 +24,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_util import fsync_path  # noqa: E402
+
 CASES = {
     # Adam's per-parameter `step` and similar: 5,000 tensors of 16 f32 elements.
     "small": lambda torch: {f"state.{i}.step": torch.randn(16) for i in range(5000)},
@@ -36,14 +39,6 @@ def dir_bytes(path):
     if os.path.isfile(path):
         return os.path.getsize(path)
     return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path))
-
-
-def fsync_file(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def worker(args):
@@ -62,7 +57,7 @@ def worker(args):
             t0 = time.perf_counter()
             torch.save(state, target)
             if args.impl == "torch+fsync":
-                fsync_file(target)
+                fsync_path(target)
             t1 = time.perf_counter()
             back = torch.load(target)
             t2 = time.perf_counter()

@@ -9,12 +9,15 @@
 //   delta     SaveSparseDistributed with --touched (default 1%) of the rows as a delta on `full`
 //   load N->N and N->(N-1): every loader (a thread) loads its shard of the table
 // Usage: sparse_bench --dir DIR [--rows 1048576] [--dim 32] [--shards 4] [--touched 0.01]
-//                     [--threads 4] [--sorted 0|1]
+//                     [--threads 4] [--sorted 0|1] [--reps 3]
 // The final line lists every ratio. The full size is --rows 4194304 --dim 128 (~6 GiB).
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -39,6 +42,7 @@ struct Flags {
   double touched = 0.01;
   int threads = 4;
   bool sorted = false;  // ids already in storage order (the save then copies nothing)
+  int reps = 3;         // repetitions of dd, full save and raw files (medians; ABBA order)
 };
 
 void Must(const sp::Status& s, std::string_view what) {
@@ -65,11 +69,13 @@ Flags Parse(int argc, char** argv) {
       f.threads = std::stoi(v);
     else if (k == "--sorted")
       f.sorted = v == "1";
+    else if (k == "--reps")
+      f.reps = std::stoi(v);
     else
       Must(sp::InvalidArgumentError("unknown flag " + k), "flags");
   }
-  if (f.dir.empty() || f.shards < 2)
-    Must(sp::InvalidArgumentError("need --dir, --shards >= 2"), "flags");
+  if (f.dir.empty() || f.shards < 2 || f.reps < 1)
+    Must(sp::InvalidArgumentError("need --dir, --shards >= 2, --reps >= 1"), "flags");
   return f;
 }
 
@@ -144,6 +150,57 @@ void WriteRaw(const std::string& path, const sp::Tensor& t) {
   ::close(fd);
 }
 
+struct CpuTimes {
+  double user = 0, sys = 0;
+};
+CpuTimes Cpu() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  return {sec(u.ru_utime), sec(u.ru_stime)};
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// The bytes of a full save before one was made: the table's rows and ids.
+uint64_t EstimatedBytes(const Flags& f) {
+  return static_cast<uint64_t>(f.rows) * (8 + 3 * 4 * static_cast<uint64_t>(f.dim));
+}
+
+// dd of `bytes` (rounded up to 8 MiB) with O_DIRECT and a final fsync, into DIR/dd (removed).
+double DdSeconds(const std::string& dir, uint64_t bytes) {
+  const std::string dd =
+      fmt::format("dd if=/dev/zero of='{}/dd' bs=8M count={} oflag=direct conv=fsync status=none",
+                  dir, (bytes + (8 << 20) - 1) >> 23);
+  const double t =
+      Seconds([&] { Must(std::system(dd.c_str()) == 0 ? sp::Status() : sp::IOError(dd), "dd"); });
+  std::filesystem::remove(dir + "/dd");
+  return t;
+}
+
+// The RecIS user's baseline: every shard writes its ids and rows to files of its own (removed).
+double RawSeconds(const std::string& dir, const std::vector<Shard>& shards) {
+  const double t = Seconds([&] {
+    std::vector<std::thread> threads;
+    for (size_t r = 0; r < shards.size(); ++r) {
+      threads.emplace_back([&, r] {
+        int k = 0;
+        for (const sp::Tensor* t : {&shards[r].ids, &shards[r].emb, &shards[r].m, &shards[r].v}) {
+          WriteRaw(fmt::format("{}/raw-{}-{}", dir, r, k++), *t);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+  });
+  for (size_t r = 0; r < shards.size(); ++r) {
+    for (int k = 0; k < 4; ++k) std::filesystem::remove(fmt::format("{}/raw-{}-{}", dir, r, k));
+  }
+  return t;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -154,35 +211,34 @@ int main(int argc, char** argv) {
   const sp::IoOptions io{.io_threads = f.threads};
   const std::string full = f.dir + "/full", delta = f.dir + "/delta";
 
-  const double t_full = Seconds([&] {
-    OnRanks(
-        f.shards,
-        [&](int r, sp::Communicator& c) {
-          return sp::SaveSparseDistributed(c, shards[r].Table(), {}, full, {}, io);
-        },
-        "full save");
-  });
-  const uint64_t full_bytes = DirBytes(full);
-  const std::string dd = fmt::format(
-      "dd if=/dev/zero of='{}/dd' bs=8M count={} oflag=direct "
-      "conv=fsync status=none",
-      f.dir, (full_bytes + (8 << 20) - 1) >> 23);
-  const double t_dd =
-      Seconds([&] { Must(std::system(dd.c_str()) == 0 ? sp::Status() : sp::IOError(dd), "dd"); });
-  std::filesystem::remove(f.dir + "/dd");
-
-  const double t_raw = Seconds([&] {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < f.shards; ++r) {
-      threads.emplace_back([&, r] {
-        int k = 0;
-        for (const sp::Tensor* t : {&shards[r].ids, &shards[r].emb, &shards[r].m, &shards[r].v}) {
-          WriteRaw(fmt::format("{}/raw-{}-{}", f.dir, r, k++), *t);
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-  });
+  // Repetitions in ABBA order (dd first in odd ones); every full save but the last is removed.
+  std::vector<double> fulls, dds, raws;
+  CpuTimes cpu;  // of the full saves
+  uint64_t full_bytes = 0;
+  for (int rep = 0; rep < f.reps; ++rep) {
+    const std::string path = rep + 1 == f.reps ? full : fmt::format("{}/full-{}", f.dir, rep);
+    auto save = [&] {
+      const CpuTimes c0 = Cpu();
+      fulls.push_back(Seconds([&] {
+        OnRanks(
+            f.shards,
+            [&](int r, sp::Communicator& c) {
+              return sp::SaveSparseDistributed(c, shards[r].Table(), {}, path, {}, io);
+            },
+            "full save");
+      }));
+      full_bytes = DirBytes(path);
+      const CpuTimes c1 = Cpu();
+      cpu.user += c1.user - c0.user;
+      cpu.sys += c1.sys - c0.sys;
+    };
+    if (rep % 2 == 0) save();
+    dds.push_back(DdSeconds(f.dir, full_bytes > 0 ? full_bytes : EstimatedBytes(f)));
+    if (rep % 2 == 1) save();
+    raws.push_back(RawSeconds(f.dir, shards));
+    if (path != full) std::filesystem::remove_all(path);
+  }
+  const double t_full = Median(fulls), t_dd = Median(dds), t_raw = Median(raws);
 
   std::vector<std::vector<int64_t>> touched(f.shards);
   for (int r = 0; r < f.shards; ++r) {
@@ -219,9 +275,15 @@ int main(int argc, char** argv) {
   const double gib = static_cast<double>(full_bytes) / (1 << 30);
   fmt::print("table: {} ids x {} f32 x 3 slots over {} shards, {:.2f} GiB on disk\n", f.rows, f.dim,
              f.shards, gib);
-  fmt::print("dd          {:.3f} s  {:.2f} GiB/s\n", t_dd, gib / t_dd);
-  fmt::print("full save   {:.3f} s  {:.2f} GiB/s\n", t_full, gib / t_full);
-  fmt::print("raw files   {:.3f} s  {:.2f} GiB/s\n", t_raw, gib / t_raw);
+  fmt::print("medians of {} repetitions (ABBA); each run's seconds in brackets\n", f.reps);
+  fmt::print("dd          {:.3f} s  {:.2f} GiB/s  [{:.3f}]\n", t_dd, gib / t_dd,
+             fmt::join(dds, " "));
+  fmt::print("full save   {:.3f} s  {:.2f} GiB/s  [{:.3f}]\n", t_full, gib / t_full,
+             fmt::join(fulls, " "));
+  fmt::print("full save CPU per save: {:.2f} s user, {:.2f} s sys\n", cpu.user / f.reps,
+             cpu.sys / f.reps);
+  fmt::print("raw files   {:.3f} s  {:.2f} GiB/s  [{:.3f}]\n", t_raw, gib / t_raw,
+             fmt::join(raws, " "));
   fmt::print("delta save  {:.3f} s  {} bytes ({:.2f}% touched)\n", t_delta, delta_bytes,
              100 * f.touched);
   fmt::print("load {}->{}  {:.3f} s; {}->{}  {:.3f} s\n", f.shards, f.shards, nn, f.shards,

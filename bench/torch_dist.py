@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_util import COLD, dd, evict, remove, timed  # noqa: E402
+from bench_util import COLD, cold, dd, evict, remove, timed, timed_all  # noqa: E402
 
 import savepoint  # noqa: E402
 
@@ -80,22 +80,6 @@ def check(sd):
 def zero(sd):
     for t in sd.values():
         t.to_local().zero_()
-
-
-def timed_all(rank, fn):
-    """Seconds from a barrier before fn to a barrier after it (the slowest rank's time)."""
-    dist.barrier()
-    t = time.perf_counter()
-    out = fn()
-    dist.barrier()
-    return time.perf_counter() - t, out
-
-
-def cold(rank, path):
-    dist.barrier()
-    if rank == 0:
-        evict(path)
-    dist.barrier()
 
 
 def max_over_ranks(x):
@@ -155,13 +139,13 @@ def four_ranks(rank, world, root, n_tensors, trial, out):
     for name in names:
         save, load, async_save = CONTENDERS[name]
         p = os.path.join(root, name)
-        res[f"{name} save"] = timed_all(rank, lambda: save(sd, p))[0]
+        res[f"{name} save"] = timed_all(lambda: save(sd, p))[0]
         zero(sd)
         cold(rank, p)
-        res[f"{name} load 4->4"] = timed_all(rank, lambda: load(sd, p))[0]
+        res[f"{name} load 4->4"] = timed_all(lambda: load(sd, p))[0]
         check(sd)
         q = p + "-async"
-        secs, blocked = timed_all(rank, lambda: async_save(sd, q))
+        secs, blocked = timed_all(lambda: async_save(sd, q))
         res[f"{name} async stall"] = max_over_ranks(blocked)
         res[f"{name} async to commit"] = secs
         dist.barrier()
@@ -179,7 +163,7 @@ def two_ranks(rank, world, root, n_tensors, trial, out):
     for name in names:
         p = os.path.join(root, name)
         cold(rank, p)
-        res[f"{name} load 4->2"] = timed_all(rank, lambda: CONTENDERS[name][1](sd, p))[0]
+        res[f"{name} load 4->2"] = timed_all(lambda: CONTENDERS[name][1](sd, p))[0]
         check(sd)
         zero(sd)
     if rank == 0:

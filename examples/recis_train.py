@@ -9,6 +9,11 @@ computes that example's gradients; per-example dense gradients are exchanged wit
 in which each position has exactly one non-zero contributor (so the sum is exact), and every
 worker adds them up in example order. Any difference in the final state is a checkpoint bug.
 
+Checkpoints are incremental (recis.Saver(..., incremental=True)): the embedding records the ids
+whose rows it created or updated in a savepoint.DirtyTracker (__savepoint_dirty__), so each
+checkpoint after the first holds only the rows touched since the previous one, on a chain that a
+full save restarts every few checkpoints; a resumed run loads through the chain.
+
     python examples/recis_train.py [--dir DIR] [--steps 60] [--interval 10] [--kill-at 35]
 
 Runs A (2 workers, uninterrupted), B (2 workers; worker 1 SIGKILLs itself at --kill-at, after
@@ -45,6 +50,7 @@ class HashEmbedding(torch.nn.Module):
         self.emb = torch.zeros(0, DIM)
         self.mom = torch.zeros(0, DIM)
         self.where = {}  # id -> row
+        self.dirty = savepoint.DirtyTracker()  # ids whose rows changed since the last save
 
     def owns(self, i):
         begin, end = savepoint.gen_slice(self.rank, self.world)
@@ -63,6 +69,9 @@ class HashEmbedding(torch.nn.Module):
 
     def __savepoint_table__(self):
         return savepoint.SparseTable(self.ids, {"embedding": self.emb, "momentum": self.mom})
+
+    def __savepoint_dirty__(self):
+        return self.dirty
 
     def __savepoint_set_table__(self, table):
         self.ids = table.ids.clone()
@@ -92,15 +101,18 @@ def train_step(model, step):
     users, labels = batch(step)
     table, w, b = model.users, model.out.weight[0].detach(), model.out.bias.detach()
     per_example = torch.zeros(BATCH, DIM + 1)  # this worker's examples' dense gradients
+    touched = []
     for k, (u, y) in enumerate(zip(users.tolist(), labels.tolist())):
         if not table.owns(u):
             continue
+        touched.append(u)
         r = table.row(u)
         e = table.emb[r]
         g = torch.sigmoid(e @ w + b)[0] - y
         per_example[k, :DIM], per_example[k, DIM] = g * e, g
         table.mom[r] = 0.9 * table.mom[r] + g * w
         table.emb[r] = e - LR * table.mom[r]
+    table.dirty.touch(torch.tensor(touched, dtype=torch.int64))
     dist.all_reduce(per_example)  # one non-zero contributor per row: exact
     grad = per_example.sum(0)  # the same additions in the same order on every worker
     with torch.no_grad():
@@ -112,7 +124,8 @@ def worker(rank, world, store, out_dir, steps, interval, kill_at, resume):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=60))  # fmt: skip
     model = Model(rank, world)
-    saver = recis.Saver(model, output_dir=out_dir, max_keep=2)
+    saver = recis.Saver(model, output_dir=out_dir, max_keep=2, incremental=True, max_chain=3,
+                        max_delta_ratio=4.0)  # fmt: skip
     manager = recis.CheckpointManager(saver, interval)
     start = 0
     if resume:  # another worker count: the data position comes from the global step
@@ -158,7 +171,9 @@ def main():
     assert run(2, a_dir, a.steps, a.interval) == [0, 0], "run A failed"
     print(f"B: 2 workers, worker 1 SIGKILLed at step {a.kill_at}: exit codes", end=" ")
     print(run(2, b_dir, a.steps, a.interval, kill_at=a.kill_at))
-    print(f"   checkpoints left: {recis.read_checkpoint_ids(b_dir)}")
+    left = recis.read_checkpoint_ids(b_dir)
+    depth = savepoint.sparse_chain(os.path.join(b_dir, left[-1]))[0]["depth"]
+    print(f"   checkpoints left: {left} (the newest a delta chain of depth {depth})")
     print("C: 3 workers restore B's newest checkpoint (resharded 2 -> 3) and finish")
     assert run(3, b_dir, a.steps, a.interval, resume=True) == [0, 0, 0], "run C failed"
     ref = savepoint.load(os.path.join(a_dir, "final"))

@@ -1,13 +1,15 @@
 // `savepoint convert SRC DST [--from F] [--to F] [--crc] [--mindspore] [--overwrite]
 // [--dec-key-file F [--dec-mode M]] [--enc-key-file F [--enc-mode M]]`: converts between a native
 // checkpoint directory, a safetensors file and a MindSpore `.ckpt` file, any way, and imports a
-// PyTorch DCP (FileSystemWriter) directory (docs/CLI.md); encrypted `.ckpt` and native
-// checkpoints are read and written with the key flags (key_flags.h).
+// PyTorch DCP (FileSystemWriter) directory or a RecIS checkpoint directory, with its sparse tables
+// (docs/CLI.md); encrypted `.ckpt` and native checkpoints are read and written with the key flags
+// (key_flags.h).
 //
 // A format follows from --from / --to, else from the name: ".ckpt" is MindSpore, ".safetensors"
-// is safetensors; otherwise the source is a DCP directory when it holds `.metadata` and no
-// MANIFEST, a native checkpoint when it is another directory (else safetensors), and the target a
-// native checkpoint directory. Native and safetensors sources are
+// is safetensors; otherwise the source is a RecIS checkpoint when it holds `index` and
+// `model-*-of-*.safetensors` files, a DCP directory when it holds `.metadata` and no MANIFEST, a
+// native checkpoint when it is another directory (else safetensors), and the target a native
+// checkpoint directory. Native and safetensors sources are
 // mapped, not copied, where the file system allows it, and written straight from the mapping.
 #include <fmt/format.h>
 
@@ -20,6 +22,7 @@
 #include "progress.h"
 #include "savepoint/dcp.h"
 #include "savepoint/mindspore.h"
+#include "savepoint/recis.h"
 #include "savepoint/savepoint.h"
 
 namespace savepoint::cli {
@@ -27,12 +30,12 @@ namespace {
 
 constexpr char kCommand[] = "convert";
 
-enum class Format { kNative, kSafetensors, kMindSpore, kDcp };
+enum class Format { kNative, kSafetensors, kMindSpore, kDcp, kRecis };
 
 struct ConvertArgs {
   std::string src;
   std::string dst;
-  std::string from;  // "", "native", "safetensors", "ckpt" or "dcp" (a source only)
+  std::string from;  // "", "native", "safetensors", "ckpt", "dcp" or "recis" (sources only)
   std::string to;
   bool crc = false;        // write MindSpore's CRC (.ckpt trailer, safetensors crc_num)
   bool mindspore = false;  // safetensors targets: MindSpore's flavour (format: ms)
@@ -46,6 +49,7 @@ std::optional<Format> Named(const std::string& name) {
   if (name == "safetensors") return Format::kSafetensors;
   if (name == "ckpt") return Format::kMindSpore;
   if (name == "dcp") return Format::kDcp;
+  if (name == "recis") return Format::kRecis;
   return std::nullopt;
 }
 
@@ -57,6 +61,8 @@ const char* FormatName(Format f) {
       return "safetensors";
     case Format::kMindSpore:
       return "ckpt";
+    case Format::kRecis:
+      return "recis";
     case Format::kDcp:
       break;
   }
@@ -70,6 +76,7 @@ Result<Format> SourceFormat(const ConvertArgs& args) {
   SP_ASSIGN_OR_RETURN(FileInfo info, DefaultFileSystem()->Stat(args.src));
   if (!info.is_dir) return Format::kSafetensors;
   FileSystem* fs = DefaultFileSystem();
+  if (IsRecisCheckpoint(args.src, fs)) return Format::kRecis;
   const bool dcp =
       fs->Exists(JoinPath(args.src, ".metadata")) && !fs->Exists(JoinPath(args.src, "MANIFEST"));
   return dcp ? Format::kDcp : Format::kNative;
@@ -86,9 +93,10 @@ Format TargetFormat(const ConvertArgs& args) {
 // mode for a native checkpoint (always AES-256-GCM).
 Status CheckKeyFlags(const KeyFlags& k, Format f) {
   const char* verb = k.decrypt ? "dec" : "enc";
-  if ((f == Format::kSafetensors || f == Format::kDcp) && !k.key_file.empty()) {
-    return InvalidArgumentError(fmt::format("--{}-key-file: {} files are not encrypted", verb,
-                                            f == Format::kDcp ? "DCP" : "safetensors"));
+  if ((f == Format::kSafetensors || f == Format::kDcp || f == Format::kRecis) &&
+      !k.key_file.empty()) {
+    return InvalidArgumentError(
+        fmt::format("--{}-key-file: {} files are not encrypted", verb, FormatName(f)));
   }
   if (f == Format::kNative && !k.mode.empty()) {
     return InvalidArgumentError(
@@ -97,8 +105,20 @@ Status CheckKeyFlags(const KeyFlags& k, Format f) {
   return ModeOf(k).status();
 }
 
+// Reads a RecIS checkpoint; what it did not import goes to `notes`.
+Result<State> LoadRecis(const ConvertArgs& args, ProgressLine& progress,
+                        std::vector<std::string>* notes) {
+  Result<RecisCheckpoint> r =
+      LoadRecisCheckpoint(args.src, {.progress = progress.Phase("reading")});
+  if (!r.ok()) return r.status();
+  if (r->path != args.src) notes->push_back(fmt::format("read {} (the newest listed)", r->path));
+  for (const std::string& s : r->skipped) notes->push_back("skipped " + s);
+  return std::move(r->state);
+}
+
 // Reads the source (a native checkpoint's chunks are verified here: progress "reading").
-Result<State> LoadAny(const ConvertArgs& args, Format f, ProgressLine& progress) {
+Result<State> LoadAny(const ConvertArgs& args, Format f, ProgressLine& progress,
+                      std::vector<std::string>* notes) {
   SP_RETURN_IF_ERROR(CheckKeyFlags(args.dec, f));
   switch (f) {
     case Format::kSafetensors:
@@ -109,6 +129,8 @@ Result<State> LoadAny(const ConvertArgs& args, Format f, ProgressLine& progress)
                                                 .progress = progress.Phase("reading")});
     case Format::kDcp:
       return LoadDcpCheckpoint(args.src, {.progress = progress.Phase("reading")});
+    case Format::kRecis:
+      return LoadRecis(args, progress, notes);
     case Format::kNative:
       break;
   }
@@ -127,11 +149,18 @@ Status SaveAny(const State& state, const ConvertArgs& args, Format f, ProgressLi
     return InvalidArgumentError("--mindspore applies to a .safetensors target only");
   }
   SP_RETURN_IF_ERROR(CheckKeyFlags(args.enc, f));
+  if (!state.tables().empty() && f != Format::kNative && f != Format::kDcp && f != Format::kRecis) {
+    return InvalidArgumentError(
+        fmt::format("--to {}: the source has {} sparse tables, which only native checkpoints hold",
+                    FormatName(f), state.tables().size()));
+  }
   switch (f) {
     case Format::kDcp:
-      return InvalidArgumentError(
-          "--to dcp: DCP directories are a source only (write savepoint checkpoints through DCP "
-          "with savepoint.torch.StorageWriter instead)");
+    case Format::kRecis:
+      return InvalidArgumentError(fmt::format(
+          "--to {}: {} directories are a source only (write savepoint checkpoints through DCP "
+          "with savepoint.torch.StorageWriter, or RecIS-style ones with savepoint.recis.Saver)",
+          FormatName(f), FormatName(f)));
     case Format::kSafetensors:
       return SaveSafetensors(state, args.dst,
                              {.overwrite = args.overwrite,
@@ -159,13 +188,20 @@ int RunConvert(const ConvertArgs& args) {
   if (!from.ok()) return Fail(kCommand, from.status());
   const Format to = TargetFormat(args);
   ProgressLine progress(kCommand, /*json=*/false);
-  Result<State> state = LoadAny(args, *from, progress);
+  std::vector<std::string> notes;
+  Result<State> state = LoadAny(args, *from, progress, &notes);
   Status s = state.ok() ? SaveAny(*state, args, to, progress) : state.status();
   progress.End();
   if (!s.ok()) return Fail(kCommand, s);
   fmt::print("converted {} ({}) to {} ({}): {} tensors, {} values, {}\n", args.src,
              FormatName(*from), args.dst, FormatName(to), state->num_tensors(),
              state->size() - state->num_tensors(), HumanBytes(state->tensor_bytes()));
+  if (!state->tables().empty()) {
+    uint64_t rows = 0;
+    for (const auto& [name, t] : state->tables()) rows += static_cast<uint64_t>(t->num_rows());
+    fmt::print("  {} sparse tables, {} rows\n", state->tables().size(), rows);
+  }
+  for (const std::string& n : notes) fmt::print("  {}\n", n);
   return kExitOk;
 }
 
@@ -176,13 +212,13 @@ void RegisterConvert(CLI::App& app, int* exit_code) {
   CLI::App* sub = app.add_subcommand(
       kCommand,
       "Convert between native checkpoints, safetensors and MindSpore .ckpt files; import PyTorch "
-      "DCP directories");
+      "DCP and RecIS checkpoint directories");
   sub->add_option("SRC", args->src,
-                  "Checkpoint directory, DCP directory, .safetensors or .ckpt file")
+                  "Checkpoint directory, DCP or RecIS directory, .safetensors or .ckpt file")
       ->required();
   sub->add_option("DST", args->dst, "Target checkpoint directory, .safetensors or .ckpt file")
       ->required();
-  const auto formats = CLI::IsMember({"native", "safetensors", "ckpt", "dcp"});
+  const auto formats = CLI::IsMember({"native", "safetensors", "ckpt", "dcp", "recis"});
   sub->add_option("--from", args->from, "Source format (default: from SRC)")->check(formats);
   sub->add_option("--to", args->to, "Target format (default: from DST's extension)")
       ->check(formats);

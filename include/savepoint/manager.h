@@ -47,6 +47,7 @@
 #include "savepoint/filesystem.h"
 #include "savepoint/io_options.h"
 #include "savepoint/mindspore.h"
+#include "savepoint/sparse.h"
 #include "savepoint/state.h"
 #include "savepoint/stateful.h"
 #include "savepoint/status.h"
@@ -129,7 +130,7 @@ struct SAVEPOINT_API ManagerOptions {
 
   // --- How. ---
   // Save through an async Checkpointer: the save blocks training only for the snapshot copy.
-  // Default: false.
+  // States holding sparse tables are saved synchronously. Default: false.
   bool async = false;
   // Staging options of the async Checkpointer (its I/O is `io`). Default: CheckpointerOptions
   // defaults.
@@ -181,6 +182,18 @@ struct SAVEPOINT_API ManagerOptions {
   // Default: 0 and 1.
   int shard_id = 0;
   int num_shards = 1;
+  // Sparse tables (savepoint/sparse.h), kNative only: after a delta save (SaveArgs::delta)
+  // commits, when ShouldCompact(depth of its chain, bytes of the chain's deltas, bytes of its full
+  // checkpoint, compaction) holds, the manager folds the chain into a full checkpoint under the
+  // same name (CompactSparse, committed atomically over it: a crash leaves the delta or the full
+  // checkpoint, both loading the same state) on a background thread. The next save, restore,
+  // Wait or Close waits for it first. Retention never deletes a checkpoint that a kept
+  // checkpoint's chain needs: it goes once nothing kept needs it. Default: CompactionPolicy
+  // defaults (more than 8 deltas, or deltas holding more than half the full checkpoint's bytes).
+  CompactionPolicy compaction = {};
+  // Whether delta chains are compacted at all (false: a chain grows until the next full save; a
+  // delta beyond 4096 links fails naming the limit). Default: true.
+  bool compact = true;
   // Remove debris of crashed saves (GarbageCollect, skipping saves of live processes) on open.
   // Default: true.
   bool gc_on_open = true;
@@ -236,6 +249,14 @@ struct SAVEPOINT_API SaveArgs {
   std::optional<int64_t> step_in_epoch;
   bool epoch_end = false;   // mark as an epoch-end checkpoint
   bool breakpoint = false;  // name with "_breakpoint" and mark as such
+  // Incremental save of sparse tables (kNative): the state's tables hold only the rows touched
+  // since the manager's newest committed checkpoint plus the ids deleted since (MakeDelta,
+  // DirtySet); the checkpoint is a delta on that one (SparseSaveOptions::base), loaded with its
+  // chain applied by Restore. Saves in flight are waited for first, and the delta is written
+  // synchronously (tables are not saved asynchronously). FailedPrecondition when there is no
+  // committed checkpoint to be its base; the base's errors (a base without the tables, other
+  // slots) name it. Default: false (every table whole).
+  bool delta = false;
 };
 
 // Which checkpoint to restore.

@@ -124,6 +124,7 @@ Compression MakeCompression(const CompressionSpec& spec);  // save.cc
 void BindDcp(nb::module_& m);
 void BindTorchDistributed(nb::module_& m);
 void BindSparse(nb::module_& m);
+void BindRecis(nb::module_& m);
 
 }  // namespace savepoint::python
 

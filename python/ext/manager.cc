@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "common.h"
+#include "tables.h"
 
 namespace savepoint::python {
 namespace {
@@ -55,7 +56,7 @@ constexpr std::string_view kOptionKeys =
     " best_metric best_mode async staging_bytes slab_bytes"
     " persist_during_snapshot allow_concurrent_saves snapshot_threads checksum format append_info"
     " append_dict exception_save shard_id num_shards gc_on_open io_threads direct_io key crc_check"
-    " enc_mode ";
+    " enc_mode compact compaction_max_depth compaction_max_delta_ratio ";
 
 std::unique_ptr<CheckpointManager> Open(const nb::dict& kw) {
   for (auto [key, value] : kw) {
@@ -105,6 +106,9 @@ std::unique_ptr<CheckpointManager> Open(const nb::dict& kw) {
   get("gc_on_open", o.gc_on_open);
   get("io_threads", o.io.io_threads);
   get("direct_io", o.io.direct_io);
+  get("compact", o.compact);
+  get("compaction_max_depth", o.compaction.max_depth);
+  get("compaction_max_delta_ratio", o.compaction.max_delta_ratio);
   // handle_signals is not passed: the Python front end installs its own handlers (signal module),
   // since the C++ ones would only be acted on by the C++ hooks.
   if (kw.contains("best_mode")) {
@@ -144,8 +148,9 @@ std::unique_ptr<CheckpointManager> Open(const nb::dict& kw) {
 bool Save(CheckpointManager& m, int64_t step, const std::vector<TensorSpec>& tensors,
           const std::vector<ValueSpec>& values, const std::string& metadata, const Metrics& metrics,
           bool force, std::optional<int64_t> epoch, std::optional<int64_t> step_in_epoch,
-          bool epoch_end, bool breakpoint) {
+          bool epoch_end, bool breakpoint, const std::vector<TableSpec>& tables, bool delta) {
   State state = MakeState(tensors, values, metadata);
+  AddTables(state, tables, m.directory());
   SaveArgs args;
   args.metrics = metrics;
   args.force = force;
@@ -153,6 +158,7 @@ bool Save(CheckpointManager& m, int64_t step, const std::vector<TensorSpec>& ten
   args.step_in_epoch = step_in_epoch;
   args.epoch_end = epoch_end;
   args.breakpoint = breakpoint;
+  args.delta = delta;
   return Take(Unlocked([&] { return m.Save(step, state, args); }));
 }
 
@@ -208,7 +214,8 @@ void BindManager(nb::module_& m) {
       .def_static("open", &Open, nb::arg("options"), "Opens a manager; options: a dict of fields.")
       .def("save", &Save, nb::arg("step"), nb::arg("tensors"), nb::arg("values"),
            nb::arg("metadata"), nb::arg("metrics"), nb::arg("force"), nb::arg("epoch").none(),
-           nb::arg("step_in_epoch").none(), nb::arg("epoch_end"), nb::arg("breakpoint"))
+           nb::arg("step_in_epoch").none(), nb::arg("epoch_end"), nb::arg("breakpoint"),
+           nb::arg("tables") = std::vector<TableSpec>{}, nb::arg("delta") = false)
       .def("resume_from", &ResumeFrom, nb::arg("step").none(), nb::arg("name"),
            "Continue from the newest checkpoint at `step` (None: any) or named `name` (''); "
            "returns its record.")

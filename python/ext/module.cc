@@ -181,6 +181,7 @@ NB_MODULE(_core, m) {
   BindDcp(m);
   BindTorchDistributed(m);
   BindSparse(m);
+  BindRecis(m);
   m.def("match_name", &savepoint::MatchesName, nb::arg("pattern"), nb::arg("name"),
         "Whether the pattern selects the entry name (savepoint::MatchesName: the one name rule).");
   m.def(

@@ -1,7 +1,8 @@
 // Bindings of the sparse embedding tables (savepoint/sparse.h) for savepoint/_sparse_io.py:
 // SaveSparse and SaveSparseDistributed of tables whose ids and slots borrow the caller's memory
 // (no copy), LoadSparse (a shard's rows, delta chain applied) handing back the loaded tensors and
-// tables without a copy, SparseChain, and DirtySet. The GIL is released for all I/O.
+// tables without a copy, SparseChain, CompactSparse, ShouldCompact and DirtySet. The GIL is
+// released for all I/O.
 #include "savepoint/sparse.h"
 
 #include <fmt/format.h>
@@ -12,37 +13,16 @@
 #include <optional>
 
 #include "common.h"
+#include "tables.h"
 
 namespace savepoint::python {
 namespace {
-
-// (table name, ids as TensorSpec (its name unused), slots as TensorSpecs named by slot, deleted
-// ids or None).
-using TableSpec =
-    std::tuple<std::string, TensorSpec, std::vector<TensorSpec>, std::optional<TensorSpec>>;
 
 TensorView ViewOf(const TensorSpec& spec, const std::string& what) {
   const auto& [name, address, dtype_name, shape] = spec;
   std::optional<DType> dtype = DTypeFromName(dtype_name);
   if (!dtype) throw StatusError(InvalidArgumentError(what + ": dtype " + dtype_name));
   return TensorView(reinterpret_cast<void*>(address), *dtype, shape);
-}
-
-// Adds the borrowed tables to `state`; InvalidArgument naming the checkpoint `path`, the table
-// (and the slot or id).
-void AddTables(State& state, const std::vector<TableSpec>& tables, const std::string& path) {
-  for (const auto& [name, ids, slots, deleted] : tables) {
-    const std::string where = fmt::format("savepoint.save {}: table {:?}", path, name);
-    std::vector<SparseTable::Slot> views;
-    for (const TensorSpec& s : slots) {
-      views.push_back({std::get<0>(s), ViewOf(s, where + " slot " + std::get<0>(s))});
-    }
-    TensorView del = deleted ? ViewOf(*deleted, where + " deleted") : TensorView();
-    Result<SparseTable> t =
-        SparseTable::FromViews(ViewOf(ids, where + " ids"), std::move(views), std::move(del));
-    if (!t.ok()) throw StatusError(t.status().WithContext(where));
-    Check(state.PutTable(name, std::move(t).value()).WithContext(where));
-  }
 }
 
 SparseSaveOptions SaveOptionsOf(bool overwrite, bool create_parents, uint64_t chunk_bytes,
@@ -170,6 +150,26 @@ nb::list ChainPy(const std::string& path) {
   return out;
 }
 
+// CompactSparse: the chain ending at `src` (read with `key`) folded into a full checkpoint at
+// `dst` (encrypted with `dst_key`). Returns the save's SaveStats.
+nb::dict CompactPy(const std::string& src, const std::string& dst, bool overwrite,
+                   bool create_parents, uint64_t chunk_bytes, const CompressionSpec& compression,
+                   nb::handle key, nb::handle dst_key, int concurrency, int io_threads,
+                   bool direct_io, bool verify) {
+  SaveStats stats;
+  SparseSaveOptions o =
+      SaveOptionsOf(overwrite, create_parents, chunk_bytes, dst_key, "", concurrency);
+  o.save.compression = MakeCompression(compression);
+  o.save.stats = &stats;
+  LoadOptions load;
+  load.verify_checksums = verify;
+  load.key = KeyFromPython(key, "savepoint.compact key");
+  Check(Unlocked([&] {
+    return CompactSparse(src, dst, o, load, {.io_threads = io_threads, .direct_io = direct_io});
+  }));
+  return SaveStatsToPython(stats);
+}
+
 std::span<const int64_t> IdsAt(uintptr_t address, size_t count) {
   return {reinterpret_cast<const int64_t*>(address), count};
 }
@@ -179,6 +179,21 @@ nb::bytes IdBytes(const std::vector<int64_t>& ids) {
 }
 
 }  // namespace
+
+void AddTables(State& state, const std::vector<TableSpec>& tables, const std::string& path) {
+  for (const auto& [name, ids, slots, deleted] : tables) {
+    const std::string where = fmt::format("savepoint.save {}: table {:?}", path, name);
+    std::vector<SparseTable::Slot> views;
+    for (const TensorSpec& s : slots) {
+      views.push_back({std::get<0>(s), ViewOf(s, where + " slot " + std::get<0>(s))});
+    }
+    TensorView del = deleted ? ViewOf(*deleted, where + " deleted") : TensorView();
+    Result<SparseTable> t =
+        SparseTable::FromViews(ViewOf(ids, where + " ids"), std::move(views), std::move(del));
+    if (!t.ok()) throw StatusError(t.status().WithContext(where));
+    Check(state.PutTable(name, std::move(t).value()).WithContext(where));
+  }
+}
 
 void BindSparse(nb::module_& m) {
   m.def("save_sparse", &SaveSparsePy, nb::arg("path"), nb::arg("tensors"), nb::arg("values"),
@@ -203,6 +218,21 @@ void BindSparse(nb::module_& m) {
         "tensor as (name, dtype, shape, uint8 array of its bytes), no copy.");
   m.def("sparse_chain", &ChainPy, nb::arg("path"),
         "The delta chain ending at path, newest first: [(path, checkpoint id hex, depth)].");
+  m.def("compact_sparse", &CompactPy, nb::arg("src"), nb::arg("dst"), nb::arg("overwrite"),
+        nb::arg("create_parents"), nb::arg("chunk_bytes"), nb::arg("compression"),
+        nb::arg("key").none(), nb::arg("dst_key").none(), nb::arg("concurrency"),
+        nb::arg("io_threads"), nb::arg("direct_io"), nb::arg("verify"),
+        "CompactSparse(src, dst) (GIL released): the chain ending at src saved as a full "
+        "checkpoint at dst. Returns SaveStats.");
+  m.def(
+      "should_compact",
+      [](int64_t depth, uint64_t delta_bytes, uint64_t base_bytes, int64_t max_depth,
+         double max_delta_ratio) {
+        return ShouldCompact(depth, delta_bytes, base_bytes,
+                             {.max_depth = max_depth, .max_delta_ratio = max_delta_ratio});
+      },
+      nb::arg("depth"), nb::arg("delta_bytes"), nb::arg("base_bytes"), nb::arg("max_depth"),
+      nb::arg("max_delta_ratio"), "ShouldCompact under CompactionPolicy{max_depth, ratio}.");
   m.def("gen_slice", [](int index, int shards) {
     SliceRange r = Take(GenSlice(index, shards));
     return nb::make_tuple(r.begin, r.end);

@@ -13,7 +13,8 @@ registered objects (anything with state_dict / load_state_dict), epoch-aware nam
 breakpoints on exceptions and SIGTERM.
 
 savepoint.SparseTable(ids=..., slots={"embedding": e, ...}) leaves save sparse embedding tables
-(sharded by id, delta saves with base=, loads into any number of shards; docs/SPARSE.md).
+(sharded by id, delta saves with base=, loads into any number of shards, savepoint.compact of a
+delta chain; docs/SPARSE.md).
 
 The C++ core (savepoint._core) does all I/O with the GIL released. Errors are SavepointError
 subclasses carrying the C++ message (e.g. CorruptCheckpointError names tensor and chunk).
@@ -45,7 +46,7 @@ from ._safetensors import SafetensorsDict, load_safetensors, safetensors_info, s
 from ._save import AsyncCheckpointer, SaveFuture, default_checkpointer, save
 from ._sparse import DirtyTracker, SparseTable, gen_slice
 from ._sparse_io import chain as sparse_chain
-from ._sparse_io import load_tables
+from ._sparse_io import compact, load_tables, should_compact
 
 __version__ = _core.__version__
 
@@ -81,6 +82,7 @@ __all__ = [
     "SparseTable",
     "StepInfo",
     "UnimplementedError",
+    "compact",
     "default_checkpointer",
     "gen_slice",
     "info",
@@ -92,6 +94,7 @@ __all__ = [
     "save",
     "save_safetensors",
     "set_log_level",
+    "should_compact",
     "sparse_chain",
     "verify",
 ]

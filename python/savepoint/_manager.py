@@ -17,7 +17,7 @@ import os
 import signal
 import threading
 
-from . import _core, _errors, _keys, _load, _registry
+from . import _core, _errors, _keys, _load, _registry, _sparse_io, _tree
 from ._save import _flatten
 
 StepInfo = collections.namedtuple("StepInfo", "step epoch step_in_epoch")
@@ -34,6 +34,24 @@ _ASYNC_OPTIONS = {
     "allow_concurrent_saves": "allow_concurrent_saves",
     "snapshot_threads": "snapshot_threads",
 }
+
+
+def _compaction_options(compaction):
+    """The binding's compaction keys from CheckpointManager(compaction=...)."""
+    if compaction is False:
+        return {"compact": False}
+    if compaction is None or compaction is True:
+        return {"compact": True}
+    if not isinstance(compaction, dict):
+        raise TypeError(f"CheckpointManager: compaction must be a dict, True, False or None, not "
+                        f"{type(compaction).__name__}")  # fmt: skip
+    out = {"compact": True}
+    for key, value in compaction.items():
+        if key not in ("max_depth", "max_delta_ratio"):
+            raise _unknown_keyword("CheckpointManager compaction", key,
+                                   ["max_depth", "max_delta_ratio"])  # fmt: skip
+        out[f"compaction_{key}"] = _int(key, value) if key == "max_depth" else float(value)
+    return out
 
 
 def _unknown_keyword(what, key, valid):
@@ -239,6 +257,13 @@ class CheckpointManager:
         io_threads (4), direct_io (True): I/O of every save (synchronous, or the async
             Checkpointer's writer threads) and of restores.
         gc_on_open (True): remove debris of crashed saves when opening.
+      Sparse tables (savepoint.SparseTable leaves; format="native"; docs/SPARSE.md):
+        compaction ({"max_depth": 8, "max_delta_ratio": 0.5}): after a delta save
+            (save(..., delta=True)) commits, when its chain holds more than max_depth deltas or
+            its deltas hold more than max_delta_ratio x the bytes of its full checkpoint, the
+            chain is folded into a full checkpoint under the same name, atomically, on a
+            background thread (the next save, restore, wait or close waits for it). False: never
+            compact. Retention never deletes a checkpoint that a kept checkpoint's chain needs.
       What else goes into every checkpoint:
         append_info (()): "epoch_num" and/or "step_num", stored as values.
         append_dict (None): {name: int | float | bool | str}, stored as values.
@@ -271,7 +296,7 @@ class CheckpointManager:
                  format="native", io_threads=4, direct_io=True, gc_on_open=True, append_info=(),
                  append_dict=None, shard_id=0, num_shards=1, exception_save=False,
                  handle_signals=False, key=None, crc_check=False,
-                 enc_mode="AES-GCM"):  # fmt: skip
+                 enc_mode="AES-GCM", compaction=None):  # fmt: skip
         self._m = None
         self._signals = None
         self._closed = False
@@ -301,6 +326,7 @@ class CheckpointManager:
             "shard_id": _int("shard_id", shard_id),
             "num_shards": _int("num_shards", num_shards),
             "exception_save": bool(exception_save),
+            **_compaction_options(compaction),
         }
         if directory is not None:
             options["directory"] = os.fspath(directory)
@@ -349,7 +375,7 @@ class CheckpointManager:
     # ------------------------------------------------------------------ direct API
 
     def save(self, step, state, metrics=None, force=False, *, epoch=None, step_in_epoch=None,
-             epoch_end=False):  # fmt: skip
+             epoch_end=False, delta=False):  # fmt: skip
         """Saves `state` (see savepoint.save) as the checkpoint of `step` if the interval says it
         is due, or if `force`; never saves one step twice. Returns whether a save started.
 
@@ -357,8 +383,15 @@ class CheckpointManager:
         step_in_epoch name the checkpoint "{prefix}-{epoch}_{step_in_epoch}" (default: derived
         from steps_per_epoch); epoch_end marks it as saved at the end of its epoch. Synchronous
         managers return once it is committed; async ones after the snapshot (the state may then
-        be modified)."""
-        return self._save(step, state, None, metrics, force, epoch, step_in_epoch, epoch_end)
+        be modified).
+
+        `state` may hold savepoint.SparseTable leaves (format="native"; saved synchronously).
+        delta=True saves them incrementally: each table holds only the rows touched since the
+        newest committed checkpoint plus SparseTable(deleted=ids) (savepoint.DirtyTracker
+        records both), and the checkpoint is a delta on that one; restore() applies the chain.
+        Compaction and retention of chains: see `compaction`."""
+        return self._save(step, state, None, metrics, force, epoch, step_in_epoch, epoch_end,
+                          delta=delta)  # fmt: skip
 
     def should_save(self, step):
         """Whether save(step) would save now (without force)."""
@@ -516,7 +549,7 @@ class CheckpointManager:
             # Already saved at this step: the C++ manager marks that checkpoint as the epoch's
             # end (a save of a step saved already only does that), as its own OnEpochEnd does.
             self._m.save(_int("step", self._last_step), [], [], "{}", {}, True, None, None, True,
-                         False)  # fmt: skip
+                         False, [], False)  # fmt: skip
             return False
         args = self._hook_args(metrics)
         return self._save_registered(self._last_step, force=True, epoch_end=True, **args)
@@ -598,14 +631,18 @@ class CheckpointManager:
                 f"checkpoint manager of {self._m.directory} is closed")
 
     def _save(self, step, state, metadata, metrics, force, epoch=None, step_in_epoch=None,
-              epoch_end=False, breakpoint=False):  # fmt: skip
-        flat, meta_json = _flatten(state, metadata)
+              epoch_end=False, breakpoint=False, delta=False):  # fmt: skip
+        flattener = _tree.Flattener()
+        flattener.allow_tables = True
+        flat, meta_json = _flatten(state, metadata, flattener)
         specs = [t.spec() for t in flat.tensors]
+        tables, owners = _sparse_io.table_specs(flat.tables)
         epoch = None if epoch is None else _int("epoch", epoch)
         step_in_epoch = None if step_in_epoch is None else _int("step_in_epoch", step_in_epoch)
         saved = self._m.save(_int("step", step), specs, flat.values, meta_json, _metrics(metrics),
                              bool(force), epoch, step_in_epoch, bool(epoch_end),
-                             bool(breakpoint))  # fmt: skip
+                             bool(breakpoint), tables, bool(delta))  # fmt: skip
+        del owners
         if saved:
             self._last_saved_step = step
         return saved

@@ -319,7 +319,92 @@ def load_tables(path, *, tables=None, slots=None, rename=None, slot_dtypes=None,
 
 
 def chain(path):
-    """The delta chain ending at `path`, newest first: [{"path", "checkpoint_id", "depth"}]
-    (depth 0: the full checkpoint). Reads manifests only."""
+    """The delta chain ending at `path`, newest first: [{"path", "checkpoint_id", "depth",
+    "table_bytes"}] (depth 0: the full checkpoint; table_bytes: the bytes of the link's table
+    data, its ids, slot rows and deleted ids, without the fixed-size slice index). Reads
+    manifests only (no key needed)."""
+    from . import _load
+
     links = _core.sparse_chain(os.fspath(path))
-    return [{"path": p, "checkpoint_id": c, "depth": d} for p, c, d in links]
+    return [{"path": p, "checkpoint_id": c, "depth": d, "table_bytes": _table_bytes(_load.info(p))}
+            for p, c, d in links]  # fmt: skip
+
+
+def _table_bytes(info):
+    """Bytes of the table data (ids, slots, deleted ids) of a checkpoint's info()."""
+    return sum(t["nbytes"] for t in info["tensors"]
+               if t["name"].startswith(_RESERVED + "/") and not t["name"].endswith("slice_rows"))
+
+
+def chain_is_due(links, max_depth, max_delta_ratio, depth=None):
+    """ShouldCompact of a chain (chain()'s links, newest first): more than max_depth deltas
+    (`depth`, default the newest link's), or deltas holding more table bytes than
+    max_delta_ratio x the full checkpoint's."""
+    depth = links[0]["depth"] if depth is None else depth
+    deltas = sum(link["table_bytes"] for link in links[:-1])
+    return _core.should_compact(int(depth), deltas, links[-1]["table_bytes"], int(max_depth),
+                                float(max_delta_ratio))  # fmt: skip
+
+
+def should_compact(path, *, max_depth=8, max_delta_ratio=0.5):
+    """Whether the delta chain ending at `path` should be compacted (savepoint.compact): it has
+    more than `max_depth` deltas (default 8), or its deltas hold more table data than
+    `max_delta_ratio` (default 0.5) x its full checkpoint's (C++ ShouldCompact; byte sizes as
+    sparse_chain's table_bytes). Reads manifests only. A full checkpoint (depth 0) never is."""
+    return chain_is_due(chain(path), max_depth, max_delta_ratio)
+
+
+_SAME_KEY = object()
+
+
+def compact(src, dst, *, overwrite=False, key=None, dst_key=_SAME_KEY, concurrency=0,
+            compression=None, chunk_bytes=8 << 20, io_threads=4, direct_io=True,
+            create_parents=True, verify=True):  # fmt: skip
+    """Folds the delta chain ending at checkpoint `src` into a full checkpoint at `dst` (C++
+    CompactSparse): every table whole with the chain applied, and src's dense tensors, values and
+    metadata, so savepoint.load(dst) returns what savepoint.load(src) does. dst is committed
+    atomically like any save (a crash leaves no dst or a complete one) and the chain is never
+    modified: once dst is committed the chain may be deleted. A full `src` is copied.
+
+    overwrite: replace an existing dst (it stays intact until the new one commits). Default
+        False: AlreadyExistsError. dst must not be a link of src's chain (InvalidArgumentError).
+    key: the chain's encryption key (every link takes the same one; bytes, a key file path or a
+        provider, as savepoint.load). Default None. dst_key: the key encrypting dst (None: not
+        encrypted). Default: `key`.
+    concurrency: threads sorting each table's rows (0: io_threads). compression, chunk_bytes,
+        io_threads, direct_io, create_parents: as savepoint.save. verify: check every chunk's
+        checksum while reading the chain (default True).
+
+    Errors, each naming src and dst: NotFoundError (no src, or a missing link),
+    CorruptCheckpointError (a broken chain, a bad chunk), AlreadyExistsError (dst exists),
+    InvalidArgumentError (src holds no sparse tables; dst in src's chain); an unknown option is
+    TypeError. Returns the save's statistics (as savepoint.save)."""
+    from . import _load, _save
+
+    src, dst = os.fspath(src), os.fspath(dst)
+    what = f"savepoint.compact({src!r} -> {dst!r})"
+    codec = _save._compression(compression)
+    key = _load._load_key(key, "savepoint.compact: key")
+    if dst_key is not _SAME_KEY:
+        dst_key = _keys.normalize(dst_key, "savepoint.compact: dst_key")
+    else:
+        dst_key = key
+    try:
+        if not has_tables(_load._Info(src, 1, True, None)):
+            raise _errors.InvalidArgumentError(
+                f"{what}: {src} holds no sparse tables (a dense checkpoint has no chain to fold)")
+        if os.path.exists(dst):
+            links = {os.path.realpath(p) for p, _, _ in _core.sparse_chain(src)}
+            if os.path.realpath(dst) in links:
+                raise _errors.InvalidArgumentError(
+                    f"{what}: dst is a link of src's chain; compact into a new path (then "
+                    "replace or delete the chain)")  # fmt: skip
+        return _core.compact_sparse(
+            src, dst, overwrite=bool(overwrite), create_parents=bool(create_parents),
+            chunk_bytes=int(chunk_bytes), compression=codec, key=key, dst_key=dst_key,
+            concurrency=int(concurrency), io_threads=int(io_threads), direct_io=bool(direct_io),
+            verify=bool(verify))  # fmt: skip
+    except _errors.SavepointError as e:
+        if str(e).startswith(what):
+            raise
+        raise type(e)(f"{what}: {e}") from None

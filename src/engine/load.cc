@@ -87,6 +87,33 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::stri
   return std::unique_ptr<CheckpointReader>(std::move(r));
 }
 
+namespace {
+
+// Load of a checkpoint with sparse tables: LoadSparse, which takes no stats, with the stats
+// filled here (bytes of the tensors and tables loaded; chunks are not counted).
+Result<State> LoadWithTables(const std::string& path, const LoadOptions& options,
+                             const IoOptions& io) {
+  const auto t0 = std::chrono::steady_clock::now();
+  LoadOptions lo = options;
+  lo.stats = nullptr;
+  SP_ASSIGN_OR_RETURN(State state, LoadSparse(path, {.load = lo}, io));
+  if (options.stats != nullptr) {
+    uint64_t bytes = state.tensor_bytes();
+    for (const auto& [name, t] : state.tables()) {
+      bytes += t->ids_view().nbytes();
+      for (const SparseTable::Slot& s : t->slots()) bytes += s.view.nbytes();
+    }
+    *options.stats = LoadStats{};
+    options.stats->bytes = options.stats->stored_bytes = bytes;
+    options.stats->direct_io = io.direct_io;
+    options.stats->seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return state;
+}
+
+}  // namespace
+
 Result<State> Load(const std::string& path, const LoadOptions& options, const IoOptions& io) {
   if (!options.mmap && options.map_mode != MapMode::kReadOnly) {
     return InvalidArgumentError(fmt::format(
@@ -96,7 +123,7 @@ Result<State> Load(const std::string& path, const LoadOptions& options, const Io
   SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
   if (reader->values().FindValue(format::kSparseValueName) != nullptr) {
     reader.reset();  // a checkpoint with sparse tables: every table whole, its chain applied
-    return LoadSparse(path, {.load = options}, io);
+    return LoadWithTables(path, options, io);
   }
   if (options.mmap && reader->encrypted()) {
     return InvalidArgumentError(fmt::format(

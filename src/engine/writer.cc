@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -129,7 +130,9 @@ std::vector<Run> Runs(const std::vector<ChunkTask>& tasks, const WritableFile* f
   std::vector<Run> runs;
   for (size_t i = 0; i < tasks.size();) {
     Run run{i, i + 1, Run::Kind::kSingle};
-    if (tasks[i].span != 0) {
+    if (tasks[i].gather != nullptr) {
+      // gathered into a staging buffer first: written on its own
+    } else if (tasks[i].span != 0) {
       run.kind = Run::Kind::kPacked;
       while (run.end < tasks.size() && tasks[run.end].span == tasks[i].span) ++run.end;
     } else if (ZeroCopy(tasks[i], f)) {
@@ -212,6 +215,29 @@ Status WritePackedRun(std::span<const ChunkTask> run, WritableFile* f, std::byte
   return f->WriteAt(begin, {buf, end});
 }
 
+// Gathers the rows of chunk `*t` into `buf` (chunk_bytes, 4 KiB-aligned) a slice at a time, each
+// slice checksummed while still in cache, and points the task at `buf`. Returns the CRC32C.
+uint32_t GatherChunk(ChunkTask* t, std::byte* buf) {
+  const uint64_t offset = static_cast<uint64_t>(t->src - t->gather->base);
+  uint32_t crc = 0;
+  for (uint64_t done = 0; done < t->len; done += kCrc32cSlice) {
+    const uint64_t n = std::min<uint64_t>(kCrc32cSlice, t->len - done);
+    GatherRows(*t->gather, offset + done, n, buf + done);
+    crc = Crc32cExtend(crc, {buf + done, n});
+  }
+  t->src = buf;
+  t->gather = nullptr;
+  return crc;
+}
+
+// Writes a gathered chunk (neither sealed nor compressed) from `buf`, zero-padded to 4 KiB.
+Status WriteGathered(const ChunkTask& t, std::byte* buf, uint32_t crc, WritableFile* f) {
+  *t.crc = crc;
+  const uint64_t padded = AlignUp(t.len);
+  std::memset(buf + t.len, 0, padded - t.len);
+  return f->WriteAt(t.file_offset, {buf, padded});
+}
+
 // Writes one chunk, straight from the tensor when it is aligned for the file, else through
 // `staging` (copied and checksummed in one pass by Crc32cCopy, or sealed there).
 Status WriteChunk(const ChunkTask& t, WritableFile* f, std::byte* staging) {
@@ -282,6 +308,7 @@ Status WriteTasks(const std::vector<ChunkTask>& tasks, uint64_t chunk_bytes, int
     Tensor span;     // kPackSpanBytes: the packed chunks of one span
     CompressBuffers compress;
     std::vector<Tensor> sealed;  // up to kWriteBatch x chunk_bytes: a run of sealed chunks
+    Tensor gathered;             // chunk_bytes: the rows of one gathered chunk
   };
   std::vector<Buffers> buffers(threads);
   const std::vector<Run> runs = Runs(tasks, f);
@@ -299,8 +326,14 @@ Status WriteTasks(const std::vector<ChunkTask>& tasks, uint64_t chunk_bytes, int
       case Run::Kind::kSingle:
         break;
     }
-    const ChunkTask& t = run.front();
+    ChunkTask t = run.front();
     SP_RETURN_IF_ERROR(EnsureBuffer(&b.staging, chunk_bytes));
+    if (t.gather != nullptr) {  // then written as if the tensor's memory were the buffer
+      SP_RETURN_IF_ERROR(EnsureBuffer(&b.gathered, chunk_bytes));
+      const uint32_t crc = GatherChunk(&t, b.gathered.data());
+      if (t.seal == nullptr && t.stored == nullptr)
+        return WriteGathered(t, b.gathered.data(), crc, f);
+    }
     if (t.stored == nullptr) return WriteChunk(t, f, b.staging.data());
     SP_ASSIGN_OR_RETURN(bool done,
                         WriteCompressedChunk(t, t.src, chunk_bytes, f, alloc, &b.compress));
@@ -420,7 +453,47 @@ void AddChunkTasks(format::TensorRecord& t, const std::byte* src, uint64_t chunk
   }
 }
 
+thread_local const RowGathers* t_gathers = nullptr;  // ScopedRowGathers
+
+// Attaches the gathers of t_gathers to the tasks of the tensors they name.
+Status AttachGathers(std::vector<ChunkTask>* tasks) {
+  if (t_gathers == nullptr) return Status::OK();
+  for (ChunkTask& t : *tasks) {
+    auto it = t_gathers->find(t.tensor->name);
+    if (it == t_gathers->end()) continue;
+    const RowGather& g = it->second;
+    const uint64_t bytes = g.rows * g.row_bytes;
+    if (t.span != 0 || t.src < g.base || static_cast<uint64_t>(t.src - g.base) > bytes ||
+        t.len > bytes - static_cast<uint64_t>(t.src - g.base)) {
+      return InternalError(fmt::format("tensor {:?}: chunk {} lies outside its row gather",
+                                       t.tensor->name, t.chunk));
+    }
+    t.gather = &g;
+  }
+  return Status::OK();
+}
+
 }  // namespace
+
+ScopedRowGathers::ScopedRowGathers(const RowGathers* gathers) { t_gathers = gathers; }
+ScopedRowGathers::~ScopedRowGathers() { t_gathers = nullptr; }
+
+void GatherRows(const RowGather& g, uint64_t offset, uint64_t len, std::byte* dst) {
+  const uint64_t rb = g.row_bytes;
+  uint64_t row = offset / rb;
+  uint64_t in = offset % rb;
+  constexpr uint64_t kAhead = 8;                        // rows prefetched ahead of the copy
+  const uint64_t lines = std::min<uint64_t>(rb, 1024);  // bytes of a row prefetched
+  for (uint64_t done = 0; done < len; ++row, in = 0) {
+    if (row + kAhead < g.rows) {
+      const std::byte* next = g.base + static_cast<uint64_t>(g.perm[row + kAhead]) * rb;
+      for (uint64_t b = 0; b < lines; b += 64) __builtin_prefetch(next + b);
+    }
+    const uint64_t n = std::min(rb - in, len - done);
+    std::memcpy(dst + done, g.base + static_cast<uint64_t>(g.perm[row]) * rb + in, n);
+    done += n;
+  }
+}
 
 Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes,
                                         format::Manifest* m, const Compression& compression,
@@ -461,6 +534,7 @@ Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes
                     first ? &pack : nullptr, &tasks);
     }
   }
+  SP_RETURN_IF_ERROR(AttachGathers(&tasks));
   return tasks;
 }
 

@@ -5,7 +5,10 @@
 #define SAVEPOINT_ENGINE_WRITER_H_
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +24,36 @@ class Progress;  // util/progress.h
 namespace savepoint::engine {
 
 struct ChunkSeal;  // engine/seal.h
+
+// Rows of a tensor stored in another order than they lie in memory: row i of the stored tensor
+// is row perm[i] of `base` (its rows of row_bytes bytes). Sparse tables are sorted into storage
+// order this way while they are written (src/sparse/save.cc), chunk by chunk in the writer
+// threads, instead of into a sorted copy before the write. The memory is the caller's and
+// outlives the save.
+struct RowGather {
+  const std::byte* base = nullptr;
+  const int64_t* perm = nullptr;  // rows of the stored tensor
+  uint64_t rows = 0;
+  uint64_t row_bytes = 0;
+};
+// Tensor name -> how its rows are gathered.
+using RowGathers = std::map<std::string, RowGather, std::less<>>;
+
+// While alive, PlanSave calls on this thread attach `gathers` to the chunk tasks of the tensors
+// they name (whose memory must be the gather's base, of rows x row_bytes bytes, and at least
+// kPackBelowBytes long: never packed). This is how SaveSparse hands its row orders to Save and
+// SaveDistributed, which plan on the calling thread, without widening their public signatures.
+// Not nestable; `gathers` must outlive the scope.
+class ScopedRowGathers {
+ public:
+  explicit ScopedRowGathers(const RowGathers* gathers);
+  ~ScopedRowGathers();
+  ScopedRowGathers(const ScopedRowGathers&) = delete;
+  ScopedRowGathers& operator=(const ScopedRowGathers&) = delete;
+};
+
+// Copies bytes [offset, offset + len) of the stored (gathered) tensor to `dst`.
+void GatherRows(const RowGather& g, uint64_t offset, uint64_t len, std::byte* dst);
 
 // One chunk of one tensor: `len` bytes from `src`, to be stored at `file_offset`; its CRC32C is
 // stored into `*crc` (a slot of the manifest) once computed.
@@ -52,6 +85,9 @@ struct ChunkTask {
   format::TensorRecord* tensor = nullptr;
   uint64_t chunk = 0;
   crypto::GcmTag* tag = nullptr;
+  // Rows gathered into a staging buffer before the chunk is written (src is then the tensor's
+  // memory at the chunk's offset in the stored order; ScopedRowGathers). Default: none.
+  const RowGather* gather = nullptr;
 };
 
 // Hands out 4 KiB-aligned extents at the end of a data file, in the order chunks finish.

@@ -16,10 +16,13 @@
 #include <chrono>
 #include <deque>
 #include <exception>
+#include <memory>
 #include <mutex>
+#include <set>
 
 #include "engine/writer.h"
 #include "io/commit.h"
+#include "manager/chains.h"
 #include "manager/index.h"
 #include "manager/options.h"
 #include "manager/registry.h"
@@ -38,12 +41,22 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// A State that borrows `s`'s tensors and copies its values and metadata.
+// A State that borrows `s`'s tensors and tables and copies its values and metadata.
 Result<State> Borrow(const State& s) {
   State out;
   for (const auto& [name, e] : s.entries()) {
     SP_RETURN_IF_ERROR(e.is_tensor() ? out.PutView(name, e.tensor())
                                      : out.PutValue(name, e.value()));
+  }
+  for (const auto& [name, t] : s.tables()) {
+    const std::span<const int64_t> del = t->deleted();
+    TensorView deleted;
+    if (!del.empty()) {
+      deleted = TensorView(del.data(), DType::kI64, {static_cast<int64_t>(del.size())});
+    }
+    SP_ASSIGN_OR_RETURN(SparseTable view,
+                        SparseTable::FromViews(t->ids_view(), t->slots(), std::move(deleted)));
+    SP_RETURN_IF_ERROR(out.PutTable(name, std::move(view)));
   }
   out.metadata() = s.metadata();
   return out;
@@ -261,6 +274,7 @@ class ManagerImpl final : public CheckpointManager {
     saved_in_dir_ = false;
     lock_ = std::move(lock).value();
     index_ = std::move(index);
+    bases_ = std::make_unique<Bases>(store_.get());
     dir_ = dir;
     return Status::OK();
   }
@@ -363,8 +377,16 @@ class ManagerImpl final : public CheckpointManager {
     CheckpointRecord rec{
         name, JoinPath(dir_, name), step,           info.epoch,  info.step_in_epoch, 0,
         0,    args.breakpoint,      args.epoch_end, args.metrics};
+    if (!state.tables().empty() && o_.format != CheckpointFormat::kNative) {
+      return InvalidArgumentError(
+          fmt::format("save {}: sparse tables ({}, ...) need ManagerOptions.format = kNative",
+                      rec.path, state.tables().begin()->first));
+    }
     SP_ASSIGN_OR_RETURN(State full, Decorate(state, rec));
-    if (o_.async) {
+    bases_->Forget(rec.name);  // the name may be replaced
+    if (args.delta) {
+      SP_RETURN_IF_ERROR(SaveDeltaLocked(std::move(rec), full));
+    } else if (o_.async && state.tables().empty()) {  // tables are saved synchronously
       SP_ASSIGN_OR_RETURN(std::shared_ptr<InFlight> h, store_->SaveAsync(full, rec.path));
       pending_.push_back({std::move(h), std::move(rec)});
     } else {
@@ -378,6 +400,65 @@ class ManagerImpl final : public CheckpointManager {
     last_trigger_ = step;
     last_save_time_ = std::chrono::steady_clock::now();
     return true;
+  }
+
+  // A delta on the newest committed checkpoint (SaveArgs::delta), then maybe its compaction.
+  Status SaveDeltaLocked(CheckpointRecord rec, const State& full) {
+    SP_RETURN_IF_ERROR(Reap(true));  // the base must be committed, and not being compacted
+    if (index_.records.empty()) {
+      return FailedPreconditionError(fmt::format(
+          "delta save {}: {} has no committed checkpoint to be its base (save a full one first)",
+          rec.name, dir_));
+    }
+    const CheckpointRecord base = index_.records.back();
+    if (base.name == rec.name) {
+      return FailedPreconditionError(
+          fmt::format("delta save {}: its base would be the checkpoint it replaces", rec.path));
+    }
+    SaveStats io;
+    SP_RETURN_IF_ERROR(store_->SaveDelta(full, rec.path, base.path, &io));
+    bases_->Set(rec.name, base.name);
+    CheckpointStats cs{"checkpoint_save", rec.name, rec.step, io.bytes, io.seconds, io.seconds};
+    SP_RETURN_IF_ERROR(Commit(rec, std::move(cs)));
+    MaybeCompact(rec);
+    return Status::OK();
+  }
+
+  // Starts compacting the chain ending at `head` when the policy says so.
+  void MaybeCompact(const CheckpointRecord& head) {
+    if (!o_.compact) return;
+    Result<bool> due = ChainNeedsCompaction(*store_, head.path, index_.records, o_.compaction);
+    if (!due.ok()) {
+      spdlog::warn("savepoint: compaction of {}: {}", head.path, due.status().ToString());
+    } else if (*due) {
+      compaction_ = std::make_unique<Compaction>(store_.get(), head);
+    }
+  }
+
+  // Takes in a finished compaction (waiting for it when `block`): the checkpoint is now a full
+  // one, so the bases only it needed may go. A failed compaction leaves the chain as it was.
+  Status FinishCompaction(bool block) {
+    if (!compaction_ || (!block && !compaction_->Done())) return Status::OK();
+    Status s = compaction_->Wait();
+    const CheckpointRecord rec = compaction_->record();
+    const double seconds = compaction_->seconds();
+    compaction_.reset();
+    if (!s.ok()) {
+      spdlog::warn("savepoint: compaction of {} failed; its delta chain stays: {}", rec.path,
+                   s.ToString());
+      return Status::OK();
+    }
+    bases_->Set(rec.name, "");
+    SP_ASSIGN_OR_RETURN(StoredFacts facts, store_->Describe(rec.path, /*metadata=*/false));
+    for (CheckpointRecord& r : index_.records) {
+      if (r.name != rec.name) continue;
+      r.created_ns = facts.created_ns;
+      r.bytes = facts.bytes;
+    }
+    SortRecords(index_.records);
+    stats_.push_back({"checkpoint_compact", rec.name, rec.step, facts.bytes, seconds, 0});
+    ApplyRetention();
+    return WriteIndex(fs_, dir_, index_).WithContext(fmt::format("update index of {}", dir_));
   }
 
   Result<bool> SaveRegisteredLocked(int64_t step, const SaveArgs& args) {
@@ -428,7 +509,10 @@ class ManagerImpl final : public CheckpointManager {
   }
 
   void ApplyRetention() {
-    for (const std::string& name : SelectForDeletion(index_.records, policy_)) {
+    const std::vector<std::string> doomed = SelectForDeletion(index_.records, policy_);
+    const std::set<std::string> needed = NeededByKept(index_.records, doomed, *bases_);
+    for (const std::string& name : doomed) {
+      if (needed.count(name) > 0) continue;  // the base of a kept delta
       bool in_flight = std::any_of(pending_.begin(), pending_.end(),
                                    [&](const Pending& p) { return p.record.name == name; });
       if (in_flight) continue;  // being overwritten by a save in flight
@@ -450,6 +534,7 @@ class ManagerImpl final : public CheckpointManager {
   // one deferred from an earlier non-blocking reap.
   Status Reap(bool block) {
     Status first = std::exchange(deferred_, Status::OK());
+    if (Status c = FinishCompaction(block); !c.ok() && first.ok()) first = c;
     while (!pending_.empty()) {
       if (!block && !pending_.front().handle->Poll()) break;
       Pending p = std::move(pending_.front());
@@ -558,6 +643,8 @@ class ManagerImpl final : public CheckpointManager {
   Index index_;
   std::unique_ptr<Store> store_;
   std::deque<Pending> pending_;
+  std::unique_ptr<Bases> bases_;            // the base of each checkpoint (delta chains)
+  std::unique_ptr<Compaction> compaction_;  // in flight, at most one
   Status deferred_;
   Registry registry_;
   std::vector<CheckpointStats> stats_;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <optional>
 #include <utility>
 
@@ -43,6 +44,12 @@ Status ValidateIntervals(const ManagerOptions& o) {
   if (o.keep_best_n == 0 && !o.best_metric.empty()) {
     return InvalidArgumentError(fmt::format(
         "ManagerOptions.best_metric = {:?} is set but keep_best_n is 0", o.best_metric));
+  }
+  SP_RETURN_IF_ERROR(NonNegative("compaction.max_depth", o.compaction.max_depth));
+  if (!(o.compaction.max_delta_ratio > 0) || !std::isfinite(o.compaction.max_delta_ratio)) {
+    return InvalidArgumentError(
+        fmt::format("ManagerOptions.compaction.max_delta_ratio = {}: must be finite and > 0",
+                    o.compaction.max_delta_ratio));
   }
   return Status::OK();
 }

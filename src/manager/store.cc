@@ -16,6 +16,7 @@
 #include "savepoint/catalog.h"
 #include "savepoint/mindspore.h"
 #include "savepoint/safetensors.h"
+#include "sparse/chain.h"
 #include "util/parallel.h"
 
 namespace savepoint::manager {
@@ -92,6 +93,21 @@ class NativeStore final : public Store {
   Status Delete(const std::string& path) override { return DeleteCheckpoint(path, fs_); }
   void Reserve(uint64_t bytes) override {
     if (async_ && o_.prefault_staging) async_->Reserve(bytes);
+  }
+  Status SaveDelta(const State& state, const std::string& path, const std::string& base,
+                   SaveStats* stats) override {
+    SparseSaveOptions so{.save = SaveOpts(), .base = base};
+    so.save.stats = stats;
+    return SaveSparse(state, path, so, o_.io);
+  }
+  Status Compact(const std::string& path) override {
+    return CompactSparse(path, path, {.save = SaveOpts()}, LoadOpts(), o_.io);
+  }
+  Result<std::optional<std::string>> BaseOf(const std::string& path) override {
+    return sparse::BaseOfCheckpoint(path, {.fs = fs_});
+  }
+  Result<std::vector<SparseChainLink>> Chain(const std::string& path) override {
+    return SparseChain(path, {.fs = fs_});
   }
 
  private:
@@ -304,6 +320,24 @@ Result<std::unique_ptr<Store>> Store::Create(const ManagerOptions& options) {
   auto store = std::make_unique<NativeStore>(options);
   SP_RETURN_IF_ERROR(store->Init());
   return std::unique_ptr<Store>(std::move(store));
+}
+
+namespace {
+Status NeedsNative(std::string_view what, const std::string& path) {
+  return InvalidArgumentError(
+      fmt::format("{} {}: sparse delta chains need ManagerOptions.format = kNative", what, path));
+}
+}  // namespace
+
+Status Store::SaveDelta(const State&, const std::string& path, const std::string&, SaveStats*) {
+  return NeedsNative("delta save", path);
+}
+Status Store::Compact(const std::string& path) { return NeedsNative("compaction of", path); }
+Result<std::optional<std::string>> Store::BaseOf(const std::string&) {
+  return std::optional<std::string>();
+}
+Result<std::vector<SparseChainLink>> Store::Chain(const std::string& path) {
+  return NeedsNative("the chain of", path);
 }
 
 }  // namespace savepoint::manager

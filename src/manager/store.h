@@ -23,10 +23,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "manager/registry.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/manager.h"
+#include "savepoint/sparse.h"
 
 namespace savepoint::manager {
 
@@ -78,6 +80,18 @@ class Store {
   // Native async saves: reserve staging memory for this many bytes (ManagerOptions::
   // prefault_staging); a no-op otherwise.
   virtual void Reserve(uint64_t bytes) = 0;
+
+  // Sparse delta chains (kNative only; the other formats fail with InvalidArgument naming the
+  // format). Saves `state`, whose tables are deltas, synchronously as a delta on `base`.
+  virtual Status SaveDelta(const State& state, const std::string& path, const std::string& base,
+                           SaveStats* stats);
+  // Folds the chain ending at `path` into a full checkpoint committed over `path`.
+  virtual Status Compact(const std::string& path);
+  // The base of the checkpoint at `path` when it is a delta, else nullopt (a full checkpoint, one
+  // without tables, or another format).
+  virtual Result<std::optional<std::string>> BaseOf(const std::string& path);
+  // The chain ending at `path` (SparseChain), newest first; one link for a full checkpoint.
+  virtual Result<std::vector<SparseChainLink>> Chain(const std::string& path);
 };
 
 }  // namespace savepoint::manager

@@ -61,6 +61,16 @@ Result<std::vector<Link>> OpenChain(const std::string& path, const LoadOptions& 
   return chain;
 }
 
+Result<std::optional<std::string>> BaseOfCheckpoint(const std::string& path, const IoOptions& io) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<engine::Reader> reader,
+                      engine::Reader::OpenImpl(path, LoadOptions{}, io));
+  bool found = false;
+  SP_ASSIGN_OR_RETURN(Desc d,
+                      DecodeDesc(reader->manifest(), fmt::format("checkpoint {}", path), &found));
+  if (!found || !d.delta()) return std::optional<std::string>();
+  return std::optional<std::string>(ResolveBase(path, d.base));
+}
+
 Schema SchemaOf(const Link& link) {
   Schema schema;
   const engine::Reader& r = *link.reader;

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,10 @@ struct Link {
 // recorded, and hold sparse tables (Corruption otherwise); errors name the link "P -> B".
 Result<std::vector<Link>> OpenChain(const std::string& path, const LoadOptions& load,
                                     const IoOptions& io);
+
+// The base of the checkpoint at `path` (its path, resolved like OpenChain does) when it is a
+// sparse delta; nullopt for a full checkpoint and one without tables. Reads its manifest only.
+Result<std::optional<std::string>> BaseOfCheckpoint(const std::string& path, const IoOptions& io);
 
 // The slots of every table stored in `link` (from its manifest).
 Schema SchemaOf(const Link& link);

@@ -13,6 +13,7 @@
 #include "io/mem_fs.h"
 #include "savepoint/catalog.h"
 #include "savepoint/sparse.h"
+#include "testutil/sparse_tables.h"
 #include "testutil/testutil.h"
 
 namespace savepoint {
@@ -39,21 +40,14 @@ SparseTable TableOf(const Ref& ref, const std::function<bool(int64_t)>& keep,
   for (const auto& [id, row] : ref) {
     if (keep(id)) ids.push_back(id);
   }
-  const int64_t n = static_cast<int64_t>(ids.size());
-  Tensor idt = Tensor::Empty(DType::kI64, {n}).value();
-  Tensor emb = Tensor::Empty(DType::kF32, {n, kDim}).value();
-  Tensor ver = Tensor::Empty(DType::kI64, {n}).value();
-  for (int64_t i = 0; i < n; ++i) {
-    idt.as<int64_t>()[i] = ids[i];
-    std::memcpy(emb.data() + i * kDim * 4, ref.at(ids[i]).first.data(), kDim * 4);
-    ver.as<int64_t>()[i] = ref.at(ids[i]).second;
-  }
-  Tensor del = Tensor::Empty(DType::kI64, {static_cast<int64_t>(deleted.size())}).value();
-  std::copy(deleted.begin(), deleted.end(), del.as<int64_t>().begin());
-  std::vector<std::pair<std::string, Tensor>> slots;
-  slots.emplace_back("embedding", std::move(emb));
-  slots.emplace_back("version", std::move(ver));
-  return SparseTable::FromTensors(std::move(idt), std::move(slots), std::move(del)).value();
+  auto emb = [&](int64_t id, std::span<std::byte> row) {
+    std::memcpy(row.data(), ref.at(id).first.data(), kDim * 4);
+  };
+  auto ver = [&](int64_t id, std::span<std::byte> row) {
+    std::memcpy(row.data(), &ref.at(id).second, 8);
+  };
+  return testing::MakeTable(
+      ids, {{"embedding", DType::kF32, kDim, emb}, {"version", DType::kI64, -1, ver}}, deleted);
 }
 
 Ref RefOf(const SparseTable& t) {

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "engine/select.h"
+#include "engine/writer.h"
 #include "savepoint/distributed.h"
 #include "sparse/chain.h"
 
@@ -21,6 +22,7 @@ struct Flat {
   State state;                      // dense tensors, table tensors (views), values, metadata
   ShardLayout layout;               // distributed saves: the boxes of this rank's tensors
   std::vector<SortedTable> sorted;  // keeps sorted copies alive
+  engine::RowGathers gathers;       // slots sorted while they are written (SortedTable)
   Desc desc;
 };
 
@@ -109,6 +111,10 @@ Status AddTable(const std::string& name, size_t index, const SparseTable& t, con
   SP_RETURN_IF_ERROR(AddPart(n.slice_rows, s.slice_rows.view(), range.begin, kNumSlices, flat));
   for (size_t k = 0; k < slots.size(); ++k) {
     SP_RETURN_IF_ERROR(AddPart(n.slots[k].second, s.slots[k], p.offset[0], p.total[0], flat));
+    if (s.gathered[k]) {
+      flat->gathers[n.slots[k].second] = {s.slots[k].data(), s.perm.data(), s.perm.size(),
+                                          SparseTable::RowBytes(s.slots[k])};
+    }
   }
   if (flat->desc.delta()) {
     SP_RETURN_IF_ERROR(AddPart(n.deleted, s.deleted, p.offset[1], p.total[1], flat));
@@ -243,6 +249,7 @@ Status SaveSparse(const State& state, const std::string& path, const SparseSaveO
   }
   SP_RETURN_IF_ERROR(
       sparse::Fill(state, SliceRange{}, places, &flat).WithContext(fmt::format("save {}", path)));
+  engine::ScopedRowGathers gathers(&flat.gathers);
   return Save(flat.state, path, o.save, sparse::WriteIo(o, io));
 }
 
@@ -269,6 +276,7 @@ Status SaveSparseDistributed(Communicator& comm, const State& local, const Shard
     return filled.WithContext(context);
   }
   DistributedSaveOptions d{.save = o.save, .timeout = o.timeout};
+  engine::ScopedRowGathers gathers(&flat.gathers);
   return SaveDistributed(comm, flat.state, flat.layout, path, d, sparse::WriteIo(o, io));
 }
 

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "io/mem_fs.h"
+#include "testutil/sparse_tables.h"
 #include "testutil/testutil.h"
 
 namespace savepoint {
@@ -42,21 +43,14 @@ SparseTable TableOf(const Ref& ref, const std::function<bool(int64_t)>& keep,
   for (const auto& [id, row] : ref) {
     if (keep(id)) ids.push_back(id);
   }
-  const int64_t n = static_cast<int64_t>(ids.size());
-  Tensor idt = Tensor::Empty(DType::kI64, {n}).value();
-  Tensor emb = Tensor::Empty(DType::kF32, {n, kDim}).value();
-  Tensor cnt = Tensor::Empty(DType::kI64, {n}).value();
-  for (int64_t i = 0; i < n; ++i) {
-    idt.as<int64_t>()[i] = ids[i];
-    std::memcpy(emb.data() + i * kDim * 4, ref.at(ids[i]).emb.data(), kDim * 4);
-    cnt.as<int64_t>()[i] = ref.at(ids[i]).count;
-  }
-  Tensor del = Tensor::Empty(DType::kI64, {static_cast<int64_t>(deleted.size())}).value();
-  for (size_t i = 0; i < deleted.size(); ++i) del.as<int64_t>()[i] = deleted[i];
-  std::vector<std::pair<std::string, Tensor>> slots;
-  slots.emplace_back("embedding", std::move(emb));
-  slots.emplace_back("count", std::move(cnt));
-  return SparseTable::FromTensors(std::move(idt), std::move(slots), std::move(del)).value();
+  auto emb = [&](int64_t id, std::span<std::byte> row) {
+    std::memcpy(row.data(), ref.at(id).emb.data(), kDim * 4);
+  };
+  auto cnt = [&](int64_t id, std::span<std::byte> row) {
+    std::memcpy(row.data(), &ref.at(id).count, 8);
+  };
+  return testing::MakeTable(
+      ids, {{"embedding", DType::kF32, kDim, emb}, {"count", DType::kI64, -1, cnt}}, deleted);
 }
 
 // The rows of a loaded table as a reference map (slots that were not loaded stay empty / 0).

@@ -239,12 +239,23 @@ Status CheckRange(std::span<const int64_t> ids, SliceRange range, std::string_vi
   return Status::OK();
 }
 
-// The permutation putting `ids` in storage order.
-std::vector<int64_t> Order(std::span<const int64_t> ids) {
+// The permutation putting `ids` (all in `range`) in storage order: a counting sort by slice,
+// then each slice's ids sorted (a few rows each, for tables much larger than 65536 rows).
+std::vector<int64_t> Order(std::span<const int64_t> ids, SliceRange range) {
+  const size_t width = static_cast<size_t>(range.end - range.begin);
+  std::vector<int64_t> start(width + 1, 0);
+  for (int64_t id : ids) ++start[static_cast<size_t>(SliceOf(id) - range.begin) + 1];
+  for (size_t s = 0; s < width; ++s) start[s + 1] += start[s];
+  std::vector<int64_t> next(start.begin(), start.end() - 1);
   std::vector<int64_t> perm(ids.size());
-  std::iota(perm.begin(), perm.end(), 0);
-  std::sort(perm.begin(), perm.end(),
-            [&](int64_t a, int64_t b) { return KeyLess(ids[a], ids[b]); });
+  for (size_t i = 0; i < ids.size(); ++i) {
+    perm[next[static_cast<size_t>(SliceOf(ids[i]) - range.begin)]++] = static_cast<int64_t>(i);
+  }
+  for (size_t s = 0; s < width; ++s) {
+    if (start[s + 1] - start[s] < 2) continue;
+    std::sort(perm.begin() + start[s], perm.begin() + start[s + 1],
+              [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
+  }
   return perm;
 }
 
@@ -286,16 +297,23 @@ Result<SortedTable> SortTable(const SparseTable& t, SliceRange range, int thread
     s.ids = t.ids_view();
     for (const SparseTable::Slot& slot : t.slots()) s.slots.push_back(slot.view);
   } else {
-    const std::vector<int64_t> perm = Order(ids);
-    SP_ASSIGN_OR_RETURN(Tensor sorted, Gather(t.ids_view(), perm, threads));
+    s.perm = Order(ids, range);
+    SP_ASSIGN_OR_RETURN(Tensor sorted, Gather(t.ids_view(), s.perm, threads));
     s.owned.push_back(std::move(sorted));
+    s.ids = s.owned.back().view();
     for (const SparseTable::Slot& slot : t.slots()) {
-      SP_ASSIGN_OR_RETURN(Tensor rows, Gather(slot.view, perm, threads));
+      const bool gather = slot.view.nbytes() >= kGatherSlotBytes;
+      s.gathered.push_back(gather);
+      if (gather) {
+        s.slots.push_back(slot.view);
+        continue;
+      }
+      SP_ASSIGN_OR_RETURN(Tensor rows, Gather(slot.view, s.perm, threads));
       s.owned.push_back(std::move(rows));
+      s.slots.push_back(s.owned.back().view());
     }
-    s.ids = s.owned[0].view();
-    for (size_t k = 1; k < s.owned.size(); ++k) s.slots.push_back(s.owned[k].view());
   }
+  s.gathered.resize(t.slots().size(), false);
   if (t.deleted().empty()) {
     static const int64_t kNone = 0;
     s.deleted = TensorView(&kNone, DType::kI64, {0});

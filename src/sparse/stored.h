@@ -75,15 +75,22 @@ inline bool KeyLess(int64_t a, int64_t b) {
 }
 
 // A table's rows in storage order, with their slice counts over `range`: views of the caller's
-// table when it is already in that order, else of the owned copies in `owned`.
+// table when it is already in that order, else of the owned copies in `owned`, except for large
+// slots, which stay the caller's views and are gathered into storage order chunk by chunk while
+// they are written (`gathered`, `perm`; engine::RowGather), so that sorting them overlaps the I/O.
 struct SortedTable {
   TensorView ids;
   std::vector<TensorView> slots;  // in the table's slot order
+  std::vector<bool> gathered;     // per slot: slots[k] is the caller's view, stored through perm
+  std::vector<int64_t> perm;      // storage row i is row perm[i] of the table (when unsorted)
   TensorView deleted;             // I64 [n], storage order
   Tensor slice_rows;              // I64 [range size]
   Tensor deleted_slice_rows;      // I64 [range size]
   std::vector<Tensor> owned;
 };
+
+// Slots of at least this many bytes are gathered while written rather than sorted into a copy.
+inline constexpr uint64_t kGatherSlotBytes = uint64_t{1} << 20;
 
 // Sorts `t` into storage order on `threads` threads and counts its rows per slice of `range`.
 // InvalidArgument naming the id when an id or deleted id lies outside `range`.

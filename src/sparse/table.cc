@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include "savepoint/sparse.h"
 
@@ -39,14 +41,28 @@ Status CheckIdTensor(const TensorView& v, std::string_view what) {
   return Status::OK();
 }
 
-// InvalidArgument naming the first id that appears twice in `ids` (`what` says which list).
-Status CheckUnique(std::span<const int64_t> ids, std::string_view what) {
-  std::unordered_set<int64_t> seen;
-  seen.reserve(ids.size());
-  for (int64_t id : ids) {
-    if (!seen.insert(id).second) {
-      return InvalidArgumentError(fmt::format("{}: id {} appears twice", what, id));
+// `ids` in ascending order: the span itself when it already is, else a sorted copy in `copy`.
+std::span<const int64_t> Ascending(std::span<const int64_t> ids, std::vector<int64_t>* copy) {
+  if (std::is_sorted(ids.begin(), ids.end())) return ids;
+  copy->assign(ids.begin(), ids.end());
+  std::sort(copy->begin(), copy->end());
+  return *copy;
+}
+
+// InvalidArgument naming the first id that appears twice in `sorted` (`what` says which list).
+Status CheckUnique(std::span<const int64_t> sorted, std::string_view what) {
+  auto it = std::adjacent_find(sorted.begin(), sorted.end());
+  if (it == sorted.end()) return Status::OK();
+  return InvalidArgumentError(fmt::format("{}: id {} appears twice", what, *it));
+}
+
+// InvalidArgument naming an id of both sorted lists.
+Status CheckDisjoint(std::span<const int64_t> ids, std::span<const int64_t> deleted) {
+  for (size_t i = 0, j = 0; i < ids.size() && j < deleted.size();) {
+    if (ids[i] == deleted[j]) {
+      return InvalidArgumentError(fmt::format("id {} is both a row and deleted", ids[i]));
     }
+    ids[i] < deleted[j] ? ++i : ++j;
   }
   return Status::OK();
 }
@@ -86,15 +102,14 @@ Status SparseTable::Validate() const {
                                               what, ShapeToString(s.view.shape()), num_rows()));
     }
   }
-  SP_RETURN_IF_ERROR(CheckUnique(ids(), "ids"));
-  SP_RETURN_IF_ERROR(CheckUnique(deleted(), "deleted ids"));
-  std::unordered_set<int64_t> live(ids().begin(), ids().end());
-  for (int64_t id : deleted()) {
-    if (live.count(id) > 0) {
-      return InvalidArgumentError(fmt::format("id {} is both a row and deleted", id));
-    }
-  }
-  return Status::OK();
+  // Sorted (copies where needed), then neighbours compared: no hashing of millions of ids.
+  std::vector<int64_t> ids_copy, deleted_copy;
+  const std::span<const int64_t> ids_sorted = Ascending(ids(), &ids_copy);
+  SP_RETURN_IF_ERROR(CheckUnique(ids_sorted, "ids"));
+  if (deleted().empty()) return Status::OK();
+  const std::span<const int64_t> deleted_sorted = Ascending(deleted(), &deleted_copy);
+  SP_RETURN_IF_ERROR(CheckUnique(deleted_sorted, "deleted ids"));
+  return CheckDisjoint(ids_sorted, deleted_sorted);
 }
 
 Result<SparseTable> SparseTable::FromViews(TensorView ids, std::vector<Slot> slots,

@@ -3,14 +3,21 @@
 //                                  (world size + 1, other split dims), a bad layout and a failing
 //                                  rank leave no checkpoint and reach every rank
 //                                  a late rank makes the others time out, naming it
+//   dist_mpi_check sparse DIR      sparse table "emb" saved sharded (full, then a delta of updates,
+//                                  inserts and deletions), loaded as world - 1, world, world + 1
+//                                  and 1 shards, bit for bit against a reference; a rank passing
+//                                  an id outside its slices fails every rank, nothing committed
 //   dist_mpi_check kill DIR        the last rank kills itself (SIGKILL) while writing its data:
 //                                  the job must end (mpirun exits non-zero) with no commit
 // Exits 0 when every check passed on this rank.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
+#include <limits>
 #include <map>
+#include <random>
 #include <thread>
 
 #include "engine/box.h"
@@ -18,7 +25,9 @@
 #include "savepoint/distributed.h"
 #include "savepoint/mpi.h"
 #include "savepoint/savepoint.h"
+#include "savepoint/sparse.h"
 #include "testutil/forwarding_fs.h"
+#include "testutil/sparse_tables.h"
 #include "testutil/testutil.h"
 
 namespace savepoint {
@@ -186,13 +195,230 @@ int Kill(Communicator& c, const std::string& dir) {
   return s.ok() ? 0 : 1;
 }
 
+// --- sparse: table "emb" saved by every rank (its slices), then a delta, loaded as M shards. ---
+
+constexpr int64_t kSparseDim = 8;
+using SparseRef = std::map<int64_t, int64_t>;  // id -> version of its rows
+
+uint64_t Mix(uint64_t x) {  // splitmix64's finalizer
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// The row of `id` at `version` in slot `slot`: 0 = "embedding" (F32, exact values), 1 =
+// "exp_avg" (BF16, any bits, NaNs included: compared bit for bit).
+void FillRow(int slot, int64_t id, int64_t version, std::span<std::byte> row) {
+  for (int64_t k = 0; k < kSparseDim; ++k) {
+    uint64_t h = Mix(static_cast<uint64_t>(id) ^ Mix(version * 16 + slot * 8 + k));
+    if (slot == 0) {
+      float f = static_cast<float>(h >> 40) / 1024.0f;
+      std::memcpy(row.data() + k * 4, &f, 4);
+    } else {
+      uint16_t b = static_cast<uint16_t>(h);
+      std::memcpy(row.data() + k * 2, &b, 2);
+    }
+  }
+}
+
+// 20,000 ids at version 0: random int64s (half negative) plus, for 1 to 8 shards, the first and
+// last slice of every shard (as a positive and a negative id), and the extreme int64s.
+SparseRef MakeSparseRef(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  SparseRef ref = {{std::numeric_limits<int64_t>::min(), 0},
+                   {std::numeric_limits<int64_t>::max(), 0}};
+  for (int m = 1; m <= 8; ++m) {
+    for (int i = 0; i < m; ++i) {
+      SliceRange s = GenSlice(i, m).value();
+      for (int64_t slice : {s.begin, s.end - 1}) {
+        ref[slice] = 0;
+        ref[slice - 3 * kNumSlices] = 0;
+      }
+    }
+  }
+  while (ref.size() < 20000) ref[static_cast<int64_t>(rng())] = 0;
+  return ref;
+}
+
+struct SparseDelta {
+  std::vector<int64_t> touched;  // updated or inserted, now at version 1
+  std::vector<int64_t> deleted;
+};
+
+// About 5% of the rows updated, 1% deleted and 600 inserted; applied to `ref`.
+SparseDelta MakeSparseDelta(uint64_t seed, SparseRef& ref) {
+  std::mt19937_64 rng(seed);
+  SparseDelta d;
+  for (const auto& [id, version] : ref) {
+    uint64_t x = rng() % 100;
+    if (x < 5) d.touched.push_back(id);
+    if (x == 5) d.deleted.push_back(id);
+  }
+  for (int64_t id : d.deleted) ref.erase(id);
+  for (int64_t id : d.touched) ref[id] = 1;
+  for (int inserted = 0; inserted < 600;) {
+    int64_t id = static_cast<int64_t>(rng());
+    if (ref.count(id) > 0 || std::count(d.deleted.begin(), d.deleted.end(), id) > 0) continue;
+    ref[id] = 1;
+    d.touched.push_back(id);
+    ++inserted;
+  }
+  return d;
+}
+
+std::vector<int64_t> Keys(const SparseRef& ref) {
+  std::vector<int64_t> out;
+  for (const auto& [id, version] : ref) out.push_back(id);
+  return out;
+}
+
+// The ids of `ids` in `range`'s slices, in a hash-like order (not the storage order).
+std::vector<int64_t> Mine(const std::vector<int64_t>& ids, SliceRange range) {
+  std::vector<int64_t> out;
+  for (int64_t id : ids) {
+    if (range.Contains(SliceOf(id))) out.push_back(id);
+  }
+  std::sort(out.begin(), out.end(), [](int64_t a, int64_t b) { return Mix(a) < Mix(b); });
+  return out;
+}
+
+// An owning table of rows `ids` at their versions in `ref` (0 for ids it lacks).
+SparseTable SparseTableOf(const SparseRef& ref, const std::vector<int64_t>& ids) {
+  auto slot = [&ref](int s) {
+    return [&ref, s](int64_t id, std::span<std::byte> row) {
+      auto it = ref.find(id);
+      FillRow(s, id, it == ref.end() ? 0 : it->second, row);
+    };
+  };
+  return testing::MakeTable(ids, {{"embedding", DType::kF32, kSparseDim, slot(0)},
+                                  {"exp_avg", DType::kBF16, kSparseDim, slot(1)}});
+}
+
+// Saves `table` as this rank's rows, with its part of the dense tensors of `g` (DP x TP), at
+// `path`, as a delta of `base` unless empty. A table this rank could not build breaks the group.
+Status SaveSparseRank(Communicator& c, const Globals& g, Result<SparseTable> table,
+                      const std::string& path, const std::string& base) {
+  ShardLayout mine = Layout(g, c.size(), c.rank(), c.size() % 2 == 0 ? 2 : c.size(), 0);
+  State local = Slice(g, mine);
+  Status put = table.ok() ? local.PutTable("emb", std::move(*table)) : table.status();
+  if (!put.ok()) {
+    c.Abort(put);
+    return put;
+  }
+  SparseSaveOptions o;
+  o.save.overwrite = true;
+  o.save.chunk_bytes = 64 << 10;
+  o.base = base;
+  o.timeout = 60s;
+  return SaveSparseDistributed(c, local, mine, path, o);
+}
+
+bool RowMatches(const TensorView& slot, int s, int64_t row, int64_t id, int64_t version) {
+  const uint64_t bytes = SparseTable::RowBytes(slot);
+  std::vector<std::byte> want(bytes);
+  FillRow(s, id, version, want);
+  return std::memcmp(slot.data() + row * bytes, want.data(), bytes) == 0;
+}
+
+// What differs between `t` and the rows of `ref` whose slices lie in `range` ("" when nothing):
+// the slots, the ids (each in `range`, in (slice, id) order, each once, all of them) and the rows.
+std::string TableError(const SparseTable& t, SliceRange range, const SparseRef& ref) {
+  const int64_t n = t.num_rows();
+  const TensorView* emb = t.FindSlot("embedding");
+  const TensorView* avg = t.FindSlot("exp_avg");
+  if (t.slots().size() != 2 || emb == nullptr || avg == nullptr) return "slots differ";
+  if (emb->dtype() != DType::kF32 || avg->dtype() != DType::kBF16 ||
+      emb->shape() != Shape{n, kSparseDim} || avg->shape() != Shape{n, kSparseDim}) {
+    return "slot dtypes or shapes differ";
+  }
+  auto in_range = [&](const auto& e) { return range.Contains(SliceOf(e.first)); };
+  const int64_t want = std::count_if(ref.begin(), ref.end(), in_range);
+  if (n != want) return fmt::format("{} rows, want {}", n, want);
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t id = t.ids()[r];
+    if (!range.Contains(SliceOf(id))) return fmt::format("id {} outside its slices", id);
+    if (r > 0 && std::pair(SliceOf(t.ids()[r - 1]), t.ids()[r - 1]) >= std::pair(SliceOf(id), id))
+      return fmt::format("id {} out of (slice, id) order or repeated", id);
+    auto it = ref.find(id);
+    if (it == ref.end()) return fmt::format("id {} not in the reference", id);
+    if (!RowMatches(*emb, 0, r, id, it->second)) return fmt::format("embedding of id {}", id);
+    if (!RowMatches(*avg, 1, r, id, it->second)) return fmt::format("exp_avg of id {}", id);
+  }
+  return "";
+}
+
+// Loads shard `i` of `m` of `path` and checks its table against `ref` and its dense tensors and
+// value against `g`.
+void CheckShard(const std::string& path, int i, int m, const SparseRef& ref, const Globals& g,
+                int rank) {
+  const std::string what = fmt::format("load {} as shard {} of {}: ", path, i, m);
+  Result<State> got = LoadSparse(path, {.shard_id = i, .shard_num = m});
+  Check(got.ok(), what + got.status().ToString(), rank);
+  if (!got.ok()) return;
+  Check(Equal(Slice(g, {}), *got), what + "dense tensors or values differ", rank);
+  const SparseTable* t = got->FindTable("emb");
+  Check(t != nullptr && got->tables().size() == 1, what + "tables differ", rank);
+  if (t == nullptr) return;
+  std::string err = TableError(*t, GenSlice(i, m).value(), ref);
+  Check(err.empty(), what + err, rank);
+}
+
+// Rank r of n loads shards r, r + n, ... of m (for m = 1, rank 0 loads the whole table): between
+// them, the ranks load every shard.
+void CheckShards(Communicator& c, const std::string& path, int m, const SparseRef& ref,
+                 const Globals& g) {
+  for (int i = c.rank(); i < m; i += c.size()) CheckShard(path, i, m, ref, g, c.rank());
+}
+
+// Rank n - 1 passes one id of rank n - 2's slices: every rank's save fails naming the rank and
+// the id, and nothing is committed.
+void SparseBadId(Communicator& c, const Globals& g, const SparseRef& ref, const std::string& dir) {
+  const int n = c.size(), r = c.rank();
+  if (n == 1) return;
+  std::vector<int64_t> ids = Mine(Keys(ref), GenSlice(r, n).value());
+  const int64_t bad = GenSlice(n - 1, n).value().begin - 1 - 5 * kNumSlices;
+  if (r == n - 1) ids.insert(ids.begin() + static_cast<int64_t>(ids.size() / 2), bad);
+  Status s = SaveSparseRank(c, g, SparseTableOf(ref, ids), dir + "/bad", "");
+  Check(s.code() == StatusCode::kInvalidArgument &&
+            s.message().find(fmt::format("rank {}: ", n - 1)) != std::string::npos &&
+            s.message().find(fmt::format("id {}", bad)) != std::string::npos,
+        "bad id: " + s.ToString(), r);
+  c.Barrier(60s).IgnoreError();
+  Check(!DefaultFileSystem()->Exists(dir + "/bad"), "bad id: committed", r);
+}
+
+void Sparse(Communicator& c, const std::string& dir) {
+  const int n = c.size(), r = c.rank();
+  const Globals g = MakeGlobals(77);
+  SparseRef ref = MakeSparseRef(2024);
+  const SliceRange range = GenSlice(r, n).value();
+  Status s = SaveSparseRank(c, g, SparseTableOf(ref, Mine(Keys(ref), range)), dir + "/full", "");
+  Check(s.ok(), "full save: " + s.ToString(), r);
+  CheckShards(c, dir + "/full", n, ref, g);
+  SparseDelta d = MakeSparseDelta(2025, ref);
+  Result<SparseTable> delta = MakeDelta(SparseTableOf(ref, Mine(Keys(ref), range)),
+                                        Mine(d.touched, range), Mine(d.deleted, range));
+  Check(delta.ok(), "MakeDelta: " + delta.status().ToString(), r);
+  s = SaveSparseRank(c, g, std::move(delta), dir + "/delta", dir + "/full");
+  Check(s.ok(), "delta save: " + s.ToString(), r);
+  for (int m : {n - 1, n, n + 1, 1}) CheckShards(c, dir + "/delta", m, ref, g);
+  if (r == 0) {
+    Result<std::vector<SparseChainLink>> chain = SparseChain(dir + "/delta");
+    Check(chain.ok() && chain->size() == 2 && (*chain)[0].depth == 1,
+          "chain: " + chain.status().ToString(), r);
+  }
+  SparseBadId(c, g, ref, dir);
+}
+
 }  // namespace
 }  // namespace savepoint
 
 int main(int argc, char** argv) {
   using namespace savepoint;
   if (argc != 3) {
-    fmt::print(stderr, "usage: {} roundtrip|kill DIR\n", argv[0]);
+    fmt::print(stderr, "usage: {} roundtrip|sparse|kill DIR\n", argv[0]);
     return 2;
   }
   auto comm = NewMpiCommunicator();
@@ -205,9 +431,13 @@ int main(int argc, char** argv) {
   if (c.rank() == 0) DefaultFileSystem()->CreateDirs(dir).IgnoreError();
   c.Barrier(std::chrono::seconds(60)).IgnoreError();
   if (mode == "kill") return Kill(c, dir);
-  RoundTrip(c, dir);
-  FailingRank(c, dir);
-  LateRank(c, dir);
+  if (mode == "sparse") {
+    Sparse(c, dir);
+  } else {
+    RoundTrip(c, dir);
+    FailingRank(c, dir);
+    LateRank(c, dir);
+  }
   fmt::print("rank {} of {}: {}\n", c.rank(), c.size(), failures == 0 ? "OK" : "FAILED");
   return failures == 0 ? 0 : 1;
 }

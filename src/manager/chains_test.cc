@@ -1,0 +1,81 @@
+// The manager's delta chains: a delta on the newest checkpoint, retention keeping the bases of
+// kept deltas, and the background compaction (run under TSan in CI, beside the manager's mutex).
+#include "manager/chains.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "io/mem_fs.h"
+#include "testutil/sparse_tables.h"
+#include "testutil/testutil.h"
+
+namespace savepoint {
+namespace {
+
+// Rows of ids [0, n) whose values depend on id and version.
+State TableState(const std::vector<int64_t>& ids, float version,
+                 std::vector<int64_t> deleted = {}) {
+  testing::TableSlot slot{"embedding", DType::kF32, 4, [version](int64_t id, auto row) {
+                            auto* f = reinterpret_cast<float*>(row.data());
+                            for (int k = 0; k < 4; ++k) f[k] = version * 1000 + id + k;
+                          }};
+  State s;
+  EXPECT_TRUE(s.PutTable("emb", testing::MakeTable(ids, {slot}, deleted)).ok());
+  return s;
+}
+
+std::map<int64_t, float> Rows(const State& s) {
+  std::map<int64_t, float> out;
+  const SparseTable* t = s.FindTable("emb");
+  if (t == nullptr) return out;
+  const float* f = reinterpret_cast<const float*>(t->slots()[0].view.data());
+  for (size_t i = 0; i < t->ids().size(); ++i) out[t->ids()[i]] = f[i * 4];
+  return out;
+}
+
+std::vector<int64_t> Steps(CheckpointManager& m) { return m.AllSteps(); }
+
+TEST(ManagerChains, DeltasKeepBasesAndCompactInTheBackground) {
+  MemFileSystem fs;
+  ManagerOptions o;
+  o.directory = "/ckpt";
+  o.io.fs = &fs;
+  o.keep_last_n = 1;
+  o.compaction.max_depth = 2;
+  o.compaction.max_delta_ratio = 1e9;
+  auto m = CheckpointManager::Open(o).value();
+  std::map<int64_t, float> ref;
+  std::vector<int64_t> all;
+  for (int64_t i = 0; i < 100; ++i) all.push_back(i * 7 - 300);
+  ASSERT_TRUE(m->Save(1, TableState(all, 1)).ok());
+  for (int64_t id : all) ref[id] = 1000 + id;
+  SaveArgs delta;
+  delta.delta = true;
+  for (int64_t step = 2; step <= 4; ++step) {
+    const std::vector<int64_t> touched = {all[step], all[step + 10]};
+    const std::vector<int64_t> gone = {all[50 + step]};
+    Result<bool> saved = m->Save(step, TableState(touched, step, gone), delta);
+    ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+    for (int64_t id : touched) ref[id] = step * 1000 + id;
+    ref.erase(gone[0]);
+    std::vector<int64_t> kept;  // keep_last_n = 1, but the newest delta needs its whole chain
+    for (int64_t s = 1; s <= step; ++s) kept.push_back(s);
+    if (step < 4) {
+      EXPECT_EQ(Steps(*m), kept);
+    }
+  }
+  SP_ASSERT_OK(m->Wait());  // step 4's chain (3 deltas > 2) is compacted, its bases deleted
+  EXPECT_EQ(Steps(*m), (std::vector<int64_t>{4}));
+  Result<std::vector<SparseChainLink>> chain = SparseChain("/ckpt/ckpt-1_4", {.fs = &fs});
+  ASSERT_TRUE(chain.ok()) << chain.status().ToString();
+  EXPECT_EQ(chain->size(), 1u);
+  EXPECT_FALSE(fs.Exists("/ckpt/ckpt-1_1"));
+  Result<State> restored = m->Restore();
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  EXPECT_EQ(Rows(*restored), ref);
+  SP_ASSERT_OK(m->Close());
+}
+
+}  // namespace
+}  // namespace savepoint

@@ -1,0 +1,215 @@
+// Tables of more than 2^32 rows, on the in-memory file system: row counts, offsets and byte counts
+// are 64-bit and overflow-checked. A real table that large does not fit in memory (ids alone take
+// 8 bytes a row: 32 GiB), so the checkpoint is forged: a manifest claiming kRows rows over a data
+// file that reads as zeros except for its header, the slice counts and the last kTail rows (a
+// VirtualFile), each chunk with its true CRC. A loader of one shard reads the counts, sums them
+// into a row range past 2^32 and reads just its chunks there.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+#include <map>
+
+#include "format/manifest.h"
+#include "io/mem_fs.h"
+#include "savepoint/sparse.h"
+#include "testutil/forwarding_fs.h"
+#include "testutil/testutil.h"
+#include "util/crc32c.h"
+
+namespace savepoint::sparse {
+namespace {
+
+constexpr int64_t kRows = (int64_t{1} << 32) + (int64_t{1} << 19);  // its bytes: whole chunks
+constexpr int64_t kTail = 10;                                       // 5 in slice 32768, 5 in 65535
+constexpr uint64_t kChunk = uint64_t{4} << 20;
+
+// A file of `size` bytes reading as zeros except at `extents` (offset -> bytes).
+class VirtualFile final : public RandomAccessFile {
+ public:
+  VirtualFile(std::string path, uint64_t size, const std::map<uint64_t, std::string>* extents)
+      : path_(std::move(path)), size_(size), extents_(extents) {}
+  Status ReadAt(uint64_t offset, std::span<std::byte> dst) const override {
+    if (offset > size_ || dst.size() > size_ - offset) {
+      return OutOfRangeError(
+          fmt::format("{}: read of {} at {} past {}", path_, dst.size(), offset, size_));
+    }
+    std::memset(dst.data(), 0, dst.size());
+    for (const auto& [at, bytes] : *extents_) {
+      const uint64_t begin = std::max(at, offset),
+                     end = std::min(at + bytes.size(), offset + dst.size());
+      if (begin < end)
+        std::memcpy(dst.data() + (begin - offset), bytes.data() + (begin - at), end - begin);
+    }
+    return Status::OK();
+  }
+  uint64_t size() const override { return size_; }
+  bool direct() const override { return false; }
+  const std::string& path() const override { return path_; }
+
+ private:
+  std::string path_;
+  uint64_t size_;
+  const std::map<uint64_t, std::string>* extents_;
+};
+
+// The in-memory file system, with file `path` replaced by a VirtualFile.
+class VirtualFs final : public testing::ForwardingFileSystem {
+ public:
+  explicit VirtualFs(FileSystem* base) : ForwardingFileSystem(base) {}
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& p,
+                                                                const FileOptions& o) override {
+    if (p != path) return ForwardingFileSystem::NewRandomAccessFile(p, o);
+    return std::unique_ptr<RandomAccessFile>(std::make_unique<VirtualFile>(p, size, &extents));
+  }
+  Result<FileInfo> Stat(const std::string& p) override {
+    SP_ASSIGN_OR_RETURN(FileInfo info, ForwardingFileSystem::Stat(p));
+    if (p == path) info.size = size;
+    return info;
+  }
+  // The CRC32C of chunk `c` of the `bytes` bytes at `offset`.
+  uint32_t ChunkCrc(uint64_t offset, uint64_t bytes, uint64_t c) const {
+    std::string buf(format::ChunkLen(bytes, c, kChunk), '\0');
+    VirtualFile f(path, size, &extents);
+    (void)f.ReadAt(offset + c * kChunk, std::as_writable_bytes(std::span(buf)));
+    return Crc32c(buf);
+  }
+
+  std::string path;
+  uint64_t size = 0;
+  std::map<uint64_t, std::string> extents;
+};
+
+int64_t TailId(int64_t i) { return i < 5 ? 32768 + i * 65536 : 65535 + (i - 5) * 65536; }
+float TailValue(int64_t i, int64_t k) { return static_cast<float>(TailId(i)) * 0.5f + k; }
+
+template <typename T>
+std::string Bytes(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+class LargeTableTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    counts_.assign(kNumSlices, 0);
+    counts_[0] = kRows - kTail;
+    counts_[32768] = counts_[65535] = 5;
+  }
+
+  // Forges /ck: kRows rows, slice counts `counts_`, a data file of `file_bytes` (0: all of it).
+  void Forge(uint64_t file_bytes = 0) {
+    std::vector<int64_t> ids(kTail);
+    std::vector<float> emb(kTail * 2);
+    for (int64_t i = 0; i < kTail; ++i) {
+      ids[i] = TailId(i);
+      emb[i * 2] = TailValue(i, 0);
+      emb[i * 2 + 1] = TailValue(i, 1);
+    }
+    State s;
+    SP_ASSERT_OK(s.PutTable(
+        "emb",
+        SparseTable::FromViews(TensorView(ids.data(), DType::kI64, {kTail}),
+                               {{"embedding", TensorView(emb.data(), DType::kF32, {kTail, 2})},
+                                {"flag", TensorView(emb.data(), DType::kF32, {kTail, 0})}})
+            .value()));
+    SparseSaveOptions o;
+    o.save.chunk_bytes = kChunk;
+    o.save.overwrite = true;
+    SP_ASSERT_OK(SaveSparse(s, "/ck", o, {.fs = &mem_, .direct_io = false}));
+    SP_ASSERT_OK_AND_ASSIGN(std::string bytes, mem_.ReadFile("/ck/MANIFEST", 1 << 26));
+    SP_ASSERT_OK_AND_ASSIGN(format::Manifest m, format::DecodeManifest(bytes, "m"));
+    ASSERT_EQ(m.files.size(), 1u);
+    fs_.path = "/ck/" + m.files[0].name;
+    const uint64_t slices = 4096, id_at = slices + kNumSlices * 8, emb_at = id_at + kRows * 8;
+    fs_.size = emb_at + kRows * 8;
+    fs_.extents = {{0, format::EncodeDataHeader(m.checkpoint_id, 0, m.version)},
+                   {slices, Bytes(counts_)},
+                   {id_at + (kRows - kTail) * 8, Bytes(ids)},
+                   {emb_at + (kRows - kTail) * 8, Bytes(emb)}};
+    m.files[0].bytes = fs_.size;
+    for (format::TensorRecord& t : m.tensors) {
+      if (t.name.ends_with("/slice_rows")) Place(t, slices, kNumSlices * 8);
+      if (t.name.ends_with("/ids")) Place(t, id_at, kRows * 8);
+      if (t.name.ends_with("/embedding")) Place(t, emb_at, kRows * 8);
+      if (t.name.ends_with("/flag")) Place(t, fs_.size, 0);
+    }
+    SP_ASSERT_OK(mem_.WriteFileSynced("/ck/MANIFEST", format::EncodeManifest(m)));
+    if (file_bytes != 0) fs_.size = file_bytes;
+  }
+
+  // Makes `t` (whose dim 0 becomes kRows) one shard of `bytes` bytes at `offset` of the file.
+  void Place(format::TensorRecord& t, uint64_t offset, uint64_t bytes) {
+    if (t.shape[0] != kNumSlices) t.shape[0] = kRows;
+    format::ShardRecord& s = t.shards.at(0);
+    s.sizes = t.shape;
+    s.offset = offset;
+    s.bytes = bytes;
+    s.crc32c.clear();
+    const uint64_t chunks = format::NumChunks(bytes, kChunk);
+    const uint32_t zeros = chunks > 1 ? fs_.ChunkCrc(offset, bytes, 0) : 0;  // chunk 0 is all zero
+    for (uint64_t c = 0; c < chunks; ++c) {
+      s.crc32c.push_back(c == 0 || c + 2 >= chunks ? fs_.ChunkCrc(offset, bytes, c) : zeros);
+    }
+  }
+
+  Result<State> LoadShard(int shard_id) {
+    return LoadSparse("/ck", {.shard_id = shard_id, .shard_num = 65536},
+                      {.fs = &fs_, .direct_io = false});
+  }
+
+  MemFileSystem mem_;
+  VirtualFs fs_{&mem_};
+  std::vector<int64_t> counts_;
+};
+
+TEST_F(LargeTableTest, ShardsPast2To32RowsLoadExactly) {
+  ASSERT_NO_FATAL_FAILURE(Forge());
+  for (int64_t shard : {32768, 65535}) {
+    SCOPED_TRACE(shard);
+    SP_ASSERT_OK_AND_ASSIGN(State s, LoadShard(static_cast<int>(shard)));
+    const SparseTable* t = s.FindTable("emb");
+    ASSERT_NE(t, nullptr);
+    ASSERT_EQ(t->num_rows(), 5);
+    const int64_t first = shard == 32768 ? 0 : 5;
+    const float* emb = reinterpret_cast<const float*>(t->FindSlot("embedding")->data());
+    for (int64_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(t->ids()[i], TailId(first + i));
+      EXPECT_EQ(emb[i * 2], TailValue(first + i, 0));
+      EXPECT_EQ(emb[i * 2 + 1], TailValue(first + i, 1));
+    }
+    EXPECT_EQ(t->FindSlot("flag")->shape(), (Shape{5, 0}));
+  }
+  SP_ASSERT_OK_AND_ASSIGN(State none, LoadShard(1));  // slice 1: no rows
+  EXPECT_EQ(none.FindTable("emb")->num_rows(), 0);
+}
+
+::testing::AssertionResult Corrupt(const Status& s, std::string_view needle) {
+  if (s.code() == StatusCode::kCorruption && s.message().find(needle) != std::string::npos) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << s.ToString();
+}
+
+TEST_F(LargeTableTest, CountsPastTheRowsAreCorruption) {
+  counts_[0] = kRows - kTail + 1;  // one row more than stored
+  ASSERT_NO_FATAL_FAILURE(Forge());
+  EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "past the 4295491584 stored"));
+}
+
+TEST_F(LargeTableTest, CountsWhoseSumOverflowsAreCorruption) {
+  counts_[1] = std::numeric_limits<int64_t>::max();  // kRows - kTail + this wraps an int64
+  ASSERT_NO_FATAL_FAILURE(Forge());
+  EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "slice 1 counts 9223372036854775807 rows"));
+  counts_[1] = -(int64_t{1} << 40);
+  ASSERT_NO_FATAL_FAILURE(Forge());
+  EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "or negative"));
+}
+
+TEST_F(LargeTableTest, TruncatedDataIsCorruption) {
+  ASSERT_NO_FATAL_FAILURE(Forge(uint64_t{1} << 32));  // the rows past 2^29 are missing
+  EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "truncated"));
+}
+
+}  // namespace
+}  // namespace savepoint::sparse
