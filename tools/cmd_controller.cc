@@ -67,7 +67,9 @@ int RunController(ControllerArgs& a) {
     const char* env = std::getenv("SAVEPOINT_CONTROLLER");
     a.options.listen = env != nullptr ? env : "127.0.0.1:0";
   }
-  a.options.naming = a.naming == "mindspore" ? DumpNaming::kMindSpore : DumpNaming::kManager;
+  a.options.naming = a.naming == "mindspore"        ? DumpNaming::kMindSpore
+                     : a.naming == "mindspore-ckpt" ? DumpNaming::kMindSporeCkpt
+                                                    : DumpNaming::kManager;
   a.options.heartbeat_interval = std::chrono::milliseconds(a.heartbeat_ms);
   a.options.heartbeat_timeout = std::chrono::milliseconds(a.timeout_ms);
   Result<std::unique_ptr<FailoverController>> c = FailoverController::Start(a.options);
@@ -100,8 +102,10 @@ void RegisterController(CLI::App& app, int* exit_code) {
   sub->add_option("--prefix", args->options.prefix, "Name prefix of dumps")->capture_default_str();
   sub->add_option("--naming", args->naming,
                   "manager: {prefix}-{epoch}_{step}_failover; mindspore: "
-                  "tft_saved_checkpoints-step_{step}")
-      ->check(CLI::IsMember({"manager", "mindspore"}))
+                  "tft_saved_checkpoints-step_{step} (native checkpoint); mindspore-ckpt: "
+                  "tft_saved_checkpoints-step_{step}/rank_{r}/ttp_rank_{r}-{epoch}_{step}.ckpt "
+                  "for every rank (MindSpore .ckpt files)")
+      ->check(CLI::IsMember({"manager", "mindspore", "mindspore-ckpt"}))
       ->capture_default_str();
   sub->add_option("--heartbeat-ms", args->heartbeat_ms, "Heartbeat interval of the agents")
       ->check(CLI::Range(int64_t{1}, int64_t{60000}))

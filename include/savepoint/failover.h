@@ -9,8 +9,9 @@
 // the newest step that every group can provide. When some group cannot, nothing is written (a
 // torn state is worse than none) and the reason names the group.
 //
-// This header is the pure part, in libsavepoint: no I/O, no threads. The controller and the agents
-// that carry the reports over gRPC are in savepoint/failover_rpc.h (library savepoint_failover).
+// This header is the pure part, in libsavepoint: no threads, and no I/O except SaveMindSporeDump
+// (the .ckpt layout's files, over a Communicator). The controller and the agents that carry the
+// reports over gRPC are in savepoint/failover_rpc.h (library savepoint_failover).
 //
 // Thread safety: the functions are pure and reentrant.
 #ifndef SAVEPOINT_FAILOVER_H_
@@ -20,8 +21,10 @@
 #include <string>
 #include <vector>
 
+#include "savepoint/comm.h"
 #include "savepoint/distributed.h"
 #include "savepoint/export.h"
+#include "savepoint/io_options.h"
 #include "savepoint/state.h"
 #include "savepoint/status.h"
 
@@ -81,6 +84,32 @@ SAVEPOINT_API std::string FailureDumpName(const std::string& prefix, int64_t epo
 
 // The MindSpore-style directory of seed 004: "tft_saved_checkpoints-step_{step}".
 SAVEPOINT_API std::string MindSporeDumpName(int64_t step);
+
+// The file of `rank` inside a MindSpore-layout dump directory (seed 004):
+// "rank_{rank}/ttp_rank_{rank}-{epoch}_{step_in_epoch}.ckpt".
+SAVEPOINT_API std::string MindSporeRankCheckpointPath(int rank, int64_t epoch,
+                                                      int64_t step_in_epoch);
+
+// OK when every rank of a job of `world` ranks lies in exactly one of `groups` (pure data
+// parallel, or groups that partition the ranks), which the MindSpore .ckpt layout needs: there,
+// rank r's file holds r's whole state, written by one member of r's group. FailedPrecondition
+// naming the first rank whose state spans several groups (or none), telling to use the native
+// layout.
+SAVEPOINT_API Status CheckMindSporeDumpGroups(const std::vector<ReplicaGroup>& groups, int world);
+
+// Writes a MindSpore-layout dump, all or nothing, from the dump's writers (`comm`; every writer
+// calls it): writer 0 begins the durable commit of the directory `dir` (a hidden temporary
+// sibling; AlreadyExists if `dir` exists) and broadcasts the temporary; each writer writes
+// `state` (its whole state at the dumped step) as a MindSpore .ckpt with the CRC trailer
+// (SaveMindSporeCheckpoint, durably) at MindSporeRankCheckpointPath(r, epoch, step_in_epoch) for
+// every r of `ranks` (the ranks whose state it holds); writer 0 gathers the writers' statuses and
+// renames the temporary to `dir` only when all succeeded (else removes it), then broadcasts the
+// result, which every writer returns. A writer that fails or dies breaks the collectives: nothing
+// appears at `dir`. Each collective waits at most `timeout`.
+SAVEPOINT_API Status SaveMindSporeDump(Communicator& comm, const State& state,
+                                       const std::vector<int>& ranks, const std::string& dir,
+                                       int64_t epoch, int64_t step_in_epoch, Timeout timeout,
+                                       const IoOptions& io = {});
 
 // Reduces a rank's state to what it writes in a dump: the tensors whose replica group (as in
 // ReplicaGroupsOf) is one of `assigned`, each as a box written by `writer` alone (its replicas

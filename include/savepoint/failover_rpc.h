@@ -110,10 +110,21 @@ class SAVEPOINT_API FailoverAgent {
   virtual void PauseHeartbeatsForTesting(bool paused) = 0;
 };
 
-// How a failure dump is named in ControllerOptions::directory.
+// How a failure dump is named and laid out in ControllerOptions::directory.
 enum class DumpNaming {
-  kManager,    // FailureDumpName(prefix, epoch, step_in_epoch): CheckpointManager indexes it
-  kMindSpore,  // MindSporeDumpName(step): "tft_saved_checkpoints-step_{n}"
+  // A native savepoint checkpoint named FailureDumpName(prefix, epoch, step_in_epoch):
+  // CheckpointManager indexes it. The default.
+  kManager,
+  // A native savepoint checkpoint named MindSporeDumpName(step): "tft_saved_checkpoints-step_{n}".
+  kMindSpore,
+  // Seed 004's MindSpore layout: the directory MindSporeDumpName(step) holds, for every rank r of
+  // the job (dead ones included), MindSporeRankCheckpointPath(r, epoch, step_in_epoch) =
+  // "rank_{r}/ttp_rank_{r}-{epoch}_{step_in_epoch}.ckpt", a MindSpore .ckpt (with the CRC
+  // trailer) of r's whole state at step n, written by the writer of r's replica group
+  // (SaveMindSporeDump; AgentOptions::save does not apply). Needs every rank's state in exactly
+  // one group (CheckMindSporeDumpGroups), else the dump fails with FailedPrecondition. Not
+  // indexed by CheckpointManager: it is for MindSpore's load_checkpoint.
+  kMindSporeCkpt,
 };
 
 struct SAVEPOINT_API ControllerOptions {

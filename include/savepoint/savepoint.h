@@ -21,6 +21,7 @@
 #include "savepoint/manager.h"             // IWYU pragma: export
 #include "savepoint/mindspore.h"           // IWYU pragma: export
 #include "savepoint/mindspore_strategy.h"  // IWYU pragma: export
+#include "savepoint/recis.h"               // IWYU pragma: export
 #include "savepoint/safetensors.h"         // IWYU pragma: export
 #include "savepoint/sparse.h"              // IWYU pragma: export
 #include "savepoint/state.h"               // IWYU pragma: export

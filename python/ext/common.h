@@ -125,6 +125,8 @@ void BindDcp(nb::module_& m);
 void BindTorchDistributed(nb::module_& m);
 void BindSparse(nb::module_& m);
 void BindRecis(nb::module_& m);
+// failover.cc, built only with savepoint_failover (SAVEPOINT_PY_FAILOVER).
+void BindFailover(nb::module_& m);
 
 }  // namespace savepoint::python
 

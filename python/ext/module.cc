@@ -182,6 +182,9 @@ NB_MODULE(_core, m) {
   BindTorchDistributed(m);
   BindSparse(m);
   BindRecis(m);
+#ifdef SAVEPOINT_PY_FAILOVER
+  BindFailover(m);
+#endif
   m.def("match_name", &savepoint::MatchesName, nb::arg("pattern"), nb::arg("name"),
         "Whether the pattern selects the entry name (savepoint::MatchesName: the one name rule).");
   m.def(

@@ -47,6 +47,7 @@ from ._save import AsyncCheckpointer, SaveFuture, default_checkpointer, save
 from ._sparse import DirtyTracker, SparseTable, gen_slice
 from ._sparse_io import chain as sparse_chain
 from ._sparse_io import compact, load_tables, should_compact
+from . import failover as failover  # savepoint.failover: failure-time checkpoints
 
 __version__ = _core.__version__
 

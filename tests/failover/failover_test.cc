@@ -12,6 +12,7 @@
 
 #include "savepoint/failover_rpc.h"
 #include "savepoint/manager.h"
+#include "savepoint/mindspore.h"
 #include "savepoint/savepoint.h"
 #include "testutil/testutil.h"
 
@@ -271,6 +272,156 @@ TEST(FailoverTest, DeathMidUpdateDumpsTheSurvivorsStep) {
   SP_ASSERT_OK_AND_ASSIGN(State loaded, Load(out.dump_path));
   EXPECT_EQ(reinterpret_cast<const float*>(loaded.FindTensor("w")->data())[3],
             WeightAt(out.dump_step, 3));
+}
+
+// The names under `dir`, sorted.
+std::vector<std::string> Names(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    names.push_back(e.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+int64_t IntOf(const State& s, const std::string& name) {
+  if (const Value* v = s.FindValue(name)) return v->as_int();
+  const TensorView* t = s.FindTensor(name);  // an Int64 scalar entry, if not restored as a value
+  return t == nullptr ? -1 : *reinterpret_cast<const int64_t*>(t->data());
+}
+
+// A DumpNaming::kMindSporeCkpt dump of `world` ranks at out.dump_step: rank_0..rank_{world-1},
+// each with exactly one .ckpt holding the state of step n (rows from `first_row(r)` of w).
+void ExpectCkptDump(const JobOutcome& out, int world, const std::function<int(int)>& first_row) {
+  ASSERT_TRUE(out.dumped) << out.dump_status.ToString();
+  const int64_t n = out.dump_step;
+  EXPECT_EQ(std::filesystem::path(out.dump_path).filename(), MindSporeDumpName(n));
+  std::vector<std::string> want;
+  for (int r = 0; r < world; ++r) want.push_back("rank_" + std::to_string(r));
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(Names(out.dump_path), want);
+  for (int r = 0; r < world; ++r) {
+    const std::filesystem::path file =
+        std::filesystem::path(out.dump_path) / MindSporeRankCheckpointPath(r, 1, n);
+    EXPECT_EQ(Names(file.parent_path().string()),
+              std::vector<std::string>{file.filename().string()});
+    SP_ASSERT_OK_AND_ASSIGN(State loaded, LoadMindSporeCheckpoint(file.string()));
+    const TensorView* w = loaded.FindTensor("w");
+    ASSERT_NE(w, nullptr) << file;
+    ASSERT_EQ(w->shape(), (Shape{kElems}));
+    for (int i = 0; i < kElems; ++i) {
+      EXPECT_EQ(reinterpret_cast<const float*>(w->data())[i], WeightAt(n, i + first_row(r)))
+          << file << " element " << i;
+    }
+    EXPECT_EQ(IntOf(loaded, "failover.step"), n);
+    EXPECT_EQ(IntOf(loaded, "step_num"), n);
+    EXPECT_EQ(IntOf(loaded, "epoch_num"), 1);
+    EXPECT_EQ(IntOf(loaded, "loader.position"), n * 32);
+    EXPECT_EQ(loaded.metadata().at("savepoint.manager").at("step"), n);
+  }
+}
+
+void RunCkptDataParallel(int victim) {
+  testing::TempDir dir;
+  std::vector<Rank> ranks(4);
+  ranks[victim].at_step_end = DieAfter(5);
+  ControllerOptions co = Options(4, dir.path());
+  co.naming = DumpNaming::kMindSporeCkpt;
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, co, 1000));
+  EXPECT_EQ(out.failed_rank, victim);
+  ExpectCkptDump(out, 4, [](int) { return 0; });
+  EXPECT_EQ(Names(dir.path()), std::vector<std::string>{MindSporeDumpName(out.dump_step)});
+}
+
+TEST(FailoverCkptLayoutTest, DataParallelWritesEveryRanksFile) { RunCkptDataParallel(2); }
+
+TEST(FailoverCkptLayoutTest, Rank0DiesDataParallel) { RunCkptDataParallel(0); }
+
+TEST(FailoverCkptLayoutTest, TwoGroupsWriteTheirHalves) {
+  testing::TempDir dir;
+  std::vector<Rank> ranks(4);
+  TwoGroups(ranks);
+  ranks[0].at_step_end = DieAfter(4);
+  ControllerOptions co = Options(4, dir.path());
+  co.naming = DumpNaming::kMindSporeCkpt;
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, co, 1000));
+  EXPECT_EQ(out.writers.size(), 2u);
+  ExpectCkptDump(out, 4, [](int r) { return r % 2 * kElems; });
+}
+
+TEST(FailoverCkptLayoutTest, StateSpanningGroupsFailsAndLeavesNothing) {
+  testing::TempDir dir;
+  std::vector<Rank> ranks(4);
+  TwoGroups(ranks);
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    ranks[r].groups.push_back({0, 1, 2, 3});  // plus a replicated part: two groups per rank
+  }
+  ranks[1].at_step_end = DieAfter(4);
+  ControllerOptions co = Options(4, dir.path());
+  co.naming = DumpNaming::kMindSporeCkpt;
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, co, 1000));
+  ASSERT_TRUE(out.failure);
+  EXPECT_FALSE(out.dumped);
+  EXPECT_EQ(out.dump_status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(out.dump_status.message().find("use the native layout"), std::string::npos)
+      << out.dump_status.ToString();
+  EXPECT_TRUE(Names(dir.path()).empty());
+}
+
+TEST(FailoverCkptLayoutTest, DyingWriterCommitsNothing) {
+  testing::TempDir dir;
+  std::vector<Rank> ranks(4);
+  TwoGroups(ranks);
+  ranks[0].at_step_end = DieAfter(3);
+  // Rank 2, the only writer left for rows [0, 8), dies while writer 0 (rank 1) has begun.
+  std::thread killer;
+  ranks[2].source_hook = [&killer](Rank& me) -> Result<DumpSource> {
+    killer = std::thread([&me] { me.agent->Abandon(); });
+    std::this_thread::sleep_for(800ms);
+    return SourceOf(me);
+  };
+  ControllerOptions co = Options(4, dir.path());
+  co.naming = DumpNaming::kMindSporeCkpt;
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, co, 1000));
+  if (killer.joinable()) killer.join();
+  ASSERT_TRUE(out.failure);
+  EXPECT_FALSE(out.dumped);
+  EXPECT_NE(out.dump_status.message().find("died during the dump"), std::string::npos)
+      << out.dump_status.ToString();
+  for (const std::string& name : Names(dir.path())) ADD_FAILURE() << "left " << name;
+}
+
+TEST(FailoverCkptLayoutTest, NamesAndGroupCheck) {
+  EXPECT_EQ(MindSporeRankCheckpointPath(3, 2, 17), "rank_3/ttp_rank_3-2_17.ckpt");
+  SP_EXPECT_OK(CheckMindSporeDumpGroups(DataParallelGroups(4), 4));
+  SP_EXPECT_OK(CheckMindSporeDumpGroups({{0, 2}, {1, 3}}, 4));
+  EXPECT_EQ(CheckMindSporeDumpGroups({{0, 2}, {1, 3}, {0, 1, 2, 3}}, 4).code(),
+            StatusCode::kFailedPrecondition);
+  Status missing = CheckMindSporeDumpGroups({{0, 1}}, 3);
+  EXPECT_NE(missing.message().find("rank 2 is in no group"), std::string::npos)
+      << missing.ToString();
+}
+
+// SaveMindSporeDump over thread communicators: a writer whose file cannot be written (a dtype
+// MindSpore lacks) makes the whole dump fail on every writer, and nothing appears.
+TEST(FailoverCkptLayoutTest, FailingWriterLeavesNothing) {
+  testing::TempDir dir;
+  const std::string path = dir.path() + "/" + MindSporeDumpName(7);
+  std::vector<float> w(kElems, 1.0f);
+  auto comms = NewThreadCommunicators(2);
+  std::vector<Status> results(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      State s;
+      s.PutView("w", TensorView(w.data(), i == 0 ? DType::kF32 : DType::kC64, {kElems / 2}))
+          .IgnoreError();
+      results[i] = SaveMindSporeDump(*comms[i], s, {i, i + 2}, path, 1, 7, 10s);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const Status& s : results) EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  for (const std::string& name : Names(dir.path())) ADD_FAILURE() << "left " << name;
 }
 
 TEST(FailoverTest, OnlyReplicaStuckMidUpdateMeansNoDump) {

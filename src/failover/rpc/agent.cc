@@ -7,8 +7,10 @@
 // The training thread only touches the step state under mu_ (BeginUpdate / EndUpdate), and parks
 // in BeginUpdate once the controller has stopped the job.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -62,6 +64,46 @@ Status AddDumpRecord(State* share, int64_t step, int64_t epoch, int64_t step_in_
                                {"failover", true}};
   meta["step"] = step;
   return Status::OK();
+}
+
+// What a writer puts in each .ckpt file of a DumpNaming::kMindSporeCkpt dump: its whole state,
+// which must lie in the groups it was assigned (each rank's state in one group), with the dump
+// record and MindSpore's "epoch_num" / "step_num" (unless the state has values of those names).
+Result<State> CkptShare(const DumpSource& src, const failover::rpc::Dump& d, int rank, int world) {
+  const std::vector<ReplicaGroup> assigned = failover::GroupsFromProto(d.groups());
+  SP_ASSIGN_OR_RETURN(std::vector<ReplicaGroup> mine,
+                      ReplicaGroupsOf(src.state, src.layout, rank, world));
+  for (const ReplicaGroup& g : mine) {
+    if (std::find(assigned.begin(), assigned.end(), g) == assigned.end()) {
+      return FailedPreconditionError(fmt::format(
+          "rank {} holds state of replica group {}, which it does not write: the MindSpore .ckpt "
+          "dump layout needs each rank's whole state in one group; use the native layout",
+          rank, fmt::join(g, ",")));
+    }
+  }
+  ShardLayout unused;
+  SP_ASSIGN_OR_RETURN(State share,
+                      DumpShare(src.state, src.layout, rank, world, assigned, d.writer(), &unused));
+  SP_RETURN_IF_ERROR(AddDumpRecord(&share, d.step(), d.epoch(), d.step_in_epoch(), rank));
+  if (!share.FindValue("epoch_num")) SP_RETURN_IF_ERROR(share.PutValue("epoch_num", d.epoch()));
+  if (!share.FindValue("step_num")) SP_RETURN_IF_ERROR(share.PutValue("step_num", d.step()));
+  return share;
+}
+
+// Writes a DumpNaming::kMindSporeCkpt dump: the files of every rank of the assigned groups.
+Status DumpCkpt(const failover::rpc::Dump& d, const DumpSource& src, int rank, int world,
+                Communicator& comm, const IoOptions& io) {
+  Result<State> share = CkptShare(src, d, rank, world);
+  if (!share.ok()) {
+    comm.Abort(share.status());  // the other writers fail now rather than at their timeout
+    return share.status();
+  }
+  std::vector<int> ranks;
+  for (const ReplicaGroup& g : failover::GroupsFromProto(d.groups())) {
+    ranks.insert(ranks.end(), g.begin(), g.end());
+  }
+  return SaveMindSporeDump(comm, *share, ranks, d.path(), d.epoch(), d.step_in_epoch(),
+                           std::chrono::milliseconds(d.timeout_ms()), io);
 }
 
 class Agent final : public FailoverAgent {
@@ -255,13 +297,14 @@ Status Agent::Dump(const failover::rpc::Dump& d) {
   }
   if (!o_.source) return FailedPreconditionError("no dump source");
   SP_ASSIGN_OR_RETURN(DumpSource src, o_.source());
+  auto comm =
+      failover::NewRelayCommunicator(stub_.get(), o_.token, d.dump_id(), d.writer(), d.writers());
+  if (d.mindspore_ckpt()) return DumpCkpt(d, src, o_.rank, o_.world, *comm, o_.io);
   ShardLayout layout;
   SP_ASSIGN_OR_RETURN(State share,
                       DumpShare(src.state, src.layout, o_.rank, o_.world,
                                 failover::GroupsFromProto(d.groups()), d.writer(), &layout));
   SP_RETURN_IF_ERROR(AddDumpRecord(&share, d.step(), epoch, step_in_epoch, o_.rank));
-  auto comm =
-      failover::NewRelayCommunicator(stub_.get(), o_.token, d.dump_id(), d.writer(), d.writers());
   DistributedSaveOptions so;
   so.save = o_.save;
   so.save.overwrite = false;

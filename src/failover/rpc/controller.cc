@@ -356,16 +356,22 @@ std::vector<RankReport> Controller::ParkSurvivors(int64_t until_step) {
 
 std::string Controller::DumpPath(int source) const {
   const failover::rpc::StepState& st = slots_[source].state;
-  std::string name = o_.naming == DumpNaming::kMindSpore
-                         ? MindSporeDumpName(st.step())
-                         : FailureDumpName(o_.prefix, st.epoch(), st.step_in_epoch());
+  std::string name = o_.naming == DumpNaming::kManager
+                         ? FailureDumpName(o_.prefix, st.epoch(), st.step_in_epoch())
+                         : MindSporeDumpName(st.step());
   return (std::filesystem::path(o_.directory) / name).string();
 }
 
 void Controller::RunDump(const DumpPlan& plan) {
   std::unique_lock lock(mu_);
   const std::vector<ReplicaGroup> groups = Groups();
+  const bool ckpt = o_.naming == DumpNaming::kMindSporeCkpt;
+  if (Status s = ckpt ? CheckMindSporeDumpGroups(groups, o_.world) : Status::OK(); !s.ok()) {
+    outcome_.dump_status = s.WithContext("no dump");
+    return;
+  }
   const std::string path = DumpPath(plan.dumpers[0]);
+  const failover::rpc::StepState& at = slots_[plan.dumpers[0]].state;
   dump_ = DumpRounds{RandomId(), plan.dumpers, Status::OK(), {}};
   for (size_t w = 0; w < plan.dumpers.size(); ++w) {
     ControllerMessage m;
@@ -376,6 +382,9 @@ void Controller::RunDump(const DumpPlan& plan) {
     d->set_writer(static_cast<int>(w));
     d->set_writers(static_cast<int>(plan.dumpers.size()));
     d->set_timeout_ms(o_.dump_timeout.count());
+    d->set_mindspore_ckpt(ckpt);
+    d->set_epoch(at.epoch());
+    d->set_step_in_epoch(at.step_in_epoch());
     std::vector<ReplicaGroup> mine;
     for (size_t g = 0; g < groups.size(); ++g) {
       if (plan.source_of_group[g] == plan.dumpers[w]) mine.push_back(groups[g]);
@@ -397,8 +406,11 @@ void Controller::RunDump(const DumpPlan& plan) {
   }
   const Slot& coordinator = slots_[plan.dumpers[0]];
   Status s = coordinator.dump_done.value_or(dump_->broken);
-  // A coordinator that died after its commit: the rename is atomic, so the MANIFEST tells.
-  if (!coordinator.dump_done && std::filesystem::exists(std::filesystem::path(path) / "MANIFEST")) {
+  // A coordinator that died after its commit: the rename is atomic, so the MANIFEST (or, for
+  // the .ckpt layout, the directory itself) tells.
+  if (!coordinator.dump_done &&
+      std::filesystem::exists(ckpt ? std::filesystem::path(path)
+                                   : std::filesystem::path(path) / "MANIFEST")) {
     s = Status::OK();
   }
   outcome_.dumped = s.ok();

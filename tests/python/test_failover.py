@@ -1,0 +1,145 @@
+"""savepoint.failover: Python ranks under a `savepoint controller` (docs/FAILOVER.md, "Python and
+PyTorch"). A rank SIGKILLed mid-training gives a dump of the last consistent step equal to the
+survivors' state; the survivors get JobStopped; a wrong token is refused; a build without gRPC
+says so. The last test runs examples/failover_ddp.py through scripts/demo-failure --python."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import find_cli
+
+import savepoint
+from savepoint import failover
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import failover_job  # noqa: E402
+TOKEN = "test-failover-token-0123456789"
+needs_agent = pytest.mark.skipif(
+    not failover.available() or find_cli() is None,
+    reason="no failover agent (gRPC) or no savepoint CLI in this build")
+
+# One rank: numpy state updated between begin_update and end_update; stopped, it saves its own
+# state (as of its last finished step) to <out>/rank<r> and exits 75.
+RANK = r"""
+import sys, time
+import numpy as np
+import savepoint
+from savepoint import failover
+
+out, rank, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+w = np.zeros(1000, np.float32)
+m = np.zeros(1000, np.float32)
+agent = None
+state = lambda: {"w": w, "m": m, "step": agent.step, "loader": {"position": agent.step}}
+agent = failover.Agent(source=state)
+progress = open(f"{out}/progress{rank}", "w")
+try:
+    for step in range(1, steps + 1):
+        agent.begin_update(step)
+        m[:] = 0.9 * m + np.float32(step % 7)
+        w -= np.float32(0.01) * m
+        agent.end_update(step)
+        progress.write(f"{step}\n")
+        progress.flush()
+        time.sleep(0.01)
+except failover.JobStopped as e:
+    savepoint.save(state(), f"{out}/rank{rank}")
+    print("stopped:", e.reason, file=sys.stderr)
+    sys.exit(75)
+agent.close()
+"""
+
+
+def start_controller(tmp_path, world):
+    return failover_job.start_controller(find_cli(), tmp_path, world, TOKEN)
+
+
+def start_ranks(tmp_path, address, world, steps):
+    return failover_job.start_ranks(tmp_path, RANK, address, TOKEN, world, steps)
+
+
+def test_without_grpc_use_is_unimplemented(monkeypatch):
+    monkeypatch.delattr(savepoint._core, "FailoverAgent", raising=False)
+    assert not failover.available()
+    with pytest.raises(savepoint.UnimplementedError, match="gRPC"):
+        failover.Agent(source=dict)
+
+
+@needs_agent
+@pytest.mark.parametrize("victim", [0, 1])
+def test_killed_rank_gives_dump_equal_to_survivors(tmp_path, victim):
+    world = 3
+    ctl, address = start_controller(tmp_path, world)
+    ranks = start_ranks(tmp_path, address, world, steps=3000)
+    out, err, errs = failover_job.kill_after(ctl, ranks, tmp_path, victim)
+    outcome = json.loads(out)
+    assert outcome["failed_rank"] == victim and outcome["dumped"], (out, err)
+    n = outcome["dump_step"]
+    assert os.path.basename(outcome["dump_path"]) == f"ckpt-1_{n}_failover"
+    for r, p in enumerate(ranks):
+        if r == victim:
+            assert p.returncode == -signal.SIGKILL
+            continue
+        assert p.returncode == 75, errs[r]
+        assert "job stopped: rank" in errs[r]
+    dump = savepoint.load(outcome["dump_path"])
+    assert dump["step"] == n and dump["loader"] == {"position": n}
+    for w in outcome["writers"]:
+        own = savepoint.load(tmp_path / f"rank{w}")
+        assert own["step"] == n
+        np.testing.assert_array_equal(dump["w"], own["w"])
+        np.testing.assert_array_equal(dump["m"], own["m"])
+    # The manager sees the dump as the newest checkpoint.
+    m = savepoint.CheckpointManager(str(tmp_path / "ckpt"))
+    try:
+        assert m.latest_step() == n
+    finally:
+        m.close()
+
+
+@needs_agent
+def test_wrong_token_is_refused(tmp_path):
+    ctl, address = start_controller(tmp_path, 1)
+    try:
+        with pytest.raises(savepoint.SavepointError, match="(?i)unauthenticated|token"):
+            failover.Agent(source=dict, controller=address, token="not-the-job-token-at-all",
+                           rank=0, world=1, connect_timeout=2)  # fmt: skip
+        # The right token is accepted; the job then ends normally.
+        with failover.Agent(source=dict, controller=address, token=TOKEN, rank=0, world=1) as a:
+            a.begin_update(1)
+            a.end_update(1)
+            assert a.step == 1 and a.controller_error is None
+        out, _ = ctl.communicate(timeout=30)
+    finally:
+        if ctl.poll() is None:
+            ctl.kill()
+    outcome = json.loads(out)
+    assert not outcome["failure"] and outcome["refused_calls"] >= 1
+
+
+@needs_agent
+def test_bad_settings_name_the_variable(monkeypatch):
+    for v in ("SAVEPOINT_CONTROLLER", "SAVEPOINT_JOB_TOKEN"):
+        monkeypatch.delenv(v, raising=False)
+    with pytest.raises(savepoint.InvalidArgumentError, match="SAVEPOINT_CONTROLLER"):
+        failover.Agent(source=dict)
+    with pytest.raises(TypeError, match="callable"):
+        failover.Agent(source=42)
+
+
+@needs_agent
+def test_ddp_example_killed_dumps_and_resumes_bit_exact():
+    torch = pytest.importorskip("torch")
+    del torch
+    build = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(savepoint.__file__))))
+    r = subprocess.run([os.path.join(ROOT, "scripts", "demo-failure"), "--python", "--trials",
+                        "1", "--steps", "40", "--build", build], capture_output=True, text=True,
+                       timeout=240)  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "trials 1, dumps committed 1, resumed bit-exact 1, torn 0" in r.stdout
