@@ -104,8 +104,8 @@ Status CheckSaveOptions(const SaveOptions& o) {
 // Whether chunk `t` can be written straight from the caller's memory (no staging copy).
 bool ZeroCopy(const ChunkTask& t, const WritableFile* f) {
   bool aligned = reinterpret_cast<uintptr_t>(t.src) % kAlignment == 0;
-  return t.stored == nullptr && t.span == 0 && t.seal == nullptr && t.len % kAlignment == 0 &&
-         (aligned || !f->direct());
+  return t.stored == nullptr && t.span == 0 && t.seal == nullptr && t.gather == nullptr &&
+         t.len % kAlignment == 0 && (aligned || !f->direct());
 }
 
 // Zero-copy chunks are written in batches of up to this many through WriteAtMany (io_uring where
@@ -115,7 +115,9 @@ constexpr size_t kWriteBatch = 4;
 // Whether chunk `t` is encrypted into a staging buffer of its own (encrypted saves: every chunk
 // neither packed nor compressed). Such chunks are written in batches like zero-copy ones, so that
 // as many writes are in flight as without encryption.
-bool Sealed(const ChunkTask& t) { return t.seal != nullptr && t.stored == nullptr && t.span == 0; }
+bool Sealed(const ChunkTask& t) {
+  return t.seal != nullptr && t.stored == nullptr && t.span == 0 && t.gather == nullptr;
+}
 
 // A run of tasks [begin, end) that one worker writes: up to kWriteBatch consecutive zero-copy
 // chunks or sealed chunks, the packed chunks of one span, or one other chunk.
