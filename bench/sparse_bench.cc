@@ -7,7 +7,8 @@
 //   raw       the baseline a RecIS user has today: each shard writes its ids and rows to its own
 //             files (write + fsync, what torch.save of each shard's tensors amounts to)
 //   delta     SaveSparseDistributed with --touched (default 1%) of the rows as a delta on `full`
-//   load N->N and N->(N-1): every loader (a thread) loads its shard of the table
+//   load N->N and N->(N-1): every loader (a thread) loads its shard of the table (--reps pairs,
+//             ABBA, medians)
 // Usage: sparse_bench --dir DIR [--rows 1048576] [--dim 32] [--shards 4] [--touched 0.01]
 //                     [--threads 4] [--sorted 0|1] [--reps 3]
 // The final line lists every ratio. The full size is --rows 4194304 --dim 128 (~6 GiB).
@@ -23,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -201,6 +203,37 @@ double RawSeconds(const std::string& dir, const std::vector<Shard>& shards) {
   return t;
 }
 
+// Loads shard r of the full save for every rank r and checks that it holds exactly the rows
+// rank r saved (ids in storage order, every slot's row bytes); exits non-zero otherwise.
+void Verify(const std::string& path, const std::vector<Shard>& shards, const sp::IoOptions& io) {
+  const int n = static_cast<int>(shards.size());
+  for (int r = 0; r < n; ++r) {
+    sp::State s = sp::LoadSparse(path, {.shard_id = r, .shard_num = n}, io).value();
+    const sp::SparseTable* t = s.FindTable("emb");
+    const auto ids = shards[r].ids.as<int64_t>();
+    std::vector<int64_t> order(ids.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      const int64_t sa = sp::SliceOf(ids[a]), sb = sp::SliceOf(ids[b]);
+      return sa != sb ? sa < sb : ids[a] < ids[b];
+    });
+    bool ok = t != nullptr && t->ids().size() == ids.size();
+    const sp::Tensor* slots[] = {&shards[r].emb, &shards[r].m, &shards[r].v};
+    const char* names[] = {"embedding", "exp_avg", "exp_avg_sq"};
+    for (size_t i = 0; ok && i < order.size(); ++i) {
+      ok = t->ids()[i] == ids[order[i]];
+      for (int k = 0; ok && k < 3; ++k) {
+        const uint64_t rb = slots[k]->nbytes() / ids.size();
+        ok = std::memcmp(t->FindSlot(names[k])->data() + i * rb, slots[k]->data() + order[i] * rb,
+                         rb) == 0;
+      }
+    }
+    if (!ok)
+      Must(sp::InternalError(fmt::format("shard {} did not load back as saved", r)), "verify");
+  }
+  fmt::print("verified: every shard loaded back exactly as saved\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -268,9 +301,14 @@ int main(int argc, char** argv) {
           "load");
     });
   };
-  const double t_nn = load(f.shards), t_nm = load(f.shards - 1);
-  const double t_nn2 = load(f.shards), t_nm2 = load(f.shards - 1);  // ABBA
-  const double nn = (t_nn + t_nn2) / 2, nm = (t_nm + t_nm2) / 2;
+  std::vector<double> nns, nms;  // --reps pairs, ABBA
+  for (int rep = 0; rep < f.reps; ++rep) {
+    if (rep % 2 == 0) nns.push_back(load(f.shards));
+    nms.push_back(load(f.shards - 1));
+    if (rep % 2 == 1) nns.push_back(load(f.shards));
+  }
+  const double nn = Median(nns), nm = Median(nms);
+  Verify(full, shards, io);  // untimed: every rank's rows came back, in storage order
 
   const double gib = static_cast<double>(full_bytes) / (1 << 30);
   fmt::print("table: {} ids x {} f32 x 3 slots over {} shards, {:.2f} GiB on disk\n", f.rows, f.dim,
@@ -286,8 +324,8 @@ int main(int argc, char** argv) {
              fmt::join(raws, " "));
   fmt::print("delta save  {:.3f} s  {} bytes ({:.2f}% touched)\n", t_delta, delta_bytes,
              100 * f.touched);
-  fmt::print("load {}->{}  {:.3f} s; {}->{}  {:.3f} s\n", f.shards, f.shards, nn, f.shards,
-             f.shards - 1, nm);
+  fmt::print("load {}->{}  {:.3f} s [{:.3f}]; {}->{}  {:.3f} s [{:.3f}]\n", f.shards, f.shards, nn,
+             fmt::join(nns, " "), f.shards, f.shards - 1, nm, fmt::join(nms, " "));
   fmt::print(
       "ratios: full/dd speed {:.2f} (goal >= 0.9); full/raw speed {:.2f}; delta bytes {:.2f}% of "
       "full (goal <= 1.1%); delta time {:.2f}% of full (goal <= 3%); load {}->{} / {}->{} {:.2f} "
