@@ -351,8 +351,8 @@ class ManagerImpl final : public CheckpointManager {
     meta["step"] = rec.step;
     const std::string context = fmt::format("save {}: append_info", rec.name);
     for (const std::string& item : o_.append_info) {
-      Value v = item == "epoch_num" ? Value(rec.epoch) : Value(rec.step);
-      SP_RETURN_IF_ERROR(out.PutValue(item, v).WithContext(context));
+      const int64_t n = item == "epoch_num" ? rec.epoch : rec.step;
+      SP_RETURN_IF_ERROR(out.PutValue(item, Value(n)).WithContext(context));
     }
     for (const auto& [key, value] : o_.append_dict) {
       SP_RETURN_IF_ERROR(out.PutValue(key, value).WithContext(context));
