@@ -86,36 +86,6 @@ nb::dict SaveSparseDistributedPy(nb::object comm, const std::string& path,
   return SaveStatsToPython(stats);
 }
 
-// (name, dtype name, shape, uint8 numpy array of its bytes) of `t`, kept alive by `owner`.
-nb::tuple BytesOf(std::string_view name, const TensorView& t, nb::handle owner) {
-  nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> bytes(reinterpret_cast<uint8_t*>(t.data()),
-                                                     {static_cast<size_t>(t.nbytes())}, owner);
-  return nb::make_tuple(nb::str(name.data(), name.size()), nb::str(DTypeName(t.dtype()).data()),
-                        nb::tuple(nb::cast(t.shape())), bytes.cast());
-}
-
-// A loaded State as (tensors, values, metadata JSON, tables) without a copy: tensors as
-// TensorBytesToPython gives them, tables as [(name, ids as (name, dtype, shape, bytes), [slots as
-// (slot name, dtype, shape, bytes)])] in name order. One capsule keeps the State alive.
-nb::tuple SparseStateToPython(State state) {
-  nb::list values = ValuesToPython(state);
-  std::string metadata = DumpJson(state.metadata());
-  auto* owned = new State(std::move(state));
-  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<State*>(p); });
-  nb::list tensors;
-  for (const auto& [name, e] : owned->entries()) {
-    if (e.is_tensor()) tensors.append(BytesOf(name, e.tensor(), owner));
-  }
-  nb::list tables;
-  for (const auto& [name, t] : owned->tables()) {
-    nb::list slots;
-    for (const SparseTable::Slot& s : t->slots()) slots.append(BytesOf(s.name, s.view, owner));
-    tables.append(nb::make_tuple(nb::str(name.data(), name.size()),
-                                 BytesOf("ids", t->ids_view(), owner), slots));
-  }
-  return nb::make_tuple(tensors, values, metadata, tables);
-}
-
 nb::tuple LoadSparsePy(const std::string& path, int shard_id, int shard_num,
                        const std::vector<std::string>& tables,
                        const std::vector<std::string>& slots,
@@ -179,6 +149,36 @@ nb::bytes IdBytes(const std::vector<int64_t>& ids) {
 }
 
 }  // namespace
+
+// (name, dtype name, shape, uint8 numpy array of its bytes) of `t`, kept alive by `owner`.
+nb::tuple BytesOf(std::string_view name, const TensorView& t, nb::handle owner) {
+  nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> bytes(reinterpret_cast<uint8_t*>(t.data()),
+                                                     {static_cast<size_t>(t.nbytes())}, owner);
+  return nb::make_tuple(nb::str(name.data(), name.size()), nb::str(DTypeName(t.dtype()).data()),
+                        nb::tuple(nb::cast(t.shape())), bytes.cast());
+}
+
+// A loaded State as (tensors, values, metadata JSON, tables) without a copy: tensors as
+// TensorBytesToPython gives them, tables as [(name, ids as (name, dtype, shape, bytes), [slots as
+// (slot name, dtype, shape, bytes)])] in name order. One capsule keeps the State alive.
+nb::tuple SparseStateToPython(State state) {
+  nb::list values = ValuesToPython(state);
+  std::string metadata = DumpJson(state.metadata());
+  auto* owned = new State(std::move(state));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<State*>(p); });
+  nb::list tensors;
+  for (const auto& [name, e] : owned->entries()) {
+    if (e.is_tensor()) tensors.append(BytesOf(name, e.tensor(), owner));
+  }
+  nb::list tables;
+  for (const auto& [name, t] : owned->tables()) {
+    nb::list slots;
+    for (const SparseTable::Slot& s : t->slots()) slots.append(BytesOf(s.name, s.view, owner));
+    tables.append(nb::make_tuple(nb::str(name.data(), name.size()),
+                                 BytesOf("ids", t->ids_view(), owner), slots));
+  }
+  return nb::make_tuple(tensors, values, metadata, tables);
+}
 
 void AddTables(State& state, const std::vector<TableSpec>& tables, const std::string& path) {
   for (const auto& [name, ids, slots, deleted] : tables) {

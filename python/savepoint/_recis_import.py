@@ -45,7 +45,7 @@ def import_checkpoint(src_dir, dst, *, model=True, extra=True, overwrite=False, 
 
     Returns {"path": the RecIS directory read, "shard_num", "tables", "rows", "tensors",
     "skipped": [lines]}."""
-    tensors, tables, meta_json, path, shard_num, skipped = _core.load_recis(
+    (tensors, _, meta_json, tables), path, shard_num, skipped = _core.load_recis(
         os.fspath(src_dir), int(io_threads))
     as_torch = _dtypes.torch_module() is not None
     state = {}
