@@ -89,6 +89,21 @@ def cold(rank, path):
     dist.barrier()
 
 
+def gloo_entry(rank, world, store, fn, args):
+    """A spawned rank: joins the gloo group through the file `store`, runs fn(rank, world,
+    *args), leaves the group."""
+    import datetime  # noqa: PLC0415
+    import warnings  # noqa: PLC0415
+
+    import torch.distributed as dist  # noqa: PLC0415
+
+    warnings.filterwarnings("ignore")
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(minutes=30))  # fmt: skip
+    fn(rank, world, *args)
+    dist.destroy_process_group()
+
+
 def dd(args):
     subprocess.run(["dd", *args, "status=none"], check=True)
 

@@ -34,18 +34,16 @@ faster).
 """
 
 import argparse
-import datetime
 import json
 import os
 import statistics
 import tempfile
-import warnings
 
 import savepoint
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from bench_util import COLD, cold, dd, fsync_path, remove, timed_all
+from bench_util import COLD, cold, dd, fsync_path, gloo_entry, remove, timed_all
 
 SLOTS = ("embedding", "exp_avg", "exp_avg_sq")
 DD_BLOCK = 8 << 20
@@ -192,14 +190,6 @@ def ranks(rank, world, a, out):
             json.dump(rows, f)
 
 
-def _entry(rank, world, store, a, out):
-    warnings.filterwarnings("ignore")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(minutes=30))  # fmt: skip
-    ranks(rank, world, a, out)
-    dist.destroy_process_group()
-
-
 # ----------------------------------------------------------------------------- main
 
 
@@ -257,7 +247,7 @@ def main():
           flush=True)  # fmt: skip
     store = tempfile.mktemp(prefix="savepoint-bench-store-")
     out = os.path.join(a.dir, "result.json")
-    mp.start_processes(_entry, args=(a.shards, store, a, out), nprocs=a.shards, start_method="fork")
+    mp.start_processes(gloo_entry, args=(a.shards, store, ranks, (a, out)), nprocs=a.shards, start_method="fork")
     with open(out) as f:
         rows = json.load(f)
     remove(out)

@@ -19,21 +19,19 @@ contenders alternate order between trials. dd writes (oflag=direct, conv=fsync) 
 """
 
 import argparse
-import datetime
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-import warnings
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_util import COLD, cold, dd, evict, remove, timed, timed_all  # noqa: E402
+from bench_util import COLD, cold, dd, evict, gloo_entry, remove, timed, timed_all  # noqa: E402
 
 import savepoint  # noqa: E402
 
@@ -171,17 +169,9 @@ def two_ranks(rank, world, root, n_tensors, trial, out):
             json.dump(res, f)
 
 
-def _entry(rank, world, store, fn, args):
-    warnings.filterwarnings("ignore")
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(minutes=30))  # fmt: skip
-    fn(rank, world, *args)
-    dist.destroy_process_group()
-
-
 def run(world, fn, *args):
     store = tempfile.mktemp(prefix="savepoint-bench-store-")
-    mp.start_processes(_entry, args=(world, store, fn, args), nprocs=world, start_method="fork")
+    mp.start_processes(gloo_entry, args=(world, store, fn, args), nprocs=world, start_method="fork")
 
 
 def dd_trial(root, nbytes):
