@@ -1,11 +1,13 @@
 // `savepoint controller --world N --dir DIR [--listen HOST:PORT] [--prefix P] [--naming N]
-// [--heartbeat-ms MS] [--heartbeat-timeout-ms MS] [--port-file FILE] [--json]`: watches the ranks
+// [--heartbeat-ms MS] [--heartbeat-timeout-ms MS] [--snapshot-dir DIR [--snapshot-every N]]
+// [--port-file FILE] [--json]`: watches the ranks
 // of one training job and, when one fails, has the survivors dump the last consistent step
 // (docs/FAILOVER.md). The job token comes from SAVEPOINT_JOB_TOKEN (never the command line, which
 // other users can read); the address defaults to SAVEPOINT_CONTROLLER. Exits when the job is over:
 // 0 when every rank finished or a failure dump was committed, 1 when a rank failed and no dump
 // was allowed (the reason is printed).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -39,6 +41,7 @@ Json OutcomeJson(const JobOutcome& o) {
               {"dump_path", o.dump_path},
               {"dump_step", o.dump_step},
               {"writers", o.writers},
+              {"snapshot_writers", o.snapshot_writers},
               {"why_no_dump", o.failure && !o.dumped ? o.dump_status.ToString() : ""},
               {"detected_unix_ns", o.detected_unix_ns},
               {"detect_to_commit_ms", o.detect_to_commit_ms},
@@ -52,8 +55,11 @@ void PrintOutcome(const JobOutcome& o) {
   } else if (o.dumped) {
     fmt::print(stderr,
                "savepoint controller: rank {} failed ({}); dump of step {} committed at {} in "
-               "{:.0f} ms\n",
-               o.failed_rank, o.reason, o.dump_step, o.dump_path, o.detect_to_commit_ms);
+               "{:.0f} ms{}\n",
+               o.failed_rank, o.reason, o.dump_step, o.dump_path, o.detect_to_commit_ms,
+               o.snapshot_writers.empty()
+                   ? ""
+                   : fmt::format(" (ranks {} from their snapshots)", o.snapshot_writers));
   } else {
     fmt::print(stderr, "savepoint controller: rank {} failed ({}); {}\n", o.failed_rank, o.reason,
                o.dump_status.message());
@@ -113,6 +119,13 @@ void RegisterController(CLI::App& app, int* exit_code) {
   sub->add_option("--heartbeat-timeout-ms", args->timeout_ms,
                   "Declare a rank dead after this long without a heartbeat")
       ->check(CLI::Range(int64_t{2}, int64_t{600000}))
+      ->capture_default_str();
+  sub->add_option("--snapshot-dir", args->options.snapshot_dir,
+                  "Have the ranks on this host keep snapshots in this memory-backed directory "
+                  "(e.g. /dev/shm), so that a rank without a live replica can still be dumped");
+  sub->add_option("--snapshot-every", args->options.snapshot_every,
+                  "Steps between two snapshots of a rank")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
       ->capture_default_str();
   sub->add_option("--port-file", args->port_file, "Write the port listened on to this file");
   sub->add_flag("--json", args->json, "Print the outcome as one JSON object");

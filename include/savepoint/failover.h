@@ -42,26 +42,38 @@ struct SAVEPOINT_API RankReport {
   int64_t step = -1;
   // Between BeginUpdate and EndUpdate: the state matches no step. Default: false.
   bool updating = false;
+  // Steps of this rank's committed shared-memory snapshots that the dump can read (dead ranks
+  // included: a snapshot outlives its process; docs/FAILOVER.md, "Snapshots"). Default: empty.
+  std::vector<int64_t> snapshots = {};
 };
 
 // Which ranks write a dump, and of which step.
 struct SAVEPOINT_API DumpPlan {
   int64_t step = -1;
-  // Per group (in the order of the `groups` argument), the member that writes its part.
+  // Per group (in the order of the `groups` argument), the member whose state is written.
   std::vector<int> source_of_group;
-  // The distinct sources, sorted: the dump's writers (writer i is rank dumpers[i]).
+  // Per group (as source_of_group): its part comes from the source's snapshot of `step` (the
+  // source is dead, or its live state is past `step`) rather than from the live rank.
+  std::vector<bool> from_snapshot;
+  // The distinct live sources, sorted: they write their parts themselves (writer i is rank
+  // dumpers[i]).
   std::vector<int> dumpers;
+  // The distinct snapshot sources, sorted: their snapshots of `step` are written by the process
+  // that can read them (the controller), as writers dumpers.size() + i.
+  std::vector<int> snapshot_dumpers;
 };
 
-// Chooses the dump: the newest step n such that every group has a healthy member at n that is not
-// mid-update, and for each group one such member (preferring a rank already chosen for another
-// group, then the lowest rank). `reports` holds one entry per rank of the job (ranks 0..world-1,
-// any order); a rank without a group is a group of its own. Errors:
+// Chooses the dump: the newest step n such that every group has a member that can provide n: a
+// healthy one at n that is not mid-update, or one (dead or alive) with a snapshot of n. For each
+// group it takes a live member when there is one (preferring a rank already chosen for another
+// group, then the lowest rank), else the lowest member with a snapshot of n. `reports` holds one
+// entry per rank of the job (ranks 0..world-1, any order); a rank without a group is a group of its
+// own. Errors:
 //  - InvalidArgument: a report or group names a rank outside [0, world), or a rank is reported
 //    twice, or a group is empty;
 //  - FailedPrecondition, saying why no dump is allowed: a group none of whose members is healthy
-//    ("state incomplete"), a group whose healthy members are all mid-update or have finished no
-//    step, or no step common to all groups (each group's steps listed).
+//    or has a snapshot ("state incomplete"), a group whose members are all mid-update or have
+//    finished no step, or no step common to all groups (each group's steps listed).
 SAVEPOINT_API Result<DumpPlan> DecideDump(const std::vector<RankReport>& reports,
                                           const std::vector<ReplicaGroup>& groups);
 

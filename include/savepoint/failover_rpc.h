@@ -150,23 +150,37 @@ struct SAVEPOINT_API ControllerOptions {
   std::chrono::milliseconds dump_timeout{60000};
   // How long to wait for every rank to register. Default: 5 minutes.
   std::chrono::milliseconds register_timeout{300000};
+  // Shared-memory snapshots (docs/FAILOVER.md, "Snapshots"): a directory on a memory-backed file
+  // system of the controller's host (e.g. "/dev/shm"). The controller makes a private run
+  // directory in it (mode 0700) and has every rank on its host that has a dump source write a
+  // snapshot of its state there after every `snapshot_every` steps (ranks on other hosts take
+  // none: the controller could not read them). A dead rank's newest snapshot then stands in for
+  // a missing replica, so a job with data parallel = 1 still gets a dump. The run directory is
+  // removed when the job is over. Default: empty = no snapshots.
+  std::string snapshot_dir;
+  // Every how many steps a rank writes a snapshot (>= 1). Default: 1 (every step).
+  int64_t snapshot_every = 1;
+  // Options of the parts of a dump the controller writes from snapshots (format, compression,
+  // key, as the agents' AgentOptions::save; overwrite is ignored). Default: {}.
+  SaveOptions snapshot_save;
 };
 
 // What happened to a job.
 struct SAVEPOINT_API JobOutcome {
-  bool failure = false;            // a rank failed
-  int failed_rank = -1;            // the first rank declared dead
-  std::string reason;              // why it was declared dead
-  std::vector<int> dead;           // every rank declared dead
-  bool dumped = false;             // a dump was committed
-  std::string dump_path;           // its path (when dumped)
-  int64_t dump_step = -1;          // its step
-  std::vector<int> writers;        // ranks that wrote it
-  Status dump_status;              // why there is no dump (when failure && !dumped)
-  int64_t detected_unix_ns = 0;    // when the failure was detected (system clock)
-  double detect_to_commit_ms = 0;  // from detection to the committed dump (or to giving up)
-  int64_t refused_calls = 0;       // calls refused for a wrong or missing token
-  int64_t late_messages = 0;       // messages of ranks already declared dead, ignored
+  bool failure = false;               // a rank failed
+  int failed_rank = -1;               // the first rank declared dead
+  std::string reason;                 // why it was declared dead
+  std::vector<int> dead;              // every rank declared dead
+  bool dumped = false;                // a dump was committed
+  std::string dump_path;              // its path (when dumped)
+  int64_t dump_step = -1;             // its step
+  std::vector<int> writers;           // ranks that wrote it from their live state
+  std::vector<int> snapshot_writers;  // ranks whose part came from their snapshot
+  Status dump_status;                 // why there is no dump (when failure && !dumped)
+  int64_t detected_unix_ns = 0;       // when the failure was detected (system clock)
+  double detect_to_commit_ms = 0;     // from detection to the committed dump (or to giving up)
+  int64_t refused_calls = 0;          // calls refused for a wrong or missing token
+  int64_t late_messages = 0;          // messages of ranks already declared dead, ignored
 };
 
 // The controller: a gRPC server watching one job.

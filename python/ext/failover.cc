@@ -4,10 +4,11 @@
 // FailoverAgent and savepoint.failover raises UnimplementedError.
 //
 // The dump source is a Python callable run on the agent's dump thread while the training thread
-// is parked (in begin_update, or blocked in a collective outside an update): the binding takes
-// the GIL for the call, and keeps what it returned (which owns the tensors' memory) alive until
-// the next dump or close. Every call that may block (connect, begin_update, finish, close)
-// releases the GIL, so the dump thread can run the source meanwhile.
+// is parked (in begin_update, or blocked in a collective outside an update), and on its snapshot
+// thread after end_update when the controller keeps snapshots: the binding takes the GIL for the
+// call, and the State it builds keeps what the call returned (which owns the tensors' memory)
+// alive until the dump or snapshot is written. Every call that may block (connect, begin_update,
+// finish, close) releases the GIL, so the dump thread can run the source meanwhile.
 #include <chrono>
 #include <memory>
 
@@ -95,7 +96,7 @@ class PyFailoverAgent {
       s = a->Finish();
       a.reset();
     }
-    ReleaseOwner();
+    ReleaseSource();
     Check(s);
   }
 
@@ -107,7 +108,7 @@ class PyFailoverAgent {
       a->Abandon();
       a.reset();
     }
-    ReleaseOwner();
+    ReleaseSource();
   }
 
   // "" while connected (or closed); else why the controller was lost.
@@ -130,12 +131,17 @@ class PyFailoverAgent {
 
   // GIL held. Drops the source too: it usually refers to the Python Agent holding this object,
   // a cycle the garbage collector cannot see through.
-  void ReleaseOwner() {
-    owner_ = nb::none();
-    source_ = nb::none();
+  void ReleaseSource() { source_ = nb::none(); }
+
+  // A reference to `owner` that may be dropped on any thread (it takes the GIL).
+  static std::shared_ptr<const void> Hold(nb::object owner) {
+    return std::shared_ptr<const void>(new nb::object(std::move(owner)), [](const void* p) {
+      nb::gil_scoped_acquire gil;
+      delete static_cast<const nb::object*>(p);
+    });
   }
 
-  // On the agent's dump thread.
+  // On the agent's dump or snapshot thread.
   Result<DumpSource> CallSource() {
     nb::gil_scoped_acquire gil;
     try {
@@ -144,7 +150,7 @@ class PyFailoverAgent {
       DumpSource out;
       out.state = MakeState(nb::cast<std::vector<TensorSpec>>(r[0]),
                             nb::cast<std::vector<ValueSpec>>(r[1]), nb::cast<std::string>(r[2]));
-      owner_ = r[3];  // the tensors' memory: alive until the next dump or close
+      out.state.KeepAlive(Hold(r[3]));  // the tensors' memory
       return out;
     } catch (const StatusError& e) {
       return e.status();
@@ -157,7 +163,6 @@ class PyFailoverAgent {
   }
 
   nb::object source_;
-  nb::object owner_ = nb::none();
   std::unique_ptr<FailoverAgent> agent_;
   int rank_ = -1, world_ = 0;
 };

@@ -68,6 +68,11 @@ class Agent:
         live tensors (they are not copied; the result is kept alive until the dump is over), but
         nothing the training thread changes between updates (e.g. an RNG consumed by forward()).
         Default None: this rank is never a dump writer (it reports no finished step).
+        When the controller keeps snapshots (`savepoint controller --snapshot-dir /dev/shm`), it
+        is also called after every snapshot_every-th end_update, on the agent's snapshot thread,
+        which writes the state into shared memory while the next step computes; the next
+        begin_update waits until that copy is written. A dead rank's part of a dump then comes
+        from its snapshot when no live replica holds it (data parallel = 1).
     groups: the replica groups of this rank's state, a list of sorted rank lists (the ranks
         holding identical copies of one part of it; savepoint's ReplicaGroupsOf). Default None:
         every rank holds the same state (pure data parallel).

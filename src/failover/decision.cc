@@ -1,8 +1,9 @@
 // The dump decision of failure-time checkpoints (savepoint/failover.h).
 //
-// DecideDump: for every group, the steps its healthy, idle members hold; the dump's step is the
-// largest step in all of those sets. Each group then takes a member at that step, preferring one
-// already chosen for an earlier group (fewer writers), then the lowest rank.
+// DecideDump: for every group, the steps its healthy, idle members hold and its members'
+// snapshots; the dump's step is the largest step in all of those sets. Each group then takes a
+// live member at that step, else a snapshot of it, preferring a rank already chosen for an earlier
+// group (fewer writers), then the lowest rank.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -53,37 +54,42 @@ Result<std::vector<ReplicaGroup>> CompleteGroups(const std::vector<ReplicaGroup>
   return out;
 }
 
+bool Live(const RankReport& rep) { return rep.healthy && !rep.updating && rep.step >= 0; }
+
 // Why no member of `g` can be a source at all, or empty when some can.
 std::string Unavailable(const ReplicaGroup& g, const std::vector<const RankReport*>& by_rank) {
   std::vector<std::string> why;
   bool any = false;
   for (int r : g) {
     const RankReport& rep = *by_rank[r];
-    if (!rep.healthy) {
+    if (Live(rep) || !rep.snapshots.empty()) {
+      any = true;
+    } else if (!rep.healthy) {
       why.push_back(fmt::format("rank {} dead", r));
     } else if (rep.updating) {
       why.push_back(fmt::format("rank {} mid-update after step {}", r, rep.step));
-    } else if (rep.step < 0) {
-      why.push_back(fmt::format("rank {} finished no step", r));
     } else {
-      any = true;
+      why.push_back(fmt::format("rank {} finished no step", r));
     }
   }
   if (any) return {};
   const bool all_dead =
       std::none_of(g.begin(), g.end(), [&](int r) { return by_rank[r]->healthy; });
   return fmt::format(
-      "replica group {} has no healthy member at a finished step ({}){}", g, fmt::join(why, ", "),
+      "replica group {} has no healthy member at a finished step and no snapshot ({}){}", g,
+      fmt::join(why, ", "),
       all_dead ? (g.size() == 1 ? ": state incomplete (no replica: data parallel = 1)"
                                 : ": state incomplete")
                : "");
 }
 
+// The steps some member of `g` can provide: live ones, then snapshots.
 std::set<int64_t> StepsOf(const ReplicaGroup& g, const std::vector<const RankReport*>& by_rank) {
   std::set<int64_t> steps;
   for (int r : g) {
     const RankReport& rep = *by_rank[r];
-    if (rep.healthy && !rep.updating && rep.step >= 0) steps.insert(rep.step);
+    if (Live(rep)) steps.insert(rep.step);
+    steps.insert(rep.snapshots.begin(), rep.snapshots.end());
   }
   return steps;
 }
@@ -99,23 +105,35 @@ Result<int64_t> CommonStep(const std::vector<ReplicaGroup>& groups,
     std::erase_if(common, [&](int64_t step) { return s.count(step) == 0; });
   }
   if (common.empty()) {
-    return FailedPreconditionError(
-        fmt::format("no dump: no step is held by a healthy member of every replica group ({})",
-                    fmt::join(listed, "; ")));
+    return FailedPreconditionError(fmt::format(
+        "no dump: no step is held by a healthy member or a snapshot of every replica group ({})",
+        fmt::join(listed, "; ")));
   }
   return *common.rbegin();
 }
 
-int PickSource(const ReplicaGroup& g, int64_t step, const std::vector<const RankReport*>& by_rank,
-               const std::set<int>& chosen) {
-  int best = -1;
-  for (int r : g) {
-    const RankReport& rep = *by_rank[r];
-    if (!rep.healthy || rep.updating || rep.step != step) continue;
-    if (chosen.count(r) > 0) return r;
-    if (best < 0) best = r;
+struct Source {
+  int rank = -1;
+  bool snapshot = false;
+};
+
+// A live member at `step` (one in `chosen` first, then the lowest), else the lowest member with a
+// snapshot of `step` (one in `chosen` first).
+Source PickSource(const ReplicaGroup& g, int64_t step,
+                  const std::vector<const RankReport*>& by_rank, const std::set<int>& chosen) {
+  for (bool snapshot : {false, true}) {
+    int best = -1;
+    for (int r : g) {
+      const RankReport& rep = *by_rank[r];
+      const bool ok = snapshot ? std::count(rep.snapshots.begin(), rep.snapshots.end(), step) > 0
+                               : Live(rep) && rep.step == step;
+      if (!ok) continue;
+      if (chosen.count(r) > 0) return {r, snapshot};
+      if (best < 0) best = r;
+    }
+    if (best >= 0) return {best, snapshot};
   }
-  return best;
+  return {};
 }
 
 }  // namespace
@@ -136,14 +154,18 @@ Result<DumpPlan> DecideDump(const std::vector<RankReport>& reports,
   SP_ASSIGN_OR_RETURN(int64_t step, CommonStep(all, by_rank));
   DumpPlan plan;
   plan.step = step;
-  std::set<int> chosen;
-  for (size_t i = 0; i < groups.size(); ++i) {
-    const int r = PickSource(all[i], step, by_rank, chosen);
-    plan.source_of_group.push_back(r);
-    chosen.insert(r);
+  std::set<int> live, snap;
+  for (size_t i = 0; i < all.size(); ++i) {
+    std::set<int> chosen = live;
+    chosen.insert(snap.begin(), snap.end());
+    const Source src = PickSource(all[i], step, by_rank, chosen);
+    (src.snapshot ? snap : live).insert(src.rank);
+    if (i >= groups.size()) continue;  // a rank in no group: its own group, not listed
+    plan.source_of_group.push_back(src.rank);
+    plan.from_snapshot.push_back(src.snapshot);
   }
-  for (size_t i = groups.size(); i < all.size(); ++i) chosen.insert(all[i][0]);
-  plan.dumpers.assign(chosen.begin(), chosen.end());
+  plan.dumpers.assign(live.begin(), live.end());
+  plan.snapshot_dumpers.assign(snap.begin(), snap.end());
   return plan;
 }
 

@@ -121,6 +121,53 @@ TEST(DecideDumpTest, PrefersARankAlreadyChosen) {
   EXPECT_EQ(plan->dumpers, std::vector<int>{2});
 }
 
+TEST(DecideDumpTest, DeadRankWithoutReplicaIsWrittenFromItsSnapshot) {
+  // Data parallel = 1 (groups {0} and {1}); rank 1 died after committing snapshots of 3 and 4.
+  auto reports = AtSteps({4, 4});
+  reports[1].healthy = false;
+  reports[1].snapshots = {3, 4};
+  auto plan = DecideDump(reports, {{0}, {1}});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->step, 4);
+  EXPECT_EQ(plan->source_of_group, (std::vector<int>{0, 1}));
+  EXPECT_EQ(plan->from_snapshot, (std::vector<bool>{false, true}));
+  EXPECT_EQ(plan->dumpers, std::vector<int>{0});
+  EXPECT_EQ(plan->snapshot_dumpers, std::vector<int>{1});
+  // Its snapshot of 4 was torn (never committed): the survivor's own snapshot of 3 aligns them.
+  reports[1].snapshots = {3};
+  reports[0].snapshots = {3, 4};
+  plan = DecideDump(reports, {{0}, {1}});
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->step, 3);
+  EXPECT_EQ(plan->from_snapshot, (std::vector<bool>{true, true}));
+  EXPECT_TRUE(plan->dumpers.empty());
+  EXPECT_EQ(plan->snapshot_dumpers, (std::vector<int>{0, 1}));
+  // Without snapshots of a common step: refused, listing them.
+  reports[0].snapshots = {};
+  std::string why = Why(DecideDump(reports, {{0}, {1}}));
+  EXPECT_HAS(why, "group [1] at steps {3}");
+  reports[1].snapshots = {};
+  EXPECT_HAS(Why(DecideDump(reports, {{0}, {1}})), "no snapshot");
+}
+
+TEST(DecideDumpTest, LiveReplicaIsPreferredToASnapshot) {
+  auto reports = AtSteps({5, 5});
+  reports[0].healthy = false;
+  reports[0].snapshots = {5};
+  reports[1].snapshots = {4, 5};
+  auto plan = DecideDump(reports, DataParallelGroups(2));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->dumpers, std::vector<int>{1});
+  EXPECT_TRUE(plan->snapshot_dumpers.empty());
+  EXPECT_EQ(plan->from_snapshot, std::vector<bool>{false});
+  // A single rank (world 1) that died: its snapshot is the whole dump.
+  std::vector<RankReport> alone = {{0, false, 9, true, {8, 9}}};
+  plan = DecideDump(alone, DataParallelGroups(1));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->step, 9);
+  EXPECT_EQ(plan->snapshot_dumpers, std::vector<int>{0});
+}
+
 TEST(DecideDumpTest, BadInput) {
   EXPECT_EQ(DecideDump({}, {}).status().code(), StatusCode::kInvalidArgument);
   auto reports = AtSteps({1, 1});

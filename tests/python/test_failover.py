@@ -1,7 +1,7 @@
 """savepoint.failover: Python ranks under a `savepoint controller` (docs/FAILOVER.md, "Python and
 PyTorch"). A rank SIGKILLed mid-training gives a dump of the last consistent step equal to the
-survivors' state; the survivors get JobStopped; a wrong token is refused; a build without gRPC
-says so. The last test runs examples/failover_ddp.py through scripts/demo-failure --python."""
+survivors' state; the survivors get JobStopped; a single rank (no replica) is dumped from its
+shared-memory snapshot; a wrong token is refused; a build without gRPC says so. The last test runs examples/failover_ddp.py through scripts/demo-failure --python."""
 
 import json
 import os
@@ -56,8 +56,8 @@ agent.close()
 """
 
 
-def start_controller(tmp_path, world):
-    return failover_job.start_controller(find_cli(), tmp_path, world, TOKEN)
+def start_controller(tmp_path, world, *extra):
+    return failover_job.start_controller(find_cli(), tmp_path, world, TOKEN, *extra)
 
 
 def start_ranks(tmp_path, address, world, steps):
@@ -101,6 +101,29 @@ def test_killed_rank_gives_dump_equal_to_survivors(tmp_path, victim):
         assert m.latest_step() == n
     finally:
         m.close()
+
+
+@needs_agent
+def test_single_rank_killed_is_dumped_from_its_snapshot(tmp_path):
+    """Data parallel = 1 (one rank, no replica): the dump comes from its shared-memory snapshot."""
+    ctl, address = start_controller(tmp_path, 1, "--snapshot-dir", str(tmp_path / "shm"))
+    ranks = start_ranks(tmp_path, address, 1, steps=3000)
+    out, err, errs = failover_job.kill_after(ctl, ranks, tmp_path, 0, steps=20)
+    outcome = json.loads(out)
+    assert outcome["dumped"], (out, err, errs)
+    assert outcome["writers"] == [] and outcome["snapshot_writers"] == [0], out
+    n = outcome["dump_step"]
+    assert n >= 19, out  # the last finished step, or the one before when its snapshot was torn
+    dump = savepoint.load(outcome["dump_path"])
+    assert dump["step"] == n and dump["loader"] == {"position": n}
+    w = np.zeros(1000, np.float32)
+    m = np.zeros(1000, np.float32)
+    for step in range(1, n + 1):  # the rank's updates, replayed
+        m[:] = 0.9 * m + np.float32(step % 7)
+        w -= np.float32(0.01) * m
+    np.testing.assert_array_equal(dump["w"], w)
+    np.testing.assert_array_equal(dump["m"], m)
+    assert os.listdir(tmp_path / "shm") == []  # the controller gave the memory back
 
 
 @needs_agent

@@ -3,7 +3,11 @@
 // One Session stream to the controller, three threads besides the training thread:
 //  - the reader takes the controller's commands (Stop, Dump, Exit);
 //  - the heartbeat thread sends the step state every heartbeat interval;
-//  - a dump thread, started by a Dump command, writes this rank's part of the dump.
+//  - a dump thread, started by a Dump command, writes this rank's part of the dump;
+//  - when the controller's Welcome names a snapshot directory (and the rank has a source), a
+//    snapshot thread: after every snapshot_every-th EndUpdate it writes the state into that
+//    directory (snapshot.h) while the training thread computes the next step; the next
+//    BeginUpdate waits until it is written, since the update changes what it reads.
 // The training thread only touches the step state under mu_ (BeginUpdate / EndUpdate), and parks
 // in BeginUpdate once the controller has stopped the job.
 #include <fmt/format.h>
@@ -19,7 +23,9 @@
 #include <thread>
 
 #include "failover/rpc/common.h"
+#include "failover/rpc/dump_write.h"
 #include "failover/rpc/relay_comm.h"
+#include "failover/rpc/snapshot.h"
 #include "savepoint/failover_rpc.h"
 
 namespace savepoint {
@@ -49,63 +55,6 @@ Result<std::string> EnvString(const char* name) {
   return std::string(v);
 }
 
-// Marks a dump's state so that CheckpointManager indexes it and a user sees where it came from.
-Status AddDumpRecord(State* share, int64_t step, int64_t epoch, int64_t step_in_epoch, int rank) {
-  SP_RETURN_IF_ERROR(share->PutValue("failover.step", step));
-  SP_RETURN_IF_ERROR(share->PutValue("failover.source_rank", int64_t{rank}));
-  Json& meta = share->metadata();
-  if (!meta.is_object()) meta = Json::object();
-  meta["savepoint.manager"] = {{"step", step},
-                               {"epoch", epoch},
-                               {"step_in_epoch", step_in_epoch},
-                               {"metrics", Json::object()},
-                               {"breakpoint", false},
-                               {"epoch_end", false},
-                               {"failover", true}};
-  meta["step"] = step;
-  return Status::OK();
-}
-
-// What a writer puts in each .ckpt file of a DumpNaming::kMindSporeCkpt dump: its whole state,
-// which must lie in the groups it was assigned (each rank's state in one group), with the dump
-// record and MindSpore's "epoch_num" / "step_num" (unless the state has values of those names).
-Result<State> CkptShare(const DumpSource& src, const failover::rpc::Dump& d, int rank, int world) {
-  const std::vector<ReplicaGroup> assigned = failover::GroupsFromProto(d.groups());
-  SP_ASSIGN_OR_RETURN(std::vector<ReplicaGroup> mine,
-                      ReplicaGroupsOf(src.state, src.layout, rank, world));
-  for (const ReplicaGroup& g : mine) {
-    if (std::find(assigned.begin(), assigned.end(), g) == assigned.end()) {
-      return FailedPreconditionError(fmt::format(
-          "rank {} holds state of replica group {}, which it does not write: the MindSpore .ckpt "
-          "dump layout needs each rank's whole state in one group; use the native layout",
-          rank, fmt::join(g, ",")));
-    }
-  }
-  ShardLayout unused;
-  SP_ASSIGN_OR_RETURN(State share,
-                      DumpShare(src.state, src.layout, rank, world, assigned, d.writer(), &unused));
-  SP_RETURN_IF_ERROR(AddDumpRecord(&share, d.step(), d.epoch(), d.step_in_epoch(), rank));
-  if (!share.FindValue("epoch_num")) SP_RETURN_IF_ERROR(share.PutValue("epoch_num", d.epoch()));
-  if (!share.FindValue("step_num")) SP_RETURN_IF_ERROR(share.PutValue("step_num", d.step()));
-  return share;
-}
-
-// Writes a DumpNaming::kMindSporeCkpt dump: the files of every rank of the assigned groups.
-Status DumpCkpt(const failover::rpc::Dump& d, const DumpSource& src, int rank, int world,
-                Communicator& comm, const IoOptions& io) {
-  Result<State> share = CkptShare(src, d, rank, world);
-  if (!share.ok()) {
-    comm.Abort(share.status());  // the other writers fail now rather than at their timeout
-    return share.status();
-  }
-  std::vector<int> ranks;
-  for (const ReplicaGroup& g : failover::GroupsFromProto(d.groups())) {
-    ranks.insert(ranks.end(), g.begin(), g.end());
-  }
-  return SaveMindSporeDump(comm, *share, ranks, d.path(), d.epoch(), d.step_in_epoch(),
-                           std::chrono::milliseconds(d.timeout_ms()), io);
-}
-
 class Agent final : public FailoverAgent {
  public:
   explicit Agent(AgentOptions o) : o_(std::move(o)) {}
@@ -115,7 +64,9 @@ class Agent final : public FailoverAgent {
 
   Status BeginUpdate(int64_t step) override {
     std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return !stopping_ || exit_.has_value() || step <= stop_until_; });
+    cv_.wait(lock, [&] {
+      return exit_.has_value() || ((!stopping_ || step <= stop_until_) && SnapshotIdle());
+    });
     if (exit_) return *exit_;
     updating_ = true;
     return Status::OK();
@@ -126,6 +77,7 @@ class Agent final : public FailoverAgent {
     state_.set_epoch(epoch);
     state_.set_step_in_epoch(step_in_epoch > 0 ? step_in_epoch : step);
     updating_ = false;
+    if (snapshots_on_ && step % snapshot_every_ == 0) snapshot_pending_ = step;
     cv_.notify_all();
   }
   Status Finish() override;
@@ -145,8 +97,12 @@ class Agent final : public FailoverAgent {
     failover::rpc::StepState s = state_;
     if (!o_.source) s.set_step(-1);
     s.set_updating(updating_);
+    s.set_snapshot_step(snapshot_step_);
     return s;
   }
+  // Under mu_: no snapshot waiting or being written.
+  bool SnapshotIdle() const { return snapshot_pending_ < 0 && !snapshot_busy_; }
+  void SnapshotLoop();
   Status Register();
   void ReadLoop();
   void HeartbeatLoop();
@@ -173,8 +129,16 @@ class Agent final : public FailoverAgent {
   std::optional<Status> exit_;  // set once the job is over for this rank
   Status controller_;
   std::atomic<bool> heartbeats_paused_{false};
+  // Snapshots (Welcome): the directory ("" = none), every how many steps, the step waiting to be
+  // written (-1: none), whether one is being written, the newest written.
+  std::string snapshot_dir_;
+  int64_t snapshot_every_ = 1;
+  bool snapshots_on_ = false;  // the snapshot thread runs and takes snapshots
+  int64_t snapshot_pending_ = -1;
+  bool snapshot_busy_ = false;
+  int64_t snapshot_step_ = -1;
 
-  std::thread reader_, heartbeat_thread_, dump_thread_;
+  std::thread reader_, heartbeat_thread_, dump_thread_, snapshot_thread_;
 };
 
 Status Agent::Open() {
@@ -195,6 +159,10 @@ Status Agent::Open() {
   if (!s.ok()) return s;
   reader_ = std::thread([this] { ReadLoop(); });
   heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+  if (!snapshot_dir_.empty() && o_.source) {
+    snapshots_on_ = true;
+    snapshot_thread_ = std::thread([this] { SnapshotLoop(); });
+  }
   return Status::OK();
 }
 
@@ -207,6 +175,8 @@ Status Agent::Register() {
   h->set_rank(o_.rank);
   h->set_world(o_.world);
   h->set_pid(::getpid());
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) == 0) h->set_host(host);
   failover::GroupsToProto(o_.groups, h->mutable_groups());
   failover::rpc::ControllerMessage welcome;
   if (!stream->Write(hello) || !stream->Read(&welcome) || !welcome.has_welcome()) {
@@ -214,6 +184,8 @@ Status Agent::Register() {
     return s.ok() ? IOError("the failover controller closed the session") : s;
   }
   heartbeat_ = std::chrono::milliseconds(std::max<int64_t>(welcome.welcome().heartbeat_ms(), 1));
+  snapshot_dir_ = welcome.welcome().snapshot_dir();
+  snapshot_every_ = std::max<int64_t>(welcome.welcome().snapshot_every(), 1);
   std::lock_guard lock(write_mu_);
   stream_ = std::move(stream);
   return Status::OK();
@@ -271,7 +243,7 @@ void Agent::OnStop(const failover::rpc::Stop& stop) {
                          stop.reason());
     cv_.notify_all();
     cv_.wait_for(lock, std::chrono::milliseconds(stop.grace_ms()),
-                 [&] { return !updating_ && state_.step() >= stop_until_; });
+                 [&] { return !updating_ && state_.step() >= stop_until_ && SnapshotIdle(); });
     *m.mutable_paused() = CurrentState();
   }
   Send(m);
@@ -285,32 +257,57 @@ void Agent::OnExit(const failover::rpc::Exit& exit) {
 }
 
 Status Agent::Dump(const failover::rpc::Dump& d) {
-  int64_t epoch, step_in_epoch;
+  failover::StepInfo at;
   {
     std::lock_guard lock(mu_);
     if (state_.step() != d.step() || updating_) {
       return FailedPreconditionError(fmt::format("rank {} is not parked at step {} (at {})",
                                                  o_.rank, d.step(), state_.step()));
     }
-    epoch = state_.epoch();
-    step_in_epoch = state_.step_in_epoch();
+    at = {state_.step(), state_.epoch(), state_.step_in_epoch()};
   }
   if (!o_.source) return FailedPreconditionError("no dump source");
   SP_ASSIGN_OR_RETURN(DumpSource src, o_.source());
   auto comm =
       failover::NewRelayCommunicator(stub_.get(), o_.token, d.dump_id(), d.writer(), d.writers());
-  if (d.mindspore_ckpt()) return DumpCkpt(d, src, o_.rank, o_.world, *comm, o_.io);
-  ShardLayout layout;
-  SP_ASSIGN_OR_RETURN(State share,
-                      DumpShare(src.state, src.layout, o_.rank, o_.world,
-                                failover::GroupsFromProto(d.groups()), d.writer(), &layout));
-  SP_RETURN_IF_ERROR(AddDumpRecord(&share, d.step(), epoch, step_in_epoch, o_.rank));
-  DistributedSaveOptions so;
-  so.save = o_.save;
-  so.save.overwrite = false;
-  so.save.create_parents = true;
-  so.timeout = std::chrono::milliseconds(d.timeout_ms());
-  return SaveDistributed(*comm, share, layout, d.path(), so, o_.io);
+  return failover::WriteDumpPart(d, src, o_.rank, o_.world, at, *comm, o_.save, o_.io);
+}
+
+void Agent::SnapshotLoop() {
+  const std::string rank_dir = failover::SnapshotRankDir(snapshot_dir_, o_.rank);
+  IoOptions io = o_.io;
+  io.direct_io = false;  // a memory-backed file system
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return closed_ || !controller_.ok() || snapshot_pending_ >= 0; });
+    if (closed_ || !controller_.ok()) break;
+    const failover::StepInfo at{snapshot_pending_, state_.epoch(), state_.step_in_epoch()};
+    snapshot_pending_ = -1;
+    snapshot_busy_ = true;
+    lock.unlock();
+    Result<DumpSource> src = o_.source();
+    Status s = src.ok() ? failover::WriteSnapshot(*src, snapshot_dir_, o_.rank, o_.world, at,
+                                                  SaveOptions{}, io)
+                        : src.status();
+    lock.lock();
+    snapshot_busy_ = false;
+    cv_.notify_all();
+    if (!s.ok()) {
+      // Not fatal: training goes on, a failure then dumps from replicas only.
+      failover::Log().warn(
+          "savepoint failover: rank {}: snapshot of step {}: {}; no more snapshots", o_.rank,
+          at.step, s.ToString());
+      break;
+    }
+    snapshot_step_ = at.step;
+  }
+  snapshots_on_ = false;
+  snapshot_pending_ = -1;
+  cv_.notify_all();
+  const bool lost = !controller_.ok();
+  lock.unlock();
+  // Nobody will read them once the controller is gone: give the memory back.
+  if (lost) FileSystemOf(o_.io)->RemoveAll(rank_dir).IgnoreError();
 }
 
 Status Agent::Finish() {
@@ -346,6 +343,7 @@ void Agent::Join() {
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   if (reader_.joinable()) reader_.join();
   if (dump_thread_.joinable()) dump_thread_.join();
+  if (snapshot_thread_.joinable()) snapshot_thread_.join();
   std::lock_guard lock(write_mu_);
   if (stream_) stream_->Finish().ok();
   stream_.reset();

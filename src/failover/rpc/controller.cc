@@ -10,8 +10,12 @@
 // writer has sent its k-th contribution; a dead writer, an abort or a deadline breaks the dump.
 // Everything shared is guarded by mu_; each slot's stream has its own write mutex, and the stream
 // pointer is cleared (under that mutex) when its Session returns.
+// Snapshots (ControllerOptions::snapshot_dir): the ranks on this host write them into run_dir_;
+// a dump part whose source is a snapshot is written here, by a thread that joins the dump's
+// collectives through an in-process channel to this server, as one more writer.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <condition_variable>
 #include <filesystem>
@@ -22,6 +26,9 @@
 #include <thread>
 
 #include "failover/rpc/common.h"
+#include "failover/rpc/dump_write.h"
+#include "failover/rpc/relay_comm.h"
+#include "failover/rpc/snapshot.h"
 #include "savepoint/failover_rpc.h"
 
 namespace savepoint {
@@ -40,6 +47,8 @@ struct Slot {
   Clock::time_point last_beat;
   failover::rpc::StepState state;
   std::vector<ReplicaGroup> groups;
+  std::string host;
+  std::vector<failover::StepInfo> snapshots;  // committed snapshots, listed when parked
   std::optional<Status> dump_done;
   std::unique_ptr<std::mutex> write_mu = std::make_unique<std::mutex>();
   ServerStream* stream = nullptr;  // while its Session runs
@@ -52,7 +61,7 @@ struct DumpRounds {
     int left = 0;
   };
   std::string id;
-  std::vector<int> writers;  // writer index -> rank
+  std::vector<int> writers;  // writer index -> rank (-1: a part written here from a snapshot)
   Status broken;
   std::map<uint64_t, Round> rounds;
 };
@@ -73,6 +82,7 @@ class Controller final : public FailoverController, public failover::rpc::Failov
     }
     if (driver_.joinable()) driver_.join();
     if (server_) server_->Shutdown(std::chrono::system_clock::now());
+    RemoveRunDir();
   }
 
   Status Listen();
@@ -113,7 +123,16 @@ class Controller final : public FailoverController, public failover::rpc::Failov
   std::vector<RankReport> ParkSurvivors(int64_t until_step);
   std::vector<ReplicaGroup> Groups() const;
   void RunDump(const DumpPlan& plan);
-  std::string DumpPath(int source) const;
+  failover::rpc::Dump DumpOrder(const DumpPlan& plan, const std::vector<ReplicaGroup>& groups,
+                                const std::string& path, const failover::StepInfo& at,
+                                int writer) const;
+  void WriteFromSnapshot(failover::rpc::Dump d, int rank, size_t index);
+  failover::StepInfo StepOf(int rank, int64_t step, bool snapshot) const;
+  Status MakeRunDir();
+  void RemoveRunDir() {
+    if (!run_dir_.empty()) DefaultFileSystem()->RemoveAll(run_dir_).IgnoreError();
+  }
+  std::string DumpPath(const failover::StepInfo& at) const;
   void ExitAll(Status why);
   void End(Status s) {
     std::lock_guard lock(mu_);
@@ -132,13 +151,33 @@ class Controller final : public FailoverController, public failover::rpc::Failov
   std::vector<Slot> slots_;
   bool failed_ = false;  // a rank was declared dead
   std::optional<DumpRounds> dump_;
+  std::string host_;     // this host's name
+  std::string run_dir_;  // this job's snapshot directory ("" = no snapshots)
+  std::vector<std::optional<Status>> snapshot_done_;  // per snapshot part of the dump
   JobOutcome outcome_;
   Status ended_;
   bool done_ = false;
   bool shutdown_ = false;  // the destructor runs: the driver gives up
 };
 
+Status Controller::MakeRunDir() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) == 0) host_ = host;
+  if (o_.snapshot_dir.empty()) return Status::OK();
+  FileSystem* fs = DefaultFileSystem();
+  SP_RETURN_IF_ERROR(fs->CreateDirs(o_.snapshot_dir));
+  const std::string dir = o_.snapshot_dir + "/savepoint-snapshots-" + RandomId();
+  SP_RETURN_IF_ERROR(fs->CreateDir(dir));
+  std::error_code ec;  // other users of the host must not read the job's state
+  std::filesystem::permissions(dir, std::filesystem::perms::owner_all,
+                               std::filesystem::perm_options::replace, ec);
+  if (ec) return IOError(fmt::format("chmod {}: {}", dir, ec.message()));
+  run_dir_ = dir;
+  return Status::OK();
+}
+
 Status Controller::Listen() {
+  SP_RETURN_IF_ERROR(MakeRunDir());
   grpc::ServerBuilder b;
   b.AddListeningPort(o_.listen, grpc::InsecureServerCredentials(), &port_);
   b.RegisterService(this);
@@ -178,6 +217,7 @@ grpc::Status Controller::Admit(const failover::rpc::Hello& h, ServerStream* stre
   s.last_beat = Clock::now();
   s.state.set_step(-1);
   s.groups = failover::GroupsFromProto(h.groups());
+  s.host = h.host();
   failover::Log().info("savepoint controller: rank {} registered (pid {})", rank, h.pid());
   std::lock_guard wlock(*s.write_mu);
   s.stream = stream;  // the Welcome follows once every rank registered (AwaitRegistration)
@@ -291,9 +331,13 @@ Status Controller::AwaitRegistration() {
     cv_.wait_for(lock, std::chrono::milliseconds(20));
   }
   // The job starts together: every rank's Connect returns now, and heartbeats count from here.
-  ControllerMessage welcome;
-  welcome.mutable_welcome()->set_heartbeat_ms(o_.heartbeat_interval.count());
   for (int r = 0; r < o_.world; ++r) {
+    ControllerMessage welcome;
+    welcome.mutable_welcome()->set_heartbeat_ms(o_.heartbeat_interval.count());
+    if (!run_dir_.empty() && slots_[r].host == host_) {  // only this host's snapshots are readable
+      welcome.mutable_welcome()->set_snapshot_dir(run_dir_);
+      welcome.mutable_welcome()->set_snapshot_every(o_.snapshot_every);
+    }
     slots_[r].last_beat = Clock::now();
     Send(r, welcome);
   }
@@ -313,6 +357,7 @@ void Controller::Drive() {
     }
   }
   if (failed_) HandleFailure();
+  RemoveRunDir();  // the dump is over (or the job ended): the snapshots' memory goes back
   End(Status::OK());
 }
 
@@ -346,20 +391,82 @@ std::vector<RankReport> Controller::ParkSurvivors(int64_t until_step) {
   }
   std::vector<RankReport> reports;
   for (int r = 0; r < o_.world; ++r) {
-    const Slot& s = slots_[r];
+    Slot& s = slots_[r];
     // A survivor that did not park may still be changing its state: never a source.
     reports.push_back(
         {r, s.healthy && !s.finished, s.state.step(), s.state.updating() || !s.paused});
+    if (!run_dir_.empty()) s.snapshots = failover::ListSnapshots(run_dir_, r, nullptr);
+    for (const failover::StepInfo& at : s.snapshots) reports.back().snapshots.push_back(at.step);
   }
   return reports;
 }
 
-std::string Controller::DumpPath(int source) const {
-  const failover::rpc::StepState& st = slots_[source].state;
+std::string Controller::DumpPath(const failover::StepInfo& at) const {
   std::string name = o_.naming == DumpNaming::kManager
-                         ? FailureDumpName(o_.prefix, st.epoch(), st.step_in_epoch())
-                         : MindSporeDumpName(st.step());
+                         ? FailureDumpName(o_.prefix, at.epoch, at.step_in_epoch)
+                         : MindSporeDumpName(at.step);
   return (std::filesystem::path(o_.directory) / name).string();
+}
+
+// Under mu_. The step a dump source holds: its live state's, or its snapshot's of `step`.
+failover::StepInfo Controller::StepOf(int rank, int64_t step, bool snapshot) const {
+  const Slot& s = slots_[rank];
+  if (!snapshot) return {s.state.step(), s.state.epoch(), s.state.step_in_epoch()};
+  for (const failover::StepInfo& at : s.snapshots) {
+    if (at.step == step) return at;
+  }
+  return {step, 1, step};
+}
+
+// Under mu_. The order for writer `writer` (index into the plan's live, then snapshot sources).
+failover::rpc::Dump Controller::DumpOrder(const DumpPlan& plan,
+                                          const std::vector<ReplicaGroup>& groups,
+                                          const std::string& path, const failover::StepInfo& at,
+                                          int writer) const {
+  const size_t live = plan.dumpers.size();
+  const bool snapshot = static_cast<size_t>(writer) >= live;
+  const int rank = snapshot ? plan.snapshot_dumpers[writer - live] : plan.dumpers[writer];
+  failover::rpc::Dump d;
+  d.set_dump_id(dump_->id);
+  d.set_path(path);
+  d.set_step(plan.step);
+  d.set_writer(writer);
+  d.set_writers(static_cast<int>(live + plan.snapshot_dumpers.size()));
+  d.set_timeout_ms(o_.dump_timeout.count());
+  d.set_mindspore_ckpt(o_.naming == DumpNaming::kMindSporeCkpt);
+  d.set_epoch(at.epoch);
+  d.set_step_in_epoch(at.step_in_epoch);
+  std::vector<ReplicaGroup> mine;
+  for (size_t g = 0; g < groups.size() && g < plan.source_of_group.size(); ++g) {
+    if (plan.source_of_group[g] == rank && plan.from_snapshot[g] == snapshot) {
+      mine.push_back(groups[g]);
+    }
+  }
+  failover::GroupsToProto(mine, d.mutable_groups());
+  return d;
+}
+
+// On its own thread: the part of `rank`'s snapshot, as writer d.writer() of the dump.
+void Controller::WriteFromSnapshot(failover::rpc::Dump d, int rank, size_t index) {
+  auto stub = failover::rpc::Failover::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
+  auto comm =
+      failover::NewRelayCommunicator(stub.get(), o_.token, d.dump_id(), d.writer(), d.writers());
+  failover::StepInfo at;
+  Result<DumpSource> src = failover::ReadSnapshot(run_dir_, rank, d.step(), &at, IoOptions{});
+  Status s;
+  if (src.ok()) {
+    s = failover::WriteDumpPart(d, *src, rank, o_.world, at, *comm, o_.snapshot_save, IoOptions{});
+  } else {
+    s = src.status();
+    comm->Abort(s);
+  }
+  if (!s.ok()) {
+    failover::Log().error("savepoint controller: rank {}'s part from its snapshot: {}", rank,
+                          s.ToString());
+  }
+  std::lock_guard lock(mu_);
+  snapshot_done_[index] = s;
+  cv_.notify_all();
 }
 
 void Controller::RunDump(const DumpPlan& plan) {
@@ -370,53 +477,64 @@ void Controller::RunDump(const DumpPlan& plan) {
     outcome_.dump_status = s.WithContext("no dump");
     return;
   }
-  const std::string path = DumpPath(plan.dumpers[0]);
-  const failover::rpc::StepState& at = slots_[plan.dumpers[0]].state;
-  dump_ = DumpRounds{RandomId(), plan.dumpers, Status::OK(), {}};
-  for (size_t w = 0; w < plan.dumpers.size(); ++w) {
-    ControllerMessage m;
-    failover::rpc::Dump* d = m.mutable_dump();
-    d->set_dump_id(dump_->id);
-    d->set_path(path);
-    d->set_step(plan.step);
-    d->set_writer(static_cast<int>(w));
-    d->set_writers(static_cast<int>(plan.dumpers.size()));
-    d->set_timeout_ms(o_.dump_timeout.count());
-    d->set_mindspore_ckpt(ckpt);
-    d->set_epoch(at.epoch());
-    d->set_step_in_epoch(at.step_in_epoch());
-    std::vector<ReplicaGroup> mine;
-    for (size_t g = 0; g < groups.size(); ++g) {
-      if (plan.source_of_group[g] == plan.dumpers[w]) mine.push_back(groups[g]);
+  const size_t live = plan.dumpers.size();
+  // The dump is named for its first writer's step (writer 0: a live source when there is one).
+  const failover::StepInfo at = live > 0 ? StepOf(plan.dumpers[0], plan.step, false)
+                                         : StepOf(plan.snapshot_dumpers[0], plan.step, true);
+  const std::string path = DumpPath(at);
+  std::vector<int> writers = plan.dumpers;
+  writers.resize(live + plan.snapshot_dumpers.size(), -1);
+  dump_ = DumpRounds{RandomId(), writers, Status::OK(), {}};
+  snapshot_done_.assign(plan.snapshot_dumpers.size(), std::nullopt);
+  std::vector<std::thread> snapshot_writers;
+  for (size_t w = 0; w < writers.size(); ++w) {
+    failover::rpc::Dump d = DumpOrder(plan, groups, path, at, static_cast<int>(w));
+    if (w < live) {
+      ControllerMessage m;
+      *m.mutable_dump() = std::move(d);
+      Send(plan.dumpers[w], m);
+    } else {
+      snapshot_writers.emplace_back([this, d = std::move(d), r = plan.snapshot_dumpers[w - live],
+                                     i = w - live] { WriteFromSnapshot(d, r, i); });
     }
-    failover::GroupsToProto(mine, d->mutable_groups());
-    Send(plan.dumpers[w], m);
   }
-  failover::Log().info("savepoint controller: dumping step {} from ranks {} into {}", plan.step,
-                       plan.dumpers, path);
+  failover::Log().info(
+      "savepoint controller: dumping step {} from ranks {} and the snapshots of "
+      "ranks {} into {}",
+      plan.step, plan.dumpers, plan.snapshot_dumpers, path);
   auto answered = [&] {
     for (int r : plan.dumpers) {
       if (slots_[r].healthy && !slots_[r].dump_done) return false;
     }
-    return true;
+    return std::all_of(snapshot_done_.begin(), snapshot_done_.end(),
+                       [](const auto& s) { return s.has_value(); });
   };
   while (!answered() && !shutdown_) {
     CheckHeartbeats();
     cv_.wait_for(lock, std::chrono::milliseconds(10));
   }
-  const Slot& coordinator = slots_[plan.dumpers[0]];
-  Status s = coordinator.dump_done.value_or(dump_->broken);
-  // A coordinator that died after its commit: the rename is atomic, so the MANIFEST (or, for
-  // the .ckpt layout, the directory itself) tells.
-  if (!coordinator.dump_done &&
-      std::filesystem::exists(ckpt ? std::filesystem::path(path)
-                                   : std::filesystem::path(path) / "MANIFEST")) {
-    s = Status::OK();
+  lock.unlock();
+  for (std::thread& t : snapshot_writers) t.join();  // each has answered (or fails its timeout)
+  lock.lock();
+  Status s;
+  if (live > 0) {
+    const Slot& coordinator = slots_[plan.dumpers[0]];
+    s = coordinator.dump_done.value_or(dump_->broken);
+    // A coordinator that died after its commit: the rename is atomic, so the MANIFEST (or, for
+    // the .ckpt layout, the directory itself) tells.
+    if (!coordinator.dump_done &&
+        std::filesystem::exists(ckpt ? std::filesystem::path(path)
+                                     : std::filesystem::path(path) / "MANIFEST")) {
+      s = Status::OK();
+    }
+  } else {
+    s = snapshot_done_[0].value_or(dump_->broken);
   }
   outcome_.dumped = s.ok();
   outcome_.dump_path = s.ok() ? path : "";
   outcome_.dump_step = plan.step;
   outcome_.writers = plan.dumpers;
+  outcome_.snapshot_writers = plan.snapshot_dumpers;
   if (!s.ok()) outcome_.dump_status = s.WithContext("no dump: the dump failed");
 }
 
@@ -527,6 +645,9 @@ Result<std::unique_ptr<FailoverController>> FailoverController::Start(Controller
   if (o.directory.empty()) return InvalidArgumentError("no dump directory");
   if (o.heartbeat_interval.count() <= 0 || o.heartbeat_timeout <= o.heartbeat_interval) {
     return InvalidArgumentError("heartbeat_timeout must exceed heartbeat_interval (> 0)");
+  }
+  if (o.snapshot_every < 1) {
+    return InvalidArgumentError(fmt::format("snapshot_every {}: must be >= 1", o.snapshot_every));
   }
   auto c = std::make_unique<Controller>(std::move(o));
   SP_RETURN_IF_ERROR(c->Listen());

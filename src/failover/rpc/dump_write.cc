@@ -1,0 +1,94 @@
+// One writer's part of a failure dump (dump_write.h).
+#include "failover/rpc/dump_write.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "failover/rpc/common.h"
+
+namespace savepoint::failover {
+namespace {
+
+// Marks a dump's state so that CheckpointManager indexes it and a user sees where it came from.
+Status AddDumpRecord(State* share, int64_t step, int64_t epoch, int64_t step_in_epoch, int rank) {
+  SP_RETURN_IF_ERROR(share->PutValue("failover.step", step));
+  SP_RETURN_IF_ERROR(share->PutValue("failover.source_rank", int64_t{rank}));
+  Json& meta = share->metadata();
+  if (!meta.is_object()) meta = Json::object();
+  meta["savepoint.manager"] = {{"step", step},
+                               {"epoch", epoch},
+                               {"step_in_epoch", step_in_epoch},
+                               {"metrics", Json::object()},
+                               {"breakpoint", false},
+                               {"epoch_end", false},
+                               {"failover", true}};
+  meta["step"] = step;
+  return Status::OK();
+}
+
+// What a writer puts in each .ckpt file of a DumpNaming::kMindSporeCkpt dump: its whole state,
+// which must lie in the groups it was assigned (each rank's state in one group), with the dump
+// record and MindSpore's "epoch_num" / "step_num" (unless the state has values of those names).
+Result<State> CkptShare(const DumpSource& src, const rpc::Dump& d, int rank, int world) {
+  const std::vector<ReplicaGroup> assigned = GroupsFromProto(d.groups());
+  SP_ASSIGN_OR_RETURN(std::vector<ReplicaGroup> mine,
+                      ReplicaGroupsOf(src.state, src.layout, rank, world));
+  for (const ReplicaGroup& g : mine) {
+    if (std::find(assigned.begin(), assigned.end(), g) == assigned.end()) {
+      return FailedPreconditionError(fmt::format(
+          "rank {} holds state of replica group {}, which it does not write: the MindSpore .ckpt "
+          "dump layout needs each rank's whole state in one group; use the native layout",
+          rank, fmt::join(g, ",")));
+    }
+  }
+  ShardLayout unused;
+  SP_ASSIGN_OR_RETURN(State share,
+                      DumpShare(src.state, src.layout, rank, world, assigned, d.writer(), &unused));
+  SP_RETURN_IF_ERROR(AddDumpRecord(&share, d.step(), d.epoch(), d.step_in_epoch(), rank));
+  if (!share.FindValue("epoch_num")) SP_RETURN_IF_ERROR(share.PutValue("epoch_num", d.epoch()));
+  if (!share.FindValue("step_num")) SP_RETURN_IF_ERROR(share.PutValue("step_num", d.step()));
+  return share;
+}
+
+// Writes a DumpNaming::kMindSporeCkpt dump: the files of every rank of the assigned groups.
+Status DumpCkpt(const rpc::Dump& d, const DumpSource& src, int rank, int world, Communicator& comm,
+                const IoOptions& io) {
+  Result<State> share = CkptShare(src, d, rank, world);
+  if (!share.ok()) {
+    comm.Abort(share.status());  // the other writers fail now rather than at their timeout
+    return share.status();
+  }
+  std::vector<int> ranks;
+  for (const ReplicaGroup& g : GroupsFromProto(d.groups())) {
+    ranks.insert(ranks.end(), g.begin(), g.end());
+  }
+  return SaveMindSporeDump(comm, *share, ranks, d.path(), d.epoch(), d.step_in_epoch(),
+                           std::chrono::milliseconds(d.timeout_ms()), io);
+}
+
+}  // namespace
+
+Status WriteDumpPart(const rpc::Dump& d, const DumpSource& src, int rank, int world,
+                     const StepInfo& at, Communicator& comm, const SaveOptions& save,
+                     const IoOptions& io) {
+  if (d.mindspore_ckpt()) return DumpCkpt(d, src, rank, world, comm, io);
+  ShardLayout layout;
+  Result<State> share = DumpShare(src.state, src.layout, rank, world, GroupsFromProto(d.groups()),
+                                  d.writer(), &layout);
+  Status marked = share.ok() ? AddDumpRecord(&*share, d.step(), at.epoch, at.step_in_epoch, rank)
+                             : share.status();
+  if (!marked.ok()) {
+    comm.Abort(marked);
+    return marked;
+  }
+  DistributedSaveOptions so;
+  so.save = save;
+  so.save.overwrite = false;
+  so.save.create_parents = true;
+  so.timeout = std::chrono::milliseconds(d.timeout_ms());
+  return SaveDistributed(comm, *share, layout, d.path(), so, io);
+}
+
+}  // namespace savepoint::failover

@@ -1,0 +1,53 @@
+// Shared-memory snapshots of failure-time checkpoints (docs/FAILOVER.md, "Snapshots").
+//
+// A rank whose agent was given a snapshot directory (by the controller's Welcome) keeps, after
+// every snapshot_every-th step, a copy of its whole state there: `{dir}/rank_{r}/` holds
+//   step_{n}_{epoch}_{step_in_epoch}/   a native checkpoint (docs/FORMAT.md), committed by Save's
+//                                       atomic rename, whose metadata "failover.snapshot" records
+//                                       {rank, world, layout} (the ShardLayout of its tensors).
+// The directory is on a memory-backed file system (/dev/shm), so a snapshot costs a memory copy
+// and survives the process: when a rank dies, the controller writes its part of a dump from its
+// newest snapshot. A snapshot torn by a crash is a hidden temporary, never listed.
+//
+// Thread safety: the functions are reentrant; one writer per rank directory.
+#ifndef SAVEPOINT_FAILOVER_RPC_SNAPSHOT_H_
+#define SAVEPOINT_FAILOVER_RPC_SNAPSHOT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "savepoint/failover_rpc.h"
+
+namespace savepoint::failover {
+
+// The step a snapshot (or a dump) is of.
+struct StepInfo {
+  int64_t step = -1;
+  int64_t epoch = 1;
+  int64_t step_in_epoch = 0;
+};
+
+// `{dir}/rank_{rank}`.
+std::string SnapshotRankDir(const std::string& dir, int rank);
+
+// The committed snapshots of `rank` under `dir`, oldest first; none when the directory is absent.
+// Entries that are not committed snapshot directories (temporaries, strays) are ignored.
+std::vector<StepInfo> ListSnapshots(const std::string& dir, int rank, FileSystem* fs);
+
+// Writes `rank`'s snapshot of `at` from `src` (its tensors are read while this runs: the caller
+// keeps them unchanged), then removes the rank's snapshots older than the one before it: two stay,
+// so that a rank dying while it writes step n still leaves n - 1. Creates the rank directory when
+// missing, but never `dir` itself (a removed run directory means: no more snapshots).
+Status WriteSnapshot(const DumpSource& src, const std::string& dir, int rank, int world,
+                     const StepInfo& at, const SaveOptions& save, const IoOptions& io);
+
+// Reads `rank`'s committed snapshot of `step` (checksums verified) as the DumpSource it was
+// written from, with its StepInfo. NotFound when there is none; Corruption when it does not verify
+// or its record is malformed.
+Result<DumpSource> ReadSnapshot(const std::string& dir, int rank, int64_t step, StepInfo* at,
+                                const IoOptions& io);
+
+}  // namespace savepoint::failover
+
+#endif  // SAVEPOINT_FAILOVER_RPC_SNAPSHOT_H_

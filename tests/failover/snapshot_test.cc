@@ -1,0 +1,251 @@
+// Shared-memory snapshots (docs/FAILOVER.md, "Snapshots"): with data parallel = 1 a dead rank has
+// no replica, and its part of the dump comes from its last committed snapshot. In-process jobs of
+// harness.h; the snapshot directory is a test directory (tmpfs is not needed for correctness).
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+
+#include "failover/harness.h"
+#include "savepoint/manager.h"
+#include "testutil/testutil.h"
+
+namespace savepoint {
+namespace {
+
+using namespace failover_harness;
+namespace fs = std::filesystem;
+
+// Data parallel = 1: rank r alone holds rows [r * kElems, (r + 1) * kElems) of w.
+void OwnSlices(std::vector<Rank>& ranks) {
+  const int world = static_cast<int>(ranks.size());
+  for (int r = 0; r < world; ++r) {
+    ranks[r].layout["w"] = SplitDim({world * kElems}, 0, world, r, {r}).value();
+    ranks[r].groups = {{r}};
+  }
+}
+
+// The collective the ranks join after every step (as tensor parallelism's all-reduces): it keeps
+// them in step; a rank whose peer died waits in it until the timeout, then gives up.
+class Lockstep {
+ public:
+  explicit Lockstep(int world) : world_(world) {}
+  bool Arrive(int64_t step) {
+    std::unique_lock lock(mu_);
+    ++arrived_[step];
+    cv_.notify_all();
+    return cv_.wait_for(lock, 1500ms, [&] { return arrived_[step] == world_; });
+  }
+
+ private:
+  const int world_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<int64_t, int> arrived_;
+};
+
+// The job's snapshot run directory under `base` ("" when there is none).
+std::string RunDir(const std::string& base) {
+  if (!fs::exists(base)) return "";
+  for (const auto& e : fs::directory_iterator(base)) {
+    if (e.path().filename().string().starts_with("savepoint-snapshots-")) return e.path().string();
+  }
+  return "";
+}
+
+// The committed snapshot directories of `rank` (names), sorted.
+std::vector<std::string> Snapshots(const std::string& base, int rank) {
+  std::vector<std::string> out;
+  const fs::path dir = fs::path(RunDir(base)) / ("rank_" + std::to_string(rank));
+  if (RunDir(base).empty() || !fs::exists(dir)) return out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (fs::exists(e.path() / "MANIFEST")) out.push_back(e.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Waits until `rank` committed its snapshot of `step` (a rank dying later keeps it).
+void WaitForSnapshot(const std::string& base, int rank, int64_t step) {
+  const std::string name = "step_" + std::to_string(step) + "_1_" + std::to_string(step);
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<std::string> have = Snapshots(base, rank);
+    if (std::find(have.begin(), have.end(), name) != have.end()) return;
+    std::this_thread::sleep_for(5ms);
+  }
+  ADD_FAILURE() << "rank " << rank << " wrote no snapshot of step " << step;
+}
+
+// A rank of a lockstep job that dies after `step` once `ready` returns (e.g. its snapshot is in).
+std::function<bool(Rank&)> LockstepDieAfter(Lockstep& ls, int64_t step,
+                                            std::function<void(Rank&)> ready) {
+  return [&ls, step, ready](Rank& r) {
+    if (r.step < step) return ls.Arrive(r.step);
+    ready(r);
+    r.agent->Abandon();
+    return false;
+  };
+}
+
+void ExpectWeights(const std::string& dump, int64_t step, int rows) {
+  SP_ASSERT_OK_AND_ASSIGN(State loaded, Load(dump));
+  const TensorView* w = loaded.FindTensor("w");
+  ASSERT_NE(w, nullptr);
+  ASSERT_EQ(w->shape(), (Shape{rows}));
+  for (int i = 0; i < rows; ++i) {
+    EXPECT_EQ(reinterpret_cast<const float*>(w->data())[i], WeightAt(step, i)) << "row " << i;
+  }
+  EXPECT_EQ(loaded.FindValue("failover.step")->as_int(), step);
+  EXPECT_EQ(loaded.FindValue("loader.position")->as_int(), step * 32);
+}
+
+TEST(SnapshotTest, RankWithoutReplicaIsDumpedFromItsSnapshot) {
+  testing::TempDir dir, shm;
+  std::vector<Rank> ranks(2);
+  OwnSlices(ranks);
+  Lockstep ls(2);
+  ranks[0].at_step_end = [&ls](Rank& r) { return ls.Arrive(r.step); };
+  ranks[1].at_step_end =
+      LockstepDieAfter(ls, 6, [&](Rank& r) { WaitForSnapshot(shm.path(), r.rank, 6); });
+  ControllerOptions co = Options(2, dir.path());
+  co.snapshot_dir = shm.path();
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, co, 1000));
+  ASSERT_TRUE(out.failure);
+  EXPECT_EQ(out.failed_rank, 1);
+  ASSERT_TRUE(out.dumped) << out.dump_status.ToString();
+  EXPECT_EQ(out.dump_step, 6);
+  EXPECT_EQ(out.writers, std::vector<int>{0});
+  EXPECT_EQ(out.snapshot_writers, std::vector<int>{1});
+  ExpectWeights(out.dump_path, 6, 2 * kElems);
+  // The manager resumes from it, and the snapshots' memory was given back.
+  ManagerOptions mo;
+  mo.directory = dir.path();
+  SP_ASSERT_OK_AND_ASSIGN(auto manager, CheckpointManager::Open(mo));
+  ASSERT_TRUE(manager->Latest().has_value());
+  EXPECT_EQ(manager->Latest()->step, 6);
+  EXPECT_EQ(RunDir(shm.path()), "");
+}
+
+TEST(SnapshotTest, WithoutSnapshotsTheSameFailureHasNoDump) {
+  testing::TempDir dir;
+  std::vector<Rank> ranks(2);
+  OwnSlices(ranks);
+  Lockstep ls(2);
+  ranks[0].at_step_end = [&ls](Rank& r) { return ls.Arrive(r.step); };
+  ranks[1].at_step_end = LockstepDieAfter(ls, 6, [](Rank&) {});
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, Options(2, dir.path()), 1000));
+  ASSERT_TRUE(out.failure);
+  EXPECT_FALSE(out.dumped);
+  EXPECT_NE(out.dump_status.message().find("no replica"), std::string::npos)
+      << out.dump_status.ToString();
+}
+
+TEST(SnapshotTest, SingleRankJobIsDumpedFromItsSnapshotAlone) {
+  testing::TempDir dir, shm;
+  std::vector<Rank> ranks(1);
+  ranks[0].at_step_end = [&](Rank& r) {
+    if (r.step < 9) return true;
+    WaitForSnapshot(shm.path(), 0, 9);
+    r.agent->Abandon();
+    return false;
+  };
+  ControllerOptions co = Options(1, dir.path());
+  co.snapshot_dir = shm.path();
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, co, 1000));
+  ASSERT_TRUE(out.dumped) << out.dump_status.ToString();
+  EXPECT_EQ(out.dump_step, 9);
+  EXPECT_TRUE(out.writers.empty());
+  EXPECT_EQ(out.snapshot_writers, std::vector<int>{0});
+  EXPECT_EQ(fs::path(out.dump_path).filename(), FailureDumpName("ckpt", 1, 9));
+  ExpectWeights(out.dump_path, 9, kElems);
+}
+
+TEST(SnapshotTest, TornSnapshotIsNeverUsed) {
+  testing::TempDir dir, shm;
+  std::vector<Rank> ranks(1);
+  ranks[0].at_step_end = [&](Rank& r) {
+    if (r.step < 7) return true;
+    WaitForSnapshot(shm.path(), 0, 7);
+    r.agent->Abandon();  // no more snapshots; now fake the remains of a crash mid-snapshot
+    const fs::path rank_dir = fs::path(RunDir(shm.path())) / "rank_0";
+    fs::create_directories(rank_dir / "step_8_1_8");  // no MANIFEST: never committed
+    std::ofstream(rank_dir / "step_8_1_8" / "data-0-00000.spd") << "torn";
+    fs::create_directories(rank_dir / ".step_9_1_9.tmp-1234");  // a Save's temporary
+    return false;
+  };
+  ControllerOptions co = Options(1, dir.path());
+  co.snapshot_dir = shm.path();
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, co, 1000));
+  ASSERT_TRUE(out.dumped) << out.dump_status.ToString();
+  EXPECT_EQ(out.dump_step, 7);
+  ExpectWeights(out.dump_path, 7, kElems);
+}
+
+TEST(SnapshotTest, CorruptSnapshotCommitsNothing) {
+  testing::TempDir dir, shm;
+  std::vector<Rank> ranks(1);
+  ranks[0].at_step_end = [&](Rank& r) {
+    if (r.step < 5) return true;
+    WaitForSnapshot(shm.path(), 0, 5);
+    r.agent->Abandon();
+    // Flip the first byte of w (the only tensor: its extent follows the 4096-byte header) in
+    // every snapshot's data file.
+    for (const auto& e : fs::recursive_directory_iterator(RunDir(shm.path()))) {
+      if (e.path().extension() != ".spd") continue;
+      std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+      f.seekg(4096);
+      char c = 0;
+      f.get(c);
+      f.seekp(4096);
+      f.put(static_cast<char>(c ^ 0x40));
+    }
+    return false;
+  };
+  ControllerOptions co = Options(1, dir.path());
+  co.snapshot_dir = shm.path();
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, co, 1000));
+  ASSERT_TRUE(out.failure);
+  EXPECT_FALSE(out.dumped);
+  EXPECT_NE(out.dump_status.message().find("snapshot"), std::string::npos)
+      << out.dump_status.ToString();
+  for (const auto& e : fs::directory_iterator(dir.path())) ADD_FAILURE() << "left " << e.path();
+}
+
+TEST(SnapshotTest, EveryNStepsKeepsTwoAndIsRemovedAtTheEnd) {
+  testing::TempDir dir, shm;
+  std::vector<Rank> ranks(2);
+  std::vector<std::vector<std::string>> seen(2);
+  for (int r = 0; r < 2; ++r) {
+    ranks[r].at_step_end = [&, r](Rank& me) {
+      if (me.step == 13) {
+        WaitForSnapshot(shm.path(), r, 12);
+        seen[r] = Snapshots(shm.path(), r);
+      }
+      return true;
+    };
+  }
+  ControllerOptions co = Options(2, dir.path());
+  co.snapshot_dir = shm.path();
+  co.snapshot_every = 4;
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, co, 15));
+  EXPECT_FALSE(out.failure);
+  for (int r = 0; r < 2; ++r) {
+    SP_EXPECT_OK(ranks[r].result);
+    EXPECT_EQ(seen[r], (std::vector<std::string>{"step_12_1_12", "step_8_1_8"})) << "rank " << r;
+  }
+  EXPECT_EQ(RunDir(shm.path()), "");
+  EXPECT_EQ(FailoverController::Start([&] {
+              ControllerOptions bad = co;
+              bad.snapshot_every = 0;
+              return bad;
+            }())
+                .status()
+                .code(),
+            StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace savepoint
