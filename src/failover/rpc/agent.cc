@@ -275,8 +275,7 @@ Status Agent::Dump(const failover::rpc::Dump& d) {
 
 void Agent::SnapshotLoop() {
   const std::string rank_dir = failover::SnapshotRankDir(snapshot_dir_, o_.rank);
-  IoOptions io = o_.io;
-  io.direct_io = false;  // a memory-backed file system
+  failover::SnapshotWriter writer(snapshot_dir_, o_.rank, o_.world, SaveOptions{}, o_.io);
   std::unique_lock lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return closed_ || !controller_.ok() || snapshot_pending_ >= 0; });
@@ -286,9 +285,7 @@ void Agent::SnapshotLoop() {
     snapshot_busy_ = true;
     lock.unlock();
     Result<DumpSource> src = o_.source();
-    Status s = src.ok() ? failover::WriteSnapshot(*src, snapshot_dir_, o_.rank, o_.world, at,
-                                                  SaveOptions{}, io)
-                        : src.status();
+    Status s = src.ok() ? writer.Write(*src, at) : src.status();
     lock.lock();
     snapshot_busy_ = false;
     cv_.notify_all();

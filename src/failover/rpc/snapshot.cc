@@ -1,10 +1,16 @@
 // Shared-memory snapshots (snapshot.h).
 #include "failover/rpc/snapshot.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <system_error>
 
 namespace savepoint::failover {
@@ -64,18 +70,6 @@ Result<ShardLayout> LayoutFromJson(const Json& j) {
   return out;
 }
 
-// Removes the rank's snapshots older than `keep_from` (best effort: a leftover costs memory only).
-void Prune(FileSystem* fs, const std::string& rank_dir, int64_t keep_from) {
-  Result<std::vector<FileInfo>> entries = fs->ListDir(rank_dir);
-  if (!entries.ok()) return;
-  for (const FileInfo& e : *entries) {
-    StepInfo at;
-    if (ParseName(e.name, &at) && at.step < keep_from) {
-      fs->RemoveAll(rank_dir + "/" + e.name).IgnoreError();
-    }
-  }
-}
-
 }  // namespace
 
 std::string SnapshotRankDir(const std::string& dir, int rank) {
@@ -100,17 +94,158 @@ std::vector<StepInfo> ListSnapshots(const std::string& dir, int rank, FileSystem
   return out;
 }
 
-Status WriteSnapshot(const DumpSource& src, const std::string& dir, int rank, int world,
-                     const StepInfo& at, const SaveOptions& save, const IoOptions& io) {
-  FileSystem* fs = FileSystemOf(io);
-  const std::string rank_dir = SnapshotRankDir(dir, rank);
-  if (!fs->Exists(rank_dir)) {
-    Status made = fs->CreateDir(rank_dir);
+namespace {
+
+// A data file of a snapshot, written through a shared mapping of the file: once Preallocate has
+// sized it, WriteAt is a memcpy into its tmpfs pages (no system call, and no inode lock, which
+// serialises buffered writes to one file); ranges outside the mapping are written with pwrite.
+class MappedDataFile final : public WritableFile {
+ public:
+  static Result<std::unique_ptr<WritableFile>> Open(const std::string& path) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return IOError(fmt::format("open {}: {}", path, std::strerror(errno)));
+    return std::unique_ptr<WritableFile>(new MappedDataFile(fd, path));
+  }
+  ~MappedDataFile() override { Close().IgnoreError(); }
+
+  Status Preallocate(uint64_t bytes) override {
+    Extend(bytes);
+    if (map_ != nullptr || bytes == 0) return Status::OK();
+    if (::ftruncate(fd_, static_cast<off_t>(bytes)) != 0) return Errno("truncate");
+    void* m = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd_, 0);
+    if (m == MAP_FAILED) return Errno("map");
+    map_ = static_cast<std::byte*>(m);
+    mapped_ = bytes;
+    return Status::OK();
+  }
+  Status WriteAt(uint64_t off, std::span<const std::byte> d) override {
+    Extend(off + d.size());
+    if (map_ != nullptr && off + d.size() <= mapped_) {
+      std::memcpy(map_ + off, d.data(), d.size());
+      return Status::OK();
+    }
+    for (size_t done = 0; done < d.size();) {
+      const ssize_t n = ::pwrite(fd_, d.data() + done, d.size() - done, off + done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return Errno("write");
+      done += static_cast<size_t>(n);
+    }
+    return Status::OK();
+  }
+  Status Sync() override { return ::fdatasync(fd_) == 0 ? Status::OK() : Errno("sync"); }
+  Status Close() override {
+    if (fd_ < 0) return Status::OK();
+    if (map_ != nullptr) ::munmap(map_, mapped_);
+    map_ = nullptr;
+    // A recycled file may be longer than what was written this time.
+    Status s =
+        ::ftruncate(fd_, static_cast<off_t>(end_.load())) == 0 ? Status::OK() : Errno("truncate");
+    ::close(fd_);
+    fd_ = -1;
+    return s;
+  }
+  bool direct() const override { return false; }
+  const std::string& path() const override { return path_; }
+
+ private:
+  MappedDataFile(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  Status Errno(const char* what) const {
+    return IOError(fmt::format("{} {}: {}", what, path_, std::strerror(errno)));
+  }
+  void Extend(uint64_t end) {
+    uint64_t cur = end_.load();
+    while (end > cur && !end_.compare_exchange_weak(cur, end)) {
+    }
+  }
+
+  int fd_;
+  const std::string path_;
+  std::byte* map_ = nullptr;
+  uint64_t mapped_ = 0;
+  std::atomic<uint64_t> end_{0};
+};
+
+}  // namespace
+
+// The snapshot directory's file system: POSIX, except for data files (".spd"): a removed one
+// becomes a spare, and a new one takes a spare's place (renamed: its tmpfs pages are kept) and is
+// written through a mapping (MappedDataFile).
+class SnapshotWriter::RecyclingFs final : public FileSystem {
+ public:
+  RecyclingFs(FileSystem* base, std::string spare_dir)
+      : base_(base), spare_dir_(std::move(spare_dir)) {}
+
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p,
+                                                        const FileOptions& o) override {
+    if (!IsData(p) || !o.truncate || base_->Exists(p)) return base_->NewWritableFile(p, o);
+    if (!spares_.empty()) {
+      const std::string spare = spares_.back();
+      spares_.pop_back();
+      if (!base_->Rename(spare, p).ok()) base_->RemoveFile(spare).IgnoreError();
+    }
+    return MappedDataFile::Open(p);
+  }
+  Status RemoveFile(const std::string& p) override {
+    if (!IsData(p)) return base_->RemoveFile(p);
+    if (!base_->Exists(spare_dir_)) SP_RETURN_IF_ERROR(base_->CreateDir(spare_dir_));
+    const std::string spare = fmt::format("{}/{}", spare_dir_, next_spare_++);
+    SP_RETURN_IF_ERROR(base_->Rename(p, spare));
+    spares_.push_back(spare);
+    return Status::OK();
+  }
+  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& p,
+                                                                const FileOptions& o) override {
+    return base_->NewRandomAccessFile(p, o);
+  }
+  Status CreateDir(const std::string& p) override { return base_->CreateDir(p); }
+  Result<std::vector<FileInfo>> ListDir(const std::string& p) override { return base_->ListDir(p); }
+  Result<FileInfo> Stat(const std::string& p) override { return base_->Stat(p); }
+  Status RemoveDir(const std::string& p) override { return base_->RemoveDir(p); }
+  Status Rename(const std::string& a, const std::string& b) override { return base_->Rename(a, b); }
+  Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
+  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& p, MapMode m) override {
+    return base_->MapFile(p, m);
+  }
+
+ private:
+  static bool IsData(const std::string& p) { return p.ends_with(".spd"); }
+
+  FileSystem* base_;
+  const std::string spare_dir_;
+  std::vector<std::string> spares_;
+  uint64_t next_spare_ = 0;
+};
+
+SnapshotWriter::SnapshotWriter(std::string dir, int rank, int world, SaveOptions save, IoOptions io)
+    : dir_(std::move(dir)),
+      rank_dir_(SnapshotRankDir(dir_, rank)),
+      rank_(rank),
+      world_(world),
+      save_(std::move(save)),
+      io_(io),
+      fs_(std::make_unique<RecyclingFs>(DefaultFileSystem(), rank_dir_ + "/.spare")) {
+  io_.fs = fs_.get();
+  io_.direct_io = false;   // a memory-backed file system
+  save_.overwrite = true;  // a snapshot of the same step again (a resumed job) replaces it
+  save_.create_parents = false;
+  save_.stats = nullptr;
+  save_.progress = nullptr;
+}
+
+SnapshotWriter::~SnapshotWriter() = default;
+
+Status SnapshotWriter::Write(const DumpSource& src, const StepInfo& at) {
+  if (!fs_->Exists(rank_dir_)) {
+    Status made = fs_->CreateDir(rank_dir_);
     if (!made.ok() && made.code() != StatusCode::kAlreadyExists) {
       return made.WithContext("snapshot directory");
     }
   }
-  std::vector<StepInfo> before = ListSnapshots(dir, rank, fs);
+  // Only the newest stays while this one is written (its data files become the spares).
+  std::vector<StepInfo> before = ListSnapshots(dir_, rank_, fs_.get());
+  for (size_t i = 0; i + 1 < before.size(); ++i) {
+    fs_->RemoveAll(rank_dir_ + "/" + SnapshotName(before[i])).IgnoreError();
+  }
   State snap;
   for (const auto& [name, entry] : src.state.entries()) {
     SP_RETURN_IF_ERROR(entry.is_tensor() ? snap.PutView(name, entry.tensor())
@@ -118,20 +253,8 @@ Status WriteSnapshot(const DumpSource& src, const std::string& dir, int rank, in
   }
   snap.metadata() = src.state.metadata().is_object() ? src.state.metadata() : Json::object();
   snap.metadata()[kRecordKey] = {
-      {"rank", rank}, {"world", world}, {"layout", LayoutToJson(src.layout)}};
-  SaveOptions o = save;
-  o.overwrite = true;  // a snapshot of the same step again (a resumed job) replaces the old one
-  o.create_parents = false;
-  o.stats = nullptr;
-  o.progress = nullptr;
-  SP_RETURN_IF_ERROR(Save(snap, rank_dir + "/" + SnapshotName(at), o, io));
-  // Keep this one and the newest before it.
-  int64_t keep_from = at.step;
-  for (const StepInfo& b : before) {
-    if (b.step < at.step) keep_from = b.step;
-  }
-  Prune(fs, rank_dir, keep_from);
-  return Status::OK();
+      {"rank", rank_}, {"world", world_}, {"layout", LayoutToJson(src.layout)}};
+  return Save(snap, rank_dir_ + "/" + SnapshotName(at), save_, io_);
 }
 
 Result<DumpSource> ReadSnapshot(const std::string& dir, int rank, int64_t step, StepInfo* at,

@@ -14,6 +14,7 @@
 #define SAVEPOINT_FAILOVER_RPC_SNAPSHOT_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,12 +36,34 @@ std::string SnapshotRankDir(const std::string& dir, int rank);
 // Entries that are not committed snapshot directories (temporaries, strays) are ignored.
 std::vector<StepInfo> ListSnapshots(const std::string& dir, int rank, FileSystem* fs);
 
-// Writes `rank`'s snapshot of `at` from `src` (its tensors are read while this runs: the caller
-// keeps them unchanged), then removes the rank's snapshots older than the one before it: two stay,
-// so that a rank dying while it writes step n still leaves n - 1. Creates the rank directory when
-// missing, but never `dir` itself (a removed run directory means: no more snapshots).
-Status WriteSnapshot(const DumpSource& src, const std::string& dir, int rank, int world,
-                     const StepInfo& at, const SaveOptions& save, const IoOptions& io);
+// Writes one rank's snapshots. Before writing step n it removes the rank's snapshots older than
+// its newest, so at most two copies exist: the newest committed one and the one being written. A
+// rank that dies while writing n still leaves n - 1 (and the survivors, kept in step, hold n - 1
+// too). The removed snapshot's data files are kept as spares (`rank_{r}/.spare/`) and the next
+// snapshot's data files reuse them, written in place: tmpfs pages are reused rather than freed,
+// faulted in and zeroed again; data files are written through shared mappings (memcpy, in
+// parallel), so a snapshot costs about a memory copy.
+// Thread safety: one thread at a time.
+class SnapshotWriter {
+ public:
+  // `save`: the snapshots' options (compression...; overwrite, create_parents, stats and progress
+  // are set here). `io`: the I/O threads; the snapshots always go through the POSIX file system
+  // (io.fs is not used: `dir` is local shared memory), without direct I/O.
+  SnapshotWriter(std::string dir, int rank, int world, SaveOptions save, IoOptions io);
+  ~SnapshotWriter();
+  // Writes the snapshot of `at` from `src` (its tensors are read while this runs: the caller keeps
+  // them unchanged). Creates the rank directory when missing, but never `dir` itself (a removed
+  // run directory means: no more snapshots).
+  Status Write(const DumpSource& src, const StepInfo& at);
+
+ private:
+  class RecyclingFs;
+  std::string dir_, rank_dir_;
+  int rank_, world_;
+  SaveOptions save_;
+  IoOptions io_;
+  std::unique_ptr<RecyclingFs> fs_;
+};
 
 // Reads `rank`'s committed snapshot of `step` (checksums verified) as the DumpSource it was
 // written from, with its StepInfo. NotFound when there is none; Corruption when it does not verify
