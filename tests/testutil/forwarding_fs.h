@@ -6,13 +6,14 @@
 #include <memory>
 #include <string>
 
+#include "io/forwarding_fs.h"
 #include "savepoint/filesystem.h"
 
 namespace savepoint::testing {
 
-class ForwardingFileSystem : public FileSystem {
+class ForwardingFileSystem : public savepoint::ForwardingFileSystem {
  public:
-  explicit ForwardingFileSystem(FileSystem* base) : base_(base) {}
+  explicit ForwardingFileSystem(FileSystem* base) : savepoint::ForwardingFileSystem(base) {}
 
   // Called before every WriteAt on a file opened through this object (any thread).
   virtual void OnWrite(const std::string& path, uint64_t bytes) {
@@ -22,22 +23,8 @@ class ForwardingFileSystem : public FileSystem {
 
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p,
                                                         const FileOptions& o) override {
-    SP_ASSIGN_OR_RETURN(auto f, base_->NewWritableFile(p, o));
+    SP_ASSIGN_OR_RETURN(auto f, base()->NewWritableFile(p, o));
     return std::unique_ptr<WritableFile>(std::make_unique<File>(std::move(f), this));
-  }
-  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& p,
-                                                                const FileOptions& o) override {
-    return base_->NewRandomAccessFile(p, o);
-  }
-  Status CreateDir(const std::string& p) override { return base_->CreateDir(p); }
-  Result<std::vector<FileInfo>> ListDir(const std::string& p) override { return base_->ListDir(p); }
-  Result<FileInfo> Stat(const std::string& p) override { return base_->Stat(p); }
-  Status RemoveFile(const std::string& p) override { return base_->RemoveFile(p); }
-  Status RemoveDir(const std::string& p) override { return base_->RemoveDir(p); }
-  Status Rename(const std::string& a, const std::string& b) override { return base_->Rename(a, b); }
-  Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
-  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& p, MapMode m) override {
-    return base_->MapFile(p, m);
   }
 
  private:
@@ -58,7 +45,6 @@ class ForwardingFileSystem : public FileSystem {
     std::unique_ptr<WritableFile> f_;
     ForwardingFileSystem* fs_;
   };
-  FileSystem* base_;
 };
 
 }  // namespace savepoint::testing

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <system_error>
 
+#include "io/forwarding_fs.h"
+
 namespace savepoint::failover {
 namespace {
 
@@ -170,47 +172,33 @@ class MappedDataFile final : public WritableFile {
 // The snapshot directory's file system: POSIX, except for data files (".spd"): a removed one
 // becomes a spare, and a new one takes a spare's place (renamed: its tmpfs pages are kept) and is
 // written through a mapping (MappedDataFile).
-class SnapshotWriter::RecyclingFs final : public FileSystem {
+class SnapshotWriter::RecyclingFs final : public ForwardingFileSystem {
  public:
   RecyclingFs(FileSystem* base, std::string spare_dir)
-      : base_(base), spare_dir_(std::move(spare_dir)) {}
+      : ForwardingFileSystem(base), spare_dir_(std::move(spare_dir)) {}
 
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p,
                                                         const FileOptions& o) override {
-    if (!IsData(p) || !o.truncate || base_->Exists(p)) return base_->NewWritableFile(p, o);
+    if (!IsData(p) || !o.truncate || base()->Exists(p)) return base()->NewWritableFile(p, o);
     if (!spares_.empty()) {
       const std::string spare = spares_.back();
       spares_.pop_back();
-      if (!base_->Rename(spare, p).ok()) base_->RemoveFile(spare).IgnoreError();
+      if (!base()->Rename(spare, p).ok()) base()->RemoveFile(spare).IgnoreError();
     }
     return MappedDataFile::Open(p);
   }
   Status RemoveFile(const std::string& p) override {
-    if (!IsData(p)) return base_->RemoveFile(p);
-    if (!base_->Exists(spare_dir_)) SP_RETURN_IF_ERROR(base_->CreateDir(spare_dir_));
+    if (!IsData(p)) return base()->RemoveFile(p);
+    if (!base()->Exists(spare_dir_)) SP_RETURN_IF_ERROR(base()->CreateDir(spare_dir_));
     const std::string spare = fmt::format("{}/{}", spare_dir_, next_spare_++);
-    SP_RETURN_IF_ERROR(base_->Rename(p, spare));
+    SP_RETURN_IF_ERROR(base()->Rename(p, spare));
     spares_.push_back(spare);
     return Status::OK();
-  }
-  Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& p,
-                                                                const FileOptions& o) override {
-    return base_->NewRandomAccessFile(p, o);
-  }
-  Status CreateDir(const std::string& p) override { return base_->CreateDir(p); }
-  Result<std::vector<FileInfo>> ListDir(const std::string& p) override { return base_->ListDir(p); }
-  Result<FileInfo> Stat(const std::string& p) override { return base_->Stat(p); }
-  Status RemoveDir(const std::string& p) override { return base_->RemoveDir(p); }
-  Status Rename(const std::string& a, const std::string& b) override { return base_->Rename(a, b); }
-  Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
-  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& p, MapMode m) override {
-    return base_->MapFile(p, m);
   }
 
  private:
   static bool IsData(const std::string& p) { return p.ends_with(".spd"); }
 
-  FileSystem* base_;
   const std::string spare_dir_;
   std::vector<std::string> spares_;
   uint64_t next_spare_ = 0;
