@@ -66,6 +66,11 @@ struct SAVEPOINT_API AgentOptions {
   // the state at the last step passed to EndUpdate. Required for a rank to be a writer; a rank
   // without it reports itself as holding no step.
   std::function<Result<DumpSource>()> source;
+  // This rank's host as the controller sees it: a dead rank's snapshot is read by the controller
+  // when it runs on the same host, else by a survivor of the same host. Set it when host names do
+  // not tell which processes share shared memory (e.g. containers of one machine sharing
+  // /dev/shm). Default: empty = gethostname().
+  std::string host;
   // How long Connect waits for the controller (it retries while the controller starts).
   // Default: 10 s.
   std::chrono::milliseconds connect_timeout{10000};
@@ -151,11 +156,12 @@ struct SAVEPOINT_API ControllerOptions {
   // How long to wait for every rank to register. Default: 5 minutes.
   std::chrono::milliseconds register_timeout{300000};
   // Shared-memory snapshots (docs/FAILOVER.md, "Snapshots"): a directory on a memory-backed file
-  // system of the controller's host (e.g. "/dev/shm"). The controller makes a private run
-  // directory in it (mode 0700) and has every rank on its host that has a dump source write a
-  // snapshot of its state there after every `snapshot_every` steps (ranks on other hosts take
-  // none: the controller could not read them). A dead rank's newest snapshot then stands in for
-  // a missing replica, so a job with data parallel = 1 still gets a dump. The run directory is
+  // system, the same path on every host (e.g. "/dev/shm"). The controller names a private run
+  // directory in it (mode 0700), and every rank that has a dump source writes a snapshot of its
+  // state there, on its own host, after every `snapshot_every` steps. A dead rank's snapshot
+  // then stands in for a missing replica, so a job with data parallel = 1 still gets a dump: the
+  // controller writes that part when the rank ran on its host, else a survivor of the rank's
+  // host does (a rank whose whole host is gone has no snapshot left). The run directory is
   // removed when the job is over. Default: empty = no snapshots.
   std::string snapshot_dir;
   // Every how many steps a rank writes a snapshot (>= 1). Default: 1 (every step).

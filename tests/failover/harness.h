@@ -31,6 +31,7 @@ struct Rank {
   int64_t step = 0;
   ShardLayout layout;                      // set by two-group tests
   std::vector<ReplicaGroup> groups;        // empty: data parallel
+  std::string host;                        // AgentOptions::host (empty: this host)
   std::function<bool(Rank&)> at_step_end;  // returns false to stop the loop (the rank "dies")
   std::function<bool(Rank&)> mid_update;   // between BeginUpdate and the update; false: "dies"
   std::function<Result<DumpSource>(Rank&)> source_hook;
@@ -71,6 +72,7 @@ inline void RunRank(Rank& r, int port, int64_t steps) {
   o.rank = r.rank;
   o.world = r.world;
   o.groups = r.groups;
+  o.host = r.host;
   o.source = [&r]() -> Result<DumpSource> {
     return r.source_hook ? r.source_hook(r) : SourceOf(r);
   };

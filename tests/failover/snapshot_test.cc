@@ -143,6 +143,44 @@ TEST(SnapshotTest, WithoutSnapshotsTheSameFailureHasNoDump) {
       << out.dump_status.ToString();
 }
 
+// Ranks 0 and 1 on host "node-a", rank 2 on "node-b" (neither the controller's host), data
+// parallel = 1 and kept in step; `victim` dies after its snapshot of step 6 was reported.
+Result<JobOutcome> RunOnTwoHosts(const std::string& dir, const std::string& shm, int victim) {
+  std::vector<Rank> ranks(3);
+  OwnSlices(ranks);
+  Lockstep ls(3);
+  for (int r = 0; r < 3; ++r) {
+    ranks[r].host = r < 2 ? "node-a" : "node-b";
+    ranks[r].at_step_end = [&ls](Rank& me) { return ls.Arrive(me.step); };
+  }
+  ranks[victim].at_step_end = LockstepDieAfter(ls, 6, [&](Rank& me) {
+    WaitForSnapshot(shm, me.rank, 6);
+    std::this_thread::sleep_for(200ms);  // a heartbeat reports it
+  });
+  ControllerOptions co = Options(3, dir);
+  co.snapshot_dir = shm;
+  return RunJob(ranks, co, 1000);
+}
+
+TEST(SnapshotTest, SurvivorOfTheDeadRanksHostWritesItsSnapshot) {
+  testing::TempDir dir, shm;
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunOnTwoHosts(dir.path(), shm.path(), 1));
+  ASSERT_TRUE(out.dumped) << out.dump_status.ToString();
+  EXPECT_EQ(out.dump_step, 6);
+  EXPECT_EQ(out.writers, (std::vector<int>{0, 2}));
+  EXPECT_EQ(out.snapshot_writers, std::vector<int>{1});  // written by rank 0, its host-mate
+  ExpectWeights(out.dump_path, 6, 3 * kElems);
+}
+
+TEST(SnapshotTest, DeadRankAloneOnItsHostHasNoReader) {
+  testing::TempDir dir, shm;
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunOnTwoHosts(dir.path(), shm.path(), 2));
+  ASSERT_TRUE(out.failure);
+  EXPECT_FALSE(out.dumped);
+  EXPECT_NE(out.dump_status.message().find("no snapshot"), std::string::npos)
+      << out.dump_status.ToString();
+}
+
 TEST(SnapshotTest, SingleRankJobIsDumpedFromItsSnapshotAlone) {
   testing::TempDir dir, shm;
   std::vector<Rank> ranks(1);
@@ -168,12 +206,13 @@ TEST(SnapshotTest, TornSnapshotIsNeverUsed) {
   std::vector<Rank> ranks(1);
   ranks[0].at_step_end = [&](Rank& r) {
     if (r.step < 7) return true;
-    WaitForSnapshot(shm.path(), 0, 7);
-    r.agent->Abandon();  // no more snapshots; now fake the remains of a crash mid-snapshot
+    WaitForSnapshot(shm.path(), 0, 7);  // no other snapshot is written after it
+    // The remains of a crash mid-snapshot, then the crash.
     const fs::path rank_dir = fs::path(RunDir(shm.path())) / "rank_0";
     fs::create_directories(rank_dir / "step_8_1_8");  // no MANIFEST: never committed
     std::ofstream(rank_dir / "step_8_1_8" / "data-0-00000.spd") << "torn";
     fs::create_directories(rank_dir / ".step_9_1_9.tmp-1234");  // a Save's temporary
+    r.agent->Abandon();
     return false;
   };
   ControllerOptions co = Options(1, dir.path());
@@ -189,8 +228,7 @@ TEST(SnapshotTest, CorruptSnapshotCommitsNothing) {
   std::vector<Rank> ranks(1);
   ranks[0].at_step_end = [&](Rank& r) {
     if (r.step < 5) return true;
-    WaitForSnapshot(shm.path(), 0, 5);
-    r.agent->Abandon();
+    WaitForSnapshot(shm.path(), 0, 5);  // no other snapshot is written after it
     // Flip the first byte of w (the only tensor: its extent follows the 4096-byte header) in
     // every snapshot's data file.
     for (const auto& e : fs::recursive_directory_iterator(RunDir(shm.path()))) {
@@ -202,6 +240,7 @@ TEST(SnapshotTest, CorruptSnapshotCommitsNothing) {
       f.seekp(4096);
       f.put(static_cast<char>(c ^ 0x40));
     }
+    r.agent->Abandon();  // after the damage: the controller reads the snapshots once it sees this
     return false;
   };
   ControllerOptions co = Options(1, dir.path());

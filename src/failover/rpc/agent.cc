@@ -97,12 +97,21 @@ class Agent final : public FailoverAgent {
     failover::rpc::StepState s = state_;
     if (!o_.source) s.set_step(-1);
     s.set_updating(updating_);
-    s.set_snapshot_step(snapshot_step_);
+    for (const failover::StepInfo& at : snapshots_) {
+      failover::rpc::SnapshotStep* p = s.add_snapshots();
+      p->set_step(at.step);
+      p->set_epoch(at.epoch);
+      p->set_step_in_epoch(at.step_in_epoch);
+    }
     return s;
   }
   // Under mu_: no snapshot waiting or being written.
   bool SnapshotIdle() const { return snapshot_pending_ < 0 && !snapshot_busy_; }
   void SnapshotLoop();
+  // The part of another rank's snapshot (Dump::snapshot_rank), on a thread of its own.
+  void WriteSnapshotPart(const failover::rpc::Dump& d);
+  // The job is over: removes this rank's snapshots and those it wrote parts from (best effort).
+  void DropSnapshots();
   Status Register();
   void ReadLoop();
   void HeartbeatLoop();
@@ -136,9 +145,11 @@ class Agent final : public FailoverAgent {
   bool snapshots_on_ = false;  // the snapshot thread runs and takes snapshots
   int64_t snapshot_pending_ = -1;
   bool snapshot_busy_ = false;
-  int64_t snapshot_step_ = -1;
+  std::vector<failover::StepInfo> snapshots_;  // committed, oldest first
+  std::vector<int> parts_written_;             // ranks whose snapshot parts this agent wrote
 
   std::thread reader_, heartbeat_thread_, dump_thread_, snapshot_thread_;
+  std::vector<std::thread> part_threads_;
 };
 
 Status Agent::Open() {
@@ -176,7 +187,11 @@ Status Agent::Register() {
   h->set_world(o_.world);
   h->set_pid(::getpid());
   char host[256] = {};
-  if (::gethostname(host, sizeof(host) - 1) == 0) h->set_host(host);
+  if (!o_.host.empty()) {
+    h->set_host(o_.host);
+  } else if (::gethostname(host, sizeof(host) - 1) == 0) {
+    h->set_host(host);
+  }
   failover::GroupsToProto(o_.groups, h->mutable_groups());
   failover::rpc::ControllerMessage welcome;
   if (!stream->Write(hello) || !stream->Read(&welcome) || !welcome.has_welcome()) {
@@ -196,7 +211,9 @@ void Agent::ReadLoop() {
   while (stream_->Read(&m)) {
     if (m.has_stop()) OnStop(m.stop());
     if (m.has_exit()) OnExit(m.exit());
-    if (m.has_dump() && !dump_thread_.joinable()) {
+    if (m.has_dump() && m.dump().has_snapshot_rank()) {
+      part_threads_.emplace_back([this, d = m.dump()] { WriteSnapshotPart(d); });
+    } else if (m.has_dump() && !dump_thread_.joinable()) {
       dump_thread_ = std::thread([this, d = m.dump()] {
         Status s = Dump(d);
         if (!s.ok())
@@ -204,6 +221,7 @@ void Agent::ReadLoop() {
         failover::rpc::AgentMessage done;
         done.mutable_dump_done()->set_code(static_cast<int32_t>(s.code()));
         done.mutable_dump_done()->set_message(s.message());
+        done.mutable_dump_done()->set_writer(d.writer());
         Send(done);
       });
     }
@@ -250,10 +268,45 @@ void Agent::OnStop(const failover::rpc::Stop& stop) {
 }
 
 void Agent::OnExit(const failover::rpc::Exit& exit) {
-  std::lock_guard lock(mu_);
-  Status why = failover::FromWire(exit.code(), exit.reason());
-  exit_ = why.ok() ? why : FailedPreconditionError("job stopped: " + exit.reason());
-  cv_.notify_all();
+  {
+    std::lock_guard lock(mu_);
+    Status why = failover::FromWire(exit.code(), exit.reason());
+    exit_ = why.ok() ? why : FailedPreconditionError("job stopped: " + exit.reason());
+    cv_.notify_all();
+  }
+  DropSnapshots();  // the dump is over
+}
+
+void Agent::WriteSnapshotPart(const failover::rpc::Dump& d) {
+  auto comm =
+      failover::NewRelayCommunicator(stub_.get(), o_.token, d.dump_id(), d.writer(), d.writers());
+  Status s = failover::WriteSnapshotPart(d, snapshot_dir_, o_.world, *comm, o_.save, o_.io);
+  if (!s.ok()) {
+    failover::Log().error("savepoint failover: rank {}: rank {}'s part from its snapshot: {}",
+                          o_.rank, d.snapshot_rank(), s.ToString());
+  }
+  failover::rpc::AgentMessage done;
+  done.mutable_dump_done()->set_code(static_cast<int32_t>(s.code()));
+  done.mutable_dump_done()->set_message(s.message());
+  done.mutable_dump_done()->set_writer(d.writer());
+  {
+    std::lock_guard lock(mu_);
+    parts_written_.push_back(d.snapshot_rank());
+  }
+  Send(done);
+}
+
+void Agent::DropSnapshots() {
+  std::vector<int> ranks;
+  {
+    std::lock_guard lock(mu_);
+    if (snapshot_dir_.empty()) return;
+    ranks = parts_written_;
+  }
+  ranks.push_back(o_.rank);
+  FileSystem* fs = DefaultFileSystem();
+  for (int r : ranks) fs->RemoveAll(failover::SnapshotRankDir(snapshot_dir_, r)).IgnoreError();
+  fs->RemoveDir(snapshot_dir_).IgnoreError();  // the last rank of its host removes the run's
 }
 
 Status Agent::Dump(const failover::rpc::Dump& d) {
@@ -276,6 +329,13 @@ Status Agent::Dump(const failover::rpc::Dump& d) {
 void Agent::SnapshotLoop() {
   const std::string rank_dir = failover::SnapshotRankDir(snapshot_dir_, o_.rank);
   failover::SnapshotWriter writer(snapshot_dir_, o_.rank, o_.world, SaveOptions{}, o_.io);
+  // On another host than the controller's, this host's ranks make the run directory.
+  if (Status s = failover::MakePrivateDir(snapshot_dir_); !s.ok()) {
+    failover::Log().warn("savepoint failover: rank {}: {}; no snapshots", o_.rank, s.ToString());
+    std::lock_guard lock(mu_);
+    snapshots_on_ = false;
+    return;
+  }
   std::unique_lock lock(mu_);
   for (;;) {
     cv_.wait(lock, [&] { return closed_ || !controller_.ok() || snapshot_pending_ >= 0; });
@@ -296,7 +356,7 @@ void Agent::SnapshotLoop() {
           at.step, s.ToString());
       break;
     }
-    snapshot_step_ = at.step;
+    snapshots_ = failover::ListSnapshots(snapshot_dir_, o_.rank, nullptr);
   }
   snapshots_on_ = false;
   snapshot_pending_ = -1;
@@ -304,7 +364,7 @@ void Agent::SnapshotLoop() {
   const bool lost = !controller_.ok();
   lock.unlock();
   // Nobody will read them once the controller is gone: give the memory back.
-  if (lost) FileSystemOf(o_.io)->RemoveAll(rank_dir).IgnoreError();
+  if (lost) DefaultFileSystem()->RemoveAll(rank_dir).IgnoreError();
 }
 
 Status Agent::Finish() {
@@ -322,6 +382,7 @@ Status Agent::Finish() {
     if (stream_) stream_->WritesDone();
   }
   Join();
+  DropSnapshots();
   return sent ? Status::OK() : controller_status();
 }
 
@@ -340,6 +401,7 @@ void Agent::Join() {
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   if (reader_.joinable()) reader_.join();
   if (dump_thread_.joinable()) dump_thread_.join();
+  for (std::thread& t : part_threads_) t.join();
   if (snapshot_thread_.joinable()) snapshot_thread_.join();
   std::lock_guard lock(write_mu_);
   if (stream_) stream_->Finish().ok();

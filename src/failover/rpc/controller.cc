@@ -10,9 +10,10 @@
 // writer has sent its k-th contribution; a dead writer, an abort or a deadline breaks the dump.
 // Everything shared is guarded by mu_; each slot's stream has its own write mutex, and the stream
 // pointer is cleared (under that mutex) when its Session returns.
-// Snapshots (ControllerOptions::snapshot_dir): the ranks on this host write them into run_dir_;
-// a dump part whose source is a snapshot is written here, by a thread that joins the dump's
-// collectives through an in-process channel to this server, as one more writer.
+// Snapshots (ControllerOptions::snapshot_dir): every rank writes them into the run directory on
+// its host. A dump part whose source is a snapshot is one more writer, on the snapshot's host:
+// here (a thread joining the dump's collectives through an in-process channel to this server)
+// when that is this host, else a parked survivor of that host (Dump::snapshot_rank).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
@@ -48,8 +49,7 @@ struct Slot {
   failover::rpc::StepState state;
   std::vector<ReplicaGroup> groups;
   std::string host;
-  std::vector<failover::StepInfo> snapshots;  // committed snapshots, listed when parked
-  std::optional<Status> dump_done;
+  std::vector<failover::StepInfo> snapshots;  // usable snapshots, set when parked
   std::unique_ptr<std::mutex> write_mu = std::make_unique<std::mutex>();
   ServerStream* stream = nullptr;  // while its Session runs
 };
@@ -61,7 +61,7 @@ struct DumpRounds {
     int left = 0;
   };
   std::string id;
-  std::vector<int> writers;  // writer index -> rank (-1: a part written here from a snapshot)
+  std::vector<int> writers;  // writer index -> the rank it runs in (-1: here, from a snapshot)
   Status broken;
   std::map<uint64_t, Round> rounds;
 };
@@ -126,7 +126,9 @@ class Controller final : public FailoverController, public failover::rpc::Failov
   failover::rpc::Dump DumpOrder(const DumpPlan& plan, const std::vector<ReplicaGroup>& groups,
                                 const std::string& path, const failover::StepInfo& at,
                                 int writer) const;
-  void WriteFromSnapshot(failover::rpc::Dump d, int rank, size_t index);
+  void WriteFromSnapshot(failover::rpc::Dump d);
+  int SnapshotReader(int rank) const;
+  std::vector<failover::StepInfo> UsableSnapshots(int rank) const;
   failover::StepInfo StepOf(int rank, int64_t step, bool snapshot) const;
   Status MakeRunDir();
   void RemoveRunDir() {
@@ -153,7 +155,7 @@ class Controller final : public FailoverController, public failover::rpc::Failov
   std::optional<DumpRounds> dump_;
   std::string host_;     // this host's name
   std::string run_dir_;  // this job's snapshot directory ("" = no snapshots)
-  std::vector<std::optional<Status>> snapshot_done_;  // per snapshot part of the dump
+  std::vector<std::optional<Status>> dump_done_;  // per writer of the dump: its DumpDone
   JobOutcome outcome_;
   Status ended_;
   bool done_ = false;
@@ -164,14 +166,8 @@ Status Controller::MakeRunDir() {
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) == 0) host_ = host;
   if (o_.snapshot_dir.empty()) return Status::OK();
-  FileSystem* fs = DefaultFileSystem();
-  SP_RETURN_IF_ERROR(fs->CreateDirs(o_.snapshot_dir));
   const std::string dir = o_.snapshot_dir + "/savepoint-snapshots-" + RandomId();
-  SP_RETURN_IF_ERROR(fs->CreateDir(dir));
-  std::error_code ec;  // other users of the host must not read the job's state
-  std::filesystem::permissions(dir, std::filesystem::perms::owner_all,
-                               std::filesystem::perm_options::replace, ec);
-  if (ec) return IOError(fmt::format("chmod {}: {}", dir, ec.message()));
+  SP_RETURN_IF_ERROR(failover::MakePrivateDir(dir));
   run_dir_ = dir;
   return Status::OK();
 }
@@ -238,8 +234,10 @@ void Controller::Absorb(int rank, const AgentMessage& m) {
     s.state = m.paused();
     s.paused = true;
   }
-  if (m.has_dump_done()) {
-    s.dump_done = failover::FromWire(m.dump_done().code(), m.dump_done().message());
+  const int w = m.dump_done().writer();
+  if (m.has_dump_done() && dump_ && w >= 0 && static_cast<size_t>(w) < dump_done_.size() &&
+      dump_->writers[w] == rank) {
+    dump_done_[w] = failover::FromWire(m.dump_done().code(), m.dump_done().message());
   }
   if (m.has_finished()) s.finished = true;
   cv_.notify_all();
@@ -334,7 +332,7 @@ Status Controller::AwaitRegistration() {
   for (int r = 0; r < o_.world; ++r) {
     ControllerMessage welcome;
     welcome.mutable_welcome()->set_heartbeat_ms(o_.heartbeat_interval.count());
-    if (!run_dir_.empty() && slots_[r].host == host_) {  // only this host's snapshots are readable
+    if (!run_dir_.empty()) {
       welcome.mutable_welcome()->set_snapshot_dir(run_dir_);
       welcome.mutable_welcome()->set_snapshot_every(o_.snapshot_every);
     }
@@ -395,7 +393,7 @@ std::vector<RankReport> Controller::ParkSurvivors(int64_t until_step) {
     // A survivor that did not park may still be changing its state: never a source.
     reports.push_back(
         {r, s.healthy && !s.finished, s.state.step(), s.state.updating() || !s.paused});
-    if (!run_dir_.empty()) s.snapshots = failover::ListSnapshots(run_dir_, r, nullptr);
+    s.snapshots = UsableSnapshots(r);
     for (const failover::StepInfo& at : s.snapshots) reports.back().snapshots.push_back(at.step);
   }
   return reports;
@@ -446,26 +444,42 @@ failover::rpc::Dump Controller::DumpOrder(const DumpPlan& plan,
   return d;
 }
 
-// On its own thread: the part of `rank`'s snapshot, as writer d.writer() of the dump.
-void Controller::WriteFromSnapshot(failover::rpc::Dump d, int rank, size_t index) {
+// Under mu_. Where `rank`'s snapshots can be read: -1 here (this host), else the lowest parked
+// survivor on its host; -2 nowhere.
+int Controller::SnapshotReader(int rank) const {
+  if (slots_[rank].host == host_) return -1;
+  for (int r = 0; r < o_.world; ++r) {
+    const Slot& s = slots_[r];
+    if (s.host == slots_[rank].host && s.healthy && !s.finished && s.paused) return r;
+  }
+  return -2;
+}
+
+// Under mu_. The snapshots of `rank` a dump can use: on this host, those committed in its
+// directory; elsewhere, those it last reported, when a survivor of its host can read them.
+std::vector<failover::StepInfo> Controller::UsableSnapshots(int rank) const {
+  std::vector<failover::StepInfo> out;
+  const int reader = run_dir_.empty() ? -2 : SnapshotReader(rank);
+  if (reader == -1) return failover::ListSnapshots(run_dir_, rank, nullptr);
+  if (reader < 0) return out;
+  for (const failover::rpc::SnapshotStep& p : slots_[rank].state.snapshots()) {
+    out.push_back({p.step(), p.epoch(), p.step_in_epoch()});
+  }
+  return out;
+}
+
+// On its own thread: the part of a snapshot of this host, as writer d.writer() of the dump.
+void Controller::WriteFromSnapshot(failover::rpc::Dump d) {
   auto stub = failover::rpc::Failover::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
   auto comm =
       failover::NewRelayCommunicator(stub.get(), o_.token, d.dump_id(), d.writer(), d.writers());
-  failover::StepInfo at;
-  Result<DumpSource> src = failover::ReadSnapshot(run_dir_, rank, d.step(), &at, IoOptions{});
-  Status s;
-  if (src.ok()) {
-    s = failover::WriteDumpPart(d, *src, rank, o_.world, at, *comm, o_.snapshot_save, IoOptions{});
-  } else {
-    s = src.status();
-    comm->Abort(s);
-  }
+  Status s = failover::WriteSnapshotPart(d, run_dir_, o_.world, *comm, o_.snapshot_save, {});
   if (!s.ok()) {
-    failover::Log().error("savepoint controller: rank {}'s part from its snapshot: {}", rank,
-                          s.ToString());
+    failover::Log().error("savepoint controller: rank {}'s part from its snapshot: {}",
+                          d.snapshot_rank(), s.ToString());
   }
   std::lock_guard lock(mu_);
-  snapshot_done_[index] = s;
+  dump_done_[d.writer()] = s;
   cv_.notify_all();
 }
 
@@ -482,53 +496,44 @@ void Controller::RunDump(const DumpPlan& plan) {
   const failover::StepInfo at = live > 0 ? StepOf(plan.dumpers[0], plan.step, false)
                                          : StepOf(plan.snapshot_dumpers[0], plan.step, true);
   const std::string path = DumpPath(at);
-  std::vector<int> writers = plan.dumpers;
-  writers.resize(live + plan.snapshot_dumpers.size(), -1);
+  std::vector<int> writers = plan.dumpers;  // where each writer runs
+  for (int r : plan.snapshot_dumpers) writers.push_back(SnapshotReader(r));
   dump_ = DumpRounds{RandomId(), writers, Status::OK(), {}};
-  snapshot_done_.assign(plan.snapshot_dumpers.size(), std::nullopt);
-  std::vector<std::thread> snapshot_writers;
+  dump_done_.assign(writers.size(), std::nullopt);
+  std::vector<std::thread> here;
   for (size_t w = 0; w < writers.size(); ++w) {
-    failover::rpc::Dump d = DumpOrder(plan, groups, path, at, static_cast<int>(w));
-    if (w < live) {
-      ControllerMessage m;
-      *m.mutable_dump() = std::move(d);
-      Send(plan.dumpers[w], m);
+    ControllerMessage m;
+    *m.mutable_dump() = DumpOrder(plan, groups, path, at, static_cast<int>(w));
+    if (w >= live) m.mutable_dump()->set_snapshot_rank(plan.snapshot_dumpers[w - live]);
+    if (writers[w] >= 0) {
+      Send(writers[w], m);
     } else {
-      snapshot_writers.emplace_back([this, d = std::move(d), r = plan.snapshot_dumpers[w - live],
-                                     i = w - live] { WriteFromSnapshot(d, r, i); });
+      here.emplace_back([this, d = m.dump()] { WriteFromSnapshot(d); });
     }
   }
   failover::Log().info(
-      "savepoint controller: dumping step {} from ranks {} and the snapshots of "
-      "ranks {} into {}",
+      "savepoint controller: dumping step {} from ranks {} and the snapshots of ranks {} into {}",
       plan.step, plan.dumpers, plan.snapshot_dumpers, path);
   auto answered = [&] {
-    for (int r : plan.dumpers) {
-      if (slots_[r].healthy && !slots_[r].dump_done) return false;
+    for (size_t w = 0; w < writers.size(); ++w) {
+      const bool gone = writers[w] >= 0 && !slots_[writers[w]].healthy;
+      if (!dump_done_[w] && !gone) return false;
     }
-    return std::all_of(snapshot_done_.begin(), snapshot_done_.end(),
-                       [](const auto& s) { return s.has_value(); });
+    return true;
   };
   while (!answered() && !shutdown_) {
     CheckHeartbeats();
     cv_.wait_for(lock, std::chrono::milliseconds(10));
   }
   lock.unlock();
-  for (std::thread& t : snapshot_writers) t.join();  // each has answered (or fails its timeout)
+  for (std::thread& t : here) t.join();  // each has answered (or fails at its timeout)
   lock.lock();
-  Status s;
-  if (live > 0) {
-    const Slot& coordinator = slots_[plan.dumpers[0]];
-    s = coordinator.dump_done.value_or(dump_->broken);
-    // A coordinator that died after its commit: the rename is atomic, so the MANIFEST (or, for
-    // the .ckpt layout, the directory itself) tells.
-    if (!coordinator.dump_done &&
-        std::filesystem::exists(ckpt ? std::filesystem::path(path)
-                                     : std::filesystem::path(path) / "MANIFEST")) {
-      s = Status::OK();
-    }
-  } else {
-    s = snapshot_done_[0].value_or(dump_->broken);
+  Status s = dump_done_[0].value_or(dump_->broken);
+  // A coordinator that died after its commit: the rename is atomic, so the MANIFEST (or, for
+  // the .ckpt layout, the directory itself) tells.
+  if (!dump_done_[0] && std::filesystem::exists(ckpt ? std::filesystem::path(path)
+                                                     : std::filesystem::path(path) / "MANIFEST")) {
+    s = Status::OK();
   }
   outcome_.dumped = s.ok();
   outcome_.dump_path = s.ok() ? path : "";

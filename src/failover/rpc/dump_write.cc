@@ -91,4 +91,15 @@ Status WriteDumpPart(const rpc::Dump& d, const DumpSource& src, int rank, int wo
   return SaveDistributed(comm, *share, layout, d.path(), so, io);
 }
 
+Status WriteSnapshotPart(const rpc::Dump& d, const std::string& snapshot_dir, int world,
+                         Communicator& comm, const SaveOptions& save, const IoOptions& io) {
+  StepInfo at;
+  Result<DumpSource> src = ReadSnapshot(snapshot_dir, d.snapshot_rank(), d.step(), &at, io);
+  if (!src.ok()) {
+    comm.Abort(src.status());
+    return src.status();
+  }
+  return WriteDumpPart(d, *src, d.snapshot_rank(), world, at, comm, save, io);
+}
+
 }  // namespace savepoint::failover

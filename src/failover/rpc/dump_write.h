@@ -23,6 +23,12 @@ Status WriteDumpPart(const rpc::Dump& d, const DumpSource& src, int rank, int wo
                      const StepInfo& at, Communicator& comm, const SaveOptions& save,
                      const IoOptions& io);
 
+// The part `d` assigns from the snapshot of rank d.snapshot_rank() at d.step() in `snapshot_dir`
+// (read with its checksums verified), as WriteDumpPart writes a live one. A snapshot that is
+// missing or does not verify aborts the dump's collectives: nothing is committed.
+Status WriteSnapshotPart(const rpc::Dump& d, const std::string& snapshot_dir, int world,
+                         Communicator& comm, const SaveOptions& save, const IoOptions& io);
+
 }  // namespace savepoint::failover
 
 #endif  // SAVEPOINT_FAILOVER_RPC_DUMP_WRITE_H_

@@ -74,6 +74,15 @@ Result<ShardLayout> LayoutFromJson(const Json& j) {
 
 }  // namespace
 
+Status MakePrivateDir(const std::string& dir) {
+  SP_RETURN_IF_ERROR(DefaultFileSystem()->CreateDirs(dir));
+  std::error_code ec;  // other users of the host must not read the job's state
+  std::filesystem::permissions(dir, std::filesystem::perms::owner_all,
+                               std::filesystem::perm_options::replace, ec);
+  if (ec) return IOError(fmt::format("chmod {}: {}", dir, ec.message()));
+  return Status::OK();
+}
+
 std::string SnapshotRankDir(const std::string& dir, int rank) {
   return fmt::format("{}/rank_{}", dir, rank);
 }
@@ -246,8 +255,10 @@ Status SnapshotWriter::Write(const DumpSource& src, const StepInfo& at) {
 }
 
 Result<DumpSource> ReadSnapshot(const std::string& dir, int rank, int64_t step, StepInfo* at,
-                                const IoOptions& io) {
-  FileSystem* fs = FileSystemOf(io);
+                                const IoOptions& io_in) {
+  IoOptions io = io_in;
+  io.fs = nullptr;  // local shared memory
+  FileSystem* fs = DefaultFileSystem();
   for (const StepInfo& s : ListSnapshots(dir, rank, fs)) {
     if (s.step != step) continue;
     const std::string path = SnapshotRankDir(dir, rank) + "/" + SnapshotName(s);

@@ -29,6 +29,9 @@ struct StepInfo {
   int64_t step_in_epoch = 0;
 };
 
+// Creates `dir` (and missing parents) readable by this user only (mode 0700). OK if it exists.
+Status MakePrivateDir(const std::string& dir);
+
 // `{dir}/rank_{rank}`.
 std::string SnapshotRankDir(const std::string& dir, int rank);
 
@@ -65,7 +68,8 @@ class SnapshotWriter {
   std::unique_ptr<RecyclingFs> fs_;
 };
 
-// Reads `rank`'s committed snapshot of `step` (checksums verified) as the DumpSource it was
+// Reads `rank`'s committed snapshot of `step` (checksums verified; through the POSIX file system,
+// with io's threads) as the DumpSource it was
 // written from, with its StepInfo. NotFound when there is none; Corruption when it does not verify
 // or its record is malformed.
 Result<DumpSource> ReadSnapshot(const std::string& dir, int rank, int64_t step, StepInfo* at,
