@@ -181,18 +181,27 @@ TEST(SnapshotTest, DeadRankAloneOnItsHostHasNoReader) {
       << out.dump_status.ToString();
 }
 
-TEST(SnapshotTest, SingleRankJobIsDumpedFromItsSnapshotAlone) {
-  testing::TempDir dir, shm;
+// A job of one rank under snapshots that dies after step `die_after`, once that step's snapshot
+// is committed (no other is written after it) and `damage` has run on the run directory.
+Result<JobOutcome> RunSingleRank(const std::string& dir, const std::string& shm, int64_t die_after,
+                                 const std::function<void(const fs::path&)>& damage) {
   std::vector<Rank> ranks(1);
   ranks[0].at_step_end = [&](Rank& r) {
-    if (r.step < 9) return true;
-    WaitForSnapshot(shm.path(), 0, 9);
+    if (r.step < die_after) return true;
+    WaitForSnapshot(shm, 0, die_after);
+    damage(RunDir(shm));
     r.agent->Abandon();
     return false;
   };
-  ControllerOptions co = Options(1, dir.path());
-  co.snapshot_dir = shm.path();
-  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, co, 1000));
+  ControllerOptions co = Options(1, dir);
+  co.snapshot_dir = shm;
+  return RunJob(ranks, co, 1000);
+}
+
+TEST(SnapshotTest, SingleRankJobIsDumpedFromItsSnapshotAlone) {
+  testing::TempDir dir, shm;
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out,
+                          RunSingleRank(dir.path(), shm.path(), 9, [](const fs::path&) {}));
   ASSERT_TRUE(out.dumped) << out.dump_status.ToString();
   EXPECT_EQ(out.dump_step, 9);
   EXPECT_TRUE(out.writers.empty());
@@ -203,21 +212,14 @@ TEST(SnapshotTest, SingleRankJobIsDumpedFromItsSnapshotAlone) {
 
 TEST(SnapshotTest, TornSnapshotIsNeverUsed) {
   testing::TempDir dir, shm;
-  std::vector<Rank> ranks(1);
-  ranks[0].at_step_end = [&](Rank& r) {
-    if (r.step < 7) return true;
-    WaitForSnapshot(shm.path(), 0, 7);  // no other snapshot is written after it
-    // The remains of a crash mid-snapshot, then the crash.
-    const fs::path rank_dir = fs::path(RunDir(shm.path())) / "rank_0";
+  // The remains of a crash mid-snapshot.
+  auto torn = [](const fs::path& run) {
+    const fs::path rank_dir = run / "rank_0";
     fs::create_directories(rank_dir / "step_8_1_8");  // no MANIFEST: never committed
     std::ofstream(rank_dir / "step_8_1_8" / "data-0-00000.spd") << "torn";
     fs::create_directories(rank_dir / ".step_9_1_9.tmp-1234");  // a Save's temporary
-    r.agent->Abandon();
-    return false;
   };
-  ControllerOptions co = Options(1, dir.path());
-  co.snapshot_dir = shm.path();
-  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, co, 1000));
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunSingleRank(dir.path(), shm.path(), 7, torn));
   ASSERT_TRUE(out.dumped) << out.dump_status.ToString();
   EXPECT_EQ(out.dump_step, 7);
   ExpectWeights(out.dump_path, 7, kElems);
@@ -225,13 +227,10 @@ TEST(SnapshotTest, TornSnapshotIsNeverUsed) {
 
 TEST(SnapshotTest, CorruptSnapshotCommitsNothing) {
   testing::TempDir dir, shm;
-  std::vector<Rank> ranks(1);
-  ranks[0].at_step_end = [&](Rank& r) {
-    if (r.step < 5) return true;
-    WaitForSnapshot(shm.path(), 0, 5);  // no other snapshot is written after it
-    // Flip the first byte of w (the only tensor: its extent follows the 4096-byte header) in
-    // every snapshot's data file.
-    for (const auto& e : fs::recursive_directory_iterator(RunDir(shm.path()))) {
+  // Flips the first byte of w (the only tensor: its extent follows the 4096-byte header) in every
+  // snapshot's data file.
+  auto corrupt = [](const fs::path& run) {
+    for (const auto& e : fs::recursive_directory_iterator(run)) {
       if (e.path().extension() != ".spd") continue;
       std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
       f.seekg(4096);
@@ -240,12 +239,8 @@ TEST(SnapshotTest, CorruptSnapshotCommitsNothing) {
       f.seekp(4096);
       f.put(static_cast<char>(c ^ 0x40));
     }
-    r.agent->Abandon();  // after the damage: the controller reads the snapshots once it sees this
-    return false;
   };
-  ControllerOptions co = Options(1, dir.path());
-  co.snapshot_dir = shm.path();
-  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, co, 1000));
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunSingleRank(dir.path(), shm.path(), 5, corrupt));
   ASSERT_TRUE(out.failure);
   EXPECT_FALSE(out.dumped);
   EXPECT_NE(out.dump_status.message().find("snapshot"), std::string::npos)
