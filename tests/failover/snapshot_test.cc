@@ -1,6 +1,8 @@
 // Shared-memory snapshots (docs/FAILOVER.md, "Snapshots"): with data parallel = 1 a dead rank has
 // no replica, and its part of the dump comes from its last committed snapshot. In-process jobs of
 // harness.h; the snapshot directory is a test directory (tmpfs is not needed for correctness).
+#include "failover/rpc/snapshot.h"
+
 #include <gtest/gtest.h>
 
 #include <condition_variable>
@@ -246,6 +248,49 @@ TEST(SnapshotTest, CorruptSnapshotCommitsNothing) {
   EXPECT_NE(out.dump_status.message().find("snapshot"), std::string::npos)
       << out.dump_status.ToString();
   for (const auto& e : fs::directory_iterator(dir.path())) ADD_FAILURE() << "left " << e.path();
+}
+
+TEST(SnapshotTest, ReadSnapshotRefusesAForeignOrMalformedRecord) {
+  testing::TempDir shm;
+  std::vector<float> w(kElems, 1.0f);
+  auto save = [&](const std::string& name, Json record) {
+    State s;
+    SP_ASSERT_OK(s.PutView("w", TensorView(w.data(), DType::kF32, {kElems})));
+    s.metadata() = Json::object();
+    if (!record.is_null()) s.metadata()["failover.snapshot"] = std::move(record);
+    SP_ASSERT_OK(Save(s, shm.path() + "/rank_0/" + name));
+  };
+  save("step_3_1_3", Json());                                                     // no record
+  save("step_4_1_4", {{"rank", 1}, {"world", 2}, {"layout", Json::object()}});    // another rank's
+  save("step_5_1_5", {{"rank", 0}, {"world", 1}, {"layout", "rows"}});            // bad layout
+  save("step_6_1_6", {{"rank", "0"}, {"world", 1}, {"layout", Json::object()}});  // bad rank
+  failover::StepInfo at;
+  for (int64_t step : {3, 4, 5, 6}) {
+    Result<DumpSource> r = failover::ReadSnapshot(shm.path(), 0, step, &at, {});
+    EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << step << ": " << r.status().ToString();
+  }
+  EXPECT_EQ(failover::ReadSnapshot(shm.path(), 0, 7, &at, {}).status().code(),
+            StatusCode::kNotFound);
+  EXPECT_EQ(failover::ReadSnapshot(shm.path(), 1, 3, &at, {}).status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST(SnapshotTest, FailingSnapshotsDoNotStopTraining) {
+  testing::TempDir dir, shm;
+  std::vector<Rank> ranks(1);
+  ranks[0].at_step_end = [&](Rank& r) {
+    // As a wiped /dev/shm would (the snapshot thread may be writing meanwhile: retry).
+    for (std::error_code ec; r.step == 3 && !RunDir(shm.path()).empty();) {
+      fs::remove_all(RunDir(shm.path()), ec);
+    }
+    return true;
+  };
+  ControllerOptions co = Options(1, dir.path());
+  co.snapshot_dir = shm.path();
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, co, 10));
+  EXPECT_FALSE(out.failure);
+  SP_EXPECT_OK(ranks[0].result);
+  EXPECT_EQ(ranks[0].step, 10);
 }
 
 TEST(SnapshotTest, EveryNStepsKeepsTwoAndIsRemovedAtTheEnd) {

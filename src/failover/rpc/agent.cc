@@ -356,7 +356,7 @@ void Agent::SnapshotLoop() {
           at.step, s.ToString());
       break;
     }
-    snapshots_ = failover::ListSnapshots(snapshot_dir_, o_.rank, nullptr);
+    snapshots_ = writer.committed();
   }
   snapshots_on_ = false;
   snapshot_pending_ = -1;

@@ -251,7 +251,11 @@ Status SnapshotWriter::Write(const DumpSource& src, const StepInfo& at) {
   snap.metadata() = src.state.metadata().is_object() ? src.state.metadata() : Json::object();
   snap.metadata()[kRecordKey] = {
       {"rank", rank_}, {"world", world_}, {"layout", LayoutToJson(src.layout)}};
-  return Save(snap, rank_dir_ + "/" + SnapshotName(at), save_, io_);
+  SP_RETURN_IF_ERROR(Save(snap, rank_dir_ + "/" + SnapshotName(at), save_, io_));
+  committed_.clear();
+  if (!before.empty() && before.back().step != at.step) committed_.push_back(before.back());
+  committed_.push_back(at);
+  return Status::OK();
 }
 
 Result<DumpSource> ReadSnapshot(const std::string& dir, int rank, int64_t step, StepInfo* at,

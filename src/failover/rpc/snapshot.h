@@ -58,6 +58,8 @@ class SnapshotWriter {
   // them unchanged). Creates the rank directory when missing, but never `dir` itself (a removed
   // run directory means: no more snapshots).
   Status Write(const DumpSource& src, const StepInfo& at);
+  // The committed snapshots after the last successful Write, oldest first (no listing).
+  const std::vector<StepInfo>& committed() const { return committed_; }
 
  private:
   class RecyclingFs;
@@ -66,6 +68,7 @@ class SnapshotWriter {
   SaveOptions save_;
   IoOptions io_;
   std::unique_ptr<RecyclingFs> fs_;
+  std::vector<StepInfo> committed_;
 };
 
 // Reads `rank`'s committed snapshot of `step` (checksums verified; through the POSIX file system,
