@@ -25,7 +25,6 @@
 #include <fcntl.h>
 #include <isa-l/crc.h>
 #include <liburing.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +38,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "timer.h"
 
 namespace {
 
@@ -123,28 +124,15 @@ Args ParseArgs(int argc, char** argv) {
   return a;
 }
 
-class Timer {
- public:
-  Timer() : wall_(std::chrono::steady_clock::now()), cpu_(Cpu()) {}
-  void Print(const char* name, uint64_t bytes) const {
-    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall_).count();
-    auto [user, sys] = Cpu();
-    std::printf("%-10s bytes=%llu seconds=%.4f gbps=%.3f user=%.3f sys=%.3f\n", name,
-                static_cast<unsigned long long>(bytes), secs,
-                static_cast<double>(bytes) / secs / 1e9, user - cpu_.first, sys - cpu_.second);
-    std::fflush(stdout);
-  }
-
- private:
-  static std::pair<double, double> Cpu() {
-    struct rusage ru {};
-    ::getrusage(RUSAGE_SELF, &ru);
-    auto sec = [](const timeval& tv) { return static_cast<double>(tv.tv_sec) + tv.tv_usec / 1e6; };
-    return {sec(ru.ru_utime), sec(ru.ru_stime)};
-  }
-  std::chrono::steady_clock::time_point wall_;
-  std::pair<double, double> cpu_;
-};
+// One line of results: bytes, wall seconds, GB/s and CPU seconds since `t` started.
+void Print(const savepoint::bench::Timer& t, const char* name, uint64_t bytes) {
+  const double secs = t.seconds();
+  auto [user, sys] = t.cpu_seconds();
+  std::printf("%-10s bytes=%llu seconds=%.4f gbps=%.3f user=%.3f sys=%.3f\n", name,
+              static_cast<unsigned long long>(bytes), secs, static_cast<double>(bytes) / secs / 1e9,
+              user, sys);
+  std::fflush(stdout);
+}
 
 // Runs fn(chunk_index) on `threads` threads, chunks claimed in index order.
 template <typename Fn>
@@ -270,7 +258,7 @@ int main(int argc, char** argv) {
 
   ::unlink(a.file.c_str());
   {
-    Timer t;
+    savepoint::bench::Timer t;
     int fd = ::open(a.file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | flags, 0644);
     if (fd < 0) Die("open " + a.file + ": " + std::strerror(errno));
     if (a.fallocate && ::fallocate(fd, 0, 0, static_cast<off_t>(a.bytes)) != 0) {
@@ -283,14 +271,14 @@ int main(int argc, char** argv) {
     }
     if (::fdatasync(fd) != 0 || ::close(fd) != 0)
       Die("sync " + a.file + ": " + std::strerror(errno));
-    t.Print(((a.fallocate ? "raw-write-falloc" : "raw-write") + suffix).c_str(), a.bytes);
+    Print(t, ((a.fallocate ? "raw-write-falloc" : "raw-write") + suffix).c_str(), a.bytes);
   }
   std::byte* dst = AllocTouched(a.bytes);
   {
     int fd = ::open(a.file.c_str(), O_RDONLY | O_CLOEXEC | flags);
     if (fd < 0) Die("open " + a.file + ": " + std::strerror(errno));
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-    Timer t;
+    savepoint::bench::Timer t;
     if (a.uring) {
       UringChunks(
           a, n, false, fd, dst, [](uint64_t) {},
@@ -300,7 +288,7 @@ int main(int argc, char** argv) {
     } else {
       ParallelChunks(n, a.threads, [&](uint64_t i) { io(false, fd, dst, i); });
     }
-    t.Print(("raw-read" + suffix).c_str(), a.bytes);
+    Print(t, ("raw-read" + suffix).c_str(), a.bytes);
     ::close(fd);
   }
   ::unlink(a.file.c_str());

@@ -51,7 +51,6 @@
 // or, with --json, one JSON object (see PrintJson).
 #include <fcntl.h>
 #include <fmt/format.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -67,10 +66,12 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "savepoint/savepoint.h"
+#include "timer.h"
 
 namespace {
 
@@ -249,28 +250,11 @@ double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Wall and CPU (user, system) time of one call.
-class Timer {
- public:
-  Timer() : wall_(std::chrono::steady_clock::now()), cpu_(Cpu()) {}
-  // Fills m.seconds, m.user_seconds and m.sys_seconds.
-  void Stop(Measurement* m) const {
-    m->seconds = Since(wall_);
-    std::pair<double, double> now = Cpu();
-    m->user_seconds = now.first - cpu_.first;
-    m->sys_seconds = now.second - cpu_.second;
-  }
-
- private:
-  static std::pair<double, double> Cpu() {
-    struct rusage ru {};
-    ::getrusage(RUSAGE_SELF, &ru);
-    auto sec = [](const timeval& tv) { return static_cast<double>(tv.tv_sec) + tv.tv_usec / 1e6; };
-    return {sec(ru.ru_utime), sec(ru.ru_stime)};
-  }
-  std::chrono::steady_clock::time_point wall_;
-  std::pair<double, double> cpu_;
-};
+// Fills m.seconds, m.user_seconds and m.sys_seconds from `t`.
+void Stop(const bench::Timer& t, Measurement* m) {
+  m->seconds = t.seconds();
+  std::tie(m->user_seconds, m->sys_seconds) = t.cpu_seconds();
+}
 
 // xorshift64 fill: deterministic, fast (several GB/s per core), not compressible, never all zero.
 void Fill(std::byte* p, uint64_t n, uint64_t seed) {
@@ -521,14 +505,14 @@ Measurement MemcpyPhase(const State& state) {
   if (dst == nullptr) Die("memcpy: out of memory");
   std::memset(dst, 1, total);
   Measurement m{"memcpy"};
-  Timer t;
+  bench::Timer t;
   uint64_t off = 0;
   for (const auto& [name, e] : state.entries()) {
     if (!e.is_tensor()) continue;
     std::memcpy(dst + off, e.tensor().data(), e.tensor().nbytes());
     off += e.tensor().nbytes();
   }
-  t.Stop(&m);
+  Stop(t, &m);
   m.bytes = total;
   volatile std::byte sink = dst[total / 2];  // keep the copy observable
   (void)sink;
@@ -546,9 +530,9 @@ std::vector<Measurement> AsyncPhase(const Args& a, const State& state, const std
   for (const char* name : {"async-first-stall", "async-stall"}) {
     RemoveOne(path);
     Measurement stall{name};
-    Timer t;
+    bench::Timer t;
     Result<SaveHandle> h = (*ckptr)->SaveAsync(state, path);
-    t.Stop(&stall);
+    Stop(t, &stall);
     check(h.status(), "SaveAsync");
     check(h->Wait(), "SaveAsync (background)");
     const SaveStats st = h->stats();
@@ -586,9 +570,9 @@ Measurement AsyncReservedPhase(const Args& a, const State& state, const std::str
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   RemoveOne(path);
   Measurement stall{"async-reserved-first-stall"};
-  Timer t;
+  bench::Timer t;
   Result<SaveHandle> h = c.SaveAsync(state, path);
-  t.Stop(&stall);
+  Stop(t, &stall);
   check(h.status(), "SaveAsync");
   check(h->Wait(), "SaveAsync (background)");
   stall.bytes = h->stats().bytes;
@@ -610,7 +594,7 @@ Measurement MmapOnePhase(const State& state, const std::string& ckpt,
     }
   }
   Measurement m{"mmap-one"};
-  Timer t;
+  bench::Timer t;
   const auto t0 = std::chrono::steady_clock::now();
   Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(ckpt);
   check(reader.status(), "mmap-one: open");
@@ -621,7 +605,7 @@ Measurement MmapOnePhase(const State& state, const std::string& ckpt,
   const volatile std::byte* p = view->data();
   unsigned sum = 0;
   for (uint64_t i = 0; i < view->nbytes(); i += 4096) sum += static_cast<unsigned>(p[i]);
-  t.Stop(&m);
+  Stop(t, &m);
   const double touch_s = m.seconds - open_s - map_s;
   if (std::memcmp(view->data(), want->data(), want->nbytes()) != 0) {
     Die(fmt::format("mmap-one: tensor {} differs from the generated state", name));
@@ -702,9 +686,9 @@ int main(int argc, char** argv) {
     so.stats = &st;
     if (encrypt) so.key = key;
     Measurement m{name};
-    Timer t;
+    bench::Timer t;
     check(Save(state, path, so, io), name.c_str());
-    t.Stop(&m);
+    Stop(t, &m);
     Record(&m, st);
     return m;
   };
@@ -755,16 +739,16 @@ int main(int argc, char** argv) {
       o.verify_checksums = phase != "load-nocrc";
       o.mmap = phase == "load-mmap";
       cold(path);
-      Timer t;
+      bench::Timer t;
       Result<State> loaded = Load(path, o, io);
-      t.Stop(&m);
+      Stop(t, &m);
       check(loaded.status(), phase.c_str());
       Compare(state, *loaded, phase.c_str());
     } else if (phase == "verify") {
       cold(path);
-      Timer t;
+      bench::Timer t;
       check(VerifyCheckpoint(path, o, io), "verify");
-      t.Stop(&m);
+      Stop(t, &m);
     } else if (phase == "loadinto") {
       // LoadInto preallocated, already-touched aligned tensors (a training loop resuming).
       State targets;
@@ -775,9 +759,9 @@ int main(int argc, char** argv) {
         check(targets.Put(name, std::move(t).value()), "allocate targets");
       }
       cold(path);
-      Timer t;
+      bench::Timer t;
       check(LoadInto(path, targets, o, io), "loadinto");
-      t.Stop(&m);
+      Stop(t, &m);
       Compare(state, targets, "loadinto");
     }
     Record(&m, st);

@@ -31,10 +31,13 @@
 #include <vector>
 
 #include "savepoint/savepoint.h"
+#include "timer.h"
 
 namespace sp = savepoint;
 
 namespace {
+
+using sp::bench::Seconds;
 
 struct Flags {
   std::string dir;
@@ -79,12 +82,6 @@ Flags Parse(int argc, char** argv) {
   if (f.dir.empty() || f.shards < 2 || f.reps < 1)
     Must(sp::InvalidArgumentError("need --dir, --shards >= 2, --reps >= 1"), "flags");
   return f;
-}
-
-double Seconds(const std::function<void()>& fn) {
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // One shard's rows: random ids of its slice range (in random order), three f32 slots.

@@ -18,6 +18,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using testing::RandomState;
 using testing::StatesEqual;
 
@@ -194,7 +196,7 @@ TEST(Async, BackgroundFaultsAreReportedAndRecovered) {
     EXPECT_EQ(ckpt->staging_in_use_bytes(), 0u);
     Result<State> back = Load("/root/a", {}, {.fs = &mem});
     if (c.op != Op::kSyncDir) {
-      EXPECT_EQ(back.status().code(), StatusCode::kNotFound);
+      EXPECT_THAT(back, StatusIs(StatusCode::kNotFound));
       fault.Reset();
       SP_ASSERT_OK(ckpt->SaveAsync(s, "/root/a").value().Wait());
       EXPECT_TRUE(StatesEqual(s, LoadFrom(&mem, "/root/a")));
@@ -232,7 +234,7 @@ TEST(Async, PowerLossDuringPersistNeverCommitsATornCheckpoint) {
     if (got.ok()) {
       EXPECT_TRUE(StatesEqual(b, *got));
     } else {
-      EXPECT_EQ(got.status().code(), StatusCode::kNotFound);
+      EXPECT_THAT(got, StatusIs(StatusCode::kNotFound));
       EXPECT_LT(k, total);
     }
   }
@@ -364,18 +366,17 @@ TEST(Async, HandleApiAndBadOptions) {
   EXPECT_TRUE(h.WaitFor(std::chrono::seconds(30)));
   SP_EXPECT_OK(h.status());
   EXPECT_EQ(h.path(), "/a");
-  EXPECT_EQ(ckpt->SaveAsync(s, "/a", so).status().code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(ckpt->SaveAsync(s, "/a", so), StatusIs(StatusCode::kAlreadyExists));
   CheckpointerOptions bad;
   bad.slab_bytes = 1000;
-  EXPECT_EQ(Checkpointer::Create(bad).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(Checkpointer::Create(bad), StatusIs(StatusCode::kInvalidArgument));
   bad.slab_bytes = 1 << 20;
   EXPECT_EQ(Checkpointer::Create(bad, {.io_threads = 0}).status().code(),
             StatusCode::kInvalidArgument);
   for (int threads : {-1, 65}) {
     bad.snapshot_threads = threads;
     Status st = Checkpointer::Create(bad, {.io_threads = 2}).status();
-    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(st.message().find("snapshot_threads"), std::string::npos) << st.ToString();
+    EXPECT_THAT(st, StatusIs(StatusCode::kInvalidArgument, "snapshot_threads"));
   }
   // SaveOptions fields an async save does not use are refused, not silently ignored.
   SaveStats io;
@@ -385,7 +386,7 @@ TEST(Async, HandleApiAndBadOptions) {
     if (field == 1) odd.progress = [](uint64_t, uint64_t) {};
     if (field == 2) odd.stats = &io;
     Status st = ckpt->SaveAsync(s, "/b", odd).status();
-    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_THAT(st, StatusIs(StatusCode::kInvalidArgument));
     const char* name[] = {"chunk_bytes", "SaveOptions.progress", "stats"};
     EXPECT_NE(st.message().find(name[field]), std::string::npos) << st.ToString();
   }

@@ -19,6 +19,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using Codec = Compression::Codec;
 using Shuffle = Compression::Shuffle;
 using testing::StatesEqual;
@@ -161,7 +163,7 @@ TEST_P(CompressionRoundTrip, EveryLoadPathReturnsTheSavedState) {
     EXPECT_EQ(std::memcmp(t->data(), e.tensor().data(), e.tensor().nbytes()), 0) << name;
   }
   Result<TensorView> mapped = (*reader)->MapTensor("zeros.f64", false);
-  ASSERT_EQ(mapped.status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_THAT(mapped, StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_TRUE(Has(mapped.status(), "compressed")) << mapped.status().ToString();
   SP_EXPECT_OK((*reader)->MapTensor("empty.f32", true).status());
 
@@ -225,17 +227,17 @@ TEST(Compression, BadOptionsAreInvalidArgument) {
   Compression bad_level = Make(Codec::kZstd);
   bad_level.zstd_level = 99;
   Result<uint64_t> r = SaveWith(state, "/a", &mem, bad_level, false);
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_TRUE(Has(r.status(), "zstd_level = 99")) << r.status().ToString();
   r = SaveWith(state, "/a", &mem, bad_level, true);
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
   Compression bad_codec = Make(static_cast<Codec>(9));
   r = SaveWith(state, "/a", &mem, bad_codec, false);
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_TRUE(Has(r.status(), "compression.codec")) << r.status().ToString();
   Compression bad_shuffle = Make(Codec::kLz4, static_cast<Shuffle>(7));
   r = SaveWith(state, "/a", &mem, bad_shuffle, false);
-  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_FALSE(mem.Exists("/a"));
   Compression lz4_any_level = Make(Codec::kLz4);
   lz4_any_level.zstd_level = 99;  // ignored by lz4
@@ -266,7 +268,7 @@ class CompressedCorruption : public ::testing::TestWithParam<Codec> {
   }
   // Expects Corruption naming the chunk of "zeros.f64", its file and its stored offset.
   void ExpectChunkCorruption(const Status& s, uint64_t chunk, std::string_view what) {
-    EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+    EXPECT_THAT(s, StatusIs(StatusCode::kCorruption));
     const format::StoredChunk& sc = Shard("zeros.f64").stored.at(chunk);
     for (std::string needle :
          {std::string("checkpoint /ck"), fmt::format("tensor \"zeros.f64\" chunk {}", chunk),
@@ -322,7 +324,7 @@ TEST_P(CompressedCorruption, StoredExtentPastTheFileIsRejectedAtOpen) {
   Shard("zeros.f64").stored.at(0).offset = manifest_.files[0].bytes;
   WriteManifest();
   Status s = Load("/ck", lo_, io_).status();
-  EXPECT_EQ(s.code(), StatusCode::kCorruption);
+  EXPECT_THAT(s, StatusIs(StatusCode::kCorruption));
   EXPECT_TRUE(Has(s, "zeros.f64")) << s.ToString();
   EXPECT_TRUE(Has(s, "chunk 0")) << s.ToString();
 }
@@ -343,7 +345,7 @@ TEST_P(CompressedCorruption, RandomDamageNeverCrashesTheDecompressor) {
     WriteData(d);
     Status st = Load("/ck", lo_, io_).status();
     if (!st.ok()) {
-      EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+      EXPECT_THAT(st, StatusIs(StatusCode::kCorruption));
       EXPECT_TRUE(Has(st, "tensor \"zeros.f64\" chunk")) << st.ToString();
     }
   }

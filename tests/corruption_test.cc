@@ -19,6 +19,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using testing::StatesEqual;
 
 constexpr uint64_t kChunk = 4096;
@@ -124,7 +126,7 @@ TEST_F(CorruptionTest, BitFlipInEveryChunkIsNamedPrecisely) {
       errors.push_back((*reader)->ReadTensor("model.w").status());
       errors.push_back((*reader)->Verify());
       for (const Status& st : errors) {
-        EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+        EXPECT_THAT(st, StatusIs(StatusCode::kCorruption));
         EXPECT_TRUE(Contains(st, "/ck")) << st.ToString();
         EXPECT_TRUE(Contains(st, "model.w")) << st.ToString();
         EXPECT_TRUE(Contains(st, fmt::format("chunk {} ", chunk))) << st.ToString();
@@ -155,7 +157,7 @@ TEST_F(CorruptionTest, UnverifiedLoadReturnsTheDamagedBytes) {
       std::memcmp(back->FindTensor("model.b")->data(), state_.FindTensor("model.b")->data(), 666),
       0);
   // Verification is still available on demand, and the selected subset loads cleanly.
-  EXPECT_EQ(VerifyCheckpoint("/ck", lo_, io_).code(), StatusCode::kCorruption);
+  EXPECT_THAT(VerifyCheckpoint("/ck", lo_, io_), StatusIs(StatusCode::kCorruption));
   lo_.verify_checksums = true;
   lo_.names = {"model.b", "scalar", "step"};
   Result<State> part = Load("/ck", lo_, io_);
@@ -178,7 +180,7 @@ TEST_F(CorruptionTest, TruncatedDataFile) {
     SCOPED_TRACE(fmt::format("truncated to {} bytes", size));
     Write(DataPath(), std::string_view(data_).substr(0, size));
     for (const Status& st : {Load("/ck", lo_, io_).status(), VerifyCheckpoint("/ck", lo_, io_)}) {
-      EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+      EXPECT_THAT(st, StatusIs(StatusCode::kCorruption));
       EXPECT_TRUE(Contains(st, kDataFile)) << st.ToString();
       EXPECT_TRUE(Contains(st, "truncated")) << st.ToString();
       EXPECT_TRUE(Contains(st, "/ck")) << st.ToString();
@@ -202,7 +204,7 @@ TEST_F(CorruptionTest, DataFileFromAnotherCheckpoint) {
   ASSERT_EQ(foreign.size(), data_.size());
   Write(DataPath(), foreign);
   for (const Status& st : {Load("/ck", lo_, io_).status(), VerifyCheckpoint("/ck", lo_, io_)}) {
-    EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+    EXPECT_THAT(st, StatusIs(StatusCode::kCorruption));
     EXPECT_TRUE(Contains(st, "another checkpoint")) << st.ToString();
     EXPECT_TRUE(Contains(st, DataPath())) << st.ToString();
   }
@@ -218,7 +220,7 @@ TEST_F(CorruptionTest, CorruptedDataHeader) {
     SCOPED_TRACE(fmt::format("byte {}", c.offset));
     FlipDataBit(c.offset, 1);
     for (const Status& st : {Load("/ck", lo_, io_).status(), VerifyCheckpoint("/ck", lo_, io_)}) {
-      EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+      EXPECT_THAT(st, StatusIs(StatusCode::kCorruption));
       EXPECT_TRUE(Contains(st, c.needle)) << st.ToString();
       EXPECT_TRUE(Contains(st, DataPath())) << st.ToString();
     }
@@ -228,13 +230,13 @@ TEST_F(CorruptionTest, CorruptedDataHeader) {
   format::PutU32(&d, 8, format::kFormatVersion + 1);
   format::PutU32(&d, 4092, Crc32c(std::string_view(d).substr(0, 4092)));
   Write(DataPath(), d);
-  EXPECT_EQ(VerifyCheckpoint("/ck", lo_, io_).code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(VerifyCheckpoint("/ck", lo_, io_), StatusIs(StatusCode::kUnimplemented));
 }
 
 TEST_F(CorruptionTest, MissingDataFile) {
   SP_ASSERT_OK(fs_.RemoveFile(DataPath()));
   for (const Status& st : {Load("/ck", lo_, io_).status(), VerifyCheckpoint("/ck", lo_, io_)}) {
-    EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.ToString();
+    EXPECT_THAT(st, StatusIs(StatusCode::kNotFound));
     EXPECT_TRUE(Contains(st, kDataFile)) << st.ToString();
   }
 }
@@ -261,13 +263,13 @@ TEST_F(CorruptionTest, DamagedManifest) {
     std::vector<Status> errors = {Load("/ck", lo_, io_).status(), VerifyCheckpoint("/ck", lo_, io_),
                                   CheckpointReader::Open("/ck", lo_, io_).status()};
     for (const Status& st : errors) {
-      EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+      EXPECT_THAT(st, StatusIs(StatusCode::kCorruption));
       EXPECT_TRUE(Contains(st, "/ck/MANIFEST")) << st.ToString();
     }
   }
   SP_ASSERT_OK(fs_.RemoveFile("/ck/MANIFEST"));
   Status missing = Load("/ck", lo_, io_).status();
-  EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing.ToString();
+  EXPECT_THAT(missing, StatusIs(StatusCode::kNotFound));
   EXPECT_TRUE(Contains(missing, "not a committed checkpoint")) << missing.ToString();
 }
 
@@ -297,7 +299,7 @@ TEST(CorruptionPosix, BitFlipOnDisk) {
     const IoOptions io{.direct_io = direct};
     for (const Status& st :
          {Load(dir.Sub("ck"), lo, io).status(), VerifyCheckpoint(dir.Sub("ck"), lo, io)}) {
-      EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+      EXPECT_THAT(st, StatusIs(StatusCode::kCorruption));
       EXPECT_TRUE(Contains(st, dir.Sub("ck"))) << st.ToString();
       EXPECT_TRUE(Contains(st, "\"model.w\" chunk 2 ")) << st.ToString();
       EXPECT_TRUE(Contains(st, fmt::format("offset {}", chunk2))) << st.ToString();

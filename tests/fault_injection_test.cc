@@ -13,6 +13,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using Op = FaultInjectionFileSystem::Op;
 using testing::RandomState;
 using testing::StatesEqual;
@@ -88,7 +90,7 @@ TEST(FaultInjection, EveryFailingCallReturnsErrorAndKeepsOldCheckpoint) {
             EXPECT_TRUE(op == Op::kSyncDir) << s.ToString();
             EXPECT_TRUE(StatesEqual(w.b, *b));
           } else {
-            EXPECT_EQ(b.status().code(), StatusCode::kNotFound);
+            EXPECT_THAT(b, StatusIs(StatusCode::kNotFound));
             EXPECT_EQ(w.Visible(), std::vector<std::string>{"a"}) << "debris left behind";
             w.fault.Reset();
             SP_EXPECT_OK(w.SaveB("/root/b"));  // the next save works
@@ -110,9 +112,9 @@ TEST(FaultInjection, ShortWritesAreErrors) {
       World w(version);
       w.fault.ShortWriteNth(n, ENOSPC);
       Status s = w.SaveB("/root/b");
-      EXPECT_EQ(s.code(), StatusCode::kNoSpace) << s.ToString();
+      EXPECT_THAT(s, StatusIs(StatusCode::kNoSpace));
       ExpectAIntact(w);
-      EXPECT_EQ(w.LoadPath("/root/b").status().code(), StatusCode::kNotFound);
+      EXPECT_THAT(w.LoadPath("/root/b"), StatusIs(StatusCode::kNotFound));
     }
   }
 }
@@ -166,7 +168,7 @@ void PowerLossSweep(bool overwrite) {
         EXPECT_TRUE(StatesEqual(w.b, *b));
         ++b_survived;
       } else {
-        EXPECT_EQ(b.status().code(), StatusCode::kNotFound) << b.status().ToString();
+        EXPECT_THAT(b, StatusIs(StatusCode::kNotFound));
       }
     } else {
       ASSERT_TRUE(b.ok()) << b.status().ToString();
@@ -203,7 +205,7 @@ TEST(PowerLoss, DeleteIsAllOrNothing) {
     if (a.ok()) {
       EXPECT_TRUE(StatesEqual(v.a, *a));
     } else {
-      EXPECT_EQ(a.status().code(), StatusCode::kNotFound);
+      EXPECT_THAT(a, StatusIs(StatusCode::kNotFound));
     }
     if (k >= total) {
       EXPECT_FALSE(a.ok());

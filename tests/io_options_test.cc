@@ -18,15 +18,16 @@
 #include "savepoint/distributed.h"
 #include "savepoint/manager.h"
 #include "savepoint/safetensors.h"
-#include "testutil/forwarding_fs.h"
 #include "testutil/ranks.h"
 #include "testutil/testutil.h"
 
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 // Records the direct_io flag of every data file (".spd", ".safetensors") opened through it.
-class RecordingFs final : public testing::ForwardingFileSystem {
+class RecordingFs final : public ForwardingFileSystem {
  public:
   explicit RecordingFs(FileSystem* base) : ForwardingFileSystem(base) {}
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p,
@@ -72,7 +73,7 @@ State SmallState() {
 }
 
 void ExpectBadThreads(const Status& s, const std::string& call) {
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << call << ": " << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument)) << call << ": " << s.ToString();
   EXPECT_NE(s.message().find("IoOptions.io_threads = 0: must be in [1, 64]"), std::string::npos)
       << call << ": " << s.ToString();
 }
@@ -106,7 +107,7 @@ TEST(IoOptions, ValidatedByEveryCallThatTakesThem) {
     ExpectBadThreads(s, "SaveDistributed");
   }
   bad.io_threads = 65;
-  EXPECT_EQ(Save(state, "/ck3", {}, bad).code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(Save(state, "/ck3", {}, bad), StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST(IoOptions, FileSystemAndDirectIoReachEveryFile) {
@@ -179,15 +180,14 @@ TEST(IoOptions, MergesAndDistributedLoadsRefuseMapping) {
   MergeOptions mo;
   mo.load.mmap = true;
   Status s = MergeCheckpoint("/ck", "/merged", mo, io);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-  EXPECT_NE(s.message().find("load.mmap"), std::string::npos) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "load.mmap"));
   MergeSafetensorsOptions ms;
   ms.load.map_mode = MapMode::kCopyOnWrite;
-  EXPECT_EQ(MergeToSafetensors("/ck", "/merged-st", ms, io).code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(MergeToSafetensors("/ck", "/merged-st", ms, io),
+              StatusIs(StatusCode::kInvalidArgument));
   EXPECT_FALSE(mem.Exists("/merged") || mem.Exists("/merged-st"));
   s = LoadDistributedAlloc("/ck", {}, {.mmap = true}, io).status();
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-  EXPECT_NE(s.message().find("mmap"), std::string::npos) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "mmap"));
 }
 
 TEST(IoOptions, DistributedSaveAndLoadReportStatsAndProgress) {

@@ -11,6 +11,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using testing::ToyTrainer;
 
 ManagerOptions FileOptions(FileSystem* fs, CheckpointFormat format) {
@@ -109,7 +111,7 @@ TEST(ManagerFormat, MindSporeFilesAreNamedIndexedKeptAndRestored) {
   ExpectHolds(*five, StateAt(5));
   EXPECT_TRUE(m->Restore(Which::Name("net-1_4")).ok());
   EXPECT_TRUE(m->Restore(Which::Name("net-1_4.ckpt")).ok());
-  EXPECT_EQ(m->Restore(Which::Step(1)).status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(m->Restore(Which::Step(1)), StatusIs(StatusCode::kNotFound));
   SP_ASSERT_OK(m->Close());
 
   // Reopened: the index is read back; a lost index is rebuilt from the files' metadata.
@@ -189,7 +191,7 @@ TEST(ManagerFormat, EncryptedMindSporeFilesWithEachCipher) {
     auto other = OpenOrDie(o);
     ASSERT_NE(other, nullptr);
     EXPECT_EQ(other->AllSteps(), (std::vector<int64_t>{2}));
-    EXPECT_EQ(other->Restore().status().code(), StatusCode::kUnauthenticated);
+    EXPECT_THAT(other->Restore(), StatusIs(StatusCode::kUnauthenticated));
   }
 }
 
@@ -289,8 +291,7 @@ TEST(ManagerFormat, CorruptFileIsReportedOnRestore) {
   SP_ASSERT_OK(fs.RemoveFile("/ckpt/ckpt-1_1.ckpt"));
   SP_ASSERT_OK(fs.WriteFileSynced("/ckpt/ckpt-1_1.ckpt", bytes));
   Status s = m->Restore().status();
-  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
-  EXPECT_NE(s.message().find("ckpt-1_1.ckpt"), std::string::npos) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kCorruption, "ckpt-1_1.ckpt"));
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using testing::ToyTrainer;
 
 ManagerOptions MemOptions(FileSystem* fs, std::string dir) {
@@ -86,8 +88,7 @@ TEST(ManagerLoadConfig, IncludeAndExcludeCategories) {
   LoadConfig bad;
   bad.include = {"weights"};
   Status s = m->LoadFrom(path, bad);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("\"weights\""), std::string::npos) << s.message();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "\"weights\""));
 }
 
 TEST(ManagerLoadConfig, StrictFailsWithoutTouchingAnythingLenientLoadsWhatMatches) {
@@ -99,8 +100,7 @@ TEST(ManagerLoadConfig, StrictFailsWithoutTouchingAnythingLenientLoadsWhatMatche
   Vec head(8, 1.0f);
   SP_ASSERT_OK(m->Register("head", &head, Category::kDense));
   Status s = m->LoadFrom(path, {});
-  EXPECT_EQ(s.code(), StatusCode::kNotFound);
-  EXPECT_NE(s.message().find("\"head.v\""), std::string::npos) << s.message();
+  EXPECT_THAT(s, StatusIs(StatusCode::kNotFound, "\"head.v\""));
   EXPECT_TRUE(t == TrainedTo(0, 77)) << "a failed strict load must not change anything";
   LoadConfig lenient;
   lenient.strict = false;
@@ -114,8 +114,7 @@ TEST(ManagerLoadConfig, StrictFailsWithoutTouchingAnythingLenientLoadsWhatMatche
   Vec small(3, 0.0f);
   SP_ASSERT_OK(m->Register("model", &small, Category::kDense));
   s = m->LoadFrom(path, {});
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("F32 [4096]"), std::string::npos) << s.message();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "F32 [4096]"));
 }
 
 TEST(ManagerLoadConfig, ModelBankFromTwoCheckpointsWithRenames) {
@@ -272,7 +271,7 @@ TEST(JobRunner, GivenEpochAndInaccessibleStorage) {
   EXPECT_TRUE(handler.written.empty());                                 // nothing saved
   EXPECT_EQ(handler.reports.front(), "checkpoint_load ckpt-1_0 true");  // epoch 1 loaded
   opts.resume_from_epoch = 9;
-  EXPECT_EQ(JobRunner(&job, m.get(), nullptr, opts).Train().status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(JobRunner(&job, m.get(), nullptr, opts).Train(), StatusIs(StatusCode::kNotFound));
 }
 
 // One manager session: saves at steps 1..6 (keep 2, every 2nd step kept too) until the file

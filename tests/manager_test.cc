@@ -15,6 +15,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using testing::ToyTrainer;
 
 ManagerOptions MemOptions(FileSystem* fs, std::string dir = "/ckpt") {
@@ -57,7 +59,7 @@ TEST(Manager, SaveRestoreLatestAll) {
   auto m = OpenOrDie(o);
   ASSERT_NE(m, nullptr);
   EXPECT_FALSE(m->LatestStep().has_value());
-  EXPECT_EQ(m->Restore().status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(m->Restore(), StatusIs(StatusCode::kNotFound));
   for (int64_t step = 1; step <= 5; ++step) {
     Result<bool> saved = m->Save(step, StateAt(step));
     ASSERT_TRUE(saved.ok() && *saved) << saved.status().ToString();
@@ -78,11 +80,10 @@ TEST(Manager, SaveRestoreLatestAll) {
   EXPECT_EQ(latest->metadata()["step"], 5);
   EXPECT_TRUE(m->Restore(Which::Name("ckpt-1_3")).ok());
   Status gone = m->Restore(Which::Step(1)).status();
-  EXPECT_EQ(gone.code(), StatusCode::kNotFound);
-  EXPECT_NE(gone.message().find("at step 1"), std::string::npos) << gone.message();
+  EXPECT_THAT(gone, StatusIs(StatusCode::kNotFound, "at step 1"));
   EXPECT_FALSE(fs.Exists("/ckpt/ckpt-1_1"));  // deleted by retention
   SP_EXPECT_OK(m->Close());
-  EXPECT_EQ(m->Save(6, StateAt(6)).status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(m->Save(6, StateAt(6)), StatusIs(StatusCode::kFailedPrecondition));
 }
 
 TEST(Manager, StepIntervalForceAndNeverTwice) {
@@ -188,7 +189,7 @@ TEST(Manager, ResumedRunContinuesItsSeries) {
   ASSERT_TRUE(m->ResumeFrom(Which::Name("ckpt-1_4")).ok());
   EXPECT_EQ(m->global_step(), 4);
   EXPECT_EQ(m->prefix(), "ckpt_2");
-  EXPECT_EQ(m->ResumeFrom(Which::Step(99)).status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(m->ResumeFrom(Which::Step(99)), StatusIs(StatusCode::kNotFound));
 }
 
 TEST(Manager, IndexIsRebuiltWhenMissingOrStale) {
@@ -222,7 +223,7 @@ TEST(Manager, SecondManagerOnTheSameDirectoryIsRefused) {
   auto first = OpenOrDie(o);
   Result<std::unique_ptr<CheckpointManager>> second = CheckpointManager::Open(o);
   ASSERT_FALSE(second.ok());
-  EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second, StatusIs(StatusCode::kFailedPrecondition));
   const std::string msg = second.status().message();
   EXPECT_NE(msg.find("another checkpoint manager is using it"), std::string::npos) << msg;
   EXPECT_NE(msg.find("savepoint.lock"), std::string::npos) << msg;
@@ -259,7 +260,7 @@ TEST(Manager, AppendInfoAndCallables) {
   State clash = StateAt(20);
   SP_ASSERT_OK(clash.PutValue("learning_rate", 1.0));
   Status st = m->Save(20, clash).status();
-  EXPECT_EQ(st.code(), StatusCode::kAlreadyExists) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kAlreadyExists));
 }
 
 TEST(Manager, RecisStyleStep) {
@@ -313,7 +314,7 @@ TEST(Manager, ExceptionSaveWritesALoadableBreakpoint) {
 
   ManagerOptions no = MemOptions(&fs, "/third");
   auto third = OpenOrDie(no);
-  EXPECT_EQ(third->SaveBreakpoint().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(third->SaveBreakpoint(), StatusIs(StatusCode::kFailedPrecondition));
 }
 
 TEST(Manager, SigtermSavesBreakpointThenDies) {

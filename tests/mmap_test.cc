@@ -30,6 +30,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using testing::RandomState;
 using testing::StatesEqual;
 using testing::TempDir;
@@ -198,7 +200,7 @@ TEST(Mmap, FileSystemWithoutMappingFallsBackToReading) {
   auto reader = CheckpointReader::Open("/ck", lo, io);
   SP_ASSERT_OK(reader.status());
   Result<TensorView> v = (*reader)->MapTensor((*reader)->tensors()[0].name, true);
-  EXPECT_EQ(v.status().code(), StatusCode::kUnimplemented) << v.status().ToString();
+  EXPECT_THAT(v, StatusIs(StatusCode::kUnimplemented));
   EXPECT_TRUE(Contains(v.status(), kDataFile)) << v.status().ToString();
 }
 
@@ -235,7 +237,7 @@ TEST_F(MmapCorruptionTest, MapTensorVerifiesLazilyAndNamesTheChunk) {
   SP_ASSERT_OK(reader.status());
   Result<TensorView> checked = (*reader)->MapTensor("model.w", /*verify=*/true);
   const Status& st = checked.status();
-  EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kCorruption));
   EXPECT_TRUE(Contains(st, ck())) << st.ToString();
   EXPECT_TRUE(Contains(st, "\"model.w\"")) << st.ToString();
   EXPECT_TRUE(Contains(st, "chunk 1 ")) << st.ToString();
@@ -259,13 +261,13 @@ TEST_F(MmapCorruptionTest, MapTensorVerifiesLazilyAndNamesTheChunk) {
   Result<TensorView> b = (*reader)->MapTensor("model.b", true);
   SP_ASSERT_OK(b.status());
   EXPECT_EQ(std::memcmp(b->data(), state_.FindTensor("model.b")->data(), b->nbytes()), 0);
-  EXPECT_EQ((*reader)->MapTensor("nope", true).status().code(), StatusCode::kNotFound);
+  EXPECT_THAT((*reader)->MapTensor("nope", true), StatusIs(StatusCode::kNotFound));
 
   // Load(mmap): verification catches it; without verification the damaged byte shows.
   LoadOptions lo;
   lo.mmap = true;
   Status load = Load(ck(), lo).status();
-  EXPECT_EQ(load.code(), StatusCode::kCorruption) << load.ToString();
+  EXPECT_THAT(load, StatusIs(StatusCode::kCorruption));
   EXPECT_TRUE(Contains(load, "model.w")) << load.ToString();
   EXPECT_TRUE(Contains(load, "chunk 1 ")) << load.ToString();
   lo.verify_checksums = false;
@@ -280,7 +282,7 @@ TEST_F(MmapCorruptionTest, HeaderAndTruncationAreCheckedBeforeMapping) {
   auto reader = CheckpointReader::Open(ck());
   SP_ASSERT_OK(reader.status());
   Status st = (*reader)->MapTensor("model.b", false).status();
-  EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kCorruption));
   EXPECT_TRUE(Contains(st, kDataFile)) << st.ToString();
   XorFileByte(data(), 0, 0x01);
   // A truncated data file is never mapped (access past its end would raise SIGBUS).
@@ -288,12 +290,12 @@ TEST_F(MmapCorruptionTest, HeaderAndTruncationAreCheckedBeforeMapping) {
   auto reader2 = CheckpointReader::Open(ck());
   SP_ASSERT_OK(reader2.status());
   st = (*reader2)->MapTensor("model.b", false).status();
-  EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kCorruption));
   EXPECT_TRUE(Contains(st, "truncated")) << st.ToString();
   LoadOptions lo;
   lo.mmap = true;
   lo.verify_checksums = false;
-  EXPECT_EQ(Load(ck(), lo).status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(Load(ck(), lo), StatusIs(StatusCode::kCorruption));
 }
 
 TEST(Mmap, StateOutlivesReaderAndFiles) {
@@ -354,7 +356,7 @@ TEST(Mmap, CopyOnWriteViewsAreWritableAndPrivate) {
   LoadOptions bad;
   bad.map_mode = MapMode::kCopyOnWrite;
   Result<State> refused = Load(dir.Sub("ck"), bad);
-  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_TRUE(Contains(refused.status(), "map_mode")) << refused.status().ToString();
 }
 
@@ -437,7 +439,7 @@ TEST(Mmap, MultiShardTensorsAreCopied) {
   SP_ASSERT_OK(reader.status());
   EXPECT_EQ((*reader)->FindTensor("w")->num_shards, 2u);
   Status st = (*reader)->MapTensor("w", false).status();
-  EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_TRUE(Contains(st, "\"w\"")) << st.ToString();
   SP_EXPECT_OK((*reader)->MapTensor("v", true).status());
 }

@@ -23,6 +23,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using testing::StatesEqual;
 using testing::TempDir;
 
@@ -181,8 +183,7 @@ TEST(Packing, FormatVersion1WritesTheClassicLayout) {
   for (uint32_t bad : {0u, 3u}) {
     o.format_version = bad;
     Status s = Save(state, dir.Sub(fmt::format("bad{}", bad)), o);
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-    EXPECT_NE(s.message().find("SaveOptions.format_version"), std::string::npos) << s.ToString();
+    EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "SaveOptions.format_version"));
   }
 }
 
@@ -268,8 +269,7 @@ TEST(Packing, CorruptPackedTensorIsNamed) {
   const std::string needle =
       fmt::format("tensor \"{}\" chunk 0 (file {} offset {}, 64 bytes)", victim, kDataFile, offset);
   auto expect_named = [&](const Status& s) {
-    EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
-    EXPECT_NE(s.message().find(needle), std::string::npos) << s.ToString();
+    EXPECT_THAT(s, StatusIs(StatusCode::kCorruption, needle));
     EXPECT_NE(s.message().find(path), std::string::npos) << s.ToString();
   };
   for (bool direct : {true, false}) {

@@ -10,6 +10,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using testing::RandomState;
 using testing::StatesEqual;
 using testing::TempDir;
@@ -118,8 +120,7 @@ TEST(RoundTrip, SelectByNamesAndGlobs) {
   EXPECT_EQ(part->FindValue("lr"), nullptr);
   lo.names = {"model.c.*"};
   Result<State> none = Load("/ck", lo, io);
-  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(none.status().message().find("model.c.*"), std::string::npos);
+  EXPECT_THAT(none, StatusIs(StatusCode::kNotFound, "model.c.*"));
 }
 
 TEST(RoundTrip, LoadIntoCallerBuffers) {
@@ -141,8 +142,7 @@ TEST(RoundTrip, LoadIntoCallerBuffers) {
   State wrong;
   SP_ASSERT_OK(wrong.PutView("w", TensorView(mine.data(), DType::kF16, {333, 77})));
   Status st = LoadInto(dir.Sub("ck"), wrong);
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(st.message().find("BF16"), std::string::npos) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kInvalidArgument, "BF16"));
 }
 
 TEST(RoundTrip, ReaderListsWithoutReadingData) {
@@ -157,7 +157,7 @@ TEST(RoundTrip, ReaderListsWithoutReadingData) {
   EXPECT_EQ((*r)->tensors().size(), 4u);
   EXPECT_EQ((*r)->values().FindValue("step")->as_int(), 3);
   Result<Tensor> t = (*r)->ReadTensor((*r)->tensors()[0].name);
-  EXPECT_EQ(t.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(t, StatusIs(StatusCode::kNotFound));
 }
 
 TEST(RoundTrip, ExistingPathNeedsOverwrite) {
@@ -166,7 +166,7 @@ TEST(RoundTrip, ExistingPathNeedsOverwrite) {
   SaveOptions so;
   SP_ASSERT_OK(Save(RandomState(1, 2, 1000), "/ck", so, io));
   Status again = Save(RandomState(2, 2, 1000), "/ck", so, io);
-  EXPECT_EQ(again.code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(again, StatusIs(StatusCode::kAlreadyExists));
   so.overwrite = true;
   State second = RandomState(2, 2, 1000);
   SP_ASSERT_OK(Save(second, "/ck", so, io));
@@ -180,17 +180,17 @@ TEST(RoundTrip, BadOptionsAndPaths) {
   IoOptions io{.fs = &fs};
   SaveOptions so;
   so.chunk_bytes = 1000;
-  EXPECT_EQ(Save(State(), "/ck", so, io).code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(Save(State(), "/ck", so, io), StatusIs(StatusCode::kInvalidArgument));
   so.chunk_bytes = 4096;
   io.io_threads = 0;
-  EXPECT_EQ(Save(State(), "/ck", so, io).code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(Save(State(), "/ck", so, io), StatusIs(StatusCode::kInvalidArgument));
   io.io_threads = 2;
-  EXPECT_EQ(Save(State(), "/.hidden", so, io).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(Save(State(), "/a/..", so, io).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(Save(State(), "", so, io).code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(Save(State(), "/.hidden", so, io), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(Save(State(), "/a/..", so, io), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(Save(State(), "", so, io), StatusIs(StatusCode::kInvalidArgument));
   SP_EXPECT_OK(Save(State(), "/empty_state", so, io));
   const IoOptions load_io{.fs = &fs};
-  EXPECT_EQ(Load("/nothing", {}, load_io).status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(Load("/nothing", {}, load_io), StatusIs(StatusCode::kNotFound));
   EXPECT_EQ(Load("/empty_state", {}, load_io).value().size(), 0u);
 }
 

@@ -106,7 +106,7 @@ struct SAVEPOINT_API SaveOptions {
   // default or equal slab_bytes (else InvalidArgument).
   uint64_t chunk_bytes = uint64_t{8} << 20;
   // Replace an existing checkpoint at the path. The old one stays intact until the new one is
-  // committed; a crash in between leaves either (see docs/FORMAT.md, "Overwrite"). Default: false
+  // committed; a crash in between leaves either (docs/FORMAT.md §5). Default: false
   // (AlreadyExists).
   bool overwrite = false;
   // Create missing parent directories. Default: true.

@@ -2,9 +2,9 @@
 // tensors living in GPU memory straight into the Checkpointer's staging slabs, page-locked, with
 // asynchronous device-to-host copies on side streams of its own.
 //
-//   auto copier = savepoint::CreateCudaSnapshotCopier({}).value();  // FailedPrecondition without
-//   CUDA savepoint::CheckpointerOptions o; o.copier = copier.get();                     // must
-//   outlive the Checkpointer auto ckpt = savepoint::Checkpointer::Create(o).value();
+//   // FailedPrecondition without CUDA; the copier must outlive the Checkpointer:
+//   auto copier = savepoint::CreateCudaSnapshotCopier({}).value();
+//   savepoint::CheckpointerOptions o; o.copier = copier.get(); auto ckpt = ...Create(o).value();
 //   // tensors of the State may now point at device memory (cudaMalloc'd, UVA)
 //
 // savepoint has no build-time CUDA dependency: the copier opens the CUDA driver (libcuda.so.1)

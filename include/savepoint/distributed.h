@@ -142,6 +142,8 @@ SAVEPOINT_API Status SaveDistributed(Communicator& comm, const State& local,
 // A failed step's bytes carry its error, naming the rank, to the coordinator. The bytes are
 // opaque and valid only between these calls of one save by one build of the library.
 // Thread safety: an object is used by one thread at a time.
+struct RankSaveAccess;
+
 class SAVEPOINT_API RankSave {
  public:
   RankSave(int rank, int world);
@@ -176,6 +178,7 @@ class SAVEPOINT_API RankSave {
 
  private:
   friend class SaveCoordinator;
+  friend struct RankSaveAccess;  // src/distributed/save.cc: plans with sparse row gathers
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -203,7 +203,7 @@ struct SAVEPOINT_API ManagerOptions {
   IoOptions io;
   // Encrypts every checkpoint the manager saves and decrypts every one it restores: native
   // checkpoints as SaveOptions::key / LoadOptions::key (docs/FORMAT.md §10), .ckpt files as
-  // enc_key / dec_key with enc_mode (docs/FORMAT.md §9). A key provider is asked once per save
+  // enc_key / dec_key with enc_mode (docs/INTEROP.md). A key provider is asked once per save
   // and per restore. Restoring a checkpoint that is not encrypted with a key set is
   // InvalidArgument; listing and retention need no key. With kSafetensors: InvalidArgument.
   // Default: none (not encrypted).

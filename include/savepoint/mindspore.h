@@ -1,5 +1,5 @@
 // MindSpore `.ckpt` files: read what MindSpore's save_checkpoint writes and write files its
-// load_checkpoint loads (docs/FORMAT.md §9).
+// load_checkpoint loads (docs/INTEROP.md).
 //
 // A `.ckpt` file is a sequence of protobuf messages, one per entry (a tensor, a string, or a
 // hash-map parameter), optionally followed by a 17-byte CRC-32 trailer ("crc_num" + the CRC of
@@ -20,7 +20,7 @@
 // reads back into the metadata and the values. Tensors
 // over 512 MiB are split as MindSpore splits them.
 //
-// Encryption (enc_key / dec_key): MindSpore's block framing (docs/FORMAT.md §9, "Encrypted .ckpt
+// Encryption (enc_key / dec_key): MindSpore's block framing (docs/INTEROP.md, "Encrypted .ckpt
 // files"): the plaintext file (CRC trailer included) is cut into 64 MiB blocks, each encrypted with
 // AES-GCM, AES-CBC or SM4-CBC under a fresh random IV. Every AES-GCM block is authenticated.
 // AES-CBC and SM4-CBC are not authenticated in MindSpore's format, so savepoint also writes an

@@ -14,7 +14,9 @@ breakpoints on exceptions and SIGTERM.
 
 savepoint.SparseTable(ids=..., slots={"embedding": e, ...}) leaves save sparse embedding tables
 (sharded by id, delta saves with base=, loads into any number of shards, savepoint.compact of a
-delta chain; docs/SPARSE.md).
+delta chain; docs/SPARSE.md). The sparse names live in savepoint.sparse (SparseTable,
+DirtyTracker, gen_slice, chain, compact, load_tables, should_compact); the top-level ones are the
+same objects.
 
 The C++ core (savepoint._core) does all I/O with the GIL released. Errors are SavepointError
 subclasses carrying the C++ message (e.g. CorruptCheckpointError names tensor and chunk).
@@ -44,15 +46,15 @@ from ._load import info, list_checkpoints, load, verify
 from ._manager import CheckpointManager, StepInfo
 from ._safetensors import SafetensorsDict, load_safetensors, safetensors_info, save_safetensors
 from ._save import AsyncCheckpointer, SaveFuture, default_checkpointer, save
-from ._sparse import DirtyTracker, SparseTable, gen_slice
-from ._sparse_io import chain as sparse_chain
-from ._sparse_io import compact, load_tables, should_compact
+from . import sparse as sparse  # savepoint.sparse: sparse embedding tables
+from .sparse import DirtyTracker, SparseTable, compact, gen_slice, load_tables, should_compact
+from .sparse import chain as sparse_chain
 from . import failover as failover  # savepoint.failover: failure-time checkpoints
 
 __version__ = _core.__version__
 
 
-def set_log_level(level):
+def set_log_level(level: str) -> None:
     """Library log level: "trace", "debug", "info", "warn" (default), "error" or "off"."""
     _core.set_log_level(level)
 

@@ -28,7 +28,13 @@ What each leaf of the state dict becomes:
     savepoint.load(path) in one process gives the list of every rank's obj, indexed by rank.
     load(..., process_group=pg, per_rank=...) gives each rank its own (see load).
 The checkpoint is an ordinary one: savepoint.load(path) in one process gives whole tensors.
+
+A layer below the entry points savepoint.save / load (_save.py, _load.py) and the sparse saves and
+loads (_sparse_io.py), which call it; it imports none of them (what it shares with them is in
+_read.py and _write.py).
 """
+
+from __future__ import annotations
 
 import concurrent.futures
 import hashlib
@@ -36,8 +42,9 @@ import json
 import os
 import struct
 import threading
+from typing import Any
 
-from . import _core, _cuda, _dtypes, _errors, _keys, _load, _save, _torch_comm, _tree
+from . import _core, _cuda, _dtypes, _errors, _keys, _read, _torch_comm, _tree, _write
 
 
 def _torch():
@@ -69,7 +76,7 @@ class PerRank:
 
     __slots__ = ("value",)
 
-    def __init__(self, value):
+    def __init__(self, value: Any) -> None:
         if type(value) is PerRank:
             value = value.value
         self.value = value
@@ -291,7 +298,7 @@ def save(obj, path, process_group, *, async_, overwrite, metadata, io_threads, c
     try:
         flattener = _ShardFlattener(group)
         flattener.cuda_in_place = async_  # CUDA shards: snapshotted through pinned memory
-        job.flat, job.meta_json = _save._flatten(obj, metadata, flattener)
+        job.flat, job.meta_json = _write.flatten(obj, metadata, flattener)
         if async_:
             job.snapshot()
     except Exception as e:  # noqa: BLE001 (told to the other ranks first, then raised)
@@ -487,11 +494,11 @@ _inflight = None  # the last asynchronous distributed save (one runs at a time, 
 _inflight_lock = threading.Lock()
 
 
-class DistributedSaveFuture(_save._Future):
+class DistributedSaveFuture(_write.Future):
     """An asynchronous distributed save: done(), wait(timeout), result(timeout), exception(),
     path, stats (this rank's, once done), as savepoint.SaveFuture."""
 
-    def __init__(self, job):
+    def __init__(self, job: _SaveJob) -> None:
         global _inflight
         self.path = job.path
         self.stats = None
@@ -513,10 +520,10 @@ class DistributedSaveFuture(_save._Future):
         finally:
             self._done.set()
 
-    def done(self):
+    def done(self) -> bool:
         return self._done.is_set()
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: float | None = None) -> bool:
         if not self._done.wait(timeout):
             return False
         if self._error is not None:
@@ -532,13 +539,14 @@ def load(path, like, process_group, *, strict, verify, io_threads, direct_io, ke
     """savepoint.load(..., like=..., process_group=pg): see savepoint.load."""
     path = os.fspath(path)
     if per_rank not in PER_RANK_MODES:
-        raise ValueError(f"savepoint.load: per_rank={per_rank!r}: use one of {PER_RANK_MODES}")
+        raise _errors.InvalidArgumentError(
+            f"savepoint.load: per_rank={per_rank!r}: use one of {PER_RANK_MODES}")
     group = _Group(process_group)
     comm = group.comm()
     try:
-        info = _load._Info(path, io_threads, direct_io, _load._load_key(key, "savepoint.load: key"))
+        info = _read.Info(path, io_threads, direct_io, _read.load_key(key, "savepoint.load: key"))
         own = _pick_per_rank(info, path, comm.rank, comm.size, per_rank)
-        targets = _load._like_targets(_without_markers(like))
+        targets = _read.like_targets(_without_markers(like))
         if per_rank == "all":  # (a like tensor cannot take every rank's entry: read into new ones)
             for p in [p for p in targets if any(p[: len(q)] == q for q in own)]:
                 del targets[p]
@@ -575,32 +583,24 @@ def _pick_per_rank(info, path, rank, world, mode):
     parts."""
     found = []
 
-    def walk(node, p):
-        if "per_rank" in node:
-            found.append(p)
-            saved = len(node["list"])
-            if mode == "all":
-                return {"list": node["list"]}
-            if mode == "strict" and saved != world:
-                name = ".".join(str(k) for k in p)
-                raise _errors.InvalidArgumentError(
-                    f"checkpoint {path}: {_tree.describe_path(p)} was saved per rank by "
-                    f"{saved} ranks ({per_rank_name(name, 0)} .. "
-                    f"{per_rank_name(name, saved - 1)}) but this job has {world}: pass "
-                    f"per_rank='modulo' (rank r takes saved rank r % {saved}'s) or "
-                    f"per_rank='all' (every rank gets the list of all {saved})")  # fmt: skip
-            return node["list"][rank % saved]
-        if "dict" in node or "odict" in node:
-            kind = "dict" if "dict" in node else "odict"
-            out = dict(node)
-            out[kind] = [[k, walk(c, p + (_tree.decode_key(k),))] for k, c in node[kind]]
-            return out
-        if "list" in node or "tuple" in node:
-            kind = "list" if "list" in node else "tuple"
-            return {kind: [walk(c, p + (i,)) for i, c in enumerate(node[kind])]}
-        return node
+    def pick(p, node):
+        if "per_rank" not in node:
+            return _tree.DESCEND
+        found.append(p)
+        saved = len(node["list"])
+        if mode == "all":
+            return {"list": node["list"]}
+        if mode == "strict" and saved != world:
+            name = ".".join(str(k) for k in p)
+            raise _errors.InvalidArgumentError(
+                f"checkpoint {path}: {_tree.describe_path(p)} was saved per rank by "
+                f"{saved} ranks ({per_rank_name(name, 0)} .. "
+                f"{per_rank_name(name, saved - 1)}) but this job has {world}: pass "
+                f"per_rank='modulo' (rank r takes saved rank r % {saved}'s) or "
+                f"per_rank='all' (every rank gets the list of all {saved})")  # fmt: skip
+        return node["list"][rank % saved]
 
-    info.tree = {**info.tree, "root": walk(info.tree["root"], ())}
+    info.tree = {**info.tree, "root": _tree.transform(info.tree["root"], pick)}
     return found
 
 
@@ -648,12 +648,12 @@ class _LoadPlan:
                 return  # nothing of it on this rank
             into = _local(target)
         else:
-            dest, direct = _load._check_like(target, entry, p)
+            dest, direct = _read.check_like(target, entry, p)
             into = target
         if not direct:
             self.fixups.append((into, dest))
         shape = self.boxes[name][2] if name in self.boxes else list(entry[2])
-        self.specs.append(_load._spec(name, dest, entry)[:3] + (list(shape),))
+        self.specs.append(_read.spec(name, dest, entry)[:3] + (list(shape),))
 
     def bind_per_rank(self, roots):
         """Reads the PerRank tensors under key paths `roots` that no like target took into new
@@ -667,8 +667,8 @@ class _LoadPlan:
                 raise _errors.CorruptCheckpointError(
                     f"checkpoint {self.path}: the recorded structure names tensor {name!r}, "
                     "which is missing")  # fmt: skip
-            dest = self.loaded[name] = _load._allocate(node, entry)
-            self.specs.append(_load._spec(name, dest, entry)[:3] + (list(entry[2]),))
+            dest = self.loaded[name] = _read.allocate(node, entry)
+            self.specs.append(_read.spec(name, dest, entry)[:3] + (list(entry[2]),))
 
     def _bind_dtensor(self, p, target, entry):
         torch, _ = _torch()
@@ -696,7 +696,7 @@ class _LoadPlan:
         torch, _ = _torch()
         with torch.no_grad():
             for target, tmp in self.fixups:
-                _load._copy_into(target, tmp)
+                _read.copy_into(target, tmp)
 
     def finish(self, p, node):
         return self.loaded.get(_tree.leaf_name(node), _tree.MISSING)

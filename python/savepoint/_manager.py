@@ -6,6 +6,8 @@ here, in Python, over the C++ direct API with the same semantics as the C++ ones
 the C++ registry holds C++ Stateful objects, which Python objects are not.
 """
 
+from __future__ import annotations
+
 import collections
 import contextlib
 import difflib
@@ -16,9 +18,10 @@ import operator
 import os
 import signal
 import threading
+from typing import Any, Callable, Iterator, Mapping
 
-from . import _core, _errors, _keys, _load, _registry, _sparse_io, _tree
-from ._save import _flatten
+from . import _core, _errors, _keys, _load, _registry, _sparse_io, _tree, _write, mindspore
+from ._types import Categories, Key, Metrics, Names, Records, StrPath
 
 StepInfo = collections.namedtuple("StepInfo", "step epoch step_in_epoch")
 StepInfo.__doc__ = """Where training is when a checkpoint is named (passed to prefix_fn and
@@ -288,15 +291,21 @@ class CheckpointManager:
     """
 
     @_suggest_keywords
-    def __init__(self, directory=None, *, prefix="ckpt", series="continue", prefix_fn=None,
-                 directory_fn=None, save_interval_steps=1, save_interval_seconds=0,
-                 steps_per_epoch=0, keep_last_n=5, keep_per_n_minutes=0, keep_all=False,
-                 keep_every_n_steps=0, keep_best_n=0, best_metric=None, best_mode="min",
-                 async_=False, staging_bytes=None, async_options=None, checksum=True,
-                 format="native", io_threads=4, direct_io=True, gc_on_open=True, append_info=(),
-                 append_dict=None, shard_id=0, num_shards=1, exception_save=False,
-                 handle_signals=False, key=None, crc_check=False,
-                 enc_mode="AES-GCM", compaction=None):  # fmt: skip
+    def __init__(self, directory: StrPath | None = None, *, prefix: str = "ckpt",
+                 series: str = "continue", prefix_fn: Callable[[StepInfo], str] | None = None,
+                 directory_fn: Callable[[StepInfo], StrPath] | None = None,
+                 save_interval_steps: int = 1, save_interval_seconds: int = 0,
+                 steps_per_epoch: int = 0, keep_last_n: int = 5, keep_per_n_minutes: int = 0,
+                 keep_all: bool = False, keep_every_n_steps: int = 0, keep_best_n: int = 0,
+                 best_metric: str | None = None, best_mode: str = "min", async_: bool = False,
+                 staging_bytes: int | None = None, async_options: dict[str, Any] | None = None,
+                 checksum: bool = True, format: str = "native", io_threads: int = 4,
+                 direct_io: bool = True, gc_on_open: bool = True,
+                 append_info: Names = (), append_dict: dict[str, Any] | None = None,
+                 shard_id: int = 0, num_shards: int = 1, exception_save: bool = False,
+                 handle_signals: bool = False, key: Key | None = None, crc_check: bool = False,
+                 enc_mode: str = "AES-GCM",
+                 compaction: dict[str, Any] | bool | None = None) -> None:  # fmt: skip
         self._m = None
         self._signals = None
         self._closed = False
@@ -374,8 +383,9 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ direct API
 
-    def save(self, step, state, metrics=None, force=False, *, epoch=None, step_in_epoch=None,
-             epoch_end=False, delta=False):  # fmt: skip
+    def save(self, step: int, state: Any, metrics: Metrics | None = None, force: bool = False, *,
+             epoch: int | None = None, step_in_epoch: int | None = None, epoch_end: bool = False,
+             delta: bool = False) -> bool:  # fmt: skip
         """Saves `state` (see savepoint.save) as the checkpoint of `step` if the interval says it
         is due, or if `force`; never saves one step twice. Returns whether a save started.
 
@@ -393,12 +403,13 @@ class CheckpointManager:
         return self._save(step, state, None, metrics, force, epoch, step_in_epoch, epoch_end,
                           delta=delta)  # fmt: skip
 
-    def should_save(self, step):
+    def should_save(self, step: int) -> bool:
         """Whether save(step) would save now (without force)."""
         return self._m.should_save(step)
 
-    def restore(self, step=None, *, name=None, like=None, map_location=None, mmap=False,
-                framework=None):  # fmt: skip
+    def restore(self, step: int | None = None, *, name: str | None = None, like: Any = None,
+                map_location: Any = None, mmap: bool = False,
+                framework: str | None = None) -> Any:  # fmt: skip
         """Loads the newest checkpoint (or the newest at `step`, or the one named `name`) after
         waiting for saves in flight, and continues from it (the step counters, and the series of
         names: see `series`). Returns the saved structure (keyword arguments as for
@@ -415,36 +426,36 @@ class CheckpointManager:
         self._resume(rec)
         return state
 
-    def resume_from(self, step=None, *, name=None):
+    def resume_from(self, step: int | None = None, *, name: str | None = None) -> dict[str, Any]:
         """Continues from a checkpoint without loading anything (for state restored by other
         means): sets the step counters and the series of names as restore() does. Returns its
         record. NotFoundError when there is none."""
         return self._resume(self._find(step, name))
 
-    def latest_step(self):
+    def latest_step(self) -> int | None:
         """Step of the newest committed checkpoint, or None."""
         return self._m.latest_step()
 
-    def all_steps(self):
+    def all_steps(self) -> list[int]:
         """Steps of the committed checkpoints, oldest first."""
         return self._m.all_steps()
 
-    def checkpoints(self):
+    def checkpoints(self) -> Records:
         """The index: dicts (name, path, step, epoch, step_in_epoch, created_ns, bytes, breakpoint,
         epoch_end, metrics), oldest first."""
         return self._m.all()
 
-    def stats(self):
+    def stats(self) -> Records:
         """Every save / load / delete so far: dicts (action, name, step, bytes, seconds,
         blocked_seconds)."""
         return self._m.stats()
 
-    def wait(self):
+    def wait(self) -> None:
         """Waits for every save in flight (indexes them, applies retention); raises the first
         error."""
         self._m.wait()
 
-    def close(self):
+    def close(self) -> None:
         """wait(), writes the index, releases the directory lock and the signal handlers.
         Idempotent."""
         if self._m is None:
@@ -456,17 +467,17 @@ class CheckpointManager:
         self._m.close()
 
     @property
-    def directory(self):
+    def directory(self) -> str:
         return self._m.directory
 
     @property
-    def prefix(self):
+    def prefix(self) -> str:
         """The prefix of the series new checkpoints join (see `series`); "" with prefix_fn."""
         return self._m.prefix
 
     # ------------------------------------------------------------------ registered objects
 
-    def register(self, name, obj, category="dense"):
+    def register(self, name: str, obj: Any, category: str = "dense") -> None:
         """Registers `obj` under `name` (no '.'), to be saved by save_registered and the hooks and
         restored by restore_registered: anything with state_dict() and load_state_dict() (torch
         modules, optimizers, LR schedulers, your own class) or a dict holding the state itself
@@ -482,26 +493,29 @@ class CheckpointManager:
             raise _errors.AlreadyExistsError(f"register {name!r}: the name is already registered")
         self._objects[name] = _registry.Registered(name, obj, category)
 
-    def unregister(self, name):
+    def unregister(self, name: str) -> None:
         """Forgets a registered object. NotFoundError if `name` is not registered."""
         if self._objects.pop(name, None) is None:
             raise _errors.NotFoundError(f"unregister {name!r}: not registered")
 
     @property
-    def registered(self):
+    def registered(self) -> dict[str, str]:
         """{name: category} of the registered objects."""
         return {n: r.category for n, r in sorted(self._objects.items())}
 
-    def save_registered(self, step, metrics=None, force=False, *, epoch=None, step_in_epoch=None,
-                        epoch_end=False):  # fmt: skip
+    def save_registered(self, step: int, metrics: Metrics | None = None, force: bool = False, *,
+                        epoch: int | None = None, step_in_epoch: int | None = None,
+                        epoch_end: bool = False) -> bool:  # fmt: skip
         """save(step, <the state_dict() of every registered object>, ...): same rules and
         arguments. The categories are recorded in the checkpoint. FailedPreconditionError when
         nothing is registered."""
         return self._save_registered(step, metrics, force, epoch, step_in_epoch, epoch_end)
 
     @_suggest_keywords
-    def restore_registered(self, step=None, *, name=None, include=("*",), exclude=(),
-                           strict=True, renames=None, only=()):  # fmt: skip
+    def restore_registered(self, step: int | None = None, *, name: str | None = None,
+                           include: Categories = ("*",), exclude: Categories = (),
+                           strict: bool = True, renames: Mapping[str, str] | None = None,
+                           only: Names = ()) -> dict[str, Any]:  # fmt: skip
         """Loads the newest checkpoint (or the newest at `step`, or the one named `name`) into the
         registered objects and continues from it (step counters, series of names). Returns its
         record (see checkpoints()).
@@ -521,7 +535,9 @@ class CheckpointManager:
         return self._resume(rec)
 
     @_suggest_keywords
-    def load_from(self, path, *, include=("*",), exclude=(), strict=True, renames=None, only=()):
+    def load_from(self, path: StrPath, *, include: Categories = ("*",), exclude: Categories = (),
+                  strict: bool = True, renames: Mapping[str, str] | None = None,
+                  only: Names = ()) -> None:  # fmt: skip
         """Loads the checkpoint at any `path` into the registered objects (no counters change),
         with the arguments of restore_registered. A model-bank warm start is several calls with
         strict=False, `only` filters and renames."""
@@ -530,7 +546,7 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ training-loop hooks
 
-    def on_step_end(self, step, epoch, metrics=None):
+    def on_step_end(self, step: int, epoch: int, metrics: Metrics | None = None) -> bool:
         """After a training step: remembers it as the last consistent point, saves the
         registered objects if due, acts on a pending signal. Returns whether it saved."""
         self._check_open()
@@ -538,7 +554,7 @@ class CheckpointManager:
         self._act_on_signal()
         return self._save_registered(step, **self._hook_args(metrics))
 
-    def on_epoch_end(self, epoch, metrics=None):
+    def on_epoch_end(self, epoch: int, metrics: Metrics | None = None) -> bool:
         """After an epoch: forces an epoch-end save at the last step (unless that step was just
         saved). Returns whether it saved."""
         self._check_open()
@@ -554,14 +570,14 @@ class CheckpointManager:
         args = self._hook_args(metrics)
         return self._save_registered(self._last_step, force=True, epoch_end=True, **args)
 
-    def on_train_end(self, metrics=None):
+    def on_train_end(self, metrics: Metrics | None = None) -> bool:
         """After training: forces a final save at the last step and waits for every save."""
         self._check_open()
         saved = self._save_registered(self._last_step, force=True, **self._hook_args(metrics))
         self._m.wait()
         return saved
 
-    def step(self, metrics=None):
+    def step(self, metrics: Metrics | None = None) -> bool:
         """RecIS style: counts the global step (+1) and saves when it is a multiple of
         save_interval_steps. Returns whether it saved."""
         self._check_open()
@@ -572,13 +588,13 @@ class CheckpointManager:
         return self._save_registered(self._global_step, force=True, **self._hook_args(metrics))
 
     @property
-    def global_step(self):
+    def global_step(self) -> int:
         """The last step a hook saw (or the restored checkpoint's step)."""
         return self._global_step
 
     # ------------------------------------------------------------------ breakpoints
 
-    def save_breakpoint(self):
+    def save_breakpoint(self) -> dict[str, Any] | None:
         """Saves "{prefix}-{epoch}_{step}_breakpoint" of the registered objects at the last step a
         hook saw, and waits for it. Returns its record. FailedPreconditionError unless
         exception_save=True."""
@@ -592,7 +608,7 @@ class CheckpointManager:
         return records[-1] if records else None
 
     @contextlib.contextmanager
-    def exception_guard(self):
+    def exception_guard(self) -> Iterator[CheckpointManager]:
         """A `with` block that saves a breakpoint when an exception leaves it (the exception
         keeps propagating). The breakpoint holds the registered objects as they are then,
         labelled with the last step a hook saw: update state only at the end of a step for it
@@ -607,10 +623,10 @@ class CheckpointManager:
             self._breakpoint_on_exception()
             raise
 
-    def __enter__(self):
+    def __enter__(self) -> CheckpointManager:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
             if exc_type is not None and issubclass(exc_type, (Exception, KeyboardInterrupt)):
                 if self._exception_save and self._objects and not self._closed:
@@ -634,7 +650,7 @@ class CheckpointManager:
               epoch_end=False, breakpoint=False, delta=False):  # fmt: skip
         flattener = _tree.Flattener()
         flattener.allow_tables = True
-        flat, meta_json = _flatten(state, metadata, flattener)
+        flat, meta_json = _write.flatten(state, metadata, flattener)
         specs = [t.spec() for t in flat.tensors]
         tables, owners = _sparse_io.table_specs(flat.tables)
         epoch = None if epoch is None else _int("epoch", epoch)
@@ -684,10 +700,9 @@ class CheckpointManager:
 
     def _load_file(self, path, framework):
         """A checkpoint of a file format, as savepoint.mindspore.load_checkpoint reads it."""
-        from . import mindspore
-
         if framework not in (None, "np", "numpy", "pt", "torch"):
-            raise ValueError(f"restore: framework={framework!r}: use None, 'pt' or 'np'")
+            raise _errors.InvalidArgumentError(
+                f"restore: framework={framework!r}: use None, 'pt' or 'np'")
         return mindspore.load_checkpoint(path, dec_key=self._key, dec_mode=self._enc_mode,
                                          crc_check=None if self._checksum else False,
                                          format=self._format,

@@ -26,7 +26,7 @@ import sys
 
 import numpy as np
 
-from . import _core, _dtypes, _errors, _load, _tree
+from . import _core, _dtypes, _errors, _read, _tree
 
 META_KEY = "savepoint.manager"
 
@@ -148,49 +148,14 @@ def template_leaves(obj):
     """{entry name relative to the object: (key path, leaf)} of a state_dict, named exactly as
     savepoint.save names them (same walk, same collision rule)."""
     namer = _tree.Flattener()
-    out = {}
-
-    def walk(o, path):
-        if isinstance(o, dict):
-            for k, v in o.items():
-                walk(v, path + (k,))
-        elif type(o) in (list, tuple):
-            for i, v in enumerate(o):
-                walk(v, path + (i,))
-        elif o is None:
-            return
-        elif type(o) in (bool, int, float, str, bytes) or _is_tensor(o):
-            out[namer._name(path)] = (path, o)
-
-    walk(obj, ())
-    return out
+    return {namer._name(path): (path, o) for path, o in _tree.object_leaves(obj)
+            if type(o) in (bool, int, float, str, bytes) or _is_tensor(o)}
 
 
 def _leaf_nodes(tree):
     """{entry name: node} of every tensor and value leaf of a recorded tree."""
-    out = {}
-
-    def walk(node):
-        if "dict" in node or "odict" in node:
-            for _, child in node.get("dict", node.get("odict")):
-                walk(child)
-        elif "list" in node or "tuple" in node:
-            for child in node.get("list", node.get("tuple")):
-                walk(child)
-        else:
-            for kind in ("torch", "numpy", "npscalar", "value", "bigint"):
-                if kind in node:
-                    out[node[kind]] = node
-
-    walk(tree["root"])
-    return out
-
-
-def _leaf_name(node):
-    for kind in ("torch", "numpy", "npscalar", "value", "bigint"):
-        if kind in node:
-            return node[kind]
-    return None
+    return {_tree.entry_name(node): node for _, node in _tree.walk(tree["root"])
+            if _tree.entry_name(node) is not None}
 
 
 def _child(node, key):
@@ -228,27 +193,16 @@ def _remove(node, key):
 
 def _prune(node, keep):
     """`node` without the leaves whose entry name `keep` rejects (lists keep a None in place)."""
-    if "dict" in node or "odict" in node:
-        kind = "dict" if "dict" in node else "odict"
-        items = []
-        for k, child in node[kind]:
-            child = _prune(child, keep)
-            if child is not None:
-                items.append([k, child])
-        return {**node, kind: items}
-    if "list" in node or "tuple" in node:
-        kind = "list" if "list" in node else "tuple"
-        return {kind: [_prune(c, keep) or {"none": None} for c in node[kind]]}
-    name = _leaf_name(node)
-    return node if name is None or keep(name) else None
+
+    def visit(_, n):
+        name = _tree.entry_name(n)
+        return _tree.DESCEND if name is None or keep(name) else None
+
+    return _tree.transform(node, visit)
 
 
 def _has_leaves(node):
-    if "dict" in node or "odict" in node:
-        return any(_has_leaves(c) for _, c in node.get("dict", node.get("odict")))
-    if "list" in node or "tuple" in node:
-        return any(_has_leaves(c) for c in node.get("list", node.get("tuple")))
-    return _leaf_name(node) is not None
+    return any(_tree.entry_name(n) is not None for _, n in _tree.walk(node))
 
 
 def _matches_any(globs, name):
@@ -277,7 +231,7 @@ def load_into(path, objects, *, include=("*",), exclude=(), strict=True, renames
     if isinstance(only, str):
         only = [only]
     only = list(only)
-    info = _load._Info(path, io_threads, direct_io, _load._load_key(key, f"load {path}: key"))
+    info = _read.Info(path, io_threads, direct_io, _read.load_key(key, f"load {path}: key"))
     leaves = _leaf_nodes(info.tree)
     recorded = info.metadata.get(META_KEY)
     recorded = recorded.get("objects", {}) if isinstance(recorded, dict) else {}
@@ -393,7 +347,7 @@ def _is_torch(leaf):
 def _read_and_load(path, info, targets, fills, verify, io_threads, direct_io):
     """Reads every tensor the targets need (template tensors filled in place), then calls each
     object's load_state_dict with its rebuilt state."""
-    plan = _load._Plan(path, info, {(name,): t for name, t in fills.items()}, None)
+    plan = _read.Plan(path, info, {(name,): t for name, t in fills.items()}, None)
     added = set()
     for t in targets:
         for name, node in _leaf_nodes({"root": t.node}).items():
@@ -401,7 +355,7 @@ def _read_and_load(path, info, targets, fills, verify, io_threads, direct_io):
                 added.add(name)
                 plan.add((name,), node)
     plan.run(verify, io_threads, direct_io)
-    finish = _load._finisher(plan.loaded, added, None, plan.like_names)
+    finish = _read.finisher(plan.loaded, added, None, plan.like_names)
     for t in targets:
         state = _tree.rebuild({"root": t.node}, finish, info.values)
         try:

@@ -5,16 +5,22 @@ object is flattened with the same dotted names as savepoint.save ("model.layer1.
 loads back as a flat dict. Files interoperate with `safetensors.torch.save_file` / `load_file`.
 """
 
+from __future__ import annotations
+
 import json
 import os
+from typing import Any
 
-from . import _core, _dtypes, _tree
+from . import _core, _dtypes, _errors, _tree
+from ._types import Names, Stats, StrPath
+
 
 _FRAMEWORKS = ("pt", "torch", "numpy", "np")
 
 
-def save_safetensors(obj, path, *, metadata=None, overwrite=False, create_parents=True,
-                     io_threads=4):  # fmt: skip
+def save_safetensors(obj: Any, path: StrPath, *, metadata: dict[str, Any] | None = None,
+                     overwrite: bool = False, create_parents: bool = True,
+                     io_threads: int = 4) -> Stats:  # fmt: skip
     """Writes `obj` as one safetensors file at `path` (atomically: temporary file, fsync, rename).
 
     obj: a flat or nested dict (lists, tuples) of torch tensors / numpy arrays, as savepoint.save;
@@ -74,7 +80,8 @@ def _rebuild_safetensors_dict(items, metadata, scalars):
     return out
 
 
-def load_safetensors(path, *, names=None, mmap=False, framework="pt"):
+def load_safetensors(path: StrPath, *, names: Names | None = None, mmap: bool = False,
+                     framework: str = "pt") -> SafetensorsDict:
     """Loads a safetensors file as a flat dict name -> torch tensor (framework="numpy": arrays).
 
     names: optional list of tensor names or glob patterns to load; one that matches nothing raises
@@ -90,7 +97,7 @@ def load_safetensors(path, *, names=None, mmap=False, framework="pt"):
     """
     if framework not in _FRAMEWORKS:
         msg = f"savepoint.load_safetensors: framework={framework!r}: use 'pt' or 'numpy'"
-        raise ValueError(msg)
+        raise _errors.InvalidArgumentError(msg)
     to_torch = framework in ("pt", "torch")
     if to_torch and _dtypes.torch_module() is None:
         raise ImportError("savepoint.load_safetensors: framework='pt' needs torch; pass 'numpy'")
@@ -107,7 +114,7 @@ def load_safetensors(path, *, names=None, mmap=False, framework="pt"):
     return out
 
 
-def safetensors_info(path):
+def safetensors_info(path: StrPath) -> dict[str, Any]:
     """The validated header, without reading tensor data: a dict with file_bytes, header_bytes,
     data_offset, tensors ({name: {"dtype", "shape", "data_offsets"}}), metadata (the raw
     `__metadata__` strings, reserved keys included)."""

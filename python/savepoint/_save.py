@@ -1,56 +1,26 @@
-"""savepoint.save and asynchronous saves (AsyncCheckpointer, SaveFuture)."""
+"""savepoint.save and asynchronous saves (AsyncCheckpointer, SaveFuture): an entry point, over
+_write.py (what every save shares), _distributed.py (process_group=) and _sparse_io.py (sparse
+tables, base=)."""
+
+from __future__ import annotations
 
 import atexit
-import json
 import os
 import threading
+from typing import Any
 
-from . import _core, _cuda, _errors, _keys, _sparse, _sparse_io, _tree
+from . import _core, _cuda, _distributed, _errors, _keys, _sparse_io, _tree, _write
+from ._types import Compression, Key, Stats, StrPath
 
-_DEFAULT_CHUNK = 8 << 20
-
-
-def _flatten(obj, metadata, flattener=None):
-    f = flattener if flattener is not None else _tree.Flattener()
-    tree = f.flatten(obj)
-    meta = {}
-    if metadata is not None:
-        if not isinstance(metadata, dict) or not all(type(k) is str for k in metadata):
-            raise TypeError("savepoint.save: metadata must be a dict with str keys")
-        if _tree.TREE_KEY in metadata:
-            raise ValueError(f"savepoint.save: metadata key {_tree.TREE_KEY!r} is reserved")
-        meta.update(metadata)
-    meta[_tree.TREE_KEY] = tree
-    try:
-        meta_json = json.dumps(meta, allow_nan=False, ensure_ascii=False)
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"savepoint.save: metadata is not JSON-serialisable: {e}") from None
-    return f, meta_json
+_DEFAULT_CHUNK = _write.DEFAULT_CHUNK
 
 
-_CODECS = ("none", "zstd", "lz4")
-_SHUFFLES = ("auto", "on", "off")
-
-
-def _compression(compression):
-    """(codec, shuffle, zstd level) for the core from None, a codec name, or a dict
-    {"codec": "zstd" | "lz4" | "none", "shuffle": "auto" | "on" | "off", "level": int}."""
-    if compression is None:
-        return ("none", "auto", 1)
-    spec = {"codec": compression} if isinstance(compression, str) else compression
-    unknown = set(spec) - {"codec", "shuffle", "level"} if isinstance(spec, dict) else {None}
-    codec, shuffle = (spec.get("codec", "zstd"), spec.get("shuffle", "auto")) if not unknown else (0, 0)
-    if unknown or codec not in _CODECS or shuffle not in _SHUFFLES:
-        raise ValueError(
-            f"savepoint.save: compression={compression!r}: use None, 'zstd', 'lz4' or a dict with "
-            f"codec {_CODECS}, shuffle {_SHUFFLES} and level (zstd, default 1)")
-    return (codec, shuffle, int(spec.get("level", 1)))
-
-
-def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata=None,
-         io_threads=4, chunk_bytes=_DEFAULT_CHUNK, direct_io=True, create_parents=True,
-         key=None, process_group=None, timeout=600.0, verify_replicas=True, base=None,
-         concurrency=0):  # fmt: skip
+def save(obj: Any, path: StrPath, *, async_: bool = False, compression: Compression | None = None,
+         overwrite: bool = False, metadata: dict[str, Any] | None = None, io_threads: int = 4,
+         chunk_bytes: int = _DEFAULT_CHUNK, direct_io: bool = True, create_parents: bool = True,
+         key: Key | None = None, process_group: Any = None, timeout: float = 600.0,
+         verify_replicas: bool = True, base: StrPath | None = None, concurrency: int = 0
+         ) -> Stats | SaveFuture | _distributed.DistributedSaveFuture:  # fmt: skip
     """Saves `obj` as a checkpoint directory at `path`, like torch.save but crash-consistent.
 
     obj: a nested dict / OrderedDict / list / tuple of torch tensors, numpy arrays, numpy scalars
@@ -111,11 +81,11 @@ def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata
     Returns a dict of statistics (bytes, chunks, seconds, direct_io) for a synchronous save, a
     SaveFuture for an asynchronous one. Errors are SavepointError subclasses (the C++ message).
     """
-    if async_ and (base is not None or _sparse.contains_table(obj)):
+    if async_ and (base is not None or _tree.contains_table(obj)):
         raise _errors.UnimplementedError(
             f"savepoint.save({os.fspath(path)!r}): sparse tables and delta saves (base=) are "
             "saved synchronously only: pass async_=False")  # fmt: skip
-    if process_group is not None and (base is not None or _sparse.contains_table(obj)):
+    if process_group is not None and (base is not None or _tree.contains_table(obj)):
         if compression is not None:
             raise _errors.UnimplementedError("savepoint.save: compression with a process_group")
         return _sparse_io.save_distributed(
@@ -126,14 +96,12 @@ def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata
     if process_group is not None:
         if compression is not None:
             raise _errors.UnimplementedError("savepoint.save: compression with a process_group")
-        from . import _distributed
-
         return _distributed.save(obj, path, process_group, async_=async_, overwrite=overwrite,
                                  metadata=metadata, io_threads=io_threads,
                                  chunk_bytes=chunk_bytes, direct_io=direct_io,
                                  create_parents=create_parents, key=key,
                                  timeout=timeout, verify_replicas=verify_replicas)  # fmt: skip
-    codec = _compression(compression)
+    codec = _write.compression(compression)
     if async_:
         given = {k: v for k, v, d in (("io_threads", io_threads, 4), ("direct_io", direct_io, True),
                                       ("chunk_bytes", chunk_bytes, _DEFAULT_CHUNK)) if v != d}
@@ -147,7 +115,7 @@ def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata
     key = _keys.normalize(key, "savepoint.save: key")
     flattener = _tree.Flattener()
     flattener.allow_tables = True
-    flat, meta_json = _flatten(obj, metadata, flattener)
+    flat, meta_json = _write.flatten(obj, metadata, flattener)
     if flat.tables or base is not None:
         return _sparse_io.save(flat, meta_json, path, base=base, concurrency=concurrency,
                                overwrite=overwrite, create_parents=create_parents,
@@ -159,51 +127,29 @@ def save(obj, path, *, async_=False, compression=None, overwrite=False, metadata
                       chunk_bytes=chunk_bytes, compression=codec, key=key)  # fmt: skip
 
 
-class _Future:
-    """result(), exception() and repr of a save future, from its done(), wait(timeout), path and
-    stats (SaveFuture; DistributedSaveFuture in _distributed.py)."""
-
-    def result(self, timeout=None):
-        """The save's stats once committed; raises its error, or TimeoutError."""
-        if not self.wait(timeout):
-            raise TimeoutError(f"savepoint: save to {self.path} still running after {timeout} s")
-        return self.stats
-
-    def exception(self, timeout=None):
-        """The save's error (None if it committed); TimeoutError if it is still running."""
-        try:
-            self.result(timeout)
-        except _errors.SavepointError as e:
-            return e
-        return None
-
-    def __repr__(self):
-        return f"{type(self).__name__}({self.path!r}, done={self.done()})"
-
-
-class SaveFuture(_Future):
+class SaveFuture(_write.Future):
     """One asynchronous save. Like concurrent.futures.Future: done(), wait(), result(),
     exception(); plus `stats` and `path`. Thread-safe."""
 
-    def __init__(self, handle):
+    def __init__(self, handle: Any) -> None:
         self._h = handle
 
     @property
-    def path(self):
+    def path(self) -> str:
         return self._h.path
 
     @property
-    def stats(self):
+    def stats(self) -> Stats:
         """dict, the same keys as a synchronous save's statistics: bytes, stored_bytes, chunks,
         seconds (start to commit; final once done()), blocked_seconds (how long save() blocked
         the caller), snapshot_seconds (the copy phase), direct_io."""
         return self._h.stats
 
-    def done(self):
+    def done(self) -> bool:
         """True once the save committed or failed (never blocks)."""
         return self._h.poll()
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the save finishes or `timeout` seconds pass. Returns True if it finished
         (and committed: a failed save raises its SavepointError here), False on timeout.
         Ctrl-C raises KeyboardInterrupt promptly; the save itself goes on in the background."""
@@ -246,9 +192,10 @@ class AsyncCheckpointer:
         wait for DMA between checksums).
     """
 
-    def __init__(self, staging_bytes=None, slab_bytes=8 << 20, io_threads=4,
-                 allow_concurrent_saves=False, reserve=None, direct_io=True,
-                 key=None, cuda=None, snapshot_threads=0):  # fmt: skip
+    def __init__(self, staging_bytes: int | None = None, slab_bytes: int = 8 << 20,
+                 io_threads: int = 4, allow_concurrent_saves: bool = False, reserve: Any = None,
+                 direct_io: bool = True, key: Key | None = None, cuda: bool | None = None,
+                 snapshot_threads: int = 0) -> None:  # fmt: skip
         self._key = _keys.normalize(key, "AsyncCheckpointer: key")
         self._c = _core.Checkpointer.create(staging_bytes or 0, slab_bytes, io_threads,
                                             bool(direct_io), allow_concurrent_saves,
@@ -258,7 +205,7 @@ class AsyncCheckpointer:
         if reserve is not None:
             self.reserve(reserve)
 
-    def reserve(self, state_or_bytes):
+    def reserve(self, state_or_bytes: Any) -> None:
         """Allocates and pre-touches staging memory for `state_or_bytes` (a state as save() takes
         it, or a byte count; at most staging_bytes) in a background thread and returns at once,
         so that a later save of that size blocks only for the copy. Raising the target is fine;
@@ -268,22 +215,24 @@ class AsyncCheckpointer:
         else:
             counter = _tree.Flattener()
             counter.cuda_in_place = True  # counted where they are, not copied to the host
-            flat, _ = _flatten(state_or_bytes, None, counter)
+            flat, _ = _write.flatten(state_or_bytes, None, counter)
             nbytes = sum(int(getattr(t.owner, "nbytes", 0)) for t in flat.tensors)
         if nbytes < 0:
             raise _errors.InvalidArgumentError(f"reserve: {nbytes} bytes is negative")
         self._checkpointer().reserve(nbytes)
 
-    def save(self, obj, path, *, overwrite=False, metadata=None, create_parents=True,
-             compression=None, key=None):  # fmt: skip
+    def save(self, obj: Any, path: StrPath, *, overwrite: bool = False,
+             metadata: dict[str, Any] | None = None, create_parents: bool = True,
+             compression: Compression | None = None,
+             key: Key | None = None) -> SaveFuture:  # fmt: skip
         """Starts saving `obj` (see savepoint.save) and returns a SaveFuture once the caller may
         modify its tensors again. key: this save's key (None: the checkpointer's)."""
-        codec = _compression(compression)
+        codec = _write.compression(compression)
         key = self._key if key is None else _keys.normalize(key, "AsyncCheckpointer.save: key")
         c = self._checkpointer()
         flattener = _tree.Flattener()
         flattener.cuda_in_place = c.device_copies
-        flat, meta_json = _flatten(obj, metadata, flattener)
+        flat, meta_json = _write.flatten(obj, metadata, flattener)
         _cuda.settle(flat.cuda_devices)
         specs = [t.spec() for t in flat.tensors]
         handle = c.save_async(os.fspath(path), specs, flat.values, meta_json, overwrite=overwrite,
@@ -291,11 +240,11 @@ class AsyncCheckpointer:
                               key=key)  # fmt: skip
         return SaveFuture(handle)
 
-    def wait(self):
+    def wait(self) -> None:
         """Blocks until every save started so far has finished; raises the first error."""
         self._checkpointer().wait_all()
 
-    def close(self):
+    def close(self) -> None:
         """Waits for the saves in flight, then releases the staging memory. Idempotent."""
         with self._lock:
             c, self._c = self._c, None
@@ -306,12 +255,12 @@ class AsyncCheckpointer:
                 del c
 
     @property
-    def cuda(self):
+    def cuda(self) -> bool:
         """Whether CUDA tensors are snapshotted straight from GPU memory (see `cuda`)."""
         return self._checkpointer().device_copies
 
     @property
-    def staging_allocated_bytes(self):
+    def staging_allocated_bytes(self) -> int:
         return self._checkpointer().staging_allocated_bytes
 
     def _checkpointer(self):
@@ -320,10 +269,10 @@ class AsyncCheckpointer:
             raise _errors.FailedPreconditionError("savepoint: AsyncCheckpointer is closed")
         return c
 
-    def __enter__(self):
+    def __enter__(self) -> AsyncCheckpointer:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -331,7 +280,7 @@ _default = None
 _default_lock = threading.Lock()
 
 
-def default_checkpointer():
+def default_checkpointer() -> AsyncCheckpointer:
     """The AsyncCheckpointer that save(..., async_=True) uses (created on first use; closed at
     interpreter exit after its saves finish)."""
     global _default

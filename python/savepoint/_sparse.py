@@ -12,6 +12,10 @@ returning a SparseTable over its own storage (e.g. a hash-embedding module handi
 row tensors): savepoint.save calls it and saves the rows without a copy.
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 import numpy as np
 
 from . import _core, _dtypes, _errors
@@ -66,7 +70,7 @@ class SparseTable:
 
     __slots__ = ("ids", "slots", "deleted")
 
-    def __init__(self, ids, slots, deleted=None):
+    def __init__(self, ids: Any, slots: dict[str, Any], deleted: Any = None) -> None:
         _check_ids(ids, "SparseTable: ids")
         if not isinstance(slots, dict) or not slots:
             raise _errors.InvalidArgumentError(
@@ -91,28 +95,28 @@ class SparseTable:
         self.ids, self.slots, self.deleted = ids, dict(slots), deleted
 
     @property
-    def num_rows(self):
+    def num_rows(self) -> int:
         return int(self.ids.shape[0])
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.num_rows
 
-    def __savepoint_table__(self):
+    def __savepoint_table__(self) -> SparseTable:
         return self
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         slots = ", ".join(f"{k}: {_dtype_name(v)} {list(v.shape[1:])}"
                           for k, v in self.slots.items())  # fmt: skip
         deleted = "" if self.deleted is None else f", {self.deleted.shape[0]} deleted"
         return f"SparseTable({self.num_rows} rows{deleted}; {slots})"
 
-    def to_dict(self, slot=None):
+    def to_dict(self, slot: str | None = None) -> dict[int, np.ndarray]:
         """{id: row} (numpy) of slot `slot` (default: the first), for tests and small tables."""
         name = slot if slot is not None else next(iter(self.slots))
         rows = _as_numpy(self.slots[name])
         return {int(i): rows[r] for r, i in enumerate(_as_numpy(self.ids))}
 
-    def delta(self, touched, deleted=None):
+    def delta(self, touched: Any, deleted: Any = None) -> SparseTable:
         """The table a delta save takes: the rows of the ids `touched` (which must all be rows of
         this table: NotFoundError naming the first that is not) and `deleted` as its deleted ids.
         The rows are copied (gathered); tensors stay tensors, arrays arrays."""
@@ -141,7 +145,7 @@ class SparseTable:
                 deleted = _dtypes.torch_module().from_numpy(deleted)
         return SparseTable(take(self.ids), {k: take(v) for k, v in self.slots.items()}, deleted)
 
-    def shard(self, shard_id, shard_num):
+    def shard(self, shard_id: int, shard_num: int) -> SparseTable:
         """The rows shard `shard_id` of `shard_num` owns (ids whose slice, id mod 65536, lies in
         savepoint.gen_slice(shard_id, shard_num)): what that rank passes to a distributed save."""
         begin, end = gen_slice(shard_id, shard_num)
@@ -150,7 +154,7 @@ class SparseTable:
         return self.delta(ids[rows], None) if len(rows) != len(ids) else self
 
 
-def gen_slice(shard_id, shard_num):
+def gen_slice(shard_id: int, shard_num: int) -> tuple[int, int]:
     """(begin, end): the slices [begin, end) shard `shard_id` of `shard_num` owns (RecIS
     gen_slice: 65536 // shard_num each, the first 65536 % shard_num one more)."""
     return tuple(_core.gen_slice(int(shard_id), int(shard_num)))
@@ -170,12 +174,8 @@ def as_table(obj):
     return table
 
 
-def contains_table(obj):
-    """Whether a state (nested dicts / lists / tuples) holds a table anywhere."""
-    if isinstance(obj, dict):
-        return any(contains_table(v) for v in obj.values())
-    if type(obj) in (list, tuple):
-        return any(contains_table(v) for v in obj)
+def is_table(obj):
+    """Whether `obj` is a SparseTable or stands for one (has __savepoint_table__)."""
     return type(obj) is SparseTable or hasattr(type(obj), "__savepoint_table__")
 
 
@@ -190,7 +190,7 @@ class DirtyTracker:
         tracker.clear()                     # after the save committed
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._d = _core.DirtySet()
 
     @staticmethod
@@ -201,26 +201,26 @@ class DirtyTracker:
         a = np.ascontiguousarray(a.astype(np.int64, copy=False).reshape(-1))
         return a
 
-    def touch(self, ids):
+    def touch(self, ids: Any) -> None:
         a = self._ids(ids)
         self._d.touch(a.__array_interface__["data"][0], a.shape[0])
 
-    def delete(self, ids):
+    def delete(self, ids: Any) -> None:
         a = self._ids(ids)
         self._d.delete(a.__array_interface__["data"][0], a.shape[0])
 
-    def touched(self):
+    def touched(self) -> np.ndarray:
         """The touched ids, sorted (int64 numpy array)."""
         return np.frombuffer(self._d.touched(), np.int64).copy()
 
-    def deleted(self):
+    def deleted(self) -> np.ndarray:
         """The deleted ids, sorted (int64 numpy array)."""
         return np.frombuffer(self._d.deleted(), np.int64).copy()
 
-    def clear(self):
+    def clear(self) -> None:
         self._d.clear()
 
-    def delta(self, table):
+    def delta(self, table: Any) -> SparseTable:
         """table.delta(touched, deleted): the table to save as the delta. Touched ids that are
         no longer rows of `table` must have been deleted (NotFoundError otherwise)."""
         return as_table(table).delta(self.touched(), self.deleted())

@@ -1,19 +1,30 @@
 """Saving and loading states that hold sparse tables (savepoint.save / load route here when a
 state holds a SparseTable, a delta `base` is given, or the checkpoint has tables; docs/SPARSE.md,
-"Python")."""
+"Python"), and the table-only entry points savepoint.sparse offers: load_tables, chain,
+should_compact, compact.
+
+A layer below savepoint.save / load (_save.py, _load.py), which call it; over _distributed.py
+(process_group=) and the shared _read.py / _write.py. It imports neither _save nor _load.
+"""
+
+from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import numpy as np
 
-from . import _core, _dtypes, _errors, _keys, _sparse, _tree
+from . import _core, _distributed, _dtypes, _errors, _keys, _read, _sparse, _torch_comm, _tree
+from . import _write
+from ._types import Compression, Key, Names, Records, Stats, StrPath
+
 
 _RESERVED = "savepoint.sparse"  # the description value and the prefix of table tensors
 
 
 def has_tables(info):
-    """Whether the checkpoint behind `info` (_load._Info) holds sparse tables."""
+    """Whether the checkpoint behind `info` (_read.Info) holds sparse tables."""
     return _RESERVED in info.values
 
 
@@ -75,8 +86,6 @@ def save_distributed(obj, path, process_group, *, base, concurrency, metadata, t
                      direct_io):  # fmt: skip
     """savepoint.save(state, path, process_group=pg) of a state with tables (or a delta): every
     rank passes the rows it owns; SaveSparseDistributed over the group's TorchCommunicator."""
-    from . import _distributed, _save, _torch_comm
-
     class Job(_distributed._SaveJob):
         def run(self):
             comm = self.group.comm()
@@ -102,7 +111,7 @@ def save_distributed(obj, path, process_group, *, base, concurrency, metadata, t
     try:
         flattener = _distributed._ShardFlattener(group)
         flattener.allow_tables = True
-        job.flat, job.meta_json = _save._flatten(obj, metadata, flattener)
+        job.flat, job.meta_json = _write.flatten(obj, metadata, flattener)
     except Exception as e:  # noqa: BLE001 (told to the other ranks first, then raised)
         job.error = e
     return job.run()
@@ -160,8 +169,6 @@ def _wants_torch(framework, node):
 def _fill(target, value, entry, p, group):
     """Copies loaded tensor `value` (checkpoint entry (name, dtype, shape, raw)) into `like`
     target `target` (a tensor, an array, or with `group` a DTensor: its local box)."""
-    from . import _distributed, _load
-
     where = _tree.describe_path(p).replace("obj", "like", 1)
     got = _sparse._dtype_name(target)
     if got != entry[1] or tuple(target.shape) != tuple(entry[2]):
@@ -173,9 +180,9 @@ def _fill(target, value, entry, p, group):
         box = _distributed._box(target, group, where)
         if box is not None and 0 not in box[2]:
             index = tuple(slice(o, o + s) for o, s in zip(box[1], box[2]))
-            _load._copy_into(_distributed._local(target), value[index])
+            _read.copy_into(_distributed._local(target), value[index])
         return target
-    _load._copy_into(target, value)
+    _read.copy_into(target, value)
     return target
 
 
@@ -185,8 +192,6 @@ def load(path, info, *, framework, names, map_location, tables, slots, shard_id,
     """savepoint.load of a checkpoint with tables: the saved structure, tables as SparseTables
     (this shard's rows, chain applied), dense tensors whole (copied into `like`'s tensors, arrays
     and, with `group`, DTensors, which are then returned)."""
-    from . import _load
-
     tensors, values, meta_json, loaded = _core_load(
         path, shard_id=shard_id, shard_num=shard_num, tables=tables, slots=slots, rename=None,
         slot_dtypes=None, dense=True, verify=verify, io_threads=io_threads, direct_io=direct_io,
@@ -203,15 +208,13 @@ def load(path, info, *, framework, names, map_location, tables, slots, shard_id,
         tree = {"version": 1, "root": {"dict": sorted(items, key=lambda kv: kv[0])}}
     info.tree = tree
     if per_rank is not None:  # (rank, world size, mode): a distributed load's PerRank parts
-        from . import _distributed
-
         _distributed._pick_per_rank(info, os.fspath(path), *per_rank)
     info.tensors = {n: (n, d, s, 0, 1) for n, d, s, _ in tensors}
-    info.tree = _load._for_framework(info, _load._FRAMEWORKS[framework])
+    info.tree = _read.for_framework(info, _read.FRAMEWORKS[framework])
     leaves = _tree.tensor_leaves(info.tree)
-    selected = _load._select(info, leaves, names, os.fspath(path))
-    framework = _load._FRAMEWORKS[framework]
-    targets = _load._like_targets(like)
+    selected = _read.select(info, leaves, names, os.fspath(path))
+    framework = _read.FRAMEWORKS[framework]
+    targets = _read.like_targets(like)
     if strict:
         missing = set(targets) - {p for p, _ in leaves}
         if missing:
@@ -242,7 +245,7 @@ def load(path, info, *, framework, names, map_location, tables, slots, shard_id,
             return value[()] if isinstance(value, np.ndarray) else value.item()
         if "torch" not in node or isinstance(value, np.ndarray):
             return value
-        return _load._place(value, node, p, map_location)
+        return _read.place(value, node, p, map_location)
 
     return _tree.rebuild(info.tree, finish, values)
 
@@ -253,18 +256,16 @@ def load_distributed(path, process_group, *, framework, tables, slots, verify, i
     rows it owns under the group's size (shard rank of size), dense tensors and values whole,
     its own PerRank parts (per_rank as savepoint.load takes it). If any rank fails, every rank
     raises (naming it)."""
-    from . import _distributed, _load, _torch_comm
-
     if per_rank not in _distributed.PER_RANK_MODES:
-        raise ValueError(f"savepoint.load: per_rank={per_rank!r}: use one of "
-                         f"{_distributed.PER_RANK_MODES}")  # fmt: skip
+        raise _errors.InvalidArgumentError(
+            f"savepoint.load: per_rank={per_rank!r}: use one of {_distributed.PER_RANK_MODES}")
 
     group = _distributed._Group(process_group)
     comm = group.comm()
     out, error = None, None
     try:
-        info = _load._Info(os.fspath(path), io_threads, direct_io,
-                           _load._load_key(key, "savepoint.load: key"))  # fmt: skip
+        info = _read.Info(os.fspath(path), io_threads, direct_io,
+                          _read.load_key(key, "savepoint.load: key"))  # fmt: skip
         if not has_tables(info):
             raise _errors.InvalidArgumentError(
                 f"savepoint.load({os.fspath(path)!r}): with process_group, pass like= (only a "
@@ -284,9 +285,12 @@ def load_distributed(path, process_group, *, framework, tables, slots, verify, i
     return out
 
 
-def load_tables(path, *, tables=None, slots=None, rename=None, slot_dtypes=None, shard_id=0,
-                shard_num=1, process_group=None, framework=None, verify=True, io_threads=4,
-                direct_io=True, key=None):  # fmt: skip
+def load_tables(path: StrPath, *, tables: Names | None = None, slots: Names | None = None,
+                rename: dict[str, str] | None = None, slot_dtypes: dict[str, Any] | None = None,
+                shard_id: int = 0, shard_num: int = 1, process_group: Any = None,
+                framework: str | None = None, verify: bool = True, io_threads: int = 4,
+                direct_io: bool = True,
+                key: Key | None = None) -> dict[str, _sparse.SparseTable]:  # fmt: skip
     """Only the sparse tables of a checkpoint (delta chain applied), as {name: SparseTable}: the
     RecIS model-bank load (several checkpoints' tables into one model).
 
@@ -300,40 +304,38 @@ def load_tables(path, *, tables=None, slots=None, rename=None, slot_dtypes=None,
         process_group: the group rank and size (shard_id/shard_num must be left alone).
     framework: "np" (default) or "pt" (torch tensors)."""
     if framework not in (None, "np", "numpy", "pt", "torch"):
-        raise ValueError(f"savepoint.load_tables: framework={framework!r}: use 'np' or 'pt'")
+        raise _errors.InvalidArgumentError(
+            f"savepoint.load_tables: framework={framework!r}: use 'np' or 'pt'")
     if process_group is not None:
-        from . import _distributed
-
         if (shard_id, shard_num) != (0, 1):
-            raise ValueError("savepoint.load_tables: pass process_group or shard_id/shard_num")
+            raise _errors.InvalidArgumentError(
+                "savepoint.load_tables: pass process_group or shard_id/shard_num")
         dist = _distributed._torch()[1]
         shard_id, shard_num = dist.get_rank(process_group), dist.get_world_size(process_group)
-    from . import _load
-
     _, _, _, loaded = _core_load(
         path, shard_id=shard_id, shard_num=shard_num, tables=tables, slots=slots, rename=rename,
         slot_dtypes=slot_dtypes, dense=False, verify=verify, io_threads=io_threads,
-        direct_io=direct_io, key=_load._load_key(key, "savepoint.load_tables: key"))  # fmt: skip
+        direct_io=direct_io, key=_read.load_key(key, "savepoint.load_tables: key"))  # fmt: skip
     as_torch = framework in ("pt", "torch")
     return {name: _to_table(ids, slots_, as_torch) for name, ids, slots_ in loaded}
 
 
-def chain(path):
+def chain(path: StrPath) -> Records:
     """The delta chain ending at `path`, newest first: [{"path", "checkpoint_id", "depth",
     "table_bytes"}] (depth 0: the full checkpoint; table_bytes: the bytes of the link's table
     data, its ids, slot rows and deleted ids, without the fixed-size slice index). Reads
     manifests only (no key needed)."""
-    from . import _load
-
     links = _core.sparse_chain(os.fspath(path))
-    return [{"path": p, "checkpoint_id": c, "depth": d, "table_bytes": _table_bytes(_load.info(p))}
+    return [{"path": p, "checkpoint_id": c, "depth": d, "table_bytes": _table_bytes(p)}
             for p, c, d in links]  # fmt: skip
 
 
-def _table_bytes(info):
-    """Bytes of the table data (ids, slots, deleted ids) of a checkpoint's info()."""
-    return sum(t["nbytes"] for t in info["tensors"]
-               if t["name"].startswith(_RESERVED + "/") and not t["name"].endswith("slice_rows"))
+def _table_bytes(path):
+    """Bytes of the table data (ids, slots, deleted ids) of the checkpoint at `path` (its
+    manifest only)."""
+    tensors = _read.Info(os.fspath(path), 1, True).tensors.values()
+    return sum(nbytes for name, _, _, nbytes, _ in tensors
+               if name.startswith(_RESERVED + "/") and not name.endswith("slice_rows"))
 
 
 def chain_is_due(links, max_depth, max_delta_ratio, depth=None):
@@ -346,7 +348,7 @@ def chain_is_due(links, max_depth, max_delta_ratio, depth=None):
                                 float(max_delta_ratio))  # fmt: skip
 
 
-def should_compact(path, *, max_depth=8, max_delta_ratio=0.5):
+def should_compact(path: StrPath, *, max_depth: int = 8, max_delta_ratio: float = 0.5) -> bool:
     """Whether the delta chain ending at `path` should be compacted (savepoint.compact): it has
     more than `max_depth` deltas (default 8), or its deltas hold more table data than
     `max_delta_ratio` (default 0.5) x its full checkpoint's (C++ ShouldCompact; byte sizes as
@@ -357,9 +359,11 @@ def should_compact(path, *, max_depth=8, max_delta_ratio=0.5):
 _SAME_KEY = object()
 
 
-def compact(src, dst, *, overwrite=False, key=None, dst_key=_SAME_KEY, concurrency=0,
-            compression=None, chunk_bytes=8 << 20, io_threads=4, direct_io=True,
-            create_parents=True, verify=True):  # fmt: skip
+def compact(src: StrPath, dst: StrPath, *, overwrite: bool = False, key: Key | None = None,
+            dst_key: Key | None = _SAME_KEY, concurrency: int = 0,
+            compression: Compression | None = None, chunk_bytes: int = 8 << 20,
+            io_threads: int = 4, direct_io: bool = True, create_parents: bool = True,
+            verify: bool = True) -> Stats:  # fmt: skip
     """Folds the delta chain ending at checkpoint `src` into a full checkpoint at `dst` (C++
     CompactSparse): every table whole with the chain applied, and src's dense tensors, values and
     metadata, so savepoint.load(dst) returns what savepoint.load(src) does. dst is committed
@@ -379,18 +383,16 @@ def compact(src, dst, *, overwrite=False, key=None, dst_key=_SAME_KEY, concurren
     CorruptCheckpointError (a broken chain, a bad chunk), AlreadyExistsError (dst exists),
     InvalidArgumentError (src holds no sparse tables; dst in src's chain); an unknown option is
     TypeError. Returns the save's statistics (as savepoint.save)."""
-    from . import _load, _save
-
     src, dst = os.fspath(src), os.fspath(dst)
     what = f"savepoint.compact({src!r} -> {dst!r})"
-    codec = _save._compression(compression)
-    key = _load._load_key(key, "savepoint.compact: key")
+    codec = _write.compression(compression)
+    key = _read.load_key(key, "savepoint.compact: key")
     if dst_key is not _SAME_KEY:
         dst_key = _keys.normalize(dst_key, "savepoint.compact: dst_key")
     else:
         dst_key = key
     try:
-        if not has_tables(_load._Info(src, 1, True, None)):
+        if not has_tables(_read.Info(src, 1, True, None)):
             raise _errors.InvalidArgumentError(
                 f"{what}: {src} holds no sparse tables (a dense checkpoint has no chain to fold)")
         if os.path.exists(dst):

@@ -37,7 +37,7 @@ import re
 
 import numpy as np
 
-from . import _dtypes, _sparse
+from . import _dtypes, _errors, _sparse
 
 TREE_KEY = "savepoint.python"
 TREE_VERSION = 1
@@ -246,32 +246,111 @@ def _plain_json(obj, path):
     raise unsupported(path, f"metadata of type {type(obj).__name__}")
 
 
-# ----------------------------------------------------------------------------- rebuilding
+# ----------------------------------------------------------------------------- walking
+#
+# The one walker of recorded trees (walk, transform) and of live objects (object_leaves): the
+# loaders, the registry and the distributed code all go through these.
+
+_CONTAINERS = ("dict", "odict", "list", "tuple")
+_TENSOR_KINDS = ("torch", "numpy", "npscalar")
+_ENTRY_KINDS = _TENSOR_KINDS + ("value", "bigint")
+
+
+def container_kind(node):
+    """"dict", "odict", "list" or "tuple" for a container node; None for a leaf."""
+    for kind in _CONTAINERS:
+        if kind in node:
+            return kind
+    return None
+
+
+def children(node):
+    """[(key, child)] of a container node: decoded keys of a dict / odict, indices of a list /
+    tuple."""
+    kind = container_kind(node)
+    if kind in ("dict", "odict"):
+        return [(decode_key(k), child) for k, child in node[kind]]
+    return list(enumerate(node[kind]))
+
+
+def walk(node, path=()):
+    """Yields (key path, node) of every leaf node below recorded node `node`, in order."""
+    if container_kind(node) is None:
+        yield path, node
+        return
+    for k, child in children(node):
+        yield from walk(child, path + (k,))
+
+
+class _Descend:
+    def __repr__(self):
+        return "DESCEND"
+
+
+DESCEND = _Descend()
+
+
+def transform(node, fn, path=()):
+    """A copy of recorded node `node`: fn(path, node) is called on every node, top down, and
+    returns its replacement, or DESCEND (a container is then rebuilt from its children, its other
+    keys kept; a leaf is kept). A child replaced by None is left out of a dict and becomes a None
+    leaf in a list or tuple."""
+    out = fn(path, node)
+    if out is not DESCEND:
+        return out
+    kind = container_kind(node)
+    if kind is None:
+        return node
+    if kind in ("dict", "odict"):
+        items = [[k, transform(child, fn, path + (decode_key(k),))] for k, child in node[kind]]
+        items = [kv for kv in items if kv[1] is not None]
+    else:
+        items = [transform(child, fn, path + (i,)) for i, child in enumerate(node[kind])]
+        items = [{"none": None} if c is None else c for c in items]
+    return {**node, kind: items}
+
+
+def object_leaves(obj, path=()):
+    """Yields (key path, leaf) of every leaf of a live object: what its dicts (any dict type),
+    lists and tuples hold, in order (savepoint.save's key paths)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from object_leaves(v, path + (k,))
+    elif type(obj) in (list, tuple):
+        for i, v in enumerate(obj):
+            yield from object_leaves(v, path + (i,))
+    else:
+        yield path, obj
+
+
+def contains_table(obj):
+    """Whether a state (nested dicts / lists / tuples) holds a sparse table anywhere."""
+    return any(_sparse.is_table(leaf) for _, leaf in object_leaves(obj))
+
+
+def is_tensor_leaf(node):
+    return any(kind in node for kind in _TENSOR_KINDS)
 
 
 def tensor_leaves(tree):
     """[(path, node)] of every tensor-like leaf of a recorded tree, in order."""
-    out = []
-
-    def walk(node, path):
-        if "dict" in node or "odict" in node:
-            for key, child in node.get("dict", node.get("odict")):
-                walk(child, path + (decode_key(key),))
-        elif "list" in node or "tuple" in node:
-            for i, child in enumerate(node.get("list", node.get("tuple"))):
-                walk(child, path + (i,))
-        elif "torch" in node or "numpy" in node or "npscalar" in node:
-            out.append((path, node))
-
-    walk(tree["root"], ())
-    return out
+    return [(p, node) for p, node in walk(tree["root"]) if is_tensor_leaf(node)]
 
 
 def leaf_name(node):
-    for kind in ("torch", "numpy", "npscalar"):
+    """The tensor entry name of a tensor leaf (KeyError for any other node)."""
+    for kind in _TENSOR_KINDS:
         if kind in node:
             return node[kind]
     raise KeyError("not a tensor leaf")
+
+
+def entry_name(node):
+    """The entry name of a tensor or value leaf; None for any other node."""
+    for kind in _ENTRY_KINDS:
+        if kind in node:
+            return node[kind]
+    return None
 
 
 def decode_key(key):
@@ -279,7 +358,11 @@ def decode_key(key):
         return key
     if isinstance(key, dict) and "int" in key:
         return int(key["int"])
-    raise ValueError(f"savepoint.load: bad key {key!r} in the recorded structure")
+    raise _errors.CorruptCheckpointError(
+        f"savepoint.load: bad key {key!r} in the recorded structure")
+
+
+# ----------------------------------------------------------------------------- rebuilding
 
 
 def rebuild(tree, tensor_of, values):
@@ -287,20 +370,20 @@ def rebuild(tree, tensor_of, values):
     unselected tensor), scalars from `values` ({name: python value})."""
 
     def build(node, path):
-        if "dict" in node or "odict" in node:
-            out = {} if "dict" in node else collections.OrderedDict()
-            for key, child in node.get("dict", node.get("odict")):
-                k = decode_key(key)
+        kind = container_kind(node)
+        if kind in ("dict", "odict"):
+            out = {} if kind == "dict" else collections.OrderedDict()
+            for k, child in children(node):
                 v = build(child, path + (k,))
                 if v is not MISSING:
                     out[k] = v
             if "meta" in node:
                 out._metadata = _meta_from_json(node["meta"])
             return out
-        if "list" in node or "tuple" in node:
-            items = [build(c, path + (i,)) for i, c in enumerate(node.get("list", node.get("tuple")))]
+        if kind is not None:
+            items = [build(c, path + (i,)) for i, c in children(node)]
             items = [None if v is MISSING else v for v in items]
-            return items if "list" in node else tuple(items)
+            return items if kind == "list" else tuple(items)
         if "none" in node:
             return None
         if "value" in node:

@@ -17,7 +17,7 @@ raises UnimplementedError.
 import os
 import time
 
-from . import _core, _errors, _save
+from . import _core, _errors, _write
 
 __all__ = ["Agent", "JobStopped", "available", "env_configured", "guard_optimizer"]
 
@@ -51,7 +51,7 @@ def _flat_source(source):
     does, as (tensor specs, values, metadata JSON, owner of the tensors' memory)."""
 
     def call():
-        flat, meta_json = _save._flatten(source(), None)
+        flat, meta_json = _write.flatten(source(), None)
         return ([t.spec() for t in flat.tensors], flat.values, meta_json, flat)
 
     return call

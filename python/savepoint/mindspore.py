@@ -121,14 +121,16 @@ def _load_safetensors(path, crc_check, names, io_threads):
 def _no_cipher_for_safetensors(what, key, mode):
     """MindSpore refuses a key or a mode with format="safetensors" (ValueError): so does this."""
     if key is not None or mode != "AES-GCM":
-        raise ValueError(f"savepoint.mindspore.{what}: format='safetensors' files are not "
-                         f"encrypted: leave the key and mode at their defaults")  # fmt: skip
+        raise _errors.InvalidArgumentError(
+            f"savepoint.mindspore.{what}: format='safetensors' files are not "
+            f"encrypted: leave the key and mode at their defaults")  # fmt: skip
 
 
 def _check_format(what, format):
     if format not in ("ckpt", "safetensors"):
-        raise ValueError(f"savepoint.mindspore.{what}: format={format!r}: use 'ckpt' or "
-                         f"'safetensors'")  # fmt: skip
+        raise _errors.InvalidArgumentError(
+            f"savepoint.mindspore.{what}: format={format!r}: use 'ckpt' or "
+            f"'safetensors'")  # fmt: skip
 
 
 def save_checkpoint(save_obj, ckpt_file_name, *, append_dict=None, enc_key=None,
@@ -158,8 +160,9 @@ def save_checkpoint(save_obj, ckpt_file_name, *, append_dict=None, enc_key=None,
     entries = _entries(save_obj)
     for name, v in (append_dict or {}).items():
         if name in entries:
-            raise ValueError(f"savepoint.mindspore.save_checkpoint: append_dict[{name!r}] repeats "
-                             f"an entry of save_obj")  # fmt: skip
+            raise _errors.InvalidArgumentError(
+                f"savepoint.mindspore.save_checkpoint: append_dict[{name!r}] repeats "
+                f"an entry of save_obj")  # fmt: skip
         entries[name] = _append_value(name, v)
     if format == "safetensors":
         return _save_safetensors(entries, ckpt_file_name, crc_check, overwrite, io_threads)
@@ -193,8 +196,9 @@ def load_checkpoint(ckpt_file_name, *, dec_key=None, dec_mode="AES-GCM", crc_che
         _no_cipher_for_safetensors("load_checkpoint", dec_key, dec_mode)
     dec_key = _keys.normalize(dec_key, "savepoint.mindspore.load_checkpoint: dec_key")
     if framework not in _FRAMEWORKS:
-        raise ValueError(f"savepoint.mindspore.load_checkpoint: framework={framework!r}: use 'np' "
-                         f"or 'pt'")  # fmt: skip
+        raise _errors.InvalidArgumentError(
+            f"savepoint.mindspore.load_checkpoint: framework={framework!r}: use 'np' "
+            f"or 'pt'")  # fmt: skip
     if format == "safetensors":
         tensors, values = _load_safetensors(ckpt_file_name, crc_check, names, io_threads)
         return _as_dict(tensors, values, framework)
@@ -249,8 +253,9 @@ def _opt_path(what, path):
 
 def _check_output_format(output_format):
     if output_format not in ("ckpt", "safetensors", "native"):
-        raise ValueError(f"savepoint.mindspore: output_format={output_format!r}: must be 'ckpt', "
-                         "'safetensors' or 'native'")  # fmt: skip
+        raise _errors.InvalidArgumentError(
+            f"savepoint.mindspore: output_format={output_format!r}: must be 'ckpt', "
+            "'safetensors' or 'native'")  # fmt: skip
 
 
 def _check_rank(rank_id):
@@ -280,8 +285,9 @@ def transform_checkpoints(src_checkpoints_dir, dst_checkpoints_dir, ckpt_prefix,
     """
     _check_output_format(output_format)
     if isinstance(process_num, bool) or not isinstance(process_num, int) or process_num < 1:
-        raise ValueError(f"savepoint.mindspore.transform_checkpoints: process_num={process_num!r}: "
-                         "must be a positive int")  # fmt: skip
+        raise _errors.InvalidArgumentError(
+            f"savepoint.mindspore.transform_checkpoints: process_num={process_num!r}: "
+            "must be a positive int")  # fmt: skip
     if io_threads is None:
         io_threads = max(4, process_num)
     if not isinstance(ckpt_prefix, str):
@@ -372,10 +378,12 @@ def load_distributed(src_checkpoints_dir, src_strategy_file=None, *, rank_id=Non
 
     Returns a dict name -> numpy array (framework="pt": torch tensors)."""
     if (rank_id is None) == (layout is None):
-        raise ValueError("savepoint.mindspore.load_distributed: give rank_id or layout")
+        raise _errors.InvalidArgumentError(
+            "savepoint.mindspore.load_distributed: give rank_id or layout")
     if framework not in _FRAMEWORKS:
-        raise ValueError(f"savepoint.mindspore.load_distributed: framework={framework!r}: use "
-                         f"'np' or 'pt'")  # fmt: skip
+        raise _errors.InvalidArgumentError(
+            f"savepoint.mindspore.load_distributed: framework={framework!r}: use "
+            f"'np' or 'pt'")  # fmt: skip
     src_dir = os.fspath(src_checkpoints_dir)
     src = _opt_path("src_strategy_file", src_strategy_file)
     if layout is None:
@@ -385,8 +393,9 @@ def load_distributed(src_checkpoints_dir, src_strategy_file=None, *, rank_id=Non
             int(io_threads))  # fmt: skip
     else:
         if dst_strategy_file is not None:
-            raise ValueError("savepoint.mindspore.load_distributed: dst_strategy_file goes with "
-                             "rank_id, not with layout")  # fmt: skip
+            raise _errors.InvalidArgumentError(
+                "savepoint.mindspore.load_distributed: dst_strategy_file goes with "
+                "rank_id, not with layout")  # fmt: skip
         boxes = {str(n): _box(n, b) for n, b in dict(layout).items()}
         tensors, values, _ = _core.ms_load_distributed_layout(src_dir, boxes, src, int(io_threads))
     return _as_dict(tensors, values, framework)

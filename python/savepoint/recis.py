@@ -34,7 +34,8 @@ import sys
 
 import numpy as np
 
-from . import _core, _distributed, _errors, _load, _save, _sparse, _sparse_io
+from . import _core, _distributed, _errors, _load, _read, _save, _sparse, _sparse_io
+from ._recis_import import import_checkpoint  # noqa: F401 (RecIS directories)
 
 CHECKPOINT_FILE = "checkpoint"
 _CATEGORIES = ("sparse", "dense", "extra", "sparse_opt", "io_state")
@@ -132,14 +133,14 @@ class Saver:
     def register_io_state(self, name, obj):
         """obj.dump_io_state() is saved per rank; obj.load_io_state(state) restores it."""
         if name in self._io_state:
-            raise ValueError(f"name {name} already registered in io state")
+            raise _errors.InvalidArgumentError(f"name {name} already registered in io state")
         self._io_state[name] = obj
 
     def register_for_checkpointing(self, name, obj):
         """Saves obj.state_dict() (or obj itself: tensors, numbers, dicts) with rank 0's extra
         part; loading calls obj.load_state_dict or replaces the value (get_extra_data)."""
         if name in self._extra:
-            raise ValueError(f"name {name} already registered")
+            raise _errors.InvalidArgumentError(f"name {name} already registered")
         self._extra[name] = obj
 
     def get_extra_data(self, name):
@@ -255,7 +256,7 @@ class Saver:
         (links elsewhere are not this Saver's); None when they cannot be read."""
         path = os.path.join(self._output_dir, ckpt_id)
         try:
-            if not _sparse_io.has_tables(_load._Info(path, 1, True)):
+            if not _sparse_io.has_tables(_read.Info(path, 1, True)):
                 return {ckpt_id}
             links = [p for p, _, _ in _core.sparse_chain(path)]
         except _errors.SavepointError:
@@ -457,5 +458,3 @@ def _group(shard_id, shard_num, what):
             f"initialised with that rank and world size")  # fmt: skip
     return dist.group.WORLD
 
-
-from ._recis_import import import_checkpoint  # noqa: E402,F401 (RecIS directories)

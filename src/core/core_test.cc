@@ -17,12 +17,14 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 // ---- Status and Result ----
 
 TEST(Status, DefaultIsOk) {
   Status s;
   EXPECT_TRUE(s.ok());
-  EXPECT_EQ(s.code(), StatusCode::kOk);
+  EXPECT_THAT(s, StatusIs(StatusCode::kOk));
   EXPECT_EQ(s.message(), "");
   EXPECT_EQ(s.ToString(), "ok");
   EXPECT_EQ(Status::OK(), Status());
@@ -67,7 +69,7 @@ TEST(Status, FactoriesSetCodes) {
 TEST(Status, WithContextAndEquality) {
   Status s = CorruptionError("bad chunk");
   Status c = s.WithContext("checkpoint /x").WithContext("load");
-  EXPECT_EQ(c.code(), StatusCode::kCorruption);
+  EXPECT_THAT(c, StatusIs(StatusCode::kCorruption));
   EXPECT_EQ(c.message(), "load: checkpoint /x: bad chunk");
   EXPECT_EQ(s.message(), "bad chunk");  // unchanged
   EXPECT_TRUE(Status::OK().WithContext("ctx").ok());
@@ -117,12 +119,12 @@ TEST(Result, ValueAndError) {
   EXPECT_TRUE(r.status().ok());
   Result<int> e = NotFoundError("gone");
   EXPECT_FALSE(e.ok());
-  EXPECT_EQ(e.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(e, StatusIs(StatusCode::kNotFound));
   EXPECT_EQ(e.status().message(), "gone");
   // A Result built from an OK status is an internal error, never a value-less success.
   Result<int> bogus = Status::OK();
   EXPECT_FALSE(bogus.ok());
-  EXPECT_EQ(bogus.status().code(), StatusCode::kInternal);
+  EXPECT_THAT(bogus, StatusIs(StatusCode::kInternal));
   // Move-only values.
   Result<std::unique_ptr<int>> p = std::make_unique<int>(3);
   std::unique_ptr<int> taken = std::move(p).value();
@@ -133,10 +135,10 @@ TEST(Result, ValueAndError) {
 
 TEST(Result, Macros) {
   EXPECT_EQ(Quarter(8).value(), 2);
-  EXPECT_EQ(Quarter(6).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(Quarter(6), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_EQ(Quarter(7).status().message(), "odd");
   EXPECT_TRUE(CheckEven(4).ok());
-  EXPECT_EQ(CheckEven(3).code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(CheckEven(3), StatusIs(StatusCode::kInvalidArgument));
 }
 
 // ---- DType ----
@@ -192,20 +194,20 @@ TEST(Shape, NumElementsAndBytes) {
 }
 
 TEST(Shape, InvalidShapesRejected) {
-  EXPECT_EQ(NumElements({-1}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(NumElements({0, -1}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(NumElements({INT64_MIN}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(NumElements(Shape(65, 1)).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(NumElements(Shape(65, 0)).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(NumElements({-1}), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(NumElements({0, -1}), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(NumElements({INT64_MIN}), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(NumElements(Shape(65, 1)), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(NumElements(Shape(65, 0)), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_EQ(NumElements({int64_t{1} << 32, int64_t{1} << 31}).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(NumElements({INT64_MAX, 2}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(NumElements({INT64_MAX, 2}), StatusIs(StatusCode::kInvalidArgument));
   // Elements fit in int64, bytes do not.
   EXPECT_EQ(NumBytes(DType::kF32, {int64_t{1} << 62}).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(NumBytes(DType::kU8, {int64_t{1} << 62, 2}).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(NumBytes(DType::kC128, {INT64_MAX / 8}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(NumBytes(DType::kC128, {INT64_MAX / 8}), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_NE(NumElements({-1}).status().message().find("[-1]"), std::string::npos);
 }
 
@@ -250,12 +252,12 @@ TEST(Tensor, ZerosAreZeroFilledToCapacity) {
 }
 
 TEST(Tensor, InvalidShapesAndHugeAllocations) {
-  EXPECT_EQ(Tensor::Empty(DType::kF32, {-1}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(Tensor::Zeros(DType::kF32, Shape(65, 1)).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(Tensor::Empty(DType::kF32, {-1}), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(Tensor::Zeros(DType::kF32, Shape(65, 1)), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_EQ(Tensor::Empty(DType::kF64, {int64_t{1} << 61}).status().code(),
             StatusCode::kInvalidArgument);
   Result<Tensor> huge = Tensor::Empty(DType::kU8, {INT64_MAX});
-  EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(huge, StatusIs(StatusCode::kResourceExhausted));
 }
 
 TEST(Tensor, CopyOfAndTypedAccess) {
@@ -362,9 +364,9 @@ TEST(State, InvalidNames) {
                                   std::string(kMaxNameBytes + 1, 'x')};
   for (const std::string& name : bad) {
     Status s = ValidateName(name);
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << ::testing::PrintToString(name);
+    EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument)) << ::testing::PrintToString(name);
     State st;
-    EXPECT_EQ(st.PutValue(name, 1).code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(st.PutValue(name, 1), StatusIs(StatusCode::kInvalidArgument));
     EXPECT_EQ(st.Put(name, Tensor::Zeros(DType::kU8, {1}).value()).code(),
               StatusCode::kInvalidArgument);
     EXPECT_EQ(st.size(), 0u);
@@ -393,7 +395,7 @@ TEST(State, PutFindErase) {
   EXPECT_EQ(s.Find("nope"), nullptr);
   EXPECT_EQ(s.FindTensor("nope"), nullptr);
   // Tensors and values share one namespace.
-  EXPECT_EQ(s.PutValue("w", 1).code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(s.PutValue("w", 1), StatusIs(StatusCode::kAlreadyExists));
   EXPECT_EQ(s.Put("step", Tensor::Zeros(DType::kU8, {1}).value()).code(),
             StatusCode::kAlreadyExists);
   EXPECT_EQ(s.PutView("v", TensorView(mine.data(), DType::kU8, {1})).code(),

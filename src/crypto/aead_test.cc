@@ -14,6 +14,8 @@
 namespace savepoint::crypto {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 std::string H(const std::string& hex) { return Unhex(hex).value(); }
 std::string HexOf(Bytes b) { return Hex(b); }
 MutableBytes Mut(std::string& s) { return std::as_writable_bytes(std::span(s)); }
@@ -91,8 +93,8 @@ TEST(Gcm, SealerWritesPiecesToSeparateBuffers) {
   ASSERT_TRUE(tag.ok());
   EXPECT_EQ(HexOf(AsBytes(a + b)), c.cipher);
   EXPECT_EQ(HexOf(*tag), c.tag);
-  EXPECT_EQ(s->Finish().status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(s->Update(AsBytes(a), Mut(a)).code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s->Finish(), StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT(s->Update(AsBytes(a), Mut(a)), StatusIs(StatusCode::kFailedPrecondition));
 }
 
 TEST(Gcm, OpenDetectsEveryChange) {

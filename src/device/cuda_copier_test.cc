@@ -24,6 +24,8 @@
 namespace savepoint::device {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 // The fake GPU: host ranges that play device memory, and counters of what the copier did.
 struct FakeGpu {
   std::mutex mu;
@@ -191,8 +193,7 @@ TEST_F(CudaCopierTest, FailedDeviceCopyFailsTheSaveAndCommitsNothing) {
   Result<SaveHandle> h = ckpt->SaveAsync(state, "/bad");
   Status st = h.ok() ? h->Wait() : h.status();
   ASSERT_FALSE(st.ok());
-  EXPECT_EQ(st.code(), StatusCode::kIOError) << st.ToString();
-  EXPECT_NE(st.message().find("CUDA_ERROR_ILLEGAL_ADDRESS"), std::string::npos) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kIOError, "CUDA_ERROR_ILLEGAL_ADDRESS"));
   EXPECT_NE(st.message().find("CUDA device 0"), std::string::npos) << st.ToString();
   EXPECT_FALSE(fs_.Exists("/bad")) << "nothing committed";
   fake_.fail_copies = false;
@@ -231,8 +232,7 @@ TEST(CudaSnapshotCopier, SaysWhyWithoutCuda) {
   if (c.ok())
     GTEST_SUCCEED() << "a CUDA driver and device are present";
   else {
-    EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition) << c.status().ToString();
-    EXPECT_NE(c.status().message().find("CUDA"), std::string::npos) << c.status().ToString();
+    EXPECT_THAT(c, StatusIs(StatusCode::kFailedPrecondition, "CUDA"));
   }
 }
 

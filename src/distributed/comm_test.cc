@@ -14,6 +14,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using namespace std::chrono_literals;
 
 using testing::OnRanks;
@@ -45,12 +47,11 @@ TEST(ThreadCommTest, TimeoutNamesMissingRanksAndBreaksGroup) {
     if (c.rank() == 2) return Status::OK();  // never joins
     return c.Barrier(c.rank() == 0 ? 200ms : 5s);
   });
-  EXPECT_EQ(st[0].code(), StatusCode::kDeadlineExceeded) << st[0].ToString();
-  EXPECT_NE(st[0].message().find("Barrier"), std::string::npos) << st[0].ToString();
+  EXPECT_THAT(st[0], StatusIs(StatusCode::kDeadlineExceeded, "Barrier"));
   EXPECT_NE(st[0].message().find("ranks [2]"), std::string::npos) << st[0].ToString();
   // The others were waiting with a longer timeout: the broken group wakes them.
-  EXPECT_EQ(st[1].code(), StatusCode::kDeadlineExceeded) << st[1].ToString();
-  EXPECT_EQ(st[3].code(), StatusCode::kDeadlineExceeded) << st[3].ToString();
+  EXPECT_THAT(st[1], StatusIs(StatusCode::kDeadlineExceeded));
+  EXPECT_THAT(st[3], StatusIs(StatusCode::kDeadlineExceeded));
 }
 
 // Who waits for whom, as with MPI's point-to-point collectives: a gather's non-roots and a
@@ -64,8 +65,7 @@ TEST(ThreadCommTest, GatherSendersAndBroadcastRootDoNotWait) {
     SP_RETURN_IF_ERROR(c.Broadcast(&b, 1, 5s));  // rank 1, root: does not wait
     return c.rank() == 1 ? Status::OK() : InternalError("unexpected");
   });
-  EXPECT_EQ(st[0].code(), StatusCode::kDeadlineExceeded) << st[0].ToString();
-  EXPECT_NE(st[0].message().find("ranks [2]"), std::string::npos) << st[0].ToString();
+  EXPECT_THAT(st[0], StatusIs(StatusCode::kDeadlineExceeded, "ranks [2]"));
   SP_EXPECT_OK(st[1]);
   auto bc = OnRanks(3, [](Communicator& c) -> Status {
     if (c.rank() == 2) return Status::OK();  // never joins
@@ -93,8 +93,7 @@ TEST(ThreadCommTest, AbortReachesEveryRank) {
     return c.AllGather("x", 30s).status();
   });
   for (int r = 0; r < 3; ++r) {
-    EXPECT_EQ(st[r].code(), StatusCode::kIOError) << st[r].ToString();
-    EXPECT_NE(st[r].message().find("rank 1 aborted"), std::string::npos) << st[r].ToString();
+    EXPECT_THAT(st[r], StatusIs(StatusCode::kIOError, "rank 1 aborted"));
     EXPECT_NE(st[r].message().find("disk on fire"), std::string::npos) << st[r].ToString();
   }
 }
@@ -121,7 +120,7 @@ TEST(SingleProcessCommTest, Collectives) {
   EXPECT_EQ(*all, std::vector<std::string>{"y"});
   EXPECT_FALSE(c->Broadcast(&b, 1, 1s).ok());
   c->Abort(IOError("gone"));
-  EXPECT_EQ(c->Barrier(1s).code(), StatusCode::kIOError);
+  EXPECT_THAT(c->Barrier(1s), StatusIs(StatusCode::kIOError));
 }
 
 TEST(LayoutTest, SplitDimUneven) {
@@ -135,8 +134,8 @@ TEST(LayoutTest, SplitDimUneven) {
   }
   EXPECT_EQ(offs, (std::vector<int64_t>{0, 2, 5, 7}));
   EXPECT_EQ(sizes, (std::vector<int64_t>{2, 3, 2, 3}));
-  EXPECT_EQ(SplitDim({10}, 1, 2, 0).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(SplitDim({10}, 0, 2, 2).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(SplitDim({10}, 1, 2, 0), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(SplitDim({10}, 0, 2, 2), StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST(LayoutTest, MindSporeDeviceMatrix) {
@@ -170,22 +169,19 @@ TEST(LayoutTest, ValidateLayoutsRejectsOverlapGapsAndBounds) {
   SP_EXPECT_OK(ValidateLayouts(good));
   std::vector<ShardLayout> overlap = {{{"w", half(0)}}, {{"w", half(0)}}};
   Status s = ValidateLayouts(overlap);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("\"w\""), std::string::npos) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "\"w\""));
   ShardSpec short1 = half(1);
   short1.sizes[0] = 3;
   s = ValidateLayouts({{{"w", half(0)}}, {{"w", short1}}});
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("cover"), std::string::npos) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "cover"));
   ShardSpec out = half(1);
   out.offsets[0] = 6;
   s = ValidateLayouts({{{"w", half(0)}}, {{"w", out}}});
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("outside"), std::string::npos) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "outside"));
   ShardSpec bad_rep = half(0);
   bad_rep.replicas = {0, 1};  // rank 1 holds another box
   s = ValidateLayouts({{{"w", bad_rep}}, {{"w", half(1)}}});
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST(LayoutTest, AssignWritesBalancesBytesAndCoversEachShardOnce) {

@@ -15,9 +15,12 @@
 #include "io/mem_fs.h"
 #include "savepoint/distributed.h"
 #include "testutil/ranks.h"
+#include "testutil/testutil.h"
 
 namespace savepoint {
 namespace {
+
+using ::savepoint::testing::StatusIs;
 
 using testing::EncLoad;
 using testing::EncSave;
@@ -128,10 +131,10 @@ TEST(DistributedEncryption, SaveAndLoadIntoAnyLayout) {
           << name << " rank " << r;
     }
     Status s = LoadDistributedAlloc("/ckpt", two, {}, io).status();
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
     EXPECT_TRUE(Has(s, "is encrypted: pass LoadOptions::key")) << s.ToString();
     s = LoadDistributedAlloc("/ckpt", two, EncLoad(kKeyB), io).status();
-    EXPECT_EQ(s.code(), StatusCode::kUnauthenticated) << s.ToString();
+    EXPECT_THAT(s, StatusIs(StatusCode::kUnauthenticated));
   }
   // Reading the plan needs no key (the manifest only).
   Result<ReadPlanSummary> plan = PlanDistributedLoad("/ckpt", g.Layout(0, kRanks), &fs);
@@ -154,7 +157,7 @@ TEST(DistributedEncryption, RanksMustAgreeOnTheKey) {
   const Global g;
   auto expect_refused = [&](const std::vector<Status>& st, std::string_view what) {
     for (int r = 0; r < kRanks; ++r) {
-      EXPECT_EQ(st[r].code(), StatusCode::kInvalidArgument) << r << ": " << st[r].ToString();
+      EXPECT_THAT(st[r], StatusIs(StatusCode::kInvalidArgument)) << r << ": " << st[r].ToString();
       EXPECT_TRUE(Has(st[r], "SaveOptions.key") && Has(st[r], what)) << st[r].ToString();
     }
     EXPECT_FALSE(fs.Exists("/ckpt"));

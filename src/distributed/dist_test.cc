@@ -19,12 +19,14 @@
 #include "io/fault_fs.h"
 #include "io/mem_fs.h"
 #include "savepoint/distributed.h"
-#include "testutil/forwarding_fs.h"
 #include "testutil/ranks.h"
 #include "testutil/testutil.h"
+#include "testutil/write_hook_fs.h"
 
 namespace savepoint {
 namespace {
+
+using ::savepoint::testing::StatusIs;
 
 using namespace std::chrono_literals;
 
@@ -33,9 +35,9 @@ IoOptions Io(FileSystem* fs) { return IoOptions{.fs = fs, .io_threads = 3, .dire
 using testing::OnRanks;
 
 // Counts the bytes written to data files.
-class CountingFs final : public testing::ForwardingFileSystem {
+class CountingFs final : public testing::WriteHookFileSystem {
  public:
-  using ForwardingFileSystem::ForwardingFileSystem;
+  using WriteHookFileSystem::WriteHookFileSystem;
   void OnWrite(const std::string& path, uint64_t bytes) override {
     if (path.find("/data-") != std::string::npos) written += bytes;
   }
@@ -366,7 +368,7 @@ TEST(DistributedTest, RanksMustAgreeOnTheFormatVersion) {
                            {.fs = &mem, .direct_io = false});
   });
   for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(st[r].code(), StatusCode::kInvalidArgument) << st[r].ToString();
+    EXPECT_THAT(st[r], StatusIs(StatusCode::kInvalidArgument));
     EXPECT_NE(st[r].message().find("SaveOptions.format_version"), std::string::npos)
         << st[r].ToString();
   }
@@ -419,13 +421,12 @@ TEST(DistributedTest, CorruptOrTruncatedDataFailsRowBlockLoads) {
     std::string want = fmt::format("tensor \"w\" chunk {} ", chunk);
     for (auto [world, rank] : {std::pair{1, 0}, {2, 0}, {3, 0}}) {
       Status s = load(world, rank);
-      EXPECT_EQ(s.code(), StatusCode::kCorruption)
+      EXPECT_THAT(s, StatusIs(StatusCode::kCorruption, want))
           << world << " ranks, rank " << rank << ": " << s.ToString();
-      EXPECT_NE(s.message().find(want), std::string::npos) << s.ToString();
     }
     if (chunk == 5) {
       Status s = load(3, 1);  // the other side of the border reads the same chunk
-      EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
+      EXPECT_THAT(s, StatusIs(StatusCode::kCorruption));
     }
     SP_EXPECT_OK(load(2, 1));               // rows 32..64 need none of it
     flip(base + chunk * (16 << 10) + 100);  // mend
@@ -434,8 +435,7 @@ TEST(DistributedTest, CorruptOrTruncatedDataFailsRowBlockLoads) {
   // Truncated inside chunk 6 of the first row block.
   std::filesystem::resize_file(file, base + 6 * (16 << 10) + 512);
   Status s = load(2, 0);
-  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
-  EXPECT_NE(s.message().find("tensor \"w\" chunk 6 "), std::string::npos) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kCorruption, "tensor \"w\" chunk 6 "));
 }
 
 TEST(DistributedTest, BadLayoutRejectedBeforeWriting) {
@@ -446,8 +446,7 @@ TEST(DistributedTest, BadLayoutRejectedBeforeWriting) {
   layouts[0]["w"] = SplitDim({8, 4}, 0, 2, 0).value();
   layouts[1]["w"] = SplitDim({8, 4}, 0, 2, 0).value();  // both claim rows 0..4: overlap + gap
   Status s = SaveJob(job, layouts, "/ckpt", {}, {.fs = &mem, .direct_io = false});
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-  EXPECT_NE(s.message().find("\"w\""), std::string::npos) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "\"w\""));
   EXPECT_TRUE(mem.ListDir("/")->empty()) << "something was written";
 }
 
@@ -470,8 +469,7 @@ TEST(DistributedTest, FailingRankMeansNoCommitAndEveryRankSeesIt) {
   });
   EXPECT_EQ(faulty.count(FaultInjectionFileSystem::Op::kWrite), 2u);  // header, then data
   for (int r = 0; r < 4; ++r) {
-    EXPECT_EQ(st[r].code(), StatusCode::kIOError) << st[r].ToString();
-    EXPECT_NE(st[r].message().find("rank 2"), std::string::npos) << st[r].ToString();
+    EXPECT_THAT(st[r], StatusIs(StatusCode::kIOError, "rank 2"));
   }
   EXPECT_TRUE(mem.ListDir("/")->empty()) << "debris or a commit was left";
 }
@@ -500,7 +498,7 @@ TEST(DistributedTest, DeadRankTimesOutWithoutCommitOrHang) {
   auto st = SaveWithDeadRank(&mem, 3, /*dead=*/1, /*slow=*/-1, 0ms, 300ms);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   for (int r : {0, 2}) {
-    EXPECT_EQ(st[r].code(), StatusCode::kDeadlineExceeded) << st[r].ToString();
+    EXPECT_THAT(st[r], StatusIs(StatusCode::kDeadlineExceeded));
   }
   EXPECT_NE(st[0].message().find("ranks [1]"), std::string::npos) << st[0].ToString();
   EXPECT_TRUE(mem.ListDir("/")->empty());
@@ -513,8 +511,7 @@ TEST(DistributedTest, SlowCoordinatorStillNamesTheMissingRank) {
   MemFileSystem mem;
   auto st = SaveWithDeadRank(&mem, 3, /*dead=*/2, /*slow=*/0, 300ms, 500ms);
   for (int r : {0, 1}) {
-    EXPECT_EQ(st[r].code(), StatusCode::kDeadlineExceeded) << st[r].ToString();
-    EXPECT_NE(st[r].message().find("ranks [2]"), std::string::npos) << st[r].ToString();
+    EXPECT_THAT(st[r], StatusIs(StatusCode::kDeadlineExceeded, "ranks [2]"));
   }
   EXPECT_TRUE(mem.ListDir("/")->empty());
 }
@@ -532,8 +529,7 @@ TEST(DistributedTest, LoadErrorsNameWhatIsMissing) {
   // A tensor the checkpoint lacks.
   ShardLayout other{{"nope", ShardSpec{{4}, {0}, {4}, {}}}};
   auto r = LoadDistributedAlloc("/ckpt", other, {}, io);
-  EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
-  EXPECT_NE(r.status().message().find("nope"), std::string::npos);
+  EXPECT_THAT(r, StatusIs(StatusCode::kNotFound, "nope"));
   // A box outside the tensor; a wrong global shape.
   ShardLayout outside{{"w", ShardSpec{{16, 8}, {12, 0}, {8, 8}, {}}}};
   EXPECT_EQ(LoadDistributedAlloc("/ckpt", outside, {}, io).status().code(),
@@ -546,7 +542,7 @@ TEST(DistributedTest, LoadErrorsNameWhatIsMissing) {
   SP_EXPECT_OK(LoadDistributedAlloc("/ckpt", save[0], {}, io).status());
   // ...but rows 8..16 fail, naming the file and its rank.
   r = LoadDistributedAlloc("/ckpt", save[1], {}, io);
-  EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
+  EXPECT_THAT(r, StatusIs(StatusCode::kNotFound));
   EXPECT_NE(r.status().message().find("data-00001-00000.spd (written by rank 00001)"),
             std::string::npos)
       << r.status().ToString();
@@ -588,8 +584,9 @@ TEST(DistributedTest, MergeWritesWholeTensors) {
   State a = Load("/sharded", {}, Io(&mem)).value();
   State b = Load("/merged", {}, Io(&mem)).value();
   EXPECT_TRUE(testing::StatesEqual(a, b));
-  EXPECT_EQ(MergeCheckpoint("/sharded", "/merged", o, Io(&mem)).code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(MergeCheckpoint("/nothing", "/m2", o, Io(&mem)).code(), StatusCode::kNotFound);
+  EXPECT_THAT(MergeCheckpoint("/sharded", "/merged", o, Io(&mem)),
+              StatusIs(StatusCode::kAlreadyExists));
+  EXPECT_THAT(MergeCheckpoint("/nothing", "/m2", o, Io(&mem)), StatusIs(StatusCode::kNotFound));
 }
 
 // Each file loads on its own with the values; together they hold exactly the full tensors.
@@ -656,7 +653,8 @@ TEST(DistributedTest, MergeToSafetensorsSingleAndCapped) {
   auto tiny = mem.ListDir("/tiny").value();
   EXPECT_EQ(tiny.size(), job.global.size() + 1);
   o.save.overwrite = true;
-  EXPECT_EQ(MergeToSafetensors("/sharded", "/x", o, Io(&mem)).code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(MergeToSafetensors("/sharded", "/x", o, Io(&mem)),
+              StatusIs(StatusCode::kInvalidArgument));
   EXPECT_FALSE(mem.Exists("/x"));
 }
 
@@ -686,14 +684,14 @@ TEST(DistributedTest, TamperedManifestsFailLoadClearly) {
   partial.tensors[0].shards.pop_back();
   rewrite(partial);
   auto r = LoadDistributedAlloc("/ckpt", save[0], {}, Io(&mem));
-  EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+  EXPECT_THAT(r, StatusIs(StatusCode::kCorruption));
   EXPECT_NE(r.status().message().find("tensor \"w\": shards cover 64 of 128"), std::string::npos)
       << r.status().ToString();
   format::Manifest bad_file = fresh();
   bad_file.tensors[0].shards[1].file = 7;
   rewrite(bad_file);
   r = LoadDistributedAlloc("/ckpt", save[1], {}, Io(&mem));
-  EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+  EXPECT_THAT(r, StatusIs(StatusCode::kCorruption));
   rewrite(fresh());
   SP_EXPECT_OK(LoadDistributedAlloc("/ckpt", save[1], {}, Io(&mem)).status());
 }

@@ -18,7 +18,7 @@
 //      coordinator, which refuses a rank whose key differs from its own.
 //   6. The coordinator, only if every rank succeeded: writes and syncs MANIFEST, syncs the
 //      directory, commits by rename (engine::FinishFiles, engine::CommitSave, the single-process
-//      protocol's steps 4-10). Otherwise it removes the temporary directory.
+//      protocol's steps 3c and 4-8). Otherwise it removes the temporary directory.
 //   7. Broadcast(result): every rank returns the same status.
 // A collective that fails (timeout, an aborted or dead rank) breaks the group, so every rank
 // returns an error; the coordinator removes the temporary directory on any error after step 3.
@@ -33,12 +33,26 @@
 
 #include "distributed/descriptor.h"
 #include "distributed/shard.h"
+#include "distributed/write.h"
 #include "engine/paths.h"
 #include "engine/seal.h"
 #include "engine/select.h"
 #include "engine/writer.h"
 #include "savepoint/distributed.h"
 #include "util/progress.h"
+#include "util/random.h"
+
+namespace savepoint {
+
+// RankSave's planning with the row gathers of a WriteRequest (sparse tables), which the public
+// RankSave::Plan does not take.
+struct RankSaveAccess {
+  static std::string Plan(RankSave& save, const State& local, const ShardLayout& layout,
+                          const SaveOptions& o, const IoOptions& io,
+                          const engine::RowGathers* gathers);
+};
+
+}  // namespace savepoint
 
 namespace savepoint::dist {
 namespace {
@@ -56,7 +70,8 @@ struct RankPlan {
 };
 
 Status PlanRank(const State& local, const ShardLayout& layout, int rank, int size,
-                const SaveOptions& o, const IoOptions& io, RankPlan* p) {
+                const SaveOptions& o, const IoOptions& io, const engine::RowGathers* gathers,
+                RankPlan* p) {
   const uint64_t chunk_bytes = o.chunk_bytes;
   const Compression& compression = o.compression;
   SP_RETURN_IF_ERROR(engine::CheckSaveOptions(
@@ -72,7 +87,7 @@ Status PlanRank(const State& local, const ShardLayout& layout, int rank, int siz
   std::vector<size_t> writes = AssignWrites(shards, rank);
   for (size_t i : writes) SP_RETURN_IF_ERROR(p->mine.PutView(shards[i].name, shards[i].view));
   SP_ASSIGN_OR_RETURN(p->tasks,
-                      engine::PlanSave(p->mine, chunk_bytes, &p->m, {}, o.format_version));
+                      engine::PlanSave(p->mine, chunk_bytes, &p->m, {}, o.format_version, gathers));
   p->m.files[0].name = engine::DataFileName(rank, 0);
   for (size_t k = 0; k < writes.size(); ++k) {  // PlanSave keeps name order, as `writes` does
     const ShardSpec& spec = shards[writes[k]].spec;
@@ -108,9 +123,9 @@ Status WriteRankFile(const engine::SaveTarget& target, const SaveOptions& o, con
 // sees which ranks are missing from its gather, gives the verdict naming them, instead of a rank
 // that got to the broadcast ahead of a coordinator slowed down by a loaded machine timing out
 // first and naming the coordinator.
-Timeout AnswerWait(const DistributedSaveOptions& o, bool root) {
-  if (root || o.timeout > Timeout::max() / 2) return o.timeout;
-  return 2 * o.timeout;
+Timeout AnswerWait(Timeout timeout, bool root) {
+  if (root || timeout > Timeout::max() / 2) return timeout;
+  return 2 * timeout;
 }
 
 // Step 4, encrypted saves: derives the keys from this rank's key and the coordinator's salt and
@@ -127,22 +142,23 @@ Status SealPlan(const Verdict& v, uint32_t file_index, RankPlan* p) {
 }
 
 // The steps joined by the communicator's collectives.
-Status Run(Communicator& comm, const State& local, const ShardLayout& layout,
-           const std::string& path, const DistributedSaveOptions& o, const IoOptions& io,
-           RankSave* mine) {
-  const int rank = comm.rank(), size = comm.size();
-  const bool root = rank == kRoot;
+Status Run(const engine::WriteRequest& r, RankSave* mine) {
+  Communicator& comm = *r.topology.comm;
+  const Timeout timeout = r.topology.timeout;
+  const bool root = comm.rank() == kRoot;
   SP_ASSIGN_OR_RETURN(std::vector<std::string> plans,
-                      comm.Gather(mine->Plan(local, layout, o.save, io), kRoot, o.timeout));
+                      comm.Gather(RankSaveAccess::Plan(*mine, *r.state, *r.topology.layout,
+                                                       r.options, r.io, r.gathers),
+                                  kRoot, timeout));
   std::unique_ptr<SaveCoordinator> c =
-      root ? std::make_unique<SaveCoordinator>(path, size, o.save, io) : nullptr;
+      root ? std::make_unique<SaveCoordinator>(r.path, comm.size(), r.options, r.io) : nullptr;
   std::string msg = root ? c->Decide(plans) : "";
-  SP_RETURN_IF_ERROR(comm.Broadcast(&msg, kRoot, AnswerWait(o, root)));
-  SP_ASSIGN_OR_RETURN(std::string report, mine->Write(msg, o.save, io));
-  SP_ASSIGN_OR_RETURN(std::vector<std::string> reports, comm.Gather(report, kRoot, o.timeout));
+  SP_RETURN_IF_ERROR(comm.Broadcast(&msg, kRoot, AnswerWait(timeout, root)));
+  SP_ASSIGN_OR_RETURN(std::string report, mine->Write(msg, r.options, r.io));
+  SP_ASSIGN_OR_RETURN(std::vector<std::string> reports, comm.Gather(report, kRoot, timeout));
   msg.clear();
   if (root) EncodeStatus(c->Commit(reports, *mine), &msg);
-  SP_RETURN_IF_ERROR(comm.Broadcast(&msg, kRoot, AnswerWait(o, root)));
+  SP_RETURN_IF_ERROR(comm.Broadcast(&msg, kRoot, AnswerWait(timeout, root)));
   return DecodeStatus(msg, "save result");
 }
 
@@ -172,11 +188,19 @@ bool RankSave::direct_io() const { return impl_->p.direct; }
 
 std::string RankSave::Plan(const State& local, const ShardLayout& layout, const SaveOptions& o,
                            const IoOptions& io) {
-  Impl& i = *impl_;
+  return RankSaveAccess::Plan(*this, local, layout, o, io, nullptr);
+}
+
+std::string RankSaveAccess::Plan(RankSave& save, const State& local, const ShardLayout& layout,
+                                 const SaveOptions& o, const IoOptions& io,
+                                 const engine::RowGathers* gathers) {
+  RankSave::Impl& i = *save.impl_;
   i.p = dist::RankPlan();
   i.planned = ValidateIoOptions(io, "distributed save");
-  if (i.planned.ok()) i.planned = dist::PlanRank(local, layout, i.rank, i.world, o, io, &i.p);
-  if (i.planned.ok() && i.rank == dist::kRoot) i.planned = AddValues(local);
+  if (i.planned.ok()) {
+    i.planned = dist::PlanRank(local, layout, i.rank, i.world, o, io, gathers, &i.p);
+  }
+  if (i.planned.ok() && i.rank == dist::kRoot) i.planned = save.AddValues(local);
   return dist::EncodePlan(i.planned, i.p.m, i.p.key.has_value());
 }
 
@@ -243,7 +267,7 @@ std::string SaveCoordinator::Decide(const std::vector<std::string>& plans) {
     SP_ASSIGN_OR_RETURN(c.target, engine::BeginSave(c.path, c.o, c.io));
     c.began = true;
     v.tmp = c.target.tmp;
-    v.checkpoint_id = engine::RandomU64();
+    v.checkpoint_id = RandomU64();
     if (c.merger.encrypted()) {
       SP_ASSIGN_OR_RETURN(format::Salt salt, format::RandomSalt());
       v.salt.assign(reinterpret_cast<const char*>(salt.data()), salt.size());
@@ -276,22 +300,25 @@ Status SaveCoordinator::Commit(const std::vector<std::string>& reports, RankSave
   return s;
 }
 
-Status SaveDistributed(Communicator& comm, const State& local, const ShardLayout& layout,
-                       const std::string& path, const DistributedSaveOptions& o,
-                       const IoOptions& io) {
-  auto start = std::chrono::steady_clock::now();
+namespace dist {
+
+Status Write(const engine::WriteRequest& r) {
+  const auto start = std::chrono::steady_clock::now();
+  Communicator& comm = *r.topology.comm;
   RankSave mine(comm.rank(), comm.size());
-  Status s = dist::Run(comm, local, layout, path, o, io, &mine);
-  std::string context =
-      fmt::format("distributed save {} (rank {} of {})", path, comm.rank(), comm.size());
-  if (!s.ok()) return s.WithContext(context);
-  if (o.save.stats != nullptr) {
+  Status s = Run(r, &mine);
+  if (!s.ok()) {
+    return s.WithContext(
+        fmt::format("distributed save {} (rank {} of {})", r.path, comm.rank(), comm.size()));
+  }
+  if (SaveStats* stats = r.options.stats; stats != nullptr) {
     const uint64_t bytes = mine.bytes();
-    *o.save.stats = SaveStats{bytes, mine.chunks(), 0, mine.direct_io(), bytes, 0, 0};
-    o.save.stats->seconds = o.save.stats->blocked_seconds =
+    *stats = SaveStats{bytes, mine.chunks(), 0, mine.direct_io(), bytes, 0, 0};
+    stats->seconds = stats->blocked_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
   return Status::OK();
 }
 
+}  // namespace dist
 }  // namespace savepoint

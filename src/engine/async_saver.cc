@@ -36,7 +36,6 @@
 #include "engine/staging_pool.h"
 #include "engine/writer.h"
 #include "savepoint/async.h"
-#include "savepoint/sparse.h"
 
 namespace savepoint {
 

@@ -9,6 +9,7 @@
 
 #include "engine/paths.h"
 #include "engine/reader.h"
+#include "io/debris.h"
 
 namespace savepoint {
 namespace {
@@ -42,17 +43,17 @@ CheckpointEntry Describe(FileSystem* fs, const std::string& root, const FileInfo
   e.created_ns = info.mtime_ns;
   std::string ckpt;
   int64_t pid;
-  switch (engine::ClassifyDebris(info.name, &ckpt, &pid)) {
-    case engine::DebrisKind::kTmp:
+  switch (io::ClassifyDebris(info.name, &ckpt, &pid)) {
+    case io::DebrisKind::kTmp:
       e.problem = fmt::format("temporary directory of an unfinished save of {:?}", ckpt);
       return e;
-    case engine::DebrisKind::kOld:
+    case io::DebrisKind::kOld:
       e.problem = fmt::format("set-aside copy of {:?} from an interrupted overwrite", ckpt);
       return e;
-    case engine::DebrisKind::kDeleted:
+    case io::DebrisKind::kDeleted:
       e.problem = fmt::format("remains of an interrupted delete of {:?}", ckpt);
       return e;
-    case engine::DebrisKind::kNone:
+    case io::DebrisKind::kNone:
       break;
   }
   Result<std::unique_ptr<engine::Reader>> r = engine::Reader::OpenImpl(e.path, {}, {.fs = fs});
@@ -97,15 +98,15 @@ Result<std::vector<std::string>> GarbageCollect(const std::string& root, const G
   for (const FileInfo& info : entries) {
     std::string ckpt;
     int64_t pid;
-    engine::DebrisKind kind = engine::ClassifyDebris(info.name, &ckpt, &pid);
-    if (kind == engine::DebrisKind::kNone) continue;  // directories and files alike
+    io::DebrisKind kind = io::ClassifyDebris(info.name, &ckpt, &pid);
+    if (kind == io::DebrisKind::kNone) continue;  // directories and files alike
     if (now - info.mtime_ns < o.min_age_seconds * 1'000'000'000LL) continue;
-    if (kind == engine::DebrisKind::kTmp && ProcessAlive(pid)) continue;  // a save in progress
+    if (kind == io::DebrisKind::kTmp && ProcessAlive(pid)) continue;  // a save in progress
     std::string path = JoinPath(root, info.name);
     std::string target = JoinPath(root, ckpt);
     done.push_back(path);
     if (o.dry_run) continue;
-    if (kind == engine::DebrisKind::kOld && !fs->Exists(target)) {
+    if (kind == io::DebrisKind::kOld && !fs->Exists(target)) {
       SP_RETURN_IF_ERROR(fs->Rename(path, target));  // interrupted overwrite: restore the old one
     } else {
       SP_RETURN_IF_ERROR(fs->RemoveAll(path));
@@ -118,7 +119,7 @@ Result<std::vector<std::string>> GarbageCollect(const std::string& root, const G
 Status DeleteCheckpoint(const std::string& raw_path, FileSystem* fs) {
   fs = Fs(fs);
   SP_ASSIGN_OR_RETURN(std::string path, engine::NormalizeCheckpointPath(raw_path));
-  std::string old = engine::DelPathFor(path);
+  std::string old = io::DelPathFor(path);
   std::string context = fmt::format("delete {}", path);
   Status s = fs->Rename(path, old);
   if (s.ok()) s = fs->SyncDir(Dirname(path));

@@ -14,10 +14,13 @@
 #include "engine/encryption_testutil.h"
 #include "format/endian.h"
 #include "io/mem_fs.h"
+#include "testutil/testutil.h"
 #include "util/crc32c.h"
 
 namespace savepoint {
 namespace {
+
+using ::savepoint::testing::StatusIs;
 
 using Codec = Compression::Codec;
 using testing::EncLoad;
@@ -269,7 +272,7 @@ TEST_P(Tamper, StrippedEncryptionIsRefusedWithAKey) {
   }
   WriteManifest(m, "");
   Status s = LoadCk(true);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_TRUE(Has(s, "is not encrypted")) << s.ToString();
 }
 

@@ -15,9 +15,12 @@
 #include "engine/encryption_testutil.h"
 #include "io/mem_fs.h"
 #include "savepoint/async.h"
+#include "testutil/testutil.h"
 
 namespace savepoint {
 namespace {
+
+using ::savepoint::testing::StatusIs;
 
 using Codec = Compression::Codec;
 using testing::EncLoad;
@@ -177,7 +180,7 @@ TEST(Encryption, AsyncKeyErrorsAreReportedBySaveAsync) {
   SaveOptions o;
   o.key = EncryptionKey::FromFile("/no/such/key");
   Result<SaveHandle> h = ckpt->SaveAsync(EncState(1), "/ck", o);
-  EXPECT_EQ(h.status().code(), StatusCode::kNotFound) << h.status().ToString();
+  EXPECT_THAT(h, StatusIs(StatusCode::kNotFound));
   EXPECT_TRUE(Has(h.status(), "SaveOptions.key")) << h.status().ToString();
   EXPECT_FALSE(fs.Exists("/ck"));
 }
@@ -198,13 +201,13 @@ TEST(Encryption, KeyFile) {
 
   o.key = EncryptionKey::FromFile("/keys/missing.key");
   Status s = Save(state, "/ck2", o, io);
-  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kNotFound));
   EXPECT_TRUE(Has(s, "SaveOptions.key") && Has(s, "key file /keys/missing.key")) << s.ToString();
   EXPECT_FALSE(fs.Exists("/ck2"));
   EXPECT_EQ(fs.ListDir("/").value().size(), 2u) << "no temporary directory was left";
   lo.key = EncryptionKey::FromFile("/keys/missing.key");
   s = Load("/ck", lo, io).status();
-  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kNotFound));
   EXPECT_TRUE(Has(s, "LoadOptions.key") && Has(s, "checkpoint /ck")) << s.ToString();
 }
 
@@ -241,7 +244,7 @@ TEST(Encryption, ProviderErrorsAndBadKeysNameTheSourceNotTheKey) {
   o.key = EncryptionKey::FromProvider(
       []() -> Result<std::string> { return PermissionDeniedError("kms down"); }, "kms:test");
   Status s = Save(state, "/ck", o, io);
-  EXPECT_EQ(s.code(), StatusCode::kPermissionDenied) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kPermissionDenied));
   EXPECT_TRUE(Has(s, "key provider kms:test") && Has(s, "kms down")) << s.ToString();
   EXPECT_FALSE(fs.Exists("/ck"));
 
@@ -249,13 +252,13 @@ TEST(Encryption, ProviderErrorsAndBadKeysNameTheSourceNotTheKey) {
   for (const std::string& bad : {short_key, std::string(65, 'k'), std::string()}) {
     o.key = EncryptionKey::FromProvider([bad]() -> Result<std::string> { return bad; }, "p");
     s = Save(state, "/ck", o, io);
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
     EXPECT_TRUE(Has(s, "SaveOptions.key")) << s.ToString();
     EXPECT_FALSE(Has(s, "SECRET")) << "the message shows the key: " << s.ToString();
   }
   o.key = EncryptionKey::FromBytes(short_key);
   s = Save(state, "/ck", o, io);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_TRUE(Has(s, "raw key (15 bytes)") && Has(s, "16 to 64 bytes")) << s.ToString();
   EXPECT_FALSE(Has(s, "SECRET")) << s.ToString();
   EXPECT_FALSE(fs.Exists("/ck"));
@@ -273,7 +276,7 @@ TEST(Encryption, MissingWrongAndSuperfluousKeys) {
   SP_ASSERT_OK(Save(state, "/root/ck", EncSave(kKeyA), io));
   const std::string no_key = "checkpoint /root/ck is encrypted: pass LoadOptions::key";
   auto expect_no_key = [&](const Status& s) {
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
     EXPECT_TRUE(Has(s, no_key)) << s.ToString();
   };
   expect_no_key(Load("/root/ck", {}, io).status());
@@ -295,7 +298,7 @@ TEST(Encryption, MissingWrongAndSuperfluousKeys) {
 
   for (const std::string& wrong : {kKeyB, std::string(16, 'x')}) {
     Status s = Load("/root/ck", EncLoad(wrong), io).status();
-    EXPECT_EQ(s.code(), StatusCode::kUnauthenticated) << s.ToString();
+    EXPECT_THAT(s, StatusIs(StatusCode::kUnauthenticated));
     EXPECT_TRUE(Has(s, "wrong key") && Has(s, "checkpoint /root/ck")) << s.ToString();
     EXPECT_EQ(CheckpointReader::Open("/root/ck", EncLoad(wrong), io).status().code(),
               StatusCode::kUnauthenticated);
@@ -305,7 +308,7 @@ TEST(Encryption, MissingWrongAndSuperfluousKeys) {
 
   SP_ASSERT_OK(Save(state, "/plain", {}, io));
   Status s = Load("/plain", EncLoad(kKeyA), io).status();
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_TRUE(Has(s, "checkpoint /plain is not encrypted, but LoadOptions.key is set"))
       << s.ToString();
   EXPECT_FALSE((*CheckpointReader::Open("/plain", {}, io))->encrypted());
@@ -318,14 +321,14 @@ TEST(Encryption, MmapIsRefused) {
   LoadOptions lo = EncLoad(kKeyA);
   lo.mmap = true;
   Status s = Load("/ck", lo, io).status();
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_TRUE(Has(s, "LoadOptions.mmap") && Has(s, "encrypted")) << s.ToString();
   lo.map_mode = MapMode::kCopyOnWrite;
-  EXPECT_EQ(Load("/ck", lo, io).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(Load("/ck", lo, io), StatusIs(StatusCode::kInvalidArgument));
   auto reader = CheckpointReader::Open("/ck", EncLoad(kKeyA), io).value();
   for (bool verify : {false, true}) {
     s = reader->MapTensor("rand.f32", verify).status();
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
     EXPECT_TRUE(Has(s, "encrypted")) << s.ToString();
   }
 }
@@ -353,7 +356,7 @@ TEST(Encryption, MergeReadsWithOneKeyAndWritesWithAnother) {
   ExpectReadable("/dst", state, io, kKeyB);
   mo.load.key = {};
   Status s = MergeCheckpoint("/src", "/dst2", mo, io);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_TRUE(Has(s, "pass LoadOptions::key")) << s.ToString();
   // Into safetensors files (which are never encrypted): the source's key reads it.
   MergeSafetensorsOptions st;
@@ -395,11 +398,11 @@ TEST_P(EncryptedManager, SavesAndRestoresWithItsKey) {
   o.key = {};
   auto plain = CheckpointManager::Open(o).value();
   Status s = plain->Restore().status();
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_TRUE(Has(s, "pass LoadOptions::key")) << s.ToString();
   o.format = CheckpointFormat::kSafetensors;
   o.key = EncryptionKey::FromBytes(kKeyA);
-  EXPECT_EQ(ValidateManagerOptions(o).code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(ValidateManagerOptions(o), StatusIs(StatusCode::kInvalidArgument));
 }
 
 INSTANTIATE_TEST_SUITE_P(SyncAndAsync, EncryptedManager, ::testing::Bool());

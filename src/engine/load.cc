@@ -1,4 +1,5 @@
-// Load, LoadInto and VerifyCheckpoint on top of engine::Reader.
+// engine::LoadTensors (the public Load of a checkpoint without sparse tables: src/api/load.cc),
+// LoadInto and VerifyCheckpoint on top of engine::Reader.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -10,7 +11,6 @@
 #include "engine/select.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/savepoint.h"
-#include "savepoint/sparse.h"
 #include "util/progress.h"
 
 namespace savepoint {
@@ -87,44 +87,10 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::stri
   return std::unique_ptr<CheckpointReader>(std::move(r));
 }
 
-namespace {
+namespace engine {
 
-// Load of a checkpoint with sparse tables: LoadSparse, which takes no stats, with the stats
-// filled here (bytes of the tensors and tables loaded; chunks are not counted).
-Result<State> LoadWithTables(const std::string& path, const LoadOptions& options,
-                             const IoOptions& io) {
-  const auto t0 = std::chrono::steady_clock::now();
-  LoadOptions lo = options;
-  lo.stats = nullptr;
-  SP_ASSIGN_OR_RETURN(State state, LoadSparse(path, {.load = lo}, io));
-  if (options.stats != nullptr) {
-    uint64_t bytes = state.tensor_bytes();
-    for (const auto& [name, t] : state.tables()) {
-      bytes += t->ids_view().nbytes();
-      for (const SparseTable::Slot& s : t->slots()) bytes += s.view.nbytes();
-    }
-    *options.stats = LoadStats{};
-    options.stats->bytes = options.stats->stored_bytes = bytes;
-    options.stats->direct_io = io.direct_io;
-    options.stats->seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  return state;
-}
-
-}  // namespace
-
-Result<State> Load(const std::string& path, const LoadOptions& options, const IoOptions& io) {
-  if (!options.mmap && options.map_mode != MapMode::kReadOnly) {
-    return InvalidArgumentError(fmt::format(
-        "load {}: LoadOptions.map_mode is copy-on-write but mmap is false (set mmap = true)",
-        path));
-  }
-  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
-  if (reader->values().FindValue(format::kSparseValueName) != nullptr) {
-    reader.reset();  // a checkpoint with sparse tables: every table whole, its chain applied
-    return LoadWithTables(path, options, io);
-  }
+Result<State> LoadTensors(std::unique_ptr<Reader> reader, const std::string& path,
+                          const LoadOptions& options) {
   if (options.mmap && reader->encrypted()) {
     return InvalidArgumentError(fmt::format(
         "load {}: LoadOptions.mmap: the checkpoint is encrypted, so its tensors cannot be mapped "
@@ -155,6 +121,8 @@ Result<State> Load(const std::string& path, const LoadOptions& options, const Io
   return state;
 }
 
+}  // namespace engine
+
 Status LoadInto(const std::string& path, State& targets, const LoadOptions& options,
                 const IoOptions& io) {
   SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
@@ -183,7 +151,5 @@ Status VerifyCheckpoint(const std::string& path, const LoadOptions& options, con
   SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
   return reader->Verify(options.stats);
 }
-
-const char* Version() { return SAVEPOINT_VERSION; }
 
 }  // namespace savepoint

@@ -195,6 +195,12 @@ class Reader final : public CheckpointReader {
   std::vector<std::shared_ptr<const MappedFile>> maps_;
 };
 
+// Loads the tensors `options` selects and every value from the open `reader` of the checkpoint
+// at `path` (not one with sparse tables: src/api/load.cc sends those to LoadSparse): into owned
+// tensors, or with options.mmap mapped where possible.
+Result<State> LoadTensors(std::unique_ptr<Reader> reader, const std::string& path,
+                          const LoadOptions& options);
+
 }  // namespace savepoint::engine
 
 #endif  // SAVEPOINT_ENGINE_READER_H_

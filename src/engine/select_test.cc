@@ -8,9 +8,12 @@
 #include <sstream>
 
 #include "savepoint/checkpoint.h"
+#include "testutil/testutil.h"
 
 namespace savepoint::engine {
 namespace {
+
+using ::savepoint::testing::StatusIs;
 
 TEST(NamePatterns, SharedTable) {
   std::ifstream in(SAVEPOINT_NAME_PATTERNS);
@@ -49,8 +52,7 @@ TEST(CopyValues, SelectedValuesAndMetadataOnly) {
   State clash;
   ASSERT_TRUE(clash.Put("lr", Tensor::Empty(DType::kF32, {1}).value()).ok());
   Status s = CopyValues(from, &clash);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("\"lr\""), std::string::npos) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "\"lr\""));
 }
 
 }  // namespace

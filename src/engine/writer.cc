@@ -30,10 +30,10 @@
 #include "engine/seal.h"
 #include "engine/select.h"
 #include "io/commit.h"
-#include "savepoint/sparse.h"
 #include "util/crc32c.h"
 #include "util/parallel.h"
 #include "util/progress.h"
+#include "util/random.h"
 
 namespace savepoint::engine {
 namespace {
@@ -455,14 +455,12 @@ void AddChunkTasks(format::TensorRecord& t, const std::byte* src, uint64_t chunk
   }
 }
 
-thread_local const RowGathers* t_gathers = nullptr;  // ScopedRowGathers
-
-// Attaches the gathers of t_gathers to the tasks of the tensors they name.
-Status AttachGathers(std::vector<ChunkTask>* tasks) {
-  if (t_gathers == nullptr) return Status::OK();
+// Attaches `gathers` (may be null) to the tasks of the tensors they name.
+Status AttachGathers(const RowGathers* gathers, std::vector<ChunkTask>* tasks) {
+  if (gathers == nullptr) return Status::OK();
   for (ChunkTask& t : *tasks) {
-    auto it = t_gathers->find(t.tensor->name);
-    if (it == t_gathers->end()) continue;
+    auto it = gathers->find(t.tensor->name);
+    if (it == gathers->end()) continue;
     const RowGather& g = it->second;
     const uint64_t bytes = g.rows * g.row_bytes;
     if (t.span != 0 || t.src < g.base || static_cast<uint64_t>(t.src - g.base) > bytes ||
@@ -476,9 +474,6 @@ Status AttachGathers(std::vector<ChunkTask>* tasks) {
 }
 
 }  // namespace
-
-ScopedRowGathers::ScopedRowGathers(const RowGathers* gathers) { t_gathers = gathers; }
-ScopedRowGathers::~ScopedRowGathers() { t_gathers = nullptr; }
 
 void GatherRows(const RowGather& g, uint64_t offset, uint64_t len, std::byte* dst) {
   const uint64_t rb = g.row_bytes;
@@ -499,7 +494,7 @@ void GatherRows(const RowGather& g, uint64_t offset, uint64_t len, std::byte* ds
 
 Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes,
                                         format::Manifest* m, const Compression& compression,
-                                        uint32_t version) {
+                                        uint32_t version, const RowGathers* gathers) {
   m->version = version;
   m->checkpoint_id = RandomU64();
   m->created_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -536,7 +531,7 @@ Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes
                     first ? &pack : nullptr, &tasks);
     }
   }
-  SP_RETURN_IF_ERROR(AttachGathers(&tasks));
+  SP_RETURN_IF_ERROR(AttachGathers(gathers, &tasks));
   return tasks;
 }
 
@@ -585,19 +580,20 @@ void AbandonSave(const SaveTarget& t) { CommitOf(t, false).Abandon(); }
 namespace {
 
 // `keys`: the checkpoint's keys when it is encrypted, else null.
-Status WriteAndCommit(const State& state, const SaveTarget& target, const SaveOptions& o,
-                      const IoOptions& io, const format::CheckpointKeys* keys, bool* direct,
-                      uint64_t* stored_bytes) {
+Status WriteAndCommit(const WriteRequest& r, const SaveTarget& target,
+                      const format::CheckpointKeys* keys, bool* direct, uint64_t* stored_bytes) {
+  const SaveOptions& o = r.options;
   format::Manifest m;
-  SP_ASSIGN_OR_RETURN(std::vector<ChunkTask> tasks,
-                      PlanSave(state, o.chunk_bytes, &m, o.compression, o.format_version));
+  SP_ASSIGN_OR_RETURN(
+      std::vector<ChunkTask> tasks,
+      PlanSave(*r.state, o.chunk_bytes, &m, o.compression, o.format_version, r.gathers));
   ChunkSeal seal;
   if (keys != nullptr) EnableSealing(*keys, 0, &m, &tasks, &seal);
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, CreateDataFile(target, m, io.direct_io));
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, CreateDataFile(target, m, r.io.direct_io));
   *direct = f->direct();
   ExtentAllocator alloc(m.files[0].bytes);  // compressed chunks go after the planned layout
-  Progress progress(o.progress, state.tensor_bytes());
-  SP_RETURN_IF_ERROR(WriteTasks(tasks, m.chunk_bytes, io.io_threads, f.get(), &alloc, &progress));
+  Progress progress(o.progress, r.state->tensor_bytes());
+  SP_RETURN_IF_ERROR(WriteTasks(tasks, m.chunk_bytes, r.io.io_threads, f.get(), &alloc, &progress));
   progress.Finish();
   if (format::UsesCompression(m)) m.files[0].bytes = alloc.end();
   *stored_bytes = 0;
@@ -606,41 +602,43 @@ Status WriteAndCommit(const State& state, const SaveTarget& target, const SaveOp
   return CommitSave(target, o.overwrite);
 }
 
+void FillStats(const WriteRequest& r, bool direct, uint64_t stored,
+               std::chrono::steady_clock::time_point start) {
+  SaveStats* stats = r.options.stats;
+  if (stats == nullptr) return;
+  *stats = SaveStats{r.state->tensor_bytes(), 0, 0, direct, stored, 0, 0};
+  for (const auto& [n, e] : r.state->entries()) {
+    if (e.is_tensor())
+      stats->chunks += format::NumChunks(e.tensor().nbytes(), r.options.chunk_bytes);
+  }
+  stats->seconds = stats->blocked_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace
-}  // namespace savepoint::engine
 
-namespace savepoint {
-
-Status Save(const State& state, const std::string& path, const SaveOptions& o,
-            const IoOptions& io) {
-  // Sparse tables are stored as tensors plus their description (src/sparse/save.cc), which saves
-  // a State without tables through here.
-  if (!state.tables().empty()) return SaveSparse(state, path, {.save = o}, io);
-  auto start = std::chrono::steady_clock::now();
+Status Write(const WriteRequest& r) {
+  const auto start = std::chrono::steady_clock::now();
+  if (!r.state->tables().empty()) {
+    return InternalError(
+        fmt::format("save {}: sparse tables reach the writer unflattened", r.path));
+  }
   std::optional<format::CheckpointKeys> keys;
-  if (o.key) {  // before anything is created: a bad key leaves no trace
-    Result<format::CheckpointKeys> k = engine::NewSaveKeys(o.key, FileSystemOf(io));
-    if (!k.ok()) return k.status().WithContext(fmt::format("save {}", path));
+  if (r.options.key) {  // before anything is created: a bad key leaves no trace
+    Result<format::CheckpointKeys> k = NewSaveKeys(r.options.key, FileSystemOf(r.io));
+    if (!k.ok()) return k.status().WithContext(fmt::format("save {}", r.path));
     keys = std::move(*k);
   }
-  SP_ASSIGN_OR_RETURN(engine::SaveTarget target, engine::BeginSave(path, o, io));
+  SP_ASSIGN_OR_RETURN(SaveTarget target, BeginSave(r.path, r.options, r.io));
   bool direct = false;
   uint64_t stored = 0;
-  Status s =
-      engine::WriteAndCommit(state, target, o, io, keys ? &*keys : nullptr, &direct, &stored);
+  Status s = WriteAndCommit(r, target, keys ? &*keys : nullptr, &direct, &stored);
   if (!s.ok()) {
-    engine::AbandonSave(target);
+    AbandonSave(target);
     return s.WithContext(fmt::format("save {}", target.path));
   }
-  if (o.stats != nullptr) {
-    *o.stats = SaveStats{state.tensor_bytes(), 0, 0, direct, stored, 0, 0};
-    for (const auto& [n, e] : state.entries()) {
-      if (e.is_tensor()) o.stats->chunks += format::NumChunks(e.tensor().nbytes(), o.chunk_bytes);
-    }
-    o.stats->seconds = o.stats->blocked_seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  }
+  FillStats(r, direct, stored, start);
   return Status::OK();
 }
 
-}  // namespace savepoint
+}  // namespace savepoint::engine

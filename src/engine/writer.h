@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "codec/codec.h"
+#include "engine/request.h"
 #include "format/manifest.h"
 #include "savepoint/checkpoint.h"
 
@@ -24,33 +25,6 @@ class Progress;  // util/progress.h
 namespace savepoint::engine {
 
 struct ChunkSeal;  // engine/seal.h
-
-// Rows of a tensor stored in another order than they lie in memory: row i of the stored tensor
-// is row perm[i] of `base` (its rows of row_bytes bytes). Sparse tables are sorted into storage
-// order this way while they are written (src/sparse/save.cc), chunk by chunk in the writer
-// threads, instead of into a sorted copy before the write. The memory is the caller's and
-// outlives the save.
-struct RowGather {
-  const std::byte* base = nullptr;
-  const int64_t* perm = nullptr;  // rows of the stored tensor
-  uint64_t rows = 0;
-  uint64_t row_bytes = 0;
-};
-// Tensor name -> how its rows are gathered.
-using RowGathers = std::map<std::string, RowGather, std::less<>>;
-
-// While alive, PlanSave calls on this thread attach `gathers` to the chunk tasks of the tensors
-// they name (whose memory must be the gather's base, of rows x row_bytes bytes, and at least
-// kPackBelowBytes long: never packed). This is how SaveSparse hands its row orders to Save and
-// SaveDistributed, which plan on the calling thread, without widening their public signatures.
-// Not nestable; `gathers` must outlive the scope.
-class ScopedRowGathers {
- public:
-  explicit ScopedRowGathers(const RowGathers* gathers);
-  ~ScopedRowGathers();
-  ScopedRowGathers(const ScopedRowGathers&) = delete;
-  ScopedRowGathers& operator=(const ScopedRowGathers&) = delete;
-};
 
 // Copies bytes [offset, offset + len) of the stored (gathered) tensor to `dst`.
 void GatherRows(const RowGather& g, uint64_t offset, uint64_t len, std::byte* dst);
@@ -86,7 +60,7 @@ struct ChunkTask {
   uint64_t chunk = 0;
   crypto::GcmTag* tag = nullptr;
   // Rows gathered into a staging buffer before the chunk is written (src is then the tensor's
-  // memory at the chunk's offset in the stored order; ScopedRowGathers). Default: none.
+  // memory at the chunk's offset in the stored order; WriteRequest::gathers). Default: none.
   const RowGather* gather = nullptr;
 };
 
@@ -143,9 +117,13 @@ Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o,
 // whose chunks are placed as they finish: files[0].bytes is then only the planned layout's end
 // (header and packed region), where the caller's ExtentAllocator starts, and the caller sets it to
 // the allocator's end() once every chunk is written.
+//
+// `gathers` (may be null): tensors whose rows are gathered into storage order as they are written
+// (WriteRequest::gathers); their tasks get the gather.
 Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes,
                                         format::Manifest* m, const Compression& compression = {},
-                                        uint32_t version = format::kFormatVersion);
+                                        uint32_t version = format::kFormatVersion,
+                                        const RowGathers* gathers = nullptr);
 
 // Creates data file `file_index` of the manifest in the temporary directory, preallocates its
 // manifest size and writes its header.
@@ -193,6 +171,11 @@ Status CommitSave(const SaveTarget& t, bool overwrite);
 
 // Removes the temporary directory after a failure (best effort).
 void AbandonSave(const SaveTarget& t);
+
+// Writes and commits one process's checkpoint: request.state (no sparse tables) to request.path
+// with request.options and request.io, gathering the rows of request.gathers. Fills
+// options.stats when set. The engine's single entry for a one-process save.
+Status Write(const WriteRequest& request);
 
 }  // namespace savepoint::engine
 

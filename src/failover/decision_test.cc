@@ -7,6 +7,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 #define EXPECT_HAS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
 #define EXPECT_LACKS(text, part) \
   EXPECT_EQ(std::string(text).find(part), std::string::npos) << (text)
@@ -169,12 +171,12 @@ TEST(DecideDumpTest, LiveReplicaIsPreferredToASnapshot) {
 }
 
 TEST(DecideDumpTest, BadInput) {
-  EXPECT_EQ(DecideDump({}, {}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(DecideDump({}, {}), StatusIs(StatusCode::kInvalidArgument));
   auto reports = AtSteps({1, 1});
-  EXPECT_EQ(DecideDump(reports, {{0, 5}}).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(DecideDump(reports, {{}}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(DecideDump(reports, {{0, 5}}), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(DecideDump(reports, {{}}), StatusIs(StatusCode::kInvalidArgument));
   reports[1].rank = 0;
-  EXPECT_EQ(DecideDump(reports, {}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(DecideDump(reports, {}), StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST(ReplicaGroupsTest, FromLayoutAndDefault) {
@@ -189,7 +191,7 @@ TEST(ReplicaGroupsTest, FromLayoutAndDefault) {
   ASSERT_TRUE(groups.ok());
   EXPECT_EQ(*groups, (std::vector<ReplicaGroup>{{0, 1, 2, 3}, {1, 3}}));
   layout["half"].replicas = {0, 2};
-  EXPECT_EQ(ReplicaGroupsOf(s, layout, 1, 4).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(ReplicaGroupsOf(s, layout, 1, 4), StatusIs(StatusCode::kInvalidArgument));
   layout["half"].replicas = {};
   groups = ReplicaGroupsOf(s, layout, 1, 4);
   EXPECT_EQ(*groups, (std::vector<ReplicaGroup>{{0, 1, 2, 3}, {1}}));

@@ -17,6 +17,8 @@
 namespace savepoint::format {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 constexpr std::string_view kWhere = "/ck/MANIFEST";
 
 std::string Range(int from, int n) {
@@ -78,15 +80,14 @@ TEST(EncryptionFormat, UserKeyLength) {
   for (size_t n : {0, 1, 15, 65, 1000}) {
     Result<SecretBytes> k =
         ResolveUserKey(EncryptionKey::FromBytes(std::string(n, 'k')), nullptr, "SaveOptions.key");
-    EXPECT_EQ(k.status().code(), StatusCode::kInvalidArgument) << n;
+    EXPECT_THAT(k, StatusIs(StatusCode::kInvalidArgument)) << n;
   }
   for (size_t n : {16, 32, 64}) {
     SP_EXPECT_OK(
         ResolveUserKey(EncryptionKey::FromBytes(std::string(n, 'k')), nullptr, "f").status());
   }
   Status none = ResolveUserKey({}, nullptr, "LoadOptions.key").status();
-  EXPECT_EQ(none.code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(none.message().find("LoadOptions.key"), std::string::npos) << none.ToString();
+  EXPECT_THAT(none, StatusIs(StatusCode::kInvalidArgument, "LoadOptions.key"));
 }
 
 // An encrypted manifest: tensor "a" (U8 [10000], chunks of 4096) uncompressed at 4096, tensor "e"
@@ -146,12 +147,14 @@ TEST(EncryptionFormat, ManifestRoundTripAndAuthentication) {
   const CheckpointKeys other =
       CheckpointKeys::Derive(SecretBytes(Range(1, 32)), TestSalt()).value();
   EXPECT_FALSE(other.MatchesKeyCheck(back->encryption.key_check));
-  EXPECT_EQ(AuthenticateManifest(bytes, *back, other, kWhere).code(), StatusCode::kUnauthenticated);
+  EXPECT_THAT(AuthenticateManifest(bytes, *back, other, kWhere),
+              StatusIs(StatusCode::kUnauthenticated));
   // Without keys the MAC is zero: never accepted.
   const std::string unkeyed = EncodeManifest(m);
   Result<Manifest> u = DecodeManifest(unkeyed, kWhere);
   ASSERT_TRUE(u.ok());
-  EXPECT_EQ(AuthenticateManifest(unkeyed, *u, keys, kWhere).code(), StatusCode::kUnauthenticated);
+  EXPECT_THAT(AuthenticateManifest(unkeyed, *u, keys, kWhere),
+              StatusIs(StatusCode::kUnauthenticated));
 }
 
 // MANIFEST bytes of `m` with `body` instead of its body (lengths and CRCs fixed), and header

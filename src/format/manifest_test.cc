@@ -23,6 +23,8 @@
 namespace savepoint::format {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 constexpr std::string_view kWhere = "/ck/MANIFEST";
 constexpr uint64_t kId = 0x0123456789abcdefULL;
 constexpr uint64_t kFileBytes = 28672;
@@ -560,7 +562,8 @@ TEST(Manifest, DataHeader) {
   std::string v3 = h;
   PutU32(&v3, 8, 3);
   PutU32(&v3, kDataHeaderBytes - 4, Crc32c(std::string_view(v3).substr(0, kDataHeaderBytes - 4)));
-  EXPECT_EQ(CheckDataHeader(v3, kId, 3, kFormatVersion, "f").code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(CheckDataHeader(v3, kId, 3, kFormatVersion, "f"),
+              StatusIs(StatusCode::kUnimplemented));
   std::string v1 = EncodeDataHeader(kId, 3, 1);
   SP_EXPECT_OK(CheckDataHeader(v1, kId, 3, 1, "f"));
   Status mixed = CheckDataHeader(v1, kId, 3, 2, "f");

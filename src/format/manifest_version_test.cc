@@ -16,6 +16,8 @@
 namespace savepoint::format {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 constexpr std::string_view kWhere = "/ck/MANIFEST";
 
 ShardRecord Whole(Shape shape, uint64_t offset, uint64_t bytes, uint64_t chunk_bytes) {
@@ -151,7 +153,7 @@ TEST(ManifestVersion, UnknownVersionsAreUnimplemented) {
     PutU32(&bytes, 60, Crc32c(std::string_view(bytes).substr(0, 60)));
     Result<Manifest> m = DecodeManifest(bytes, kWhere);
     ASSERT_FALSE(m.ok());
-    EXPECT_EQ(m.status().code(), StatusCode::kUnimplemented) << m.status().ToString();
+    EXPECT_THAT(m, StatusIs(StatusCode::kUnimplemented));
     EXPECT_NE(m.status().message().find(fmt::format("format version {}", v)), std::string::npos)
         << m.status().ToString();
   }

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "io/commit.h"
+#include "io/direct_file.h"
 #include "savepoint/filesystem.h"
 #include "savepoint/tensor.h"
 #include "util/parallel.h"
@@ -90,10 +91,8 @@ namespace {
 // One writer: pieces of kLayoutPieceBytes, each gathered into a worker's aligned staging buffer.
 class LayoutWriter {
  public:
-  // `tail`, when not null, writes the file's last, partial block (f is then in direct mode).
-  LayoutWriter(const ByteLayout& layout, const WriteLayoutOptions& o, WritableFile* f,
-               WritableFile* tail)
-      : layout_(layout), o_(o), f_(f), tail_(tail) {
+  LayoutWriter(const ByteLayout& layout, const WriteLayoutOptions& o, io::DirectFile* f)
+      : layout_(layout), o_(o), f_(f) {
     pieces_ = (layout.size() + kLayoutPieceBytes - 1) / kLayoutPieceBytes;
     crcs_.resize(pieces_, 0);
   }
@@ -166,19 +165,14 @@ class LayoutWriter {
     if (o_.crc_end >= begin + buf.size()) crcs_[i] = Crc32Zlib(0, buf);
     if (!parts_.empty()) SegmentCrcs(i, begin, buf);
     if (!write) return Status::OK();
-    // Whole blocks through f_; a last partial block through the buffered tail handle.
-    const uint64_t whole =
-        tail_ != nullptr ? buf.size() / kDirectIOAlignment * kDirectIOAlignment : buf.size();
-    if (whole > 0) SP_RETURN_IF_ERROR(f_->WriteAt(begin, buf.first(whole)));
-    if (whole < buf.size()) SP_RETURN_IF_ERROR(tail_->WriteAt(begin + whole, buf.subspan(whole)));
+    SP_RETURN_IF_ERROR(f_->WriteAt(begin, buf));
     if (o_.progress != nullptr) o_.progress->Add(payload);
     return Status::OK();
   }
 
   const ByteLayout& layout_;
   const WriteLayoutOptions& o_;
-  WritableFile* f_;
-  WritableFile* tail_;
+  io::DirectFile* f_;
   uint64_t pieces_ = 0;
   std::vector<uint32_t> crcs_;  // CRC of each whole piece before crc_end
   struct Part {
@@ -194,25 +188,12 @@ class LayoutWriter {
 
 Status WriteByteLayout(const IoOptions& io, const std::string& path, const ByteLayout& layout,
                        const WriteLayoutOptions& options, bool* direct) {
-  FileSystem* fs = FileSystemOf(io);
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
-                      fs->NewWritableFile(path, {.direct_io = io.direct_io}));
-  *direct = f->direct();
-  SP_RETURN_IF_ERROR(f->Preallocate(layout.size()));
-  // O_DIRECT writes whole blocks only: a file that ends in a partial block (a .ckpt file, most
-  // often) writes that block through a second, buffered handle on the same file.
-  std::unique_ptr<WritableFile> tail;
-  if (f->direct() && layout.size() % kDirectIOAlignment != 0) {
-    SP_ASSIGN_OR_RETURN(tail, fs->NewWritableFile(path, {.direct_io = false, .truncate = false}));
-  }
-  LayoutWriter writer(layout, options, f.get(), tail.get());
+  SP_ASSIGN_OR_RETURN(io::DirectFile f,
+                      io::DirectFile::Create(FileSystemOf(io), path, io.direct_io, layout.size()));
+  *direct = f.direct();
+  LayoutWriter writer(layout, options, &f);
   SP_RETURN_IF_ERROR(writer.Run(io.io_threads));
-  if (tail != nullptr) {
-    SP_RETURN_IF_ERROR(tail->Sync());
-    SP_RETURN_IF_ERROR(tail->Close());
-  }
-  SP_RETURN_IF_ERROR(f->Sync());
-  return f->Close();
+  return f.Finish();
 }
 
 namespace {

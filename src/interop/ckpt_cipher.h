@@ -1,4 +1,4 @@
-// MindSpore's encrypted `.ckpt` block framing (docs/FORMAT.md §9, "Encrypted .ckpt files"): the
+// MindSpore's encrypted `.ckpt` block framing (docs/INTEROP.md, "Encrypted .ckpt files"): the
 // plaintext file cut into blocks, each stored as
 //   int32 magic | (AES-GCM only) 16-byte tag | int32 block_len | int32 iv_len = 16 | 16-byte IV |
 //   int32 cipher_len | ciphertext

@@ -18,6 +18,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using testing::FillPattern;
 
 constexpr char kPath[] = "/d/enc.ckpt";
@@ -136,27 +138,26 @@ TEST_F(CkptCipherTest, SeveralBlocksLoadAndTheCrcCoversThePlaintext) {
 TEST_F(CkptCipherTest, KeysAndModesThatDoNotFitAreRefusedClearly) {
   const State s = Small();
   Status st = Save(s, MindSporeCipher::kAesGcm, Key(20));
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_NE(st.message().find("AES-GCM needs a key of 16, 24 or 32 bytes, the key has 20"),
             std::string::npos)
       << st.ToString();
   EXPECT_FALSE(fs_.Stat(kPath).ok()) << "nothing is left behind";
   st = Save(s, MindSporeCipher::kSm4Cbc, Key(32));
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kInvalidArgument));
 
   SP_ASSERT_OK(Save(s, MindSporeCipher::kAesGcm, Key(32)));
   st = LoadMindSporeCheckpoint(kPath, {}, Io()).status();
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(st, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_NE(st.message().find("is encrypted (AES-GCM): pass its key"), std::string::npos)
       << st.ToString();
   st = Load(Key(32), MindSporeCipher::kAesCbc).status();
   EXPECT_NE(st.message().find("encrypted with AES-GCM, but dec_mode is AES-CBC"), std::string::npos)
       << st.ToString();
   st = Load(Key(16)).status();
-  EXPECT_EQ(st.code(), StatusCode::kUnauthenticated) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kUnauthenticated));
   st = Load(Key(32, 'x')).status();
-  EXPECT_EQ(st.code(), StatusCode::kUnauthenticated) << st.ToString();
-  EXPECT_NE(st.message().find("encrypted block 0 of 1"), std::string::npos) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kUnauthenticated, "encrypted block 0 of 1"));
   EXPECT_EQ(st.message().find(Key(32, 'x')), std::string::npos) << "never the key";
 
   SP_ASSERT_OK(SaveMindSporeCheckpoint(s, kPath, {.overwrite = true}, Io()));
@@ -168,7 +169,7 @@ TEST_F(CkptCipherTest, KeysAndModesThatDoNotFitAreRefusedClearly) {
 TEST_F(CkptCipherTest, WrongCbcKeyIsRefusedNotDecodedAsGarbage) {
   SP_ASSERT_OK(Save(Small(), MindSporeCipher::kAesCbc, Key(16)));
   const Status st = Load(Key(16, 'z')).status();
-  EXPECT_EQ(st.code(), StatusCode::kUnauthenticated) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kUnauthenticated));
   // Without the sidecar (a MindSpore file) about one wrong key in 256 still yields valid padding
   // and a garbage structure: that too is a wrong key or a changed file, never "corruption".
   SP_ASSERT_OK(fs_.RemoveFile(std::string(kPath) + ".mac"));
@@ -177,7 +178,7 @@ TEST_F(CkptCipherTest, WrongCbcKeyIsRefusedNotDecodedAsGarbage) {
     key[0] = static_cast<char>(k);
     key[1] = static_cast<char>(k >> 8);
     const Status wrong = Load(key).status();
-    ASSERT_EQ(wrong.code(), StatusCode::kUnauthenticated) << k << " " << wrong.ToString();
+    ASSERT_THAT(wrong, StatusIs(StatusCode::kUnauthenticated)) << k << " " << wrong.ToString();
   }
 }
 
@@ -201,8 +202,7 @@ TEST_F(CkptCipherTest, EveryTamperingOfAGcmFileIsDetected) {
       *b = good;
       (*b)[e.offset] ^= 0x10;
     });
-    EXPECT_EQ(st.code(), StatusCode::kUnauthenticated) << st.ToString();
-    EXPECT_NE(st.message().find(kPath), std::string::npos) << st.ToString();
+    EXPECT_THAT(st, StatusIs(StatusCode::kUnauthenticated, kPath));
   }
   // Lengths, truncation, swapped blocks: structural errors or authentication failures.
   auto expect_refused = [&](const char* what, const std::function<void(std::string*)>& edit) {
@@ -229,8 +229,7 @@ TEST_F(CkptCipherTest, CbcSidecarDetectsWhatCbcCannot) {
   b[32 + 200] ^= 0x01;  // inside the ciphertext: CBC decrypts it to wrong bytes, padding intact
   Put(b);
   Status st = Load(Key(32)).status();
-  EXPECT_EQ(st.code(), StatusCode::kUnauthenticated) << st.ToString();
-  EXPECT_NE(st.message().find("HMAC-SHA256 does not match"), std::string::npos) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kUnauthenticated, "HMAC-SHA256 does not match"));
   // Without the sidecar the change cannot be seen (MindSpore's CBC format); inspect says so.
   SP_ASSERT_OK(fs_.RemoveFile(std::string(kPath) + ".mac"));
   SP_ASSERT_OK_AND_ASSIGN(auto info, InspectMindSporeCheckpoint(kPath, &fs_));
@@ -257,12 +256,11 @@ TEST_F(CkptCipherTest, KeyFromFileAndProviderAndProviderErrors) {
   auto failing = EncryptionKey::FromProvider(
       []() -> Result<std::string> { return PermissionDeniedError("kms said no"); }, "test-kms");
   const Status st = LoadMindSporeCheckpoint(kPath, {.dec_key = failing}, Io()).status();
-  EXPECT_EQ(st.code(), StatusCode::kPermissionDenied);
-  EXPECT_NE(st.message().find("key provider test-kms"), std::string::npos) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kPermissionDenied, "key provider test-kms"));
   const Status missing =
       LoadMindSporeCheckpoint(kPath, {.dec_key = EncryptionKey::FromFile("/d/nope")}, Io())
           .status();
-  EXPECT_EQ(missing.code(), StatusCode::kNotFound) << missing.ToString();
+  EXPECT_THAT(missing, StatusIs(StatusCode::kNotFound));
 }
 
 TEST_F(CkptCipherTest, MindSporesZeroCrcAfterTheBlocksIsIgnored) {
@@ -282,8 +280,8 @@ TEST_F(CkptCipherTest, BadOrForeignSidecarsAreRefused) {
   for (const char* bad : {"not json", "{\"format\": \"other\"}", "[]"}) {
     Put(bad, side);
     const Status st = Load(Key(16)).status();
-    EXPECT_EQ(st.code(), StatusCode::kCorruption) << bad << " " << st.ToString();
-    EXPECT_NE(st.message().find("MAC sidecar"), std::string::npos) << st.ToString();
+    EXPECT_THAT(st, StatusIs(StatusCode::kCorruption, "MAC sidecar"))
+        << bad << " " << st.ToString();
   }
   // A sidecar of another file (another size) is not taken for this one's.
   State bigger = Small();
@@ -293,8 +291,7 @@ TEST_F(CkptCipherTest, BadOrForeignSidecarsAreRefused) {
       {.enc_key = EncryptionKey::FromBytes(Key(16)), .enc_mode = MindSporeCipher::kSm4Cbc}, Io()));
   Put(Bytes("/d/other.ckpt.mac"), side);
   Status st = Load(Key(16)).status();
-  EXPECT_EQ(st.code(), StatusCode::kUnauthenticated) << st.ToString();
-  EXPECT_NE(st.message().find("describes another file"), std::string::npos) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kUnauthenticated, "describes another file"));
   Put(good, side);
   SP_EXPECT_OK(Load(Key(16)).status());
   // Saving over a CBC file with AES-GCM removes its sidecar: it would describe nothing.

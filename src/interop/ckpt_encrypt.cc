@@ -8,6 +8,7 @@
 
 #include "format/endian.h"
 #include "interop/ckpt_cipher.h"
+#include "io/direct_file.h"
 #include "savepoint/tensor.h"
 #include "util/parallel.h"
 
@@ -75,19 +76,13 @@ Result<uint64_t> SealBlock(const ByteLayout& layout, const EncryptSpec& spec, co
   return payload;
 }
 
-// Writes buf[0, n) at `offset` in parallel pieces: whole 4 KiB blocks through `f`, a last partial
-// block through `tail` when given.
-Status WriteOut(WritableFile* f, WritableFile* tail, uint64_t offset,
-                std::span<const std::byte> buf, int threads) {
-  const uint64_t whole =
-      tail != nullptr ? buf.size() / kDirectIOAlignment * kDirectIOAlignment : buf.size();
-  const uint64_t pieces = (whole + kLayoutPieceBytes - 1) / kLayoutPieceBytes;
-  SP_RETURN_IF_ERROR(ParallelFor(pieces, threads, [&](size_t i, int) {
+// Writes `buf` at `offset` in parallel pieces of kLayoutPieceBytes.
+Status WriteOut(io::DirectFile* f, uint64_t offset, std::span<const std::byte> buf, int threads) {
+  const uint64_t pieces = (buf.size() + kLayoutPieceBytes - 1) / kLayoutPieceBytes;
+  return ParallelFor(pieces, threads, [&](size_t i, int) {
     const uint64_t at = i * kLayoutPieceBytes;
-    return f->WriteAt(offset + at, buf.subspan(at, std::min(kLayoutPieceBytes, whole - at)));
-  }));
-  if (whole < buf.size()) return tail->WriteAt(offset + whole, buf.subspan(whole));
-  return Status::OK();
+    return f->WriteAt(offset + at, buf.subspan(at, std::min(kLayoutPieceBytes, buf.size() - at)));
+  });
 }
 
 }  // namespace
@@ -96,15 +91,9 @@ Status WriteEncryptedLayout(const IoOptions& io, const std::string& path, const 
                             const EncryptSpec& spec, Progress* progress, bool* direct) {
   const std::vector<OutBlock> blocks = PlanBlocks(spec.mode, layout.size());
   const uint64_t total = blocks.empty() ? 0 : blocks.back().disk_offset + blocks.back().disk_bytes;
-  FileSystem* fs = FileSystemOf(io);
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
-                      fs->NewWritableFile(path, {.direct_io = io.direct_io}));
-  *direct = f->direct();
-  SP_RETURN_IF_ERROR(f->Preallocate(total));
-  std::unique_ptr<WritableFile> tail;
-  if (f->direct()) {
-    SP_ASSIGN_OR_RETURN(tail, fs->NewWritableFile(path, {.direct_io = false, .truncate = false}));
-  }
+  SP_ASSIGN_OR_RETURN(io::DirectFile f,
+                      io::DirectFile::Create(FileSystemOf(io), path, io.direct_io, total));
+  *direct = f.direct();
   // Waves of blocks encrypted side by side into one of two aligned buffers, after the `carry`
   // bytes the previous wave left (less than a 4 KiB block); while a wave is written from the
   // aligned file offset `at` (in the background), the next one is encrypted into the other
@@ -148,17 +137,12 @@ Status WriteEncryptedLayout(const IoOptions& io, const std::string& path, const 
     carry = end - n;
     std::memcpy(staging[w ^ 1].data(), buf.data() + n, carry);
     writing = std::async(std::launch::async, [&, offset = at, bytes = buf.first(n)] {
-      return WriteOut(f.get(), tail.get(), offset, bytes, io.io_threads);
+      return WriteOut(&f, offset, bytes, io.io_threads);
     });
     at += n;
   }
   SP_RETURN_IF_ERROR(wait());
-  if (tail != nullptr) {
-    SP_RETURN_IF_ERROR(tail->Sync());
-    SP_RETURN_IF_ERROR(tail->Close());
-  }
-  SP_RETURN_IF_ERROR(f->Sync());
-  return f->Close();
+  return f.Finish();
 }
 
 }  // namespace savepoint::interop::ckpt

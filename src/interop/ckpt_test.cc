@@ -21,6 +21,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using testing::FillPattern;
 
 constexpr char kPath[] = "/d/model.ckpt";
@@ -216,7 +218,7 @@ TEST_F(CkptTest, CrcTrailerIsWrittenVerifiedAndCanBeSkipped) {
   SP_ASSERT_OK(LoadMindSporeCheckpoint(kPath, {}, Io()).status());
   bytes[bytes.size() / 2] ^= 1;  // inside the tensor
   Status st = LoadStatus(bytes);
-  EXPECT_EQ(st.code(), StatusCode::kCorruption) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kCorruption));
   EXPECT_NE(st.message().find(fmt::format("trailer says {}", want)), std::string::npos)
       << st.ToString();
   EXPECT_NE(st.message().find("/d/bad.ckpt"), std::string::npos) << st.ToString();
@@ -225,7 +227,7 @@ TEST_F(CkptTest, CrcTrailerIsWrittenVerifiedAndCanBeSkipped) {
   // thread or several (the file is read once, in pieces checksummed as they arrive).
   for (int threads : {1, 4}) {
     Status sel = LoadMindSporeCheckpoint("/d/bad.ckpt", {.names = {"v"}}, Io(threads)).status();
-    EXPECT_EQ(sel.code(), StatusCode::kCorruption) << sel.ToString();
+    EXPECT_THAT(sel, StatusIs(StatusCode::kCorruption));
   }
   SP_EXPECT_OK(LoadMindSporeCheckpoint(kPath, {.names = {"v"}}, Io(1)).status());
 }
@@ -267,7 +269,7 @@ TEST_F(CkptTest, HostileFilesFailWithClearErrors) {
   for (size_t n = 1; n < good.size(); ++n) {
     Status st = LoadStatus(good.substr(0, n));
     if (!st.ok()) {
-      EXPECT_EQ(st.code(), StatusCode::kCorruption) << n << ": " << st.ToString();
+      EXPECT_THAT(st, StatusIs(StatusCode::kCorruption)) << n << ": " << st.ToString();
     }
   }
   auto expect = [&](const std::string& bytes, std::string_view what) {
@@ -320,14 +322,14 @@ TEST_F(CkptTest, RefusesWhatMindSporeCannotHold) {
   State s;
   SP_ASSERT_OK(s.Put("f8", Filled(DType::kF8E4M3, {4}, 1)));
   Status st = SaveMindSporeCheckpoint(s, kPath, {}, Io());
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
-  EXPECT_NE(st.message().find("f8"), std::string::npos) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kInvalidArgument, "f8"));
   State v;
   SP_ASSERT_OK(v.PutValue(kMindSporeSavepointMetadataEntry, "reserved"));
-  EXPECT_EQ(SaveMindSporeCheckpoint(v, kPath, {}, Io()).code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(SaveMindSporeCheckpoint(v, kPath, {}, Io()), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_FALSE(fs_.Exists(kPath));
   SP_ASSERT_OK(SaveMindSporeCheckpoint(State(), kPath, {}, Io()));
-  EXPECT_EQ(SaveMindSporeCheckpoint(State(), kPath, {}, Io()).code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(SaveMindSporeCheckpoint(State(), kPath, {}, Io()),
+              StatusIs(StatusCode::kAlreadyExists));
   SP_EXPECT_OK(SaveMindSporeCheckpoint(State(), kPath, {.overwrite = true}, Io()));
 }
 

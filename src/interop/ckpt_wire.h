@@ -1,4 +1,4 @@
-// The protobuf wire format of MindSpore `.ckpt` files (docs/FORMAT.md §9): a
+// The protobuf wire format of MindSpore `.ckpt` files (docs/INTEROP.md): a
 // bounded, streaming scanner that records where each tensor's bytes lie without reading them, and
 // the encoder of the bytes that precede each tensor's content when writing.
 //

@@ -44,7 +44,7 @@ inline void ExpectFaultsNeverLeaveAPartialFile(const FileSaveFn& save, const Fil
     }
     if (!now.ok()) {  // only a crash between the two renames may leave no file at the path...
       EXPECT_TRUE(crash) << st.ToString() << " / " << now.status().ToString();
-      EXPECT_EQ(now.status().code(), StatusCode::kNotFound) << now.status().ToString();
+      EXPECT_THAT(now, StatusIs(StatusCode::kNotFound));
       std::vector<FileInfo> left = base.ListDir("/d").value();  // ...and the old file beside it
       ASSERT_EQ(left.size(), 1u);
       EXPECT_NE(left[0].name.find(".savepoint-old."), std::string::npos) << left[0].name;

@@ -23,6 +23,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using testing::FillPattern;
 using testing::StatesEqual;
 
@@ -131,8 +133,7 @@ TEST_F(SafetensorsTest, C128IsRejectedOnSave) {
   State s;
   SP_ASSERT_OK(s.Put("z", Filled(DType::kC128, {2}, 1)));
   Status st = SaveSafetensors(s, kPath, {}, Io());
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
-  EXPECT_NE(st.message().find("\"z\""), std::string::npos) << st.message();
+  EXPECT_THAT(st, StatusIs(StatusCode::kInvalidArgument, "\"z\""));
   EXPECT_NE(st.message().find("C128"), std::string::npos) << st.message();
   EXPECT_EQ(fs_.ListDir("/d")->size(), 0u);
 }
@@ -184,10 +185,10 @@ TEST_F(SafetensorsTest, MetadataThatIsNotUtf8IsInvalidArgument) {
   State s;
   s.metadata() = Json{{"bad", std::string("\xff\xfe")}};
   Status st = SaveSafetensors(s, kPath, {}, Io());
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kInvalidArgument));
   s.metadata() = Json{{"bad", Json::array({std::string("\xc3")})}};
   st = SaveSafetensors(s, kPath, {}, Io());
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_FALSE(fs_.Exists(kPath));
 }
 
@@ -223,7 +224,7 @@ TEST_F(SafetensorsTest, NamesSelectTensorsAndValues) {
   EXPECT_FALSE(part->Contains("opt.m"));
   EXPECT_EQ(part->FindValue("step")->as_int(), 3);
   Result<State> none = LoadSafetensors(kPath, LoadWith(false, {"nope*"}), Io());
-  EXPECT_EQ(none.status().code(), StatusCode::kNotFound) << none.status().ToString();
+  EXPECT_THAT(none, StatusIs(StatusCode::kNotFound));
 }
 
 TEST_F(SafetensorsTest, MmapGivesViewsKeptAliveByTheState) {
@@ -267,7 +268,7 @@ TEST_F(SafetensorsTest, MmapGivesViewsKeptAliveByTheState) {
   // Copy-on-write without mmap is refused, not ignored.
   SafetensorsLoadOptions bad;
   bad.map_mode = MapMode::kCopyOnWrite;
-  EXPECT_EQ(LoadSafetensors(path, bad).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(LoadSafetensors(path, bad), StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST_F(SafetensorsTest, OverwriteReplacesAndLeavesNoDebris) {
@@ -276,7 +277,7 @@ TEST_F(SafetensorsTest, OverwriteReplacesAndLeavesNoDebris) {
   SP_ASSERT_OK(b.Put("y", Filled(DType::kI32, {3}, 2)));
   SP_ASSERT_OK(SaveSafetensors(a, kPath, {}, Io()));
   Status st = SaveSafetensors(b, kPath, {}, Io());
-  EXPECT_EQ(st.code(), StatusCode::kAlreadyExists) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kAlreadyExists));
   SP_ASSERT_OK(SaveSafetensors(b, kPath, {.overwrite = true}, Io()));
   Result<State> back = LoadSafetensors(kPath, {}, Io());
   SP_ASSERT_OK(back.status());
@@ -284,7 +285,7 @@ TEST_F(SafetensorsTest, OverwriteReplacesAndLeavesNoDebris) {
   ASSERT_EQ(fs_.ListDir("/d")->size(), 1u);
   SP_ASSERT_OK(fs_.CreateDir("/d/dir.safetensors"));
   st = SaveSafetensors(b, "/d/dir.safetensors", {.overwrite = true}, Io());
-  EXPECT_EQ(st.code(), StatusCode::kAlreadyExists) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kAlreadyExists));
 }
 
 TEST_F(SafetensorsTest, CreatesParentsAndSurvivesPowerLoss) {
@@ -399,7 +400,7 @@ TEST_F(SafetensorsTest, MindSporeCrcMismatchIsCorruption) {
     for (std::vector<std::string> names : {std::vector<std::string>{}, {"a"}}) {
       SCOPED_TRACE(fmt::format("mmap {} names {}", mmap, names.size()));
       Result<State> r = LoadSafetensors(path, LoadWith(mmap, names), {.io_threads = 3});
-      EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << r.status().ToString();
+      EXPECT_THAT(r, StatusIs(StatusCode::kCorruption));
       const std::string m = r.status().message();
       EXPECT_NE(m.find(path), std::string::npos) << m;
       EXPECT_NE(m.find("CRC-32 mismatch"), std::string::npos) << m;
@@ -410,7 +411,7 @@ TEST_F(SafetensorsTest, MindSporeCrcMismatchIsCorruption) {
   }
   LoadStats stats;
   Status v = VerifySafetensors(path, {.stats = &stats}, {.io_threads = 2});
-  EXPECT_EQ(v.code(), StatusCode::kCorruption) << v.ToString();
+  EXPECT_THAT(v, StatusIs(StatusCode::kCorruption));
   EXPECT_EQ(stats.chunks, 0u);
   SP_EXPECT_OK(VerifySafetensors(path, {.crc_check = false}, {.io_threads = 2}));
   // Both values are named: the stored one, and what the bytes give.
@@ -429,7 +430,7 @@ TEST_F(SafetensorsTest, MindSporeCrcMismatchIsCorruption) {
     format::PutU64(&f, 0, json.size());
     SP_ASSERT_OK(fs_.WriteFileSynced(kPath, f + json + "ab"));
     Result<State> bad = LoadSafetensors(kPath, {}, Io());
-    EXPECT_EQ(bad.status().code(), StatusCode::kCorruption) << bad.status().ToString();
+    EXPECT_THAT(bad, StatusIs(StatusCode::kCorruption));
     SafetensorsLoadOptions unchecked;
     unchecked.crc_check = false;
     SP_EXPECT_OK(LoadSafetensors(kPath, unchecked, Io()).status());
@@ -442,7 +443,7 @@ TEST_F(SafetensorsTest, MindSporeFormatRefusesWhatMindSporeCannotLoad) {
     SP_ASSERT_OK(s.Put("w", Filled(d, {2}, 1)));
     SP_EXPECT_OK(SaveSafetensors(s, kPath, {.overwrite = true}, Io()));
     Status st = SaveSafetensors(s, kPath, {.overwrite = true, .mindspore_format = true}, Io());
-    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_THAT(st, StatusIs(StatusCode::kInvalidArgument));
   }
   State s;
   SP_ASSERT_OK(s.Put("w", Filled(DType::kI8, {2}, 1)));
@@ -450,7 +451,7 @@ TEST_F(SafetensorsTest, MindSporeFormatRefusesWhatMindSporeCannotLoad) {
   SP_EXPECT_OK(SaveSafetensors(s, kPath, {.overwrite = true, .mindspore_format = true}, Io()));
   s.metadata() = Json{{"w", "x"}};
   Status st = SaveSafetensors(s, kPath, {.overwrite = true, .mindspore_format = true}, Io());
-  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+  EXPECT_THAT(st, StatusIs(StatusCode::kInvalidArgument));
 }
 
 }  // namespace

@@ -3,7 +3,7 @@
 
 #include <fmt/format.h>
 
-#include "engine/paths.h"
+#include "io/debris.h"
 #include "savepoint/durable.h"
 
 namespace savepoint::io {
@@ -26,7 +26,7 @@ Result<DurableCommit> DurableCommit::Begin(FileSystem* fs, std::string path, Kin
     return AlreadyExistsError(fmt::format("{} already exists (overwrite to replace it)", path));
   }
   // Step 2.
-  std::string tmp = engine::TmpPathFor(path);
+  std::string tmp = TmpPathFor(path);
   if (kind == Kind::kDirectory) SP_RETURN_IF_ERROR(fs->CreateDir(tmp));
   return DurableCommit(fs, std::move(path), std::move(tmp), kind, options);
 }
@@ -41,7 +41,7 @@ Status DurableCommit::Commit() const {
   if (kind_ == Kind::kDirectory) SP_RETURN_IF_ERROR(fs_->SyncDir(tmp_));  // step 4
   std::string old;
   if (options_.overwrite && fs_->Exists(path_)) {  // step 5
-    old = engine::OldPathFor(path_);
+    old = OldPathFor(path_);
     SP_RETURN_IF_ERROR(fs_->Rename(path_, old));
   }
   if (Status s = fs_->Rename(tmp_, path_); !s.ok()) {         // step 6

@@ -17,6 +17,8 @@
 namespace savepoint::io {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using Kind = DurableCommit::Kind;
 
 constexpr char kOld[] = "old contents";
@@ -103,8 +105,7 @@ TEST(DurableCommit, RefusesAnExistingTargetUnlessOverwriting) {
   MemFileSystem mem;
   ASSERT_TRUE(CommitNew(&mem, "/a", Kind::kFile, false).ok());
   Status s = CommitNew(&mem, "/a", Kind::kFile, false);
-  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists) << s.ToString();
-  EXPECT_NE(s.message().find("/a"), std::string::npos) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kAlreadyExists, "/a"));
   CommitOptions no_parents;
   no_parents.create_parents = false;
   EXPECT_EQ(DurableCommit::Begin(&mem, "/missing/d", Kind::kDirectory, no_parents).status().code(),
@@ -116,13 +117,14 @@ TEST(WriteFileDurably, WritesWholeRefusesOrReplaces) {
   MemFileSystem mem;
   SP_ASSERT_OK(WriteFileDurably(&mem, "/dir/list", "a\n", false));  // parents created
   EXPECT_EQ(mem.ReadFile("/dir/list", 100).value(), "a\n");
-  EXPECT_EQ(WriteFileDurably(&mem, "/dir/list", "b\n", false).code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(WriteFileDurably(&mem, "/dir/list", "b\n", false),
+              StatusIs(StatusCode::kAlreadyExists));
   SP_ASSERT_OK(WriteFileDurably(&mem, "/dir/list", "a\nb\n", true));
   EXPECT_EQ(mem.ReadFile("/dir/list", 100).value(), "a\nb\n");
   EXPECT_EQ(mem.ListDir("/dir").value().size(), 1u) << "no temporary left";
   FaultInjectionFileSystem faulty(&mem);
   faulty.FailNth(FaultInjectionFileSystem::Op::kWrite, 1, ENOSPC);  // the temporary's write
-  EXPECT_EQ(WriteFileDurably(&faulty, "/dir/list", "c\n", true).code(), StatusCode::kNoSpace);
+  EXPECT_THAT(WriteFileDurably(&faulty, "/dir/list", "c\n", true), StatusIs(StatusCode::kNoSpace));
   EXPECT_EQ(mem.ReadFile("/dir/list", 100).value(), "a\nb\n") << "the old contents stay";
   EXPECT_EQ(mem.ListDir("/dir").value().size(), 1u) << "the temporary was removed";
 }

@@ -79,7 +79,7 @@ class FaultInjectionRandomAccessFile final : public RandomAccessFile {
   const std::unique_ptr<RandomAccessFile> base_;
 };
 
-FaultInjectionFileSystem::FaultInjectionFileSystem(FileSystem* base) : base_(base) {}
+FaultInjectionFileSystem::FaultInjectionFileSystem(FileSystem* base) : ForwardingFileSystem(base) {}
 FaultInjectionFileSystem::~FaultInjectionFileSystem() = default;
 
 template <typename BaseCall>
@@ -125,7 +125,7 @@ Result<std::unique_ptr<WritableFile>> FaultInjectionFileSystem::NewWritableFile(
     const std::string& path, const FileOptions& options) {
   std::unique_ptr<WritableFile> file;
   SP_RETURN_IF_ERROR(Mutate(Op::kCreate, fmt::format("open {} for writing", path), [&](int) {
-    Result<std::unique_ptr<WritableFile>> base_file = base_->NewWritableFile(path, options);
+    Result<std::unique_ptr<WritableFile>> base_file = base()->NewWritableFile(path, options);
     if (!base_file.ok()) return base_file.status();
     file = std::make_unique<FaultInjectionWritableFile>(this, std::move(base_file).value());
     return Status::OK();
@@ -136,47 +136,34 @@ Result<std::unique_ptr<WritableFile>> FaultInjectionFileSystem::NewWritableFile(
 Result<std::unique_ptr<RandomAccessFile>> FaultInjectionFileSystem::NewRandomAccessFile(
     const std::string& path, const FileOptions& options) {
   SP_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> base_file,
-                      base_->NewRandomAccessFile(path, options));
+                      base()->NewRandomAccessFile(path, options));
   return std::unique_ptr<RandomAccessFile>(
       std::make_unique<FaultInjectionRandomAccessFile>(this, std::move(base_file)));
 }
 
 Status FaultInjectionFileSystem::CreateDir(const std::string& path) {
   return Mutate(Op::kCreateDir, fmt::format("create directory {}", path),
-                [&](int) { return base_->CreateDir(path); });
-}
-
-Result<std::vector<FileInfo>> FaultInjectionFileSystem::ListDir(const std::string& path) {
-  return base_->ListDir(path);
-}
-
-Result<FileInfo> FaultInjectionFileSystem::Stat(const std::string& path) {
-  return base_->Stat(path);
+                [&](int) { return base()->CreateDir(path); });
 }
 
 Status FaultInjectionFileSystem::RemoveFile(const std::string& path) {
   return Mutate(Op::kRemoveFile, fmt::format("remove file {}", path),
-                [&](int) { return base_->RemoveFile(path); });
+                [&](int) { return base()->RemoveFile(path); });
 }
 
 Status FaultInjectionFileSystem::RemoveDir(const std::string& path) {
   return Mutate(Op::kRemoveDir, fmt::format("remove directory {}", path),
-                [&](int) { return base_->RemoveDir(path); });
+                [&](int) { return base()->RemoveDir(path); });
 }
 
 Status FaultInjectionFileSystem::Rename(const std::string& from, const std::string& to) {
   return Mutate(Op::kRename, fmt::format("rename {} to {}", from, to),
-                [&](int) { return base_->Rename(from, to); });
+                [&](int) { return base()->Rename(from, to); });
 }
 
 Status FaultInjectionFileSystem::SyncDir(const std::string& path) {
   return Mutate(Op::kSyncDir, fmt::format("sync directory {}", path),
-                [&](int) { return base_->SyncDir(path); });
-}
-
-Result<std::shared_ptr<const MappedFile>> FaultInjectionFileSystem::MapFile(const std::string& path,
-                                                                            MapMode mode) {
-  return base_->MapFile(path, mode);
+                [&](int) { return base()->SyncDir(path); });
 }
 
 void FaultInjectionFileSystem::FailNth(Op op, uint64_t n, int err) {

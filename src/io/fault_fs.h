@@ -1,4 +1,5 @@
-// FaultInjectionFileSystem: wraps another FileSystem and makes chosen calls fail.
+// FaultInjectionFileSystem: wraps another FileSystem (a ForwardingFileSystem) and makes chosen
+// calls fail.
 //
 // It counts calls per operation kind (Op) and "mutating operations" (everything except kRead and
 // the pass-through calls ListDir, Stat, NewRandomAccessFile and MapFile):
@@ -46,7 +47,7 @@
 
 namespace savepoint {
 
-class FaultInjectionFileSystem : public FileSystem {
+class FaultInjectionFileSystem : public ForwardingFileSystem {
  public:
   enum class Op {
     kCreate,
@@ -72,13 +73,10 @@ class FaultInjectionFileSystem : public FileSystem {
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
       const std::string& path, const FileOptions& options) override;
   Status CreateDir(const std::string& path) override;
-  Result<std::vector<FileInfo>> ListDir(const std::string& path) override;
-  Result<FileInfo> Stat(const std::string& path) override;
   Status RemoveFile(const std::string& path) override;
   Status RemoveDir(const std::string& path) override;
   Status Rename(const std::string& from, const std::string& to) override;
   Status SyncDir(const std::string& path) override;
-  Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& path, MapMode mode) override;
 
   // Fault setup; see the file comment. Several FailNth faults may be armed at once.
   void FailNth(Op op, uint64_t n, int err);
@@ -115,7 +113,6 @@ class FaultInjectionFileSystem : public FileSystem {
   // The FailNth fault armed for the n-th call of `op`, as a Status (OK if none).
   Status FailNthFault(Op op, uint64_t n, const std::string& context) const;
 
-  FileSystem* const base_;
   std::array<std::atomic<uint64_t>, kNumOps> counts_{};
   std::atomic<uint64_t> mutations_{0};
 

@@ -16,9 +16,12 @@
 #include <vector>
 
 #include "io/mem_fs.h"
+#include "testutil/testutil.h"
 
 namespace savepoint {
 namespace {
+
+using ::savepoint::testing::StatusIs;
 
 using Op = FaultInjectionFileSystem::Op;
 
@@ -26,7 +29,7 @@ std::span<const std::byte> AsBytes(std::string_view s) {
   return std::as_bytes(std::span(s.data(), s.size()));
 }
 
-class FaultInjectionTest : public testing::Test {
+class FaultInjectionTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(base_.CreateDir("/d").ok());
@@ -116,7 +119,7 @@ TEST(FaultInjectionOpTest, FailNthEveryOpKind) {
 TEST_F(FaultInjectionTest, FailedCreateLeavesNoFile) {
   fs_.FailNth(Op::kCreate, 1, ENOSPC);
   auto file = fs_.NewWritableFile("/d/f", FileOptions{});
-  EXPECT_EQ(file.status().code(), StatusCode::kNoSpace);
+  EXPECT_THAT(file, StatusIs(StatusCode::kNoSpace));
   EXPECT_EQ(file.status().message(), "open /d/f for writing: No space left on device");
   EXPECT_FALSE(base_.Exists("/d/f"));
   EXPECT_EQ(fs_.mutation_count(), 0u);
@@ -128,8 +131,7 @@ TEST_F(FaultInjectionTest, ShortWriteLeavesHalfTheBytes) {
   fs_.ShortWriteNth(2, ENOSPC);
   ASSERT_TRUE((*file)->WriteAt(0, AsBytes("abcd")).ok());
   Status s = (*file)->WriteAt(4, AsBytes("0123456789"));
-  EXPECT_EQ(s.code(), StatusCode::kNoSpace) << s.ToString();
-  EXPECT_NE(s.message().find("/d/f at offset 4"), std::string::npos) << s.message();
+  EXPECT_THAT(s, StatusIs(StatusCode::kNoSpace, "/d/f at offset 4"));
   EXPECT_EQ(BaseContents("/d/f"), "abcd01234");
   ASSERT_TRUE((*file)->WriteAt(13, AsBytes("x")).ok());  // later writes are normal
   EXPECT_EQ(fs_.count(Op::kWrite), 3u);
@@ -139,7 +141,7 @@ TEST_F(FaultInjectionTest, ShortWriteOfOneByteWritesNothing) {
   auto file = fs_.NewWritableFile("/d/f", FileOptions{});
   ASSERT_TRUE(file.ok());
   fs_.ShortWriteNth(1, EIO);
-  EXPECT_EQ((*file)->WriteAt(0, AsBytes("a")).code(), StatusCode::kIOError);
+  EXPECT_THAT((*file)->WriteAt(0, AsBytes("a")), StatusIs(StatusCode::kIOError));
   EXPECT_EQ(base_.Stat("/d/f")->size, 0u);
 }
 
@@ -152,8 +154,7 @@ TEST_F(FaultInjectionTest, CrashAfterLetsExactlyNMutationsThrough) {
   EXPECT_EQ(fs_.mutation_count(), 3u);
 
   Status s = (*file)->Sync();
-  EXPECT_EQ(s.code(), StatusCode::kIOError);
-  EXPECT_NE(s.message().find("injected crash"), std::string::npos) << s.message();
+  EXPECT_THAT(s, StatusIs(StatusCode::kIOError, "injected crash"));
   EXPECT_NE(s.message().find("/d/f"), std::string::npos) << s.message();
   EXPECT_FALSE((*file)->WriteAt(3, AsBytes("d")).ok());
   EXPECT_FALSE(fs_.Rename("/d/f", "/d/g").ok());
@@ -186,7 +187,7 @@ TEST_F(FaultInjectionTest, CrashAfterZeroBlocksEverything) {
 }
 
 TEST_F(FaultInjectionTest, FailedBaseCallsAreNotMutations) {
-  EXPECT_EQ(fs_.CreateDir("/d").code(), StatusCode::kAlreadyExists);  // fails in the base
+  EXPECT_THAT(fs_.CreateDir("/d"), StatusIs(StatusCode::kAlreadyExists));  // fails in the base
   EXPECT_EQ(fs_.count(Op::kCreateDir), 1u);
   EXPECT_EQ(fs_.mutation_count(), 0u);
 }
@@ -198,7 +199,7 @@ TEST_F(FaultInjectionTest, ReadFaults) {
   std::vector<std::byte> dst(4);
   EXPECT_TRUE((*file)->ReadAt(0, dst).ok());
   Status s = (*file)->ReadAt(4, dst);
-  EXPECT_EQ(s.code(), StatusCode::kIOError);
+  EXPECT_THAT(s, StatusIs(StatusCode::kIOError));
   EXPECT_EQ(s.message(), "read /d/existing at offset 4: Input/output error");
   EXPECT_TRUE((*file)->ReadAt(4, dst).ok());
   EXPECT_EQ(fs_.count(Op::kRead), 3u);
@@ -261,7 +262,7 @@ TEST_F(FaultInjectionTest, BatchedOpsAreCountedAndFailedOneByOne) {
   fs_.FailNth(Op::kWrite, 2, EIO);
   const std::vector<WriteOp> writes = {{0, AsBytes("ab")}, {2, AsBytes("cd")}, {4, AsBytes("ef")}};
   Status s = (*file)->WriteAtMany(writes);
-  EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kIOError));
   EXPECT_EQ(s.message(), "write /d/f at offset 2: Input/output error");
   EXPECT_EQ(fs_.count(Op::kWrite), 2u);
   EXPECT_EQ(BaseContents("/d/f"), "ab");

@@ -22,13 +22,16 @@
 #include "io/fault_fs.h"
 #include "io/mem_fs.h"
 #include "savepoint/tensor.h"
+#include "testutil/testutil.h"
 
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 enum class Kind { kPosix, kMem, kFaultOverMem };
 
-std::string KindName(const testing::TestParamInfo<Kind>& info) {
+std::string KindName(const ::testing::TestParamInfo<Kind>& info) {
   switch (info.param) {
     case Kind::kPosix:
       return "Posix";
@@ -59,7 +62,7 @@ std::span<const std::byte> AsBytes(std::string_view s) {
   return std::as_bytes(std::span(s.data(), s.size()));
 }
 
-class FileSystemTest : public testing::TestWithParam<Kind> {
+class FileSystemTest : public ::testing::TestWithParam<Kind> {
  protected:
   void SetUp() override {
     switch (GetParam()) {
@@ -125,8 +128,8 @@ TEST_P(FileSystemTest, WriteReadRoundTrip) {
   ASSERT_TRUE((*file)->WriteAt(0, std::span(data).first(50000)).ok());
   ASSERT_TRUE((*file)->Sync().ok());
   ASSERT_TRUE((*file)->Close().ok());
-  EXPECT_EQ((*file)->WriteAt(0, data).code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ((*file)->Close().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT((*file)->WriteAt(0, data), StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT((*file)->Close(), StatusIs(StatusCode::kFailedPrecondition));
 
   auto reader = fs_->NewRandomAccessFile(path, FileOptions{});
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
@@ -206,7 +209,7 @@ TEST_P(FileSystemTest, BatchedWritesAndReads) {
   ASSERT_TRUE(file.ok()) << file.status().ToString();
   ASSERT_TRUE((*file)->WriteAtMany(writes).ok());
   ASSERT_TRUE((*file)->Close().ok());
-  EXPECT_EQ((*file)->WriteAtMany(writes).code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT((*file)->WriteAtMany(writes), StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_EQ(ReadWhole(path), data);
 
   auto reader = fs_->NewRandomAccessFile(path, FileOptions{});
@@ -219,7 +222,7 @@ TEST_P(FileSystemTest, BatchedWritesAndReads) {
   ASSERT_TRUE((*reader)->ReadAtMany(reads).ok());
   EXPECT_EQ(got, data);
   reads.push_back({9500, std::span(got).first(1000)});
-  EXPECT_EQ((*reader)->ReadAtMany(reads).code(), StatusCode::kOutOfRange);
+  EXPECT_THAT((*reader)->ReadAtMany(reads), StatusIs(StatusCode::kOutOfRange));
 }
 
 TEST_P(FileSystemTest, ReadPastEndIsOutOfRange) {
@@ -229,11 +232,10 @@ TEST_P(FileSystemTest, ReadPastEndIsOutOfRange) {
   ASSERT_TRUE(reader.ok());
   std::vector<std::byte> dst(50);
   Status s = (*reader)->ReadAt(60, dst);
-  EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s.ToString();
-  EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
+  EXPECT_THAT(s, StatusIs(StatusCode::kOutOfRange, path));
   EXPECT_NE(s.message().find("offset 60"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("50 bytes"), std::string::npos) << s.message();
-  EXPECT_EQ((*reader)->ReadAt(1000, dst).code(), StatusCode::kOutOfRange);
+  EXPECT_THAT((*reader)->ReadAt(1000, dst), StatusIs(StatusCode::kOutOfRange));
   EXPECT_TRUE((*reader)->ReadAt(50, dst).ok());
 }
 
@@ -257,16 +259,16 @@ TEST_P(FileSystemTest, RenameNeverReplaces) {
   WriteWhole(Path("src"), Pattern(10, 1));
   WriteWhole(Path("dst"), Pattern(20, 2));
   Status s = fs_->Rename(Path("src"), Path("dst"));
-  EXPECT_EQ(s.code(), StatusCode::kAlreadyExists) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kAlreadyExists));
   EXPECT_NE(s.message().find(Path("dst")), std::string::npos) << s.message();
   EXPECT_EQ(ReadWhole(Path("src")), Pattern(10, 1));
   EXPECT_EQ(ReadWhole(Path("dst")), Pattern(20, 2));
 
   ASSERT_TRUE(fs_->CreateDir(Path("dir1")).ok());
   ASSERT_TRUE(fs_->CreateDir(Path("dir2")).ok());  // empty: rename(2) would replace it
-  EXPECT_EQ(fs_->Rename(Path("dir1"), Path("dir2")).code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(fs_->Rename(Path("src"), Path("dir2")).code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(fs_->Rename(Path("dir1"), Path("dst")).code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(fs_->Rename(Path("dir1"), Path("dir2")), StatusIs(StatusCode::kAlreadyExists));
+  EXPECT_THAT(fs_->Rename(Path("src"), Path("dir2")), StatusIs(StatusCode::kAlreadyExists));
+  EXPECT_THAT(fs_->Rename(Path("dir1"), Path("dst")), StatusIs(StatusCode::kAlreadyExists));
   EXPECT_TRUE(fs_->Exists(Path("dir1")));
   EXPECT_TRUE(fs_->Exists(Path("src")));
 }
@@ -315,8 +317,8 @@ TEST_P(FileSystemTest, CreateDirsAndRemoveAll) {
   EXPECT_FALSE(fs_->CreateDirs(Path("a/g")).ok());  // a file is in the way
   EXPECT_FALSE(fs_->CreateDirs(Path("a/g/h")).ok());
 
-  EXPECT_EQ(fs_->CreateDir(Path("a")).code(), StatusCode::kAlreadyExists);
-  EXPECT_EQ(fs_->RemoveDir(Path("a")).code(), StatusCode::kAlreadyExists);  // ENOTEMPTY
+  EXPECT_THAT(fs_->CreateDir(Path("a")), StatusIs(StatusCode::kAlreadyExists));
+  EXPECT_THAT(fs_->RemoveDir(Path("a")), StatusIs(StatusCode::kAlreadyExists));  // ENOTEMPTY
 
   ASSERT_TRUE(fs_->RemoveAll(Path("a/g")).ok());
   EXPECT_FALSE(fs_->Exists(Path("a/g")));
@@ -335,8 +337,7 @@ TEST_P(FileSystemTest, CreateDirsAndRemoveAll) {
 TEST_P(FileSystemTest, NotFoundErrors) {
   const std::string missing = Path("missing");
   auto expect_not_found = [&](const Status& s, const std::string& what) {
-    EXPECT_EQ(s.code(), StatusCode::kNotFound) << what << ": " << s.ToString();
-    EXPECT_NE(s.message().find(missing), std::string::npos) << what << ": " << s.message();
+    EXPECT_THAT(s, StatusIs(StatusCode::kNotFound, missing)) << what << ": " << s.ToString();
   };
   expect_not_found(fs_->NewRandomAccessFile(missing, FileOptions{}).status(), "open");
   expect_not_found(fs_->NewWritableFile(missing + "/f", FileOptions{}).status(), "create");
@@ -359,8 +360,7 @@ TEST_P(FileSystemTest, ReadFileAndWriteFileSynced) {
   ASSERT_TRUE(read.ok()) << read.status().ToString();
   EXPECT_EQ(*read, contents);
   Result<std::string> capped = fs_->ReadFile(path, 99);
-  EXPECT_EQ(capped.status().code(), StatusCode::kResourceExhausted);
-  EXPECT_NE(capped.status().message().find(path), std::string::npos);
+  EXPECT_THAT(capped, StatusIs(StatusCode::kResourceExhausted, path));
   ASSERT_TRUE(fs_->WriteFileSynced(path, "").ok());
   read = fs_->ReadFile(path, 0);
   ASSERT_TRUE(read.ok());
@@ -412,7 +412,7 @@ TEST_P(FileSystemTest, MapFileOfEmptyFile) {
 TEST_P(FileSystemTest, MapFileErrors) {
   Result<std::shared_ptr<const MappedFile>> missing =
       fs_->MapFile(Path("nope"), MapMode::kReadOnly);
-  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing, StatusIs(StatusCode::kNotFound));
   EXPECT_NE(missing.status().message().find(Path("nope")), std::string::npos)
       << missing.status().ToString();
   ASSERT_TRUE(fs_->CreateDir(Path("dir")).ok());
@@ -420,7 +420,8 @@ TEST_P(FileSystemTest, MapFileErrors) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllFileSystems, FileSystemTest,
-                         testing::Values(Kind::kPosix, Kind::kMem, Kind::kFaultOverMem), KindName);
+                         ::testing::Values(Kind::kPosix, Kind::kMem, Kind::kFaultOverMem),
+                         KindName);
 
 // --- POSIX only: direct I/O. ---
 
@@ -444,11 +445,10 @@ TEST(PosixFileSystemTest, DirectIOAlignmentOrFallback) {
   auto file = fs->NewWritableFile(path, FileOptions{.direct_io = true});
   ASSERT_TRUE(file.ok()) << file.status().ToString();
   if ((*file)->direct()) {
-    EXPECT_EQ((*file)->WriteAt(1, aligned).code(), StatusCode::kInvalidArgument);
-    EXPECT_EQ((*file)->WriteAt(0, aligned.first(100)).code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT((*file)->WriteAt(1, aligned), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT((*file)->WriteAt(0, aligned.first(100)), StatusIs(StatusCode::kInvalidArgument));
     Status s = (*file)->WriteAt(0, aligned.subspan(1, kDirectIOAlignment));
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(s.message().find(path), std::string::npos) << s.message();
+    EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, path));
     ASSERT_TRUE((*file)->WriteAt(0, aligned).ok());
   } else {
     // The file system (e.g. tmpfs) refused O_DIRECT: buffered fallback, no alignment rules.
@@ -575,7 +575,7 @@ class MinimalFileSystem final : public FileSystem {
 TEST(FileSystemDefaultsTest, MapFileIsUnimplementedByDefault) {
   MinimalFileSystem fs;
   Result<std::shared_ptr<const MappedFile>> map = fs.MapFile("/some/file.spd", MapMode::kReadOnly);
-  EXPECT_EQ(map.status().code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(map, StatusIs(StatusCode::kUnimplemented));
   EXPECT_NE(map.status().message().find("/some/file.spd"), std::string::npos)
       << map.status().ToString();
 }

@@ -11,14 +11,18 @@
 #include <string_view>
 #include <vector>
 
+#include "testutil/testutil.h"
+
 namespace savepoint {
 namespace {
+
+using ::savepoint::testing::StatusIs;
 
 std::span<const std::byte> AsBytes(std::string_view s) {
   return std::as_bytes(std::span(s.data(), s.size()));
 }
 
-class MemFileSystemTest : public testing::Test {
+class MemFileSystemTest : public ::testing::Test {
  protected:
   // Creates `path` holding `contents`, optionally syncing the data (not the directory).
   std::unique_ptr<WritableFile> Write(const std::string& path, std::string_view contents,
@@ -163,11 +167,11 @@ TEST_F(MemFileSystemTest, HandlesFromBeforePowerLossFail) {
   auto reader = fs_.NewRandomAccessFile("/f", FileOptions{});
   ASSERT_TRUE(reader.ok());
   fs_.SimulatePowerLoss();
-  EXPECT_EQ(writer->WriteAt(0, AsBytes("x")).code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(writer->Sync().code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(writer->Close().code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(writer->WriteAt(0, AsBytes("x")), StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT(writer->Sync(), StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT(writer->Close(), StatusIs(StatusCode::kFailedPrecondition));
   std::vector<std::byte> dst(3);
-  EXPECT_EQ((*reader)->ReadAt(0, dst).code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT((*reader)->ReadAt(0, dst), StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_EQ(Read("/f"), "abc");
 }
 
@@ -179,7 +183,7 @@ TEST_F(MemFileSystemTest, PathsAreNormalised) {
   auto info = fs_.Stat("/");
   ASSERT_TRUE(info.ok());
   EXPECT_TRUE(info->is_dir);
-  EXPECT_EQ(fs_.CreateDir("/").code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(fs_.CreateDir("/"), StatusIs(StatusCode::kAlreadyExists));
   EXPECT_FALSE(fs_.RemoveDir("/").ok());
 }
 
@@ -233,7 +237,7 @@ TEST_F(MemFileSystemTest, FileLargerThan4GiB) {
   ASSERT_TRUE((*reader)->ReadAt(kOffset - 1, dst).ok());
   EXPECT_EQ(dst[0], std::byte{0});
   EXPECT_EQ(dst[1], std::byte{'Z'});
-  EXPECT_EQ((*reader)->ReadAt(kOffset, dst).code(), StatusCode::kOutOfRange);
+  EXPECT_THAT((*reader)->ReadAt(kOffset, dst), StatusIs(StatusCode::kOutOfRange));
 }
 
 }  // namespace

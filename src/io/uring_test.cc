@@ -29,6 +29,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using savepoint::testing::TempDir;
 
 // The backends a batch can take on this machine: pwrite always, io_uring where it works.
@@ -93,8 +95,7 @@ TEST(IoBackend, ParseNames) {
   EXPECT_EQ(*ParseIoBackend("pwrite"), IoBackend::kPwrite);
   Result<IoBackend> bad = ParseIoBackend("aio");
   ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("\"aio\""), std::string::npos) << bad.status().message();
+  EXPECT_THAT(bad, StatusIs(StatusCode::kInvalidArgument, "\"aio\""));
   EXPECT_STREQ(IoBackendName(IoBackend::kUring), "uring");
 }
 
@@ -178,7 +179,7 @@ TEST(UringBatch, ReadPastEndOfFileIsOutOfRange) {
       const std::vector<ReadOp> ops = {{0, dst.span(0, kDirectIOAlignment)},
                                        {kDirectIOAlignment, dst.span(kDirectIOAlignment, 8192)}};
       Status s = r->ReadAtMany(ops);
-      EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s.ToString();
+      EXPECT_THAT(s, StatusIs(StatusCode::kOutOfRange));
       EXPECT_EQ(s.message(), "read " + path +
                                  " at offset 4096 (8192 bytes): past end of file, which ends at "
                                  "byte 4196");
@@ -233,7 +234,7 @@ TEST(UringBatch, CompletionErrorsNameFileAndOffset) {
   const AlignedBuf src(8192, 1);
   const std::vector<WriteOp> writes = {{0, src.span(0, 4096)}, {4096, src.span(4096, 4096)}};
   Status s = UringWriteMany(fd, path, writes);  // a read-only fd
-  EXPECT_EQ(s.code(), StatusCode::kIOError) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kIOError));
   EXPECT_TRUE(s.message() == "write " + path + " at offset 0: Bad file descriptor" ||
               s.message() == "write " + path + " at offset 4096: Bad file descriptor")
       << s.message();
@@ -259,8 +260,7 @@ TEST(UringBatch, DirectBatchChecksAlignmentFirst) {
     if (!w->direct()) continue;  // a file system without O_DIRECT has no alignment rule
     const std::vector<WriteOp> ops = {{0, src.span(0, 4096)}, {4096, src.span(4096, 100)}};
     Status s = w->WriteAtMany(ops);
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-    EXPECT_NE(s.message().find("op 1 of 2"), std::string::npos) << s.message();
+    EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "op 1 of 2"));
     EXPECT_NE(s.message().find(path + " at offset 4096"), std::string::npos) << s.message();
     EXPECT_EQ(ReadWhole(path).size(), 0u);
   }
@@ -274,7 +274,7 @@ TEST(UringBatch, ClosedFileIsFailedPrecondition) {
     ASSERT_NE(w, nullptr);
     SP_ASSERT_OK(w->Close());
     Status s = w->WriteAtMany(std::vector<WriteOp>{{0, src.span(0, 4096)}});
-    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << s.ToString();
+    EXPECT_THAT(s, StatusIs(StatusCode::kFailedPrecondition));
   }
 }
 

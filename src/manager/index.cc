@@ -10,6 +10,7 @@
 
 #include "engine/paths.h"
 #include "io/commit.h"
+#include "io/debris.h"
 #include "manager/options.h"
 #include "savepoint/checkpoint.h"
 
@@ -38,7 +39,7 @@ uint64_t GenerationOf(std::string_view name) {
 // or of the versions before the durable-commit helper (".<index name>.tmp").
 bool IsIndexTemp(std::string_view name) {
   return name.starts_with(".savepoint-index-") &&
-         (name.ends_with(".tmp") || name.find(engine::kTmpMarker) != std::string_view::npos);
+         (name.ends_with(".tmp") || name.find(io::kTmpMarker) != std::string_view::npos);
 }
 
 Status FieldError(std::string_view field) {

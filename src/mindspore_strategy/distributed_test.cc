@@ -14,12 +14,13 @@
 #include "mindspore_strategy/strategy_testutil.h"
 #include "savepoint/mindspore.h"
 #include "savepoint/mindspore_strategy.h"
-#include "testutil/forwarding_fs.h"
 #include "testutil/ranks.h"
 #include "testutil/testutil.h"
 
 namespace savepoint {
 namespace {
+
+using ::savepoint::testing::StatusIs;
 
 using testing::Layout;
 
@@ -84,7 +85,7 @@ void ExpectSameTensors(const State& want, const State& got) {
 }
 
 // A counting file system: which files were opened for reading.
-class OpenCounter : public testing::ForwardingFileSystem {
+class OpenCounter : public ForwardingFileSystem {
  public:
   using ForwardingFileSystem::ForwardingFileSystem;
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& p,
@@ -230,8 +231,7 @@ TEST_F(MindSporeDistributedTest, RedundancyFreeFilesHoldEachSliceOnce) {
   State partial;
   SP_ASSERT_OK(partial.PutView("w", local.Find("w")->tensor()));
   Status s = SaveMindSporeRedundancyFree(partial, "/m/src.ckpt", 0, "/m/x.ckpt", {}, io_);
-  EXPECT_EQ(s.code(), StatusCode::kNotFound);
-  EXPECT_NE(s.message().find("\"b\""), std::string::npos) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kNotFound, "\"b\""));
   EXPECT_NE(s.message().find("src.ckpt"), std::string::npos) << s.ToString();
   EXPECT_EQ(SaveMindSporeRedundancyFree(local, "/m/src.ckpt", 4, "/m/x.ckpt", {}, io_).code(),
             StatusCode::kInvalidArgument);
@@ -265,8 +265,7 @@ TEST_F(MindSporeDistributedTest, ExportOfASavepointShardedCheckpointEqualsTheTra
                                       MindSporeStrategyFormat::kProtobuf, io_));
   Status s =
       ExportMindSporeDistributed("/n/ck", "/n/bad", "e", {.dst_strategy_file = "/m/bad.ckpt"}, io_);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-  EXPECT_NE(s.message().find("\"w\""), std::string::npos) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "\"w\""));
   EXPECT_FALSE(fs_.Stat("/n/bad").ok());
 }
 

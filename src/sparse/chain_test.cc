@@ -19,6 +19,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 constexpr int64_t kDim = 4;
 
 // id -> its row: an embedding of kDim floats, and a version counter.
@@ -181,7 +183,7 @@ TEST_F(ChainTest, CompactionFoldsTheChain) {
 TEST_F(ChainTest, MissingBaseIsNamed) {
   SP_ASSERT_OK(DeleteCheckpoint("/ck/d1", &mem_));
   Status s = LoadShards("/ck/d2", 1, &mem_).status();
-  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kNotFound));
   EXPECT_NE(s.message().find("delta chain link /ck/d2 -> /ck/d1: the base is missing"),
             std::string::npos)
       << s.ToString();
@@ -194,8 +196,7 @@ TEST_F(ChainTest, ReplacedBaseIsRefused) {
   o.save.overwrite = true;
   SP_ASSERT_OK(SaveSparse(other, "/ck/base", o, Io(&mem_)));
   Status s = LoadShards("/ck/d2", 2, &mem_).status();
-  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
-  EXPECT_NE(s.message().find("delta chain link /ck/d1 -> /ck/base"), std::string::npos);
+  EXPECT_THAT(s, StatusIs(StatusCode::kCorruption, "delta chain link /ck/d1 -> /ck/base"));
   EXPECT_NE(s.message().find("the base was replaced"), std::string::npos) << s.ToString();
 }
 
@@ -207,15 +208,14 @@ TEST_F(ChainTest, GapInTheChainIsRefused) {
   SP_ASSERT_OK(full.PutTable("emb", TableOf(ref_, [](int64_t) { return true; })));
   SP_ASSERT_OK(SaveSparse(full, "/ck/d1", o, Io(&mem_)));
   Status s = LoadShards("/ck/d2", 1, &mem_).status();
-  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
-  EXPECT_NE(s.message().find("/ck/d2 -> /ck/d1"), std::string::npos) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kCorruption, "/ck/d2 -> /ck/d1"));
 }
 
 TEST_F(ChainTest, DeltaOfAnotherTableOrSlotIsRefused) {
   State other;
   SP_ASSERT_OK(other.PutTable("items", TableOf(ref_, [](int64_t id) { return id == 7; })));
   Status s = SaveSparse(other, "/ck/bad", {.base = "/ck/d2"}, Io(&mem_));
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_NE(s.message().find("a delta of table \"items\", which its base does not have"),
             std::string::npos)
       << s.ToString();
@@ -229,7 +229,7 @@ TEST_F(ChainTest, DeltaOfAnotherTableOrSlotIsRefused) {
                                      {"version", TensorView(ver.data(), DType::kI64, {1})}})
                  .value()));
   s = SaveSparse(dtype, "/ck/bad", {.base = "/ck/d2"}, Io(&mem_));
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_NE(s.message().find("slot \"embedding\" is F64 rows of [4] in the delta, F32"),
             std::string::npos)
       << s.ToString();
@@ -246,8 +246,7 @@ TEST_F(ChainTest, CorruptBaseChunkIsNamed) {
     SP_ASSERT_OK(mem_.WriteFileSynced(path, bytes));
   }
   Status s = LoadShards("/ck/d2", 2, &mem_).status();
-  EXPECT_EQ(s.code(), StatusCode::kCorruption) << s.ToString();
-  EXPECT_NE(s.message().find("checkpoint /ck/base"), std::string::npos) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kCorruption, "checkpoint /ck/base"));
   EXPECT_NE(s.message().find("savepoint.sparse/0.emb/"), std::string::npos) << s.ToString();
   EXPECT_NE(s.message().find("chunk"), std::string::npos) << s.ToString();
 }

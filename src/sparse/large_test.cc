@@ -14,7 +14,6 @@
 #include "format/manifest.h"
 #include "io/mem_fs.h"
 #include "savepoint/sparse.h"
-#include "testutil/forwarding_fs.h"
 #include "testutil/testutil.h"
 #include "util/crc32c.h"
 
@@ -55,7 +54,7 @@ class VirtualFile final : public RandomAccessFile {
 };
 
 // The in-memory file system, with file `path` replaced by a VirtualFile.
-class VirtualFs final : public testing::ForwardingFileSystem {
+class VirtualFs final : public ForwardingFileSystem {
  public:
   explicit VirtualFs(FileSystem* base) : ForwardingFileSystem(base) {}
   Result<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(const std::string& p,

@@ -1,30 +1,22 @@
-// SaveSparse and SaveSparseDistributed: a State with tables becomes a State of tensors (the tables'
-// rows in storage order, views where they already are) plus the description value
-// (docs/FORMAT.md §11), saved by Save or SaveDistributed, so chunking, checksums, compression,
-// encryption and the commit protocol are the engine's.
+// Flatten: a State with tables becomes a State of tensors (the tables' rows in storage order,
+// views where they already are) plus the description value (docs/FORMAT.md §11), handed to the
+// engine as a WriteRequest (src/api/save.cc), so chunking, checksums, compression, encryption and
+// the commit protocol are the engine's.
 //
 // A distributed save first all-gathers every rank's row counts and table schemas: rank r's rows
 // become rows [sum of the rows of ranks < r, + its rows) of each global table tensor, and its
 // slice counts the box GenSlice(r, n) of the slice_rows tensor, so every rank's rows are one box
 // in its own data file, and the global tensors are in storage order.
+#include "sparse/save.h"
+
 #include <fmt/format.h>
 
 #include "engine/select.h"
-#include "engine/writer.h"
 #include "savepoint/distributed.h"
 #include "sparse/chain.h"
 
 namespace savepoint::sparse {
 namespace {
-
-// What a save hands to the engine.
-struct Flat {
-  State state;                      // dense tensors, table tensors (views), values, metadata
-  ShardLayout layout;               // distributed saves: the boxes of this rank's tensors
-  std::vector<SortedTable> sorted;  // keeps sorted copies alive
-  engine::RowGathers gathers;       // slots sorted while they are written (SortedTable)
-  Desc desc;
-};
 
 Status CheckDense(const State& state) {
   for (const auto& [name, e] : state.entries()) {
@@ -161,10 +153,15 @@ Status Prepare(const State& state, const std::string& path, const SparseSaveOpti
   return SortAll(state, range, threads, flat);
 }
 
-IoOptions WriteIo(const SparseSaveOptions& o, const IoOptions& io) {
-  IoOptions w = io;
-  if (o.concurrency > 0) w.io_threads = o.concurrency;
-  return w;
+// The engine's request for the flattened state: `in` with flat's state, layout and gathers, and
+// the table options' concurrency as the writer threads.
+void MakeRequest(const engine::WriteRequest& in, const SparseSaveOptions& o, Flat* flat) {
+  engine::WriteRequest& r = flat->request;
+  r = in;
+  r.state = &flat->state;
+  r.gathers = &flat->gathers;
+  if (in.topology.comm != nullptr) r.topology.layout = &flat->layout;
+  if (o.concurrency > 0) r.io.io_threads = o.concurrency;
 }
 
 // --- Distributed: one all-gather of every rank's row counts and schemas. ---
@@ -230,54 +227,55 @@ Result<std::vector<Placement>> Place(const std::vector<std::string>& all, int ra
   return places;
 }
 
-}  // namespace
-}  // namespace savepoint::sparse
-
-namespace savepoint {
-
-Status SaveSparse(const State& state, const std::string& path, const SparseSaveOptions& o,
-                  const IoOptions& io) {
-  sparse::Flat flat;
-  SP_RETURN_IF_ERROR(sparse::Prepare(state, path, o, io, SliceRange{}, &flat)
-                         .WithContext(fmt::format("save {}", path)));
-  std::vector<sparse::Placement> places;
-  for (const auto& s : flat.sorted) {
-    sparse::Placement p;
+// One process: every slice is this process's.
+Status FlattenLocal(const State& state, const SparseSaveOptions& o, const IoOptions& io,
+                    const std::string& path, Flat* flat) {
+  SP_RETURN_IF_ERROR(Prepare(state, path, o, io, SliceRange{}, flat));
+  std::vector<Placement> places;
+  for (const auto& s : flat->sorted) {
+    Placement p;
     p.total[0] = s.ids.shape()[0];
     p.total[1] = s.deleted.shape()[0];
     places.push_back(p);
   }
-  SP_RETURN_IF_ERROR(
-      sparse::Fill(state, SliceRange{}, places, &flat).WithContext(fmt::format("save {}", path)));
-  engine::ScopedRowGathers gathers(&flat.gathers);
-  return Save(flat.state, path, o.save, sparse::WriteIo(o, io));
+  return Fill(state, SliceRange{}, places, flat);
 }
 
-Status SaveSparseDistributed(Communicator& comm, const State& local, const ShardLayout& layout,
-                             const std::string& path, const SparseSaveOptions& o,
-                             const IoOptions& io) {
-  const std::string context =
-      fmt::format("sparse save {} (rank {} of {})", path, comm.rank(), comm.size());
-  sparse::Flat flat;
+// Every rank of `comm`: its slices, placed after the rows of the ranks before it.
+Status FlattenDistributed(Communicator& comm, const State& local, const ShardLayout& layout,
+                          const SparseSaveOptions& o, const IoOptions& io, const std::string& path,
+                          Flat* flat) {
   Result<SliceRange> range = GenSlice(comm.rank(), comm.size());
   Status prepared = range.status();
-  if (prepared.ok()) prepared = sparse::Prepare(local, path, o, io, *range, &flat);
+  if (prepared.ok()) prepared = Prepare(local, path, o, io, *range, flat);
   SP_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                      comm.AllGather(sparse::EncodeCounts(prepared, local, flat), o.timeout));
-  Result<std::vector<sparse::Placement>> places = sparse::Place(all, comm.rank());
+                      comm.AllGather(EncodeCounts(prepared, local, *flat), o.timeout));
+  Result<std::vector<Placement>> places = Place(all, comm.rank());
   Status filled = places.status();
-  if (filled.ok()) filled = sparse::Fill(local, *range, *places, &flat);
+  if (filled.ok()) filled = Fill(local, *range, *places, flat);
   for (const auto& [name, spec] : layout) {
-    if (filled.ok() && flat.layout.count(name) == 0) flat.layout[name] = spec;
+    if (filled.ok() && flat->layout.count(name) == 0) flat->layout[name] = spec;
   }
-  if (!places.ok()) return places.status().WithContext(context);  // on every rank
-  if (!filled.ok()) {  // this rank only: make the others' SaveDistributed fail, naming it
-    comm.Abort(filled);
-    return filled.WithContext(context);
-  }
-  DistributedSaveOptions d{.save = o.save, .timeout = o.timeout};
-  engine::ScopedRowGathers gathers(&flat.gathers);
-  return SaveDistributed(comm, flat.state, flat.layout, path, d, sparse::WriteIo(o, io));
+  if (!places.ok()) return places.status();  // on every rank
+  if (!filled.ok()) comm.Abort(filled);      // this rank only: the others' writes fail, naming it
+  return filled;
 }
 
-}  // namespace savepoint
+}  // namespace
+
+Status Flatten(const engine::WriteRequest& in, const SparseSaveOptions& o, Flat* flat) {
+  Communicator* comm = in.topology.comm;
+  if (comm == nullptr) {
+    SP_RETURN_IF_ERROR(FlattenLocal(*in.state, o, in.io, in.path, flat)
+                           .WithContext(fmt::format("save {}", in.path)));
+  } else {
+    SP_RETURN_IF_ERROR(
+        FlattenDistributed(*comm, *in.state, *in.topology.layout, o, in.io, in.path, flat)
+            .WithContext(fmt::format("sparse save {} (rank {} of {})", in.path, comm->rank(),
+                                     comm->size())));
+  }
+  MakeRequest(in, o, flat);
+  return Status::OK();
+}
+
+}  // namespace savepoint::sparse

@@ -19,6 +19,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 constexpr int64_t kDim = 3;
 
 // The reference: id -> (embedding row, a per-row counter).
@@ -91,10 +93,12 @@ std::vector<Status> RunRanks(int n, const std::function<Status(Communicator&, in
 }
 
 // Saves table "emb" of `ref` (and a dense tensor and a value) from `n` ranks, each passing the
-// rows of its slices; `touched` (when given) makes it a delta of those ids plus `deleted`.
+// rows of its slices; `touched` (when given) makes it a delta of those ids plus `deleted`. With
+// `plain`, through SaveDistributed (which sends a State with tables the same way) instead of
+// SaveSparseDistributed.
 Status SaveRanks(int n, const std::string& path, const Ref& ref, FileSystem* fs,
                  const std::string& base = "", const std::set<int64_t>* touched = nullptr,
-                 const std::vector<int64_t>& deleted = {}) {
+                 const std::vector<int64_t>& deleted = {}, bool plain = false) {
   std::vector<Status> st = RunRanks(n, [&](Communicator& comm, int r) -> Status {
     SliceRange range = GenSlice(r, n).value();
     auto mine = [&](int64_t id) {
@@ -110,7 +114,9 @@ Status SaveRanks(int n, const std::string& path, const Ref& ref, FileSystem* fs,
     Tensor dense = Tensor::Zeros(DType::kF32, {8}).value();
     dense.as<float>()[0] = 1.5f;
     SP_RETURN_IF_ERROR(local.Put("dense.w", std::move(dense)));
-    return SaveSparseDistributed(comm, local, {}, path, SmallChunks(base), Io(fs));
+    const SparseSaveOptions o = SmallChunks(base);
+    if (plain) return SaveDistributed(comm, local, {}, path, {.save = o.save}, Io(fs));
+    return SaveSparseDistributed(comm, local, {}, path, o, Io(fs));
   });
   for (const Status& s : st) SP_RETURN_IF_ERROR(s);
   return Status::OK();
@@ -189,7 +195,7 @@ TEST(SparseSave, PlainSaveAndLoadCarryTables) {
   EXPECT_EQ(reader->manifest_json()["required_features"], Json::array({"sparse"}));
   EXPECT_NE(reader->FindTensor("savepoint.sparse/0.emb/slot/embedding"), nullptr);
   auto ckpt = Checkpointer::Create({}, Io(&mem)).value();
-  EXPECT_EQ(ckpt->SaveAsync(state, "/ck/async").status().code(), StatusCode::kUnimplemented);
+  EXPECT_THAT(ckpt->SaveAsync(state, "/ck/async"), StatusIs(StatusCode::kUnimplemented));
 }
 
 TEST(SparseSave, EncryptedChainNeedsTheKey) {
@@ -210,7 +216,7 @@ TEST(SparseSave, EncryptedChainNeedsTheKey) {
   lo.load.key = key;
   SP_ASSERT_OK_AND_ASSIGN(State back, LoadSparse("/ck/enc2", lo, Io(&mem)));
   EXPECT_TRUE(RefOf(*back.FindTable("emb")) == ref);
-  EXPECT_EQ(LoadSparse("/ck/enc2", {}, Io(&mem)).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(LoadSparse("/ck/enc2", {}, Io(&mem)), StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST(SparseSave, ReservedNamesAndFullSaveWithDeletions) {
@@ -219,8 +225,7 @@ TEST(SparseSave, ReservedNamesAndFullSaveWithDeletions) {
   State state;
   SP_ASSERT_OK(state.PutTable("emb", TableOf(ref, [](int64_t) { return true; }, {5})));
   Status s = SaveSparse(state, "/ck/a", SmallChunks(), Io(&mem));
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-  EXPECT_NE(s.message().find("deleted ids"), std::string::npos);
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "deleted ids"));
   State reserved;
   SP_ASSERT_OK(reserved.PutValue("savepoint.sparse", int64_t{1}));
   EXPECT_EQ(SaveSparse(reserved, "/ck/b", SmallChunks(), Io(&mem)).code(),
@@ -270,6 +275,15 @@ TEST(SparseSave, SavedByNLoadedByM) {
   }
 }
 
+TEST(SparseSave, SaveDistributedCarriesTables) {
+  uint64_t seed = testing::TestSeed("SparseSave.SaveDistributedCarriesTables");
+  std::mt19937_64 rng(seed);
+  MemFileSystem mem;
+  Ref ref = RandomRef(rng, 500);
+  SP_ASSERT_OK(SaveRanks(3, "/ck/plain-dist", ref, &mem, "", nullptr, {}, /*plain=*/true));
+  ExpectShardsMatch("/ck/plain-dist", ref, 2, &mem);
+}
+
 TEST(SparseLoad, ReadsOnlyTheFilesOfItsSlices) {
   uint64_t seed = testing::TestSeed("SparseLoad.ReadsOnlyTheFilesOfItsSlices");
   std::mt19937_64 rng(seed);
@@ -290,8 +304,7 @@ TEST(SparseLoad, ReadsOnlyTheFilesOfItsSlices) {
   }
   Status s =
       LoadSparse("/ck/four", {.shard_id = 3, .shard_num = 4, .dense = false}, Io(&mem)).status();
-  EXPECT_EQ(s.code(), StatusCode::kNotFound) << s.ToString();
-  EXPECT_NE(s.message().find("data-00003-00000.spd"), std::string::npos) << s.ToString();
+  EXPECT_THAT(s, StatusIs(StatusCode::kNotFound, "data-00003-00000.spd"));
 }
 
 TEST(SparseSave, RankWithIdsOutsideItsSlicesFailsEverywhere) {
@@ -303,8 +316,7 @@ TEST(SparseSave, RankWithIdsOutsideItsSlicesFailsEverywhere) {
     return SaveSparseDistributed(comm, local, {}, "/ck/x", SmallChunks(), Io(&mem));
   });
   for (const Status& s : st) {
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-    EXPECT_NE(s.message().find("rank 0: "), std::string::npos) << s.ToString();
+    EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "rank 0: "));
     EXPECT_NE(s.message().find("id 65535"), std::string::npos) << s.ToString();
   }
   EXPECT_FALSE(mem.Exists("/ck/x"));
@@ -330,7 +342,7 @@ TEST(SparseLoad, FilterRenameWarmStartAndSeveralCheckpoints) {
   EXPECT_EQ(got.FindTable("u")->num_rows(), 2);
   SP_ASSERT_OK(LoadSparseInto("/ck/b", got, {.dense = false}, Io(&mem)));
   EXPECT_NE(got.FindTable("ad"), nullptr);
-  EXPECT_EQ(LoadSparseInto("/ck/b", got, {}, Io(&mem)).code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(LoadSparseInto("/ck/b", got, {}, Io(&mem)), StatusIs(StatusCode::kAlreadyExists));
 
   EXPECT_EQ(LoadSparse("/ck/a", {.tables = {"nope*"}}, Io(&mem)).status().code(),
             StatusCode::kNotFound);
@@ -338,7 +350,7 @@ TEST(SparseLoad, FilterRenameWarmStartAndSeveralCheckpoints) {
             StatusCode::kNotFound);
   Status dtype =
       LoadSparse("/ck/a", {.slot_dtypes = {{"embedding", DType::kBF16}}}, Io(&mem)).status();
-  EXPECT_EQ(dtype.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(dtype, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_NE(dtype.message().find("slot \"embedding\" is F32 in the checkpoint, BF16"),
             std::string::npos)
       << dtype.ToString();

@@ -15,6 +15,8 @@
 namespace savepoint::sparse {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 class StoredTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -80,7 +82,7 @@ TEST_F(StoredTest, FeatureAndValueComeTogether) {
   EXPECT_TRUE(Corrupt(Edited([](Json& j) { j["values"] = Json::array(); }).status(),
                       "one without the other"));
   Status other = Edited([](Json& j) { j["required_features"].push_back("sparse2"); }).status();
-  EXPECT_EQ(other.code(), StatusCode::kUnimplemented) << other.ToString();
+  EXPECT_THAT(other, StatusIs(StatusCode::kUnimplemented));
 }
 
 TEST_F(StoredTest, HostileDescriptionsAreRefused) {

@@ -9,6 +9,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 TEST(SparsePartition, GenSliceMatchesRecIS) {
   // 65536 = 3 * 21845 + 1: the first shard gets one more.
   EXPECT_EQ(GenSlice(0, 3).value(), (SliceRange{0, 21846}));
@@ -25,9 +27,9 @@ TEST(SparsePartition, GenSliceMatchesRecIS) {
     }
     EXPECT_EQ(next, 65536);
   }
-  EXPECT_EQ(GenSlice(0, 0).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(GenSlice(3, 3).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(GenSlice(0, 65537).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(GenSlice(0, 0), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(GenSlice(3, 3), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(GenSlice(0, 65537), StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST(SparsePartition, NegativeIdsTakeTheNonNegativeResidue) {
@@ -55,13 +57,11 @@ TEST(SparseTable, ValidatesIdsAndSlots) {
 
   auto rows = SparseTable::FromViews(
       idv, {{"embedding", TensorView(short_rows.data(), DType::kF32, {2, 4})}});
-  EXPECT_EQ(rows.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(rows.status().message().find("slot \"embedding\""), std::string::npos);
+  EXPECT_THAT(rows, StatusIs(StatusCode::kInvalidArgument, "slot \"embedding\""));
 
   std::vector<int64_t> dup = {3, 9, 3};
   auto d = SparseTable::FromViews(TensorView(dup.data(), DType::kI64, {3}), {});
-  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(d.status().message().find("id 3 appears twice"), std::string::npos);
+  EXPECT_THAT(d, StatusIs(StatusCode::kInvalidArgument, "id 3 appears twice"));
 
   std::vector<int32_t> narrow = {1, 2, 3};
   EXPECT_EQ(SparseTable::FromViews(TensorView(narrow.data(), DType::kI32, {3}), {}).status().code(),
@@ -69,12 +69,11 @@ TEST(SparseTable, ValidatesIdsAndSlots) {
 
   std::vector<int64_t> del = {-7};
   auto both = SparseTable::FromViews(idv, {}, TensorView(del.data(), DType::kI64, {1}));
-  EXPECT_EQ(both.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(both.status().message().find("both a row and deleted"), std::string::npos);
+  EXPECT_THAT(both, StatusIs(StatusCode::kInvalidArgument, "both a row and deleted"));
 
   auto twice = SparseTable::FromViews(idv, {{"a", TensorView(emb.data(), DType::kF32, {3, 4})},
                                             {"a", TensorView(emb.data(), DType::kF32, {3, 4})}});
-  EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(twice, StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST(SparseTable, LivesInAStateBesideEntries) {
@@ -91,7 +90,7 @@ TEST(SparseTable, LivesInAStateBesideEntries) {
                        SparseTable::FromViews(TensorView(ids.data(), DType::kI64, {2}), {}).value())
                 .code(),
             StatusCode::kAlreadyExists);
-  EXPECT_EQ(s.PutValue("emb", int64_t{1}).code(), StatusCode::kAlreadyExists);
+  EXPECT_THAT(s.PutValue("emb", int64_t{1}), StatusIs(StatusCode::kAlreadyExists));
   ASSERT_NE(s.FindTable("emb"), nullptr);
   EXPECT_EQ(s.FindTable("emb")->ids()[1], 2);
   State moved = std::move(s);
@@ -118,7 +117,7 @@ TEST(SparseTable, DirtySetAndMakeDelta) {
   EXPECT_EQ(reinterpret_cast<const int32_t*>(d.FindSlot("v")->data())[2], 3);
   EXPECT_EQ(d.deleted().size(), 2u);
   std::vector<int64_t> missing = {99};
-  EXPECT_EQ(MakeDelta(t, missing, {}).status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(MakeDelta(t, missing, {}), StatusIs(StatusCode::kNotFound));
   dirty.Clear();
   EXPECT_TRUE(dirty.touched().empty());
 }

@@ -2,16 +2,19 @@
 
 #include <gtest/gtest.h>
 
+#include "testutil/testutil.h"
+
 namespace savepoint {
 namespace {
+
+using ::savepoint::testing::StatusIs;
 
 TEST(Logging, ParsesEveryLevelAndRejectsOthers) {
   EXPECT_EQ(ParseLogLevel("debug").value(), LogLevel::kDebug);
   EXPECT_EQ(ParseLogLevel("off").value(), LogLevel::kOff);
   EXPECT_EQ(ParseLogLevel("trace").value(), LogLevel::kTrace);
   Result<LogLevel> bad = ParseLogLevel("verbose");
-  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("verbose"), std::string::npos);
+  EXPECT_THAT(bad, StatusIs(StatusCode::kInvalidArgument, "verbose"));
   SetLogLevel(LogLevel::kError);
   SetLogLevel(LogLevel::kWarn);
 }

@@ -18,6 +18,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 TEST(ParallelFor, RunsEveryIndexOnce) {
   for (int threads = 1; threads <= 8; ++threads) {
     for (size_t n : {size_t{0}, size_t{1}, size_t{2}, size_t{7}, size_t{1000}}) {
@@ -71,7 +73,7 @@ TEST(ParallelFor, SingleThreadStopsAtFirstError) {
     if (i == 5 || i == 7) return IOError(fmt::format("task {}", i));
     return Status::OK();
   });
-  EXPECT_EQ(s.code(), StatusCode::kIOError);
+  EXPECT_THAT(s, StatusIs(StatusCode::kIOError));
   EXPECT_EQ(s.message(), "task 5");
   EXPECT_EQ(ran, (std::vector<size_t>{0, 1, 2, 3, 4, 5}));
 }
@@ -136,7 +138,7 @@ TEST(ParallelFor, NoNewTaskStartsAfterAFailure) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       return Status::OK();
     });
-    EXPECT_EQ(s.code(), StatusCode::kNoSpace);
+    EXPECT_THAT(s, StatusIs(StatusCode::kNoSpace));
     EXPECT_EQ(s.message(), "full");
     // Task 0 plus the one task each other worker had already claimed.
     EXPECT_LE(ran.load(), threads) << "threads " << threads;
@@ -211,7 +213,7 @@ TEST(Base64, RejectsBadLengthAndAlphabet) {
     Result<std::vector<uint8_t>> r = Base64Decode(bad);
     EXPECT_FALSE(r.ok()) << ::testing::PrintToString(bad);
     if (!r.ok()) {
-      EXPECT_EQ(r.status().code(), StatusCode::kCorruption);
+      EXPECT_THAT(r, StatusIs(StatusCode::kCorruption));
     }
   }
 }

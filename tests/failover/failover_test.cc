@@ -18,6 +18,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using namespace std::chrono_literals;
 using namespace failover_harness;
 
@@ -41,7 +43,8 @@ TEST(FailoverTest, Rank0DiesAndASurvivorDumpsTheLastStep) {
   EXPECT_NE(out.writers[0], 0);
   EXPECT_GE(out.dump_step, 6);
   EXPECT_EQ(ranks[out.writers[0]].step, out.dump_step);
-  for (int r = 1; r < 4; ++r) EXPECT_EQ(ranks[r].result.code(), StatusCode::kFailedPrecondition);
+  for (int r = 1; r < 4; ++r)
+    EXPECT_THAT(ranks[r].result, StatusIs(StatusCode::kFailedPrecondition));
   SP_ASSERT_OK_AND_ASSIGN(State loaded, Load(out.dump_path));
   const TensorView* w = loaded.FindTensor("w");
   ASSERT_NE(w, nullptr);
@@ -129,7 +132,7 @@ TEST(FailoverTest, HungRankIsDeclaredDeadAndItsLateHeartbeatsIgnored) {
   EXPECT_NE(out.reason.find("no heartbeat"), std::string::npos) << out.reason;
   EXPECT_TRUE(out.dumped) << out.dump_status.ToString();
   EXPECT_GT(out.late_messages, 0);
-  EXPECT_EQ(ranks[2].result.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(ranks[2].result, StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
 }
 
@@ -267,7 +270,7 @@ TEST(FailoverCkptLayoutTest, StateSpanningGroupsFailsAndLeavesNothing) {
   SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunJob(ranks, co, 1000));
   ASSERT_TRUE(out.failure);
   EXPECT_FALSE(out.dumped);
-  EXPECT_EQ(out.dump_status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_THAT(out.dump_status, StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_NE(out.dump_status.message().find("use the native layout"), std::string::npos)
       << out.dump_status.ToString();
   EXPECT_TRUE(Names(dir.path()).empty());
@@ -325,7 +328,7 @@ TEST(FailoverCkptLayoutTest, FailingWriterLeavesNothing) {
     });
   }
   for (std::thread& t : threads) t.join();
-  for (const Status& s : results) EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  for (const Status& s : results) EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   for (const std::string& name : Names(dir.path())) ADD_FAILURE() << "left " << name;
 }
 
@@ -361,7 +364,7 @@ TEST(FailoverTest, WrongTokenIsRefused) {
   o.rank = 0;
   o.world = 1;
   o.connect_timeout = 2s;
-  EXPECT_EQ(FailoverAgent::Connect(o).status().code(), StatusCode::kUnauthenticated);
+  EXPECT_THAT(FailoverAgent::Connect(o), StatusIs(StatusCode::kUnauthenticated));
   o.token = kToken;
   SP_ASSERT_OK_AND_ASSIGN(auto agent, FailoverAgent::Connect(o));
   SP_ASSERT_OK(agent->Finish());

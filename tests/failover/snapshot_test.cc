@@ -18,6 +18,8 @@
 namespace savepoint {
 namespace {
 
+using ::savepoint::testing::StatusIs;
+
 using namespace failover_harness;
 namespace fs = std::filesystem;
 
@@ -267,7 +269,7 @@ TEST(SnapshotTest, ReadSnapshotRefusesAForeignOrMalformedRecord) {
   failover::StepInfo at;
   for (int64_t step : {3, 4, 5, 6}) {
     Result<DumpSource> r = failover::ReadSnapshot(shm.path(), 0, step, &at, {});
-    EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << step << ": " << r.status().ToString();
+    EXPECT_THAT(r, StatusIs(StatusCode::kCorruption)) << step << ": " << r.status().ToString();
   }
   EXPECT_EQ(failover::ReadSnapshot(shm.path(), 0, 7, &at, {}).status().code(),
             StatusCode::kNotFound);

@@ -26,9 +26,9 @@
 #include "savepoint/mpi.h"
 #include "savepoint/savepoint.h"
 #include "savepoint/sparse.h"
-#include "testutil/forwarding_fs.h"
 #include "testutil/sparse_tables.h"
 #include "testutil/testutil.h"
+#include "testutil/write_hook_fs.h"
 
 namespace savepoint {
 namespace {
@@ -174,9 +174,9 @@ void LateRank(Communicator& c, const std::string& dir) {
 }
 
 // Kills this process at its first data-file write.
-class KillingFs final : public testing::ForwardingFileSystem {
+class KillingFs final : public testing::WriteHookFileSystem {
  public:
-  using ForwardingFileSystem::ForwardingFileSystem;
+  using WriteHookFileSystem::WriteHookFileSystem;
   void OnWrite(const std::string& path, uint64_t) override {
     if (path.find("/data-") != std::string::npos) std::raise(SIGKILL);
   }

@@ -2,10 +2,12 @@
 # Proves `pip install .` works: installs the package into the virtual environment of $1 (its
 # python) from the source tree $2, then imports the *installed* copy from a neutral directory
 # without PYTHONPATH and round-trips a small torch + numpy state through it.
-# The build directory (build/pip-<tag>, pyproject.toml) is kept, so repeated runs are incremental.
+# The build directory (build-pip-<tag>, pyproject.toml) is kept, so repeated runs are incremental,
+# and ccache shares the library's objects with a Release build in build-release/ (.ci/run).
 set -euo pipefail
 PY="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"  # absolute, symlinks kept (a venv)
 SRC=$2
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(cd "$SRC/.." && pwd)}"
 start=$(date +%s)
 "$PY" -m pip install --no-build-isolation --no-deps --force-reinstall --disable-pip-version-check \
   -q "$SRC"
@@ -21,6 +23,7 @@ import savepoint
 
 site = os.path.realpath(sysconfig.get_paths()["platlib"])
 assert os.path.realpath(savepoint.__file__).startswith(site), savepoint.__file__
+assert os.path.exists(os.path.join(os.path.dirname(savepoint.__file__), "py.typed"))
 state = {"w": torch.arange(12, dtype=torch.float32).view(3, 4), "a": np.ones(5, np.int16), "step": 3}
 savepoint.save(state, "ckpt")
 back = savepoint.load("ckpt")

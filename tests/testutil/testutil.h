@@ -2,13 +2,26 @@
 #ifndef SAVEPOINT_TESTS_TESTUTIL_TESTUTIL_H_
 #define SAVEPOINT_TESTS_TESTUTIL_TESTUTIL_H_
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <ostream>
 #include <random>
 #include <string>
 
 #include "savepoint/savepoint.h"
+
+namespace savepoint {
+
+// How gtest prints a Status or a Result in assertion messages (found by argument-dependent lookup).
+inline void PrintTo(const Status& s, std::ostream* os) { *os << s.ToString(); }
+template <typename T>
+void PrintTo(const Result<T>& r, std::ostream* os) {
+  *os << (r.ok() ? std::string("OK (a value)") : r.status().ToString());
+}
+
+}  // namespace savepoint
 
 namespace savepoint::testing {
 
@@ -46,6 +59,27 @@ State CkptCrashState(uint64_t step);
 
 // Asserts that two states hold the same names, dtypes, shapes, bytes, values and metadata.
 ::testing::AssertionResult StatesEqual(const State& a, const State& b);
+
+// The Status of a Status or of a Result<T>, for StatusIs.
+inline Status StatusOf(const Status& s) { return s; }
+template <typename T>
+Status StatusOf(const Result<T>& r) {
+  return r.status();
+}
+
+// Matches a Status (or a Result's status) whose code is `code` and, in the two-argument form,
+// whose message contains `substring`. On a mismatch gtest prints the whole status.
+//   EXPECT_THAT(Load(path), StatusIs(StatusCode::kCorruption, "chunk 3"));
+MATCHER_P(StatusIs, code, "") {
+  const Status s = ::savepoint::testing::StatusOf(arg);
+  *result_listener << "status " << s.ToString();
+  return s.code() == code;
+}
+MATCHER_P2(StatusIs, code, substring, "") {
+  const Status s = ::savepoint::testing::StatusOf(arg);
+  *result_listener << "status " << s.ToString();
+  return s.code() == code && s.message().find(substring) != std::string::npos;
+}
 
 }  // namespace savepoint::testing
 

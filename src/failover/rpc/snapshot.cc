@@ -13,7 +13,7 @@
 #include <cstring>
 #include <system_error>
 
-#include "io/forwarding_fs.h"
+#include "savepoint/filesystem.h"
 
 namespace savepoint::failover {
 namespace {

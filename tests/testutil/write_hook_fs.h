@@ -1,19 +1,18 @@
-// ForwardingFileSystem: forwards every call to a base FileSystem, with hooks on data writes, for
-// tests that count or interrupt what a save writes.
-#ifndef SAVEPOINT_TESTS_TESTUTIL_FORWARDING_FS_H_
-#define SAVEPOINT_TESTS_TESTUTIL_FORWARDING_FS_H_
+// WriteHookFileSystem: a ForwardingFileSystem with a hook on data writes, for tests that count or
+// interrupt what a save writes.
+#ifndef SAVEPOINT_TESTS_TESTUTIL_WRITE_HOOK_FS_H_
+#define SAVEPOINT_TESTS_TESTUTIL_WRITE_HOOK_FS_H_
 
 #include <memory>
 #include <string>
 
-#include "io/forwarding_fs.h"
 #include "savepoint/filesystem.h"
 
 namespace savepoint::testing {
 
-class ForwardingFileSystem : public savepoint::ForwardingFileSystem {
+class WriteHookFileSystem : public ForwardingFileSystem {
  public:
-  explicit ForwardingFileSystem(FileSystem* base) : savepoint::ForwardingFileSystem(base) {}
+  explicit WriteHookFileSystem(FileSystem* base) : ForwardingFileSystem(base) {}
 
   // Called before every WriteAt on a file opened through this object (any thread).
   virtual void OnWrite(const std::string& path, uint64_t bytes) {
@@ -30,7 +29,7 @@ class ForwardingFileSystem : public savepoint::ForwardingFileSystem {
  private:
   class File final : public WritableFile {
    public:
-    File(std::unique_ptr<WritableFile> f, ForwardingFileSystem* fs) : f_(std::move(f)), fs_(fs) {}
+    File(std::unique_ptr<WritableFile> f, WriteHookFileSystem* fs) : f_(std::move(f)), fs_(fs) {}
     Status WriteAt(uint64_t off, std::span<const std::byte> d) override {
       fs_->OnWrite(f_->path(), d.size());
       return f_->WriteAt(off, d);
@@ -43,10 +42,10 @@ class ForwardingFileSystem : public savepoint::ForwardingFileSystem {
 
    private:
     std::unique_ptr<WritableFile> f_;
-    ForwardingFileSystem* fs_;
+    WriteHookFileSystem* fs_;
   };
 };
 
 }  // namespace savepoint::testing
 
-#endif  // SAVEPOINT_TESTS_TESTUTIL_FORWARDING_FS_H_
+#endif  // SAVEPOINT_TESTS_TESTUTIL_WRITE_HOOK_FS_H_

@@ -1,0 +1,59 @@
+// The one internal write request: everything a save needs to know, built by the public entry
+// points (src/api/save.cc) and by sparse tables (src/sparse/save.cc), and taken by the engine's
+// writer (engine::Write, one process) and the distributed protocol (dist::Write, ranks of a
+// Communicator). It borrows everything it points to; the caller keeps those alive until the write
+// returns.
+#ifndef SAVEPOINT_ENGINE_REQUEST_H_
+#define SAVEPOINT_ENGINE_REQUEST_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "savepoint/checkpoint.h"
+#include "savepoint/comm.h"
+#include "savepoint/distributed.h"
+#include "savepoint/io_options.h"
+#include "savepoint/state.h"
+
+namespace savepoint::engine {
+
+// Rows of a tensor stored in another order than they lie in memory: row i of the stored tensor
+// is row perm[i] of `base` (its rows of row_bytes bytes). Sparse tables are sorted into storage
+// order this way while they are written (src/sparse/save.cc), chunk by chunk in the writer
+// threads, instead of into a sorted copy before the write. The memory is the caller's and
+// outlives the save.
+struct RowGather {
+  const std::byte* base = nullptr;
+  const int64_t* perm = nullptr;  // rows of the stored tensor
+  uint64_t rows = 0;
+  uint64_t row_bytes = 0;
+};
+// Tensor name -> how its rows are gathered.
+using RowGathers = std::map<std::string, RowGather, std::less<>>;
+
+// Who writes: one process (comm == nullptr), or every rank of `comm`, each with its own tensors
+// placed by `layout`.
+struct Topology {
+  Communicator* comm = nullptr;
+  const ShardLayout* layout = nullptr;  // required with comm
+  // Timeout of every collective of a distributed write. Default: 10 minutes.
+  Timeout timeout = std::chrono::minutes(10);
+};
+
+struct WriteRequest {
+  std::string path;              // the checkpoint directory to commit
+  const State* state = nullptr;  // tensors, values and metadata (sparse tables already flattened)
+  // Tensors whose rows are gathered into storage order as they are written (each named tensor's
+  // memory is its gather's base, at least kPackBelowBytes long, so never packed). Default: none.
+  const RowGathers* gathers = nullptr;
+  Topology topology;
+  SaveOptions options;  // chunking, codec, key, overwrite, stats and progress of this call
+  IoOptions io;         // file system, threads, O_DIRECT
+};
+
+}  // namespace savepoint::engine
+
+#endif  // SAVEPOINT_ENGINE_REQUEST_H_

@@ -1,0 +1,69 @@
+"""The layers are folders, and data flows one way (docs/ARCHITECTURE.md): each folder of src/ may
+include headers of the folders below it only. This test reads every non-test source of src/ and
+fails, naming the file and the include, when a folder includes one that is not in its allowed set
+below. Public headers (savepoint/...) are the API's types and may be included anywhere.
+
+    python3 tests/layering_test.py [SRC_DIR]     (default: the src/ beside this file's parent)
+"""
+
+import os
+import re
+import sys
+
+# Folder -> the folders it may include (besides itself). Lower layers first.
+ALLOWED = {
+    "util": set(),
+    "core": {"util"},
+    "crypto": {"util", "core"},
+    "codec": {"util", "core"},
+    "device": {"util", "core"},
+    "io": {"util", "core"},
+    "format": {"util", "core", "crypto", "codec"},
+    "engine": {"util", "core", "crypto", "codec", "device", "io", "format"},
+    "distributed": {"util", "core", "crypto", "codec", "io", "format", "engine"},
+    "sparse": {"util", "core", "io", "format", "engine"},
+    "interop": {"util", "core", "crypto", "codec", "io", "format", "engine"},
+    "failover": {"util", "core", "io", "format", "engine", "distributed", "interop"},
+    "mindspore_strategy": {"util", "core", "io", "format", "engine", "distributed", "interop"},
+    "manager": {"util", "core", "crypto", "io", "format", "engine", "sparse", "interop"},
+    # The public entry points that join engine, distributed and sparse (src/api/).
+    "api": {"util", "core", "io", "format", "engine", "distributed", "sparse"},
+}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/', re.M)
+
+
+def violations(src):
+    out = []
+    for folder in sorted(os.listdir(src)):
+        top = os.path.join(src, folder)
+        if not os.path.isdir(top):
+            continue
+        if folder not in ALLOWED:
+            out.append(f"src/{folder}/: a folder without a layer in tests/layering_test.py")
+            continue
+        for d, _, files in os.walk(top):
+            for f in files:
+                if not f.endswith((".cc", ".h")) or f.endswith("_test.cc") or "testutil" in f:
+                    continue
+                path = os.path.join(d, f)
+                with open(path, encoding="utf-8") as fh:
+                    for dep in INCLUDE.findall(fh.read()):
+                        if dep in ("savepoint", folder) or dep in ALLOWED[folder]:
+                            continue
+                        rel = os.path.relpath(path, os.path.dirname(src))
+                        out.append(f"{rel} includes {dep}/: not below {folder}/")
+    return out
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    src = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(here), "src")
+    bad = violations(src)
+    for line in bad:
+        print(line)
+    print(f"layering: {len(ALLOWED)} folders checked, {len(bad)} includes against the layers")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
