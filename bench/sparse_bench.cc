@@ -15,7 +15,6 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -152,12 +151,6 @@ void WriteRaw(const std::string& path, const sp::Tensor& t) {
 struct CpuTimes {
   double user = 0, sys = 0;
 };
-CpuTimes Cpu() {
-  rusage u{};
-  ::getrusage(RUSAGE_SELF, &u);
-  auto sec = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
-  return {sec(u.ru_utime), sec(u.ru_stime)};
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -248,19 +241,18 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < f.reps; ++rep) {
     const std::string path = rep + 1 == f.reps ? full : fmt::format("{}/full-{}", f.dir, rep);
     auto save = [&] {
-      const CpuTimes c0 = Cpu();
-      fulls.push_back(Seconds([&] {
-        OnRanks(
-            f.shards,
-            [&](int r, sp::Communicator& c) {
-              return sp::SaveSparseDistributed(c, shards[r].Table(), {}, path, {}, io);
-            },
-            "full save");
-      }));
+      sp::bench::Timer t;
+      OnRanks(
+          f.shards,
+          [&](int r, sp::Communicator& c) {
+            return sp::SaveSparseDistributed(c, shards[r].Table(), {}, path, {}, io);
+          },
+          "full save");
+      fulls.push_back(t.seconds());
+      const auto [user, sys] = t.cpu_seconds();
+      cpu.user += user;
+      cpu.sys += sys;
       full_bytes = DirBytes(path);
-      const CpuTimes c1 = Cpu();
-      cpu.user += c1.user - c0.user;
-      cpu.sys += c1.sys - c0.sys;
     };
     if (rep % 2 == 0) save();
     dds.push_back(DdSeconds(f.dir, full_bytes > 0 ? full_bytes : EstimatedBytes(f)));

@@ -1,7 +1,10 @@
 """The layers are folders, and data flows one way (docs/ARCHITECTURE.md): each folder of src/ may
 include headers of the folders below it only. This test reads every non-test source of src/ and
 fails, naming the file and the include, when a folder includes one that is not in its allowed set
-below. Public headers (savepoint/...) are the API's types and may be included anywhere.
+below. Public headers (savepoint/...) are the API's types and may be included anywhere, but the
+public entry points defined in src/api/ (Save, Load, ...) sit above engine/, distributed/ and
+sparse/: the folders below api/ must not call them (that would be a call up through a public
+header), which the test checks too.
 
     python3 tests/layering_test.py [SRC_DIR]     (default: the src/ beside this file's parent)
 """
@@ -29,11 +32,47 @@ ALLOWED = {
     # The public entry points that join engine, distributed and sparse (src/api/).
     "api": {"util", "core", "io", "format", "engine", "distributed", "sparse"},
 }
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/', re.M)
+INCLUDE = re.compile(r'^\s*#\s*include\s+[<"]([a-z_]+)/', re.M)
+# The folders that api/ itself builds on: they must not call api/'s public entry points.
+BELOW_API = ALLOWED["api"]
+# A public entry point defined in src/api/: "Status Save(" / "Result<State> Load(" at column 0.
+API_DEFINITION = re.compile(r"^(?:Status|Result<[\w:<>]+>)\s+(\w+)\(", re.M)
+
+
+def sources(top):
+    for d, _, files in os.walk(top):
+        for f in sorted(files):
+            if f.endswith((".cc", ".h")) and not f.endswith("_test.cc") and "testutil" not in f:
+                yield os.path.join(d, f)
+
+
+def strip_comments(text):
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def upward_calls(src):
+    """Calls of api/'s entry points from the folders below api/ (a file that defines a function of
+    the same name, like codec's SIMD Load, is not calling the entry point)."""
+    names = set()
+    for path in sources(os.path.join(src, "api")):
+        with open(path, encoding="utf-8") as fh:
+            names.update(API_DEFINITION.findall(fh.read()))
+    out = []
+    for folder in sorted(BELOW_API):
+        for path in sources(os.path.join(src, folder)):
+            with open(path, encoding="utf-8") as fh:
+                text = strip_comments(fh.read())
+            for name in sorted(names):
+                if re.search(rf"^[^\n;]*[\w>&*]\s+{name}\(", text, re.M):
+                    continue  # defines its own function of that name
+                if re.search(rf"(?<![\w.:>])(?:savepoint::)?{name}\(", text):
+                    rel = os.path.relpath(path, os.path.dirname(src))
+                    out.append(f"{rel} calls {name}(), an entry point of src/api/ above {folder}/")
+    return out
 
 
 def violations(src):
-    out = []
+    out = upward_calls(src)
     for folder in sorted(os.listdir(src)):
         top = os.path.join(src, folder)
         if not os.path.isdir(top):
@@ -41,17 +80,15 @@ def violations(src):
         if folder not in ALLOWED:
             out.append(f"src/{folder}/: a folder without a layer in tests/layering_test.py")
             continue
-        for d, _, files in os.walk(top):
-            for f in files:
-                if not f.endswith((".cc", ".h")) or f.endswith("_test.cc") or "testutil" in f:
-                    continue
-                path = os.path.join(d, f)
-                with open(path, encoding="utf-8") as fh:
-                    for dep in INCLUDE.findall(fh.read()):
-                        if dep in ("savepoint", folder) or dep in ALLOWED[folder]:
-                            continue
-                        rel = os.path.relpath(path, os.path.dirname(src))
-                        out.append(f"{rel} includes {dep}/: not below {folder}/")
+        for path in sources(top):
+            with open(path, encoding="utf-8") as fh:
+                for dep in INCLUDE.findall(fh.read()):
+                    if dep in ("savepoint", folder) or dep in ALLOWED[folder]:
+                        continue
+                    if dep not in ALLOWED:  # a system header such as <sys/mman.h>
+                        continue
+                    rel = os.path.relpath(path, os.path.dirname(src))
+                    out.append(f"{rel} includes {dep}/: not below {folder}/")
     return out
 
 

@@ -118,12 +118,12 @@ struct SAVEPOINT_API DistributedSaveOptions {
   Timeout timeout = std::chrono::minutes(10);
 };
 
-// Saves a sharded state: called by every rank of `comm` with its local tensors (owned or borrowed)
-// and their layout. Non-tensor values and metadata are taken from rank 0 only (they are written
-// once). Returns on every rank the same result: OK once the checkpoint is committed; otherwise the
-// first error (naming the failing rank), with nothing committed and the temporary directory
-// removed. Rejects (InvalidArgument, naming the tensor) layouts whose boxes overlap, leave gaps,
-// exceed the global shape, or disagree across ranks on dtype or global shape, before any data is
+// Saves a sharded state: called by every rank of `comm` with its local tensors and their layout.
+// Values and metadata are taken from rank 0 only. Returns on every rank the same result: OK once
+// the checkpoint is committed; otherwise the first error (naming the failing rank), nothing
+// committed, the temporary directory removed. Rejects (InvalidArgument, naming the tensor or rank)
+// layouts whose boxes overlap, leave gaps, exceed the global shape, or disagree across ranks on
+// dtype or global shape, and sparse tables (SaveSparseDistributed saves those), before any data is
 // written. `io.fs` must be shared storage, the same path on every rank.
 SAVEPOINT_API Status SaveDistributed(Communicator& comm, const State& local,
                                      const ShardLayout& layout, const std::string& path,
@@ -142,7 +142,7 @@ SAVEPOINT_API Status SaveDistributed(Communicator& comm, const State& local,
 // A failed step's bytes carry its error, naming the rank, to the coordinator. The bytes are
 // opaque and valid only between these calls of one save by one build of the library.
 // Thread safety: an object is used by one thread at a time.
-struct RankSaveAccess;
+struct RankSaveAccess;  // internal (src/distributed/save.cc)
 
 class SAVEPOINT_API RankSave {
  public:

@@ -242,10 +242,9 @@ class SAVEPOINT_API FileSystem {
   virtual Result<std::unique_ptr<FileLock>> LockFile(const std::string& path);
 };
 
-// A FileSystem that passes every call to a base file system. Derive from it to change a few calls
-// and keep the rest (the fault-injecting file system, the failover snapshots' recycling file
-// system, tests' write hooks). LockFile is not forwarded: a wrapper's locks use the default
-// process-local table, keyed by the wrapper.
+// A FileSystem that passes every call to a base file system, LockFile included. Derive from it to
+// change a few calls and keep the rest (the fault-injecting file system, the failover snapshots'
+// recycling file system, tests' write hooks).
 // Ownership: `base` is not owned and must outlive this object. Thread safety: as the base's.
 class ForwardingFileSystem : public FileSystem {
  public:
@@ -268,6 +267,9 @@ class ForwardingFileSystem : public FileSystem {
   Status SyncDir(const std::string& p) override { return base_->SyncDir(p); }
   Result<std::shared_ptr<const MappedFile>> MapFile(const std::string& p, MapMode m) override {
     return base_->MapFile(p, m);
+  }
+  Result<std::unique_ptr<FileLock>> LockFile(const std::string& p) override {
+    return base_->LockFile(p);
   }
 
  protected:

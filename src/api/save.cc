@@ -1,6 +1,7 @@
-// The public save entry points: each builds one engine::WriteRequest and hands it to Submit below,
-// which sends a State with sparse tables through sparse::Flatten first and then picks the writer
-// by topology: engine::Write for one process, dist::Write for the ranks of a Communicator.
+// The public save entry points: each builds one engine::WriteRequest. A State with sparse tables
+// goes through sparse::Flatten first (Save, SaveSparse*; SaveDistributed refuses tables, so that
+// every rank runs the same collectives), then the writer of its topology: engine::Write for one
+// process, dist::Write for the ranks of a Communicator.
 // This file is the one place above engine/, distributed/ and sparse/ that joins them.
 #include "sparse/save.h"
 
@@ -66,7 +67,7 @@ Status SaveSparse(const State& state, const std::string& path, const SparseSaveO
 Status SaveDistributed(Communicator& comm, const State& local, const ShardLayout& layout,
                        const std::string& path, const DistributedSaveOptions& o,
                        const IoOptions& io) {
-  return Submit(Request(comm, local, layout, path, o.save, o.timeout, io));
+  return dist::Write(Request(comm, local, layout, path, o.save, o.timeout, io));
 }
 
 Status SaveSparseDistributed(Communicator& comm, const State& local, const ShardLayout& layout,

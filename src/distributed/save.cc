@@ -197,6 +197,11 @@ std::string RankSaveAccess::Plan(RankSave& save, const State& local, const Shard
   RankSave::Impl& i = *save.impl_;
   i.p = dist::RankPlan();
   i.planned = ValidateIoOptions(io, "distributed save");
+  if (i.planned.ok() && !local.tables().empty()) {
+    i.planned = InvalidArgumentError(fmt::format(
+        "this rank's state holds sparse table {:?}: save tables with SaveSparseDistributed",
+        local.tables().begin()->first));
+  }
   if (i.planned.ok()) {
     i.planned = dist::PlanRank(local, layout, i.rank, i.world, o, io, gathers, &i.p);
   }

@@ -359,17 +359,6 @@ Result<std::vector<SparseChainLink>> SparseChain(const std::string& path, const 
   return out;
 }
 
-Status CompactSparse(const std::string& src, const std::string& dst, const SparseSaveOptions& o,
-                     const LoadOptions& load, const IoOptions& io) {
-  if (!o.base.empty()) {
-    return InvalidArgumentError(fmt::format(
-        "compact {} into {}: SparseSaveOptions.base must be empty (the result is a full save)", src,
-        dst));
-  }
-  SP_ASSIGN_OR_RETURN(State state, LoadSparse(src, {.load = load}, io));
-  return SaveSparse(state, dst, o, io);
-}
-
 bool ShouldCompact(int64_t depth, uint64_t delta_bytes, uint64_t base_bytes,
                    const CompactionPolicy& policy) {
   return depth > policy.max_depth || static_cast<double>(delta_bytes) >

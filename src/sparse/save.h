@@ -13,6 +13,10 @@ namespace savepoint::sparse {
 // What a save of tables hands to the engine. Holds the flattened state and the memory the
 // request points into: it must stay alive, and not move, until the write returns.
 struct Flat {
+  Flat() = default;
+  Flat(const Flat&) = delete;  // `request` points into this object
+  Flat& operator=(const Flat&) = delete;
+
   State state;                      // dense tensors, table tensors (views), values, metadata
   ShardLayout layout;               // distributed saves: the boxes of this rank's tensors
   std::vector<SortedTable> sorted;  // keeps sorted copies alive

@@ -275,13 +275,24 @@ TEST(SparseSave, SavedByNLoadedByM) {
   }
 }
 
-TEST(SparseSave, SaveDistributedCarriesTables) {
-  uint64_t seed = testing::TestSeed("SparseSave.SaveDistributedCarriesTables");
+TEST(SparseSave, SaveDistributedRefusesTablesOnEveryRank) {
+  uint64_t seed = testing::TestSeed("SparseSave.SaveDistributedRefusesTablesOnEveryRank");
   std::mt19937_64 rng(seed);
   MemFileSystem mem;
-  Ref ref = RandomRef(rng, 500);
-  SP_ASSERT_OK(SaveRanks(3, "/ck/plain-dist", ref, &mem, "", nullptr, {}, /*plain=*/true));
-  ExpectShardsMatch("/ck/plain-dist", ref, 2, &mem);
+  Ref ref = RandomRef(rng, 200);
+  Status s = SaveRanks(3, "/ck/plain-dist", ref, &mem, "", nullptr, {}, /*plain=*/true);
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "SaveSparseDistributed"));
+  // Only rank 1 holds a table: every rank runs the same collectives and fails, naming rank 1.
+  std::vector<Status> st = RunRanks(3, [&](Communicator& comm, int r) -> Status {
+    State local;
+    if (r == 1)
+      SP_RETURN_IF_ERROR(local.PutTable("emb", TableOf(ref, [](int64_t) { return true; }, {})));
+    SP_RETURN_IF_ERROR(local.Put("dense.w", Tensor::Zeros(DType::kF32, {8}).value()));
+    return SaveDistributed(comm, local, {}, "/ck/mixed", {}, Io(&mem));  // dense.w replicated
+  });
+  for (const Status& rs : st) EXPECT_THAT(rs, StatusIs(StatusCode::kInvalidArgument, "rank 1"));
+  EXPECT_FALSE(mem.Exists("/ck/plain-dist"));
+  EXPECT_FALSE(mem.Exists("/ck/mixed"));
 }
 
 TEST(SparseLoad, ReadsOnlyTheFilesOfItsSlices) {

@@ -14,8 +14,10 @@
 
 namespace savepoint {
 
-// How gtest prints a Status or a Result in assertion messages (found by argument-dependent lookup).
+// How gtest prints a Status, a StatusCode or a Result in assertion messages (found by
+// argument-dependent lookup).
 inline void PrintTo(const Status& s, std::ostream* os) { *os << s.ToString(); }
+inline void PrintTo(StatusCode code, std::ostream* os) { *os << StatusCodeName(code); }
 template <typename T>
 void PrintTo(const Result<T>& r, std::ostream* os) {
   *os << (r.ok() ? std::string("OK (a value)") : r.status().ToString());
