@@ -5,12 +5,9 @@
 // (docs/CLI.md); encrypted `.ckpt` and native checkpoints are read and written with the key flags
 // (key_flags.h).
 //
-// A format follows from --from / --to, else from the name: ".ckpt" is MindSpore, ".safetensors"
-// is safetensors; otherwise the source is a RecIS checkpoint when it holds `index` and
-// `model-*-of-*.safetensors` files, a DCP directory when it holds `.metadata` and no MANIFEST, a
-// native checkpoint when it is another directory (else safetensors), and the target a native
-// checkpoint directory. Native and safetensors sources are
-// mapped, not copied, where the file system allows it, and written straight from the mapping.
+// A format follows from --from / --to, else from the path (DetectFormat and TargetFormat,
+// savepoint/format.h). The work is the library's Convert (savepoint/checkpoint.h); this command
+// maps its flags onto ConvertOptions and names the flag when one does not fit the formats.
 #include <fmt/format.h>
 
 #include <memory>
@@ -20,17 +17,12 @@
 #include "common.h"
 #include "key_flags.h"
 #include "progress.h"
-#include "savepoint/dcp.h"
-#include "savepoint/mindspore.h"
-#include "savepoint/recis.h"
 #include "savepoint/savepoint.h"
 
 namespace savepoint::cli {
 namespace {
 
 constexpr char kCommand[] = "convert";
-
-enum class Format { kNative, kSafetensors, kMindSpore, kDcp, kRecis };
 
 struct ConvertArgs {
   std::string src;
@@ -44,53 +36,9 @@ struct ConvertArgs {
   KeyFlags enc{.decrypt = false};  // the target's key
 };
 
-std::optional<Format> Named(const std::string& name) {
-  if (name == "native") return Format::kNative;
-  if (name == "safetensors") return Format::kSafetensors;
-  if (name == "ckpt") return Format::kMindSpore;
-  if (name == "dcp") return Format::kDcp;
-  if (name == "recis") return Format::kRecis;
-  return std::nullopt;
-}
-
-const char* FormatName(Format f) {
-  switch (f) {
-    case Format::kNative:
-      return "native";
-    case Format::kSafetensors:
-      return "safetensors";
-    case Format::kMindSpore:
-      return "ckpt";
-    case Format::kRecis:
-      return "recis";
-    case Format::kDcp:
-      break;
-  }
-  return "dcp";
-}
-
-Result<Format> SourceFormat(const ConvertArgs& args) {
-  if (!args.from.empty()) return *Named(args.from);
-  if (args.src.ends_with(".ckpt")) return Format::kMindSpore;
-  if (args.src.ends_with(".safetensors")) return Format::kSafetensors;
-  SP_ASSIGN_OR_RETURN(FileInfo info, DefaultFileSystem()->Stat(args.src));
-  if (!info.is_dir) return Format::kSafetensors;
-  FileSystem* fs = DefaultFileSystem();
-  if (IsRecisCheckpoint(args.src, fs)) return Format::kRecis;
-  const bool dcp =
-      fs->Exists(JoinPath(args.src, ".metadata")) && !fs->Exists(JoinPath(args.src, "MANIFEST"));
-  return dcp ? Format::kDcp : Format::kNative;
-}
-
-Format TargetFormat(const ConvertArgs& args) {
-  if (!args.to.empty()) return *Named(args.to);
-  if (args.dst.ends_with(".ckpt")) return Format::kMindSpore;
-  if (args.dst.ends_with(".safetensors")) return Format::kSafetensors;
-  return Format::kNative;
-}
-
-// InvalidArgument when key flags are given for a format without encryption (safetensors), or a
-// mode for a native checkpoint (always AES-256-GCM).
+// InvalidArgument naming the flag when key flags are given for a format without encryption, or a
+// mode for a native checkpoint (always AES-256-GCM). (The library names its option fields; the
+// CLI names its flags.)
 Status CheckKeyFlags(const KeyFlags& k, Format f) {
   const char* verb = k.decrypt ? "dec" : "enc";
   if ((f == Format::kSafetensors || f == Format::kDcp || f == Format::kRecis) &&
@@ -105,103 +53,48 @@ Status CheckKeyFlags(const KeyFlags& k, Format f) {
   return ModeOf(k).status();
 }
 
-// Reads a RecIS checkpoint; what it did not import goes to `notes`.
-Result<State> LoadRecis(const ConvertArgs& args, ProgressLine& progress,
-                        std::vector<std::string>* notes) {
-  Result<RecisCheckpoint> r =
-      LoadRecisCheckpoint(args.src, {.progress = progress.Phase("reading")});
-  if (!r.ok()) return r.status();
-  if (r->path != args.src) notes->push_back(fmt::format("read {} (the newest listed)", r->path));
-  for (const std::string& s : r->skipped) notes->push_back("skipped " + s);
-  return std::move(r->state);
-}
-
-// Reads the source (a native checkpoint's chunks are verified here: progress "reading").
-Result<State> LoadAny(const ConvertArgs& args, Format f, ProgressLine& progress,
-                      std::vector<std::string>* notes) {
-  SP_RETURN_IF_ERROR(CheckKeyFlags(args.dec, f));
-  switch (f) {
-    case Format::kSafetensors:
-      return LoadSafetensors(args.src, {.mmap = true, .progress = progress.Phase("reading")});
-    case Format::kMindSpore:
-      return LoadMindSporeCheckpoint(args.src, {.dec_key = KeyOf(args.dec),
-                                                .dec_mode = *ModeOf(args.dec),
-                                                .progress = progress.Phase("reading")});
-    case Format::kDcp:
-      return LoadDcpCheckpoint(args.src, {.progress = progress.Phase("reading")});
-    case Format::kRecis:
-      return LoadRecis(args, progress, notes);
-    case Format::kNative:
-      break;
-  }
-  const bool encrypted = !args.dec.key_file.empty();  // (encrypted checkpoints are not mapped)
-  return Load(args.src,
-              {.mmap = !encrypted, .progress = progress.Phase("reading"), .key = KeyOf(args.dec)});
-}
-
-Status SaveAny(const State& state, const ConvertArgs& args, Format f, ProgressLine& progress) {
-  if (args.crc && f == Format::kNative) {
+Status CheckFlags(const ConvertArgs& args, Format from, Format to) {
+  if (args.crc && to == Format::kNative) {
     return InvalidArgumentError(
         "--crc applies to .ckpt and .safetensors targets (native checkpoints always carry CRC32C "
         "per chunk)");
   }
-  if (args.mindspore && f != Format::kSafetensors) {
+  if (args.mindspore && to != Format::kSafetensors) {
     return InvalidArgumentError("--mindspore applies to a .safetensors target only");
   }
-  SP_RETURN_IF_ERROR(CheckKeyFlags(args.enc, f));
-  if (!state.tables().empty() && f != Format::kNative && f != Format::kDcp && f != Format::kRecis) {
-    return InvalidArgumentError(
-        fmt::format("--to {}: the source has {} sparse tables, which only native checkpoints hold",
-                    FormatName(f), state.tables().size()));
-  }
-  switch (f) {
-    case Format::kDcp:
-    case Format::kRecis:
-      return InvalidArgumentError(fmt::format(
-          "--to {}: {} directories are a source only (write savepoint checkpoints through DCP "
-          "with savepoint.torch.StorageWriter, or RecIS-style ones with savepoint.recis.Saver)",
-          FormatName(f), FormatName(f)));
-    case Format::kSafetensors:
-      return SaveSafetensors(state, args.dst,
-                             {.overwrite = args.overwrite,
-                              .progress = progress.Phase("writing"),
-                              .mindspore_format = args.mindspore || args.crc,
-                              .crc_check = args.crc});
-    case Format::kMindSpore:
-      return SaveMindSporeCheckpoint(
-          state, args.dst,
-          {.overwrite = args.overwrite,
-           .crc_check = args.crc,
-           .enc_key = KeyOf(args.enc),
-           .enc_mode = ModeOf(args.enc)->value_or(MindSporeCipher::kAesGcm),
-           .progress = progress.Phase("writing")});
-    case Format::kNative:
-      break;
-  }
-  return Save(
-      state, args.dst,
-      {.overwrite = args.overwrite, .progress = progress.Phase("writing"), .key = KeyOf(args.enc)});
+  SP_RETURN_IF_ERROR(CheckKeyFlags(args.dec, from));
+  return CheckKeyFlags(args.enc, to);
+}
+
+void PrintReport(const ConvertArgs& args, const ConvertReport& r) {
+  fmt::print("converted {} ({}) to {} ({}): {} tensors, {} values, {}\n", args.src,
+             FormatName(r.from), args.dst, FormatName(r.to), r.tensors, r.values,
+             HumanBytes(r.tensor_bytes));
+  if (r.tables > 0) fmt::print("  {} sparse tables, {} rows\n", r.tables, r.table_rows);
+  for (const std::string& n : r.notes) fmt::print("  {}\n", n);
 }
 
 int RunConvert(const ConvertArgs& args) {
-  Result<Format> from = SourceFormat(args);
+  Result<Format> from = args.from.empty() ? DetectFormat(args.src) : ParseFormat(args.from);
   if (!from.ok()) return Fail(kCommand, from.status());
-  const Format to = TargetFormat(args);
+  const Format to = args.to.empty() ? TargetFormat(args.dst) : *ParseFormat(args.to);
+  if (Status s = CheckFlags(args, *from, to); !s.ok()) return Fail(kCommand, s);
   ProgressLine progress(kCommand, /*json=*/false);
-  std::vector<std::string> notes;
-  Result<State> state = LoadAny(args, *from, progress, &notes);
-  Status s = state.ok() ? SaveAny(*state, args, to, progress) : state.status();
+  Result<ConvertReport> r = Convert(args.src, args.dst,
+                                    {.from = *from,
+                                     .to = to,
+                                     .overwrite = args.overwrite,
+                                     .source_key = KeyOf(args.dec),
+                                     .source_cipher = *ModeOf(args.dec),
+                                     .key = KeyOf(args.enc),
+                                     .cipher = ModeOf(args.enc)->value_or(Cipher::kAesGcm),
+                                     .file_checksum = args.crc,
+                                     .mindspore_flavour = args.mindspore,
+                                     .read_progress = progress.Phase("reading"),
+                                     .write_progress = progress.Phase("writing")});
   progress.End();
-  if (!s.ok()) return Fail(kCommand, s);
-  fmt::print("converted {} ({}) to {} ({}): {} tensors, {} values, {}\n", args.src,
-             FormatName(*from), args.dst, FormatName(to), state->num_tensors(),
-             state->size() - state->num_tensors(), HumanBytes(state->tensor_bytes()));
-  if (!state->tables().empty()) {
-    uint64_t rows = 0;
-    for (const auto& [name, t] : state->tables()) rows += static_cast<uint64_t>(t->num_rows());
-    fmt::print("  {} sparse tables, {} rows\n", state->tables().size(), rows);
-  }
-  for (const std::string& n : notes) fmt::print("  {}\n", n);
+  if (!r.ok()) return Fail(kCommand, r.status());
+  PrintReport(args, *r);
   return kExitOk;
 }
 

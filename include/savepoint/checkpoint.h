@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "savepoint/encryption.h"
 #include "savepoint/export.h"
 #include "savepoint/filesystem.h"
+#include "savepoint/format.h"
 #include "savepoint/io_options.h"
 #include "savepoint/state.h"
 #include "savepoint/status.h"
@@ -141,6 +143,15 @@ struct SAVEPOINT_API SaveOptions {
   // docs/PERFORMANCE.md). Default: none (not encrypted: the checkpoint is byte-identical to one
   // written by a build without encryption).
   EncryptionKey key = {};
+  // The container to write (savepoint/format.h): kNative (a checkpoint directory), kSafetensors
+  // (one safetensors file, SaveSafetensors) or kMindSporeCkpt (one MindSpore `.ckpt` file,
+  // SaveMindSporeCheckpoint); kAuto picks by the name (TargetFormat: ".safetensors", ".ckpt",
+  // else native). The file formats honour overwrite, create_parents, stats (bytes, seconds) and
+  // progress, and kMindSporeCkpt the key (AES-GCM); any other field changed from its default is
+  // InvalidArgument naming it, as is kDcp or kRecis (read only). Save alone honours it: an
+  // asynchronous save, SaveDistributed and the merges write native checkpoints (another value is
+  // InvalidArgument there). Default: kNative.
+  Format format = Format::kNative;
 };
 
 // Saves `state` as a checkpoint directory at `path` through `io`. Returns only after the
@@ -204,6 +215,15 @@ struct SAVEPOINT_API LoadOptions {
   // unencrypted checkpoint cannot stand in for an encrypted one. Encrypted checkpoints cannot be
   // mapped: mmap (and MapTensor) is InvalidArgument. Default: none.
   EncryptionKey key = {};
+  // The container to read (savepoint/format.h). kAuto: what DetectFormat finds at the path.
+  // Load and Verify read every format: safetensors files honour names, verify_checksums (a
+  // MindSpore crc_num), mmap, map_mode, stats and progress; `.ckpt` files names,
+  // verify_checksums (the CRC-32 trailer), key, stats and progress (they are read, not mapped);
+  // DCP and RecIS directories names and progress (loaded whole, then selected). A field a format
+  // cannot honour changed from its default is InvalidArgument naming it. LoadInto,
+  // CheckpointReader::Open, LoadDistributed and VerifyCheckpoint read native checkpoints only:
+  // there kAuto and kNative are accepted, anything else is InvalidArgument. Default: kAuto.
+  Format format = Format::kAuto;
 };
 
 // Loads a checkpoint into freshly allocated, aligned tensors (plus values and metadata).
@@ -298,9 +318,78 @@ class SAVEPOINT_API CheckpointReader {
 //  - there are no escapes ('\' is an ordinary character); matching is case-sensitive.
 SAVEPOINT_API bool MatchesName(const std::string& pattern, const std::string& name);
 
-// Convenience: CheckpointReader::Open(path, options, io)->Verify(options.stats).
+// Convenience: CheckpointReader::Open(path, options, io)->Verify(options.stats). Native only.
 SAVEPOINT_API Status VerifyCheckpoint(const std::string& path, const LoadOptions& options = {},
                                       const IoOptions& io = {});
+
+// Verifies the checkpoint at `path` in any format (LoadOptions::format; kAuto detects it) without
+// keeping its data: every checksum the format has is checked (native: every chunk's CRC32C and,
+// when encrypted, its tag; safetensors: MindSpore's crc_num when present; `.ckpt`: the CRC-32
+// trailer when present, and the blocks of an encrypted file), and every tensor is read and
+// decoded. A file with no checksum is read through, so a truncation or a malformed header is still
+// found. Honours verify_checksums, key, stats and progress; names, mmap and map_mode must be left
+// at their defaults. Errors name the file, the entry and the offset.
+SAVEPOINT_API Status Verify(const std::string& path, const LoadOptions& options = {},
+                            const IoOptions& io = {});
+
+// What one Convert reads and writes.
+struct SAVEPOINT_API ConvertOptions {
+  // The source's format; kAuto: DetectFormat. Default: kAuto.
+  Format from = Format::kAuto;
+  // The target's format (kNative, kSafetensors or kMindSporeCkpt); kAuto: TargetFormat (by the
+  // name). Default: kAuto.
+  Format to = Format::kAuto;
+  // Replace an existing target. Checked before the source is read (AlreadyExists otherwise).
+  // Default: false.
+  bool overwrite = false;
+  // The key of an encrypted source (a native checkpoint or a `.ckpt` file). Default: none.
+  EncryptionKey source_key = {};
+  // The cipher an encrypted `.ckpt` source must use; nullopt accepts the one the file names.
+  // Default: nullopt.
+  std::optional<Cipher> source_cipher = std::nullopt;
+  // Encrypt the target (native: AES-256-GCM per chunk; `.ckpt`: `cipher`). A safetensors target
+  // with a key is InvalidArgument. Default: none.
+  EncryptionKey key = {};
+  // The cipher of an encrypted `.ckpt` target; another value than the default for any other
+  // target, or without a key, is InvalidArgument. Default: kAesGcm.
+  Cipher cipher = Cipher::kAesGcm;
+  // File targets: write MindSpore's checksum (a `.ckpt` CRC-32 trailer, or the MindSpore
+  // safetensors flavour with its crc_num). A native target is InvalidArgument (it always carries
+  // CRC32C per chunk). Default: false.
+  bool file_checksum = false;
+  // A safetensors target in MindSpore's flavour (`__metadata__` "format": "ms"; implied by
+  // file_checksum). Any other target is InvalidArgument. Default: false.
+  bool mindspore_flavour = false;
+  // Optional progress of reading the source and of writing the target, each as
+  // SaveOptions::progress (the target's total is the tensor bytes read). Default: empty.
+  ProgressFn read_progress = nullptr;
+  ProgressFn write_progress = nullptr;
+};
+
+// What one Convert did.
+struct SAVEPOINT_API ConvertReport {
+  Format from = Format::kAuto;  // the formats used (never kAuto)
+  Format to = Format::kAuto;
+  size_t tensors = 0;  // dense tensors written
+  size_t values = 0;   // non-tensor values written
+  size_t tables = 0;   // sparse tables written (native targets only)
+  uint64_t table_rows = 0;
+  uint64_t tensor_bytes = 0;
+  // What the source held that was not converted, and what was read instead of the path given
+  // (a RecIS directory's newest listed checkpoint), one line each.
+  std::vector<std::string> notes;
+};
+
+// Converts the checkpoint at `src` into `dst`, any readable format into any writable one (native
+// <-> safetensors <-> `.ckpt`; DCP and RecIS directories as sources). Native and safetensors
+// sources are mapped where the file system allows it and written straight from the mapping. A
+// source with sparse tables converts only into a native checkpoint. The target is committed
+// atomically (nothing is at `dst` on error; an old target stays intact until the new one is
+// committed). Errors: InvalidArgument for an option the formats cannot honour (naming it), and
+// those of the reads and writes.
+SAVEPOINT_API Result<ConvertReport> Convert(const std::string& src, const std::string& dst,
+                                            const ConvertOptions& options = {},
+                                            const IoOptions& io = {});
 
 }  // namespace savepoint
 

@@ -27,6 +27,15 @@
 
 namespace savepoint {
 
+// A block cipher of the file formats that encrypt a whole file in blocks (MindSpore `.ckpt`,
+// savepoint/mindspore.h, where it is called MindSporeCipher and named by MindSporeCipherName).
+// savepoint's own checkpoints always use AES-256-GCM per chunk (docs/FORMAT.md §10).
+enum class Cipher {
+  kAesGcm,  // "AES-GCM": keys of 16, 24 or 32 bytes; authenticated
+  kAesCbc,  // "AES-CBC": keys of 16, 24 or 32 bytes; PKCS#7 padding; not authenticated
+  kSm4Cbc,  // "SM4-CBC": 16-byte keys; PKCS#7 padding; not authenticated
+};
+
 // Key bytes in memory that are wiped (OPENSSL_cleanse) when the last copy goes away. Move-only.
 class SAVEPOINT_API SecretBytes {
  public:

@@ -43,10 +43,11 @@
 
 #include "savepoint/async.h"
 #include "savepoint/checkpoint.h"
+#include "savepoint/encryption.h"
 #include "savepoint/export.h"
 #include "savepoint/filesystem.h"
+#include "savepoint/format.h"
 #include "savepoint/io_options.h"
-#include "savepoint/mindspore.h"
 #include "savepoint/sparse.h"
 #include "savepoint/state.h"
 #include "savepoint/stateful.h"
@@ -63,12 +64,11 @@ struct SAVEPOINT_API StepInfo {
   int64_t step_in_epoch = 0;  // 1-based step within the epoch (0 for a save before any step)
 };
 
-// How the manager stores each checkpoint (see ManagerOptions::format).
-enum class CheckpointFormat {
-  kNative,         // a checkpoint directory "{name}" (docs/FORMAT.md)
-  kSafetensors,    // a file "{name}.safetensors"
-  kMindSporeCkpt,  // a MindSpore file "{name}.ckpt", as MindSpore's ModelCheckpoint writes them
-};
+// How the manager stores each checkpoint (see ManagerOptions::format): Format::kNative (a
+// checkpoint directory "{name}"), kSafetensors (a file "{name}.safetensors") or kMindSporeCkpt (a
+// MindSpore file "{name}.ckpt", as MindSpore's ModelCheckpoint writes them). The other formats
+// are InvalidArgument. (The name of the manager's field type before savepoint/format.h existed.)
+using CheckpointFormat = Format;
 
 // Checkpoint names form series: "{prefix}-{epoch}_{step}" and, after MindSpore's conflict rule,
 // "{prefix}_{n}-{epoch}_{step}" (n one more than the largest n in use).
@@ -161,7 +161,7 @@ struct SAVEPOINT_API ManagerOptions {
   bool crc_check = false;
   // kMindSporeCkpt with a key: the cipher (enc_mode). Another value than the default without a
   // key, or with another format, is InvalidArgument. Default: AES-GCM.
-  MindSporeCipher enc_mode = MindSporeCipher::kAesGcm;
+  Cipher enc_mode = Cipher::kAesGcm;
   // Extra values stored in every checkpoint: "epoch_num" and/or "step_num" (others are
   // InvalidArgument), plus append_dict's key/value pairs (int, float, bool or string values;
   // valid entry names other than "epoch_num", "step_num"). Default: none.

@@ -52,11 +52,7 @@ inline constexpr char kMindSporeMetadataKey[] = "mindspore.ckpt";
 inline constexpr char kMindSporeSavepointMetadataEntry[] = "savepoint.metadata";
 
 // MindSpore's encryption modes (enc_mode / dec_mode).
-enum class MindSporeCipher {
-  kAesGcm,  // "AES-GCM": keys of 16, 24 or 32 bytes; authenticated
-  kAesCbc,  // "AES-CBC": keys of 16, 24 or 32 bytes; PKCS#7 padding; not authenticated
-  kSm4Cbc,  // "SM4-CBC": 16-byte keys; PKCS#7 padding; not authenticated
-};
+using MindSporeCipher = Cipher;  // savepoint/encryption.h
 
 // "AES-GCM", "AES-CBC", "SM4-CBC".
 SAVEPOINT_API std::string_view MindSporeCipherName(MindSporeCipher cipher);

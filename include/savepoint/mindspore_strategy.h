@@ -211,13 +211,15 @@ SAVEPOINT_API Result<std::vector<int64_t>> MindSporeRankListForTransform(
 
 // transform_checkpoint_by_rank: writes destination rank `rank`'s checkpoint to `dst_file` (which
 // must end in ".ckpt", or ".safetensors" for that output_format; for kNative it is the
-// checkpoint directory and must not end in either) from `src_files` (source rank ->
-// .ckpt file; at least the ranks MindSporeRankListForTransform lists).
+// checkpoint directory and must not end in either) from `src_files` (source rank -> `.ckpt` or
+// MindSpore safetensors file; at least the ranks MindSporeRankListForTransform lists).
 SAVEPOINT_API Status MindSporeTransformCheckpointByRank(
     int64_t rank, const std::map<int64_t, std::string>& src_files, const std::string& dst_file,
     const MindSporeTransformOptions& options, const IoOptions& io = {});
 
-// transform_checkpoints: `src_dir/rank_N/` (the lexicographically last `*.ckpt` in each) ->
+// transform_checkpoints: `src_dir/rank_N/` (the lexicographically last `*.ckpt` in each, or in a
+// directory without one the last `*.safetensors`: MindSpore saves distributed checkpoints in
+// either format, and both are read through the same store seam) ->
 // `dst_dir/rank_N/{prefix}N.ckpt` for every destination rank (or, when the source strategy covers
 // a strict subset of a single-stage destination's parameters, the source's stage s:
 // `dst_dir/rank_N/{prefix}N_part{s}.ckpt`); `.safetensors` instead of `.ckpt` for that
@@ -234,17 +236,17 @@ SAVEPOINT_API Status MindSporeTransformCheckpoints(const std::string& src_dir,
 //
 // The MindSpore counterparts of LoadDistributed (savepoint/distributed.h): the source is a
 // MindSpore distributed checkpoint, `src_dir/rank_N/` (the lexicographically last `*.ckpt` of
-// each, as transform_checkpoints takes it) saved under a source strategy file, and this rank's
-// tensors are read from it directly, in parallel on io.io_threads threads, reading only the byte
-// runs of the source slices that intersect each box (one holder per slice) and only the files
-// that hold them (plus, for the layout, the first rank of each source stage, whose entries name
-// the parameters). Nothing is written. MindSpore's .ckpt files carry at most one CRC over the
-// whole file, which a partial read cannot check: the bytes are taken as stored. Encrypted
-// source files are refused (Unimplemented). Every parameter the source strategy lists must be in
-// the files of its stage (NotFound naming the file and the parameter), every rank directory the
-// strategy implies must be there (InvalidArgument naming the strategy file and the rank), and
-// every slice must have the shape and dtype the strategy gives it (InvalidArgument naming the
-// file); all of it is checked before any tensor byte is read.
+// each, else the last `*.safetensors`, as transform_checkpoints takes it) saved under a source
+// strategy file, and this rank's tensors are read from it directly, in parallel on io.io_threads
+// threads, reading only the byte runs of the source slices that intersect each box (one holder
+// per slice) and only the files that hold them (plus, for the layout, the first rank of each source
+// stage, whose entries name the parameters). Nothing is written. MindSpore's .ckpt files carry at
+// most one CRC over the whole file, which a partial read cannot check: the bytes are taken as
+// stored. Encrypted source files are refused (Unimplemented). Every parameter the source strategy
+// lists must be in the files of its stage (NotFound naming the file and the parameter), every rank
+// directory the strategy implies must be there (InvalidArgument naming the strategy file and the
+// rank), and every slice must have the shape and dtype the strategy gives it (InvalidArgument
+// naming the file); all of it is checked before any tensor byte is read.
 
 struct SAVEPOINT_API MindSporeDistributedLoadOptions {
   // The source checkpoint's strategy file (protobuf or JSON; a merged pipeline file for a

@@ -111,6 +111,7 @@ Timeout TimeoutFromPython(double seconds);
 void BindErrors(nb::module_& m);
 void BindSave(nb::module_& m);
 void BindLoad(nb::module_& m);
+void BindConvert(nb::module_& m);
 void BindManager(nb::module_& m);
 void BindSafetensors(nb::module_& m);
 void BindMindSpore(nb::module_& m);

@@ -79,7 +79,7 @@ nb::dict Verify(const std::string& path, int io_threads, bool direct_io, nb::han
   Status s;
   {
     nb::gil_scoped_release release;
-    s = VerifyCheckpoint(path, o, {.io_threads = io_threads, .direct_io = direct_io});
+    s = savepoint::Verify(path, o, {.io_threads = io_threads, .direct_io = direct_io});
   }
   Check(s);
   return LoadStatsToPython(stats);

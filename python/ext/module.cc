@@ -173,6 +173,7 @@ NB_MODULE(_core, m) {
   BindErrors(m);
   BindSave(m);
   BindLoad(m);
+  BindConvert(m);
   BindManager(m);
   BindSafetensors(m);
   BindMindSpore(m);

@@ -41,6 +41,7 @@ from ._errors import (
     SavepointIOError,
     UnimplementedError,
 )
+from ._convert import convert
 from ._distributed import DistributedSaveFuture, PerRank
 from ._load import info, list_checkpoints, load, verify
 from ._manager import CheckpointManager, StepInfo
@@ -64,6 +65,7 @@ __all__ = [
     "AsyncCheckpointer",
     "AuthenticationError",
     "CheckpointManager",
+    "convert",
     "CorruptCheckpointError",
     "DeadlineExceededError",
     "DirtyTracker",

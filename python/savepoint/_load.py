@@ -174,7 +174,8 @@ def verify(path: StrPath, *, io_threads: int = 4, direct_io: bool = True,
            key: Key | None = None) -> Stats:
     """Re-reads every chunk and checks its CRC32C (and, for an encrypted checkpoint, which needs
     `key`, authenticates it); raises CorruptCheckpointError on a mismatch, AuthenticationError
-    on a wrong key or a modified chunk. Returns a dict of statistics."""
+    on a wrong key or a modified chunk. Returns a dict of statistics. A safetensors or MindSpore
+    .ckpt file is verified too: read through, its MindSpore CRC checked when it has one."""
     return _core.verify(os.fspath(path), io_threads=io_threads, direct_io=direct_io,
                         key=_keys.normalize(key, "savepoint.verify: key"))  # fmt: skip
 

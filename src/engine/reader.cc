@@ -58,6 +58,12 @@ TensorInfo Describe(const format::TensorRecord& t) {
 Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const LoadOptions& o,
                                                  const IoOptions& io) {
   SP_RETURN_IF_ERROR(ValidateIoOptions(io, fmt::format("open checkpoint {}", path)));
+  if (o.format != Format::kAuto && o.format != Format::kNative) {
+    return InvalidArgumentError(fmt::format(
+        "open checkpoint {}: LoadOptions.format = {}: this call reads native checkpoints (Load and "
+        "Verify read the other formats)",
+        path, FormatName(o.format)));
+  }
   std::unique_ptr<Reader> r(new Reader());
   r->fs_ = FileSystemOf(io);
   r->options_ = o;

@@ -87,6 +87,12 @@ codec::CodecOptions ResolveCodec(const Compression& c, DType dtype) {
 }  // namespace
 
 Status CheckSaveOptions(const SaveOptions& o) {
+  if (o.format != Format::kNative) {
+    return InvalidArgumentError(fmt::format(
+        "SaveOptions.format = {}: this call writes native checkpoints (Save alone writes the other "
+        "formats)",
+        FormatName(o.format)));
+  }
   if (o.chunk_bytes < format::kMinChunkBytes || o.chunk_bytes > format::kMaxChunkBytes ||
       o.chunk_bytes % kAlignment != 0) {
     return InvalidArgumentError(

@@ -11,6 +11,8 @@
 #include <optional>
 #include <utility>
 
+#include "savepoint/mindspore.h"
+
 namespace savepoint::manager {
 namespace {
 
@@ -104,8 +106,10 @@ Status ValidateFormat(const ManagerOptions& o) {
   const bool ckpt = o.format == CheckpointFormat::kMindSporeCkpt;
   if (o.format != CheckpointFormat::kNative && o.format != CheckpointFormat::kSafetensors &&
       !ckpt) {
-    return InvalidArgumentError(fmt::format("ManagerOptions.format = {}: not a CheckpointFormat",
-                                            static_cast<int>(o.format)));
+    return InvalidArgumentError(
+        fmt::format("ManagerOptions.format = {} ({}): the manager writes kNative, kSafetensors or "
+                    "kMindSporeCkpt",
+                    static_cast<int>(o.format), FormatName(o.format)));
   }
   if (o.format == CheckpointFormat::kNative && o.crc_check) {
     return InvalidArgumentError(

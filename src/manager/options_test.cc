@@ -102,6 +102,8 @@ TEST(ManagerOptions, EveryInvalidCombinationIsRejectedClearly) {
        StatusCode::kInvalidArgument, "async_options.slab_bytes: applies to native"},
       {"unknown format", [](auto& o) { o.format = static_cast<CheckpointFormat>(7); },
        StatusCode::kInvalidArgument, "format = 7"},
+      {"a read-only format", [](auto& o) { o.format = Format::kDcp; }, StatusCode::kInvalidArgument,
+       "format = 4 (dcp): the manager writes kNative"},
   };
   for (const BadCase& c : cases) {
     ManagerOptions o = Valid();

@@ -17,6 +17,7 @@
 #include "savepoint/mindspore.h"
 #include "savepoint/safetensors.h"
 #include "sparse/chain.h"
+#include "store/store.h"
 #include "util/parallel.h"
 
 namespace savepoint::manager {
@@ -223,22 +224,18 @@ class FileStore final : public Store {
     return e.name.substr(0, e.name.size() - ext_.size());
   }
 
+  // Through the store seam (src/store/): the file formats' writers and readers.
   Status Save(const State& state, const std::string& path, SaveStats* stats) override {
-    if (ckpt_) {
-      MindSporeSaveOptions so;
-      so.overwrite = true;
-      so.crc_check = o_.crc_check;
-      so.enc_key = o_.key;
-      so.enc_mode = o_.enc_mode;
-      so.stats = stats;
-      return SaveMindSporeCheckpoint(state, path, so, o_.io);
-    }
-    SafetensorsSaveOptions so;
-    so.overwrite = true;
-    so.stats = stats;
-    so.mindspore_format = o_.crc_check;
-    so.crc_check = o_.crc_check;
-    return SaveSafetensors(state, path, so, o_.io);
+    engine::WriteRequest r;
+    r.path = path;
+    r.options.overwrite = true;
+    r.options.key = o_.key;
+    r.options.stats = stats;
+    r.io = o_.io;
+    SP_ASSIGN_OR_RETURN(
+        std::unique_ptr<store::Writer> w,
+        store::OpenWrite(r, o_.format, {.file_checksum = o_.crc_check, .cipher = o_.enc_mode}));
+    return w->Commit(state);
   }
   Result<std::shared_ptr<InFlight>> SaveAsync(const State& state,
                                               const std::string& path) override {
@@ -253,17 +250,11 @@ class FileStore final : public Store {
     return std::shared_ptr<InFlight>(last_);
   }
   Result<State> Load(const std::string& path, LoadStats* stats) override {
-    if (ckpt_) {
-      MindSporeLoadOptions lo;
-      lo.crc_check = o_.checksum;
-      lo.dec_key = o_.key;
-      lo.stats = stats;
-      return LoadMindSporeCheckpoint(path, lo, o_.io);
-    }
-    SafetensorsLoadOptions lo;
-    lo.crc_check = o_.checksum;
-    lo.stats = stats;
-    return LoadSafetensors(path, lo, o_.io);
+    SP_ASSIGN_OR_RETURN(
+        std::unique_ptr<store::Reader> reader,
+        store::OpenRead(path, o_.format,
+                        {.verify_checksums = o_.checksum, .stats = stats, .key = o_.key}, o_.io));
+    return reader->Read({});
   }
   Result<std::unique_ptr<EntrySource>> OpenSource(const std::string& path) override {
     SP_ASSIGN_OR_RETURN(State state, Load(path, nullptr));

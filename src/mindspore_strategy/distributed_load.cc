@@ -37,7 +37,8 @@ Result<Source> OpenSource(const std::string& dir, const MindSporeDistributedLoad
   SP_ASSIGN_OR_RETURN(s.side, transform::ReadSide(options.src_strategy_file, fs));
   SP_ASSIGN_OR_RETURN(s.files, transform::SourceRankFiles(fs, dir));
   if (s.files.empty()) {
-    return NotFoundError(fmt::format("no rank_N directory with a .ckpt file in {}", dir));
+    return NotFoundError(
+        fmt::format("no rank_N directory with a .ckpt or .safetensors file in {}", dir));
   }
   SP_RETURN_IF_ERROR(transform::CheckSourceRanks(s.side, s.files, dir));
   return s;

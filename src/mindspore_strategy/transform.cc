@@ -1,12 +1,14 @@
 // MindSpore's transform_checkpoints / transform_checkpoint_by_rank / rank_list_for_transform
 // (savepoint/mindspore_strategy.h) on the plan of transform_plan.cc.
 //
-// Every source file is scanned once (headers only, bounded memory), every destination file is
-// planned and checked, and only then are files written. A destination file is built in memory:
-// each cut parameter is filled from the byte runs of the source slices that intersect its box
-// (one run per slice when the slices are row blocks; otherwise a run per row, or the span between
-// the first and last byte when there are more than 2^20 runs), each parameter copied whole is read
-// with the .ckpt reader; then the file is committed atomically. Destination files are built in
+// The sources are `.ckpt` or safetensors files (MindSpore writes both), read through the store
+// seam (src/store/). Every source file is scanned once (headers only, bounded memory), every
+// destination file is planned and checked, and only then are files written. A destination file is
+// built in memory: each cut parameter is filled from the byte runs of the source slices that
+// intersect its box (store::Reader::ReadRange: one run per slice when the slices are row blocks;
+// otherwise a run per row, or the span between the first and last byte when there are more than
+// 2^20 runs), each parameter copied whole is read with the store's Read; then the file is
+// committed atomically. Destination files are built in
 // parallel, as many at once as fit the memory budget, the io_threads shared out between them: a
 // file's parts are read, and its bytes written, on its share of threads.
 #include "mindspore_strategy/transform.h"
@@ -22,26 +24,23 @@
 
 #include "engine/box.h"
 #include "interop/ckpt_cipher.h"
-#include "interop/ckpt_entries.h"
 #include "io/commit.h"
 #include "savepoint/catalog.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/mindspore.h"
 #include "savepoint/safetensors.h"
+#include "store/store.h"
 #include "util/parallel.h"
 #include "util/progress.h"
 
 namespace savepoint {
 namespace transform {
 
-// One source rank's file, scanned.
+// One source rank's file, open (its header scanned).
 struct SourceFile {
   std::string path;
-  std::unique_ptr<RandomAccessFile> file;
-  interop::ckpt::Scan scan;
-  std::vector<interop::ckpt::Entry> entries;
+  std::unique_ptr<store::Reader> reader;
   std::vector<std::pair<std::string, std::optional<SourceParam>>> params;
-  std::map<std::string, size_t, std::less<>> index;  // name -> entries
 };
 
 }  // namespace transform
@@ -87,47 +86,28 @@ class RankMeter {
   uint64_t added_ = 0;  // guarded by mu_
 };
 
+// Unimplemented for an encrypted `.ckpt` file (the transform reads plain ones).
+Status CheckPlain(FileSystem* fs, const std::string& path) {
+  if (!path.ends_with(".ckpt")) return Status::OK();
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> file, fs->NewRandomAccessFile(path, {}));
+  SP_ASSIGN_OR_RETURN(std::optional<MindSporeCipher> mode, interop::ckpt::SniffCipher(*file));
+  if (!mode) return Status::OK();
+  return UnimplementedError(
+      fmt::format("MindSpore checkpoint {} is encrypted: transform reads plain files", path));
+}
+
 Result<std::unique_ptr<SourceFile>> OpenSource(FileSystem* fs, const std::string& path) {
+  SP_RETURN_IF_ERROR(CheckPlain(fs, path));
   auto f = std::make_unique<SourceFile>();
   f->path = path;
-  // Only the byte runs a destination needs are read: no read-ahead past them.
-  SP_ASSIGN_OR_RETURN(f->file, fs->NewRandomAccessFile(path, {.random_access = true}));
-  SP_ASSIGN_OR_RETURN(std::optional<MindSporeCipher> mode, interop::ckpt::SniffCipher(*f->file));
-  if (mode) {
-    return UnimplementedError(
-        fmt::format("MindSpore checkpoint {} is encrypted: transform reads plain files", path));
-  }
-  SP_ASSIGN_OR_RETURN(f->scan, interop::ckpt::ScanFile(*f->file, path));
-  SP_ASSIGN_OR_RETURN(f->entries, interop::ckpt::GroupEntries(f->scan, path));
-  for (size_t i = 0; i < f->entries.size(); ++i) {
-    const interop::ckpt::Entry& e = f->entries[i];
+  SP_ASSIGN_OR_RETURN(f->reader, store::OpenRead(path, Format::kAuto, {}, {.fs = fs}));
+  SP_ASSIGN_OR_RETURN(std::vector<store::Entry> entries, f->reader->Entries());
+  for (const store::Entry& e : entries) {
     std::optional<SourceParam> info;
-    if (!e.map && e.values[0]->tensors[0].type != "str") {
-      SP_ASSIGN_OR_RETURN(auto ds, interop::ckpt::TensorEntryInfo(e, path));
-      info = SourceParam{ds.first, ds.second, e.values[0]->tensors[0].type == "Int4"};
-    }
-    f->index.emplace(e.name, i);
+    if (e.tensor) info = SourceParam{e.dtype, e.shape, e.int4};
     f->params.emplace_back(e.name, std::move(info));
   }
   return f;
-}
-
-// Reads bytes [offset, offset + dst.size()) of an entry's content (its pieces concatenated).
-Status ReadContent(const SourceFile& f, const interop::ckpt::Entry& e, uint64_t offset,
-                   std::span<std::byte> dst) {
-  for (const interop::ckpt::ValueRecord* v : e.values) {
-    const interop::ckpt::TensorRecord& t = v->tensors[0];
-    if (dst.empty()) break;
-    if (offset >= t.content_bytes) {
-      offset -= t.content_bytes;
-      continue;
-    }
-    const uint64_t n = std::min<uint64_t>(dst.size(), t.content_bytes - offset);
-    SP_RETURN_IF_ERROR(f.file->ReadAt(t.content_offset + offset, dst.first(n)));
-    dst = dst.subspan(n);
-    offset = 0;
-  }
-  return Status::OK();
 }
 
 Shape Minus(const Shape& a, const Shape& b) {
@@ -138,7 +118,6 @@ Shape Minus(const Shape& a, const Shape& b) {
 
 // Fills the part `c` of destination tensor `t` (its bytes at `dst`) from its source slice.
 Status FillCopy(const SourceFile& f, const OutTensor& t, const Copy& c, std::byte* dst) {
-  const interop::ckpt::Entry& e = f.entries[f.index.at(t.name)];
   const size_t elem = DTypeSize(t.dtype);
   const Shape in_src = Minus(c.offsets, c.src_offsets), in_dst = Minus(c.offsets, t.offsets);
   const uint64_t need = NumElements(c.sizes).value() * elem;
@@ -152,7 +131,7 @@ Status FillCopy(const SourceFile& f, const OutTensor& t, const Copy& c, std::byt
   if (!whole || listed != need) buf.resize(listed), packed = buf.data();
   uint64_t at = 0;
   for (const auto& [b, en] : runs) {
-    SP_RETURN_IF_ERROR(ReadContent(f, e, b, {packed + at, en - b}));
+    SP_RETURN_IF_ERROR(f.reader->ReadRange(t.name, b, {packed + at, en - b}));
     at += en - b;
   }
   if (whole && listed == need) return Status::OK();
@@ -177,11 +156,13 @@ bool Selected(const std::vector<std::string>& names, const std::string& name) {
   return false;
 }
 
-// Adds the entries `names` (sorted) of source `f` to `out`, whole, with the .ckpt reader.
+// Adds the entries `names` (sorted) of source `f` to `out`, whole, with its store's Read.
 Status CopyWhole(const SourceFile& f, const std::vector<std::string>& names, const IoOptions& io,
                  RankMeter* meter, State* out) {
-  SP_ASSIGN_OR_RETURN(State loaded, LoadMindSporeCheckpoint(
-                                        f.path, {.names = names, .progress = meter->Deltas()}, io));
+  SP_ASSIGN_OR_RETURN(
+      std::unique_ptr<store::Reader> reader,
+      store::OpenRead(f.path, f.reader->format(), {.progress = meter->Deltas()}, io));
+  SP_ASSIGN_OR_RETURN(State loaded, reader->Read(names));
   auto in = std::make_shared<State>(std::move(loaded));
   for (const auto& [name, e] : in->entries()) {
     if (!Selected(names, name)) continue;
@@ -338,8 +319,9 @@ std::optional<int64_t> RankOfDir(const std::string& name) {
   return rank;
 }
 
-// The source file of every rank directory of `dir`: its lexicographically last "*.ckpt" (hidden
-// files, such as a writer's temporary files, are not candidates).
+// The source file of every rank directory of `dir`: its lexicographically last "*.ckpt", or, in a
+// directory without one, its lexicographically last "*.safetensors" (MindSpore writes either).
+// Hidden files, such as a writer's temporary files, are not candidates.
 Result<std::map<int64_t, std::string>> RankFiles(FileSystem* fs, const std::string& dir) {
   SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(dir));
   std::map<int64_t, std::string> out;
@@ -348,13 +330,13 @@ Result<std::map<int64_t, std::string>> RankFiles(FileSystem* fs, const std::stri
     if (!e.is_dir || !rank) continue;
     const std::string sub = dir + "/" + e.name;
     SP_ASSIGN_OR_RETURN(std::vector<FileInfo> files, fs->ListDir(sub));
-    std::string best;
+    std::string ckpt, st;
     for (const FileInfo& f : files) {
-      if (!f.is_dir && f.name.ends_with(".ckpt") && !f.name.starts_with(".")) {
-        best = std::max(best, f.name);
-      }
+      if (f.is_dir || f.name.starts_with(".")) continue;
+      if (f.name.ends_with(".ckpt")) ckpt = std::max(ckpt, f.name);
+      if (f.name.ends_with(".safetensors")) st = std::max(st, f.name);
     }
-    if (!best.empty()) out[*rank] = sub + "/" + best;
+    if (!ckpt.empty() || !st.empty()) out[*rank] = sub + "/" + (ckpt.empty() ? st : ckpt);
   }
   return out;
 }
@@ -527,8 +509,8 @@ Status MindSporeTransformCheckpoints(const std::string& src_dir, const std::stri
   SP_ASSIGN_OR_RETURN(Side dst, LoadSide(options.dst_strategy_file, fs));
   SP_ASSIGN_OR_RETURN(auto files, RankFiles(fs, src_dir));
   if (files.empty()) {
-    return NotFoundError(
-        fmt::format("transform: no rank_N directory with a .ckpt file in {}", src_dir));
+    return NotFoundError(fmt::format(
+        "transform: no rank_N directory with a .ckpt or .safetensors file in {}", src_dir));
   }
   if (!IsPartCase(src, dst)) SP_RETURN_IF_ERROR(CheckRankCount(src, files, src_dir));
   SP_ASSIGN_OR_RETURN(

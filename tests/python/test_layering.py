@@ -16,11 +16,11 @@ EXTENSIONS = {"_core"}  # compiled modules of the package (python/ext/*.cc): no 
 # The layers, top first. A module imports modules of its own layer or of lower ones, never of a
 # higher one (at module level or inside a function); with no circle, that is the whole rule.
 LAYERS = [
-    # What users import and call: savepoint.save / load / info / verify / CheckpointManager /
-    # save_safetensors ..., and the submodules savepoint.sparse / torch / mindspore / recis /
+    # What users import and call: savepoint.save / load / info / verify / convert /
+    # CheckpointManager / save_safetensors ..., and the submodules savepoint.sparse / torch / mindspore / recis /
     # failover.
-    ("entry points", {"__init__", "_save", "_load", "_manager", "_safetensors", "_recis_import",
-                      "failover", "mindspore", "recis", "sparse", "torch"}),
+    ("entry points", {"__init__", "_save", "_load", "_convert", "_manager", "_safetensors",
+                      "_recis_import", "failover", "mindspore", "recis", "sparse", "torch"}),
     # What save / load hand a process group or sparse tables to (PerRank, DistributedSaveFuture,
     # load_tables, compact, ... live here and are re-exported above).
     ("distributed and sparse I/O", {"_distributed", "_sparse_io"}),
