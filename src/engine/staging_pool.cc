@@ -1,27 +1,10 @@
 #include "engine/staging_pool.h"
 
 #include <spdlog/spdlog.h>
-#include <sys/mman.h>
 
 #include <cstring>
 
 namespace savepoint::engine {
-namespace {
-
-// Asks the kernel to back the 2 MiB-aligned part of [p, p + bytes) with transparent huge pages
-// (where THP is enabled, "madvise" mode included): the first copy into a new slab then takes one
-// page fault per 2 MiB instead of one per 4 KiB, which is what made a process's first
-// asynchronous save block longer than a copy into fresh memory. Best effort: an error (no THP)
-// leaves ordinary pages.
-void AdviseHugePages(std::byte* p, uint64_t bytes) {
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) & ~(kHuge - 1);
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(kHuge - 1);
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-}
-
-}  // namespace
-
 StagingPool::StagingPool(uint64_t slab_bytes, size_t max_slabs, SnapshotCopier* copier)
     : slab_bytes_(slab_bytes), max_slabs_(max_slabs < 2 ? 2 : max_slabs), copier_(copier) {}
 
@@ -31,7 +14,6 @@ StagingPool::~StagingPool() {
 
 Result<Tensor> StagingPool::NewSlab(bool touch, bool* prepared) {
   SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kU8, {int64_t(slab_bytes_)}));
-  AdviseHugePages(t.data(), slab_bytes_);
   if (touch) std::memset(t.data(), 0, slab_bytes_);  // the page faults happen here
   *prepared = false;
   if (copier_ == nullptr) return t;
