@@ -38,8 +38,19 @@ ALLOWED = {
     "api": {"util", "core", "io", "format", "engine", "distributed", "sparse", "store"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+[<"]([a-z_]+)/', re.M)
-# The folders that api/ itself builds on: they must not call api/'s public entry points.
-BELOW_API = ALLOWED["api"]
+# The folders that api/ builds on, directly or through another folder: they must not call api/'s
+# public entry points.
+def _below(folder):
+    seen, todo = set(), list(ALLOWED[folder])
+    while todo:
+        f = todo.pop()
+        if f not in seen:
+            seen.add(f)
+            todo.extend(ALLOWED.get(f, ()))
+    return seen
+
+
+BELOW_API = _below("api")
 # A public entry point defined in src/api/: "Status Save(" / "Result<State> Load(" at column 0.
 API_DEFINITION = re.compile(r"^(?:Status|Result<[\w:<>]+>)\s+(\w+)\(", re.M)
 
@@ -55,6 +66,15 @@ def strip_comments(text):
     return re.sub(r"//[^\n]*", "", text)
 
 
+def _is_call(text, pos):
+    """Whether the name at `pos` is called rather than declared: a declaration has a type (a word,
+    or a `>`, `&` or `*` ending one) right before the name, as in "Status Verify(" or
+    "Result<State> Load(" (a method of a class, say)."""
+    before = text[text.rfind("\n", 0, pos) + 1:pos]
+    m = re.search(r"(\w+|[>&*])\s+$", before)
+    return m is None or m.group(1) in ("return", "co_return", "throw", "else", "case")
+
+
 def upward_calls(src):
     """Calls of api/'s entry points from the folders below api/ (a file that defines a function of
     the same name, like codec's SIMD Load, is not calling the entry point)."""
@@ -68,9 +88,10 @@ def upward_calls(src):
             with open(path, encoding="utf-8") as fh:
                 text = strip_comments(fh.read())
             for name in sorted(names):
-                if re.search(rf"^[^\n;]*[\w>&*]\s+{name}\(", text, re.M):
-                    continue  # defines its own function of that name
-                if re.search(rf"(?<![\w.:>])(?:savepoint::)?{name}\(", text):
+                if re.search(rf"^\w[\w:<>,*& ]*[\w>&*]\s+{name}\(", text, re.M):
+                    continue  # defines its own free function of that name (at column 0)
+                if any(_is_call(text, m.start()) for m in
+                       re.finditer(rf"(?<![\w.:>])(?:savepoint::)?{name}\(", text)):
                     rel = os.path.relpath(path, os.path.dirname(src))
                     out.append(f"{rel} calls {name}(), an entry point of src/api/ above {folder}/")
     return out

@@ -154,7 +154,8 @@ struct SAVEPOINT_API SaveOptions {
   Format format = Format::kNative;
 };
 
-// Saves `state` as a checkpoint directory at `path` through `io`. Returns only after the
+// Saves `state` as a checkpoint directory at `path` through `io` (or, by SaveOptions::format, as a
+// safetensors or `.ckpt` file, committed the same way). Returns only after the
 // checkpoint is durable (data, manifest and directory entry synced). On error nothing is
 // committed, the temporary directory is removed (best effort), and any checkpoint previously at
 // `path` is intact.
@@ -171,7 +172,8 @@ struct SAVEPOINT_API LoadOptions {
   bool verify_checksums = true;
   // Map data files instead of reading them. Load returns tensors that are views into the mapping
   // (zero-copy) where possible; verification is lazy (see CheckpointReader::MapTensor).
-  // Details (Load only; LoadInto, Verify and CheckpointReader::ReadTensor ignore it):
+  // Details (Load only; LoadInto, VerifyCheckpoint and CheckpointReader::ReadTensor ignore it,
+  // Verify refuses it):
   //  - A tensor stored as one uncompressed shard becomes a borrowed TensorView straight into the
   //  read-only
   //    mapping of its data file; the returned State keeps the mappings alive (State::KeepAlive),
@@ -218,9 +220,10 @@ struct SAVEPOINT_API LoadOptions {
   // The container to read (savepoint/format.h). kAuto: what DetectFormat finds at the path.
   // Load and Verify read every format: safetensors files honour names, verify_checksums (a
   // MindSpore crc_num), mmap, map_mode, stats and progress; `.ckpt` files names,
-  // verify_checksums (the CRC-32 trailer), key, stats and progress (they are read, not mapped);
-  // DCP and RecIS directories names and progress (loaded whole, then selected). A field a format
-  // cannot honour changed from its default is InvalidArgument naming it. LoadInto,
+  // verify_checksums (the CRC-32 trailer), key, stats and progress; DCP and RecIS directories
+  // names, stats and progress (loaded whole, then selected). A field a format cannot honour
+  // changed from its default is InvalidArgument naming it (mmap for a format that is read, not
+  // mapped: `.ckpt`, DCP, RecIS; a key for one that is not encrypted). LoadInto,
   // CheckpointReader::Open, LoadDistributed and VerifyCheckpoint read native checkpoints only:
   // there kAuto and kNative are accepted, anything else is InvalidArgument. Default: kAuto.
   Format format = Format::kAuto;
@@ -327,8 +330,10 @@ SAVEPOINT_API Status VerifyCheckpoint(const std::string& path, const LoadOptions
 // when encrypted, its tag; safetensors: MindSpore's crc_num when present; `.ckpt`: the CRC-32
 // trailer when present, and the blocks of an encrypted file), and every tensor is read and
 // decoded. A file with no checksum is read through, so a truncation or a malformed header is still
-// found. Honours verify_checksums, key, stats and progress; names, mmap and map_mode must be left
-// at their defaults. Errors name the file, the entry and the offset.
+// found. Memory: native and safetensors data is read in bounded pieces; a `.ckpt` file (one CRC
+// over the whole file) is loaded whole and dropped. Honours verify_checksums, key, stats and
+// progress; names, mmap and map_mode must be left at their defaults. Errors name the file and,
+// where the format locates the damage, the entry and the offset.
 SAVEPOINT_API Status Verify(const std::string& path, const LoadOptions& options = {},
                             const IoOptions& io = {});
 

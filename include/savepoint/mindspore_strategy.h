@@ -30,6 +30,42 @@
 
 namespace savepoint {
 
+// --- MindSpore parallel layouts (the rule strategy files are read with). ---
+
+// A MindSpore-style parallel layout (see docs/DISTRIBUTED.md): the device matrix arranges ranks
+// row-major (last axis fastest); tensor_map[d] = k splits tensor dim d over device axis
+// (n - 1 - k), -1 leaves it whole. Ranks that agree on every axis used by the map hold the same
+// slice (a replica group). Strategy files (below) resolve to these layouts.
+struct SAVEPOINT_API MindSporeLayout {
+  std::vector<int64_t> dev_matrix;
+  std::vector<int32_t> tensor_map;
+  // Optimizer sharding: splits dim 0 of each slice further into this many pieces across its
+  // replica group: the member at position p in the sorted group takes piece p % opt_shard_size
+  // (MindSpore's rule: the group's fastest axes carry the pieces, so the size must be a product
+  // of its fastest axes times a divisor of the next one). 0 = none; -1 = the group's size.
+  // Default: 0.
+  int opt_shard_size = 0;
+  // Rank stride between replicas that hold distinct optimizer pieces (MindSpore's
+  // opt_weight_shard_step). Informational: the pieces follow from the device matrix. Default: 1.
+  int opt_shard_step = 1;
+  // Nested maps (one tensor dim over several device axes): when not empty, used instead of
+  // tensor_map; entry d lists the axes splitting dim d (numbered as in tensor_map), the most
+  // significant first ({-1}: whole). Default: empty.
+  std::vector<std::vector<int32_t>> nested_tensor_map = {};
+  // Uneven manual split of dim 0: slice i (the rank's index along dim 0) covers
+  // [dim0_offsets[i], dim0_offsets[i] + dim0_sizes[i]); dim0_offsets empty = running sums. One
+  // entry per slice, covering dim 0 exactly. Default: empty (split as below).
+  std::vector<int64_t> dim0_sizes = {};
+  std::vector<int64_t> dim0_offsets = {};
+  // Require every split count to divide its dim (MindSpore's rule) instead of allowing uneven
+  // parts. Default: false.
+  bool even = false;
+};
+
+// The box and replica group of `rank` (in [0, prod(dev_matrix))) under `layout`.
+SAVEPOINT_API Result<ShardSpec> ShardFromLayout(const Shape& global_shape,
+                                                const MindSporeLayout& layout, int rank);
+
 // --- The file, as written. ---
 
 // One parameter's layout (ParallelLayouts).

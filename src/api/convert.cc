@@ -42,10 +42,16 @@ Result<ConvertReport> Convert(const std::string& src, const std::string& dst,
                                        {.file_checksum = o.file_checksum,
                                         .mindspore_flavour = o.mindspore_flavour,
                                         .cipher = o.cipher}));
+  Format from = o.from;
+  if (from == Format::kAuto) {
+    SP_ASSIGN_OR_RETURN(from, DetectFormat(src, FileSystemOf(io)));
+  }
   // Native and safetensors sources are mapped where they can be (not when encrypted).
-  const LoadOptions read{.mmap = !o.source_key, .progress = o.read_progress, .key = o.source_key};
+  const LoadOptions read{.mmap = !o.source_key && store::CapabilitiesOf(from).map,
+                         .progress = o.read_progress,
+                         .key = o.source_key};
   SP_ASSIGN_OR_RETURN(std::unique_ptr<store::Reader> reader,
-                      store::OpenRead(src, o.from, read, io, o.source_cipher));
+                      store::OpenRead(src, from, read, io, o.source_cipher));
   report.from = reader->format();
   report.notes = reader->notes();
   SP_ASSIGN_OR_RETURN(State state, reader->Read({}));

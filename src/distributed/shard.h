@@ -3,7 +3,9 @@
 #ifndef SAVEPOINT_DISTRIBUTED_SHARD_H_
 #define SAVEPOINT_DISTRIBUTED_SHARD_H_
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "savepoint/distributed.h"
@@ -17,9 +19,15 @@ struct LocalShard {
   ShardSpec spec;
 };
 
-// The checks ShardFromLayout makes that do not depend on the rank (device matrix, tensor map,
-// uneven split, optimizer pieces), in O(dims): InvalidArgument saying what is wrong.
-Status CheckMindSporeLayout(const Shape& global_shape, const MindSporeLayout& layout);
+// Most ranks a layout may describe.
+inline constexpr int64_t kMaxWorld = int64_t{1} << 20;
+
+// Part i of n of a dim of S elements: [i * S / n, (i + 1) * S / n) as (offset, size), without
+// overflow (S <= 2^62, n <= 2^20).
+inline std::pair<int64_t, int64_t> SplitRange(int64_t s, int64_t n, int64_t i) {
+  auto at = [&](int64_t k) { return static_cast<int64_t>(static_cast<__int128>(k) * s / n); };
+  return {at(i), at(i + 1) - at(i)};
+}
 
 // InvalidArgument naming `name` unless offsets/sizes have the rank of `global` and the box
 // [offsets, offsets + sizes) lies within it.

@@ -1,8 +1,9 @@
-// LoadRecisCheckpoint, ImportRecis, IsRecisCheckpoint (savepoint/recis.h): a RecIS checkpoint
-// directory read into a State. The index is planned by recis_layout.cc; here every data file's
-// safetensors header is validated (InspectSafetensors), each table's shards are checked against
-// each other and read straight into one owned tensor per slot (shard after shard, blocks read in
-// parallel), ids are checked for duplicates across blocks, and what is not imported is listed.
+// LoadRecisCheckpoint, IsRecisCheckpoint (savepoint/recis.h; ImportRecis is in src/api/): a RecIS
+// checkpoint directory read into a State. The index is planned by recis_layout.cc; here every data
+// file's safetensors header is validated (InspectSafetensors), each table's shards are checked
+// against each other and read straight into one owned tensor per slot (shard after shard, blocks
+// read in parallel), ids are checked for duplicates across blocks, and what is not imported is
+// listed.
 #include "savepoint/recis.h"
 
 #include <fmt/format.h>
@@ -383,17 +384,6 @@ Result<RecisCheckpoint> LoadRecisCheckpoint(const std::string& dir, const RecisL
   SP_ASSIGN_OR_RETURN(std::string path, ResolveDir(dir, FileSystemOf(io), options.max_index_bytes));
   RecisReader reader(path, options, io);
   return reader.Read();
-}
-
-Result<RecisCheckpoint> ImportRecis(const std::string& src_dir, const std::string& dst,
-                                    const RecisImportOptions& options, const IoOptions& io) {
-  if (!options.save.base.empty()) {
-    return InvalidArgumentError("ImportRecis: save.base must be empty (an import is a full save)");
-  }
-  SP_ASSIGN_OR_RETURN(RecisCheckpoint ckpt, LoadRecisCheckpoint(src_dir, options.load, io));
-  SP_RETURN_IF_ERROR(SaveSparse(ckpt.state, dst, options.save, io));
-  ckpt.state = State();
-  return ckpt;
 }
 
 }  // namespace savepoint

@@ -73,6 +73,7 @@ class NativeStore final : public Store {
   Result<State> Load(const std::string& path, LoadStats* stats) override {
     LoadOptions lo = LoadOpts();
     lo.stats = stats;
+    lo.format = Format::kNative;  // (no detection: the manager knows what it wrote)
     return savepoint::Load(path, lo, o_.io);
   }
   Result<std::unique_ptr<EntrySource>> OpenSource(const std::string& path) override {

@@ -78,7 +78,7 @@ Status CheckParamLayout(const MindSporeParamLayout& l, int64_t devices, const st
   }
   MindSporeLayout ml = internal::ToMindSporeLayout(l);
   ml.even = false;
-  Status s = dist::CheckMindSporeLayout(fake, ml);
+  Status s = internal::CheckMindSporeLayout(fake, ml);
   return s.ok() ? s : Invalid(file, param, s.message());
 }
 

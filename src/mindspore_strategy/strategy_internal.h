@@ -7,9 +7,13 @@
 
 namespace savepoint::internal {
 
-// The layout of a strategy file as the distributed layer's MindSporeLayout (even splits required,
-// optimizer sharding only when both its size and step are set, as MindSpore reads them).
+// The layout of a strategy file as a MindSporeLayout (even splits required, optimizer sharding
+// only when both its size and step are set, as MindSpore reads them).
 MindSporeLayout ToMindSporeLayout(const MindSporeParamLayout& layout);
+
+// The checks ShardFromLayout makes that do not depend on the rank (device matrix, tensor map,
+// uneven split, optimizer pieces), in O(dims): InvalidArgument saying what is wrong (layout.cc).
+Status CheckMindSporeLayout(const Shape& global_shape, const MindSporeLayout& layout);
 
 }  // namespace savepoint::internal
 

@@ -9,6 +9,8 @@ namespace savepoint {
 
 Result<Format> DetectFormat(const std::string& path, FileSystem* fs) {
   if (fs == nullptr) fs = DefaultFileSystem();
+  // A committed native checkpoint costs one lookup (its MANIFEST), whatever else is there.
+  if (fs->Exists(JoinPath(path, "MANIFEST"))) return Format::kNative;
   Result<FileInfo> info = fs->Stat(path);
   if (!info.ok()) {
     if (info.status().code() == StatusCode::kNotFound) {
@@ -19,8 +21,6 @@ Result<Format> DetectFormat(const std::string& path, FileSystem* fs) {
   if (!info->is_dir) {
     return path.ends_with(".ckpt") ? Format::kMindSporeCkpt : Format::kSafetensors;
   }
-  // A committed native checkpoint costs one more lookup (its MANIFEST), whatever else is there.
-  if (fs->Exists(JoinPath(path, "MANIFEST"))) return Format::kNative;
   if (IsRecisCheckpoint(path, fs)) return Format::kRecis;
   if (fs->Exists(JoinPath(path, ".metadata"))) return Format::kDcp;
   return Format::kNative;  // (not a committed one: the native reader says so)

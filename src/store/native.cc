@@ -45,18 +45,28 @@ class NativeReader final : public Reader {
  public:
   NativeReader(std::string path, const LoadOptions& options, const IoOptions& io,
                std::unique_ptr<engine::Reader> reader)
-      : path_(std::move(path)), options_(options), io_(io), reader_(std::move(reader)) {
-    for (const TensorInfo& t : reader_->tensors()) {
-      entries_.push_back({.name = t.name, .tensor = true, .dtype = t.dtype, .shape = t.shape});
-    }
-    for (const auto& [name, e] : reader_->values().entries()) {
-      if (name != format::kSparseValueName) entries_.push_back({.name = name});
-    }
-  }
+      : path_(std::move(path)), options_(options), io_(io), reader_(std::move(reader)) {}
 
   Format format() const override { return Format::kNative; }
   const std::string& path() const override { return path_; }
-  Result<std::vector<Entry>> Entries() override { return entries_; }
+  // Listed from the manifest when asked (a Load never asks). The tensors of a checkpoint with
+  // sparse tables include the tables' stored form (docs/FORMAT.md §11).
+  Result<std::vector<Entry>> Entries() override {
+    std::unique_ptr<engine::Reader> owned;
+    const engine::Reader* r = reader_.get();
+    if (r == nullptr) {
+      SP_ASSIGN_OR_RETURN(owned, engine::Reader::OpenImpl(path_, options_, io_));
+      r = owned.get();
+    }
+    std::vector<Entry> out;
+    for (const TensorInfo& t : r->tensors()) {
+      out.push_back({.name = t.name, .tensor = true, .dtype = t.dtype, .shape = t.shape});
+    }
+    for (const auto& [name, e] : r->values().entries()) {
+      if (name != format::kSparseValueName) out.push_back({.name = name});
+    }
+    return out;
+  }
 
   Result<State> Read(const std::vector<std::string>& names) override {
     LoadOptions o = options_;
@@ -84,8 +94,7 @@ class NativeReader final : public Reader {
   const std::string path_;
   const LoadOptions options_;
   const IoOptions io_;
-  std::unique_ptr<engine::Reader> reader_;
-  std::vector<Entry> entries_;
+  std::unique_ptr<engine::Reader> reader_;  // until the first Read or Verify takes it
 };
 
 class NativeWriterImpl final : public Writer {

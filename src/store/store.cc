@@ -21,7 +21,11 @@ Status CheckRead(const std::string& path, Format f, const LoadOptions& o,
   const Capabilities c = CapabilitiesOf(f);
   if (o.key && !c.encrypt) return Refuse(what, "LoadOptions.key", f, "the format is not encrypted");
   if (cipher && f != Format::kMindSporeCkpt) {
-    return Refuse(what, "the cipher", f, "only .ckpt files name one");
+    return Refuse(what, "the source's cipher (ConvertOptions.source_cipher)", f,
+                  "only .ckpt files name one");
+  }
+  if (o.mmap && !c.map) {
+    return Refuse(what, "LoadOptions.mmap", f, "the format is read, not mapped");
   }
   if (!o.mmap && o.map_mode != MapMode::kReadOnly) {
     return InvalidArgumentError(fmt::format(
@@ -34,7 +38,7 @@ Status CheckWrite(const engine::WriteRequest& r, Format f, const FileOptions& fi
   const std::string what = fmt::format("write {}", r.path);
   const Capabilities c = CapabilitiesOf(f);
   if (!c.write) {
-    return Refuse(what, "the format", f,
+    return Refuse(what, "SaveOptions.format", f,
                   "read only: DCP and RecIS directories are sources (write DCP checkpoints "
                   "through savepoint.torch.StorageWriter)");
   }
@@ -53,12 +57,15 @@ Status CheckWrite(const engine::WriteRequest& r, Format f, const FileOptions& fi
     return Refuse(what, "mindspore_flavour", f, "a flavour of safetensors files");
   }
   if (file.cipher != Cipher::kAesGcm && (f != Format::kMindSporeCkpt || !r.options.key)) {
-    return Refuse(what, "the cipher", f, "only an encrypted .ckpt file chooses one");
+    return Refuse(what, "the cipher (ConvertOptions.cipher, ManagerOptions.enc_mode)", f,
+                  "only an encrypted .ckpt file chooses one");
   }
   if (f == Format::kNative) return Status::OK();
   const SaveOptions d;
   const char* field = r.options.chunk_bytes != d.chunk_bytes ? "SaveOptions.chunk_bytes"
-                      : r.options.compression.codec != d.compression.codec
+                      : r.options.compression.codec != d.compression.codec ||
+                              r.options.compression.shuffle != d.compression.shuffle ||
+                              r.options.compression.zstd_level != d.compression.zstd_level
                           ? "SaveOptions.compression"
                       : r.options.format_version != d.format_version ? "SaveOptions.format_version"
                                                                      : nullptr;
@@ -93,8 +100,16 @@ Status Reader::ReadRange(std::string_view name, uint64_t, std::span<std::byte>) 
 Result<std::unique_ptr<Reader>> OpenRead(const std::string& path, Format format,
                                          const LoadOptions& options, const IoOptions& io,
                                          std::optional<Cipher> cipher) {
+  SP_RETURN_IF_ERROR(ValidateIoOptions(io, fmt::format("read {}", path)));
   if (format == Format::kAuto) {
-    SP_ASSIGN_OR_RETURN(format, DetectFormat(path, FileSystemOf(io)));
+    Result<Format> found = DetectFormat(path, FileSystemOf(io));
+    // Nothing there, or a file system that cannot tell: the native reader says what is missing
+    // ("not a committed checkpoint (no MANIFEST)"), as Load always has.
+    const StatusCode code = found.status().code();
+    if (!found.ok() && code != StatusCode::kNotFound && code != StatusCode::kUnimplemented) {
+      return found.status();
+    }
+    format = found.ok() ? *found : Format::kNative;
   }
   SP_RETURN_IF_ERROR(CheckRead(path, format, options, cipher));
   LoadOptions o = options;

@@ -66,7 +66,8 @@ class Reader {
   virtual const std::string& path() const = 0;
   // Every entry, in the container's own order (file order where it has one, else name order).
   // Listed from headers, at open or on the first call (an encrypted `.ckpt` file is decrypted to
-  // list its entries, so that is left until asked).
+  // list its entries, so that is left until asked; it lists names only, every entry with
+  // tensor = false). A native checkpoint with sparse tables lists their stored tensors.
   virtual Result<std::vector<Entry>> Entries() = 0;
   // The entries `names` selects (LoadOptions::names: empty = all), with values and metadata, into
   // owned tensors or views the State keeps alive. NotFound for a name that matches nothing.
@@ -81,8 +82,10 @@ class Reader {
   virtual std::vector<std::string> notes() const { return {}; }
 };
 
-// Opens the container at `path`. `format` kAuto: DetectFormat. `options` are the read's (checked
-// here against the format: a field it cannot honour is InvalidArgument naming it); `cipher` is the
+// Opens the container at `path`. `format` kAuto: DetectFormat (nothing at the path, or a file
+// system that cannot tell: native, whose reader names what is missing). `options` are the read's
+// (checked here against the format: a key it cannot use, mmap where it cannot map, a cipher for
+// another format than `.ckpt` are InvalidArgument naming the field); `cipher` is the
 // cipher an encrypted `.ckpt` must use (nullopt: the one it names; another format: must be
 // nullopt). Opening reads headers and manifests only, except for DCP and RecIS directories, which
 // are read whole here.
@@ -110,7 +113,8 @@ class Writer {
 // Opens a write of `request` (its path, topology, options and io; request.state is ignored: the
 // State comes with Commit) in `format` (kAuto: TargetFormat). Checks the options against the
 // format (InvalidArgument naming a field it cannot honour; kDcp and kRecis are read-only) and,
-// without overwrite, that nothing is at the path yet (AlreadyExists), before anything is written.
+// without overwrite and for one process, that nothing is at the path yet (AlreadyExists), before
+// anything is written (a distributed write checks that in its own protocol).
 Result<std::unique_ptr<Writer>> OpenWrite(const engine::WriteRequest& request, Format format,
                                           const FileOptions& file = {});
 

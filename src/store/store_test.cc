@@ -189,6 +189,25 @@ TEST_F(StoreTest, TablesGoToNativeCheckpointsOnly) {
   EXPECT_EQ(back.FindTable("emb")->num_rows(), 3);
 }
 
+TEST_F(StoreTest, ReadsRefuseMappingFormatsThatAreReadNotMapped) {
+  SP_ASSERT_OK(Write(Portable(1), "/d/m.ckpt", Format::kAuto));
+  EXPECT_THAT(OpenRead("/d/m.ckpt", Format::kAuto, {.mmap = true}, Io()).status(),
+              StatusIs(StatusCode::kInvalidArgument, "LoadOptions.mmap"));
+  EXPECT_THAT(Write(Portable(1), "/d/s.ckpt", Format::kAuto,
+                    {.compression = {.shuffle = Compression::Shuffle::kOff}}),
+              StatusIs(StatusCode::kInvalidArgument, "SaveOptions.compression"));
+}
+
+TEST_F(StoreTest, LoadOfAMissingPathSaysWhatLoadAlwaysSaid) {
+  EXPECT_THAT(Load("/d/none", {}, Io()).status(),
+              StatusIs(StatusCode::kNotFound, "not a committed checkpoint (no MANIFEST)"));
+  EXPECT_THAT(Load("/d/none", {}, {.fs = &fs_, .io_threads = 0}).status(),
+              StatusIs(StatusCode::kInvalidArgument, "io_threads"));
+  SP_ASSERT_OK(fs_.CreateDir("/d/empty"));
+  EXPECT_THAT(Load("/d/empty", {}, Io()).status(),
+              StatusIs(StatusCode::kNotFound, "not a committed checkpoint"));
+}
+
 TEST_F(StoreTest, ReadsRefuseKeysOfUnencryptedFormats) {
   SP_ASSERT_OK(Write(Portable(1), "/d/m.safetensors", Format::kAuto));
   const EncryptionKey key = EncryptionKey::FromBytes(std::string(32, 'k'));

@@ -34,6 +34,22 @@ def st_source(tmp_path, layouts, strategy):
     return str(tmp_path / "st_src")
 
 
+# (source layout, destination layout or None for a merge, tag)
+CASES = [(DP2MP4, MP4, "optshard_to_4"), (MP8, DP2MP4, "flat_to_optshard"), (MP8, None, "merge")]
+
+
+def ms_reference(tmp_path, src_l, dst_l):
+    """What the tests share: the source layout's .ckpt rank files and strategy file (source), the
+    destination strategy file, the same model cut by MindSpore into safetensors rank files
+    (st_source), and MindSpore's safetensors transform of those into tmp_path/ms. Returns
+    (.ckpt source dir, source strategy, destination strategy, safetensors source dir)."""
+    src_dir, src = source(tmp_path, src_l)
+    dst = write_strategy(tmp_path / "dst.ckpt", dst_l) if dst_l else None
+    st_dir = st_source(tmp_path, src_l, src)
+    ms_transform(st_dir, str(tmp_path / "ms"), "dst", src, dst, output_format="safetensors")
+    return src_dir, src, dst, st_dir
+
+
 def st_file(path):
     """(header as ordered pairs, {tensor: bytes}) of a safetensors file; header padding aside."""
     b = open(path, "rb").read()
@@ -52,14 +68,9 @@ def st_tree(root):
             for d, _, fs in os.walk(root) for f in fs if f.endswith(".safetensors")}  # fmt: skip
 
 
-@pytest.mark.parametrize("src_l,dst_l,tag", [
-    (DP2MP4, MP4, "optshard_to_4"), (MP8, DP2MP4, "flat_to_optshard"), (MP8, None, "merge"),
-])  # fmt: skip
+@pytest.mark.parametrize("src_l,dst_l,tag", CASES)
 def test_safetensors_output_matches_mindspore(tmp_path, src_l, dst_l, tag):
-    src_dir, src = source(tmp_path, src_l)
-    dst = write_strategy(tmp_path / "dst.ckpt", dst_l) if dst_l else None
-    st_dir = st_source(tmp_path, src_l, src)
-    ms_transform(st_dir, str(tmp_path / "ms"), "dst", src, dst, output_format="safetensors")
+    src_dir, src, dst, _ = ms_reference(tmp_path, src_l, dst_l)
     spms.transform_checkpoints(src_dir, str(tmp_path / "sp"), "dst", src, dst,
                                output_format="safetensors")  # fmt: skip
     spms.transform_checkpoints(src_dir, str(tmp_path / "ck"), "dst", src, dst)
@@ -115,19 +126,14 @@ def st_as_ckpt(st_dir, out_dir):
     return str(out_dir)
 
 
-@pytest.mark.parametrize("src_l,dst_l,tag", [
-    (DP2MP4, MP4, "optshard_to_4"), (MP8, DP2MP4, "flat_to_optshard"), (MP8, None, "merge"),
-])  # fmt: skip
+@pytest.mark.parametrize("src_l,dst_l,tag", CASES)
 def test_safetensors_sources_transform_as_mindspore_does(tmp_path, src_l, dst_l, tag):
     """A distributed checkpoint MindSpore saved as safetensors files (rank_N/*.safetensors) is a
     source like a .ckpt one (before, savepoint refused it: "no rank_N directory with a .ckpt
     file"). The output equals MindSpore's transform of the same safetensors sources, header and
     bytes, except the bfloat16 tensors MindSpore mis-slices (see the module docstring); every
     tensor, bfloat16 included, equals savepoint's transform of the same tensors saved as .ckpt."""
-    _, src = source(tmp_path, src_l)
-    dst = write_strategy(tmp_path / "dst.ckpt", dst_l) if dst_l else None
-    st_dir = st_source(tmp_path, src_l, src)
-    ms_transform(st_dir, str(tmp_path / "ms"), "dst", src, dst, output_format="safetensors")
+    _, src, dst, st_dir = ms_reference(tmp_path, src_l, dst_l)
     spms.transform_checkpoints(st_dir, str(tmp_path / "sp"), "dst", src, dst,
                                output_format="safetensors")  # fmt: skip
     ck_dir = st_as_ckpt(st_dir, tmp_path / "st_as_ckpt")
