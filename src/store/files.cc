@@ -218,7 +218,7 @@ class CkptReader final : public Reader {
   const std::optional<Cipher> cipher_;
   mutable std::mutex mu_;
   mutable std::optional<Result<bool>> listed_;  // guarded by mu_
-  mutable std::atomic<bool> scanned_{false};     // the scan succeeded: scan_, entries_ are final
+  mutable std::atomic<bool> scanned_{false};    // the scan succeeded: scan_, entries_ are final
   mutable std::unique_ptr<CkptScan> scan_;
   mutable std::vector<Entry> entries_;
 };
