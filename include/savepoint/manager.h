@@ -322,6 +322,11 @@ class SAVEPOINT_API CheckpointManager {
   // Committed checkpoints, oldest first.
   virtual std::vector<CheckpointRecord> All() = 0;
   virtual std::vector<int64_t> AllSteps() = 0;
+  // Async native saves: allocates and pre-touches (and, with a CUDA copier, page-locks) staging
+  // memory for `bytes` (at most async_options.staging_bytes) in the background and returns at
+  // once, so that the first save of that size blocks for the copy alone (the registered objects'
+  // bytes are reserved already: prefault_staging). FailedPrecondition for other managers.
+  virtual Status Reserve(uint64_t bytes) = 0;
   // Waits for every save in flight; indexes them and applies retention. First error.
   virtual Status Wait() = 0;
   // Wait(), write the index, release the lock (and signal handlers). Further calls fail with

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "common.h"
+#include "savepoint/cuda.h"
 #include "tables.h"
 
 namespace savepoint::python {
@@ -56,9 +57,17 @@ constexpr std::string_view kOptionKeys =
     " best_metric best_mode async staging_bytes slab_bytes"
     " persist_during_snapshot allow_concurrent_saves snapshot_threads checksum format append_info"
     " append_dict exception_save shard_id num_shards gc_on_open io_threads direct_io key crc_check"
-    " enc_mode compact compaction_max_depth compaction_max_delta_ratio ";
+    " enc_mode compact compaction_max_depth compaction_max_delta_ratio cuda_device ";
 
-std::unique_ptr<CheckpointManager> Open(const nb::dict& kw) {
+// A manager and the CUDA snapshot copier its async Checkpointer uses (destroyed after it).
+struct PyManager {
+  std::unique_ptr<SnapshotCopier> copier;
+  std::unique_ptr<CheckpointManager> m;
+};
+
+// cuda_device >= 0: CUDA tensors of async saves are copied by CreateCudaSnapshotCopier into the
+// page-locked staging slabs (the Python side decides when; ManagerOptions checks the rest).
+std::unique_ptr<PyManager> Open(const nb::dict& kw) {
   for (auto [key, value] : kw) {
     std::string k = nb::cast<std::string>(key);
     if (k.find(' ') != std::string::npos || kOptionKeys.find(" " + k + " ") == kOptionKeys.npos) {
@@ -142,13 +151,20 @@ std::unique_ptr<CheckpointManager> Open(const nb::dict& kw) {
   if (kw.contains("directory_fn") && !kw["directory_fn"].is_none()) {
     o.directory_fn = NameCallable(kw["directory_fn"]);
   }
-  return Take(Unlocked([&] { return CheckpointManager::Open(std::move(o)); }));
+  auto out = std::make_unique<PyManager>();
+  if (kw.contains("cuda_device") && nb::cast<int>(kw["cuda_device"]) >= 0) {
+    out->copier = Take(CreateCudaSnapshotCopier({.device = nb::cast<int>(kw["cuda_device"])}));
+    o.async_options.copier = out->copier.get();
+  }
+  out->m = Take(Unlocked([&] { return CheckpointManager::Open(std::move(o)); }));
+  return out;
 }
 
-bool Save(CheckpointManager& m, int64_t step, const std::vector<TensorSpec>& tensors,
+bool Save(PyManager& pm, int64_t step, const std::vector<TensorSpec>& tensors,
           const std::vector<ValueSpec>& values, const std::string& metadata, const Metrics& metrics,
           bool force, std::optional<int64_t> epoch, std::optional<int64_t> step_in_epoch,
           bool epoch_end, bool breakpoint, const std::vector<TableSpec>& tables, bool delta) {
+  CheckpointManager& m = *pm.m;
   State state = MakeState(tensors, values, metadata);
   AddTables(state, tables, m.directory());
   SaveArgs args;
@@ -177,22 +193,23 @@ nb::dict RecordToPython(const CheckpointRecord& r) {
   return d;
 }
 
-nb::dict ResumeFrom(CheckpointManager& m, std::optional<int64_t> step, const std::string& name) {
+nb::dict ResumeFrom(PyManager& pm, std::optional<int64_t> step, const std::string& name) {
+  CheckpointManager& m = *pm.m;
   Which which;
   which.step = step;
   which.name = name;
   return RecordToPython(Take(Unlocked([&] { return m.ResumeFrom(which); })));
 }
 
-nb::list All(CheckpointManager& m) {
-  std::vector<CheckpointRecord> records = Unlocked([&] { return m.All(); });
+nb::list All(PyManager& pm) {
+  std::vector<CheckpointRecord> records = Unlocked([&] { return pm.m->All(); });
   nb::list out;
   for (const CheckpointRecord& r : records) out.append(RecordToPython(r));
   return out;
 }
 
-nb::list Stats(CheckpointManager& m) {
-  std::vector<CheckpointStats> stats = Unlocked([&] { return m.stats(); });
+nb::list Stats(PyManager& pm) {
+  std::vector<CheckpointStats> stats = Unlocked([&] { return pm.m->stats(); });
   nb::list out;
   for (const CheckpointStats& s : stats) {
     nb::dict d;
@@ -210,7 +227,7 @@ nb::list Stats(CheckpointManager& m) {
 }  // namespace
 
 void BindManager(nb::module_& m) {
-  nb::class_<CheckpointManager>(m, "CheckpointManager")
+  nb::class_<PyManager>(m, "CheckpointManager")
       .def_static("open", &Open, nb::arg("options"), "Opens a manager; options: a dict of fields.")
       .def("save", &Save, nb::arg("step"), nb::arg("tensors"), nb::arg("values"),
            nb::arg("metadata"), nb::arg("metrics"), nb::arg("force"), nb::arg("epoch").none(),
@@ -219,17 +236,21 @@ void BindManager(nb::module_& m) {
       .def("resume_from", &ResumeFrom, nb::arg("step").none(), nb::arg("name"),
            "Continue from the newest checkpoint at `step` (None: any) or named `name` (''); "
            "returns its record.")
-      .def("should_save", [](CheckpointManager& c,
-                             int64_t step) { return Unlocked([&] { return c.ShouldSave(step); }); })
-      .def("latest_step",
-           [](CheckpointManager& c) { return Unlocked([&] { return c.LatestStep(); }); })
-      .def("all_steps", [](CheckpointManager& c) { return Unlocked([&] { return c.AllSteps(); }); })
+      .def("should_save",
+           [](PyManager& p, int64_t step) {
+             return Unlocked([&] { return p.m->ShouldSave(step); });
+           })
+      .def("latest_step", [](PyManager& p) { return Unlocked([&] { return p.m->LatestStep(); }); })
+      .def("all_steps", [](PyManager& p) { return Unlocked([&] { return p.m->AllSteps(); }); })
       .def("all", &All)
       .def("stats", &Stats)
-      .def("wait", [](CheckpointManager& c) { Check(Unlocked([&] { return c.Wait(); })); })
-      .def("close", [](CheckpointManager& c) { Check(Unlocked([&] { return c.Close(); })); })
-      .def_prop_ro("directory", [](CheckpointManager& c) { return c.directory(); })
-      .def_prop_ro("prefix", [](CheckpointManager& c) { return c.prefix(); });
+      .def("reserve", [](PyManager& p,
+                         uint64_t bytes) { Check(Unlocked([&] { return p.m->Reserve(bytes); })); })
+      .def("wait", [](PyManager& p) { Check(Unlocked([&] { return p.m->Wait(); })); })
+      .def("close", [](PyManager& p) { Check(Unlocked([&] { return p.m->Close(); })); })
+      .def_prop_ro("directory", [](PyManager& p) { return p.m->directory(); })
+      .def_prop_ro("prefix", [](PyManager& p) { return p.m->prefix(); })
+      .def_prop_ro("device_copies", [](const PyManager& p) { return p.copier != nullptr; });
 }
 
 }  // namespace savepoint::python

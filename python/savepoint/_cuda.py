@@ -58,7 +58,7 @@ def is_staged_target(target):
 def _batches(staged, capacity):
     batch, used = [], 0
     for item in staged:
-        n = -(-item[2][3] // _ALIGN) * _ALIGN
+        n = -(-item[1].nbytes // _ALIGN) * _ALIGN
         if batch and used + n > capacity:
             yield batch
             batch, used = [], 0
@@ -68,16 +68,17 @@ def _batches(staged, capacity):
         yield batch
 
 
-def load_staged(path, staged, *, verify, io_threads, direct_io, key, batch_bytes=_BATCH_BYTES):
-    """Reads the tensors of `staged` [(entry name, target tensor, info entry)] into their targets
-    through two reusable host buffers (page-locked when CUDA is available) of max(batch_bytes,
-    largest tensor) bytes: batch k+1 is read while batch k is copied to the device on a side
-    stream. Host memory stays bounded by the two buffers, not the state."""
+def load_staged(staged, read, *, batch_bytes=_BATCH_BYTES):
+    """Fills the targets of `staged` [(entry name, target tensor, savepoint dtype name)] through
+    two reusable host buffers (page-locked when CUDA is available) of max(batch_bytes, largest
+    target) bytes: read(specs) fills a batch's specs [(name, host address, dtype, target shape)]
+    (the core's load_into or load_distributed), and batch k+1 is read while batch k is copied to
+    the device on a side stream. Host memory stays bounded by the two buffers, not the state."""
     if not staged:
         return
     torch = sys.modules["torch"]
     pin = torch.cuda.is_available()
-    largest = max(entry[3] for _, _, entry in staged)
+    largest = max(target.nbytes for _, target, _ in staged)
     capacity = max(batch_bytes, -(-largest // _ALIGN) * _ALIGN)
     buffers, pending = [], [[], []]  # pending: events of the copies out of each buffer
     streams = {}
@@ -91,13 +92,12 @@ def load_staged(path, staged, *, verify, io_threads, direct_io, key, batch_bytes
             for ev in pending[b]:
                 ev.synchronize()  # its previous batch has left for the device
             buf, specs, views, at = buffers[b], [], [], 0
-            for name, target, entry in batch:
-                n = entry[3]
+            for name, target, dtype in batch:
+                n = target.nbytes
                 views.append((target, buf[at : at + n].view(target.dtype).view(target.shape)))
-                specs.append((name, buf.data_ptr() + at, entry[1], list(entry[2])))
+                specs.append((name, buf.data_ptr() + at, dtype, list(target.shape)))
                 at += -(-n // _ALIGN) * _ALIGN
-            _core.load_into(path, specs, verify=verify, io_threads=io_threads,
-                            direct_io=direct_io, key=key)  # fmt: skip
+            read(specs)
             pending[b] = _copy_out(torch, views, streams)
     for s in streams.values():
         s.synchronize()

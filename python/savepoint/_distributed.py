@@ -297,10 +297,9 @@ def save(obj, path, process_group, *, async_, overwrite, metadata, io_threads, c
         key=_keys.normalize(key, "savepoint.save: key")))  # fmt: skip
     try:
         flattener = _ShardFlattener(group)
-        flattener.cuda_in_place = async_  # CUDA shards: snapshotted through pinned memory
+        flattener.cuda_in_place = True  # CUDA shards: copied through pinned memory (snapshot)
         job.flat, job.meta_json = _write.flatten(obj, metadata, flattener)
-        if async_:
-            job.snapshot()
+        job.snapshot(copy_host=async_)
     except Exception as e:  # noqa: BLE001 (told to the other ranks first, then raised)
         job.error = e
     if not async_:
@@ -316,13 +315,16 @@ class _SaveJob:
         self.verify_replicas = verify_replicas
         self.flat = self.meta_json = self.error = None
 
-    def snapshot(self):
-        """Copies the local tensors, so that training may change them while the save runs (CUDA
-        ones into page-locked host memory, _cuda.snapshot_to_pinned)."""
+    def snapshot(self, copy_host):
+        """Copies the CUDA tensors into page-locked host memory (_cuda.snapshot_to_pinned: the
+        host link's speed, where a pageable copy is tens of times slower) and, with `copy_host`
+        (async saves), the host ones too, so that training may change them while the save runs."""
         on_gpu = []
         for leaf in self.flat.tensors:
             if getattr(leaf.owner, "is_cuda", False):
                 on_gpu.append(leaf)
+            elif not copy_host:
+                continue
             elif hasattr(leaf.owner, "__array_interface__"):
                 leaf.owner = leaf.owner.copy()
                 leaf.address = leaf.owner.__array_interface__["data"][0]
@@ -618,6 +620,9 @@ def _agree_on_outcome(comm, error, timeout):
             raise cls(f"rank {r}: {message}") from (error if r == comm.rank else None)
 
 
+_STAGED = object()  # _bind_dtensor: the local tensor is filled through pinned buffers
+
+
 class _LoadPlan:
     """Which like targets receive which boxes, then one LoadDistributed call."""
 
@@ -626,6 +631,7 @@ class _LoadPlan:
         self.by_path = {p: node for p, node in _tree.tensor_leaves(info.tree)}
         self.loaded = {}  # entry name -> the like target
         self.specs, self.boxes, self.fixups = [], {}, []
+        self.staged = []  # (name, CUDA tensor, dtype): read through pinned buffers (_cuda.py)
 
     def bind(self, targets, strict):
         missing = [p for p in targets if p not in self.by_path]
@@ -650,6 +656,9 @@ class _LoadPlan:
         else:
             dest, direct = _read.check_like(target, entry, p)
             into = target
+        if dest is _STAGED or dest is None:  # a contiguous CUDA tensor (check_like: None)
+            self.staged.append((name, into, entry[1]))
+            return
         if not direct:
             self.fixups.append((into, dest))
         shape = self.boxes[name][2] if name in self.boxes else list(entry[2])
@@ -686,13 +695,20 @@ class _LoadPlan:
         local = _local(target)
         if local.device.type == "cpu" and local.is_contiguous():
             return local, True
+        if _cuda.is_staged_target(local):
+            return _STAGED, False
         return torch.empty(box[2], dtype=target.dtype), False
 
     def run(self, verify, io_threads, direct_io):
-        if self.specs:
-            _core.load_distributed(self.path, self.specs, self.boxes, verify=verify,
+        def read(specs):
+            boxes = {s[0]: self.boxes[s[0]] for s in specs if s[0] in self.boxes}
+            _core.load_distributed(self.path, specs, boxes, verify=verify,
                                    io_threads=io_threads, direct_io=direct_io,
                                    key=self.info.key)  # fmt: skip
+
+        if self.specs:
+            read(self.specs)
+        _cuda.load_staged(self.staged, read)  # CUDA targets: batches through pinned buffers
         torch, _ = _torch()
         with torch.no_grad():
             for target, tmp in self.fixups:

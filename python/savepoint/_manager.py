@@ -20,7 +20,7 @@ import signal
 import threading
 from typing import Any, Callable, Iterator, Mapping
 
-from . import _core, _errors, _keys, _load, _registry, _sparse_io, _tree, _write, mindspore
+from . import _core, _cuda, _errors, _keys, _load, _registry, _sparse_io, _tree, _write, mindspore
 from ._types import Categories, Key, Metrics, Names, Records, StrPath
 
 StepInfo = collections.namedtuple("StepInfo", "step epoch step_in_epoch")
@@ -55,6 +55,18 @@ def _compaction_options(compaction):
                                    ["max_depth", "max_delta_ratio"])  # fmt: skip
         out[f"compaction_{key}"] = _int(key, value) if key == "max_depth" else float(value)
     return out
+
+
+def _cuda_device(cuda, async_, format):
+    """The binding's cuda_device from CheckpointManager(cuda=...): -1 for no snapshot copier."""
+    staged = async_ and format == "native"
+    if cuda is True and not staged:
+        raise _errors.InvalidArgumentError(
+            f"CheckpointManager: cuda=True applies to async_=True with format='native' (here "
+            f"async_={bool(async_)}, format={format!r}): those saves copy CUDA tensors to the "
+            "host first")  # fmt: skip
+    device = _cuda.checkpointer_device(cuda)  # (checks the value)
+    return device if staged else -1
 
 
 def _unknown_keyword(what, key, valid):
@@ -243,7 +255,17 @@ class CheckpointManager:
         staging_bytes (None): async staging memory cap (default a quarter of RAM, <= 16 GiB).
         async_options (None): more of the async Checkpointer's options, a dict with keys
             staging_bytes, slab_bytes (8 MiB), persist_during_snapshot (False),
-            allow_concurrent_saves (False), snapshot_threads (0 = up to 4).
+            allow_concurrent_saves (False), snapshot_threads (0 = up to 4; up to 8 with cuda).
+        cuda (None): async native saves of CUDA tensors. True: copied straight from GPU memory
+            into the staging slabs, page-locked once (as AsyncCheckpointer(cuda=True): the host
+            link's speed, no pageable copy; save() first waits for the current stream of each
+            device holding such a tensor); FailedPreconditionError without a CUDA driver, and
+            InvalidArgumentError unless async_=True and format="native". False: CUDA tensors
+            are copied to host memory (tensor.to("cpu")) first. None: True where async_=True,
+            format="native", and torch is imported with CUDA available.
+        reserve (None): async native saves: a state (anything save() takes) or a byte count;
+            staging memory for that much is allocated (page-locked with cuda) in the background
+            right away, so that the first save blocks for the copy alone (see reserve()).
         checksum (True): verify every chunk's CRC32C when restoring.
         format ("native"): how each checkpoint is stored: "native" (a checkpoint directory
             "{name}"), "ckpt" (a MindSpore file "{name}.ckpt", as ModelCheckpoint names them, so
@@ -304,8 +326,8 @@ class CheckpointManager:
                  append_info: Names = (), append_dict: dict[str, Any] | None = None,
                  shard_id: int = 0, num_shards: int = 1, exception_save: bool = False,
                  handle_signals: bool = False, key: Key | None = None, crc_check: bool = False,
-                 enc_mode: str = "AES-GCM",
-                 compaction: dict[str, Any] | bool | None = None) -> None:  # fmt: skip
+                 enc_mode: str = "AES-GCM", compaction: dict[str, Any] | bool | None = None,
+                 cuda: bool | None = None, reserve: Any = None) -> None:  # fmt: skip
         self._m = None
         self._signals = None
         self._closed = False
@@ -336,6 +358,7 @@ class CheckpointManager:
             "num_shards": _int("num_shards", num_shards),
             "exception_save": bool(exception_save),
             **_compaction_options(compaction),
+            "cuda_device": _cuda_device(cuda, async_, format),
         }
         if directory is not None:
             options["directory"] = os.fspath(directory)
@@ -374,6 +397,12 @@ class CheckpointManager:
         self._epoch_first_step = 1
         self._last_saved_step = None
         self._m = _core.CheckpointManager.open(options)
+        if reserve is not None:
+            try:
+                self.reserve(reserve)
+            except BaseException:
+                self._m.close()
+                raise
         if handle_signals:
             try:
                 self._signals = _Signals(self)
@@ -450,6 +479,15 @@ class CheckpointManager:
         blocked_seconds)."""
         return self._m.stats()
 
+    def reserve(self, state_or_bytes: Any) -> None:
+        """Async native saves: allocates and pre-touches staging memory (page-locked with cuda)
+        for `state_or_bytes` (a state as save() takes it, or a byte count; at most the staging
+        cap) in a background thread and returns at once, so that a later save of that size
+        blocks only for the copy (without it the first save allocates: ~0.7 s per GiB with
+        cuda). FailedPreconditionError for other managers."""
+        self._check_open()
+        self._m.reserve(_write.staged_bytes(state_or_bytes))
+
     def wait(self) -> None:
         """Waits for every save in flight (indexes them, applies retention); raises the first
         error."""
@@ -469,6 +507,11 @@ class CheckpointManager:
     @property
     def directory(self) -> str:
         return self._m.directory
+
+    @property
+    def cuda(self) -> bool:
+        """Whether async saves copy CUDA tensors straight from GPU memory (see `cuda`)."""
+        return self._m.device_copies
 
     @property
     def prefix(self) -> str:
@@ -648,9 +691,10 @@ class CheckpointManager:
 
     def _save(self, step, state, metadata, metrics, force, epoch=None, step_in_epoch=None,
               epoch_end=False, breakpoint=False, delta=False):  # fmt: skip
-        flattener = _tree.Flattener()
-        flattener.allow_tables = True
-        flat, meta_json = _write.flatten(state, metadata, flattener)
+        flat, meta_json = self._flatten(state, metadata, self._m.device_copies and not delta)
+        if flat.tables and flat.cuda_devices:  # saved synchronously: from host memory
+            flat, meta_json = self._flatten(state, metadata, False)
+        _cuda.settle(flat.cuda_devices)
         specs = [t.spec() for t in flat.tensors]
         tables, owners = _sparse_io.table_specs(flat.tables)
         epoch = None if epoch is None else _int("epoch", epoch)
@@ -662,6 +706,15 @@ class CheckpointManager:
         if saved:
             self._last_saved_step = step
         return saved
+
+    @staticmethod
+    def _flatten(state, metadata, cuda_in_place):
+        """_write.flatten of a manager save: tables allowed; CUDA tensors passed by device address
+        (cuda_in_place: the async Checkpointer's copier takes them) or copied to the host."""
+        flattener = _tree.Flattener()
+        flattener.allow_tables = True
+        flattener.cuda_in_place = cuda_in_place
+        return _write.flatten(state, metadata, flattener)
 
     def _save_registered(self, step, metrics=None, force=False, epoch=None, step_in_epoch=None,
                          epoch_end=False, breakpoint=False):  # fmt: skip

@@ -92,7 +92,7 @@ class Plan:
     def __init__(self, path, info, targets, mmap, map_location=None):
         self.path, self.info, self.targets, self.mmap = path, info, targets, mmap
         self.map_location = map_location
-        self.staged = []  # (name, CUDA tensor, entry): read through pinned buffers (_cuda.py)
+        self.staged = []  # (name, CUDA tensor, dtype): read through pinned buffers (_cuda.py)
         self.loaded = {}  # entry name -> tensor or array
         self.like_names = set()  # entries filled into `like` tensors (returned as they are)
         self.fixups = []  # (like target, temporary): targets that cannot take the bytes directly
@@ -111,7 +111,7 @@ class Plan:
             self.loaded[name] = target
             self.like_names.add(name)
             if dest is None:
-                self.staged.append((name, target, entry))
+                self.staged.append((name, target, entry[1]))
                 return
             if not direct:
                 self.fixups.append((target, dest))
@@ -121,7 +121,7 @@ class Plan:
         else:
             dest = self.loaded[name] = allocate(node, entry, self.map_location)
             if getattr(dest, "is_cuda", False):
-                self.staged.append((name, dest, entry))
+                self.staged.append((name, dest, entry[1]))
                 return
         self.reads.append(spec(name, dest, entry))
 
@@ -143,8 +143,8 @@ class Plan:
         if self.reads:
             _core.load_into(self.path, self.reads, verify=verify, io_threads=io_threads,
                             direct_io=direct_io, key=key)  # fmt: skip
-        _cuda.load_staged(self.path, self.staged, verify=verify, io_threads=io_threads,
-                          direct_io=direct_io, key=key)  # fmt: skip
+        _cuda.load_staged(self.staged, lambda specs: _core.load_into(
+            self.path, specs, verify=verify, io_threads=io_threads, direct_io=direct_io, key=key))
         for target, tmp in self.fixups:
             copy_into(target, tmp)
 

@@ -210,16 +210,7 @@ class AsyncCheckpointer:
         it, or a byte count; at most staging_bytes) in a background thread and returns at once,
         so that a later save of that size blocks only for the copy. Raising the target is fine;
         memory already allocated stays until close()."""
-        if isinstance(state_or_bytes, int):
-            nbytes = state_or_bytes
-        else:
-            counter = _tree.Flattener()
-            counter.cuda_in_place = True  # counted where they are, not copied to the host
-            flat, _ = _write.flatten(state_or_bytes, None, counter)
-            nbytes = sum(int(getattr(t.owner, "nbytes", 0)) for t in flat.tensors)
-        if nbytes < 0:
-            raise _errors.InvalidArgumentError(f"reserve: {nbytes} bytes is negative")
-        self._checkpointer().reserve(nbytes)
+        self._checkpointer().reserve(_write.staged_bytes(state_or_bytes))
 
     def save(self, obj: Any, path: StrPath, *, overwrite: bool = False,
              metadata: dict[str, Any] | None = None, create_parents: bool = True,

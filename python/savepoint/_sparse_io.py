@@ -28,9 +28,10 @@ def has_tables(info):
     return _RESERVED in info.values
 
 
-def _view(x, what):
+def _view(x, what, devices):
     """(spec (name, address, dtype, shape), owner keeping the memory alive) of a CPU-contiguous
-    view of tensor or array `x` (device tensors and non-contiguous ones are copied)."""
+    view of tensor or array `x` (non-contiguous ones are copied; CUDA ones into page-locked host
+    memory without blocking, their devices added to `devices` to wait for)."""
     if _sparse._kind(x) == "np":
         a = np.ascontiguousarray(x)
         return (what, a.__array_interface__["data"][0], _dtypes.from_numpy_dtype(a.dtype),
@@ -40,26 +41,35 @@ def _view(x, what):
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
+    if t.is_cuda:
+        host = _dtypes.torch_module().empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)  # (after the work queued on the current stream)
+        devices.add(t.device)
+        t = host
     t = t.to("cpu").contiguous()
     return (what, t.data_ptr(), _dtypes.from_torch_dtype(t.dtype), list(t.shape)), t
 
 
 def table_specs(tables):
-    """([(name, ids, [slots], deleted or None)] for the core, owners to keep alive)."""
-    specs, owners = [], []
+    """([(name, ids, [slots], deleted or None)] for the core, owners to keep alive). Tables on a
+    GPU are copied into page-locked host memory (the host link's speed), all copies queued before
+    the one wait."""
+    specs, owners, devices = [], [], set()
     for name, t in tables:
-        ids, o = _view(t.ids, "ids")
+        ids, o = _view(t.ids, "ids", devices)
         owners.append(o)
         slots = []
         for slot, x in t.slots.items():
-            spec, o = _view(x, slot)
+            spec, o = _view(x, slot, devices)
             slots.append(spec)
             owners.append(o)
         deleted = None
         if t.deleted is not None:
-            deleted, o = _view(t.deleted, "deleted")
+            deleted, o = _view(t.deleted, "deleted", devices)
             owners.append(o)
         specs.append((name, ids, slots, deleted))
+    for d in devices:
+        _dtypes.torch_module().cuda.current_stream(d).synchronize()
     return specs, owners
 
 
@@ -151,11 +161,17 @@ def _dtype_of(d):
     return got
 
 
-def _to_table(ids, slots, as_torch):
+def _to_table(ids, slots, as_torch, device=None):
+    """A SparseTable of loaded ids and slots; torch ones moved to `device` (None: kept on the
+    CPU), e.g. the GPU the table was saved from."""
     _, dtype, shape, raw = ids
-    table_ids = _dtypes.view_bytes(raw, dtype, shape, as_torch)
-    table_slots = {n: _dtypes.view_bytes(r, d, s, as_torch) for n, d, s, r in slots}
-    return _sparse.SparseTable(table_ids, table_slots)
+
+    def tensor(raw, dtype, shape):
+        t = _dtypes.view_bytes(raw, dtype, shape, as_torch)
+        return t.to(device) if as_torch and device is not None else t
+
+    table_ids = tensor(raw, dtype, shape)
+    return _sparse.SparseTable(table_ids, {n: tensor(r, d, s) for n, d, s, r in slots})
 
 
 def _wants_torch(framework, node):
@@ -227,7 +243,13 @@ def load(path, info, *, framework, names, map_location, tables, slots, shard_id,
             t = tables_by_name.get(node["sparse"])
             if t is None:
                 return _tree.MISSING  # not selected by tables=
-            return _to_table(t[1], t[2], _wants_torch(framework, node))
+            device = map_location if map_location is not None else node.get("device")
+            try:
+                return _to_table(t[1], t[2], _wants_torch(framework, node), device)
+            except (RuntimeError, AssertionError) as e:
+                raise _errors.InvalidArgumentError(
+                    f"savepoint.load: cannot place table {node['sparse']!r} on device {device!r} "
+                    f"({e}); pass map_location='cpu' (or another available device)") from None
         name = _tree.leaf_name(node)
         if name not in selected:
             return _tree.MISSING

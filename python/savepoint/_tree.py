@@ -23,7 +23,8 @@ one of
     {"bigint": NAME}                         a Python int outside int64 (string value, decimal)
     {"none": null}                           None
     {"sparse": NAME, "pt": true}             a savepoint.SparseTable (or an object with
-                                             __savepoint_table__) stored as sparse table NAME
+                                             __savepoint_table__) stored as sparse table NAME;
+                                             "device" when its torch ids were not on the CPU
                                              (docs/FORMAT.md §11); "pt" (optional): its ids were
                                              a torch tensor
 and KEY is a JSON string (a str key) or {"int": N} (an int key, e.g. optimizer state ids).
@@ -206,6 +207,8 @@ class Flattener:
         node = {"sparse": name}
         if _sparse._kind(table.ids) == "pt":
             node["pt"] = True
+            if table.ids.device.type != "cpu":
+                node["device"] = str(table.ids.device)  # (loaded back there)
         return node
 
     def _name(self, path):

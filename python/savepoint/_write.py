@@ -19,6 +19,22 @@ _CODECS = ("none", "zstd", "lz4")
 _SHUFFLES = ("auto", "on", "off")
 
 
+def staged_bytes(state_or_bytes):
+    """The bytes reserve() stages for a state (its tensors, CUDA ones counted where they are) or
+    a byte count; InvalidArgumentError for a negative count."""
+    if isinstance(state_or_bytes, int):
+        nbytes = state_or_bytes
+    else:
+        counter = _tree.Flattener()
+        counter.allow_tables = True
+        counter.cuda_in_place = True  # counted where they are, not copied to the host
+        f, _ = flatten(state_or_bytes, None, counter)
+        nbytes = sum(int(getattr(t.owner, "nbytes", 0)) for t in f.tensors)
+    if nbytes < 0:
+        raise _errors.InvalidArgumentError(f"reserve: {nbytes} bytes is negative")
+    return nbytes
+
+
 def flatten(obj, metadata, flattener=None):
     """(flattener, metadata JSON) of `obj` walked by `flattener` (default a _tree.Flattener),
     with the recorded structure added to the user `metadata` under _tree.TREE_KEY."""

@@ -80,6 +80,18 @@ def _shard_spec(item, address=0, shape=None):
             list(td.size), list(td.chunk.offsets))
 
 
+def _to_host(t, devices):
+    """A contiguous host tensor with `t`'s values: `t` itself, or a copy. A CUDA tensor is copied
+    into page-locked memory (torch's caching host allocator) without blocking, on the current
+    stream of its device, which is added to `devices` to wait for."""
+    if t.is_cuda:
+        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        host.copy_(t, non_blocking=True)
+        devices.add(t.device)
+        return host
+    return t.to("cpu").contiguous()
+
+
 def _is_tensor(item):
     return item.type != _planner.WriteItemType.BYTE_IO
 
@@ -133,17 +145,19 @@ class StorageWriter(_storage.StorageWriter):
     def write_data(self, plan, planner):
         """Every rank: writes its data file; returns its report for the coordinator."""
         sd = plan.storage_data
-        tensors, specs, values, results = [], [], {}, []
+        tensors, specs, values, results, devices = [], [], {}, [], set()
         for item in plan.items:
             data = planner.resolve_data(item)
             if not _is_tensor(item):
                 values[item.index.fqn] = bytes(data.getbuffer())
                 results.append(_storage.WriteResult(item.index, len(values[item.index.fqn]), None))
                 continue
-            t = data.detach().to("cpu").contiguous()
+            t = _to_host(data.detach(), devices)
             tensors.append(t)  # alive until the write returns
             specs.append(_shard_spec(item, t.data_ptr() if t.numel() else 0, list(t.shape)))
             results.append(_storage.WriteResult(item.index, t.numel() * t.element_size(), None))
+        for d in devices:  # the copies into page-locked memory, queued above, are done
+            torch.cuda.current_stream(d).synchronize()
         mine = _core.DcpRankSave(self._rank, sd.world, self.chunk_bytes, self.io_threads,
                                  self.direct_io)
         if mine.plan(specs) != sd.plan:
@@ -287,9 +301,15 @@ class StorageReader(_storage.StorageReader):
                                self._dtypes[req.storage_index.fqn], list(req.lengths)))
             done.append((req, dest, tmp))
         _core.load_boxes(self.path, boxes, self.verify, self.io_threads, self.direct_io)
+        devices = set()
         for req, dest, tmp in done:
             if tmp is not dest:
-                dest.copy_(tmp)
+                dest.copy_(tmp, non_blocking=tmp.is_pinned())  # (to a GPU from pinned memory)
+                if dest.is_cuda:
+                    devices.add(dest.device)
+        for d in devices:
+            torch.cuda.current_stream(d).synchronize()
+        for req, dest, tmp in done:
             planner.commit_tensor(req, dest)
         fut = Future()
         fut.set_result(None)
@@ -301,7 +321,8 @@ class StorageReader(_storage.StorageReader):
         if (dest.device.type == "cpu" and dest.dtype == dtype and dest.is_contiguous()
                 and list(dest.shape) == list(req.lengths)):
             return dest
-        return torch.empty(tuple(req.lengths), dtype=dtype)
+        pin = dest.is_cuda and dest.dtype == dtype  # (a dtype change copies on the host first)
+        return torch.empty(tuple(req.lengths), dtype=dtype, pin_memory=pin)
 
     def _value_bytes(self, name):
         kind, value = self._values[name]

@@ -9,9 +9,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -19,6 +21,7 @@
 #include "io/mem_fs.h"
 #include "savepoint/async.h"
 #include "savepoint/checkpoint.h"
+#include "savepoint/manager.h"
 #include "testutil/testutil.h"
 
 namespace savepoint::device {
@@ -225,6 +228,61 @@ TEST_F(CudaCopierTest, UnpinnedSlabsWhenAskedOrWhenPinningFails) {
     EXPECT_TRUE(testing::StatesEqual(*back, state));
   }
   EXPECT_EQ(fake_.unpins.load(), 0) << "nothing to unpin";
+}
+
+// The checkpoint manager's async saves take the copier through ManagerOptions::async_options: the
+// device tensor goes through the pinned slabs by DMA, the host one by the built-in copy, and the
+// state restores; a file format refuses the copier rather than ignoring it.
+TEST_F(CudaCopierTest, ManagerAsyncSavesCopyDeviceMemoryIntoPinnedSlabs) {
+  const State state = MixedState(100000);
+  auto copier = Copier();
+  {
+    ManagerOptions o;
+    o.directory = "/run";
+    o.io = io_;
+    o.async = true;
+    o.async_options = {.staging_bytes = 8 * kSlab, .slab_bytes = kSlab, .copier = copier.get()};
+    auto m = CheckpointManager::Open(o).value();
+    SP_ASSERT_OK(m->Reserve(8 * kSlab));  // in the background: every slab allocated and pinned
+    for (int i = 0; i < 500 && fake_.pins.load() < 8; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(fake_.pins.load(), 8) << "Reserve page-locks the staging before the first save";
+    for (int64_t step : {1, 2}) {
+      Result<bool> saved = m->Save(step, state);
+      ASSERT_TRUE(saved.ok()) << saved.status().ToString();
+      EXPECT_TRUE(*saved);
+    }
+    SaveArgs delta;  // a delta is saved synchronously, from host memory: refused, not a crash
+    delta.delta = true;
+    EXPECT_THAT(m->Save(3, state, delta),
+                StatusIs(StatusCode::kInvalidArgument, "\"weights\" is in device memory"));
+    SP_ASSERT_OK(m->Wait());
+    EXPECT_EQ(fake_.dtoh_bytes.load(), 2 * 400000u) << "the device tensor, by DMA, each save";
+    EXPECT_GT(fake_.pins.load(), 0) << "slabs page-locked";
+    Result<State> back = m->Restore();
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->FindTensor("weights")->nbytes(), 400000u);
+    EXPECT_EQ(std::memcmp(back->FindTensor("weights")->data(), state.FindTensor("weights")->data(),
+                          400000),
+              0);
+    SP_ASSERT_OK(m->Close());
+    EXPECT_THAT(m->Reserve(1), StatusIs(StatusCode::kFailedPrecondition, "closed"));
+  }
+  EXPECT_EQ(fake_.unpins.load(), fake_.pins.load()) << "unpinned with the manager";
+  ManagerOptions sync;
+  sync.directory = "/sync";
+  sync.io = io_;
+  EXPECT_THAT(CheckpointManager::Open(sync).value()->Reserve(1),
+              StatusIs(StatusCode::kFailedPrecondition, "only async native saves stage"));
+  ManagerOptions file;
+  file.directory = "/files";
+  file.io = io_;
+  file.async = true;
+  file.format = Format::kSafetensors;
+  file.async_options.copier = copier.get();
+  EXPECT_THAT(CheckpointManager::Open(file).status(),
+              StatusIs(StatusCode::kInvalidArgument, "async_options.copier"));
 }
 
 TEST(CudaSnapshotCopier, SaysWhyWithoutCuda) {

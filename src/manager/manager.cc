@@ -159,7 +159,18 @@ class ManagerImpl final : public CheckpointManager {
   Status Register(const std::string& name, Stateful* object, Category category) override {
     std::lock_guard<std::mutex> lock(mu_);
     SP_RETURN_IF_ERROR(registry_.Add(name, object, category));
-    if (o_.async) ReserveStaging();
+    if (o_.async && o_.prefault_staging) ReserveStaging();
+    return Status::OK();
+  }
+  Status Reserve(uint64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    SP_RETURN_IF_ERROR(CheckOpen());
+    if (!o_.async || o_.format != Format::kNative) {
+      return FailedPreconditionError(fmt::format(
+          "checkpoint manager {}: Reserve: only async native saves stage (async = {}, format = {})",
+          dir_, o_.async, FormatName(o_.format)));
+    }
+    store_->Reserve(bytes);
     return Status::OK();
   }
   Status Unregister(const std::string& name) override {
@@ -382,6 +393,8 @@ class ManagerImpl final : public CheckpointManager {
           fmt::format("save {}: sparse tables ({}, ...) need ManagerOptions.format = kNative",
                       rec.path, state.tables().begin()->first));
     }
+    const bool staged = o_.async && state.tables().empty() && !args.delta;
+    if (!staged) SP_RETURN_IF_ERROR(CheckHostMemory(state, rec.path));
     SP_ASSIGN_OR_RETURN(State full, Decorate(state, rec));
     bases_->Forget(rec.name);  // the name may be replaced
     if (args.delta) {
@@ -400,6 +413,22 @@ class ManagerImpl final : public CheckpointManager {
     last_trigger_ = step;
     last_save_time_ = std::chrono::steady_clock::now();
     return true;
+  }
+
+  // A save that does not go through the async Checkpointer (synchronous, with tables or a delta)
+  // reads the tensors in place: none may be in memory only its copier can reach (device memory).
+  Status CheckHostMemory(const State& state, const std::string& path) const {
+    const SnapshotCopier* copier = o_.async_options.copier;
+    if (copier == nullptr) return Status::OK();
+    for (const auto& [name, e] : state.entries()) {
+      if (e.is_tensor() && e.tensor().nbytes() > 0 && copier->Copies(e.tensor().data())) {
+        return InvalidArgumentError(fmt::format(
+            "save {}: tensor \"{}\" is in device memory, but this save is synchronous (it holds "
+            "sparse tables or is a delta) and reads host memory only: copy it to the host first",
+            path, name));
+      }
+    }
+    return Status::OK();
   }
 
   // A delta on the newest committed checkpoint (SaveArgs::delta), then maybe its compaction.

@@ -94,7 +94,7 @@ class NativeStore final : public Store {
   }
   Status Delete(const std::string& path) override { return DeleteCheckpoint(path, fs_); }
   void Reserve(uint64_t bytes) override {
-    if (async_ && o_.prefault_staging) async_->Reserve(bytes);
+    if (async_) async_->Reserve(bytes);
   }
   Status SaveDelta(const State& state, const std::string& path, const std::string& base,
                    SaveStats* stats) override {

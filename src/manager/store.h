@@ -77,8 +77,8 @@ class Store {
   virtual Result<StoredFacts> Describe(const std::string& path, bool metadata) = 0;
   // Deletes a committed checkpoint crash-safely (with its sidecar files).
   virtual Status Delete(const std::string& path) = 0;
-  // Native async saves: reserve staging memory for this many bytes (ManagerOptions::
-  // prefault_staging); a no-op otherwise.
+  // Native async saves: reserve staging memory for this many bytes in the background; a no-op
+  // otherwise.
   virtual void Reserve(uint64_t bytes) = 0;
 
   // Sparse delta chains (kNative only; the other formats fail with InvalidArgument naming the

@@ -192,3 +192,25 @@ def test_async_options(tmp_path):
     # One thread count for synchronous and asynchronous saves: the manager's io_threads.
     with pytest.raises(TypeError, match="unknown keyword argument 'io_threads'"):
         savepoint.CheckpointManager(tmp_path / "y", async_=True, async_options={"io_threads": 1})
+
+
+def test_reserve_stages_before_the_first_save(tmp_path):
+    """reserve= / reserve(): staging allocated in the background before the first async save;
+    refused (not ignored) where nothing is staged."""
+    state = _state(1)
+    with savepoint.CheckpointManager(tmp_path / "a", async_=True, staging_bytes=8 << 20,
+                                     reserve=state) as mgr:  # fmt: skip
+        mgr.reserve(4 << 20)  # (raising the target is fine)
+        assert mgr.save(1, state)
+        mgr.wait()
+        assert mgr.restore()["step"] == 1
+        with pytest.raises(savepoint.InvalidArgumentError, match="-1 bytes is negative"):
+            mgr.reserve(-1)
+    with pytest.raises(savepoint.FailedPreconditionError, match="closed"):
+        mgr.reserve(1)
+    with savepoint.CheckpointManager(tmp_path / "b") as sync:
+        with pytest.raises(savepoint.FailedPreconditionError, match="only async native saves"):
+            sync.reserve(1 << 20)
+    with pytest.raises(savepoint.FailedPreconditionError, match="only async native saves"):
+        savepoint.CheckpointManager(tmp_path / "c", async_=True, format="safetensors", reserve=1)
+    savepoint.CheckpointManager(tmp_path / "c").close()  # the failed one released the directory
