@@ -153,7 +153,8 @@ std::unique_ptr<PyManager> Open(const nb::dict& kw) {
   }
   auto out = std::make_unique<PyManager>();
   if (kw.contains("cuda_device") && nb::cast<int>(kw["cuda_device"]) >= 0) {
-    out->copier = Take(CreateCudaSnapshotCopier({.device = nb::cast<int>(kw["cuda_device"])}));
+    const int device = nb::cast<int>(kw["cuda_device"]);
+    out->copier = Take(Unlocked([&] { return CreateCudaSnapshotCopier({.device = device}); }));
     o.async_options.copier = out->copier.get();
   }
   out->m = Take(Unlocked([&] { return CheckpointManager::Open(std::move(o)); }));

@@ -74,7 +74,9 @@ std::unique_ptr<PyCheckpointer> CreateCheckpointer(uint64_t staging_bytes, uint6
                                                    uint64_t prefault_bytes, int cuda_device,
                                                    int snapshot_threads) {
   auto out = std::make_unique<PyCheckpointer>();
-  if (cuda_device >= 0) out->copier = Take(CreateCudaSnapshotCopier({.device = cuda_device}));
+  if (cuda_device >= 0) {  // (opens the driver and a context: without the GIL)
+    out->copier = Take(Unlocked([&] { return CreateCudaSnapshotCopier({.device = cuda_device}); }));
+  }
   CheckpointerOptions o;
   o.staging_bytes = staging_bytes;
   o.prefault_bytes = prefault_bytes;

@@ -9,12 +9,11 @@ _BATCH_BYTES = 256 << 20  # one pinned buffer's size (or the largest tensor's, i
 _ALIGN = 4096  # each tensor's place in a buffer (the reads may use direct I/O)
 
 
-def checkpointer_device(cuda):
-    """AsyncCheckpointer(cuda=): the device whose context pins the staging slabs, or -1 for no
-    CUDA snapshot copier."""
-    if cuda not in (None, True, False):
-        raise _errors.InvalidArgumentError(
-            f"AsyncCheckpointer: cuda={cuda!r}: use None, True or False")
+def checkpointer_device(cuda, who="AsyncCheckpointer"):
+    """`who`(cuda=): the device whose context pins the staging slabs, or -1 for no CUDA snapshot
+    copier."""
+    if cuda is not None and type(cuda) is not bool:  # (not 0 or 1, which compare equal)
+        raise _errors.InvalidArgumentError(f"{who}: cuda={cuda!r}: use None, True or False")
     torch = sys.modules.get("torch")
     available = torch is not None and torch.cuda.is_available()
     if cuda is False or (cuda is None and not available):
@@ -56,41 +55,43 @@ def is_staged_target(target):
 
 
 def _batches(staged, capacity):
+    """(batch, bytes) of at most `capacity` bytes each; a larger tensor is a batch of its own."""
     batch, used = [], 0
     for item in staged:
         n = -(-item[1].nbytes // _ALIGN) * _ALIGN
         if batch and used + n > capacity:
-            yield batch
+            yield batch, used
             batch, used = [], 0
         batch.append(item)
         used += n
     if batch:
-        yield batch
+        yield batch, used
 
 
 def load_staged(staged, read, *, batch_bytes=_BATCH_BYTES):
     """Fills the targets of `staged` [(entry name, target tensor, savepoint dtype name)] through
-    two reusable host buffers (page-locked when CUDA is available) of max(batch_bytes, largest
-    target) bytes: read(specs) fills a batch's specs [(name, host address, dtype, target shape)]
-    (the core's load_into or load_distributed), and batch k+1 is read while batch k is copied to
-    the device on a side stream. Host memory stays bounded by the two buffers, not the state."""
+    two reusable host buffers (page-locked when CUDA is available) of batch_bytes each, or of the
+    tensor a buffer holds when larger (a buffer grows only for such a tensor): read(specs) fills a
+    batch's specs [(name, host address, dtype, target shape)] (the core's load_into or
+    load_distributed), and batch k+1 is read while batch k is copied to the device on a side
+    stream. Host memory stays bounded by the two buffers, not the state."""
     if not staged:
         return
     torch = sys.modules["torch"]
     pin = torch.cuda.is_available()
-    largest = max(target.nbytes for _, target, _ in staged)
-    capacity = max(batch_bytes, -(-largest // _ALIGN) * _ALIGN)
-    buffers, pending = [], [[], []]  # pending: events of the copies out of each buffer
+    buffers, pending = [None, None], [[], []]  # pending: events of the copies out of each buffer
     streams = {}
     with torch.no_grad():
-        for i, batch in enumerate(_batches(staged, capacity)):
+        for i, (batch, used) in enumerate(_batches(staged, batch_bytes)):
             b = i % 2
-            if len(buffers) <= b:
-                raw = torch.empty(capacity + _ALIGN, dtype=torch.uint8, pin_memory=pin)
-                off = -raw.data_ptr() % _ALIGN
-                buffers.append(raw[off : off + capacity])
             for ev in pending[b]:
                 ev.synchronize()  # its previous batch has left for the device
+            if buffers[b] is None or buffers[b].numel() < used:
+                size = max(batch_bytes, used)
+                buffers[b] = None  # (the old one goes back to torch's host cache first)
+                raw = torch.empty(size + _ALIGN, dtype=torch.uint8, pin_memory=pin)
+                off = -raw.data_ptr() % _ALIGN
+                buffers[b] = raw[off : off + size]
             buf, specs, views, at = buffers[b], [], [], 0
             for name, target, dtype in batch:
                 n = target.nbytes

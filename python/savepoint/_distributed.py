@@ -677,6 +677,9 @@ class _LoadPlan:
                     f"checkpoint {self.path}: the recorded structure names tensor {name!r}, "
                     "which is missing")  # fmt: skip
             dest = self.loaded[name] = _read.allocate(node, entry)
+            if getattr(dest, "is_cuda", False):  # (saved from a GPU: allocated there)
+                self.staged.append((name, dest, entry[1]))
+                continue
             self.specs.append(_read.spec(name, dest, entry)[:3] + (list(entry[2]),))
 
     def _bind_dtensor(self, p, target, entry):

@@ -60,12 +60,12 @@ def _compaction_options(compaction):
 def _cuda_device(cuda, async_, format):
     """The binding's cuda_device from CheckpointManager(cuda=...): -1 for no snapshot copier."""
     staged = async_ and format == "native"
+    device = _cuda.checkpointer_device(cuda, "CheckpointManager")  # (checks the value first)
     if cuda is True and not staged:
         raise _errors.InvalidArgumentError(
             f"CheckpointManager: cuda=True applies to async_=True with format='native' (here "
             f"async_={bool(async_)}, format={format!r}): those saves copy CUDA tensors to the "
             "host first")  # fmt: skip
-    device = _cuda.checkpointer_device(cuda)  # (checks the value)
     return device if staged else -1
 
 

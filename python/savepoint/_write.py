@@ -22,6 +22,8 @@ _SHUFFLES = ("auto", "on", "off")
 def staged_bytes(state_or_bytes):
     """The bytes reserve() stages for a state (its tensors, CUDA ones counted where they are) or
     a byte count; InvalidArgumentError for a negative count."""
+    if isinstance(state_or_bytes, bool):
+        raise TypeError(f"reserve: {state_or_bytes!r} is neither a state nor a byte count")
     if isinstance(state_or_bytes, int):
         nbytes = state_or_bytes
     else:

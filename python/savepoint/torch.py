@@ -304,7 +304,8 @@ class StorageReader(_storage.StorageReader):
         devices = set()
         for req, dest, tmp in done:
             if tmp is not dest:
-                dest.copy_(tmp, non_blocking=tmp.is_pinned())  # (to a GPU from pinned memory)
+                pinned = dest.is_cuda and tmp.dtype == dest.dtype  # (as _box_buffer pinned it)
+                dest.copy_(tmp, non_blocking=pinned)
                 if dest.is_cuda:
                     devices.add(dest.device)
         for d in devices:

@@ -24,6 +24,8 @@ def test_cuda_option_is_checked():
         assert ckpt.cuda == torch.cuda.is_available()  # default: where torch has CUDA
     with savepoint.AsyncCheckpointer(staging_bytes=4 << 20, slab_bytes=1 << 20, cuda=False) as c:
         assert not c.cuda
+    with pytest.raises(savepoint.InvalidArgumentError, match="cuda=0"):  # (0 == False, not bool)
+        savepoint.AsyncCheckpointer(cuda=0)
     with pytest.raises(savepoint.InvalidArgumentError, match="snapshot_threads = 65"):
         savepoint.AsyncCheckpointer(snapshot_threads=65)
 
@@ -147,8 +149,10 @@ def test_manager_cuda_option_is_checked(tmp_path):
         savepoint.CheckpointManager(tmp_path / "a", cuda=True)
     with pytest.raises(savepoint.InvalidArgumentError, match="format='safetensors'"):
         savepoint.CheckpointManager(tmp_path / "b", async_=True, format="safetensors", cuda=True)
-    with pytest.raises(savepoint.InvalidArgumentError, match="cuda='yes'"):
+    with pytest.raises(savepoint.InvalidArgumentError, match="CheckpointManager: cuda='yes'"):
         savepoint.CheckpointManager(tmp_path / "c", async_=True, cuda="yes")
+    with pytest.raises(savepoint.InvalidArgumentError, match="cuda=1"):  # not silently ignored
+        savepoint.CheckpointManager(tmp_path / "c", cuda=1)
     with savepoint.CheckpointManager(tmp_path / "d", async_=True, staging_bytes=4 << 20) as m:
         assert m.cuda == torch.cuda.is_available()  # default: where torch has CUDA
     with savepoint.CheckpointManager(tmp_path / "e") as m:
@@ -229,23 +233,26 @@ def _dtensors_on_gpu(rank, n, path):
     mesh = init_device_mesh("cuda", (n,))
     full = torch.arange(64 * 8, dtype=torch.float32).view(64, 8)
     rows = DTensor.from_local(full.chunk(n)[rank].cuda(), mesh, [Shard(0)], run_check=False)
-    state = {"w": rows, "b": torch.full((5,), 2.5, device="cuda"), "step": 3}
+    mine = savepoint.PerRank(torch.full((3,), float(rank), device="cuda"))
+    state = {"w": rows, "b": torch.full((5,), 2.5, device="cuda"), "step": 3, "mine": mine}
     savepoint.save(state, path, process_group=dist.group.WORLD)  # synchronous: pinned copies
     cols = DTensor.from_local(torch.zeros(64, 8 // n, device="cuda"), mesh, [Shard(1)],
                               run_check=False)  # fmt: skip
     like = {"w": cols, "b": torch.zeros(5, device="cuda")}
     got = savepoint.load(path, like=like, process_group=dist.group.WORLD)
     local = got["w"].to_local()
+    back = got["mine"]  # (no like target: allocated on its GPU, filled through the pinned buffers)
     return (local.is_cuda and torch.equal(local.cpu(), full.chunk(n, dim=1)[rank])
+            and back.is_cuda and torch.equal(back.cpu(), torch.full((3,), float(rank)))
             and got["b"] is like["b"] and torch.equal(like["b"].cpu(), torch.full((5,), 2.5))
             and got["step"] == 3)  # fmt: skip
 
 
 @needs_gpu
 def test_distributed_save_and_load_of_cuda_dtensors(tmp_path):
-    """Two gloo ranks sharing the GPU: a synchronous save of row-sharded CUDA DTensors (copied
-    through pinned memory), loaded into column-sharded CUDA DTensors and a CUDA tensor through
-    the pinned buffers."""
+    """Two gloo ranks sharing the GPU: a synchronous save of row-sharded CUDA DTensors and a
+    per-rank CUDA tensor (copied through pinned memory), loaded into column-sharded CUDA DTensors
+    and a CUDA tensor, and the per-rank part onto the GPU, through the pinned buffers."""
     from test_torch_distributed import run_ranks
 
     results = run_ranks(tmp_path, 2, _dtensors_on_gpu, str(tmp_path / "c"))

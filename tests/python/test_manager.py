@@ -206,6 +206,8 @@ def test_reserve_stages_before_the_first_save(tmp_path):
         assert mgr.restore()["step"] == 1
         with pytest.raises(savepoint.InvalidArgumentError, match="-1 bytes is negative"):
             mgr.reserve(-1)
+        with pytest.raises(TypeError, match="neither a state nor a byte count"):
+            mgr.reserve(True)
     with pytest.raises(savepoint.FailedPreconditionError, match="closed"):
         mgr.reserve(1)
     with savepoint.CheckpointManager(tmp_path / "b") as sync:
