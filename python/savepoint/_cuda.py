@@ -22,30 +22,34 @@ def checkpointer_device(cuda, who="AsyncCheckpointer"):
 
 
 def settle(devices):
-    """Waits for the work queued on the current stream of each device: the snapshot copies run on
-    streams of their own and must see the tensors' final bytes."""
+    """Waits for the work queued on the current stream of each device: the tensors' final bytes
+    before a copy on streams of its own (the snapshot copier), or the to_pinned copies queued
+    there before their host bytes are read."""
     if devices:
         torch = sys.modules["torch"]
         for d in devices:
             torch.cuda.current_stream(d).synchronize()
 
 
+def to_pinned(t, devices):
+    """A copy of CUDA tensor `t` in page-locked host memory (torch's caching host allocator:
+    reused by later copies), queued without blocking on the current stream of its device (so
+    after the work queued there); the device is added to `devices`, for settle(devices) before
+    the copy is read."""
+    host = sys.modules["torch"].empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    devices.add(t.device)
+    return host
+
+
 def snapshot_to_pinned(leaves):
-    """Replaces each leaf's CUDA tensor (leaf.owner) by a copy in page-locked host memory (torch's
-    caching host allocator: reused by later saves), copied without blocking on the current stream
-    of its device (so after the work queued there), then waits for those streams once."""
-    if not leaves:
-        return
-    torch = sys.modules["torch"]
+    """Replaces each leaf's CUDA tensor (leaf.owner) by its to_pinned copy, then waits for those
+    copies once."""
     devices = set()
     for leaf in leaves:
-        src = leaf.owner
-        host = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
-        host.copy_(src, non_blocking=True)
-        devices.add(src.device)
-        leaf.owner, leaf.address = host, host.data_ptr()
-    for d in devices:
-        torch.cuda.current_stream(d).synchronize()
+        leaf.owner = to_pinned(leaf.owner, devices)
+        leaf.address = leaf.owner.data_ptr()
+    settle(devices)
 
 
 def is_staged_target(target):

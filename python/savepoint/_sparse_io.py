@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from . import _core, _distributed, _dtypes, _errors, _keys, _read, _sparse, _torch_comm, _tree
-from . import _write
+from . import _core, _cuda, _distributed, _dtypes, _errors, _keys, _read, _sparse, _torch_comm
+from . import _tree, _write
 from ._types import Compression, Key, Names, Records, Stats, StrPath
 
 
@@ -41,12 +41,7 @@ def _view(x, what, devices):
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    if t.is_cuda:
-        host = _dtypes.torch_module().empty(t.shape, dtype=t.dtype, pin_memory=True)
-        host.copy_(t, non_blocking=True)  # (after the work queued on the current stream)
-        devices.add(t.device)
-        t = host
-    t = t.to("cpu").contiguous()
+    t = _cuda.to_pinned(t, devices) if t.is_cuda else t.to("cpu").contiguous()
     return (what, t.data_ptr(), _dtypes.from_torch_dtype(t.dtype), list(t.shape)), t
 
 
@@ -68,8 +63,7 @@ def table_specs(tables):
             deleted, o = _view(t.deleted, "deleted", devices)
             owners.append(o)
         specs.append((name, ids, slots, deleted))
-    for d in devices:
-        _dtypes.torch_module().cuda.current_stream(d).synchronize()
+    _cuda.settle(devices)
     return specs, owners
 
 

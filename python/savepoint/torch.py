@@ -35,7 +35,7 @@ from torch.distributed.checkpoint import planner as _planner
 from torch.distributed.checkpoint import storage as _storage
 from torch.futures import Future
 
-from . import _core, _dtypes, _errors
+from . import _core, _cuda, _dtypes, _errors
 
 __all__ = ["StorageReader", "StorageWriter"]
 
@@ -78,18 +78,6 @@ def _shard_spec(item, address=0, shape=None):
     sizes = list(td.chunk.sizes)
     return (fqn, address, _dtype_name(td.properties.dtype, fqn), sizes if shape is None else shape,
             list(td.size), list(td.chunk.offsets))
-
-
-def _to_host(t, devices):
-    """A contiguous host tensor with `t`'s values: `t` itself, or a copy. A CUDA tensor is copied
-    into page-locked memory (torch's caching host allocator) without blocking, on the current
-    stream of its device, which is added to `devices` to wait for."""
-    if t.is_cuda:
-        host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        host.copy_(t, non_blocking=True)
-        devices.add(t.device)
-        return host
-    return t.to("cpu").contiguous()
 
 
 def _is_tensor(item):
@@ -152,12 +140,12 @@ class StorageWriter(_storage.StorageWriter):
                 values[item.index.fqn] = bytes(data.getbuffer())
                 results.append(_storage.WriteResult(item.index, len(values[item.index.fqn]), None))
                 continue
-            t = _to_host(data.detach(), devices)
+            t = data.detach()
+            t = _cuda.to_pinned(t, devices) if t.is_cuda else t.to("cpu").contiguous()
             tensors.append(t)  # alive until the write returns
             specs.append(_shard_spec(item, t.data_ptr() if t.numel() else 0, list(t.shape)))
             results.append(_storage.WriteResult(item.index, t.numel() * t.element_size(), None))
-        for d in devices:  # the copies into page-locked memory, queued above, are done
-            torch.cuda.current_stream(d).synchronize()
+        _cuda.settle(devices)  # the copies into page-locked memory, queued above, are done
         mine = _core.DcpRankSave(self._rank, sd.world, self.chunk_bytes, self.io_threads,
                                  self.direct_io)
         if mine.plan(specs) != sd.plan:
@@ -308,8 +296,7 @@ class StorageReader(_storage.StorageReader):
                 dest.copy_(tmp, non_blocking=pinned)
                 if dest.is_cuda:
                     devices.add(dest.device)
-        for d in devices:
-            torch.cuda.current_stream(d).synchronize()
+        _cuda.settle(devices)
         for req, dest, tmp in done:
             planner.commit_tensor(req, dest)
         fut = Future()

@@ -438,3 +438,13 @@ def scenario_dtensors(tmp_path):
     for rows in _ok(run_ranks(tmp_path, 4, _dist_dtensor, path, False)):
         union.update(rows)
     assert union == _rows(_dist_table(ALL_IDS, 0))
+
+
+def test_table_placed_on_an_unavailable_device_is_a_clear_error(tmp_path):
+    """map_location naming a device this process lacks: InvalidArgumentError naming the table."""
+    torch = pytest.importorskip("torch")
+    table = savepoint.SparseTable(torch.arange(4), {"emb": torch.ones(4, 2)})
+    savepoint.save({"t": table}, tmp_path / "c")
+    bad = "cuda:63" if torch.cuda.is_available() else "cuda:0"
+    with pytest.raises(savepoint.InvalidArgumentError, match="cannot place table 't' on device"):
+        savepoint.load(tmp_path / "c", map_location=bad)
