@@ -130,9 +130,9 @@ Status Restore(const State& s, Trainer& t) {
 
 savepoint::ManagerOptions ManagerOpts(const std::string& dir) {
   savepoint::ManagerOptions o;
-  o.directory = dir;
-  o.keep_last_n = 3;
-  o.save_interval_steps = 0;
+  o.naming.directory = dir;
+  o.retention.keep_last_n = 3;
+  o.save_policy.interval_steps = 0;
   return o;
 }
 

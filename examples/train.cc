@@ -299,15 +299,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   savepoint::ManagerOptions o;
-  o.directory = a.dir;
-  o.prefix = "mlp";
-  o.save_interval_steps = a.save_every;
-  o.keep_last_n = a.keep;
-  o.async = a.async;
-  o.async_options.staging_bytes = 4 << 20;
-  o.async_options.slab_bytes = 1 << 20;
-  o.exception_save = true;
-  o.handle_signals = true;
+  o.naming.directory = a.dir;
+  o.naming.prefix = "mlp";
+  o.save_policy.interval_steps = a.save_every;
+  o.retention.keep_last_n = a.keep;
+  o.async_save.enabled = a.async;
+  o.async_save.checkpointer.staging_bytes = 4 << 20;
+  o.async_save.checkpointer.slab_bytes = 1 << 20;
+  o.breakpoints.on_exception = true;
+  o.breakpoints.handle_signals = true;
   auto opened = savepoint::CheckpointManager::Open(o);
   if (!opened.ok()) return Fail(opened.status());
   savepoint::CheckpointManager& m = **opened;

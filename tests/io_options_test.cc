@@ -99,7 +99,7 @@ TEST(IoOptions, ValidatedByEveryCallThatTakesThem) {
   ExpectBadThreads(MergeToSafetensors("/ck", "/merged-st", {}, bad), "MergeToSafetensors");
   ExpectBadThreads(LoadDistributedAlloc("/ck", {}, {}, bad).status(), "LoadDistributedAlloc");
   ManagerOptions mo;
-  mo.directory = "/mgr";
+  mo.naming.directory = "/mgr";
   mo.io = bad;
   ExpectBadThreads(ValidateManagerOptions(mo), "ValidateManagerOptions");
   for (const Status& s : testing::OnRanks(

@@ -57,7 +57,7 @@ std::vector<std::string> Lines(const std::string& path) {
 // Opens the directory, restores the latest checkpoint and checks it; returns its step (0: none).
 int64_t CheckLatest(const std::string& dir) {
   ManagerOptions o;
-  o.directory = dir;
+  o.naming.directory = dir;
   auto m = CheckpointManager::Open(o);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   if (!m.ok()) return -1;
@@ -152,7 +152,7 @@ TEST(JobRunnerCrash, KilledJobResumesAndKeepsCheckpointing) {
     EXPECT_EQ(Lines(JoinPath(tmp.path(), "job.log")),
               (std::vector<std::string>{"fresh", "resumed 2", "done 5 failed=0"}));
     ManagerOptions o;
-    o.directory = dir;
+    o.naming.directory = dir;
     auto m = CheckpointManager::Open(o);
     ASSERT_TRUE(m.ok()) << m.status().ToString();
     std::vector<std::string> names;

@@ -17,9 +17,9 @@ using testing::ToyTrainer;
 
 ManagerOptions FileOptions(FileSystem* fs, CheckpointFormat format) {
   ManagerOptions o;
-  o.directory = "/ckpt";
+  o.naming.directory = "/ckpt";
   o.io.fs = fs;
-  o.format = format;
+  o.storage.format = format;
   return o;
 }
 
@@ -81,11 +81,11 @@ void ExpectHolds(const State& got, const State& want) {
 TEST(ManagerFormat, MindSporeFilesAreNamedIndexedKeptAndRestored) {
   MemFileSystem fs;
   ManagerOptions o = FileOptions(&fs, CheckpointFormat::kMindSporeCkpt);
-  o.prefix = "net";
-  o.keep_last_n = 3;
-  o.steps_per_epoch = 4;
-  o.crc_check = true;
-  o.append_info = {"epoch_num", "step_num"};
+  o.naming.prefix = "net";
+  o.retention.keep_last_n = 3;
+  o.save_policy.steps_per_epoch = 4;
+  o.storage.file_checksum = true;
+  o.storage.append_info = {"epoch_num", "step_num"};
   auto m = OpenOrDie(o);
   ASSERT_NE(m, nullptr);
   for (int64_t step = 1; step <= 6; ++step) {
@@ -139,9 +139,9 @@ TEST(ManagerFormat, IndexesFilesMindSporeWroteByTheirNames) {
   std::string cut = fs.ReadFile("/ckpt/lenet-3_5.ckpt", 1 << 30).value();
   SP_ASSERT_OK(fs.WriteFileSynced("/ckpt/lenet-3_9.ckpt", cut.substr(0, cut.size() / 2)));
   ManagerOptions o = FileOptions(&fs, CheckpointFormat::kMindSporeCkpt);
-  o.prefix = "lenet";
-  o.steps_per_epoch = 10;
-  o.keep_all = true;
+  o.naming.prefix = "lenet";
+  o.save_policy.steps_per_epoch = 10;
+  o.retention.keep_all = true;
   auto m = OpenOrDie(o);
   ASSERT_NE(m, nullptr);
   EXPECT_EQ(m->AllSteps(), (std::vector<int64_t>{10, 20, 25}));
@@ -167,10 +167,10 @@ TEST(ManagerFormat, EncryptedMindSporeFilesWithEachCipher) {
     SCOPED_TRACE(std::string(MindSporeCipherName(cipher)));
     MemFileSystem fs;
     ManagerOptions o = FileOptions(&fs, CheckpointFormat::kMindSporeCkpt);
-    o.keep_last_n = 1;
-    o.key = key;
-    o.enc_mode = cipher;
-    o.crc_check = true;
+    o.retention.keep_last_n = 1;
+    o.storage.key = key;
+    o.storage.cipher = cipher;
+    o.storage.file_checksum = true;
     auto m = OpenOrDie(o);
     ASSERT_NE(m, nullptr);
     for (int64_t step = 1; step <= 2; ++step) SP_ASSERT_OK(m->Save(step, StateAt(step)).status());
@@ -187,7 +187,7 @@ TEST(ManagerFormat, EncryptedMindSporeFilesWithEachCipher) {
     ExpectHolds(*back, StateAt(2));
     SP_ASSERT_OK(m->Close());
     // Another key: listing works, restoring is refused.
-    o.key = EncryptionKey::FromBytes(std::string(16, 'x'));
+    o.storage.key = EncryptionKey::FromBytes(std::string(16, 'x'));
     auto other = OpenOrDie(o);
     ASSERT_NE(other, nullptr);
     EXPECT_EQ(other->AllSteps(), (std::vector<int64_t>{2}));
@@ -200,8 +200,8 @@ TEST(ManagerFormat, AsyncSavesSnapshotTheState) {
        {CheckpointFormat::kMindSporeCkpt, CheckpointFormat::kSafetensors}) {
     MemFileSystem fs;
     ManagerOptions o = FileOptions(&fs, format);
-    o.async = true;
-    o.keep_last_n = 2;
+    o.async_save.enabled = true;
+    o.retention.keep_last_n = 2;
     auto m = OpenOrDie(o);
     ASSERT_NE(m, nullptr);
     for (int64_t step = 1; step <= 4; ++step) {
@@ -233,8 +233,8 @@ TEST(ManagerFormat, AsyncSavesSnapshotTheState) {
 TEST(ManagerFormat, SafetensorsFilesInMindSporeFlavourWithCrc) {
   MemFileSystem fs;
   ManagerOptions o = FileOptions(&fs, CheckpointFormat::kSafetensors);
-  o.crc_check = true;
-  o.exception_save = true;
+  o.storage.file_checksum = true;
+  o.breakpoints.on_exception = true;
   auto m = OpenOrDie(o);
   ASSERT_NE(m, nullptr);
   SP_ASSERT_OK(m->Save(3, StateAt(3)).status());
@@ -253,8 +253,8 @@ TEST(ManagerFormat, RegisteredObjectsRoundTripThroughFiles) {
        {CheckpointFormat::kMindSporeCkpt, CheckpointFormat::kSafetensors}) {
     MemFileSystem fs;
     ManagerOptions o = FileOptions(&fs, format);
-    o.save_interval_steps = 5;
-    o.steps_per_epoch = ToyTrainer::kStepsPerEpoch;
+    o.save_policy.interval_steps = 5;
+    o.save_policy.steps_per_epoch = ToyTrainer::kStepsPerEpoch;
     ToyTrainer trainer(7);
     ToyTrainer at10(0);
     {
@@ -282,7 +282,7 @@ TEST(ManagerFormat, RegisteredObjectsRoundTripThroughFiles) {
 TEST(ManagerFormat, CorruptFileIsReportedOnRestore) {
   MemFileSystem fs;
   ManagerOptions o = FileOptions(&fs, CheckpointFormat::kMindSporeCkpt);
-  o.crc_check = true;
+  o.storage.file_checksum = true;
   auto m = OpenOrDie(o);
   ASSERT_NE(m, nullptr);
   SP_ASSERT_OK(m->Save(1, StateAt(1)).status());

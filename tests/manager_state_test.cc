@@ -18,9 +18,9 @@ using testing::ToyTrainer;
 
 ManagerOptions MemOptions(FileSystem* fs, std::string dir) {
   ManagerOptions o;
-  o.directory = std::move(dir);
+  o.naming.directory = std::move(dir);
   o.io.fs = fs;
-  o.keep_all = true;
+  o.retention.keep_all = true;
   return o;
 }
 
@@ -278,10 +278,10 @@ TEST(JobRunner, GivenEpochAndInaccessibleStorage) {
 // system refuses. Returns the last step whose save returned OK (0 if none).
 int64_t Session(FileSystem* fs) {
   ManagerOptions o;
-  o.directory = "/ckpt";
+  o.naming.directory = "/ckpt";
   o.io.fs = fs;
-  o.keep_last_n = 2;
-  o.keep_every_n_steps = 4;
+  o.retention.keep_last_n = 2;
+  o.retention.keep_every_n_steps = 4;
   auto m = CheckpointManager::Open(o);
   if (!m.ok()) return 0;
   int64_t last_ok = 0;

@@ -21,7 +21,7 @@ using testing::ToyTrainer;
 
 ManagerOptions MemOptions(FileSystem* fs, std::string dir = "/ckpt") {
   ManagerOptions o;
-  o.directory = std::move(dir);
+  o.naming.directory = std::move(dir);
   o.io.fs = fs;
   return o;
 }
@@ -55,7 +55,7 @@ ToyTrainer TrainedTo(int64_t step) {
 TEST(Manager, SaveRestoreLatestAll) {
   MemFileSystem fs;
   ManagerOptions o = MemOptions(&fs);
-  o.keep_last_n = 3;
+  o.retention.keep_last_n = 3;
   auto m = OpenOrDie(o);
   ASSERT_NE(m, nullptr);
   EXPECT_FALSE(m->LatestStep().has_value());
@@ -89,8 +89,8 @@ TEST(Manager, SaveRestoreLatestAll) {
 TEST(Manager, StepIntervalForceAndNeverTwice) {
   MemFileSystem fs;
   ManagerOptions o = MemOptions(&fs);
-  o.save_interval_steps = 10;
-  o.steps_per_epoch = 8;
+  o.save_policy.interval_steps = 10;
+  o.save_policy.steps_per_epoch = 8;
   auto m = OpenOrDie(o);
   State s = StateAt(1);
   EXPECT_FALSE(*m->Save(5, s));
@@ -108,8 +108,8 @@ TEST(Manager, StepIntervalForceAndNeverTwice) {
 TEST(Manager, SecondsInterval) {
   MemFileSystem fs;
   ManagerOptions o = MemOptions(&fs);
-  o.save_interval_steps = 0;
-  o.save_interval_seconds = 1;
+  o.save_policy.interval_steps = 0;
+  o.save_policy.interval_seconds = 1;
   auto m = OpenOrDie(o);
   EXPECT_FALSE(*m->Save(1, StateAt(1)));
   std::this_thread::sleep_for(std::chrono::milliseconds(1100));
@@ -120,11 +120,11 @@ TEST(Manager, SecondsInterval) {
 TEST(Manager, AsyncSavesAreIndexedWhenCommitted) {
   testing::TempDir dir;
   ManagerOptions o;
-  o.directory = dir.Sub("ckpt");
-  o.async = true;
-  o.keep_last_n = 2;
-  o.async_options.staging_bytes = 1 << 20;
-  o.async_options.slab_bytes = 64 << 10;
+  o.naming.directory = dir.Sub("ckpt");
+  o.async_save.enabled = true;
+  o.retention.keep_last_n = 2;
+  o.async_save.checkpointer.staging_bytes = 1 << 20;
+  o.async_save.checkpointer.slab_bytes = 64 << 10;
   auto m = OpenOrDie(o);
   for (int64_t step = 1; step <= 4; ++step) ASSERT_TRUE(*m->Save(step, StateAt(step)));
   SP_ASSERT_OK(m->Wait());
@@ -184,7 +184,7 @@ TEST(Manager, ResumedRunContinuesItsSeries) {
     EXPECT_EQ(m->Latest()->name, fmt::format("ckpt-1_{}", next));
   }
   ManagerOptions o = MemOptions(&fs);
-  o.series = SeriesRule::kNew;
+  o.naming.series = SeriesRule::kNew;
   auto m = OpenOrDie(o);
   ASSERT_TRUE(m->ResumeFrom(Which::Name("ckpt-1_4")).ok());
   EXPECT_EQ(m->global_step(), 4);
@@ -219,7 +219,7 @@ TEST(Manager, IndexIsRebuiltWhenMissingOrStale) {
 TEST(Manager, SecondManagerOnTheSameDirectoryIsRefused) {
   testing::TempDir dir;
   ManagerOptions o;
-  o.directory = dir.Sub("ckpt");
+  o.naming.directory = dir.Sub("ckpt");
   auto first = OpenOrDie(o);
   Result<std::unique_ptr<CheckpointManager>> second = CheckpointManager::Open(o);
   ASSERT_FALSE(second.ok());
@@ -240,11 +240,13 @@ TEST(Manager, SecondManagerOnTheSameDirectoryIsRefused) {
 TEST(Manager, AppendInfoAndCallables) {
   MemFileSystem fs;
   ManagerOptions o = MemOptions(&fs);
-  o.append_info = {"epoch_num", "step_num"};
-  o.append_dict = {{"learning_rate", Value(0.5)}, {"run", Value("demo")}};
-  o.prefix_fn = [](const StepInfo& i) { return fmt::format("model_at_{}", i.step); };
-  o.directory_fn = [](const StepInfo& i) { return fmt::format("/runs/part{}", i.step / 10); };
-  o.keep_all = true;
+  o.storage.append_info = {"epoch_num", "step_num"};
+  o.storage.append_dict = {{"learning_rate", Value(0.5)}, {"run", Value("demo")}};
+  o.naming.prefix_fn = [](const StepInfo& i) { return fmt::format("model_at_{}", i.step); };
+  o.naming.directory_fn = [](const StepInfo& i) {
+    return fmt::format("/runs/part{}", i.step / 10);
+  };
+  o.retention.keep_all = true;
   auto m = OpenOrDie(o);
   ASSERT_TRUE(*m->Save(3, StateAt(3), InEpoch(2)));
   ASSERT_TRUE(*m->Save(12, StateAt(12)));
@@ -266,8 +268,8 @@ TEST(Manager, AppendInfoAndCallables) {
 TEST(Manager, RecisStyleStep) {
   MemFileSystem fs;
   ManagerOptions o = MemOptions(&fs);
-  o.save_interval_steps = 4;
-  o.keep_all = true;
+  o.save_policy.interval_steps = 4;
+  o.retention.keep_all = true;
   auto m = OpenOrDie(o);
   ToyTrainer t(1);
   SP_ASSERT_OK(t.Register(*m));
@@ -287,8 +289,8 @@ TEST(Manager, RecisStyleStep) {
 TEST(Manager, ExceptionSaveWritesALoadableBreakpoint) {
   MemFileSystem fs;
   ManagerOptions o = MemOptions(&fs);
-  o.save_interval_steps = 5;
-  o.exception_save = true;
+  o.save_policy.interval_steps = 5;
+  o.breakpoints.on_exception = true;
   auto m = OpenOrDie(o);
   ToyTrainer t(1);
   SP_ASSERT_OK(t.Register(*m));
@@ -320,10 +322,10 @@ TEST(Manager, ExceptionSaveWritesALoadableBreakpoint) {
 TEST(Manager, SigtermSavesBreakpointThenDies) {
   testing::TempDir dir;
   ManagerOptions o;
-  o.directory = dir.Sub("ckpt");
-  o.save_interval_steps = 5;
-  o.exception_save = true;
-  o.handle_signals = true;
+  o.naming.directory = dir.Sub("ckpt");
+  o.save_policy.interval_steps = 5;
+  o.breakpoints.on_exception = true;
+  o.breakpoints.handle_signals = true;
   pid_t pid = ::fork();
   if (pid == 0) {
     auto m = CheckpointManager::Open(o);
@@ -344,7 +346,7 @@ TEST(Manager, SigtermSavesBreakpointThenDies) {
   ::waitpid(pid, &status, 0);
   ASSERT_TRUE(WIFSIGNALED(status)) << "child status " << status;
   EXPECT_EQ(WTERMSIG(status), SIGTERM);
-  o.handle_signals = false;
+  o.breakpoints.handle_signals = false;
   auto m = OpenOrDie(o);
   ASSERT_EQ(m->AllSteps(), (std::vector<int64_t>{5, 8}));
   EXPECT_TRUE(m->Latest()->breakpoint);

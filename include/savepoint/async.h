@@ -81,7 +81,8 @@ struct SAVEPOINT_API CheckpointerOptions {
   // the background: a first save of up to this many bytes then blocks for the copy alone, not for
   // allocating and faulting in fresh memory (0.43 s of a 1.5 GiB first save, docs/PERFORMANCE.md).
   // At most staging_bytes are reserved. Default: 0 = none (a CheckpointManager with async reserves
-  // its registered objects' bytes when they are registered: ManagerOptions::prefault_staging).
+  // its registered objects' bytes when they are registered:
+  // ManagerOptions::async_save.prefault_staging).
   uint64_t prefault_bytes = 0;
   // Slab size: the unit of staging and of each background write; also the checksum chunk size.
   // A multiple of 4096 in [64 KiB, 1 GiB]. Default: 8 MiB.

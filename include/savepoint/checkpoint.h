@@ -9,8 +9,10 @@
 #ifndef SAVEPOINT_CHECKPOINT_H_
 #define SAVEPOINT_CHECKPOINT_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -69,6 +71,36 @@ struct SAVEPOINT_API LoadStats {
 // Progress of a long operation: `done_bytes` of `total_bytes` done (see the `progress` fields of
 // LoadOptions, SaveOptions and the safetensors options).
 using ProgressFn = std::function<void(uint64_t done_bytes, uint64_t total_bytes)>;
+
+class Communicator;  // savepoint/comm.h
+struct ShardSpec;    // savepoint/distributed.h
+
+// Per-rank layout: tensor name -> where this rank's tensor of that name lies in its global tensor
+// (ShardSpec, savepoint/distributed.h). A tensor of the local State without an entry is taken as
+// the whole tensor, replicated on every rank.
+using ShardLayout = std::map<std::string, ShardSpec, std::less<>>;
+
+// Where the state of a call lives: in one process (the default), or sharded over ranks, this
+// rank's part described by a layout (savepoint/distributed.h). Save takes it in
+// SaveOptions::topology, Load and LoadInto in LoadOptions::topology; every other call taking
+// SaveOptions or LoadOptions refuses a topology with comm or layout set (InvalidArgument naming
+// the field). The pointers are borrowed for the call.
+struct SAVEPOINT_API Topology {
+  // Save: the ranks that save together. Every rank calls Save with its own tensors, the same
+  // path and the same options; all return the same status, OK once the one checkpoint is
+  // committed (what SaveDistributed does; native checkpoints only, and no sparse tables:
+  // SaveSparseDistributed saves those). Loads take none: each rank reads its own boxes
+  // (InvalidArgument). Default: null (one process).
+  Communicator* comm = nullptr;
+  // This rank's box of each tensor, by name. Save: needs comm; null there means every tensor is
+  // whole and replicated. LoadInto: the boxes to fill, each target's shape being its box's sizes
+  // (LoadDistributed); Load: one tensor allocated per entry, and only those (LoadDistributedAlloc).
+  // Loads of native checkpoints only. Default: null (whole tensors).
+  const ShardLayout* layout = nullptr;
+  // Save with comm: timeout of every collective (the coordinator's commit is included in the
+  // last one's wait). Default: 10 minutes.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+};
 
 // Optional per-chunk compression of a save (docs/FORMAT.md, "Compressed shards"). Each chunk is
 // compressed on its own and stored compressed only if that makes it smaller, so reads stay
@@ -152,6 +184,9 @@ struct SAVEPOINT_API SaveOptions {
   // asynchronous save, SaveDistributed and the merges write native checkpoints (another value is
   // InvalidArgument there). Default: kNative.
   Format format = Format::kNative;
+  // One process, or this rank's part of a sharded state (see Topology). Save alone honours it.
+  // Default: one process.
+  Topology topology = {};
 };
 
 // Saves `state` as a checkpoint directory at `path` through `io` (or, by SaveOptions::format, as a
@@ -227,15 +262,20 @@ struct SAVEPOINT_API LoadOptions {
   // CheckpointReader::Open, LoadDistributed and VerifyCheckpoint read native checkpoints only:
   // there kAuto and kNative are accepted, anything else is InvalidArgument. Default: kAuto.
   Format format = Format::kAuto;
+  // The boxes of a sharded load (Topology::layout; a comm is InvalidArgument). Load and LoadInto
+  // alone honour it. Default: whole tensors.
+  Topology topology = {};
 };
 
-// Loads a checkpoint into freshly allocated, aligned tensors (plus values and metadata).
+// Loads a checkpoint into freshly allocated, aligned tensors (plus values and metadata). With
+// options.topology.layout: only this rank's boxes, one tensor per layout entry.
 SAVEPOINT_API Result<State> Load(const std::string& path, const LoadOptions& options = {},
                                  const IoOptions& io = {});
 
 // Loads into caller-provided buffers: every tensor entry of `targets` (owned or borrowed) is filled
-// from the checkpoint tensor of the same name, which must have the same dtype and shape. Value
-// entries of `targets` are replaced by the checkpoint's. `options.names` is ignored.
+// from the checkpoint tensor of the same name, which must have the same dtype and shape (with
+// options.topology.layout: the shape of its box, read from the tensor's shards). Value entries of
+// `targets` are replaced by the checkpoint's. `options.names` is ignored.
 SAVEPOINT_API Status LoadInto(const std::string& path, State& targets,
                               const LoadOptions& options = {}, const IoOptions& io = {});
 

@@ -50,9 +50,8 @@ struct SAVEPOINT_API ShardSpec {
   std::vector<int> replicas;
 };
 
-// Per-rank layout: tensor name -> where this rank's tensor of that name lies. A tensor of the
-// local State without an entry is taken as the whole tensor, replicated on every rank.
-using ShardLayout = std::map<std::string, ShardSpec, std::less<>>;
+// ShardLayout (tensor name -> ShardSpec, one rank's layout) is declared in savepoint/checkpoint.h,
+// where Topology borrows one.
 
 // --- Layout helpers. ---
 
@@ -91,6 +90,8 @@ struct SAVEPOINT_API DistributedSaveOptions {
 // layouts whose boxes overlap, leave gaps, exceed the global shape, or disagree across ranks on
 // dtype or global shape, and sparse tables (SaveSparseDistributed saves those), before any data is
 // written. `io.fs` must be shared storage, the same path on every rank.
+// Save(local, path, {.topology = {&comm, &layout, timeout}}) is the same call; this one takes
+// them as arguments (its options' own topology must be left unset).
 SAVEPOINT_API Status SaveDistributed(Communicator& comm, const State& local,
                                      const ShardLayout& layout, const std::string& path,
                                      const DistributedSaveOptions& options = {},
@@ -200,6 +201,7 @@ struct SAVEPOINT_API ReadPlanSummary {
 // On error the targets' contents are unspecified (row blocks are read straight into them, as
 // LoadInto does); the checkpoint is never changed. An encrypted checkpoint needs options.key
 // (see LoadOptions::key); every chunk read is authenticated (Unauthenticated naming it).
+// LoadInto(path, targets, {.topology = {.layout = &layout}}) is the same call.
 SAVEPOINT_API Status LoadDistributed(const std::string& path, State& targets,
                                      const ShardLayout& layout, const LoadOptions& options = {},
                                      const IoOptions& io = {});
@@ -220,6 +222,7 @@ SAVEPOINT_API Status LoadBoxes(const std::string& path, const std::vector<BoxTar
                                const LoadOptions& options = {}, const IoOptions& io = {});
 
 // Like LoadDistributed, allocating one tensor per layout entry (dtype from the checkpoint).
+// Load(path, {.topology = {.layout = &layout}}) is the same call.
 SAVEPOINT_API Result<State> LoadDistributedAlloc(const std::string& path, const ShardLayout& layout,
                                                  const LoadOptions& options = {},
                                                  const IoOptions& io = {});

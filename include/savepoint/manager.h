@@ -64,7 +64,7 @@ struct SAVEPOINT_API StepInfo {
   int64_t step_in_epoch = 0;  // 1-based step within the epoch (0 for a save before any step)
 };
 
-// How the manager stores each checkpoint (see ManagerOptions::format): Format::kNative (a
+// How the manager stores each checkpoint (see ManagerStorage::format): Format::kNative (a
 // checkpoint directory "{name}"), kSafetensors (a file "{name}.safetensors") or kMindSporeCkpt (a
 // MindSpore file "{name}.ckpt", as MindSpore's ModelCheckpoint writes them). The other formats
 // are InvalidArgument. (The name of the manager's field type before savepoint/format.h existed.)
@@ -83,8 +83,8 @@ enum class SeriesRule {
 };
 enum class MetricMode { kMin, kMax };
 
-struct SAVEPOINT_API ManagerOptions {
-  // --- Where. ---
+// Where checkpoints go and what they are called (ManagerOptions::naming).
+struct SAVEPOINT_API ManagerNaming {
   // Checkpoint directory (created if missing). Required unless directory_fn is set.
   std::string directory;
   // Computes the directory at Open (with step 0) and before every save; when the result changes,
@@ -100,19 +100,23 @@ struct SAVEPOINT_API ManagerOptions {
   // Computes the whole checkpoint name (no "-{epoch}_{step}" suffix is added, and the conflict
   // rule does not apply) before every save; same rules as `prefix`. Default: empty.
   std::function<std::string(const StepInfo&)> prefix_fn;
+};
 
-  // --- When. ---
+// When a save is due (ManagerOptions::save_policy).
+struct SAVEPOINT_API SavePolicy {
   // Save when step >= last saved step + this. 0 = not by steps. Default: 1.
-  int64_t save_interval_steps = 1;
+  int64_t interval_steps = 1;
   // Save when more than this many seconds passed since the last save. Ignored when
-  // save_interval_steps > 0. 0 = not by time. Default: 0.
-  int64_t save_interval_seconds = 0;
+  // interval_steps > 0. 0 = not by time. Default: 0.
+  int64_t interval_seconds = 0;
   // Steps per epoch, to derive epoch and step_in_epoch for Save(step) calls that do not give
   // them (epoch = (step-1)/steps_per_epoch + 1). 0 = every step is in epoch 1. Default: 0.
   int64_t steps_per_epoch = 0;
+};
 
-  // --- How many to keep. The newest committed checkpoint and any save in flight are never
-  // deleted. A checkpoint is kept if any rule keeps it. ---
+// Which checkpoints are kept (ManagerOptions::retention). The newest committed checkpoint and any
+// save in flight are never deleted. A checkpoint is kept if any rule keeps it.
+struct SAVEPOINT_API RetentionPolicy {
   // Keep the newest N. Default: 5.
   int64_t keep_last_n = 5;
   // Keep one checkpoint per N minutes (the first committed in each N-minute window); ignored when
@@ -127,73 +131,114 @@ struct SAVEPOINT_API ManagerOptions {
   int64_t keep_best_n = 0;
   std::string best_metric;  // Default: empty.
   MetricMode best_mode = MetricMode::kMin;
+};
 
-  // --- How. ---
+// Asynchronous saves (ManagerOptions::async_save).
+struct SAVEPOINT_API AsyncSavePolicy {
   // Save through an async Checkpointer: the save blocks training only for the snapshot copy.
   // States holding sparse tables are saved synchronously. Default: false.
-  bool async = false;
-  // Staging options of the async Checkpointer (its I/O is `io`). Default: CheckpointerOptions
-  // defaults.
-  CheckpointerOptions async_options;
-  // With async and kNative: whenever an object is registered, reserve and pre-touch staging memory
-  // for the registered objects' tensor bytes in the background (Checkpointer::Reserve), so the
-  // first save blocks for the copy alone. Default: true.
+  bool enabled = false;
+  // Staging options of the async Checkpointer (its I/O is ManagerOptions::io). With a file format
+  // only snapshot_threads applies: an async save copies the state into fresh memory on that many
+  // threads while the caller waits, then writes the copy on a background thread. Default:
+  // CheckpointerOptions defaults.
+  CheckpointerOptions checkpointer;
+  // With kNative: whenever an object is registered, reserve and pre-touch staging memory for the
+  // registered objects' tensor bytes in the background (Checkpointer::Reserve), so the first save
+  // blocks for the copy alone. Default: true.
   bool prefault_staging = true;
-  // Verify checksums when restoring: every chunk's CRC32C (native; always written), a .ckpt
-  // file's CRC-32 trailer or a safetensors file's crc_num when the file has one. Default: true.
-  bool checksum = true;
+};
+
+// How each checkpoint is stored and read back (ManagerOptions::storage).
+struct SAVEPOINT_API ManagerStorage {
   // How each checkpoint is stored. kNative: a checkpoint directory "{name}". kSafetensors: one
   // file "{name}.safetensors" (savepoint/safetensors.h). kMindSporeCkpt: one file "{name}.ckpt"
   // (savepoint/mindspore.h), so a MindSpore training loop keeps ModelCheckpoint's file layout
   // ("{prefix}-{epoch}_{step}.ckpt"). Every option works with every format except: key (not
-  // with kSafetensors), crc_check and enc_mode (file formats only), and async_options (with a
-  // file format only snapshot_threads applies: an async save copies the state into fresh memory
-  // on that many threads while the caller waits, then writes the copy on a background thread).
-  // The manager metadata travels in each file (the "savepoint.metadata" entry of a .ckpt, the
-  // header metadata of a safetensors file); a .ckpt file without it (written by MindSpore) is
-  // indexed by its name "{prefix}-{epoch}_{step}.ckpt", its step derived from steps_per_epoch.
-  // Record names include the file suffix ("ckpt-1_5.ckpt"); Which::Name accepts either form.
+  // with kSafetensors), file_checksum and cipher (file formats only), and the async Checkpointer
+  // options (see AsyncSavePolicy::checkpointer). The manager metadata travels in each file (the
+  // "savepoint.metadata" entry of a .ckpt, the header metadata of a safetensors file); a .ckpt
+  // file without it (written by MindSpore) is indexed by its name "{prefix}-{epoch}_{step}.ckpt",
+  // its step derived from SavePolicy::steps_per_epoch. Record names include the file suffix
+  // ("ckpt-1_5.ckpt"); Which::name accepts either form. Other formats are InvalidArgument.
   // Default: kNative.
-  CheckpointFormat format = CheckpointFormat::kNative;
+  Format format = Format::kNative;
+  // Verify checksums when restoring: every chunk's CRC32C (native; always written), a .ckpt
+  // file's CRC-32 trailer or a safetensors file's crc_num when the file has one. Default: true.
+  bool verify_checksums = true;
+  // Encrypts every checkpoint the manager saves and decrypts every one it restores: native
+  // checkpoints as SaveOptions::key / LoadOptions::key (docs/FORMAT.md §10), .ckpt files as
+  // MindSpore's enc_key / dec_key with `cipher` (docs/INTEROP.md). A key provider is asked once
+  // per save and per restore. Restoring a checkpoint that is not encrypted with a key set is
+  // InvalidArgument; listing and retention need no key. With kSafetensors: InvalidArgument.
+  // Default: none (not encrypted).
+  EncryptionKey key = {};
   // File formats: write MindSpore's checksum: the CRC-32 trailer of a .ckpt file, or the
-  // MindSpore safetensors flavour with its crc_num (crc_check=True). With kNative:
+  // MindSpore safetensors flavour with its crc_num (MindSpore's crc_check=True). With kNative:
   // InvalidArgument (native checkpoints always carry per-chunk CRC32C). Default: false.
-  bool crc_check = false;
-  // kMindSporeCkpt with a key: the cipher (enc_mode). Another value than the default without a
-  // key, or with another format, is InvalidArgument. Default: AES-GCM.
-  Cipher enc_mode = Cipher::kAesGcm;
-  // Extra values stored in every checkpoint: "epoch_num" and/or "step_num" (others are
-  // InvalidArgument), plus append_dict's key/value pairs (int, float, bool or string values;
-  // valid entry names other than "epoch_num", "step_num"). Default: none.
+  bool file_checksum = false;
+  // kMindSporeCkpt with a key: the cipher (MindSpore's enc_mode). Another value than the default
+  // without a key, or with another format, is InvalidArgument. Default: AES-GCM.
+  Cipher cipher = Cipher::kAesGcm;
+  // Extra values stored in every checkpoint (MindSpore's append_info): "epoch_num" and/or
+  // "step_num" (others are InvalidArgument), plus append_dict's key/value pairs (int, float, bool
+  // or string values; valid entry names other than "epoch_num", "step_num"). Default: none.
   std::vector<std::string> append_info;
   std::map<std::string, Value> append_dict;
+};
+
+// Checkpoints saved when training dies (ManagerOptions::breakpoints).
+struct SAVEPOINT_API BreakpointPolicy {
   // Save a "{prefix}-{epoch}_{step}_breakpoint" checkpoint of the registered state when
   // training dies (ExceptionSaveGuard, SaveBreakpoint, or a signal with handle_signals).
-  // Default: false.
-  bool exception_save = false;
+  // MindSpore's exception_save. Default: false.
+  bool on_exception = false;
   // Install SIGTERM and SIGINT handlers while the manager is open. The handler only sets a flag;
-  // the next hook (OnStepEnd / OnEpochEnd / Step) then saves a breakpoint (if exception_save),
+  // the next hook (OnStepEnd / OnEpochEnd / Step) then saves a breakpoint (if on_exception),
   // waits for every save, closes the manager and re-raises the signal with its previous handler.
   // A second signal before that re-raises at once. At most one manager per process may set it.
   // Default: false.
   bool handle_signals = false;
+};
+
+// Delta chains of sparse tables (savepoint/sparse.h), kNative only (ManagerOptions::sparse).
+struct SAVEPOINT_API SparsePolicy {
+  // Whether delta chains are compacted at all (false: a chain grows until the next full save; a
+  // delta beyond 4096 links fails naming the limit). Default: true.
+  bool compact = true;
+  // After a delta save (SaveArgs::delta) commits, when ShouldCompact(depth of its chain, bytes of
+  // the chain's deltas, bytes of its full checkpoint, compaction) holds, the manager folds the
+  // chain into a full checkpoint under the same name (CompactSparse, committed atomically over
+  // it: a crash leaves the delta or the full checkpoint, both loading the same state) on a
+  // background thread. The next save, restore, Wait or Close waits for it first. Retention never
+  // deletes a checkpoint that a kept checkpoint's chain needs: it goes once nothing kept needs it.
+  // Default: CompactionPolicy defaults (more than 8 deltas, or deltas holding more than half the
+  // full checkpoint's bytes).
+  CompactionPolicy compaction = {};
+};
+
+// Options of a CheckpointManager, grouped by role. Every field has a default but the directory
+// (naming.directory or naming.directory_fn).
+struct SAVEPOINT_API ManagerOptions {
+  // Where checkpoints go and what they are called.
+  ManagerNaming naming;
+  // When a save is due.
+  SavePolicy save_policy;
+  // Which checkpoints are kept.
+  RetentionPolicy retention;
+  // Asynchronous saves.
+  AsyncSavePolicy async_save;
+  // How each checkpoint is stored and read back.
+  ManagerStorage storage;
+  // Checkpoints saved when training dies.
+  BreakpointPolicy breakpoints;
+  // Delta chains of sparse tables.
+  SparsePolicy sparse;
   // This process's data shard and the number of shards: registered io_state objects are saved as
   // "<name>.shard-<shard_id>" and restoring checks num_shards. 0 <= shard_id < num_shards.
   // Default: 0 and 1.
   int shard_id = 0;
   int num_shards = 1;
-  // Sparse tables (savepoint/sparse.h), kNative only: after a delta save (SaveArgs::delta)
-  // commits, when ShouldCompact(depth of its chain, bytes of the chain's deltas, bytes of its full
-  // checkpoint, compaction) holds, the manager folds the chain into a full checkpoint under the
-  // same name (CompactSparse, committed atomically over it: a crash leaves the delta or the full
-  // checkpoint, both loading the same state) on a background thread. The next save, restore,
-  // Wait or Close waits for it first. Retention never deletes a checkpoint that a kept
-  // checkpoint's chain needs: it goes once nothing kept needs it. Default: CompactionPolicy
-  // defaults (more than 8 deltas, or deltas holding more than half the full checkpoint's bytes).
-  CompactionPolicy compaction = {};
-  // Whether delta chains are compacted at all (false: a chain grows until the next full save; a
-  // delta beyond 4096 links fails naming the limit). Default: true.
-  bool compact = true;
   // Remove debris of crashed saves (GarbageCollect, skipping saves of live processes) on open.
   // Default: true.
   bool gc_on_open = true;
@@ -201,13 +246,6 @@ struct SAVEPOINT_API ManagerOptions {
   // Checkpointer, whose writer threads are io.io_threads), restore, index update and deletion.
   // Default: IoOptions defaults.
   IoOptions io;
-  // Encrypts every checkpoint the manager saves and decrypts every one it restores: native
-  // checkpoints as SaveOptions::key / LoadOptions::key (docs/FORMAT.md §10), .ckpt files as
-  // enc_key / dec_key with enc_mode (docs/INTEROP.md). A key provider is asked once per save
-  // and per restore. Restoring a checkpoint that is not encrypted with a key set is
-  // InvalidArgument; listing and retention need no key. With kSafetensors: InvalidArgument.
-  // Default: none (not encrypted).
-  EncryptionKey key = {};
 };
 
 // OK when the options are valid; otherwise InvalidArgument naming the field and value.
@@ -244,7 +282,7 @@ struct SAVEPOINT_API SaveArgs {
   Metrics metrics;  // recorded in the index (keep_best_n ranks by them)
   // Save even if the interval says it is not due (never twice for one step). Default: false.
   bool force = false;
-  // Epoch and step within it, for the name; default derived from steps_per_epoch.
+  // Epoch and step within it, for the name; default derived from SavePolicy::steps_per_epoch.
   std::optional<int64_t> epoch;
   std::optional<int64_t> step_in_epoch;
   bool epoch_end = false;   // mark as an epoch-end checkpoint
@@ -325,7 +363,8 @@ class SAVEPOINT_API CheckpointManager {
   // Async native saves: allocates and pre-touches (and, with a CUDA copier, page-locks) staging
   // memory for `bytes` (at most async_options.staging_bytes) in the background and returns at
   // once, so that the first save of that size blocks for the copy alone (the registered objects'
-  // bytes are reserved already: prefault_staging). FailedPrecondition for other managers.
+  // bytes are reserved already: AsyncSavePolicy::prefault_staging). FailedPrecondition for other
+  // managers.
   virtual Status Reserve(uint64_t bytes) = 0;
   // Waits for every save in flight; indexes them and applies retention. First error.
   virtual Status Wait() = 0;
@@ -362,11 +401,11 @@ class SAVEPOINT_API CheckpointManager {
   // After training: forces a final save, waits for every async save.
   virtual Status OnTrainEnd(const Metrics& metrics = {}) = 0;
   // RecIS style: counts the global step (+1) and saves when it is a multiple of
-  // save_interval_steps. Returns whether it saved.
+  // SavePolicy::interval_steps. Returns whether it saved.
   virtual Result<bool> Step(const Metrics& metrics = {}) = 0;
   virtual int64_t global_step() = 0;
   // Saves a "_breakpoint" checkpoint of the registered objects at the last step seen by a hook,
-  // and waits for it. FailedPrecondition unless exception_save.
+  // and waits for it. FailedPrecondition unless breakpoints.on_exception.
   virtual Status SaveBreakpoint() = 0;
 };
 

@@ -109,6 +109,11 @@ ShardLayout LayoutFromBoxes(const BoxSpecs& boxes);
 Timeout TimeoutFromPython(double seconds);
 
 void BindErrors(nb::module_& m);
+// A Value as a Python object: int, float, bool, str, bytes, or a JSON document as str.
+nb::object FromValue(const Value& v);
+
+// The options structs (options.cc), bound before the calls that take them.
+void BindOptions(nb::module_& m);
 void BindSave(nb::module_& m);
 void BindLoad(nb::module_& m);
 void BindConvert(nb::module_& m);

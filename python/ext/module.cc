@@ -55,6 +55,8 @@ Value ToValue(const std::string& name, const std::string& kind, const nb::handle
   throw StatusError(InvalidArgumentError("value " + name + ": unknown kind " + kind));
 }
 
+}  // namespace
+
 nb::object FromValue(const Value& v) {
   switch (v.kind()) {
     case ValueKind::kInt:
@@ -72,8 +74,6 @@ nb::object FromValue(const Value& v) {
   }
   return nb::none();
 }
-
-}  // namespace
 
 State MakeState(const std::vector<TensorSpec>& tensors, const std::vector<ValueSpec>& values,
                 const std::string& metadata_json) {
@@ -171,6 +171,7 @@ NB_MODULE(_core, m) {
   m.doc() = "savepoint C++ core (internal; use the savepoint package)";
   m.attr("__version__") = savepoint::Version();
   BindErrors(m);
+  BindOptions(m);
   BindSave(m);
   BindLoad(m);
   BindConvert(m);

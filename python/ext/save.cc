@@ -68,23 +68,15 @@ struct PyCheckpointer {
 // cuda_device >= 0: tensors in CUDA memory are copied by CreateCudaSnapshotCopier into pinned
 // slabs (registered by that device's primary context); its errors are raised (FailedPrecondition
 // without a CUDA driver). -1: host memory only.
-std::unique_ptr<PyCheckpointer> CreateCheckpointer(uint64_t staging_bytes, uint64_t slab_bytes,
-                                                   int io_threads, bool direct_io,
-                                                   bool allow_concurrent_saves,
-                                                   uint64_t prefault_bytes, int cuda_device,
-                                                   int snapshot_threads) {
+// options and io: the bound CheckpointerOptions and IoOptions (python/ext/options.cc).
+std::unique_ptr<PyCheckpointer> CreateCheckpointer(CheckpointerOptions o, const IoOptions& io,
+                                                   int cuda_device) {
   auto out = std::make_unique<PyCheckpointer>();
   if (cuda_device >= 0) {  // (opens the driver and a context: without the GIL)
     out->copier = Take(Unlocked([&] { return CreateCudaSnapshotCopier({.device = cuda_device}); }));
   }
-  CheckpointerOptions o;
-  o.staging_bytes = staging_bytes;
-  o.prefault_bytes = prefault_bytes;
-  o.slab_bytes = slab_bytes;
-  o.allow_concurrent_saves = allow_concurrent_saves;
   o.copier = out->copier.get();
-  o.snapshot_threads = snapshot_threads;
-  out->c = Take(Checkpointer::Create(o, {.io_threads = io_threads, .direct_io = direct_io}));
+  out->c = Take(Checkpointer::Create(o, io));
   return out;
 }
 
@@ -156,10 +148,10 @@ void BindSave(nb::module_& m) {
       .def_prop_ro("path", &SaveHandle::path);
 
   nb::class_<PyCheckpointer>(m, "Checkpointer")
-      .def_static("create", &CreateCheckpointer, nb::arg("staging_bytes"), nb::arg("slab_bytes"),
-                  nb::arg("io_threads"), nb::arg("direct_io"), nb::arg("allow_concurrent_saves"),
-                  nb::arg("prefault_bytes") = 0, nb::arg("cuda_device") = -1,
-                  nb::arg("snapshot_threads") = 0)
+      .def_static("create", &CreateCheckpointer, nb::arg("options"), nb::arg("io"),
+                  nb::arg("cuda_device") = -1,
+                  "options: a CheckpointerOptions, io: an IoOptions; cuda_device >= 0: CUDA "
+                  "tensors are copied by a snapshot copier of that device.")
       .def(
           "reserve", [](PyCheckpointer& pc, uint64_t bytes) { pc.c->Reserve(bytes); },
           nb::arg("bytes"))

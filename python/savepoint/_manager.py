@@ -29,32 +29,91 @@ directory_fn): global step (1-based), epoch (1-based), step within the epoch."""
 
 _logger = logging.getLogger("savepoint")
 
-# Keys of the async_options dict (C++ CheckpointerOptions) -> key of the binding's options dict.
+# The async_options dict's keys (C++ CheckpointerOptions fields) and their types.
 _ASYNC_OPTIONS = {
-    "staging_bytes": "staging_bytes",
-    "slab_bytes": "slab_bytes",
-    "persist_during_snapshot": "persist_during_snapshot",
-    "allow_concurrent_saves": "allow_concurrent_saves",
-    "snapshot_threads": "snapshot_threads",
+    "staging_bytes": int,
+    "slab_bytes": int,
+    "persist_during_snapshot": bool,
+    "allow_concurrent_saves": bool,
+    "snapshot_threads": int,
 }
 
 
-def _compaction_options(compaction):
-    """The binding's compaction keys from CheckpointManager(compaction=...)."""
-    if compaction is False:
-        return {"compact": False}
-    if compaction is None or compaction is True:
-        return {"compact": True}
+def _set_async(async_save, async_, staging_bytes, async_options):
+    """Fills the binding's AsyncSavePolicy from CheckpointManager(async_=, staging_bytes=,
+    async_options=)."""
+    async_save.enabled = bool(async_)
+    for key, value in (async_options or {}).items():
+        if key not in _ASYNC_OPTIONS:
+            raise _unknown_keyword("CheckpointManager async_options", key, list(_ASYNC_OPTIONS))
+        kind = _ASYNC_OPTIONS[key]
+        setattr(async_save.checkpointer, key, bool(value) if kind is bool else _int(key, value))
+    if staging_bytes is not None:
+        async_save.checkpointer.staging_bytes = _int("staging_bytes", staging_bytes)
+
+
+def _set_compaction(sparse, compaction):
+    """Fills the binding's SparsePolicy from CheckpointManager(compaction=...)."""
+    sparse.compact = compaction is not False
+    if compaction is None or isinstance(compaction, bool):
+        return
     if not isinstance(compaction, dict):
         raise TypeError(f"CheckpointManager: compaction must be a dict, True, False or None, not "
                         f"{type(compaction).__name__}")  # fmt: skip
-    out = {"compact": True}
     for key, value in compaction.items():
         if key not in ("max_depth", "max_delta_ratio"):
             raise _unknown_keyword("CheckpointManager compaction", key,
                                    ["max_depth", "max_delta_ratio"])  # fmt: skip
-        out[f"compaction_{key}"] = _int(key, value) if key == "max_depth" else float(value)
-    return out
+        setattr(sparse.compaction, key, _int(key, value) if key == "max_depth" else float(value))
+
+
+def _choice(name, value, choices):
+    """choices[value], or InvalidArgumentError naming the keyword and the valid values."""
+    _str(name, value)
+    if value not in choices:
+        valid = ", ".join(repr(c) for c in choices)
+        raise _errors.InvalidArgumentError(f"CheckpointManager: {name}={value!r}: use {valid}")
+    return choices[value]
+
+
+_SERIES = {"continue": _core.SeriesRule.kContinue, "new": _core.SeriesRule.kNew}
+_MODES = {"min": _core.MetricMode.kMin, "max": _core.MetricMode.kMax}
+_FORMATS = {"native": _core.Format.kNative, "ckpt": _core.Format.kMindSporeCkpt,
+            "safetensors": _core.Format.kSafetensors}  # fmt: skip
+
+
+# C++ option paths in the manager's error messages -> CheckpointManager's keywords (longest
+# first; a group prefix alone is dropped).
+_KEYWORDS = [
+    ("ManagerOptions: ", "CheckpointManager: "),
+    ("ManagerOptions.", "CheckpointManager: "),
+    ("save_policy.interval_steps", "save_interval_steps"),
+    ("save_policy.interval_seconds", "save_interval_seconds"),
+    ("async_save.checkpointer", "async_options"),
+    ("storage.verify_checksums", "checksum"),
+    ("storage.file_checksum", "crc_check"),
+    ("storage.cipher", "enc_mode"),
+    ("breakpoints.on_exception", "exception_save"),
+    ("sparse.compaction", "compaction"),
+    ("save_policy.", ""),
+    ("retention.", ""),
+    ("naming.", ""),
+    ("storage.", ""),
+    ("breakpoints.", ""),
+    ("sparse.", ""),
+]
+
+
+def _open(options, cuda_device):
+    """_core.CheckpointManager.open, its InvalidArgumentError naming CheckpointManager's keywords
+    rather than the C++ fields."""
+    try:
+        return _core.CheckpointManager.open(options, cuda_device)
+    except _errors.InvalidArgumentError as e:
+        message = str(e)
+        for cxx, py in _KEYWORDS:
+            message = message.replace(cxx, py)
+        raise _errors.InvalidArgumentError(message) from None
 
 
 def _cuda_device(cuda, async_, format):
@@ -333,62 +392,54 @@ class CheckpointManager:
         self._closed = False
         if directory is None and directory_fn is None:
             raise TypeError("CheckpointManager: pass a directory (or directory_fn)")
-        options = {
-            "prefix": _str("prefix", prefix),
-            "series": _str("series", series),
-            "save_interval_steps": _int("save_interval_steps", save_interval_steps),
-            "save_interval_seconds": _int("save_interval_seconds", save_interval_seconds),
-            "steps_per_epoch": _int("steps_per_epoch", steps_per_epoch),
-            "keep_last_n": _int("keep_last_n", keep_last_n),
-            "keep_per_n_minutes": _int("keep_per_n_minutes", keep_per_n_minutes),
-            "keep_all": bool(keep_all),
-            "keep_every_n_steps": _int("keep_every_n_steps", keep_every_n_steps),
-            "keep_best_n": _int("keep_best_n", keep_best_n),
-            "best_metric": "" if best_metric is None else _str("best_metric", best_metric),
-            "best_mode": _str("best_mode", best_mode),
-            "async": bool(async_),
-            "checksum": bool(checksum),
-            "format": _str("format", format),
-            "crc_check": bool(crc_check),
-            "enc_mode": _str("enc_mode", enc_mode),
-            "io_threads": _int("io_threads", io_threads),
-            "direct_io": bool(direct_io),
-            "gc_on_open": bool(gc_on_open),
-            "shard_id": _int("shard_id", shard_id),
-            "num_shards": _int("num_shards", num_shards),
-            "exception_save": bool(exception_save),
-            **_compaction_options(compaction),
-            "cuda_device": _cuda_device(cuda, async_, format),
-        }
+        o = _core.ManagerOptions()
         if directory is not None:
-            options["directory"] = os.fspath(directory)
+            o.naming.directory = os.fspath(directory)
+        if directory_fn is not None:
+            o.naming.directory_fn = _name_callable(directory_fn, "directory_fn")
+        o.naming.prefix = _str("prefix", prefix)
+        if prefix_fn is not None:
+            o.naming.prefix_fn = _name_callable(prefix_fn, "prefix_fn")
+        o.naming.series = _choice("series", series, _SERIES)
+        o.save_policy.interval_steps = _int("save_interval_steps", save_interval_steps)
+        o.save_policy.interval_seconds = _int("save_interval_seconds", save_interval_seconds)
+        o.save_policy.steps_per_epoch = _int("steps_per_epoch", steps_per_epoch)
+        o.retention.keep_last_n = _int("keep_last_n", keep_last_n)
+        o.retention.keep_per_n_minutes = _int("keep_per_n_minutes", keep_per_n_minutes)
+        o.retention.keep_all = bool(keep_all)
+        o.retention.keep_every_n_steps = _int("keep_every_n_steps", keep_every_n_steps)
+        o.retention.keep_best_n = _int("keep_best_n", keep_best_n)
+        o.retention.best_metric = "" if best_metric is None else _str("best_metric", best_metric)
+        o.retention.best_mode = _choice("best_mode", best_mode, _MODES)
+        _set_async(o.async_save, async_, staging_bytes, async_options)
+        o.storage.format = _choice("format", format, _FORMATS)
+        o.storage.verify_checksums = bool(checksum)
         self._key = _keys.normalize(key, "CheckpointManager: key")
-        options["key"] = self._key
+        o.storage.key = self._key
+        o.storage.file_checksum = bool(crc_check)
+        o.storage.cipher = _str("enc_mode", enc_mode)
         if isinstance(append_info, str):
             append_info = [append_info]
-        options["append_info"] = [_str("append_info item", a) for a in append_info]
+        o.storage.append_info = [_str("append_info item", a) for a in append_info]
         if append_dict is not None:
             if not isinstance(append_dict, dict) or not all(type(k) is str for k in append_dict):
                 raise TypeError("CheckpointManager: append_dict must be a dict with str keys")
-            options["append_dict"] = dict(append_dict)
-        for key, value in (async_options or {}).items():
-            if key not in _ASYNC_OPTIONS:
-                raise _unknown_keyword("CheckpointManager async_options", key, list(_ASYNC_OPTIONS))
-            kind = bool if key in ("persist_during_snapshot", "allow_concurrent_saves") else int
-            options[_ASYNC_OPTIONS[key]] = bool(value) if kind is bool else _int(key, value)
-        if staging_bytes is not None:
-            options["staging_bytes"] = _int("staging_bytes", staging_bytes)
-        if prefix_fn is not None:
-            options["prefix_fn"] = _name_callable(prefix_fn, "prefix_fn")
-        if directory_fn is not None:
-            options["directory_fn"] = _name_callable(directory_fn, "directory_fn")
+            o.storage.append_dict = append_dict
+        # The C++ handlers are not installed: the Python front end installs its own (_Signals),
+        # since the C++ ones would only be acted on by the C++ hooks.
+        o.breakpoints.on_exception = bool(exception_save)
+        _set_compaction(o.sparse, compaction)
+        o.shard_id, o.num_shards = _int("shard_id", shard_id), _int("num_shards", num_shards)
+        o.gc_on_open = bool(gc_on_open)
+        o.io.io_threads, o.io.direct_io = _int("io_threads", io_threads), bool(direct_io)
+        cuda_device = _cuda_device(cuda, async_, format)
         self._exception_save = bool(exception_save)
-        self._save_steps = options["save_interval_steps"]
-        self._steps_per_epoch = options["steps_per_epoch"]
-        self._shard_id, self._num_shards = options["shard_id"], options["num_shards"]
-        self._checksum, self._io_threads = options["checksum"], options["io_threads"]
-        self._direct_io = options["direct_io"]
-        self._format, self._enc_mode = options["format"], options["enc_mode"]
+        self._save_steps = o.save_policy.interval_steps
+        self._steps_per_epoch = o.save_policy.steps_per_epoch
+        self._shard_id, self._num_shards = o.shard_id, o.num_shards
+        self._checksum, self._io_threads = bool(checksum), o.io.io_threads
+        self._direct_io = o.io.direct_io
+        self._format, self._enc_mode = format, enc_mode
         self._objects = {}  # name -> _registry.Registered
         # Hook bookkeeping, as in the C++ manager.
         self._global_step = 0
@@ -396,7 +447,7 @@ class CheckpointManager:
         self._cur_epoch = 0
         self._epoch_first_step = 1
         self._last_saved_step = None
-        self._m = _core.CheckpointManager.open(options)
+        self._m = _open(o, cuda_device)
         if reserve is not None:
             try:
                 self.reserve(reserve)

@@ -197,10 +197,12 @@ class AsyncCheckpointer:
                  direct_io: bool = True, key: Key | None = None, cuda: bool | None = None,
                  snapshot_threads: int = 0) -> None:  # fmt: skip
         self._key = _keys.normalize(key, "AsyncCheckpointer: key")
-        self._c = _core.Checkpointer.create(staging_bytes or 0, slab_bytes, io_threads,
-                                            bool(direct_io), allow_concurrent_saves,
-                                            cuda_device=_cuda.checkpointer_device(cuda),
-                                            snapshot_threads=snapshot_threads)  # fmt: skip
+        o = _core.CheckpointerOptions()
+        o.staging_bytes, o.slab_bytes = staging_bytes or 0, slab_bytes
+        o.allow_concurrent_saves, o.snapshot_threads = bool(allow_concurrent_saves), snapshot_threads
+        io = _core.IoOptions()
+        io.io_threads, io.direct_io = io_threads, bool(direct_io)
+        self._c = _core.Checkpointer.create(o, io, _cuda.checkpointer_device(cuda))
         self._lock = threading.Lock()
         if reserve is not None:
             self.reserve(reserve)

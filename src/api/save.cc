@@ -1,5 +1,6 @@
 // The public save entry points: each builds one engine::WriteRequest and hands it to the store
-// seam (src/store/): Save to the store of its format (SaveOptions::format), the others to the
+// seam (src/store/): Save to the store of its format (SaveOptions::format; its topology moves
+// into the request, so that Save of a rank is SaveDistributed), the others to the
 // native store, which flattens sparse tables (SaveSparse*; SaveDistributed refuses tables, so
 // that every rank runs the same collectives) and writes through engine::Write for one process or
 // dist::Write for the ranks of a Communicator.
@@ -38,6 +39,17 @@ Status Save(const State& state, const std::string& path, const SaveOptions& o,
             const IoOptions& io) {
   const Format format = o.format == Format::kAuto ? TargetFormat(path) : o.format;
   engine::WriteRequest r = Request(state, path, o, io);
+  if (o.topology.layout != nullptr && o.topology.comm == nullptr) {
+    return InvalidArgumentError(fmt::format(
+        "save {}: SaveOptions.topology.layout needs topology.comm (the ranks saving together)",
+        path));
+  }
+  if (o.topology.comm != nullptr) {
+    static const ShardLayout kWhole;  // every tensor whole, replicated
+    r.topology = o.topology;
+    if (r.topology.layout == nullptr) r.topology.layout = &kWhole;
+    r.options.topology = {};
+  }
   if (format == Format::kNative) {
     r.options.format = Format::kNative;
     return store::WriteNative(r);

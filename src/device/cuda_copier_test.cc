@@ -230,18 +230,20 @@ TEST_F(CudaCopierTest, UnpinnedSlabsWhenAskedOrWhenPinningFails) {
   EXPECT_EQ(fake_.unpins.load(), 0) << "nothing to unpin";
 }
 
-// The checkpoint manager's async saves take the copier through ManagerOptions::async_options: the
-// device tensor goes through the pinned slabs by DMA, the host one by the built-in copy, and the
-// state restores; a file format refuses the copier rather than ignoring it.
+// The checkpoint manager's async saves take the copier through
+// ManagerOptions::async_save.checkpointer: the device tensor goes through the pinned slabs by DMA,
+// the host one by the built-in copy, and the state restores; a file format refuses the copier
+// rather than ignoring it.
 TEST_F(CudaCopierTest, ManagerAsyncSavesCopyDeviceMemoryIntoPinnedSlabs) {
   const State state = MixedState(100000);
   auto copier = Copier();
   {
     ManagerOptions o;
-    o.directory = "/run";
+    o.naming.directory = "/run";
     o.io = io_;
-    o.async = true;
-    o.async_options = {.staging_bytes = 8 * kSlab, .slab_bytes = kSlab, .copier = copier.get()};
+    o.async_save.enabled = true;
+    o.async_save.checkpointer = {
+        .staging_bytes = 8 * kSlab, .slab_bytes = kSlab, .copier = copier.get()};
     auto m = CheckpointManager::Open(o).value();
     SP_ASSERT_OK(m->Reserve(8 * kSlab));  // in the background: every slab allocated and pinned
     for (int i = 0; i < 500 && fake_.pins.load() < 8; ++i) {
@@ -271,18 +273,18 @@ TEST_F(CudaCopierTest, ManagerAsyncSavesCopyDeviceMemoryIntoPinnedSlabs) {
   }
   EXPECT_EQ(fake_.unpins.load(), fake_.pins.load()) << "unpinned with the manager";
   ManagerOptions sync;
-  sync.directory = "/sync";
+  sync.naming.directory = "/sync";
   sync.io = io_;
   EXPECT_THAT(CheckpointManager::Open(sync).value()->Reserve(1),
               StatusIs(StatusCode::kFailedPrecondition, "only async native saves stage"));
   ManagerOptions file;
-  file.directory = "/files";
+  file.naming.directory = "/files";
   file.io = io_;
-  file.async = true;
-  file.format = Format::kSafetensors;
-  file.async_options.copier = copier.get();
+  file.async_save.enabled = true;
+  file.storage.format = Format::kSafetensors;
+  file.async_save.checkpointer.copier = copier.get();
   EXPECT_THAT(CheckpointManager::Open(file).status(),
-              StatusIs(StatusCode::kInvalidArgument, "async_options.copier"));
+              StatusIs(StatusCode::kInvalidArgument, "async_save.checkpointer.copier"));
 }
 
 TEST(CudaSnapshotCopier, SaysWhyWithoutCuda) {

@@ -35,6 +35,7 @@
 #include "distributed/shard.h"
 #include "distributed/write.h"
 #include "engine/paths.h"
+#include "engine/request.h"
 #include "engine/seal.h"
 #include "engine/select.h"
 #include "engine/writer.h"
@@ -76,6 +77,7 @@ Status PlanRank(const State& local, const ShardLayout& layout, int rank, int siz
   const Compression& compression = o.compression;
   SP_RETURN_IF_ERROR(engine::CheckSaveOptions(
       SaveOptions{.chunk_bytes = chunk_bytes, .format_version = o.format_version}));
+  SP_RETURN_IF_ERROR(engine::RefuseTopology(o.topology, "distributed save", "SaveOptions"));
   if (compression.codec != Compression::Codec::kNone) {
     return UnimplementedError("SaveOptions.compression: distributed saves do not compress yet");
   }

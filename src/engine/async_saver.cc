@@ -31,6 +31,7 @@
 #include <optional>
 #include <thread>
 
+#include "engine/request.h"
 #include "engine/seal.h"
 #include "engine/snapshot.h"
 #include "engine/staging_pool.h"
@@ -310,7 +311,7 @@ Status CheckAsyncSaveOptions(const SaveOptions& o, const CheckpointerOptions& c,
     return InvalidArgumentError(fmt::format(
         "save {}: SaveOptions.progress is not called by an async save; poll the SaveHandle", path));
   }
-  return Status::OK();
+  return RefuseTopology(o.topology, "async save " + path, "SaveOptions");
 }
 
 Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const State& state,

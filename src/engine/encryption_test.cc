@@ -374,11 +374,11 @@ class EncryptedManager : public ::testing::TestWithParam<bool> {};
 TEST_P(EncryptedManager, SavesAndRestoresWithItsKey) {
   MemFileSystem fs;
   ManagerOptions o;
-  o.directory = "/mgr";
+  o.naming.directory = "/mgr";
   o.io.fs = &fs;
-  o.async = GetParam();
-  o.async_options.slab_bytes = kEncChunk;
-  o.key = EncryptionKey::FromBytes(kKeyA);
+  o.async_save.enabled = GetParam();
+  o.async_save.checkpointer.slab_bytes = kEncChunk;
+  o.storage.key = EncryptionKey::FromBytes(kKeyA);
   const State state = EncState(13);
   {
     auto m = CheckpointManager::Open(o).value();
@@ -395,13 +395,13 @@ TEST_P(EncryptedManager, SavesAndRestoresWithItsKey) {
     if (!e.committed) continue;
     EXPECT_TRUE(CheckpointReader::Open(e.path, {}, {.fs = &fs}).value()->encrypted()) << e.path;
   }
-  o.key = {};
+  o.storage.key = {};
   auto plain = CheckpointManager::Open(o).value();
   Status s = plain->Restore().status();
   EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_TRUE(Has(s, "pass LoadOptions::key")) << s.ToString();
-  o.format = CheckpointFormat::kSafetensors;
-  o.key = EncryptionKey::FromBytes(kKeyA);
+  o.storage.format = CheckpointFormat::kSafetensors;
+  o.storage.key = EncryptionKey::FromBytes(kKeyA);
   EXPECT_THAT(ValidateManagerOptions(o), StatusIs(StatusCode::kInvalidArgument));
 }
 

@@ -1,5 +1,6 @@
 // engine::LoadTensors (the public Load of a checkpoint without sparse tables: src/api/load.cc),
-// LoadInto and VerifyCheckpoint on top of engine::Reader.
+// engine::LoadInto (the public LoadInto of one process) and VerifyCheckpoint on top of
+// engine::Reader.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -121,8 +122,6 @@ Result<State> LoadTensors(std::unique_ptr<Reader> reader, const std::string& pat
   return state;
 }
 
-}  // namespace engine
-
 Status LoadInto(const std::string& path, State& targets, const LoadOptions& options,
                 const IoOptions& io) {
   SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
@@ -146,6 +145,8 @@ Status LoadInto(const std::string& path, State& targets, const LoadOptions& opti
   targets.Erase(format::kSparseValueName);  // the tables' description is not a user value
   return Status::OK();
 }
+
+}  // namespace engine
 
 Status VerifyCheckpoint(const std::string& path, const LoadOptions& options, const IoOptions& io) {
   SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));

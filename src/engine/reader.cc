@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "engine/box.h"
+#include "engine/request.h"
 #include "util/crc32c.h"
 #include "util/parallel.h"
 #include "util/progress.h"
@@ -58,6 +59,7 @@ TensorInfo Describe(const format::TensorRecord& t) {
 Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const LoadOptions& o,
                                                  const IoOptions& io) {
   SP_RETURN_IF_ERROR(ValidateIoOptions(io, fmt::format("open checkpoint {}", path)));
+  SP_RETURN_IF_ERROR(RefuseTopology(o.topology, "open checkpoint " + path, "LoadOptions"));
   if (o.format != Format::kAuto && o.format != Format::kNative) {
     return InvalidArgumentError(fmt::format(
         "open checkpoint {}: LoadOptions.format = {}: this call reads native checkpoints (Load and "

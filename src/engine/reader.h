@@ -201,6 +201,11 @@ class Reader final : public CheckpointReader {
 Result<State> LoadTensors(std::unique_ptr<Reader> reader, const std::string& path,
                           const LoadOptions& options);
 
+// Fills the tensors of `targets` from the checkpoint at `path`, whole tensors of equal dtype and
+// shape (the public LoadInto of one process, src/api/load.cc).
+Status LoadInto(const std::string& path, State& targets, const LoadOptions& options,
+                const IoOptions& io);
+
 }  // namespace savepoint::engine
 
 #endif  // SAVEPOINT_ENGINE_READER_H_

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <string_view>
 
 #include "savepoint/checkpoint.h"
 #include "savepoint/comm.h"
@@ -35,13 +36,18 @@ struct RowGather {
 using RowGathers = std::map<std::string, RowGather, std::less<>>;
 
 // Who writes: one process (comm == nullptr), or every rank of `comm`, each with its own tensors
-// placed by `layout`.
-struct Topology {
-  Communicator* comm = nullptr;
-  const ShardLayout* layout = nullptr;  // required with comm
-  // Timeout of every collective of a distributed write. Default: 10 minutes.
-  Timeout timeout = std::chrono::minutes(10);
-};
+// placed by `layout` (required with comm: the public Save puts an empty layout there when the
+// caller gave none). The public options' type; in a request, options.topology is always unset.
+using Topology = savepoint::Topology;
+
+// InvalidArgument "{what}: {field}.topology is set: ..." when `t` has comm or layout set, for the
+// calls that do not take a topology in their options.
+inline Status RefuseTopology(const Topology& t, std::string_view what, std::string_view field) {
+  if (t.comm == nullptr && t.layout == nullptr) return Status::OK();
+  return InvalidArgumentError(std::string(what) + ": " + std::string(field) +
+                              ".topology is set, but this call takes no topology (Save, Load and "
+                              "LoadInto do)");
+}
 
 struct WriteRequest {
   std::string path;              // the checkpoint directory to commit

@@ -27,6 +27,7 @@
 #include <optional>
 
 #include "engine/paths.h"
+#include "engine/request.h"
 #include "engine/seal.h"
 #include "engine/select.h"
 #include "io/commit.h"
@@ -362,6 +363,7 @@ Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o,
   SaveTarget t;
   t.fs = FileSystemOf(io);
   SP_RETURN_IF_ERROR(CheckSaveOptions(o));
+  SP_RETURN_IF_ERROR(RefuseTopology(o.topology, "save " + raw_path, "SaveOptions"));
   SP_ASSIGN_OR_RETURN(t.path, NormalizeCheckpointPath(raw_path));
   std::string context = fmt::format("save {}", t.path);
   SP_RETURN_IF_ERROR(ValidateIoOptions(io, context));

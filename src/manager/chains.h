@@ -1,4 +1,4 @@
-// Internal: sparse delta chains in a manager's directory (ManagerOptions::compaction,
+// Internal: sparse delta chains in a manager's directory (ManagerOptions::sparse.compaction,
 // SaveArgs::delta): which checkpoints the kept ones need through their chains, and the
 // compaction of a chain on a background thread.
 //

@@ -39,11 +39,11 @@ std::vector<int64_t> Steps(CheckpointManager& m) { return m.AllSteps(); }
 TEST(ManagerChains, DeltasKeepBasesAndCompactInTheBackground) {
   MemFileSystem fs;
   ManagerOptions o;
-  o.directory = "/ckpt";
+  o.naming.directory = "/ckpt";
   o.io.fs = &fs;
-  o.keep_last_n = 1;
-  o.compaction.max_depth = 2;
-  o.compaction.max_delta_ratio = 1e9;
+  o.retention.keep_last_n = 1;
+  o.sparse.compaction.max_depth = 2;
+  o.sparse.compaction.max_delta_ratio = 1e9;
   auto m = CheckpointManager::Open(o).value();
   std::map<int64_t, float> ref;
   std::vector<int64_t> all;

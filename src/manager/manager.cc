@@ -77,9 +77,10 @@ class ManagerImpl final : public CheckpointManager {
 
   Status Init() {
     SP_ASSIGN_OR_RETURN(store_, Store::Create(o_));
-    std::string dir = o_.directory_fn ? o_.directory_fn(StepInfo{0, 1, 0}) : o_.directory;
+    std::string dir =
+        o_.naming.directory_fn ? o_.naming.directory_fn(StepInfo{0, 1, 0}) : o_.naming.directory;
     SP_RETURN_IF_ERROR(OpenDirectory(dir));
-    if (o_.handle_signals) {
+    if (o_.breakpoints.handle_signals) {
       SP_RETURN_IF_ERROR(InstallSignalHandlers());
       signals_installed_ = true;
     }
@@ -159,16 +160,16 @@ class ManagerImpl final : public CheckpointManager {
   Status Register(const std::string& name, Stateful* object, Category category) override {
     std::lock_guard<std::mutex> lock(mu_);
     SP_RETURN_IF_ERROR(registry_.Add(name, object, category));
-    if (o_.async && o_.prefault_staging) ReserveStaging();
+    if (o_.async_save.enabled && o_.async_save.prefault_staging) ReserveStaging();
     return Status::OK();
   }
   Status Reserve(uint64_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
     SP_RETURN_IF_ERROR(CheckOpen());
-    if (!o_.async || o_.format != Format::kNative) {
+    if (!o_.async_save.enabled || o_.storage.format != Format::kNative) {
       return FailedPreconditionError(fmt::format(
           "checkpoint manager {}: Reserve: only async native saves stage (async = {}, format = {})",
-          dir_, o_.async, FormatName(o_.format)));
+          dir_, o_.async_save.enabled, FormatName(o_.storage.format)));
     }
     store_->Reserve(bytes);
     return Status::OK();
@@ -203,7 +204,8 @@ class ManagerImpl final : public CheckpointManager {
     std::lock_guard<std::mutex> lock(mu_);
     SP_RETURN_IF_ERROR(CheckOpen());
     NoteStep(step, epoch);
-    if (int sig = PendingSignal(); sig != 0 && o_.handle_signals) return HandleSignal(sig);
+    if (int sig = PendingSignal(); sig != 0 && o_.breakpoints.handle_signals)
+      return HandleSignal(sig);
     SaveArgs args = HookArgs(metrics);
     return SaveRegisteredLocked(step, args).status();
   }
@@ -211,7 +213,8 @@ class ManagerImpl final : public CheckpointManager {
     std::lock_guard<std::mutex> lock(mu_);
     SP_RETURN_IF_ERROR(CheckOpen());
     if (epoch != cur_epoch_) NoteStep(last_step_, epoch);
-    if (int sig = PendingSignal(); sig != 0 && o_.handle_signals) return HandleSignal(sig);
+    if (int sig = PendingSignal(); sig != 0 && o_.breakpoints.handle_signals)
+      return HandleSignal(sig);
     if (last_saved_step_ == last_step_) return MarkEpochEnd(last_step_);
     SaveArgs args = HookArgs(metrics);
     args.force = true;
@@ -230,7 +233,8 @@ class ManagerImpl final : public CheckpointManager {
     std::lock_guard<std::mutex> lock(mu_);
     SP_RETURN_IF_ERROR(CheckOpen());
     NoteStep(global_step_ + 1, cur_epoch_ > 0 ? cur_epoch_ : 1);
-    if (int sig = PendingSignal(); sig != 0 && o_.handle_signals) return HandleSignal(sig);
+    if (int sig = PendingSignal(); sig != 0 && o_.breakpoints.handle_signals)
+      return HandleSignal(sig);
     if (policy_.save_steps <= 0 || global_step_ % policy_.save_steps != 0) return false;
     SaveArgs args = HookArgs(metrics);
     args.force = true;
@@ -272,8 +276,8 @@ class ManagerImpl final : public CheckpointManager {
       if (!removed.ok()) spdlog::warn("savepoint: {}: {}", context, removed.status().ToString());
     }
     SP_ASSIGN_OR_RETURN(Index index, ReadIndex(fs_, dir));
-    SP_ASSIGN_OR_RETURN(bool changed,
-                        Reconcile(*store_, fs_, dir, index.records, o_.steps_per_epoch));
+    SP_ASSIGN_OR_RETURN(
+        bool changed, Reconcile(*store_, fs_, dir, index.records, o_.save_policy.steps_per_epoch));
     if (changed) SP_RETURN_IF_ERROR(WriteIndex(fs_, dir, index).WithContext(context));
     SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs_->ListDir(dir));
     std::vector<std::string> names;
@@ -281,7 +285,7 @@ class ManagerImpl final : public CheckpointManager {
       std::optional<std::string> name = store_->NameOf(e);
       if (name && !name->ends_with("_breakpoint")) names.push_back(*name);
     }
-    prefix_ = o_.prefix_fn ? std::string() : ResolvePrefixConflict(o_.prefix, names);
+    prefix_ = o_.naming.prefix_fn ? std::string() : ResolvePrefixConflict(o_.naming.prefix, names);
     saved_in_dir_ = false;
     lock_ = std::move(lock).value();
     index_ = std::move(index);
@@ -291,8 +295,8 @@ class ManagerImpl final : public CheckpointManager {
   }
 
   Status MaybeSwitchDirectory(const StepInfo& info) {
-    if (!o_.directory_fn) return Status::OK();
-    std::string dir = o_.directory_fn(info);
+    if (!o_.naming.directory_fn) return Status::OK();
+    std::string dir = o_.naming.directory_fn(info);
     if (dir == dir_) return Status::OK();
     SP_RETURN_IF_ERROR(Reap(true));
     lock_.reset();
@@ -311,7 +315,8 @@ class ManagerImpl final : public CheckpointManager {
     return s;
   }
 
-  // Reserves staging memory for every registered tensor (ManagerOptions::prefault_staging).
+  // Reserves staging memory for every registered tensor
+  // (ManagerOptions::async_save.prefault_staging).
   void ReserveStaging() {
     Result<Gathered> g = registry_.Gather();
     if (!g.ok()) return;  // the first save reports it
@@ -332,7 +337,7 @@ class ManagerImpl final : public CheckpointManager {
   }
 
   StepInfo InfoFor(int64_t step, const SaveArgs& args) const {
-    const int64_t spe = o_.steps_per_epoch;
+    const int64_t spe = o_.save_policy.steps_per_epoch;
     StepInfo info{step, spe > 0 ? (step - 1) / spe + 1 : 1, spe > 0 ? (step - 1) % spe + 1 : step};
     if (spe > 0 && step <= 0) info = {step, 1, 0};
     if (args.epoch) info.epoch = *args.epoch;
@@ -341,9 +346,9 @@ class ManagerImpl final : public CheckpointManager {
   }
 
   Result<std::string> NameFor(const StepInfo& info, bool breakpoint) const {
-    if (!o_.prefix_fn) return CheckpointName(prefix_, info, breakpoint);
-    std::string name = o_.prefix_fn(info);
-    SP_RETURN_IF_ERROR(ValidatePrefix(name, "ManagerOptions.prefix_fn result"));
+    if (!o_.naming.prefix_fn) return CheckpointName(prefix_, info, breakpoint);
+    std::string name = o_.naming.prefix_fn(info);
+    SP_RETURN_IF_ERROR(ValidatePrefix(name, "ManagerOptions.naming.prefix_fn result"));
     return breakpoint ? name + "_breakpoint" : name;
   }
 
@@ -361,11 +366,11 @@ class ManagerImpl final : public CheckpointManager {
     mine.update(RecordMeta(rec));
     meta["step"] = rec.step;
     const std::string context = fmt::format("save {}: append_info", rec.name);
-    for (const std::string& item : o_.append_info) {
+    for (const std::string& item : o_.storage.append_info) {
       const int64_t n = item == "epoch_num" ? rec.epoch : rec.step;
       SP_RETURN_IF_ERROR(out.PutValue(item, Value(n)).WithContext(context));
     }
-    for (const auto& [key, value] : o_.append_dict) {
+    for (const auto& [key, value] : o_.storage.append_dict) {
       SP_RETURN_IF_ERROR(out.PutValue(key, value).WithContext(context));
     }
     return out;
@@ -388,18 +393,18 @@ class ManagerImpl final : public CheckpointManager {
     CheckpointRecord rec{
         name, JoinPath(dir_, name), step,           info.epoch,  info.step_in_epoch, 0,
         0,    args.breakpoint,      args.epoch_end, args.metrics};
-    if (!state.tables().empty() && o_.format != CheckpointFormat::kNative) {
-      return InvalidArgumentError(
-          fmt::format("save {}: sparse tables ({}, ...) need ManagerOptions.format = kNative",
-                      rec.path, state.tables().begin()->first));
+    if (!state.tables().empty() && o_.storage.format != CheckpointFormat::kNative) {
+      return InvalidArgumentError(fmt::format(
+          "save {}: sparse tables ({}, ...) need ManagerOptions.storage.format = kNative", rec.path,
+          state.tables().begin()->first));
     }
-    const bool staged = o_.async && state.tables().empty() && !args.delta;
+    const bool staged = o_.async_save.enabled && state.tables().empty() && !args.delta;
     if (!staged) SP_RETURN_IF_ERROR(CheckHostMemory(state, rec.path));
     SP_ASSIGN_OR_RETURN(State full, Decorate(state, rec));
     bases_->Forget(rec.name);  // the name may be replaced
     if (args.delta) {
       SP_RETURN_IF_ERROR(SaveDeltaLocked(std::move(rec), full));
-    } else if (o_.async && state.tables().empty()) {  // tables are saved synchronously
+    } else if (o_.async_save.enabled && state.tables().empty()) {  // tables are saved synchronously
       SP_ASSIGN_OR_RETURN(std::shared_ptr<InFlight> h, store_->SaveAsync(full, rec.path));
       pending_.push_back({std::move(h), std::move(rec)});
     } else {
@@ -418,7 +423,7 @@ class ManagerImpl final : public CheckpointManager {
   // A save that does not go through the async Checkpointer (synchronous, with tables or a delta)
   // reads the tensors in place: none may be in memory only its copier can reach (device memory).
   Status CheckHostMemory(const State& state, const std::string& path) const {
-    const SnapshotCopier* copier = o_.async_options.copier;
+    const SnapshotCopier* copier = o_.async_save.checkpointer.copier;
     if (copier == nullptr) return Status::OK();
     for (const auto& [name, e] : state.entries()) {
       if (e.is_tensor() && e.tensor().nbytes() > 0 && copier->Copies(e.tensor().data())) {
@@ -455,8 +460,9 @@ class ManagerImpl final : public CheckpointManager {
 
   // Starts compacting the chain ending at `head` when the policy says so.
   void MaybeCompact(const CheckpointRecord& head) {
-    if (!o_.compact) return;
-    Result<bool> due = ChainNeedsCompaction(*store_, head.path, index_.records, o_.compaction);
+    if (!o_.sparse.compact) return;
+    Result<bool> due =
+        ChainNeedsCompaction(*store_, head.path, index_.records, o_.sparse.compaction);
     if (!due.ok()) {
       spdlog::warn("savepoint: compaction of {}: {}", head.path, due.status().ToString());
     } else if (*due) {
@@ -502,8 +508,9 @@ class ManagerImpl final : public CheckpointManager {
   }
 
   Status SaveBreakpointLocked() {
-    if (!o_.exception_save) {
-      return FailedPreconditionError("SaveBreakpoint: ManagerOptions.exception_save is false");
+    if (!o_.breakpoints.on_exception) {
+      return FailedPreconditionError(
+          "SaveBreakpoint: ManagerOptions.breakpoints.on_exception is false");
     }
     SP_RETURN_IF_ERROR(CheckOpen());
     SaveArgs args = HookArgs({});
@@ -513,7 +520,7 @@ class ManagerImpl final : public CheckpointManager {
   }
 
   Status HandleSignal(int sig) {
-    Status s = o_.exception_save ? SaveBreakpointLocked() : Reap(true);
+    Status s = o_.breakpoints.on_exception ? SaveBreakpointLocked() : Reap(true);
     std::string latest = index_.records.empty() ? "none" : index_.records.back().path;
     Status closed = CloseLocked();
     if (s.ok()) s = closed;
@@ -613,8 +620,9 @@ class ManagerImpl final : public CheckpointManager {
     cur_epoch_ = rec.epoch;
     epoch_first_step_ = rec.step - rec.step_in_epoch + 1;
     last_save_time_ = std::chrono::steady_clock::now();
-    if (o_.series == SeriesRule::kContinue && !o_.prefix_fn && !saved_in_dir_) {
-      if (std::optional<std::string> series = SeriesOf(o_.prefix, rec.name)) prefix_ = *series;
+    if (o_.naming.series == SeriesRule::kContinue && !o_.naming.prefix_fn && !saved_in_dir_) {
+      if (std::optional<std::string> series = SeriesOf(o_.naming.prefix, rec.name))
+        prefix_ = *series;
     }
   }
 
@@ -635,7 +643,7 @@ class ManagerImpl final : public CheckpointManager {
   SaveArgs HookArgs(const Metrics& metrics) const {
     SaveArgs args;
     args.metrics = metrics;
-    if (o_.steps_per_epoch == 0) {
+    if (o_.save_policy.steps_per_epoch == 0) {
       args.epoch = cur_epoch_ > 0 ? cur_epoch_ : 1;
       args.step_in_epoch = cur_epoch_ > 0 ? last_step_ - epoch_first_step_ + 1 : last_step_;
     }

@@ -25,60 +25,67 @@ Status NonNegative(const char* field, int64_t value) {
 }
 
 Status ValidateIntervals(const ManagerOptions& o) {
-  SP_RETURN_IF_ERROR(NonNegative("save_interval_steps", o.save_interval_steps));
-  SP_RETURN_IF_ERROR(NonNegative("save_interval_seconds", o.save_interval_seconds));
-  SP_RETURN_IF_ERROR(NonNegative("keep_last_n", o.keep_last_n));
-  SP_RETURN_IF_ERROR(NonNegative("keep_per_n_minutes", o.keep_per_n_minutes));
-  SP_RETURN_IF_ERROR(NonNegative("keep_every_n_steps", o.keep_every_n_steps));
-  SP_RETURN_IF_ERROR(NonNegative("keep_best_n", o.keep_best_n));
-  SP_RETURN_IF_ERROR(NonNegative("steps_per_epoch", o.steps_per_epoch));
-  if (o.save_interval_steps == 0 && o.save_interval_seconds == 0 && o.keep_last_n == 0 &&
-      o.keep_per_n_minutes == 0 && !o.keep_all) {
+  SP_RETURN_IF_ERROR(NonNegative("save_policy.interval_steps", o.save_policy.interval_steps));
+  SP_RETURN_IF_ERROR(NonNegative("save_policy.interval_seconds", o.save_policy.interval_seconds));
+  SP_RETURN_IF_ERROR(NonNegative("retention.keep_last_n", o.retention.keep_last_n));
+  SP_RETURN_IF_ERROR(NonNegative("retention.keep_per_n_minutes", o.retention.keep_per_n_minutes));
+  SP_RETURN_IF_ERROR(NonNegative("retention.keep_every_n_steps", o.retention.keep_every_n_steps));
+  SP_RETURN_IF_ERROR(NonNegative("retention.keep_best_n", o.retention.keep_best_n));
+  SP_RETURN_IF_ERROR(NonNegative("save_policy.steps_per_epoch", o.save_policy.steps_per_epoch));
+  if (o.save_policy.interval_steps == 0 && o.save_policy.interval_seconds == 0 &&
+      o.retention.keep_last_n == 0 && o.retention.keep_per_n_minutes == 0 &&
+      !o.retention.keep_all) {
     return InvalidArgumentError(
-        "ManagerOptions: save_interval_steps, save_interval_seconds, keep_last_n and "
-        "keep_per_n_minutes are all 0: nothing would ever be saved or kept (set one of them)");
+        "ManagerOptions: save_policy.interval_steps, save_policy.interval_seconds, "
+        "retention.keep_last_n and retention.keep_per_n_minutes are all 0: nothing would ever be "
+        "saved or kept (set one of them)");
   }
-  if (o.keep_best_n > 0 && o.best_metric.empty()) {
+  if (o.retention.keep_best_n > 0 && o.retention.best_metric.empty()) {
     return InvalidArgumentError(
-        fmt::format("ManagerOptions.keep_best_n = {} needs best_metric (the metric to rank by)",
-                    o.keep_best_n));
+        fmt::format("ManagerOptions.retention.keep_best_n = {} needs retention.best_metric (the "
+                    "metric to rank by)",
+                    o.retention.keep_best_n));
   }
-  if (o.keep_best_n == 0 && !o.best_metric.empty()) {
+  if (o.retention.keep_best_n == 0 && !o.retention.best_metric.empty()) {
     return InvalidArgumentError(fmt::format(
-        "ManagerOptions.best_metric = {:?} is set but keep_best_n is 0", o.best_metric));
+        "ManagerOptions.retention.best_metric = {:?} is set but retention.keep_best_n is 0",
+        o.retention.best_metric));
   }
-  SP_RETURN_IF_ERROR(NonNegative("compaction.max_depth", o.compaction.max_depth));
-  if (!(o.compaction.max_delta_ratio > 0) || !std::isfinite(o.compaction.max_delta_ratio)) {
+  SP_RETURN_IF_ERROR(NonNegative("sparse.compaction.max_depth", o.sparse.compaction.max_depth));
+  if (!(o.sparse.compaction.max_delta_ratio > 0) ||
+      !std::isfinite(o.sparse.compaction.max_delta_ratio)) {
     return InvalidArgumentError(
-        fmt::format("ManagerOptions.compaction.max_delta_ratio = {}: must be finite and > 0",
-                    o.compaction.max_delta_ratio));
+        fmt::format("ManagerOptions.sparse.compaction.max_delta_ratio = {}: must be finite and > 0",
+                    o.sparse.compaction.max_delta_ratio));
   }
   return Status::OK();
 }
 
 Status ValidateAppendInfo(const ManagerOptions& o) {
-  for (const std::string& item : o.append_info) {
+  for (const std::string& item : o.storage.append_info) {
     if (item != "epoch_num" && item != "step_num") {
       return InvalidArgumentError(fmt::format(
-          "ManagerOptions.append_info: {:?} is not one of \"epoch_num\", \"step_num\"", item));
+          "ManagerOptions.storage.append_info: {:?} is not one of \"epoch_num\", \"step_num\"",
+          item));
     }
   }
-  for (const auto& [key, value] : o.append_dict) {
+  for (const auto& [key, value] : o.storage.append_dict) {
     if (Status s = ValidateName(key); !s.ok()) {
       return InvalidArgumentError(
-          fmt::format("ManagerOptions.append_dict key {:?}: {}", key, s.message()));
+          fmt::format("ManagerOptions.storage.append_dict key {:?}: {}", key, s.message()));
     }
     if (key == "epoch_num" || key == "step_num") {
-      return InvalidArgumentError(
-          fmt::format("ManagerOptions.append_dict key {:?} is reserved (use append_info)", key));
+      return InvalidArgumentError(fmt::format(
+          "ManagerOptions.storage.append_dict key {:?} is reserved (use storage.append_info)",
+          key));
     }
     ValueKind k = value.kind();
     if (k != ValueKind::kInt && k != ValueKind::kFloat && k != ValueKind::kBool &&
         k != ValueKind::kString) {
-      return InvalidArgumentError(
-          fmt::format("ManagerOptions.append_dict[{:?}] is a {} value: only int, float, bool "
-                      "and string are allowed",
-                      key, ValueKindName(k)));
+      return InvalidArgumentError(fmt::format(
+          "ManagerOptions.storage.append_dict[{:?}] is a {} value: only int, float, bool "
+          "and string are allowed",
+          key, ValueKindName(k)));
     }
   }
   return Status::OK();
@@ -96,49 +103,54 @@ Status ValidateFileAsync(const CheckpointerOptions& a) {
       : a.copier != d.copier                                   ? "copier"
                                                                : nullptr;
   if (field == nullptr) return Status::OK();
-  return InvalidArgumentError(fmt::format(
-      "ManagerOptions.async_options.{}: applies to native checkpoints only (a file format's async "
-      "save snapshots into fresh memory; only snapshot_threads applies)",
-      field));
+  return InvalidArgumentError(
+      fmt::format("ManagerOptions.async_save.checkpointer.{}: applies to native checkpoints only "
+                  "(a file format's async "
+                  "save snapshots into fresh memory; only snapshot_threads applies)",
+                  field));
 }
 
 Status ValidateFormat(const ManagerOptions& o) {
-  const bool ckpt = o.format == CheckpointFormat::kMindSporeCkpt;
-  if (o.format != CheckpointFormat::kNative && o.format != CheckpointFormat::kSafetensors &&
-      !ckpt) {
-    return InvalidArgumentError(
-        fmt::format("ManagerOptions.format = {} ({}): the manager writes kNative, kSafetensors or "
-                    "kMindSporeCkpt",
-                    static_cast<int>(o.format), FormatName(o.format)));
+  const bool ckpt = o.storage.format == CheckpointFormat::kMindSporeCkpt;
+  if (o.storage.format != CheckpointFormat::kNative &&
+      o.storage.format != CheckpointFormat::kSafetensors && !ckpt) {
+    return InvalidArgumentError(fmt::format(
+        "ManagerOptions.storage.format = {} ({}): the manager writes kNative, kSafetensors or "
+        "kMindSporeCkpt",
+        static_cast<int>(o.storage.format), FormatName(o.storage.format)));
   }
-  if (o.format == CheckpointFormat::kNative && o.crc_check) {
+  if (o.storage.format == CheckpointFormat::kNative && o.storage.file_checksum) {
     return InvalidArgumentError(
-        "ManagerOptions.crc_check: only with a file format (kSafetensors, kMindSporeCkpt); native "
+        "ManagerOptions.storage.file_checksum: only with a file format (kSafetensors, "
+        "kMindSporeCkpt); native "
         "checkpoints always carry a CRC32C per chunk");
   }
-  if (o.format == CheckpointFormat::kSafetensors && o.key) {
+  if (o.storage.format == CheckpointFormat::kSafetensors && o.storage.key) {
     return InvalidArgumentError(
-        "ManagerOptions.key: safetensors files cannot be encrypted; use format kNative or "
+        "ManagerOptions.storage.key: safetensors files cannot be encrypted; use format kNative or "
         "kMindSporeCkpt");
   }
-  if (o.enc_mode != MindSporeCipher::kAesGcm && !(ckpt && o.key)) {
+  if (o.storage.cipher != MindSporeCipher::kAesGcm && !(ckpt && o.storage.key)) {
     return InvalidArgumentError(
-        fmt::format("ManagerOptions.enc_mode = {}: only with format kMindSporeCkpt and a key",
-                    MindSporeCipherName(o.enc_mode)));
+        fmt::format("ManagerOptions.storage.cipher = {}: only with format kMindSporeCkpt and a key",
+                    MindSporeCipherName(o.storage.cipher)));
   }
-  if (o.format != CheckpointFormat::kNative) return ValidateFileAsync(o.async_options);
+  if (o.storage.format != CheckpointFormat::kNative)
+    return ValidateFileAsync(o.async_save.checkpointer);
   return Status::OK();
 }
 
 Status ValidateWhere(const ManagerOptions& o) {
-  if (o.series != SeriesRule::kContinue && o.series != SeriesRule::kNew) {
+  if (o.naming.series != SeriesRule::kContinue && o.naming.series != SeriesRule::kNew) {
+    return InvalidArgumentError(fmt::format("ManagerOptions.naming.series = {}: not a SeriesRule",
+                                            static_cast<int>(o.naming.series)));
+  }
+  if (o.naming.directory.empty() && !o.naming.directory_fn) {
     return InvalidArgumentError(
-        fmt::format("ManagerOptions.series = {}: not a SeriesRule", static_cast<int>(o.series)));
+        "ManagerOptions.naming.directory is empty and naming.directory_fn is not set");
   }
-  if (o.directory.empty() && !o.directory_fn) {
-    return InvalidArgumentError("ManagerOptions.directory is empty and directory_fn is not set");
-  }
-  if (!o.prefix_fn) SP_RETURN_IF_ERROR(ValidatePrefix(o.prefix, "ManagerOptions.prefix"));
+  if (!o.naming.prefix_fn)
+    SP_RETURN_IF_ERROR(ValidatePrefix(o.naming.prefix, "ManagerOptions.naming.prefix"));
   if (o.num_shards < 1 || o.shard_id < 0 || o.shard_id >= o.num_shards) {
     return InvalidArgumentError(
         fmt::format("ManagerOptions: shard_id = {} and num_shards = {}: need 0 <= shard_id < "
@@ -162,18 +174,18 @@ Status ValidatePrefix(std::string_view prefix, std::string_view what) {
 
 Policy ResolvePolicy(const ManagerOptions& o) {
   Policy p;
-  p.save_steps = o.save_interval_steps;
-  p.save_seconds = o.save_interval_steps > 0 ? 0 : o.save_interval_seconds;
-  p.keep_all = o.keep_all;
-  if (!o.keep_all) {
-    p.keep_last_n = o.keep_last_n;
-    p.keep_per_minutes = o.keep_last_n > 0 ? 0 : o.keep_per_n_minutes;
+  p.save_steps = o.save_policy.interval_steps;
+  p.save_seconds = o.save_policy.interval_steps > 0 ? 0 : o.save_policy.interval_seconds;
+  p.keep_all = o.retention.keep_all;
+  if (!o.retention.keep_all) {
+    p.keep_last_n = o.retention.keep_last_n;
+    p.keep_per_minutes = o.retention.keep_last_n > 0 ? 0 : o.retention.keep_per_n_minutes;
     if (p.keep_last_n == 0 && p.keep_per_minutes == 0) p.keep_last_n = 1;
   }
-  p.keep_every_n_steps = o.keep_every_n_steps;
-  p.keep_best_n = o.keep_best_n;
-  p.best_metric = o.best_metric;
-  p.best_mode = o.best_mode;
+  p.keep_every_n_steps = o.retention.keep_every_n_steps;
+  p.keep_best_n = o.retention.keep_best_n;
+  p.best_metric = o.retention.best_metric;
+  p.best_mode = o.retention.best_mode;
   return p;
 }
 

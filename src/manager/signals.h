@@ -1,4 +1,5 @@
-// Internal: SIGTERM/SIGINT handling for CheckpointManager (ManagerOptions::handle_signals).
+// Internal: SIGTERM/SIGINT handling for CheckpointManager
+// (ManagerOptions::breakpoints.handle_signals).
 //
 // The handler is async-signal-safe: the first signal only records its number in a lock-free
 // atomic; the manager acts on it at its next hook. A second signal before that restores the

@@ -49,8 +49,8 @@ class NativeStore final : public Store {
   explicit NativeStore(const ManagerOptions& o) : o_(o), fs_(FileSystemOf(o.io)) {}
 
   Status Init() {
-    if (!o_.async) return Status::OK();
-    SP_ASSIGN_OR_RETURN(async_, Checkpointer::Create(o_.async_options, o_.io));
+    if (!o_.async_save.enabled) return Status::OK();
+    SP_ASSIGN_OR_RETURN(async_, Checkpointer::Create(o_.async_save.checkpointer, o_.io));
     return Status::OK();
   }
 
@@ -116,13 +116,13 @@ class NativeStore final : public Store {
   SaveOptions SaveOpts() const {
     SaveOptions so;
     so.overwrite = true;  // a name repeats only when training went back to an older step
-    so.key = o_.key;
+    so.key = o_.storage.key;
     return so;
   }
   LoadOptions LoadOpts() const {
     LoadOptions lo;
-    lo.verify_checksums = o_.checksum;
-    lo.key = o_.key;
+    lo.verify_checksums = o_.storage.verify_checksums;
+    lo.key = o_.storage.key;
     return lo;
   }
 
@@ -211,7 +211,7 @@ class FileStore final : public Store {
   explicit FileStore(const ManagerOptions& o)
       : o_(o),
         fs_(FileSystemOf(o.io)),
-        ckpt_(o.format == CheckpointFormat::kMindSporeCkpt),
+        ckpt_(o.storage.format == CheckpointFormat::kMindSporeCkpt),
         ext_(ckpt_ ? ".ckpt" : ".safetensors") {}
   ~FileStore() override {
     if (last_) last_->Wait().IgnoreError();  // the manager reaps every save before this
@@ -230,12 +230,13 @@ class FileStore final : public Store {
     engine::WriteRequest r;
     r.path = path;
     r.options.overwrite = true;
-    r.options.key = o_.key;
+    r.options.key = o_.storage.key;
     r.options.stats = stats;
     r.io = o_.io;
     SP_ASSIGN_OR_RETURN(
         std::unique_ptr<store::Writer> w,
-        store::OpenWrite(r, o_.format, {.file_checksum = o_.crc_check, .cipher = o_.enc_mode}));
+        store::OpenWrite(r, o_.storage.format,
+                         {.file_checksum = o_.storage.file_checksum, .cipher = o_.storage.cipher}));
     return w->Commit(state);
   }
   Result<std::shared_ptr<InFlight>> SaveAsync(const State& state,
@@ -245,16 +246,19 @@ class FileStore final : public Store {
       last_.reset();
     }
     const Clock::time_point t0 = Clock::now();
-    SP_ASSIGN_OR_RETURN(State snapshot, Snapshot(state, SnapshotThreads(o_.async_options)));
+    SP_ASSIGN_OR_RETURN(State snapshot,
+                        Snapshot(state, SnapshotThreads(o_.async_save.checkpointer)));
     auto save = [this, path](const State& s, SaveStats* st) { return Save(s, path, st); };
     last_ = std::make_shared<ThreadInFlight>(std::move(snapshot), save, SecondsSince(t0));
     return std::shared_ptr<InFlight>(last_);
   }
   Result<State> Load(const std::string& path, LoadStats* stats) override {
-    SP_ASSIGN_OR_RETURN(
-        std::unique_ptr<store::Reader> reader,
-        store::OpenRead(path, o_.format,
-                        {.verify_checksums = o_.checksum, .stats = stats, .key = o_.key}, o_.io));
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<store::Reader> reader,
+                        store::OpenRead(path, o_.storage.format,
+                                        {.verify_checksums = o_.storage.verify_checksums,
+                                         .stats = stats,
+                                         .key = o_.storage.key},
+                                        o_.io));
     return reader->Read({});
   }
   Result<std::unique_ptr<EntrySource>> OpenSource(const std::string& path) override {
@@ -288,9 +292,9 @@ class FileStore final : public Store {
   // comes from the file name. A file that is not a readable .ckpt is an error (Reconcile skips
   // it).
   Result<Json> CkptMetadata(const std::string& path) {
-    Result<MindSporeCheckpointInfo> info = InspectMindSporeCheckpoint(path, fs_, o_.key);
+    Result<MindSporeCheckpointInfo> info = InspectMindSporeCheckpoint(path, fs_, o_.storage.key);
     if (info.ok()) return info->values.metadata();
-    if (!o_.key) return info.status();
+    if (!o_.storage.key) return info.status();
     SP_ASSIGN_OR_RETURN(MindSporeCheckpointInfo keyless, InspectMindSporeCheckpoint(path, fs_));
     if (keyless.cipher.empty()) return info.status();  // not encrypted: the file is bad
     return Json();
@@ -306,7 +310,7 @@ class FileStore final : public Store {
 }  // namespace
 
 Result<std::unique_ptr<Store>> Store::Create(const ManagerOptions& options) {
-  if (options.format != CheckpointFormat::kNative) {
+  if (options.storage.format != CheckpointFormat::kNative) {
     return std::unique_ptr<Store>(std::make_unique<FileStore>(options));
   }
   auto store = std::make_unique<NativeStore>(options);
@@ -316,8 +320,8 @@ Result<std::unique_ptr<Store>> Store::Create(const ManagerOptions& options) {
 
 namespace {
 Status NeedsNative(std::string_view what, const std::string& path) {
-  return InvalidArgumentError(
-      fmt::format("{} {}: sparse delta chains need ManagerOptions.format = kNative", what, path));
+  return InvalidArgumentError(fmt::format(
+      "{} {}: sparse delta chains need ManagerOptions.storage.format = kNative", what, path));
 }
 }  // namespace
 

@@ -1,4 +1,4 @@
-// Internal: how a manager's checkpoints are stored, one Store per ManagerOptions::format.
+// Internal: how a manager's checkpoints are stored, one Store per ManagerOptions::storage.format.
 //
 //  - kNative: a checkpoint directory "{name}" per save (docs/FORMAT.md), through the engine (and
 //    its async Checkpointer).

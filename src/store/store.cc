@@ -18,6 +18,7 @@ Status Refuse(std::string_view what, std::string_view field, Format format, std:
 Status CheckRead(const std::string& path, Format f, const LoadOptions& o,
                  std::optional<Cipher> cipher) {
   const std::string what = fmt::format("read {}", path);
+  SP_RETURN_IF_ERROR(engine::RefuseTopology(o.topology, what, "LoadOptions"));
   const Capabilities c = CapabilitiesOf(f);
   if (o.key && !c.encrypt) return Refuse(what, "LoadOptions.key", f, "the format is not encrypted");
   if (cipher && f != Format::kMindSporeCkpt) {
@@ -36,6 +37,7 @@ Status CheckRead(const std::string& path, Format f, const LoadOptions& o,
 
 Status CheckWrite(const engine::WriteRequest& r, Format f, const FileOptions& file) {
   const std::string what = fmt::format("write {}", r.path);
+  SP_RETURN_IF_ERROR(engine::RefuseTopology(r.options.topology, what, "SaveOptions"));
   const Capabilities c = CapabilitiesOf(f);
   if (!c.write) {
     return Refuse(what, "SaveOptions.format", f,
@@ -57,7 +59,7 @@ Status CheckWrite(const engine::WriteRequest& r, Format f, const FileOptions& fi
     return Refuse(what, "mindspore_flavour", f, "a flavour of safetensors files");
   }
   if (file.cipher != Cipher::kAesGcm && (f != Format::kMindSporeCkpt || !r.options.key)) {
-    return Refuse(what, "the cipher (ConvertOptions.cipher, ManagerOptions.enc_mode)", f,
+    return Refuse(what, "the cipher (ConvertOptions.cipher, ManagerStorage.cipher)", f,
                   "only an encrypted .ckpt file chooses one");
   }
   if (f == Format::kNative) return Status::OK();

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <functional>
@@ -41,7 +42,12 @@ TEST(FailoverTest, Rank0DiesAndASurvivorDumpsTheLastStep) {
   ASSERT_TRUE(out.dumped) << out.dump_status.ToString();
   ASSERT_EQ(out.writers.size(), 1u);
   EXPECT_NE(out.writers[0], 0);
-  EXPECT_GE(out.dump_step, 6);
+  // The newest step a survivor finished (the ranks are not kept in step: under load a survivor
+  // may still be before rank 0's last step 6 when it learns of the death).
+  int64_t newest = 0;
+  for (int r = 1; r < 4; ++r) newest = std::max(newest, ranks[r].step);
+  EXPECT_GE(out.dump_step, 1);
+  EXPECT_EQ(out.dump_step, newest);
   EXPECT_EQ(ranks[out.writers[0]].step, out.dump_step);
   for (int r = 1; r < 4; ++r)
     EXPECT_THAT(ranks[r].result, StatusIs(StatusCode::kFailedPrecondition));
@@ -55,7 +61,7 @@ TEST(FailoverTest, Rank0DiesAndASurvivorDumpsTheLastStep) {
   EXPECT_EQ(loaded.FindValue("loader.position")->as_int(), out.dump_step * 32);
   // The manager sees the dump as its newest checkpoint.
   ManagerOptions mo;
-  mo.directory = dir.path();
+  mo.naming.directory = dir.path();
   SP_ASSERT_OK_AND_ASSIGN(auto manager, CheckpointManager::Open(mo));
   ASSERT_TRUE(manager->Latest().has_value());
   EXPECT_EQ(manager->Latest()->step, out.dump_step);

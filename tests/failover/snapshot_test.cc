@@ -126,7 +126,7 @@ TEST(SnapshotTest, RankWithoutReplicaIsDumpedFromItsSnapshot) {
   ExpectWeights(out.dump_path, 6, 2 * kElems);
   // The manager resumes from it, and the snapshots' memory was given back.
   ManagerOptions mo;
-  mo.directory = dir.path();
+  mo.naming.directory = dir.path();
   SP_ASSERT_OK_AND_ASSIGN(auto manager, CheckpointManager::Open(mo));
   ASSERT_TRUE(manager->Latest().has_value());
   EXPECT_EQ(manager->Latest()->step, 6);

@@ -60,8 +60,8 @@ int main(int argc, char** argv) {
   job.epochs = std::strtoll(argv[2], nullptr, 10);
   job.kill_at = std::strtoll(argv[3], nullptr, 10);
   ManagerOptions o;
-  o.directory = job.dir;
-  o.keep_all = true;
+  o.naming.directory = job.dir;
+  o.retention.keep_all = true;
   auto m = CheckpointManager::Open(o);
   Status s = m.status();
   if (s.ok()) s = job.trainer.Register(**m);

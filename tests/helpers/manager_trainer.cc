@@ -20,12 +20,12 @@ int main(int argc, char** argv) {
   const int64_t total = std::strtoll(argv[2], nullptr, 10);
   testing::ToyTrainer trainer(std::strtoull(argv[3], nullptr, 10));
   ManagerOptions o;
-  o.directory = dir;
-  o.save_interval_steps = 3;
-  o.keep_last_n = 2;
-  o.async = true;
-  o.async_options.staging_bytes = 1 << 20;
-  o.async_options.slab_bytes = 64 << 10;
+  o.naming.directory = dir;
+  o.save_policy.interval_steps = 3;
+  o.retention.keep_last_n = 2;
+  o.async_save.enabled = true;
+  o.async_save.checkpointer.staging_bytes = 1 << 20;
+  o.async_save.checkpointer.slab_bytes = 64 << 10;
   auto opened = CheckpointManager::Open(o);
   Status s = opened.status();
   if (s.ok()) s = trainer.Register(**opened);

@@ -103,6 +103,40 @@ def test_bad_option_values_raise_invalid_argument(tmp_path, kwargs, match):
     assert isinstance(e.value, ValueError)
 
 
+def test_options_are_bound_classes_grouped_by_role(tmp_path):
+    from savepoint import _core
+
+    o = _core.ManagerOptions()
+    assert o.retention.keep_last_n == 5 and o.save_policy.interval_steps == 1  # C++ defaults
+    o.retention.keep_last_n = 3  # a group is the options' own, not a copy
+    o.async_save.checkpointer.slab_bytes = 1 << 20
+    assert o.retention.keep_last_n == 3 and o.async_save.checkpointer.slab_bytes == 1 << 20
+    o.storage.cipher = "SM4-CBC"
+    assert o.storage.cipher == "SM4-CBC"
+    with pytest.raises(savepoint.InvalidArgumentError, match="cipher"):
+        o.storage.cipher = "DES"
+    o.storage.cipher = "AES-GCM"  # (another cipher needs format="ckpt" and a key)
+    o.storage.append_dict = {"lr": 0.5, "run": "r1", "ok": True, "n": 2}
+    assert o.storage.append_dict == {"lr": 0.5, "run": "r1", "ok": True, "n": 2}
+    assert not o.storage.key and not o.naming.prefix_fn
+    o.naming.prefix_fn = lambda step, epoch, step_in_epoch: f"s{step}"
+    assert o.naming.prefix_fn
+    o.naming.prefix_fn = None
+    o.storage.key = None
+    assert not o.naming.prefix_fn and not o.storage.key
+    with pytest.raises(TypeError):
+        o.retention.keep_all = 1  # the field's type, as in C++
+    with pytest.raises(savepoint.InvalidArgumentError, match="naming.directory is empty"):
+        o.validate()
+    o.naming.directory = str(tmp_path)
+    o.retention.keep_best_n = 1
+    with pytest.raises(savepoint.InvalidArgumentError,
+                       match=r"retention.keep_best_n = 1 needs retention.best_metric"):  # fmt: skip
+        o.validate()
+    o.retention.best_metric = "loss"
+    o.validate()
+
+
 def test_append_info_and_dict_are_stored(tmp_path):
     extra = {"run": "r1", "lr": 0.5, "ok": True}
     with savepoint.CheckpointManager(tmp_path / "ck", steps_per_epoch=3,

@@ -51,7 +51,7 @@ def test_encrypted_ckpt_files_need_the_key(tmp_path):
     ({"format": "safetensors", "key": b"k" * 32}, "safetensors files cannot be encrypted"),
     ({"format": "ckpt", "enc_mode": "AES-CBC"}, "enc_mode = AES-CBC"),
     ({"format": "ckpt", "key": b"k" * 16, "enc_mode": "DES"}, "DES"),
-    ({"format": "zip"}, "format = zip"),
+    ({"format": "zip"}, "format='zip': use 'native', 'ckpt', 'safetensors'"),
 ])
 def test_bad_format_options(tmp_path, kwargs, match):
     with pytest.raises(savepoint.InvalidArgumentError, match=match):
