@@ -361,10 +361,10 @@ class SAVEPOINT_API CheckpointManager {
   virtual std::vector<CheckpointRecord> All() = 0;
   virtual std::vector<int64_t> AllSteps() = 0;
   // Async native saves: allocates and pre-touches (and, with a CUDA copier, page-locks) staging
-  // memory for `bytes` (at most async_options.staging_bytes) in the background and returns at
-  // once, so that the first save of that size blocks for the copy alone (the registered objects'
-  // bytes are reserved already: AsyncSavePolicy::prefault_staging). FailedPrecondition for other
-  // managers.
+  // memory for `bytes` (at most async_save.checkpointer.staging_bytes) in the background and
+  // returns at once, so that the first save of that size blocks for the copy alone (the registered
+  // objects' bytes are reserved already: AsyncSavePolicy::prefault_staging). FailedPrecondition
+  // for other managers.
   virtual Status Reserve(uint64_t bytes) = 0;
   // Waits for every save in flight; indexes them and applies retention. First error.
   virtual Status Wait() = 0;

@@ -23,6 +23,7 @@ namespace {
 // the reference lives in a shared_ptr whose deleter takes the GIL).
 std::function<std::string(const StepInfo&)> NameCallable(nb::handle fn) {
   if (fn.is_none()) return nullptr;
+  if (!PyCallable_Check(fn.ptr())) throw nb::type_error("a name callable must be callable or None");
   std::shared_ptr<nb::object> ref(new nb::object(nb::borrow(fn)), [](nb::object* o) {
     if (Py_IsInitialized()) {
       nb::gil_scoped_acquire gil;
@@ -143,7 +144,8 @@ void BindStorage(nb::module_& m) {
             s.cipher = Take(ParseMindSporeCipher(name));
           },
           "The cipher by MindSpore's name: \"AES-GCM\", \"AES-CBC\" or \"SM4-CBC\".")
-      .def_rw("append_info", &ManagerStorage::append_info)
+      .def_rw("append_info", &ManagerStorage::append_info,
+              "Reading it gives a copy (a list): assign a new list to change it.")
       .def_prop_rw(
           "append_dict",
           [](const ManagerStorage& s) {
@@ -151,15 +153,19 @@ void BindStorage(nb::module_& m) {
             for (const auto& [k, v] : s.append_dict) d[nb::cast(k)] = FromValue(v);
             return d;
           },
-          [](ManagerStorage& s, const nb::dict& d) {
+          [](ManagerStorage& s, nb::handle d) {
             std::map<std::string, Value> out;
-            for (auto [key, value] : d) {
-              std::string k = nb::cast<std::string>(key);
-              out[k] = AppendValue(k, value);
+            if (!d.is_none()) {
+              for (auto [key, value] : nb::cast<nb::dict>(d)) {
+                std::string k = nb::cast<std::string>(key);
+                out[k] = AppendValue(k, value);
+              }
             }
             s.append_dict = std::move(out);
           },
-          "{name: int | float | bool | str}, stored as values in every checkpoint.");
+          kNone,
+          "{name: int | float | bool | str} (or None: none), stored as values in every "
+          "checkpoint. Reading it gives a copy.");
   nb::class_<IoOptions>(m, "IoOptions")
       .def(nb::init<>())
       .def_rw("io_threads", &IoOptions::io_threads)

@@ -16,6 +16,7 @@ import inspect
 import logging
 import operator
 import os
+import re
 import signal
 import threading
 from typing import Any, Callable, Iterator, Mapping
@@ -82,38 +83,52 @@ _FORMATS = {"native": _core.Format.kNative, "ckpt": _core.Format.kMindSporeCkpt,
             "safetensors": _core.Format.kSafetensors}  # fmt: skip
 
 
-# C++ option paths in the manager's error messages -> CheckpointManager's keywords (longest
-# first; a group prefix alone is dropped).
-_KEYWORDS = [
-    ("ManagerOptions: ", "CheckpointManager: "),
-    ("ManagerOptions.", "CheckpointManager: "),
-    ("save_policy.interval_steps", "save_interval_steps"),
-    ("save_policy.interval_seconds", "save_interval_seconds"),
-    ("async_save.checkpointer", "async_options"),
-    ("storage.verify_checksums", "checksum"),
-    ("storage.file_checksum", "crc_check"),
-    ("storage.cipher", "enc_mode"),
-    ("breakpoints.on_exception", "exception_save"),
-    ("sparse.compaction", "compaction"),
-    ("save_policy.", ""),
-    ("retention.", ""),
-    ("naming.", ""),
-    ("storage.", ""),
-    ("breakpoints.", ""),
-    ("sparse.", ""),
-]
+# C++ option paths (ManagerOptions' groups) in the manager's error messages -> CheckpointManager's
+# keywords.
+_KEYWORDS = {
+    "naming.directory_fn": "directory_fn", "naming.directory": "directory",
+    "naming.prefix_fn": "prefix_fn", "naming.prefix": "prefix", "naming.series": "series",
+    "save_policy.interval_steps": "save_interval_steps",
+    "save_policy.interval_seconds": "save_interval_seconds",
+    "save_policy.steps_per_epoch": "steps_per_epoch",
+    **{f"retention.{k}": k for k in ("keep_last_n", "keep_per_n_minutes", "keep_all",
+                                     "keep_every_n_steps", "keep_best_n", "best_metric",
+                                     "best_mode")},
+    "async_save.enabled": "async_", "async_save.checkpointer": "async_options",
+    "async_save.prefault_staging": "reserve",
+    "storage.format": "format", "storage.verify_checksums": "checksum", "storage.key": "key",
+    "storage.file_checksum": "crc_check", "storage.cipher": "enc_mode",
+    "storage.append_info": "append_info", "storage.append_dict": "append_dict",
+    "breakpoints.on_exception": "exception_save", "breakpoints.handle_signals": "handle_signals",
+    "sparse.compaction": "compaction", "sparse.compact": "compaction",
+}  # fmt: skip
+# A group path, after the struct's name or as a whole word (not inside a path or a name the user
+# gave).
+_GROUP = r"(?:naming|save_policy|retention|async_save|storage|breakpoints|sparse)\.[a-z_]+"
+_PATH = re.compile(rf"ManagerOptions\.({_GROUP})(?![\w])|(?<![\w./'\"\[-])({_GROUP})(?![\w\"'])")
 
 
-def _open(options, cuda_device):
-    """_core.CheckpointManager.open, its InvalidArgumentError naming CheckpointManager's keywords
-    rather than the C++ fields."""
+def _keywords(message):
+    """`message` with the C++ option paths it names spelled as CheckpointManager's keywords."""
+
+    def keyword(m):
+        kw = _KEYWORDS.get(m.group(1) or m.group(2))
+        if kw is None:
+            return m.group(0)
+        return ("CheckpointManager: " if m.group(1) else "") + kw
+
+    message = _PATH.sub(keyword, message)
+    return message.replace("ManagerOptions: ", "CheckpointManager: ").replace(
+        "ManagerOptions.", "CheckpointManager: ")
+
+
+@contextlib.contextmanager
+def _in_keywords():
+    """Raises an InvalidArgumentError of the block again, naming CheckpointManager's keywords."""
     try:
-        return _core.CheckpointManager.open(options, cuda_device)
+        yield
     except _errors.InvalidArgumentError as e:
-        message = str(e)
-        for cxx, py in _KEYWORDS:
-            message = message.replace(cxx, py)
-        raise _errors.InvalidArgumentError(message) from None
+        raise _errors.InvalidArgumentError(_keywords(str(e))) from e
 
 
 def _cuda_device(cuda, async_, format):
@@ -163,6 +178,12 @@ def _str(name, value):
     if not isinstance(value, str):
         raise TypeError(f"CheckpointManager: {name} must be a str, not {type(value).__name__}")
     return value
+
+
+def _str_keys(name, d):
+    if not isinstance(d, dict) or any(type(k) is not str for k in d):
+        raise TypeError(f"CheckpointManager: {name} must be a dict with str keys")
+    return d
 
 
 def _metrics(metrics):
@@ -392,62 +413,62 @@ class CheckpointManager:
         self._closed = False
         if directory is None and directory_fn is None:
             raise TypeError("CheckpointManager: pass a directory (or directory_fn)")
-        o = _core.ManagerOptions()
-        if directory is not None:
-            o.naming.directory = os.fspath(directory)
-        if directory_fn is not None:
-            o.naming.directory_fn = _name_callable(directory_fn, "directory_fn")
-        o.naming.prefix = _str("prefix", prefix)
-        if prefix_fn is not None:
-            o.naming.prefix_fn = _name_callable(prefix_fn, "prefix_fn")
-        o.naming.series = _choice("series", series, _SERIES)
-        o.save_policy.interval_steps = _int("save_interval_steps", save_interval_steps)
-        o.save_policy.interval_seconds = _int("save_interval_seconds", save_interval_seconds)
-        o.save_policy.steps_per_epoch = _int("steps_per_epoch", steps_per_epoch)
-        o.retention.keep_last_n = _int("keep_last_n", keep_last_n)
-        o.retention.keep_per_n_minutes = _int("keep_per_n_minutes", keep_per_n_minutes)
-        o.retention.keep_all = bool(keep_all)
-        o.retention.keep_every_n_steps = _int("keep_every_n_steps", keep_every_n_steps)
-        o.retention.keep_best_n = _int("keep_best_n", keep_best_n)
-        o.retention.best_metric = "" if best_metric is None else _str("best_metric", best_metric)
-        o.retention.best_mode = _choice("best_mode", best_mode, _MODES)
-        _set_async(o.async_save, async_, staging_bytes, async_options)
-        o.storage.format = _choice("format", format, _FORMATS)
-        o.storage.verify_checksums = bool(checksum)
-        self._key = _keys.normalize(key, "CheckpointManager: key")
-        o.storage.key = self._key
-        o.storage.file_checksum = bool(crc_check)
-        o.storage.cipher = _str("enc_mode", enc_mode)
-        if isinstance(append_info, str):
-            append_info = [append_info]
-        o.storage.append_info = [_str("append_info item", a) for a in append_info]
-        if append_dict is not None:
-            if not isinstance(append_dict, dict) or not all(type(k) is str for k in append_dict):
-                raise TypeError("CheckpointManager: append_dict must be a dict with str keys")
-            o.storage.append_dict = append_dict
-        # The C++ handlers are not installed: the Python front end installs its own (_Signals),
-        # since the C++ ones would only be acted on by the C++ hooks.
-        o.breakpoints.on_exception = bool(exception_save)
-        _set_compaction(o.sparse, compaction)
-        o.shard_id, o.num_shards = _int("shard_id", shard_id), _int("num_shards", num_shards)
-        o.gc_on_open = bool(gc_on_open)
-        o.io.io_threads, o.io.direct_io = _int("io_threads", io_threads), bool(direct_io)
-        cuda_device = _cuda_device(cuda, async_, format)
-        self._exception_save = bool(exception_save)
-        self._save_steps = o.save_policy.interval_steps
-        self._steps_per_epoch = o.save_policy.steps_per_epoch
-        self._shard_id, self._num_shards = o.shard_id, o.num_shards
-        self._checksum, self._io_threads = bool(checksum), o.io.io_threads
-        self._direct_io = o.io.direct_io
-        self._format, self._enc_mode = format, enc_mode
-        self._objects = {}  # name -> _registry.Registered
-        # Hook bookkeeping, as in the C++ manager.
-        self._global_step = 0
-        self._last_step = 0
-        self._cur_epoch = 0
-        self._epoch_first_step = 1
-        self._last_saved_step = None
-        self._m = _open(o, cuda_device)
+        with _in_keywords():  # (the C++ fields named by their keywords)
+            o = _core.ManagerOptions()
+            if directory is not None:
+                o.naming.directory = os.fspath(directory)
+            if directory_fn is not None:
+                o.naming.directory_fn = _name_callable(directory_fn, "directory_fn")
+            o.naming.prefix = _str("prefix", prefix)
+            if prefix_fn is not None:
+                o.naming.prefix_fn = _name_callable(prefix_fn, "prefix_fn")
+            o.naming.series = _choice("series", series, _SERIES)
+            o.save_policy.interval_steps = _int("save_interval_steps", save_interval_steps)
+            o.save_policy.interval_seconds = _int("save_interval_seconds", save_interval_seconds)
+            o.save_policy.steps_per_epoch = _int("steps_per_epoch", steps_per_epoch)
+            o.retention.keep_last_n = _int("keep_last_n", keep_last_n)
+            o.retention.keep_per_n_minutes = _int("keep_per_n_minutes", keep_per_n_minutes)
+            o.retention.keep_all = bool(keep_all)
+            o.retention.keep_every_n_steps = _int("keep_every_n_steps", keep_every_n_steps)
+            o.retention.keep_best_n = _int("keep_best_n", keep_best_n)
+            if best_metric is not None:
+                o.retention.best_metric = _str("best_metric", best_metric)
+            o.retention.best_mode = _choice("best_mode", best_mode, _MODES)
+            _set_async(o.async_save, async_, staging_bytes, async_options)
+            o.storage.format = _choice("format", format, _FORMATS)
+            o.storage.verify_checksums = bool(checksum)
+            self._key = _keys.normalize(key, "CheckpointManager: key")
+            o.storage.key = self._key
+            o.storage.file_checksum = bool(crc_check)
+            o.storage.cipher = _str("enc_mode", enc_mode)
+            if isinstance(append_info, str):
+                append_info = [append_info]
+            o.storage.append_info = [_str("append_info item", a) for a in append_info]
+            if append_dict is not None:
+                o.storage.append_dict = _str_keys("append_dict", append_dict)
+            # The C++ handlers are not installed: the Python front end installs its own (_Signals),
+            # since the C++ ones would only be acted on by the C++ hooks.
+            o.breakpoints.on_exception = bool(exception_save)
+            _set_compaction(o.sparse, compaction)
+            o.shard_id, o.num_shards = _int("shard_id", shard_id), _int("num_shards", num_shards)
+            o.gc_on_open = bool(gc_on_open)
+            o.io.io_threads, o.io.direct_io = _int("io_threads", io_threads), bool(direct_io)
+            cuda_device = _cuda_device(cuda, async_, format)
+            self._exception_save = bool(exception_save)
+            self._save_steps = o.save_policy.interval_steps
+            self._steps_per_epoch = o.save_policy.steps_per_epoch
+            self._shard_id, self._num_shards = o.shard_id, o.num_shards
+            self._checksum, self._io_threads = bool(checksum), o.io.io_threads
+            self._direct_io = o.io.direct_io
+            self._format, self._enc_mode = format, enc_mode
+            self._objects = {}  # name -> _registry.Registered
+            # Hook bookkeeping, as in the C++ manager.
+            self._global_step = 0
+            self._last_step = 0
+            self._cur_epoch = 0
+            self._epoch_first_step = 1
+            self._last_saved_step = None
+            self._m = _core.CheckpointManager.open(o, cuda_device)
         if reserve is not None:
             try:
                 self.reserve(reserve)

@@ -32,6 +32,7 @@ import os
 import torch
 from torch.distributed.checkpoint import metadata as _md
 from torch.distributed.checkpoint import planner as _planner
+from torch.distributed.checkpoint import staging as _staging
 from torch.distributed.checkpoint import storage as _storage
 from torch.futures import Future
 
@@ -42,6 +43,13 @@ __all__ = ["StorageReader", "StorageWriter"]
 _DEFAULT_CHUNK_BYTES = 8 << 20
 # The fqn of the WriteResult that carries a rank's report to the coordinator (not a state key).
 _REPORT_FQN = "\0savepoint.report"
+# DCP's default serialization format (FileSystemWriter's serialization_format), where it has one.
+try:
+    from torch.distributed.checkpoint.filesystem import SerializationFormat as _Formats
+
+    _TORCH_SAVE = _Formats.TORCH_SAVE
+except ImportError:  # (a torch without it: only the default, None, is accepted)
+    _TORCH_SAVE = None
 # Key of the user metadata holding what DCP needs back on load.
 _META_KEY = "torch.distributed.checkpoint"
 
@@ -84,25 +92,86 @@ def _is_tensor(item):
     return item.type != _planner.WriteItemType.BYTE_IO
 
 
-class StorageWriter(_storage.StorageWriter):
+def _io_threads(what, thread_count, io_threads):
+    """The I/O threads from DCP's thread_count and savepoint's io_threads (one of them, or both
+    equal); default 4."""
+    if thread_count is not None and io_threads is not None and thread_count != io_threads:
+        raise _errors.InvalidArgumentError(
+            f"{what}: thread_count={thread_count} and io_threads={io_threads} are the same "
+            "setting (the I/O threads): give one")
+    n = thread_count if thread_count is not None else io_threads if io_threads is not None else 4
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise _errors.InvalidArgumentError(f"{what}: thread_count must be an int >= 1, not {n!r}")
+    return n
+
+
+class StorageWriter(_storage.StorageWriter, _staging.BlockingAsyncStager):
     """Writes DCP saves (dcp.save, dcp.async_save) as a savepoint checkpoint at `path`.
 
-    overwrite: replace an existing checkpoint (atomically). chunk_bytes: the unit of the
-    checksums (default 8 MiB; the same on every rank). io_threads, direct_io: as savepoint.save.
+    Takes FileSystemWriter's arguments, in its order, with their meaning:
+      single_file_per_rank (True): savepoint writes one data file per rank either way (the
+          files are its format's, not DCP's); False is accepted and writes the same files.
+      sync_files (True): every file is synced before the checkpoint is committed, whatever
+          the value (savepoint's commit protocol needs it: a checkpoint is durable or absent).
+      thread_count (None): the I/O threads of each rank (io_threads is savepoint's name for
+          it; give one). Default 4.
+      per_thread_copy_ahead: DCP's GPU copy-ahead budget; savepoint copies CUDA tensors into
+          page-locked memory before writing, so no budget applies (accepted, any int >= 0).
+      cache_staged_state_dict (False): dcp.async_save stages into one copy kept and reused
+          across saves, as FileSystemWriter does (this writer is the stager; the copy is
+          page-locked where a GPU is).
+      overwrite (False): replace an existing checkpoint at `path` (atomically).
+      _extensions: stream transforms are not supported (InvalidArgumentError unless empty).
+      serialization_format: TORCH_SAVE (the default) only; what is written is a savepoint
+          checkpoint (docs/FORMAT.md) whatever DCP's format would have been.
+    Savepoint's own: chunk_bytes (the unit of the checksums; default 8 MiB; the same on every
+    rank), io_threads, direct_io (as savepoint.save).
     """
 
-    def __init__(self, path, *, overwrite=False, chunk_bytes=_DEFAULT_CHUNK_BYTES, io_threads=4,
-                 direct_io=True):
+    def __init__(self, path, single_file_per_rank=True, sync_files=True, thread_count=None,
+                 per_thread_copy_ahead=10_000_000, cache_staged_state_dict=False, overwrite=False,
+                 _extensions=None, serialization_format=None, *,
+                 chunk_bytes=_DEFAULT_CHUNK_BYTES, io_threads=None, direct_io=True):  # fmt: skip
         super().__init__()
+        what = "savepoint.torch.StorageWriter"
+        if _extensions:
+            raise _errors.InvalidArgumentError(
+                f"{what}: _extensions={_extensions!r}: stream extensions are not supported "
+                "(savepoint checksums and, with savepoint.save, compresses in its own format)")
+        if serialization_format is not None and serialization_format != _TORCH_SAVE:
+            raise _errors.InvalidArgumentError(
+                f"{what}: serialization_format={serialization_format}: savepoint writes its own "
+                "format (docs/FORMAT.md); convert to safetensors with savepoint.convert")
+        if isinstance(per_thread_copy_ahead, bool) or not isinstance(per_thread_copy_ahead, int) \
+                or per_thread_copy_ahead < 0:  # fmt: skip
+            raise _errors.InvalidArgumentError(
+                f"{what}: per_thread_copy_ahead must be an int >= 0, not {per_thread_copy_ahead!r}")
+        _staging.BlockingAsyncStager.__init__(
+            self, cache_staged_state_dict=bool(cache_staged_state_dict))
         self.path = os.fspath(path)
+        self.single_file_per_rank = bool(single_file_per_rank)
+        self.sync_files = bool(sync_files)
+        self.per_thread_copy_ahead = per_thread_copy_ahead
         self.overwrite = overwrite
         self.chunk_bytes = chunk_bytes
-        self.io_threads = io_threads
+        self.io_threads = _io_threads(what, thread_count, io_threads)
+        self.thread_count = self.io_threads
         self.direct_io = direct_io
         self._rank = 0
         self._is_coordinator = True
         self._coordinator = None
         self._own = None
+
+    def stage(self, state_dict):
+        """dcp.async_save's copy of the state (FileSystemWriter's; with cache_staged_state_dict
+        the copy is kept and reused, page-locked where a GPU is, in plain memory where none is:
+        DCP's own would fail there)."""
+        if self.cache_staged_state_dict and self.state_dict_cache is None \
+                and not torch.cuda.is_available():  # fmt: skip
+            from torch.distributed._state_dict_utils import _create_cpu_state_dict
+
+            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=False)
+        return super().stage(state_dict)
 
     def reset(self, checkpoint_id=None):
         if checkpoint_id is not None:
@@ -126,7 +195,11 @@ class StorageWriter(_storage.StorageWriter):
         ]
         self._abandon()
         self._coordinator = _core.DcpCoordinator(self.path, world, self.overwrite)
-        verdict = self._coordinator.decide(shapes)
+        try:
+            verdict = self._coordinator.decide(shapes)
+        except _errors.AlreadyExistsError as e:  # in DCP's words, which its users match on
+            raise _errors.AlreadyExistsError(
+                f"Checkpoint already exists and self.overwrite={self.overwrite}: {e}") from None
         return [dataclasses.replace(p, storage_data=_SaveVerdict(verdict, shapes[r], world))
                 for r, p in enumerate(plans)]
 
@@ -217,13 +290,20 @@ def _from_json_planner_data(data):
 class StorageReader(_storage.StorageReader):
     """Reads a savepoint checkpoint at `path` for dcp.load, in any sharding (resharding).
 
+    Takes FileSystemReader's arguments (path, _extension_registry: None only).
+
     Any savepoint checkpoint loads, not only those written through DCP: values that DCP did not
     write are handed to DCP as torch.save bytes of their Python value. verify: check every chunk
     read against its CRC32C (default). io_threads, direct_io: as savepoint.load.
     """
 
-    def __init__(self, path, *, verify=True, io_threads=4, direct_io=False):
+    def __init__(self, path, _extension_registry=None, *, verify=True, io_threads=4,
+                 direct_io=False):  # fmt: skip
         super().__init__()
+        if _extension_registry is not None:
+            raise _errors.InvalidArgumentError(
+                "savepoint.torch.StorageReader: _extension_registry: stream extensions are not "
+                "supported (savepoint checkpoints are read in their own format)")
         self.path = os.fspath(path)
         self.verify = verify
         self.io_threads = io_threads

@@ -14,14 +14,27 @@
 namespace savepoint {
 namespace {
 
-// The options without their topology (what the readers take), or InvalidArgument for a
-// communicator: loads read each rank's boxes on their own.
-Result<LoadOptions> WithoutTopology(const LoadOptions& options, const std::string& path) {
-  if (options.topology.comm != nullptr) {
-    return InvalidArgumentError(fmt::format(
-        "load {}: LoadOptions.topology.comm is set: loads take no communicator (each rank reads "
-        "its own boxes, topology.layout)",
-        path));
+bool HasTopology(const Topology& t) {
+  return t.comm != nullptr || t.layout != nullptr || t.timeout != Topology{}.timeout;
+}
+
+// The options of a read of this rank's boxes (topology cleared), or InvalidArgument naming what
+// such a read cannot honour.
+Result<LoadOptions> BoxOptions(const LoadOptions& options, const std::string& path) {
+  const Topology& t = options.topology;
+  const Format f = options.format;
+  const char* field =
+      t.comm != nullptr ? "topology.comm is set: loads take no communicator (each rank reads its "
+                          "own boxes, topology.layout)"
+      : t.timeout != Topology{}.timeout
+          ? "topology.timeout is set: only saves of ranks wait on collectives"
+      : t.layout == nullptr    ? "topology is set without a layout"
+      : !options.names.empty() ? "names is set: with topology.layout the layout names the tensors"
+      : f != Format::kAuto && f != Format::kNative
+          ? "format: topology.layout reads native checkpoints only"
+          : nullptr;
+  if (field != nullptr) {
+    return InvalidArgumentError(fmt::format("load {}: LoadOptions.{}", path, field));
   }
   LoadOptions o = options;
   o.topology = {};
@@ -31,11 +44,9 @@ Result<LoadOptions> WithoutTopology(const LoadOptions& options, const std::strin
 }  // namespace
 
 Result<State> Load(const std::string& path, const LoadOptions& options, const IoOptions& io) {
-  if (options.topology.comm != nullptr || options.topology.layout != nullptr) {
-    SP_ASSIGN_OR_RETURN(LoadOptions o, WithoutTopology(options, path));
-    if (options.topology.layout != nullptr) {
-      return LoadDistributedAlloc(path, *options.topology.layout, o, io);
-    }
+  if (HasTopology(options.topology)) {
+    SP_ASSIGN_OR_RETURN(LoadOptions o, BoxOptions(options, path));
+    return LoadDistributedAlloc(path, *options.topology.layout, o, io);
   }
   SP_ASSIGN_OR_RETURN(std::unique_ptr<store::Reader> reader,
                       store::OpenRead(path, options.format, options, io));
@@ -44,11 +55,8 @@ Result<State> Load(const std::string& path, const LoadOptions& options, const Io
 
 Status LoadInto(const std::string& path, State& targets, const LoadOptions& options,
                 const IoOptions& io) {
-  if (options.topology.comm == nullptr && options.topology.layout == nullptr) {
-    return engine::LoadInto(path, targets, options, io);
-  }
-  SP_ASSIGN_OR_RETURN(LoadOptions o, WithoutTopology(options, path));
-  if (options.topology.layout == nullptr) return engine::LoadInto(path, targets, o, io);
+  if (!HasTopology(options.topology)) return engine::LoadInto(path, targets, options, io);
+  SP_ASSIGN_OR_RETURN(LoadOptions o, BoxOptions(options, path));
   return LoadDistributed(path, targets, *options.topology.layout, o, io);
 }
 

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "engine/paths.h"
+#include "engine/request.h"
 #include "io/commit.h"
 #include "savepoint/distributed.h"
 
@@ -18,12 +19,14 @@ std::string MergeContext(const std::string& src, const std::string& dst) {
 
 // Load assembles multi-shard tensors into whole ones, verifying every chunk it reads. A merge
 // reads: mapping options are refused, not ignored.
+// A merge reads and writes whole tensors in one process: a topology is refused too.
 Result<State> LoadWhole(const std::string& src, const LoadOptions& options, const IoOptions& io) {
   if (options.mmap || options.map_mode != MapMode::kReadOnly) {
     return InvalidArgumentError(
         "load.mmap and load.map_mode do not apply to a merge (it reads the source): leave them at "
         "their defaults");
   }
+  SP_RETURN_IF_ERROR(engine::RefuseTopology(options.topology, "merge", "MergeOptions.load"));
   return Load(src, options, io);
 }
 
@@ -102,6 +105,10 @@ Status WriteSafetensorsFiles(const State& state, const std::string& dir,
 
 Status MergeCheckpoint(const std::string& src, const std::string& dst, const MergeOptions& options,
                        const IoOptions& io) {
+  if (Status s = engine::RefuseTopology(options.save.topology, "merge", "MergeOptions.save");
+      !s.ok()) {
+    return s.WithContext(MergeContext(src, dst));
+  }
   Result<State> state = LoadWhole(src, options.load, io);
   if (!state.ok()) return state.status().WithContext(MergeContext(src, dst));
   // Save writes each tensor as one shard and commits atomically.

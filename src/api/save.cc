@@ -39,10 +39,14 @@ Status Save(const State& state, const std::string& path, const SaveOptions& o,
             const IoOptions& io) {
   const Format format = o.format == Format::kAuto ? TargetFormat(path) : o.format;
   engine::WriteRequest r = Request(state, path, o, io);
-  if (o.topology.layout != nullptr && o.topology.comm == nullptr) {
+  if (o.topology.comm == nullptr && o.topology.layout != nullptr) {
     return InvalidArgumentError(fmt::format(
         "save {}: SaveOptions.topology.layout needs topology.comm (the ranks saving together)",
         path));
+  }
+  if (o.topology.comm == nullptr && o.topology.timeout != Topology{}.timeout) {
+    return InvalidArgumentError(fmt::format(
+        "save {}: SaveOptions.topology.timeout applies to saves of ranks (topology.comm)", path));
   }
   if (o.topology.comm != nullptr) {
     static const ShardLayout kWhole;  // every tensor whole, replicated

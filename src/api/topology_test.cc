@@ -3,6 +3,7 @@
 // topology refuses one that is set.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <memory>
 
@@ -134,6 +135,15 @@ TEST_F(TopologyTest, WhatATopologyCannotDoIsRefusedNamingTheField) {
   EXPECT_FALSE(fs_->Exists("/x"));
 
   for (const Status& s : SaveOnRanks("/ckpt")) SP_ASSERT_OK(s);
+  SaveOptions timeout_alone;
+  timeout_alone.topology.timeout = std::chrono::seconds(5);
+  EXPECT_THAT(Save(one, "/x", timeout_alone, io_),
+              StatusIs(StatusCode::kInvalidArgument, "topology.timeout applies to saves of ranks"));
+  LoadOptions names;
+  names.topology.layout = &job_.layouts[0];
+  names.names = {"w"};
+  EXPECT_THAT(Load("/ckpt", names, io_).status(),
+              StatusIs(StatusCode::kInvalidArgument, "LoadOptions.names is set"));
   auto comms = NewThreadCommunicators(1);
   LoadOptions with_comm;
   with_comm.topology.comm = comms[0].get();
@@ -164,9 +174,22 @@ TEST_F(TopologyTest, CallsThatTakeNoTopologyRefuseOne) {
   EXPECT_THAT(SaveDistributed(*comms[0], job_.Local(0), {}, "/d", {.save = so}, io_), save_refused);
   auto ckpt = Checkpointer::Create({}, io_).value();
   EXPECT_THAT(ckpt->SaveAsync(job_.Local(0), "/async", so).status(), save_refused);
+  MergeOptions merge;
+  merge.load.topology.layout = &layout;  // would have merged this rank's boxes as whole tensors
+  EXPECT_THAT(MergeCheckpoint("/ckpt", "/m", merge, io_),
+              StatusIs(StatusCode::kInvalidArgument, "MergeOptions.load.topology is set"));
+  MergeSafetensorsOptions to_files;
+  to_files.load.topology.layout = &layout;
+  EXPECT_THAT(MergeToSafetensors("/ckpt", "/m", to_files, io_),
+              StatusIs(StatusCode::kInvalidArgument, "MergeOptions.load.topology is set"));
+  merge = {};
+  merge.save.topology.timeout = std::chrono::seconds(1);
+  EXPECT_THAT(MergeCheckpoint("/ckpt", "/m", merge, io_),
+              StatusIs(StatusCode::kInvalidArgument, "MergeOptions.save.topology is set"));
   EXPECT_FALSE(fs_->Exists("/s"));
   EXPECT_FALSE(fs_->Exists("/d"));
   EXPECT_FALSE(fs_->Exists("/async"));
+  EXPECT_FALSE(fs_->Exists("/m"));
 }
 
 }  // namespace

@@ -222,6 +222,7 @@ Status RankSave::AddValues(const State& values) {
 Result<std::string> RankSave::Write(std::string_view verdict, const SaveOptions& o,
                                     const IoOptions& io) {
   Impl& i = *impl_;
+  SP_RETURN_IF_ERROR(engine::RefuseTopology(o.topology, "distributed save write", "SaveOptions"));
   SP_ASSIGN_OR_RETURN(i.verdict, dist::DecodeVerdict(verdict, i.world));
   SP_RETURN_IF_ERROR(i.verdict.status);
   i.p.m.checkpoint_id = i.verdict.checkpoint_id;

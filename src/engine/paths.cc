@@ -2,12 +2,25 @@
 
 #include <fmt/format.h>
 
+#include "format/manifest.h"
 #include "savepoint/filesystem.h"
 
 namespace savepoint::engine {
 
 std::string DataFileName(uint32_t rank, uint32_t index) {
   return fmt::format("data-{:05}-{:05}.spd", rank, index);
+}
+
+bool IsCheckpointEntry(std::string_view name) {
+  if (name == format::kManifestFileName) return true;
+  if (!name.starts_with("data-") || !name.ends_with(".spd")) return false;
+  std::string_view mid = name.substr(5, name.size() - 9);  // "<digits>-<digits>"
+  const size_t dash = mid.find('-');
+  if (dash == std::string_view::npos || dash == 0 || dash + 1 == mid.size()) return false;
+  for (size_t i = 0; i < mid.size(); ++i) {
+    if (i != dash && (mid[i] < '0' || mid[i] > '9')) return false;
+  }
+  return true;
 }
 
 Result<std::string> NormalizeCheckpointPath(std::string_view path) {

@@ -15,6 +15,10 @@ namespace savepoint::engine {
 // "data-<rank:05>-<index:05>.spd".
 std::string DataFileName(uint32_t rank, uint32_t index);
 
+// Whether `name` is an entry a native checkpoint directory holds: MANIFEST or a data file
+// "data-<digits>-<digits>.spd" (what an overwrite may remove: io::CommitOptions::owns).
+bool IsCheckpointEntry(std::string_view name);
+
 // Strips trailing slashes; rejects an empty path and final components that are ".", ".." or start
 // with '.' (names starting with '.' are reserved for savepoint's hidden debris).
 Result<std::string> NormalizeCheckpointPath(std::string_view path);

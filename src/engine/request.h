@@ -40,10 +40,12 @@ using RowGathers = std::map<std::string, RowGather, std::less<>>;
 // caller gave none). The public options' type; in a request, options.topology is always unset.
 using Topology = savepoint::Topology;
 
-// InvalidArgument "{what}: {field}.topology is set: ..." when `t` has comm or layout set, for the
-// calls that do not take a topology in their options.
+// InvalidArgument "{what}: {field}.topology is set: ..." when `t` has comm or layout set or a
+// timeout other than the default, for the calls that do not take a topology in their options.
 inline Status RefuseTopology(const Topology& t, std::string_view what, std::string_view field) {
-  if (t.comm == nullptr && t.layout == nullptr) return Status::OK();
+  if (t.comm == nullptr && t.layout == nullptr && t.timeout == Topology{}.timeout) {
+    return Status::OK();
+  }
   return InvalidArgumentError(std::string(what) + ": " + std::string(field) +
                               ".topology is set, but this call takes no topology (Save, Load and "
                               "LoadInto do)");

@@ -46,6 +46,7 @@ io::CommitOptions CommitOptionsOf(bool overwrite, const SaveOptions& o) {
   io::CommitOptions co;
   co.overwrite = overwrite;
   co.create_parents = o.create_parents;
+  co.owns = IsCheckpointEntry;  // an overwrite removes a checkpoint's own files only
   return co;
 }
 
@@ -367,7 +368,7 @@ Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o,
   SP_ASSIGN_OR_RETURN(t.path, NormalizeCheckpointPath(raw_path));
   std::string context = fmt::format("save {}", t.path);
   SP_RETURN_IF_ERROR(ValidateIoOptions(io, context));
-  if (!o.overwrite && t.fs->Exists(t.path)) {
+  if (!o.overwrite && t.fs->Exists(t.path) && !io::IsEmptyDirectory(t.fs, t.path)) {
     return AlreadyExistsError(fmt::format("{}: a checkpoint already exists there", context));
   }
   Result<io::DurableCommit> c = io::DurableCommit::Begin(
@@ -578,6 +579,7 @@ Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manife
 io::DurableCommit CommitOf(const SaveTarget& t, bool overwrite) {
   io::CommitOptions co;
   co.overwrite = overwrite;
+  co.owns = IsCheckpointEntry;
   return io::DurableCommit::Adopt(t.fs, t.path, t.tmp, io::DurableCommit::Kind::kDirectory, co);
 }
 

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <vector>
+
 #include "io/debris.h"
 #include "savepoint/durable.h"
 
@@ -18,13 +20,68 @@ Status CreateDirsDurably(FileSystem* fs, const std::string& dir) {
   return fs->SyncDir(parent);
 }
 
+namespace {
+
+// What stands at a commit's target, as far as replacing it goes.
+enum class Target { kAbsent, kEmptyDirectory, kReplaceable };
+
+// Up to three names of `entries` that `owns` does not claim, and how many there are.
+std::string Foreign(const std::vector<FileInfo>& entries, const CommitOptions& o, size_t* n) {
+  std::string names;
+  *n = 0;
+  for (const FileInfo& e : entries) {
+    if (o.owns && o.owns(e.name)) continue;
+    if (++*n <= 3) names += fmt::format("{}{:?}", names.empty() ? "" : ", ", e.name);
+  }
+  return names;
+}
+
+// Steps 1 and 5: whether the commit may replace what stands at `path` (see commit.h).
+Result<Target> CheckTarget(FileSystem* fs, const std::string& path, DurableCommit::Kind kind,
+                           const CommitOptions& o) {
+  Result<FileInfo> st = fs->Stat(path);
+  if (st.status().code() == StatusCode::kNotFound) return Target::kAbsent;
+  SP_RETURN_IF_ERROR(st.status());
+  const bool dir_target = kind == DurableCommit::Kind::kDirectory;
+  std::vector<FileInfo> entries;
+  if (st->is_dir) {
+    SP_ASSIGN_OR_RETURN(entries, fs->ListDir(path));
+  }
+  if (st->is_dir && entries.empty() && dir_target) return Target::kEmptyDirectory;
+  if (!o.overwrite) {
+    return AlreadyExistsError(fmt::format("{} already exists (overwrite to replace it)", path));
+  }
+  if (st->is_dir != dir_target) {
+    return FailedPreconditionError(fmt::format(
+        "{} is a {}, not the {} this writes: overwrite replaces only what savepoint wrote "
+        "(nothing was changed)",
+        path, st->is_dir ? "directory" : "file", dir_target ? "directory" : "file"));
+  }
+  size_t n = 0;
+  std::string foreign = dir_target ? Foreign(entries, o, &n) : std::string();
+  if (n > 0) {
+    return FailedPreconditionError(fmt::format(
+        "{} holds {} entr{} savepoint did not write ({}{}): overwrite replaces only a "
+        "checkpoint's own files; move them away or choose another path (nothing was changed)",
+        path, n, n == 1 ? "y" : "ies", foreign, n > 3 ? ", ..." : ""));
+  }
+  return Target::kReplaceable;
+}
+
+}  // namespace
+
+bool IsEmptyDirectory(FileSystem* fs, const std::string& path) {
+  Result<FileInfo> st = fs->Stat(path);
+  if (!st.ok() || !st->is_dir) return false;
+  Result<std::vector<FileInfo>> entries = fs->ListDir(path);
+  return entries.ok() && entries->empty();
+}
+
 Result<DurableCommit> DurableCommit::Begin(FileSystem* fs, std::string path, Kind kind,
                                            const CommitOptions& options) {
   // Step 1.
   if (options.create_parents) SP_RETURN_IF_ERROR(CreateDirsDurably(fs, Dirname(path)));
-  if (!options.overwrite && fs->Exists(path)) {
-    return AlreadyExistsError(fmt::format("{} already exists (overwrite to replace it)", path));
-  }
+  SP_RETURN_IF_ERROR(CheckTarget(fs, path, kind, options).status());
   // Step 2.
   std::string tmp = TmpPathFor(path);
   if (kind == Kind::kDirectory) SP_RETURN_IF_ERROR(fs->CreateDir(tmp));
@@ -40,7 +97,9 @@ Status DurableCommit::Commit() const {
   const std::string parent = Dirname(path_);
   if (kind_ == Kind::kDirectory) SP_RETURN_IF_ERROR(fs_->SyncDir(tmp_));  // step 4
   std::string old;
-  if (options_.overwrite && fs_->Exists(path_)) {  // step 5
+  SP_ASSIGN_OR_RETURN(Target target, CheckTarget(fs_, path_, kind_, options_));  // step 5
+  if (target == Target::kEmptyDirectory) SP_RETURN_IF_ERROR(fs_->RemoveDir(path_));
+  if (target == Target::kReplaceable) {
     old = OldPathFor(path_);
     SP_RETURN_IF_ERROR(fs_->Rename(path_, old));
   }

@@ -6,12 +6,17 @@
 //
 //   1. Create the target's parent and its missing ancestors, syncing each new directory's entry
 //      in its parent (CommitOptions::create_parents). Refuse an existing target unless
-//      overwriting.
+//      overwriting; an empty directory is no target to refuse (it is replaced, overwrite or
+//      not). Overwriting never removes what the writer did not write: a directory holding an
+//      entry it does not own (CommitOptions::owns), a file where a directory goes and a
+//      directory where a file goes are refused (FailedPrecondition naming them).
 //   2. Choose the hidden temporary sibling "<parent>/.<name>.savepoint-tmp.<pid>.<hex16>"; for a
 //      directory, create it.                                                    (steps 1-2: Begin)
 //   3. The writer fills the temporary and syncs every file it writes there.   (the caller's part)
 //   4. A directory: SyncDir(tmp), so its entries are durable.
-//   5. Overwrite of an existing target: Rename(path, "<parent>/.<name>.savepoint-old.<hex16>").
+//   5. The target is checked again as in step 1. An empty directory is removed (RemoveDir: only
+//      while empty). Overwrite of an existing target: Rename(path,
+//      "<parent>/.<name>.savepoint-old.<hex16>").
 //   6. Rename(tmp, path): the commit point. Rename never replaces an existing path; if it fails,
 //      the old target is renamed back.
 //   7. SyncDir(parent): the commit is durable.
@@ -26,7 +31,9 @@
 #ifndef SAVEPOINT_IO_COMMIT_H_
 #define SAVEPOINT_IO_COMMIT_H_
 
+#include <functional>
 #include <string>
+#include <string_view>
 
 #include "savepoint/filesystem.h"
 #include "savepoint/status.h"
@@ -44,7 +51,15 @@ struct CommitOptions {
   // Create missing parent directories durably (step 1). false: a missing parent fails Begin with
   // NotFound. Default: true.
   bool create_parents = true;
+  // Overwrite of a directory: whether an entry name of the existing directory is one the writer
+  // owns (one of a checkpoint's own files). An existing directory holding any other entry is
+  // refused, so that overwriting removes only what the writer wrote. Empty: only an empty
+  // directory may be replaced. Files ignore it. Default: empty.
+  std::function<bool(std::string_view name)> owns;
 };
+
+// Whether `path` is a directory with no entries (false when absent or on error).
+bool IsEmptyDirectory(FileSystem* fs, const std::string& path);
 
 class DurableCommit {
  public:

@@ -24,10 +24,12 @@ using Kind = DurableCommit::Kind;
 constexpr char kOld[] = "old contents";
 constexpr char kNew[] = "new contents, longer than the old";
 
-// Commits kNew at `path` (as a file, or as a directory holding one file "f") through `fs`.
+// Commits kNew at `path` (as a file, or as a directory holding one file "f", the one entry the
+// writer owns) through `fs`.
 Status CommitNew(FileSystem* fs, const std::string& path, Kind kind, bool overwrite) {
   CommitOptions o;
   o.overwrite = overwrite;
+  o.owns = [](std::string_view name) { return name == "f"; };
   SP_ASSIGN_OR_RETURN(DurableCommit c, DurableCommit::Begin(fs, path, kind, o));
   const std::string file = kind == Kind::kFile ? c.tmp() : JoinPath(c.tmp(), "f");
   Status s = fs->WriteFileSynced(file, kNew);
@@ -45,12 +47,16 @@ std::string Contents(MemFileSystem& fs, const std::string& path, Kind kind) {
 struct Case {
   Kind kind;
   bool overwrite;
-  std::string path;  // under /root; new parents are created when they are missing
+  std::string path;        // under /root; new parents are created when they are missing
+  bool empty_dir = false;  // an empty directory stands at the path (a fine target)
 };
 
 void Sweep(const Case& c) {
   auto make = [&](MemFileSystem& mem) {
     ASSERT_TRUE(CreateDirsDurably(&mem, "/root").ok());
+    if (c.empty_dir) {
+      ASSERT_TRUE(CreateDirsDurably(&mem, c.path).ok());
+    }
     if (!c.overwrite) return;
     ASSERT_TRUE(CommitNew(&mem, c.path, c.kind, false).ok());
     const std::string file = c.kind == Kind::kFile ? c.path : JoinPath(c.path, "f");
@@ -99,6 +105,40 @@ TEST(DurableCommit, PowerLossOverwrittenDirectory) { Sweep({Kind::kDirectory, tr
 TEST(DurableCommit, PowerLossUnderNewParents) {
   Sweep({Kind::kDirectory, false, "/root/x/y/d"});
   Sweep({Kind::kFile, false, "/root/x/y/a"});
+}
+
+// An empty directory at the target is replaced, overwrite or not; a crash leaves it, nothing, or
+// the new directory.
+TEST(DurableCommit, PowerLossOverAnEmptyDirectory) {
+  Sweep({Kind::kDirectory, false, "/root/d", true});
+}
+
+TEST(DurableCommit, OverwriteNeverRemovesWhatTheWriterDidNotWrite) {
+  MemFileSystem mem;
+  ASSERT_TRUE(CommitNew(&mem, "/d", Kind::kDirectory, false).ok());
+  SP_ASSERT_OK(mem.WriteFileSynced("/d/keep.txt", "mine"));
+  EXPECT_THAT(CommitNew(&mem, "/d", Kind::kDirectory, true),
+              StatusIs(StatusCode::kFailedPrecondition,
+                       "holds 1 entry savepoint did not write "
+                       "(\"keep.txt\")"));
+  EXPECT_EQ(mem.ReadFile("/d/keep.txt", 100).value(), "mine");
+  EXPECT_EQ(Contents(mem, "/d", Kind::kDirectory), kNew) << "the old checkpoint stays";
+  // A directory that is not the writer's at all, and a file where a directory goes (and back).
+  SP_ASSERT_OK(CreateDirsDurably(&mem, "/notes"));
+  SP_ASSERT_OK(mem.WriteFileSynced("/notes/a.txt", "a"));
+  SP_ASSERT_OK(mem.WriteFileSynced("/notes/b.txt", "b"));
+  EXPECT_THAT(CommitNew(&mem, "/notes", Kind::kDirectory, true),
+              StatusIs(StatusCode::kFailedPrecondition, "holds 2 entries"));
+  SP_ASSERT_OK(mem.WriteFileSynced("/file", "a file"));
+  EXPECT_THAT(CommitNew(&mem, "/file", Kind::kDirectory, true),
+              StatusIs(StatusCode::kFailedPrecondition, "/file is a file, not the directory"));
+  EXPECT_THAT(CommitNew(&mem, "/notes", Kind::kFile, true),
+              StatusIs(StatusCode::kFailedPrecondition, "/notes is a directory, not the file"));
+  EXPECT_EQ(mem.ReadFile("/file", 100).value(), "a file");
+  EXPECT_EQ(mem.ListDir("/notes").value().size(), 2u);
+  for (const FileInfo& e : mem.ListDir("/").value()) {
+    EXPECT_NE(e.name[0], '.') << "no debris of the refused commits: " << e.name;
+  }
 }
 
 TEST(DurableCommit, RefusesAnExistingTargetUnlessOverwriting) {

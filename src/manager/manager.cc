@@ -348,7 +348,7 @@ class ManagerImpl final : public CheckpointManager {
   Result<std::string> NameFor(const StepInfo& info, bool breakpoint) const {
     if (!o_.naming.prefix_fn) return CheckpointName(prefix_, info, breakpoint);
     std::string name = o_.naming.prefix_fn(info);
-    SP_RETURN_IF_ERROR(ValidatePrefix(name, "ManagerOptions.naming.prefix_fn result"));
+    SP_RETURN_IF_ERROR(ValidatePrefix(name, "prefix_fn result"));
     return breakpoint ? name + "_breakpoint" : name;
   }
 

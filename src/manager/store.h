@@ -2,9 +2,11 @@
 //
 //  - kNative: a checkpoint directory "{name}" per save (docs/FORMAT.md), through the engine (and
 //    its async Checkpointer).
-//  - kSafetensors: a file "{name}.safetensors" (MindSpore's flavour with crc_num when crc_check).
+//  - kSafetensors: a file "{name}.safetensors" (MindSpore's flavour with crc_num when
+//    storage.file_checksum).
 //  - kMindSporeCkpt: a file "{name}.ckpt" as MindSpore's ModelCheckpoint names them (CRC-32
-//    trailer when crc_check, encrypted with key/enc_mode, a "<file>.mac" sidecar for CBC modes).
+//    trailer when storage.file_checksum, encrypted with storage.key and storage.cipher, a
+//    "<file>.mac" sidecar for CBC modes).
 //
 // Every format carries the State's metadata, so the manager metadata (RecordMeta) is in each
 // checkpoint and a record can be rebuilt from the checkpoint alone. A file without it (written

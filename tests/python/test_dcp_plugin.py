@@ -88,10 +88,75 @@ def test_async_save(tmp_path):
 def test_existing_checkpoint_is_refused_unless_overwrite(tmp_path):
     path = str(tmp_path / "ckpt")
     _save(path)
-    with pytest.raises(CheckpointException, match="already exists"):
-        _save(path)
+    with pytest.raises(CheckpointException, match="Checkpoint already exists and"):
+        _save(path)  # (DCP's words)
     _save(path, overwrite=True)
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_file_system_writer_and_reader_arguments_are_taken(tmp_path):
+    # FileSystemWriter's arguments, positionally and by name, with their meaning.
+    w = spt.StorageWriter(tmp_path / "a", True, True, 3, 1 << 20, False, False)
+    assert w.io_threads == 3 and w.overwrite is False
+    w = spt.StorageWriter(tmp_path / "a", single_file_per_rank=False, sync_files=False,
+                          thread_count=2, per_thread_copy_ahead=0)  # fmt: skip
+    assert w.io_threads == 2 and w.thread_count == 2
+    dcp.save(_state(), storage_writer=w)
+    out = _state(fill=False)
+    dcp.load(out, storage_reader=spt.StorageReader(tmp_path / "a", None))
+    _assert_equal(out, _state())
+    assert savepoint.verify(str(tmp_path / "a"))["chunks"] > 0  # checksummed, as always
+    from torch.distributed.checkpoint.filesystem import SerializationFormat
+
+    spt.StorageWriter(tmp_path / "b", serialization_format=SerializationFormat.TORCH_SAVE)
+    # What savepoint cannot honour is refused naming it (never a TypeError).
+    for kwargs, match in [
+        ({"thread_count": 2, "io_threads": 3}, "thread_count=2 and io_threads=3"),
+        ({"thread_count": 0}, "thread_count must be an int >= 1"),
+        ({"per_thread_copy_ahead": -1}, "per_thread_copy_ahead"),
+        ({"_extensions": [object()]}, "_extensions"),
+        ({"serialization_format": SerializationFormat.SAFETENSORS}, "serialization_format"),
+    ]:
+        with pytest.raises(savepoint.InvalidArgumentError, match=match):
+            spt.StorageWriter(tmp_path / "b", **kwargs)
+    with pytest.raises(savepoint.InvalidArgumentError, match="_extension_registry"):
+        spt.StorageReader(tmp_path / "a", _extension_registry=object())
+    assert not (tmp_path / "b").exists()
+
+
+def test_async_save_with_a_cached_pinned_stage(tmp_path):
+    writer = spt.StorageWriter(tmp_path / "a", cache_staged_state_dict=True, overwrite=True)
+    for step in (1, 2):
+        state = _state()
+        state["step"] = step
+        state["model"]["w"] += step
+        dcp.async_save(state, storage_writer=writer).result()
+        out = _state(fill=False)
+        dcp.load(out, storage_reader=spt.StorageReader(tmp_path / "a"))
+        _assert_equal(out, state)
+    assert writer.state_dict_cache is not None  # one staged copy, reused
+
+
+def test_empty_directory_is_a_target_and_overwrite_removes_nothing_else(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()  # as DCP's own tests save into tempfile.mkdtemp()
+    _save(str(empty))
+    out = _state(fill=False)
+    dcp.load(out, storage_reader=spt.StorageReader(empty))
+    _assert_equal(out, _state())
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "notes.txt").write_text("mine")
+    with pytest.raises(CheckpointException, match="notes.txt"):
+        _save(str(proj), overwrite=True)
+    (empty / "keep.txt").write_text("mine too")  # beside a checkpoint's own files
+    with pytest.raises(CheckpointException, match="keep.txt"):
+        _save(str(empty), overwrite=True)
+    with pytest.raises(savepoint.FailedPreconditionError, match="notes.txt"):
+        savepoint.save({"w": torch.ones(2)}, proj, overwrite=True)
+    assert (proj / "notes.txt").read_text() == "mine"
+    assert (empty / "keep.txt").read_text() == "mine too"
+    assert sorted(os.listdir(tmp_path)) == ["empty", "proj"]  # no debris
 
 
 class _LosesItsTempDir(spt.StorageWriter):

@@ -137,6 +137,17 @@ def test_options_are_bound_classes_grouped_by_role(tmp_path):
     o.validate()
 
 
+def test_errors_name_the_keywords_not_the_cxx_fields(tmp_path):
+    with pytest.raises(savepoint.InvalidArgumentError) as e:
+        savepoint.CheckpointManager(tmp_path / "a", keep_best_n=1)
+    assert str(e.value) == ("CheckpointManager: keep_best_n = 1 needs best_metric (the metric to "
+                            "rank by)")  # fmt: skip
+    with pytest.raises(savepoint.InvalidArgumentError) as e:
+        savepoint.CheckpointManager(tmp_path / "a", append_dict={"sparse.compact": [1]})
+    assert "append_dict" in str(e.value) and "storage." not in str(e.value)
+    assert '"sparse.compact"' in str(e.value)  # the user's own name is left as it is
+
+
 def test_append_info_and_dict_are_stored(tmp_path):
     extra = {"run": "r1", "lr": 0.5, "ok": True}
     with savepoint.CheckpointManager(tmp_path / "ck", steps_per_epoch=3,
