@@ -11,6 +11,8 @@ pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing) # io_uring submission
 find_package(OpenSSL REQUIRED)              # encryption (EVP: AES-GCM/CBC, SM4-CBC), HMAC, HKDF; base64
 find_package(Protobuf REQUIRED)             # MindSpore .ckpt messages (protobuf wire format)
 pkg_check_modules(ZLIB REQUIRED IMPORTED_TARGET zlib)      # crc32_combine for .ckpt CRC trailers
+pkg_check_modules(CURL REQUIRED IMPORTED_TARGET libcurl)   # S3: HTTP(S), SigV4 signing, connection reuse
+pkg_check_modules(PUGIXML REQUIRED IMPORTED_TARGET pugixml)  # S3: XML response bodies
 if(SAVEPOINT_BUILD_TOOLS)
   find_package(CLI11 REQUIRED)
 endif()

@@ -5,7 +5,9 @@
 // after LevelDB's Env and RocksDB's FileSystem.
 //
 // Paths are '/'-separated strings. Implementations:
-//  - DefaultFileSystem(): POSIX (open/pwrite/pread/fsync/renameat2/mmap), with optional O_DIRECT.
+//  - DefaultFileSystem(): POSIX (open/pwrite/pread/fsync/renameat2/mmap), with optional O_DIRECT;
+//    "s3://bucket/key" URIs go to an object store (savepoint/s3.h), other schemes are refused.
+//  - NewS3FileSystem() (savepoint/s3.h): S3-compatible object storage, paths "s3://bucket/key".
 //  - src/io/mem_fs.h: MemFileSystem, in memory, with a durability model (see there).
 //  - src/io/fault_fs.h: FaultInjectionFileSystem, wraps another and injects failures.
 //
@@ -72,6 +74,10 @@ struct SAVEPOINT_API FileOptions {
   // fetches its own pages from the disk and no more (read-ahead windows reach megabytes). Others
   // ignore it. Default: false.
   bool random_access = false;
+  // NewWritableFile: fail with AlreadyExists if the file exists (POSIX O_EXCL). In object storage
+  // the check is the conditional write of the object when it is published (If-None-Match: *), so
+  // the AlreadyExists may come from Sync or Close. Default: false.
+  bool exclusive = false;
 };
 
 // One transfer of a batched write: `data` goes to the file at `offset`. The bytes must stay valid
@@ -212,6 +218,13 @@ class SAVEPOINT_API FileSystem {
     (void)mode;
     return UnimplementedError("map " + path + ": this file system does not support mapping files");
   }
+  // Whether `path` lies in an object store: directories are key prefixes, a file appears whole when
+  // its writer publishes it (Sync or Close) and not before, and there is no atomic Rename. Commits
+  // there write in place and publish the MANIFEST last (docs/FORMAT.md §5). Default: false.
+  virtual bool IsObjectStore(const std::string& path) {
+    (void)path;
+    return false;
+  }
 
   // --- Helpers built on the calls above (not virtual). ---
   // True if the path exists (errors other than NotFound count as "exists").
@@ -271,6 +284,7 @@ class ForwardingFileSystem : public FileSystem {
   Result<std::unique_ptr<FileLock>> LockFile(const std::string& p) override {
     return base_->LockFile(p);
   }
+  bool IsObjectStore(const std::string& p) override { return base_->IsObjectStore(p); }
 
  protected:
   FileSystem* base() const { return base_; }
@@ -279,7 +293,10 @@ class ForwardingFileSystem : public FileSystem {
   FileSystem* const base_;
 };
 
-// The process-wide POSIX file system. Never null; lives for the whole process.
+// The process-wide default file system: POSIX for local paths; "s3://" URIs go to an S3 file
+// system configured from the environment on first use (savepoint/s3.h, S3Options); a path with any
+// other scheme ("gs://...", "hdfs://...") is refused with InvalidArgument naming the scheme. Never
+// null; lives for the whole process.
 SAVEPOINT_API FileSystem* DefaultFileSystem();
 
 // Path helpers: JoinPath("a", "b") == "a/b"; Dirname("a/b") == "a"; Basename("a/b") == "b".

@@ -6,7 +6,7 @@
 #include "savepoint/export.h"
 
 // Core: tensors, states and the verbs (Save, Load, LoadInto, Verify, Convert; their options,
-// with the format and the topology), errors, storage and I/O.
+// with the format and the topology), errors, storage (local and S3) and I/O.
 #include "savepoint/checkpoint.h"  // IWYU pragma: export
 #include "savepoint/dtype.h"       // IWYU pragma: export
 #include "savepoint/durable.h"     // IWYU pragma: export
@@ -15,6 +15,7 @@
 #include "savepoint/format.h"      // IWYU pragma: export
 #include "savepoint/io_options.h"  // IWYU pragma: export
 #include "savepoint/logging.h"     // IWYU pragma: export
+#include "savepoint/s3.h"          // IWYU pragma: export
 #include "savepoint/state.h"       // IWYU pragma: export
 #include "savepoint/status.h"      // IWYU pragma: export
 #include "savepoint/tensor.h"      // IWYU pragma: export

@@ -120,7 +120,8 @@ class StorageWriter(_storage.StorageWriter, _staging.BlockingAsyncStager):
       cache_staged_state_dict (False): dcp.async_save stages into one copy kept and reused
           across saves, as FileSystemWriter does (this writer is the stager; the copy is
           page-locked where a GPU is).
-      overwrite (False): replace an existing checkpoint at `path` (atomically).
+      overwrite (True, as DCP): replace an existing checkpoint at `path` atomically, and only
+          its own files: a directory holding anything else is refused, naming it.
       _extensions: stream transforms are not supported (InvalidArgumentError unless empty).
       serialization_format: TORCH_SAVE (the default) only; what is written is a savepoint
           checkpoint (docs/FORMAT.md) whatever DCP's format would have been.
@@ -129,7 +130,7 @@ class StorageWriter(_storage.StorageWriter, _staging.BlockingAsyncStager):
     """
 
     def __init__(self, path, single_file_per_rank=True, sync_files=True, thread_count=None,
-                 per_thread_copy_ahead=10_000_000, cache_staged_state_dict=False, overwrite=False,
+                 per_thread_copy_ahead=10_000_000, cache_staged_state_dict=False, overwrite=True,
                  _extensions=None, serialization_format=None, *,
                  chunk_bytes=_DEFAULT_CHUNK_BYTES, io_threads=None, direct_io=True):  # fmt: skip
         super().__init__()

@@ -9,6 +9,7 @@
 
 #include "engine/paths.h"
 #include "engine/reader.h"
+#include "format/manifest.h"
 #include "io/debris.h"
 
 namespace savepoint {
@@ -116,11 +117,33 @@ Result<std::vector<std::string>> GarbageCollect(const std::string& root, const G
   return done;
 }
 
+namespace {
+
+// DeleteCheckpoint in object storage (docs/FORMAT.md §5.1): the MANIFEST first, so that no reader
+// takes what is left for a checkpoint, then the checkpoint's own data objects; other objects stay.
+Status DeleteObjects(FileSystem* fs, const std::string& path) {
+  const std::string manifest = JoinPath(path, format::kManifestFileName);
+  SP_RETURN_IF_ERROR(fs->Stat(manifest).status());
+  SP_RETURN_IF_ERROR(fs->RemoveFile(manifest));
+  Result<std::vector<FileInfo>> entries = fs->ListDir(path);
+  if (entries.status().code() == StatusCode::kNotFound) return Status::OK();
+  SP_RETURN_IF_ERROR(entries.status());
+  for (const FileInfo& e : *entries) {
+    if (!e.is_dir && engine::IsCheckpointEntry(e.name)) {
+      SP_RETURN_IF_ERROR(fs->RemoveFile(JoinPath(path, e.name)));
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Status DeleteCheckpoint(const std::string& raw_path, FileSystem* fs) {
   fs = Fs(fs);
   SP_ASSIGN_OR_RETURN(std::string path, engine::NormalizeCheckpointPath(raw_path));
-  std::string old = io::DelPathFor(path);
   std::string context = fmt::format("delete {}", path);
+  if (fs->IsObjectStore(path)) return DeleteObjects(fs, path).WithContext(context);
+  std::string old = io::DelPathFor(path);
   Status s = fs->Rename(path, old);
   if (s.ok()) s = fs->SyncDir(Dirname(path));
   if (s.ok()) s = fs->RemoveAll(old);

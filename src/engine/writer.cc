@@ -368,8 +368,14 @@ Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o,
   SP_ASSIGN_OR_RETURN(t.path, NormalizeCheckpointPath(raw_path));
   std::string context = fmt::format("save {}", t.path);
   SP_RETURN_IF_ERROR(ValidateIoOptions(io, context));
-  if (!o.overwrite && t.fs->Exists(t.path) && !io::IsEmptyDirectory(t.fs, t.path)) {
-    return AlreadyExistsError(fmt::format("{}: a checkpoint already exists there", context));
+  if (!o.overwrite && !t.fs->IsObjectStore(t.path)) {
+    Result<FileInfo> st = t.fs->Stat(t.path);
+    if (!st.ok() && st.status().code() != StatusCode::kNotFound) {
+      return st.status().WithContext(context);
+    }
+    if (st.ok() && !io::IsEmptyDirectory(t.fs, t.path)) {
+      return AlreadyExistsError(fmt::format("{}: a checkpoint already exists there", context));
+    }
   }
   Result<io::DurableCommit> c = io::DurableCommit::Begin(
       t.fs, t.path, io::DurableCommit::Kind::kDirectory, CommitOptionsOf(o.overwrite, o));
@@ -547,8 +553,9 @@ Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes
 Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const format::Manifest& m,
                                                      bool direct_io, uint32_t file_index) {
   std::string path = JoinPath(t.tmp, m.files[file_index].name);
-  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
-                      t.fs->NewWritableFile(path, FileOptions{.direct_io = direct_io}));
+  SP_ASSIGN_OR_RETURN(
+      std::unique_ptr<WritableFile> f,
+      t.fs->NewWritableFile(path, FileOptions{.direct_io = direct_io, .exclusive = true}));
   spdlog::debug("savepoint: writing {} ({})", path, f->direct() ? "O_DIRECT" : "buffered");
   SP_RETURN_IF_ERROR(f->Preallocate(m.files[file_index].bytes));
   SP_ASSIGN_OR_RETURN(Tensor header,
@@ -573,7 +580,14 @@ Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manife
     return ResourceExhaustedError(fmt::format("manifest of {} bytes exceeds the cap of {}",
                                               manifest.size(), format::kMaxManifestBodyBytes));
   }
-  return t.fs->WriteFileSynced(JoinPath(t.tmp, format::kManifestFileName), manifest);
+  // Exclusive: in object storage this write is the commit point (docs/FORMAT.md §5), and it must
+  // not replace a MANIFEST another save published meanwhile.
+  const std::string path = JoinPath(t.tmp, format::kManifestFileName);
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
+                      t.fs->NewWritableFile(path, FileOptions{.exclusive = true}));
+  SP_RETURN_IF_ERROR(f->WriteAt(0, std::as_bytes(std::span(manifest))));
+  SP_RETURN_IF_ERROR(f->Sync());
+  return f->Close();
 }
 
 io::DurableCommit CommitOf(const SaveTarget& t, bool overwrite) {

@@ -68,6 +68,41 @@ Result<Target> CheckTarget(FileSystem* fs, const std::string& path, DurableCommi
   return Target::kReplaceable;
 }
 
+// Object stores (commit.h, "In object storage"): what may stand at `path` when a commit begins.
+Status CheckObjectTarget(FileSystem* fs, const std::string& path, DurableCommit::Kind kind,
+                         const CommitOptions& o) {
+  Result<FileInfo> st = fs->Stat(path);
+  if (st.status().code() == StatusCode::kNotFound) return Status::OK();
+  SP_RETURN_IF_ERROR(st.status());
+  const bool dir_target = kind == DurableCommit::Kind::kDirectory;
+  if (st->is_dir != dir_target) {
+    return FailedPreconditionError(fmt::format(
+        "{} is a {}, not the {} this writes (nothing was changed)", path,
+        st->is_dir ? "prefix holding objects" : "object", dir_target ? "prefix" : "object"));
+  }
+  if (!dir_target) {  // one PUT replaces an object whole
+    return o.overwrite ? Status::OK()
+                       : AlreadyExistsError(
+                             fmt::format("{} already exists (overwrite to replace it)", path));
+  }
+  SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(path));
+  for (const FileInfo& e : entries) {
+    if (e.name != "MANIFEST") continue;
+    if (!o.overwrite) return AlreadyExistsError(fmt::format("{} already exists", path));
+    return FailedPreconditionError(fmt::format(
+        "{} already exists, and object storage cannot replace a checkpoint without losing it "
+        "before the new one commits: delete it first, or save under another name",
+        path));
+  }
+  size_t n = 0;
+  CommitOptions none;  // every entry counts
+  const std::string names = Foreign(entries, none, &n);
+  return FailedPreconditionError(fmt::format(
+      "{} holds {} object{} but no MANIFEST ({}{}): an unfinished save, or not savepoint's; "
+      "remove them or save under another name (nothing was changed)",
+      path, n, n == 1 ? "" : "s", names, n > 3 ? ", ..." : ""));
+}
+
 }  // namespace
 
 bool IsEmptyDirectory(FileSystem* fs, const std::string& path) {
@@ -79,6 +114,11 @@ bool IsEmptyDirectory(FileSystem* fs, const std::string& path) {
 
 Result<DurableCommit> DurableCommit::Begin(FileSystem* fs, std::string path, Kind kind,
                                            const CommitOptions& options) {
+  if (fs->IsObjectStore(path)) {  // written in place, published last
+    SP_RETURN_IF_ERROR(CheckObjectTarget(fs, path, kind, options));
+    std::string tmp = path;
+    return DurableCommit(fs, std::move(path), std::move(tmp), kind, options);
+  }
   // Step 1.
   if (options.create_parents) SP_RETURN_IF_ERROR(CreateDirsDurably(fs, Dirname(path)));
   SP_RETURN_IF_ERROR(CheckTarget(fs, path, kind, options).status());
@@ -94,6 +134,10 @@ DurableCommit DurableCommit::Adopt(FileSystem* fs, std::string path, std::string
 }
 
 Status DurableCommit::Commit() const {
+  if (tmp_ == path_) {  // object storage: the writer's last object was the commit point
+    if (kind_ == Kind::kFile || fs_->Exists(JoinPath(path_, "MANIFEST"))) return Status::OK();
+    return InternalError(fmt::format("commit {}: no MANIFEST was published", path_));
+  }
   const std::string parent = Dirname(path_);
   if (kind_ == Kind::kDirectory) SP_RETURN_IF_ERROR(fs_->SyncDir(tmp_));  // step 4
   std::string old;
@@ -115,7 +159,9 @@ Status DurableCommit::Commit() const {
   return Status::OK();
 }
 
-void DurableCommit::Abandon() const { fs_->RemoveAll(tmp_).IgnoreError(); }
+void DurableCommit::Abandon() const {
+  if (tmp_ != path_) fs_->RemoveAll(tmp_).IgnoreError();
+}
 
 Status WriteFileDurably(FileSystem* fs, const std::string& path, std::string_view contents,
                         const CommitOptions& options) {

@@ -26,6 +26,15 @@
 // A crash before step 6 leaves only hidden debris (removed by GarbageCollect); between 5 and 6 the
 // old target sits under its hidden name and GarbageCollect renames it back.
 //
+// In object storage (FileSystem::IsObjectStore) there is no rename and no temporary: tmp() is the
+// target itself. Begin refuses a prefix that holds a MANIFEST (AlreadyExists; with overwrite,
+// FailedPrecondition: the old checkpoint would be gone before the new one commits) or any other
+// object (FailedPrecondition naming them: an unfinished save, or not savepoint's). The writer
+// publishes its data objects, each only if absent (FileOptions::exclusive), and the MANIFEST last,
+// only if absent: that write is the commit point. A file target is one PUT, which replaces an
+// object whole. Commit checks that the MANIFEST is there; Abandon removes nothing (a save that
+// failed may have lost a race to another writer of the same prefix, whose objects these may be).
+//
 // Thread safety: a DurableCommit is used by one thread at a time; different targets may be
 // committed concurrently.
 #ifndef SAVEPOINT_IO_COMMIT_H_

@@ -298,6 +298,8 @@ Result<std::unique_ptr<WritableFile>> MemFileSystem::NewWritableFile(const std::
   std::shared_ptr<Inode>& slot = parent->entries[parts.back()];
   if (slot == nullptr) {
     slot = std::make_shared<Inode>(/*dir=*/false);
+  } else if (options.exclusive) {
+    return ErrnoToStatus(EEXIST, context);
   } else if (slot->is_dir) {
     return ErrnoToStatus(EISDIR, context);
   } else if (options.truncate) {

@@ -1,4 +1,5 @@
-// DefaultFileSystem(): the POSIX (Linux) implementation of savepoint/filesystem.h.
+// io::PosixFileSystemInstance() (io/default_fs.h): the POSIX (Linux) implementation of
+// savepoint/filesystem.h, which DefaultFileSystem() serves local paths with.
 //
 // Files are opened with O_CLOEXEC, and with O_DIRECT when FileOptions::direct_io asks for it and
 // the file system supports it (tmpfs does not: the open then falls back to buffered I/O and the
@@ -44,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/default_fs.h"
 #include "io/uring.h"
 #include "savepoint/filesystem.h"
 #include "savepoint/status.h"
@@ -284,7 +286,9 @@ class PosixFileSystem final : public FileSystem {
                                                         const FileOptions& options) override {
     bool direct = false;
     const int fd =
-        OpenMaybeDirect(path, O_WRONLY | O_CREAT | O_CLOEXEC | (options.truncate ? O_TRUNC : 0),
+        OpenMaybeDirect(path,
+                        O_WRONLY | O_CREAT | O_CLOEXEC | (options.truncate ? O_TRUNC : 0) |
+                            (options.exclusive ? O_EXCL : 0),
                         options.direct_io, &direct);
     if (fd < 0) return ErrnoToStatus(errno, fmt::format("open {} for writing", path));
     return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(
@@ -441,9 +445,12 @@ Result<std::unique_ptr<FileSystem::FileLock>> PosixFileSystem::LockFile(const st
 
 }  // namespace
 
-FileSystem* DefaultFileSystem() {
+namespace io {
+
+FileSystem* PosixFileSystemInstance() {
   static FileSystem* const fs = new PosixFileSystem();  // never destroyed
   return fs;
 }
 
+}  // namespace io
 }  // namespace savepoint

@@ -85,19 +85,23 @@ def test_async_save(tmp_path):
     _assert_equal(out, _state())
 
 
-def test_existing_checkpoint_is_refused_unless_overwrite(tmp_path):
+def test_existing_checkpoint_is_replaced_by_default_refused_without_overwrite(tmp_path):
     path = str(tmp_path / "ckpt")
     _save(path)
+    _save(path)  # DCP's default: overwrite=True
     with pytest.raises(CheckpointException, match="Checkpoint already exists and"):
-        _save(path)  # (DCP's words)
-    _save(path, overwrite=True)
+        _save(path, overwrite=False)  # (DCP's words)
     assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+    out = _state(fill=False)
+    dcp.load(out, storage_reader=spt.StorageReader(path))
+    _assert_equal(out, _state())
 
 
 def test_file_system_writer_and_reader_arguments_are_taken(tmp_path):
     # FileSystemWriter's arguments, positionally and by name, with their meaning.
     w = spt.StorageWriter(tmp_path / "a", True, True, 3, 1 << 20, False, False)
     assert w.io_threads == 3 and w.overwrite is False
+    assert spt.StorageWriter(tmp_path / "a").overwrite is True  # DCP's default
     w = spt.StorageWriter(tmp_path / "a", single_file_per_rank=False, sync_files=False,
                           thread_count=2, per_thread_copy_ahead=0)  # fmt: skip
     assert w.io_threads == 2 and w.thread_count == 2

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Checkpoints in object storage against s5cmd, the reference S3 client, moving the same bytes to
+and from the same server in the same run: SeaweedFS (`weed mini`) on 127.0.0.1, started here by
+tests/s3/seaweed.py.
+
+    PYTHONPATH=build/python build/venv/bin/python bench/s3_bench.py [--mib 1024] [--trials 3]
+
+Per trial: savepoint.save(state, "s3://...") from memory against `s5cmd cp` uploading the same
+checkpoint from a local directory (in the page cache), and savepoint.load("s3://...") into memory
+against `s5cmd cp` downloading it into a local directory (tmpfs when /dev/shm is there, so neither
+side waits for a disk). Medians of the trials; throughput in MiB/s of checkpoint bytes.
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+
+import numpy as np
+from bench_util import timed
+
+import savepoint
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "s3"))
+from seaweed import Seaweed  # noqa: E402
+
+MIB = 1 << 20
+
+
+def make_state(total_bytes, seed=0):
+    rng = np.random.default_rng(seed)
+    out, used, i = {}, 0, 0
+    while used < total_bytes:
+        n = min(64 * MIB, total_bytes - used) // 4
+        out[f"layer{i}.weight"] = rng.standard_normal(n, dtype=np.float32)
+        used += n * 4
+        i += 1
+    return out
+
+
+def dir_bytes(path):
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mib", type=int, default=1024)
+    ap.add_argument("--trials", type=int, default=3)
+    args = ap.parse_args()
+    scratch = tempfile.mkdtemp(prefix="savepoint-s3-bench-",
+                               dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    state = make_state(args.mib * MIB)
+    local = os.path.join(scratch, "local")
+    savepoint.save(state, local)
+    nbytes = dir_bytes(local)
+    rows = {"save (savepoint, from memory)": [], "upload (s5cmd cp, from files)": [],
+            "load (savepoint, into memory)": [], "download (s5cmd cp, into files)": []}
+    with Seaweed(bucket="bench") as s3:
+        os.environ.update(s3.env)
+        for t in range(args.trials):
+            uri = f"s3://bench/sp-{t}"
+            rows["save (savepoint, from memory)"].append(timed(lambda: savepoint.save(state, uri))[0])
+            rows["upload (s5cmd cp, from files)"].append(
+                timed(lambda: s3.s5cmd("cp", f"{local}/*", f"s3://bench/ref-{t}/"))[0])
+            rows["load (savepoint, into memory)"].append(timed(lambda: savepoint.load(uri))[0])
+            out = os.path.join(scratch, f"down-{t}")
+            rows["download (s5cmd cp, into files)"].append(
+                timed(lambda: s3.s5cmd("cp", f"s3://bench/ref-{t}/*", f"{out}/"))[0])
+            shutil.rmtree(out)
+    shutil.rmtree(scratch)
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    print(f"s3 bench: {nbytes / MIB:.0f} MiB checkpoint, SeaweedFS on 127.0.0.1, "
+          f"{args.trials} trials (medians)")
+    print(f"| {'what':<34} | {'s':>7} | {'MiB/s':>7} | {'vs s5cmd':>8} |")
+    print(f"|{'-' * 36}|{'-' * 9}|{'-' * 9}|{'-' * 10}|")
+    pairs = {"save (savepoint, from memory)": "upload (s5cmd cp, from files)",
+             "load (savepoint, into memory)": "download (s5cmd cp, into files)"}
+    for k, s in med.items():
+        ref = pairs.get(k)
+        ratio = f"{med[ref] / s:.2f}x" if ref else ""
+        print(f"| {k:<34} | {s:7.2f} | {nbytes / MIB / s:7.0f} | {ratio:>8} |")
+    print(f"s3: save {med['upload (s5cmd cp, from files)'] / med['save (savepoint, from memory)']:.2f}x "
+          f"s5cmd upload, load {med['download (s5cmd cp, into files)'] / med['load (savepoint, into memory)']:.2f}x "
+          f"s5cmd download")
+
+
+if __name__ == "__main__":
+    main()
