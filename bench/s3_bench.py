@@ -6,7 +6,8 @@ tests/s3/seaweed.py.
     PYTHONPATH=build/python build/venv/bin/python bench/s3_bench.py [--mib 1024] [--trials 3]
 
 Per trial: savepoint.save(state, "s3://...") from memory against `s5cmd cp` uploading the same
-checkpoint from a local directory (in the page cache), and savepoint.load("s3://...") into memory
+checkpoint from a local directory (in the page cache); savepoint.load("s3://...") into new memory,
+into the caller's arrays (like=), and savepoint.verify (every chunk read and checked, nothing kept)
 against `s5cmd cp` downloading it into a local directory (tmpfs when /dev/shm is there, so neither
 side waits for a disk). Medians of the trials; throughput in MiB/s of checkpoint bytes.
 """
@@ -57,7 +58,8 @@ def main():
     savepoint.save(state, local)
     nbytes = dir_bytes(local)
     rows = {"save (savepoint, from memory)": [], "upload (s5cmd cp, from files)": [],
-            "load (savepoint, into memory)": [], "download (s5cmd cp, into files)": []}
+            "load (savepoint, into new memory)": [], "load (savepoint, into the state, like=)": [],
+            "verify (savepoint, read + check all)": [], "download (s5cmd cp, into files)": []}
     with Seaweed(bucket="bench") as s3:
         os.environ.update(s3.env)
         for t in range(args.trials):
@@ -65,7 +67,11 @@ def main():
             rows["save (savepoint, from memory)"].append(timed(lambda: savepoint.save(state, uri))[0])
             rows["upload (s5cmd cp, from files)"].append(
                 timed(lambda: s3.s5cmd("cp", f"{local}/*", f"s3://bench/ref-{t}/"))[0])
-            rows["load (savepoint, into memory)"].append(timed(lambda: savepoint.load(uri))[0])
+            rows["load (savepoint, into new memory)"].append(timed(lambda: savepoint.load(uri))[0])
+            rows["load (savepoint, into the state, like=)"].append(
+                timed(lambda: savepoint.load(uri, like=state))[0])
+            rows["verify (savepoint, read + check all)"].append(
+                timed(lambda: savepoint.verify(uri))[0])
             out = os.path.join(scratch, f"down-{t}")
             rows["download (s5cmd cp, into files)"].append(
                 timed(lambda: s3.s5cmd("cp", f"s3://bench/ref-{t}/*", f"{out}/"))[0])
@@ -74,17 +80,21 @@ def main():
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(f"s3 bench: {nbytes / MIB:.0f} MiB checkpoint, SeaweedFS on 127.0.0.1, "
           f"{args.trials} trials (medians)")
-    print(f"| {'what':<34} | {'s':>7} | {'MiB/s':>7} | {'vs s5cmd':>8} |")
-    print(f"|{'-' * 36}|{'-' * 9}|{'-' * 9}|{'-' * 10}|")
+    print(f"| {'what':<40} | {'s':>7} | {'MiB/s':>7} | {'vs s5cmd':>8} |")
+    print(f"|{'-' * 42}|{'-' * 9}|{'-' * 9}|{'-' * 10}|")
+    down = "download (s5cmd cp, into files)"
     pairs = {"save (savepoint, from memory)": "upload (s5cmd cp, from files)",
-             "load (savepoint, into memory)": "download (s5cmd cp, into files)"}
+             "load (savepoint, into new memory)": down,
+             "load (savepoint, into the state, like=)": down,
+             "verify (savepoint, read + check all)": down}
     for k, s in med.items():
         ref = pairs.get(k)
         ratio = f"{med[ref] / s:.2f}x" if ref else ""
-        print(f"| {k:<34} | {s:7.2f} | {nbytes / MIB / s:7.0f} | {ratio:>8} |")
-    print(f"s3: save {med['upload (s5cmd cp, from files)'] / med['save (savepoint, from memory)']:.2f}x "
-          f"s5cmd upload, load {med['download (s5cmd cp, into files)'] / med['load (savepoint, into memory)']:.2f}x "
-          f"s5cmd download")
+        print(f"| {k:<40} | {s:7.2f} | {nbytes / MIB / s:7.0f} | {ratio:>8} |")
+    up = med["upload (s5cmd cp, from files)"] / med["save (savepoint, from memory)"]
+    print(f"s3: save {up:.2f}x s5cmd upload, load {med[down] / med['load (savepoint, into new memory)']:.2f}x"
+          f" (into the state {med[down] / med['load (savepoint, into the state, like=)']:.2f}x) s5cmd "
+          f"download")
 
 
 if __name__ == "__main__":

@@ -89,12 +89,53 @@ Result<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& root, Fi
   return out;
 }
 
+namespace {
+
+// No process can be asked whether it is still writing to a bucket: in object storage, debris is
+// only what has been left alone this long at least.
+constexpr int64_t kObjectStoreGraceSeconds = 3600;
+
+int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// GarbageCollect in object storage (docs/FORMAT.md §5.1): a prefix under `root` holding data
+// objects but no MANIFEST, none of them newer than the grace period, is an unfinished save; its
+// data objects are removed. Objects that are not a checkpoint's are never touched.
+Result<std::vector<std::string>> CollectObjects(FileSystem* fs, const std::string& root,
+                                                const GcOptions& o) {
+  SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(root));
+  const int64_t grace_ns = std::max(o.min_age_seconds, kObjectStoreGraceSeconds) * 1'000'000'000LL;
+  const int64_t now = NowNs();
+  std::vector<std::string> done;
+  for (const FileInfo& dir : entries) {
+    if (!dir.is_dir) continue;
+    const std::string path = JoinPath(root, dir.name);
+    SP_ASSIGN_OR_RETURN(std::vector<FileInfo> objects, fs->ListDir(path));
+    bool unfinished = !objects.empty();
+    for (const FileInfo& e : objects) {
+      if (e.is_dir || e.name == format::kManifestFileName || !engine::IsCheckpointEntry(e.name) ||
+          now - e.mtime_ns < grace_ns) {
+        unfinished = false;
+      }
+    }
+    if (!unfinished) continue;
+    done.push_back(path);
+    if (o.dry_run) continue;
+    for (const FileInfo& e : objects) SP_RETURN_IF_ERROR(fs->RemoveFile(JoinPath(path, e.name)));
+  }
+  return done;
+}
+
+}  // namespace
+
 Result<std::vector<std::string>> GarbageCollect(const std::string& root, const GcOptions& o) {
   FileSystem* fs = Fs(o.fs);
+  if (fs->IsObjectStore(root)) return CollectObjects(fs, root, o);
   SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(root));
-  int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                    std::chrono::system_clock::now().time_since_epoch())
-                    .count();
+  const int64_t now = NowNs();
   std::vector<std::string> done;
   for (const FileInfo& info : entries) {
     std::string ckpt;

@@ -107,3 +107,19 @@ def test_manager_saves_retires_and_restores_in_a_bucket(s3):
     with savepoint.CheckpointManager(root) as mgr:  # reopened: the index is in the bucket
         assert mgr.all_steps() == [3, 4]
         _same(_state(4), mgr.restore())
+
+
+def test_cli_lists_inspects_and_verifies_in_a_bucket(s3, savepoint_cli):
+    root = f"s3://{s3.bucket}/cli"
+    savepoint.save(_state(5), f"{root}/step-5")
+    env = dict(os.environ, **s3.env)
+
+    def cli(*args):
+        r = subprocess.run([savepoint_cli, *args], env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    assert "step-5" in cli("ls", root)
+    assert "model.w" in cli("inspect", f"{root}/step-5")
+    cli("verify", f"{root}/step-5")

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "io/s3_fs.h"
+#include "savepoint/catalog.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/distributed.h"
 #include "savepoint/s3.h"
@@ -290,6 +291,26 @@ TEST_F(S3StoreTest, RanksSaveTheirShardsAndALoadReshards) {
     return Status::OK();
   });
   for (const Status& s : loaded) SP_ASSERT_OK(s);
+}
+
+TEST_F(S3StoreTest, DeleteAndGcTouchOnlyWhatIsTheirs) {
+  SP_ASSERT_OK(Save(testing::RandomState(5, 2, 4096), root_ + "/a", {}, io_));
+  SP_ASSERT_OK(Save(testing::RandomState(6, 2, 4096), root_ + "/b", {}, io_));
+  SP_ASSERT_OK(fs_->WriteFileSynced(root_ + "/b/notes.txt", "mine"));
+  SP_ASSERT_OK(fs_->WriteFileSynced(root_ + "/half/data-00000-00000.spd", "unfinished"));
+  // Just written: a save may still be writing them, so gc leaves them (grace: one hour).
+  EXPECT_TRUE(GarbageCollect(root_, {.fs = fs_.get()}).value().empty());
+  SP_ASSERT_OK(DeleteCheckpoint(root_ + "/b", fs_.get()));
+  EXPECT_THAT(Load(root_ + "/b", {}, io_), StatusIs(StatusCode::kNotFound, "MANIFEST"));
+  std::vector<FileInfo> left = fs_->ListDir(root_ + "/b").value();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].name, "notes.txt");
+  SP_ASSERT_OK(Load(root_ + "/a", {}, io_).status());
+  Result<std::vector<CheckpointEntry>> listed = ListCheckpoints(root_, fs_.get());
+  SP_ASSERT_OK(listed.status());
+  int committed = 0;
+  for (const CheckpointEntry& e : *listed) committed += e.committed;
+  EXPECT_EQ(committed, 1);
 }
 
 // Through tests/s3/fault_proxy.py: 503 SlowDown, 500s, connections reset before an answer and

@@ -1,0 +1,98 @@
+// The object-storage rules of the commit, delete and gc (docs/FORMAT.md §5.1) on an in-memory file
+// system that says it is an object store and whose objects can be aged: what a prefix may hold
+// when a save begins, that a delete removes the MANIFEST first and only the checkpoint's own
+// objects, and that gc removes unfinished saves only past the grace period. The same rules against
+// a real S3 server: tests/s3/s3_store_test.cc.
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "io/commit.h"
+#include "io/mem_fs.h"
+#include "savepoint/catalog.h"
+#include "savepoint/checkpoint.h"
+#include "testutil/testutil.h"
+
+namespace savepoint {
+namespace {
+
+using ::savepoint::testing::StatusIs;
+
+// MemFileSystem as an object store: IsObjectStore, and every listed object `age_ns` older.
+class AgedObjectStore : public ForwardingFileSystem {
+ public:
+  explicit AgedObjectStore(FileSystem* base) : ForwardingFileSystem(base) {}
+  bool IsObjectStore(const std::string&) override { return true; }
+  Result<std::vector<FileInfo>> ListDir(const std::string& p) override {
+    SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, base()->ListDir(p));
+    for (FileInfo& e : entries) e.mtime_ns -= age_ns.load();
+    return entries;
+  }
+  std::atomic<int64_t> age_ns{0};
+};
+
+class ObjectStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SP_ASSERT_OK(mem_.CreateDirs("/bucket/run")); }
+  // A prefix holding the objects `names` (as the writer would leave them).
+  void Objects(const std::string& dir, std::initializer_list<const char*> names) {
+    SP_ASSERT_OK(mem_.CreateDirs(dir));
+    for (const char* n : names) SP_ASSERT_OK(mem_.WriteFileSynced(dir + "/" + n, "bytes"));
+  }
+
+  MemFileSystem mem_;
+  AgedObjectStore fs_{&mem_};
+};
+
+TEST_F(ObjectStoreTest, CommitWritesInPlaceAndRefusesWhatStandsThere) {
+  io::CommitOptions co;
+  auto c = io::DurableCommit::Begin(&fs_, "/bucket/run/new", io::DurableCommit::Kind::kDirectory,
+                                    co);
+  SP_ASSERT_OK(c.status());
+  EXPECT_EQ(c->tmp(), c->path());  // no temporary, no rename
+  EXPECT_THAT(c->Commit(), StatusIs(StatusCode::kInternal, "no MANIFEST"));
+  Objects("/bucket/run/done", {"MANIFEST", "data-00000-00000.spd"});
+  EXPECT_THAT(io::DurableCommit::Begin(&fs_, "/bucket/run/done",
+                                       io::DurableCommit::Kind::kDirectory, co),
+              StatusIs(StatusCode::kAlreadyExists));
+  co.overwrite = true;
+  EXPECT_THAT(io::DurableCommit::Begin(&fs_, "/bucket/run/done",
+                                       io::DurableCommit::Kind::kDirectory, co),
+              StatusIs(StatusCode::kFailedPrecondition, "delete it first"));
+  Objects("/bucket/run/half", {"data-00000-00000.spd"});
+  EXPECT_THAT(io::DurableCommit::Begin(&fs_, "/bucket/run/half",
+                                       io::DurableCommit::Kind::kDirectory, co),
+              StatusIs(StatusCode::kFailedPrecondition, "data-00000-00000.spd"));
+}
+
+TEST_F(ObjectStoreTest, DeleteRemovesTheManifestFirstAndOnlyTheCheckpointsObjects) {
+  Objects("/bucket/run/ck", {"MANIFEST", "data-00000-00000.spd", "data-00001-00000.spd",
+                             "notes.txt"});
+  SP_ASSERT_OK(DeleteCheckpoint("/bucket/run/ck", &fs_));
+  std::vector<FileInfo> left = mem_.ListDir("/bucket/run/ck").value();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].name, "notes.txt");
+  EXPECT_THAT(DeleteCheckpoint("/bucket/run/ck", &fs_), StatusIs(StatusCode::kNotFound));
+}
+
+TEST_F(ObjectStoreTest, GcRemovesUnfinishedSavesOnlyPastTheGracePeriod) {
+  Objects("/bucket/run/committed", {"MANIFEST", "data-00000-00000.spd"});
+  Objects("/bucket/run/unfinished", {"data-00000-00000.spd", "data-00001-00000.spd"});
+  Objects("/bucket/run/theirs", {"data-00000-00000.spd", "report.csv"});
+  // Young: a save may still be writing them, whatever min_age_seconds says.
+  EXPECT_TRUE(GarbageCollect("/bucket/run", {.fs = &fs_}).value().empty());
+  fs_.age_ns = int64_t{2} * 3600 * 1'000'000'000;
+  EXPECT_EQ(GarbageCollect("/bucket/run", {.fs = &fs_, .dry_run = true}).value(),
+            std::vector<std::string>{"/bucket/run/unfinished"});
+  EXPECT_TRUE(mem_.Exists("/bucket/run/unfinished/data-00000-00000.spd"));
+  EXPECT_EQ(GarbageCollect("/bucket/run", {.fs = &fs_, .min_age_seconds = 3 * 3600}).value().size(),
+            0u);
+  EXPECT_EQ(GarbageCollect("/bucket/run", {.fs = &fs_}).value(),
+            std::vector<std::string>{"/bucket/run/unfinished"});
+  EXPECT_TRUE(mem_.ListDir("/bucket/run/unfinished").value().empty());
+  EXPECT_EQ(mem_.ListDir("/bucket/run/committed").value().size(), 2u);
+  EXPECT_EQ(mem_.ListDir("/bucket/run/theirs").value().size(), 2u);
+}
+
+}  // namespace
+}  // namespace savepoint
