@@ -46,11 +46,15 @@ struct SAVEPOINT_API GcOptions {
 // saves and leftovers of an overwrite. If a crash interrupted an overwrite after the old target
 // was set aside but before the new one was committed, the old one is restored instead of removed.
 // Committed checkpoints are never touched. Returns the paths removed (or restored).
+// In object storage (an s3:// root) debris is a prefix holding data objects and no MANIFEST, none
+// of them written in the last hour (or min_age_seconds, when longer: no process there can be
+// asked whether it is still writing); its data objects are removed, other objects never.
 SAVEPOINT_API Result<std::vector<std::string>> GarbageCollect(const std::string& root,
                                                               const GcOptions& options = {});
 
 // Deletes a committed checkpoint crash-safely: it is first renamed to a hidden trash name (so
-// it is never seen half-deleted), the rename is synced, then the files are removed.
+// it is never seen half-deleted), the rename is synced, then the files are removed. In object
+// storage: its MANIFEST first (what is left is no checkpoint), then its own data objects.
 SAVEPOINT_API Status DeleteCheckpoint(const std::string& path, FileSystem* fs = nullptr);
 
 }  // namespace savepoint

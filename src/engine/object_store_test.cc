@@ -46,28 +46,28 @@ class ObjectStoreTest : public ::testing::Test {
 
 TEST_F(ObjectStoreTest, CommitWritesInPlaceAndRefusesWhatStandsThere) {
   io::CommitOptions co;
-  auto c = io::DurableCommit::Begin(&fs_, "/bucket/run/new", io::DurableCommit::Kind::kDirectory,
-                                    co);
+  auto c =
+      io::DurableCommit::Begin(&fs_, "/bucket/run/new", io::DurableCommit::Kind::kDirectory, co);
   SP_ASSERT_OK(c.status());
   EXPECT_EQ(c->tmp(), c->path());  // no temporary, no rename
   EXPECT_THAT(c->Commit(), StatusIs(StatusCode::kInternal, "no MANIFEST"));
   Objects("/bucket/run/done", {"MANIFEST", "data-00000-00000.spd"});
-  EXPECT_THAT(io::DurableCommit::Begin(&fs_, "/bucket/run/done",
-                                       io::DurableCommit::Kind::kDirectory, co),
-              StatusIs(StatusCode::kAlreadyExists));
+  EXPECT_THAT(
+      io::DurableCommit::Begin(&fs_, "/bucket/run/done", io::DurableCommit::Kind::kDirectory, co),
+      StatusIs(StatusCode::kAlreadyExists));
   co.overwrite = true;
-  EXPECT_THAT(io::DurableCommit::Begin(&fs_, "/bucket/run/done",
-                                       io::DurableCommit::Kind::kDirectory, co),
-              StatusIs(StatusCode::kFailedPrecondition, "delete it first"));
+  EXPECT_THAT(
+      io::DurableCommit::Begin(&fs_, "/bucket/run/done", io::DurableCommit::Kind::kDirectory, co),
+      StatusIs(StatusCode::kFailedPrecondition, "delete it first"));
   Objects("/bucket/run/half", {"data-00000-00000.spd"});
-  EXPECT_THAT(io::DurableCommit::Begin(&fs_, "/bucket/run/half",
-                                       io::DurableCommit::Kind::kDirectory, co),
-              StatusIs(StatusCode::kFailedPrecondition, "data-00000-00000.spd"));
+  EXPECT_THAT(
+      io::DurableCommit::Begin(&fs_, "/bucket/run/half", io::DurableCommit::Kind::kDirectory, co),
+      StatusIs(StatusCode::kFailedPrecondition, "data-00000-00000.spd"));
 }
 
 TEST_F(ObjectStoreTest, DeleteRemovesTheManifestFirstAndOnlyTheCheckpointsObjects) {
-  Objects("/bucket/run/ck", {"MANIFEST", "data-00000-00000.spd", "data-00001-00000.spd",
-                             "notes.txt"});
+  Objects("/bucket/run/ck",
+          {"MANIFEST", "data-00000-00000.spd", "data-00001-00000.spd", "notes.txt"});
   SP_ASSERT_OK(DeleteCheckpoint("/bucket/run/ck", &fs_));
   std::vector<FileInfo> left = mem_.ListDir("/bucket/run/ck").value();
   ASSERT_EQ(left.size(), 1u);
