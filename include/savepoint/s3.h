@@ -37,7 +37,8 @@ namespace savepoint {
 
 // How a request names its bucket.
 enum class S3Addressing {
-  // Path style for an endpoint that is set (a local or private server), virtual-hosted otherwise.
+  // Virtual-hosted for an AWS endpoint (one under amazonaws.com), path style for any other (a
+  // local or private server).
   kAuto,
   // http(s)://endpoint/<bucket>/<key>
   kPath,
@@ -45,9 +46,10 @@ enum class S3Addressing {
   kVirtualHosted,
 };
 
-// Settings of an S3 file system. Empty strings and zero durations are resolved from the
-// environment and the AWS configuration files by ResolveS3Options (the same sources, in the same
-// order, as the AWS CLI and SDKs). Every field is honoured.
+// Settings of an S3 file system. Empty strings are resolved from the environment and the AWS
+// configuration files by ResolveS3Options, from the sources each field names, in the order the AWS
+// CLI reads them (static keys only: not instance metadata, web identity, SSO or
+// credential_process). Every field is honoured.
 struct SAVEPOINT_API S3Options {
   // "http(s)://host[:port]". Empty: AWS_ENDPOINT_URL_S3, then AWS_ENDPOINT_URL, then the
   // profile's endpoint_url, then "https://s3.<region>.amazonaws.com".
@@ -63,7 +65,8 @@ struct SAVEPOINT_API S3Options {
   std::string access_key_id = {};
   std::string secret_access_key = {};
   std::string session_token = {};
-  // Profile of the AWS files to read. Empty: AWS_PROFILE, then "default".
+  // Profile of the AWS files to read. Empty: AWS_PROFILE, then "default". A profile named here or
+  // by AWS_PROFILE must hold credentials (else InvalidArgument).
   std::string profile = {};
   // Default: kAuto.
   S3Addressing addressing = S3Addressing::kAuto;
@@ -90,8 +93,8 @@ struct SAVEPOINT_API S3Options {
 };
 
 // `options` with every empty field filled from the environment and the AWS files (see the fields),
-// checked: InvalidArgument naming the field for an endpoint that is not http(s)://, counts or sizes
-// out of range, a secret without a key id or a profile that names no credentials.
+// checked: InvalidArgument naming the field for an endpoint that is not http(s)://, counts, sizes or
+// durations out of range, a secret without a key id, or a named profile without credentials.
 SAVEPOINT_API Result<S3Options> ResolveS3Options(S3Options options);
 
 // A FileSystem serving "s3://bucket/key" paths with the resolved `options`. Thread-safe. Paths

@@ -116,8 +116,9 @@ Result<std::vector<std::string>> CollectObjects(FileSystem* fs, const std::strin
     SP_ASSIGN_OR_RETURN(std::vector<FileInfo> objects, fs->ListDir(path));
     bool unfinished = !objects.empty();
     for (const FileInfo& e : objects) {
+      // (An object of unknown age counts as young.)
       if (e.is_dir || e.name == format::kManifestFileName || !engine::IsCheckpointEntry(e.name) ||
-          now - e.mtime_ns < grace_ns) {
+          e.mtime_ns <= 0 || now - e.mtime_ns < grace_ns) {
         unfinished = false;
       }
     }

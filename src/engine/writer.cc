@@ -566,6 +566,26 @@ Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const 
   return f;
 }
 
+namespace {
+
+// Object storage: every data object of `m` is there with its size.
+Status CheckDataObjects(const SaveTarget& t, const format::Manifest& m) {
+  for (const format::FileRecord& rec : m.files) {
+    const std::string p = JoinPath(t.tmp, rec.name);
+    Result<FileInfo> st = t.fs->Stat(p);
+    if (!st.ok() || st->is_dir || st->size != rec.bytes) {
+      return IOError(fmt::format(
+          "commit {}: data object {} is {} (another process removed or replaced it?); the "
+          "checkpoint is not committed",
+          t.path, p,
+          st.ok() ? fmt::format("{} bytes, not {}", st->size, rec.bytes) : st.status().ToString()));
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manifest& m,
                    const format::CheckpointKeys* keys) {
   if (data != nullptr) {
@@ -580,14 +600,22 @@ Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manife
     return ResourceExhaustedError(fmt::format("manifest of {} bytes exceeds the cap of {}",
                                               manifest.size(), format::kMaxManifestBodyBytes));
   }
-  // Exclusive: in object storage this write is the commit point (docs/FORMAT.md §5), and it must
-  // not replace a MANIFEST another save published meanwhile.
+  // Exclusive: in object storage this write is the commit point (docs/FORMAT.md §5.1), and it
+  // must not replace a MANIFEST another save published meanwhile.
+  const bool objects = t.fs->IsObjectStore(t.tmp);
+  if (objects) SP_RETURN_IF_ERROR(CheckDataObjects(t, m));
   const std::string path = JoinPath(t.tmp, format::kManifestFileName);
   SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
                       t.fs->NewWritableFile(path, FileOptions{.exclusive = true}));
   SP_RETURN_IF_ERROR(f->WriteAt(0, std::as_bytes(std::span(manifest))));
   SP_RETURN_IF_ERROR(f->Sync());
-  return f->Close();
+  SP_RETURN_IF_ERROR(f->Close());
+  if (!objects) return Status::OK();
+  // Nothing stops another process (a gc that took a slow save for an abandoned one) from deleting
+  // objects in a bucket: checked again once committed, and uncommitted if one is gone.
+  Status after = CheckDataObjects(t, m);
+  if (!after.ok()) t.fs->RemoveFile(path).IgnoreError();
+  return after;
 }
 
 io::DurableCommit CommitOf(const SaveTarget& t, bool overwrite) {

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "io/debris.h"
@@ -11,7 +13,8 @@
 namespace savepoint::io {
 
 Status CreateDirsDurably(FileSystem* fs, const std::string& dir) {
-  if (dir.empty() || dir == "/" || dir == "." || fs->Exists(dir)) return Status::OK();
+  if (dir.empty() || dir == "/" || dir == "." || fs->IsObjectStore(dir)) return Status::OK();
+  if (fs->Exists(dir)) return Status::OK();
   std::string parent = Dirname(dir);
   SP_RETURN_IF_ERROR(CreateDirsDurably(fs, parent));
   Status s = fs->CreateDir(dir);
@@ -135,7 +138,9 @@ DurableCommit DurableCommit::Adopt(FileSystem* fs, std::string path, std::string
 
 Status DurableCommit::Commit() const {
   if (tmp_ == path_) {  // object storage: the writer's last object was the commit point
-    if (kind_ == Kind::kFile || fs_->Exists(JoinPath(path_, "MANIFEST"))) return Status::OK();
+    // A checkpoint's (the writer owns its entries) is its MANIFEST.
+    if (kind_ == Kind::kFile || !options_.owns) return Status::OK();
+    if (fs_->Exists(JoinPath(path_, "MANIFEST"))) return Status::OK();
     return InternalError(fmt::format("commit {}: no MANIFEST was published", path_));
   }
   const std::string parent = Dirname(path_);
@@ -167,7 +172,16 @@ Status WriteFileDurably(FileSystem* fs, const std::string& path, std::string_vie
                         const CommitOptions& options) {
   SP_ASSIGN_OR_RETURN(DurableCommit commit,
                       DurableCommit::Begin(fs, path, DurableCommit::Kind::kFile, options));
-  Status s = fs->WriteFileSynced(commit.tmp(), contents);
+  Status s;
+  if (commit.tmp() == path && !options.overwrite) {  // object storage: only if still absent
+    Result<std::unique_ptr<WritableFile>> f =
+        fs->NewWritableFile(path, FileOptions{.exclusive = true});
+    s = f.status();
+    if (s.ok()) s = (*f)->WriteAt(0, std::as_bytes(std::span(contents)));
+    if (s.ok()) s = (*f)->Close();
+  } else {
+    s = fs->WriteFileSynced(commit.tmp(), contents);
+  }
   if (s.ok()) s = commit.Commit();
   if (!s.ok()) commit.Abandon();
   return s;

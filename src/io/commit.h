@@ -31,9 +31,11 @@
 // FailedPrecondition: the old checkpoint would be gone before the new one commits) or any other
 // object (FailedPrecondition naming them: an unfinished save, or not savepoint's). The writer
 // publishes its data objects, each only if absent (FileOptions::exclusive), and the MANIFEST last,
-// only if absent: that write is the commit point. A file target is one PUT, which replaces an
-// object whole. Commit checks that the MANIFEST is there; Abandon removes nothing (a save that
-// failed may have lost a race to another writer of the same prefix, whose objects these may be).
+// only if absent: that write is the commit point. A file target is one object, published whole
+// (replacing an existing one whole under overwrite; WriteFileDurably writes it only if absent
+// otherwise). Commit checks that a checkpoint's MANIFEST is there (commits whose options own
+// entries); Abandon removes nothing (a save that failed may have lost a race to another writer of
+// the same prefix, whose objects these may be).
 //
 // Thread safety: a DurableCommit is used by one thread at a time; different targets may be
 // committed concurrently.

@@ -32,8 +32,10 @@ struct S3Client::Request {
   std::vector<std::string> headers;
   std::span<const std::byte> body;  // PUT and POST
   // GET: the body's bytes go here (with `sink(nullptr, 0)` before a retry) when the answer is
+  // 2xx; returning false aborts the transfer (an answer longer than asked for);
   // 2xx; otherwise into the response's body.
-  std::function<void(const std::byte*, size_t)> sink;
+  std::function<bool(const std::byte*, size_t)> sink;
+  bool missing_ok = false;   // DELETE: a 404 of the object (not of the bucket) is success
   bool conditional = false;  // If-None-Match: a 412 is an answer, not an error
   std::string what;          // "PUT s3://b/k", for messages
 };
@@ -64,8 +66,8 @@ std::string Encode(std::string_view s, bool keep_slash) {
   std::string out;
   out.reserve(s.size());
   for (unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' ||
-        (keep_slash && c == '/')) {
+    const bool alnum = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+    if (alnum || c == '-' || c == '_' || c == '.' || c == '~' || (keep_slash && c == '/')) {
       out += static_cast<char>(c);
     } else {
       out += fmt::format("%{:02X}", c);
@@ -94,6 +96,7 @@ bool RetryableCurl(CURLcode c) {
     case CURLE_RECV_ERROR:
     case CURLE_GOT_NOTHING:
     case CURLE_PARTIAL_FILE:
+    case CURLE_SEND_FAIL_REWIND:
     case CURLE_HTTP2:
     case CURLE_HTTP2_STREAM:
     case CURLE_SSL_CONNECT_ERROR:
@@ -243,7 +246,7 @@ struct Transfer {
   CURL* h = nullptr;
   std::span<const std::byte> body;
   size_t sent = 0;
-  const std::function<void(const std::byte*, size_t)>* sink = nullptr;
+  const std::function<bool(const std::byte*, size_t)>* sink = nullptr;
   std::string error_body;  // non-2xx bodies (and 2xx bodies without a sink), capped
   std::map<std::string, std::string> headers;
   uint64_t received = 0;
@@ -257,6 +260,16 @@ size_t ReadBody(char* dst, size_t size, size_t n, void* p) {
   return len;
 }
 
+// libcurl rewinds a body it must send again within one transfer (a reused connection found dead).
+int SeekBody(void* p, curl_off_t offset, int origin) {
+  auto* t = static_cast<Transfer*>(p);
+  if (origin != SEEK_SET || offset < 0 || static_cast<uint64_t>(offset) > t->body.size()) {
+    return CURL_SEEKFUNC_CANTSEEK;
+  }
+  t->sent = static_cast<size_t>(offset);
+  return CURL_SEEKFUNC_OK;
+}
+
 size_t WriteBody(char* src, size_t size, size_t n, void* p) {
   auto* t = static_cast<Transfer*>(p);
   const size_t len = size * n;
@@ -264,8 +277,7 @@ size_t WriteBody(char* src, size_t size, size_t n, void* p) {
   curl_easy_getinfo(t->h, CURLINFO_RESPONSE_CODE, &status);
   t->received += len;
   if (t->sink != nullptr && *t->sink && status >= 200 && status < 300) {
-    (*t->sink)(reinterpret_cast<const std::byte*>(src), len);
-    return len;
+    return (*t->sink)(reinterpret_cast<const std::byte*>(src), len) ? len : 0;
   }
   if (t->error_body.size() + len > kMaxBodyBytes) return 0;  // fails the transfer
   t->error_body.append(src, len);
@@ -278,7 +290,7 @@ size_t Header(char* src, size_t size, size_t n, void* p) {
   const size_t colon = line.find(':');
   if (colon != std::string_view::npos && t->headers.size() < 256) {
     std::string name(line.substr(0, colon));
-    std::transform(name.begin(), name.end(), name.begin(), ::tolower);
+    for (char& c : name) c = (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
     std::string_view v = line.substr(colon + 1);
     while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
     while (!v.empty() && (v.back() == '\r' || v.back() == '\n' || v.back() == ' ')) {
@@ -336,6 +348,8 @@ Result<S3Client::Response> S3Client::Attempt(Request& r, bool* retryable) {
     curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
     curl_easy_setopt(h, CURLOPT_READFUNCTION, ReadBody);
     curl_easy_setopt(h, CURLOPT_READDATA, &t);
+    curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, SeekBody);
+    curl_easy_setopt(h, CURLOPT_SEEKDATA, &t);
     curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(r.body.size()));
   } else if (method == "POST") {
     curl_easy_setopt(h, CURLOPT_POST, 1L);
@@ -380,7 +394,7 @@ Result<S3Client::Response> S3Client::Perform(Request& r, int* attempts) {
       spdlog::debug("savepoint: {} failed ({}), retry {} in {} ms", r.what, last, attempt - 1,
                     wait);
       std::this_thread::sleep_for(std::chrono::milliseconds(wait));
-      if (r.sink) r.sink(nullptr, 0);
+      if (r.sink) r.sink(nullptr, 0);  // the retry starts again
     }
     ++*r.counter;
     if (attempts != nullptr) *attempts = attempt;
@@ -398,6 +412,7 @@ Result<S3Client::Response> S3Client::Perform(Request& r, int* attempts) {
     if (resp->status >= 200 && resp->status < 300) return resp;
     if (r.conditional && resp->status == 412) return resp;
     const S3ErrorBody err = ParseS3Error(resp->body);
+    if (r.missing_ok && resp->status == 404 && err.code != "NoSuchBucket") return resp;
     last = fmt::format("HTTP {}{}{}", resp->status, err.code.empty() ? "" : " " + err.code,
                        err.message.empty() ? "" : ": " + err.message);
     if (RetryableHttp(resp->status, err.code) && !last_try) continue;
@@ -448,18 +463,31 @@ Status S3Client::GetRange(const S3Location& at, uint64_t offset, uint64_t total,
   Request r = NewRequest("GET", &counters_.get, at.bucket, at.key);
   r.headers.push_back(fmt::format("Range: bytes={}-{}", offset, offset + total - 1));
   uint64_t got = 0;
+  bool overlong = false;
   r.sink = [&](const std::byte* p, size_t n) {
     if (p == nullptr) {
       got = 0;
       sink(nullptr, 0);
-      return;
+      return true;
     }
-    const size_t take = static_cast<size_t>(std::min<uint64_t>(n, total - got));
-    if (take > 0) sink(p, take);
+    if (n > total - got) {  // more than the range: not the range asked for
+      overlong = true;
+      return false;
+    }
+    sink(p, n);
     got += n;
+    return true;
   };
   r.what = fmt::format("GET {} bytes [{}, {})", at.uri(), offset, offset + total);
-  SP_RETURN_IF_ERROR(Perform(r).status());
+  Result<Response> resp = Perform(r);
+  if (overlong) {
+    return IOError(fmt::format("{}: the server sent more bytes than the range holds", r.what));
+  }
+  SP_RETURN_IF_ERROR(resp.status());
+  if (resp->status != 206 && !(offset == 0 && resp->status == 200)) {
+    return IOError(
+        fmt::format("{}: the answer is HTTP {}, not the range (206)", r.what, resp->status));
+  }
   if (got != total) {
     return OutOfRangeError(fmt::format("{}: the object ends after {} of them", r.what, got));
   }
@@ -492,12 +520,8 @@ Status S3Client::HeadBucket(const std::string& bucket) {
 
 Status S3Client::Delete(const S3Location& at) {
   Request r = NewRequest("DELETE", &counters_.del, at.bucket, at.key);
-  Result<Response> resp = Perform(r);
-  if (resp.status().code() == StatusCode::kNotFound &&
-      resp.status().message().find("bucket") == std::string::npos) {
-    return Status::OK();
-  }
-  return resp.status();
+  r.missing_ok = true;  // deleting what is gone is done
+  return Perform(r).status();
 }
 
 Result<S3ListPage> S3Client::List(const std::string& bucket, const std::string& prefix,
@@ -545,17 +569,21 @@ Status S3Client::CompleteMultipart(const S3Location& at, const std::string& uplo
   if (if_none_match) r.headers.push_back("If-None-Match: *");
   r.conditional = if_none_match;
   r.what = fmt::format("complete the multipart upload of {}", at.uri());
-  SP_ASSIGN_OR_RETURN(Response resp, Perform(r));
-  if (resp.status == 412) {
-    return AlreadyExistsError(
-        fmt::format("{} already exists (the conditional write found it)", at.uri()));
+  // S3 may answer 200 with an <Error> document when the completion fails after it started; a
+  // retryable one is tried again like any other.
+  for (int attempt = 1;; ++attempt) {
+    SP_ASSIGN_OR_RETURN(Response resp, Perform(r));
+    if (resp.status == 412) {
+      return AlreadyExistsError(
+          fmt::format("{} already exists (the conditional write found it)", at.uri()));
+    }
+    const S3ErrorBody err = ParseS3Error(resp.body);
+    if (err.code.empty()) return Status::OK();
+    if (!RetryableHttp(500, err.code) || attempt >= options_.max_attempts) {
+      return IOError(fmt::format("{}: {}: {}", r.what, err.code, err.message));
+    }
+    ++counters_.retries;
   }
-  // S3 may answer 200 with an <Error> document when the completion fails after it started.
-  const S3ErrorBody err = ParseS3Error(resp.body);
-  if (!err.code.empty()) {
-    return IOError(fmt::format("{}: {}: {}", r.what, err.code, err.message));
-  }
-  return Status::OK();
 }
 
 Status S3Client::AbortMultipart(const S3Location& at, const std::string& upload_id) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "util/crc32c.h"
 #include "util/parallel.h"
@@ -20,6 +21,8 @@ constexpr uint64_t kMaxParts = 10000;
 // to kMaxCoalesced bytes per GET.
 constexpr uint64_t kCoalesceGap = 256 << 10;
 constexpr uint64_t kMaxCoalesced = 64 << 20;
+// ListDir stops a listing longer than this (a server whose listing never ends).
+constexpr size_t kMaxListed = 10'000'000;
 
 // A file being written: parts buffered until complete, then uploaded (see s3_fs.h).
 class S3WritableFile final : public WritableFile {
@@ -101,10 +104,12 @@ class S3WritableFile final : public WritableFile {
     std::byte* buf = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (uploaded_.count(k) != 0) return Rewrite(k);
       size_ = std::max(size_, k * part_bytes_ + in + data.size());
       Part& p = parts_[k];
       if (p.buf == nullptr && data.size() == part_bytes_) {  // a whole part: no copy
         parts_.erase(k);
+        uploaded_.insert(k);
       } else {
         if (p.buf == nullptr) {
           p.buf.reset(new std::byte[part_bytes_]);
@@ -120,11 +125,21 @@ class S3WritableFile final : public WritableFile {
       std::lock_guard<std::mutex> lock(mu_);
       Part& p = parts_[k];
       p.filled += data.size();
+      if (p.filled > part_bytes_) return Rewrite(k);  // some range was written twice
       if (p.filled < part_bytes_) return Status::OK();
+      uploaded_.insert(k);
       full = std::move(p.buf);
       parts_.erase(k);
     }
     return Upload(k, std::span<const std::byte>(full.get(), part_bytes_));
+  }
+
+  // A write into bytes already written: parts are uploaded once, so it cannot be honoured.
+  Status Rewrite(uint64_t k) {
+    return FailedPreconditionError(fmt::format(
+        "write {}: part {} (bytes [{}, {})) was written before; a file in object storage is "
+        "written once, each byte once",
+        path_, k + 1, k * part_bytes_, (k + 1) * part_bytes_));
   }
 
   Status Start() {
@@ -200,6 +215,7 @@ class S3WritableFile final : public WritableFile {
   std::mutex mu_;        // parts_, done_, size_, error_
   std::mutex start_mu_;  // upload_id_ while it is being created
   std::map<uint64_t, Part> parts_;
+  std::set<uint64_t> uploaded_;  // parts complete (being or been uploaded)
   std::vector<S3Part> done_;
   uint64_t size_ = 0;
   Status error_;
@@ -305,6 +321,12 @@ Result<std::unique_ptr<WritableFile>> S3FileSystem::NewWritableFile(const std::s
   if (loc.key.empty()) {
     return InvalidArgumentError(fmt::format("open {} for writing: it names a bucket", path));
   }
+  if (!options.truncate) {
+    return InvalidArgumentError(fmt::format(
+        "open {} for writing in place (FileOptions::truncate = false): an object is written "
+        "whole, once",
+        path));
+  }
   return std::unique_ptr<WritableFile>(
       std::make_unique<S3WritableFile>(client_.get(), std::move(loc), path, options.exclusive));
 }
@@ -327,7 +349,14 @@ Result<std::vector<FileInfo>> S3FileSystem::ListDir(const std::string& path) {
   std::vector<FileInfo> out;
   std::string token;
   do {
+    const std::string asked = token;
     SP_ASSIGN_OR_RETURN(S3ListPage page, client_->List(loc.bucket, prefix, true, 1000, token));
+    if (page.truncated && (page.next_token == asked || out.size() > kMaxListed)) {
+      return CorruptionError(fmt::format(
+          "list {}: the server's listing does not end (a repeated continuation token, or more "
+          "than {} entries)",
+          path, kMaxListed));
+    }
     for (const S3ObjectEntry& o : page.objects) {
       if (o.key.size() <= prefix.size()) continue;  // a "directory marker" object
       out.push_back({o.key.substr(prefix.size()), false, o.size, o.mtime_ns});

@@ -102,6 +102,7 @@ Status CheckRanges(const S3Options& o) {
 bool IsS3Uri(std::string_view path) { return path.rfind("s3://", 0) == 0; }
 
 Result<S3Options> ResolveS3Options(S3Options o) {
+  const bool named = !o.profile.empty() || !Env("AWS_PROFILE").empty();
   if (o.profile.empty()) o.profile = First({Env("AWS_PROFILE"), "default"});
   const Section creds =
       ReadSection(HomeFile("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials"), o.profile, false);
@@ -123,10 +124,10 @@ Result<S3Options> ResolveS3Options(S3Options o) {
     o.secret_access_key = Get(*s, "aws_secret_access_key");
     o.session_token = Get(*s, "aws_session_token");
   }
-  if (o.access_key_id.empty() && !Env("AWS_PROFILE").empty()) {
+  if (o.access_key_id.empty() && named) {
     return InvalidArgumentError(fmt::format(
-        "S3Options::profile: AWS_PROFILE names profile {:?}, which holds no credentials in "
-        "the shared credentials or config file",
+        "S3Options::profile: profile {:?} holds no credentials in the shared credentials or "
+        "config file",
         o.profile));
   }
   if (o.ca_file.empty()) o.ca_file = Env("AWS_CA_BUNDLE");

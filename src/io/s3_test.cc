@@ -116,6 +116,12 @@ TEST(S3OptionsTest, EnvironmentComesBeforeProfilesAndDefaultsLast) {
     ScopedEnv env({{"AWS_SHARED_CREDENTIALS_FILE", creds.c_str()}, {"AWS_PROFILE", "nobody"}});
     EXPECT_THAT(ResolveS3Options({}), StatusIs(StatusCode::kInvalidArgument, "\"nobody\""));
   }
+  {
+    ScopedEnv env({{"AWS_SHARED_CREDENTIALS_FILE", creds.c_str()}});
+    S3Options named;
+    named.profile = "absent";
+    EXPECT_THAT(ResolveS3Options(named), StatusIs(StatusCode::kInvalidArgument, "\"absent\""));
+  }
 }
 
 TEST(S3OptionsTest, OutOfRangeFieldsAreNamed) {

@@ -257,6 +257,17 @@ TEST_F(S3StoreTest, FileSystemCallsKeepTheirMeaning) {
   std::string two(2, '\0');
   EXPECT_THAT(r->ReadAt(4, std::as_writable_bytes(std::span(two))),
               StatusIs(StatusCode::kOutOfRange));
+  EXPECT_THAT(fs_->NewWritableFile(dir + "/c", FileOptions{.truncate = false}),
+              StatusIs(StatusCode::kInvalidArgument, "written whole"));
+  // Parts are uploaded once: a byte written twice is refused, not lost.
+  auto w = fs_->NewWritableFile(dir + "/whole", {}).value();
+  std::string part(5 << 20, 'p');
+  SP_ASSERT_OK(w->WriteAt(0, std::as_bytes(std::span(part))));
+  EXPECT_THAT(w->WriteAt(10, std::as_bytes(std::span(part).first(4))),
+              StatusIs(StatusCode::kFailedPrecondition, "written before"));
+  SP_ASSERT_OK(w->WriteAt(part.size(), std::as_bytes(std::span(part).first(7))));
+  SP_ASSERT_OK(w->Close());
+  EXPECT_EQ(fs_->Stat(dir + "/whole").value().size, part.size() + 7);
   SP_ASSERT_OK(fs_->RemoveAll(dir));
   EXPECT_THAT(fs_->Stat(dir), StatusIs(StatusCode::kNotFound));
 }
