@@ -93,8 +93,8 @@ struct SAVEPOINT_API S3Options {
 };
 
 // `options` with every empty field filled from the environment and the AWS files (see the fields),
-// checked: InvalidArgument naming the field for an endpoint that is not http(s)://, counts, sizes or
-// durations out of range, a secret without a key id, or a named profile without credentials.
+// checked: InvalidArgument naming the field for an endpoint that is not http(s)://, counts, sizes
+// or durations out of range, a secret without a key id, or a named profile without credentials.
 SAVEPOINT_API Result<S3Options> ResolveS3Options(S3Options options);
 
 // A FileSystem serving "s3://bucket/key" paths with the resolved `options`. Thread-safe. Paths
