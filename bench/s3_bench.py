@@ -9,13 +9,16 @@ Per trial: savepoint.save(state, "s3://...") from memory against `s5cmd cp` uplo
 checkpoint from a local directory (in the page cache); savepoint.load("s3://...") into new memory,
 into the caller's arrays (like=), and savepoint.verify (every chunk read and checked, nothing kept)
 against `s5cmd cp` downloading it into a local directory (tmpfs when /dev/shm is there, so neither
-side waits for a disk). Medians of the trials; throughput in MiB/s of checkpoint bytes.
+side waits for a disk). `savepoint cp` uploads the committed local checkpoint and downloads it again
+(the CLI: $SAVEPOINT_CLI, default build/tools/savepoint), against the same s5cmd copies. Medians of
+the trials; throughput in MiB/s of checkpoint bytes.
 """
 
 import argparse
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -29,6 +32,11 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "s3"))
 from seaweed import Seaweed  # noqa: E402
 
 MIB = 1 << 20
+CLI = os.environ.get("SAVEPOINT_CLI", os.path.join(HERE, "..", "build", "tools", "savepoint"))
+
+
+def cp(source, target):
+    subprocess.run([CLI, "cp", source, target], check=True, capture_output=True)
 
 
 def make_state(total_bytes, seed=0):
@@ -59,7 +67,8 @@ def main():
     nbytes = dir_bytes(local)
     rows = {"save (savepoint, from memory)": [], "upload (s5cmd cp, from files)": [],
             "load (savepoint, into new memory)": [], "load (savepoint, into the state, like=)": [],
-            "verify (savepoint, read + check all)": [], "download (s5cmd cp, into files)": []}
+            "verify (savepoint, read + check all)": [], "download (s5cmd cp, into files)": [],
+            "upload (savepoint cp, from files)": [], "download (savepoint cp, into files)": []}
     with Seaweed(bucket="bench") as s3:
         os.environ.update(s3.env)
         for t in range(args.trials):
@@ -76,6 +85,11 @@ def main():
             rows["download (s5cmd cp, into files)"].append(
                 timed(lambda: s3.s5cmd("cp", f"s3://bench/ref-{t}/*", f"{out}/"))[0])
             shutil.rmtree(out)
+            rows["upload (savepoint cp, from files)"].append(
+                timed(lambda: cp(local, f"s3://bench/cp-{t}"))[0])
+            rows["download (savepoint cp, into files)"].append(
+                timed(lambda: cp(f"s3://bench/cp-{t}", out))[0])
+            shutil.rmtree(out)
     shutil.rmtree(scratch)
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(f"s3 bench: {nbytes / MIB:.0f} MiB checkpoint, SeaweedFS on 127.0.0.1, "
@@ -86,7 +100,9 @@ def main():
     pairs = {"save (savepoint, from memory)": "upload (s5cmd cp, from files)",
              "load (savepoint, into new memory)": down,
              "load (savepoint, into the state, like=)": down,
-             "verify (savepoint, read + check all)": down}
+             "verify (savepoint, read + check all)": down,
+             "upload (savepoint cp, from files)": "upload (s5cmd cp, from files)",
+             "download (savepoint cp, into files)": down}
     for k, s in med.items():
         ref = pairs.get(k)
         ratio = f"{med[ref] / s:.2f}x" if ref else ""

@@ -181,6 +181,22 @@ check "ls of a missing root exits 3" eval 'rc_is 3 && err_has "savepoint: ls: "'
 run "$SP" gc "$TMP/no-such-root"
 check "gc of a missing root exits 3" eval 'rc_is 3 && err_has "savepoint: gc: "'
 
+# --- cp -----------------------------------------------------------------------------------------
+copy "$TMP/cp-src"
+run "$SP" cp "$TMP/cp-src/$NAME" "$TMP/cp-dst/sub/copy"
+check "cp copies a checkpoint, parents created" eval 'rc_is 0 && out_has "copied" && [[ -f $TMP/cp-dst/sub/copy/MANIFEST ]]'
+run "$SP" verify "$TMP/cp-dst/sub/copy"
+check "the copy verifies" rc_is 0
+cmp -s "$TMP/cp-src/$NAME/MANIFEST" "$TMP/cp-dst/sub/copy/MANIFEST"
+check "the copy's MANIFEST is the source's" rc_is 0
+run "$SP" cp "$TMP/cp-src/$NAME" "$TMP/cp-dst/sub/copy"
+check "cp onto a checkpoint exits 1" eval 'rc_is 1 && err_has "already exists"'
+run "$SP" cp --overwrite --json "$TMP/cp-src/$NAME" "$TMP/cp-dst/sub/copy"
+check "cp --overwrite --json" json_ok 'j["files"] >= 2 and j["bytes"] > 0'
+mkdir -p "$TMP/cp-none"
+run "$SP" cp "$TMP/cp-none" "$TMP/cp-dst/none"
+check "cp of a directory that is no checkpoint exits 3" eval 'rc_is 3 && err_has "not a committed checkpoint" && [[ ! -e $TMP/cp-dst/none ]]'
+
 # --- compressed checkpoints ---------------------------------------------------------------------
 run "$SP" verify --json "$CKPT"
 check "verify --json prints the verify stats" json_ok \

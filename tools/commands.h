@@ -20,6 +20,7 @@ namespace savepoint::cli {
 void RegisterInspect(CLI::App& app, int* exit_code);    // cmd_inspect.cc
 void RegisterVerify(CLI::App& app, int* exit_code);     // cmd_verify.cc
 void RegisterLs(CLI::App& app, int* exit_code);         // cmd_ls.cc
+void RegisterCp(CLI::App& app, int* exit_code);         // cmd_cp.cc
 void RegisterGc(CLI::App& app, int* exit_code);         // cmd_gc.cc
 void RegisterConvert(CLI::App& app, int* exit_code);    // cmd_convert.cc
 void RegisterMerge(CLI::App& app, int* exit_code);      // cmd_merge.cc

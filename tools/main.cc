@@ -38,6 +38,7 @@ int Main(int argc, char** argv) {
   RegisterInspect(app, &exit_code);
   RegisterVerify(app, &exit_code);
   RegisterLs(app, &exit_code);
+  RegisterCp(app, &exit_code);
   RegisterGc(app, &exit_code);
   RegisterConvert(app, &exit_code);
   RegisterMerge(app, &exit_code);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "savepoint/checkpoint.h"
 #include "savepoint/export.h"
 #include "savepoint/filesystem.h"
 #include "savepoint/status.h"
@@ -56,6 +57,44 @@ SAVEPOINT_API Result<std::vector<std::string>> GarbageCollect(const std::string&
 // it is never seen half-deleted), the rename is synced, then the files are removed. In object
 // storage: its MANIFEST first (what is left is no checkpoint), then its own data objects.
 SAVEPOINT_API Status DeleteCheckpoint(const std::string& path, FileSystem* fs = nullptr);
+
+// How CopyCheckpoint copies (every field is honoured).
+struct SAVEPOINT_API CopyOptions {
+  // File systems of the source and of the target. Default: nullptr = DefaultFileSystem(), which
+  // routes s3:// paths to object storage and the rest to POSIX.
+  FileSystem* source_fs = nullptr;
+  FileSystem* target_fs = nullptr;
+  // Replace a committed checkpoint at the target (only the target's own files are removed, as an
+  // overwriting save does). In object storage: FailedPrecondition (delete it first). Default:
+  // false (AlreadyExists when the target holds a checkpoint).
+  bool overwrite = false;
+  // Files copied at the same time, 1..64. Default: 4.
+  int threads = 4;
+  // Bytes read and written per request, 1 MiB..1 GiB. Default: 16 MiB.
+  uint64_t block_bytes = 16ull << 20;
+  // Upper bound on the bytes copied per second, all threads together; 0 = no bound. Default: 0.
+  uint64_t max_bytes_per_second = 0;
+  // Progress of the copy in bytes, as for saves (ProgressFn, savepoint/checkpoint.h: at most ~10
+  // calls a second from the copying threads, one at a time, and a last one with done == total).
+  // Default: none.
+  ProgressFn progress = nullptr;
+};
+
+struct SAVEPOINT_API CopyStats {
+  uint64_t files = 0;  // files copied, the MANIFEST included
+  uint64_t bytes = 0;  // bytes copied
+  double seconds = 0;  // wall time of the whole copy
+};
+
+// Copies the committed checkpoint directory `source` to `target` (docs/FORMAT.md §5 and §5.1):
+// its data files first, then its MANIFEST, then the commit, so the target appears whole or not at
+// all (in object storage: the MANIFEST written only if absent is the commit point). Between a disk
+// and a bucket in either direction, or between two places of one kind. Each data file's size is
+// checked against the source after it is written. NotFound when the source is not a committed
+// checkpoint; the target's parent is created. Files that are not the checkpoint's (by name) are
+// not copied. Thread safety: reentrant; the source must not be deleted or overwritten meanwhile.
+SAVEPOINT_API Result<CopyStats> CopyCheckpoint(const std::string& source, const std::string& target,
+                                               const CopyOptions& options = {});
 
 }  // namespace savepoint
 

@@ -217,6 +217,37 @@ struct SAVEPOINT_API SparsePolicy {
   CompactionPolicy compaction = {};
 };
 
+// A second, remote tier (ManagerOptions::remote): every committed checkpoint (every
+// upload_every_n_steps-th) is copied to the remote location in the background by an uploader
+// thread (CopyCheckpoint: data files, then the MANIFEST, the commit point), while training goes
+// on; Caffe2's upload step, made continuous. The remote location keeps its own index (the same
+// index files as the directory's) and its own retention. A checkpoint queued or being uploaded
+// is never deleted locally; a delta's base is uploaded before it (when the remote lacks it) and
+// kept remotely while a kept delta needs it. Restore, ResumeFrom, Latest and All see both tiers:
+// the newest checkpoint of either, the local copy when both have it, so a node that lost its disk
+// resumes from the remote. Wait and Close wait for the uploads too; an upload that fails is
+// logged and its error returned by the next Save, Wait or hook (the checkpoint stays local).
+// kNative only.
+struct SAVEPOINT_API RemoteTier {
+  // Where checkpoints are copied: a bucket prefix ("s3://bucket/run", savepoint/s3.h) or any
+  // directory; not the local directory, nor inside it. Empty = no remote tier. Default: empty.
+  std::string location;
+  // Which remote checkpoints are kept, by the same rules as ManagerOptions::retention applied to
+  // the remote ones (e.g. keep_last_n = 0 with keep_every_n_steps = 1000: every 1000th step).
+  // Default: RetentionPolicy defaults (the newest 5).
+  RetentionPolicy retention;
+  // Upload the checkpoints whose step is a multiple of this, and breakpoints; 1 = every one.
+  // Default: 1.
+  int64_t upload_every_n_steps = 1;
+  // Files of one checkpoint uploaded at the same time (CopyOptions::threads), 1..64. Default: 4.
+  int threads = 4;
+  // Upper bound on upload bytes per second; 0 = none (CopyOptions). Default: 0.
+  uint64_t max_bytes_per_second = 0;
+  // File system of the remote location (not owned; must outlive the manager). Default: nullptr =
+  // the manager's io.fs (by default DefaultFileSystem(), which serves s3:// paths).
+  FileSystem* fs = nullptr;
+};
+
 // Options of a CheckpointManager, grouped by role. Every field has a default but the directory
 // (naming.directory or naming.directory_fn).
 struct SAVEPOINT_API ManagerOptions {
@@ -234,6 +265,8 @@ struct SAVEPOINT_API ManagerOptions {
   BreakpointPolicy breakpoints;
   // Delta chains of sparse tables.
   SparsePolicy sparse;
+  // A remote tier the checkpoints are copied to in the background. Default: none.
+  RemoteTier remote;
   // This process's data shard and the number of shards: registered io_state objects are saved as
   // "<name>.shard-<shard_id>" and restoring checks num_shards. 0 <= shard_id < num_shards.
   // Default: 0 and 1.
@@ -255,7 +288,7 @@ SAVEPOINT_API Status ValidateManagerOptions(const ManagerOptions& options);
 // One committed checkpoint in the index.
 struct SAVEPOINT_API CheckpointRecord {
   std::string name;  // directory entry: "ckpt-2_50", or with a file format "ckpt-2_50.ckpt"
-  std::string path;  // directory/name
+  std::string path;  // directory/name (remote location/name for a checkpoint only remote has)
   int64_t step = 0;
   int64_t epoch = 0;
   int64_t step_in_epoch = 0;
@@ -268,8 +301,10 @@ struct SAVEPOINT_API CheckpointRecord {
 
 // Statistics of one checkpoint action, reported to a MetadataHandler (job_runner.h).
 struct SAVEPOINT_API CheckpointStats {
-  std::string action;  // "checkpoint_save", "checkpoint_load", "checkpoint_delete"
-  std::string name;    // checkpoint name
+  // "checkpoint_save", "checkpoint_load", "checkpoint_delete"; the remote tier's
+  // "checkpoint_upload" and "remote_delete"
+  std::string action;
+  std::string name;  // checkpoint name
   int64_t step = 0;
   uint64_t bytes = 0;          // tensor bytes
   double seconds = 0;          // whole action (for async saves: start to commit)
@@ -355,18 +390,24 @@ class SAVEPOINT_API CheckpointManager {
   // SeriesRule::kContinue before the first save, continues its series. Returns its record;
   // NotFound when none matches.
   virtual Result<CheckpointRecord> ResumeFrom(const Which& which = Which::Latest()) = 0;
+  // The newest committed checkpoint of either tier (the local record when both have it).
   virtual std::optional<CheckpointRecord> Latest() = 0;
   virtual std::optional<int64_t> LatestStep() = 0;
-  // Committed checkpoints, oldest first.
+  // Committed checkpoints of both tiers, oldest first (one record per name, the local one when
+  // both have it).
   virtual std::vector<CheckpointRecord> All() = 0;
   virtual std::vector<int64_t> AllSteps() = 0;
+  // The remote tier's committed checkpoints, oldest first (empty without one). Uploads finished
+  // by now are included.
+  virtual std::vector<CheckpointRecord> Remote() = 0;
   // Async native saves: allocates and pre-touches (and, with a CUDA copier, page-locks) staging
   // memory for `bytes` (at most async_save.checkpointer.staging_bytes) in the background and
   // returns at once, so that the first save of that size blocks for the copy alone (the registered
   // objects' bytes are reserved already: AsyncSavePolicy::prefault_staging). FailedPrecondition
   // for other managers.
   virtual Status Reserve(uint64_t bytes) = 0;
-  // Waits for every save in flight; indexes them and applies retention. First error.
+  // Waits for every save in flight and every upload to the remote tier; indexes them and applies
+  // retention. First error.
   virtual Status Wait() = 0;
   // Wait(), write the index, release the lock (and signal handlers). Further calls fail with
   // FailedPrecondition. Idempotent.

@@ -79,12 +79,15 @@ nb::dict ResumeFrom(PyManager& pm, std::optional<int64_t> step, const std::strin
   return RecordToPython(Take(Unlocked([&] { return m.ResumeFrom(which); })));
 }
 
-nb::list All(PyManager& pm) {
-  std::vector<CheckpointRecord> records = Unlocked([&] { return pm.m->All(); });
+nb::list Records(std::vector<CheckpointRecord> records) {
   nb::list out;
   for (const CheckpointRecord& r : records) out.append(RecordToPython(r));
   return out;
 }
+
+nb::list All(PyManager& pm) { return Records(Unlocked([&] { return pm.m->All(); })); }
+
+nb::list Remote(PyManager& pm) { return Records(Unlocked([&] { return pm.m->Remote(); })); }
 
 nb::list Stats(PyManager& pm) {
   std::vector<CheckpointStats> stats = Unlocked([&] { return pm.m->stats(); });
@@ -123,6 +126,7 @@ void BindManager(nb::module_& m) {
       .def("latest_step", [](PyManager& p) { return Unlocked([&] { return p.m->LatestStep(); }); })
       .def("all_steps", [](PyManager& p) { return Unlocked([&] { return p.m->AllSteps(); }); })
       .def("all", &All)
+      .def("remote", &Remote)
       .def("stats", &Stats)
       .def("reserve", [](PyManager& p,
                          uint64_t bytes) { Check(Unlocked([&] { return p.m->Reserve(bytes); })); })

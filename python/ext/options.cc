@@ -122,6 +122,13 @@ void BindPolicies(nb::module_& m) {
       .def(nb::init<>())
       .def_rw("compact", &SparsePolicy::compact)
       .def_rw("compaction", &SparsePolicy::compaction);
+  nb::class_<RemoteTier>(m, "RemoteTier")
+      .def(nb::init<>())
+      .def_rw("location", &RemoteTier::location)
+      .def_rw("retention", &RemoteTier::retention)
+      .def_rw("upload_every_n_steps", &RemoteTier::upload_every_n_steps)
+      .def_rw("threads", &RemoteTier::threads)
+      .def_rw("max_bytes_per_second", &RemoteTier::max_bytes_per_second);
 }
 
 void BindStorage(nb::module_& m) {
@@ -187,6 +194,7 @@ void BindOptions(nb::module_& m) {
       .def_rw("storage", &ManagerOptions::storage)
       .def_rw("breakpoints", &ManagerOptions::breakpoints)
       .def_rw("sparse", &ManagerOptions::sparse)
+      .def_rw("remote", &ManagerOptions::remote)
       .def_rw("shard_id", &ManagerOptions::shard_id)
       .def_rw("num_shards", &ManagerOptions::num_shards)
       .def_rw("gc_on_open", &ManagerOptions::gc_on_open)

@@ -68,6 +68,39 @@ def _set_compaction(sparse, compaction):
         setattr(sparse.compaction, key, _int(key, value) if key == "max_depth" else float(value))
 
 
+_RETENTION_KEYS = ("keep_last_n", "keep_per_n_minutes", "keep_all", "keep_every_n_steps",
+                   "keep_best_n", "best_metric", "best_mode")  # fmt: skip
+_REMOTE_KEYS = _RETENTION_KEYS + ("upload_every_n_steps", "threads", "max_bytes_per_second")
+
+
+def _set_remote(tier, remote, remote_options):
+    """Fills the binding's RemoteTier from CheckpointManager(remote=..., remote_options=...)."""
+    if remote is None:
+        if remote_options:
+            raise _errors.InvalidArgumentError(
+                "CheckpointManager: remote_options are given but remote is None (no remote tier)")
+        return
+    tier.location = os.fspath(remote)
+    if remote_options is None:
+        return
+    if not isinstance(remote_options, dict):
+        raise TypeError(f"CheckpointManager: remote_options must be a dict, not "
+                        f"{type(remote_options).__name__}")  # fmt: skip
+    for key, value in remote_options.items():
+        if key not in _REMOTE_KEYS:
+            raise _unknown_keyword("CheckpointManager remote_options", key, list(_REMOTE_KEYS))
+        if key == "best_mode":
+            tier.retention.best_mode = _choice("remote_options['best_mode']", value, _MODES)
+        elif key == "best_metric":
+            tier.retention.best_metric = _str("remote_options['best_metric']", value)
+        elif key == "keep_all":
+            tier.retention.keep_all = bool(value)
+        elif key in _RETENTION_KEYS:
+            setattr(tier.retention, key, _int(f"remote_options['{key}']", value))
+        else:
+            setattr(tier, key, _int(f"remote_options['{key}']", value))
+
+
 def _choice(name, value, choices):
     """choices[value], or InvalidArgumentError naming the keyword and the valid values."""
     _str(name, value)
@@ -101,10 +134,14 @@ _KEYWORDS = {
     "storage.append_info": "append_info", "storage.append_dict": "append_dict",
     "breakpoints.on_exception": "exception_save", "breakpoints.handle_signals": "handle_signals",
     "sparse.compaction": "compaction", "sparse.compact": "compaction",
+    "remote.location": "remote", "remote.retention": "remote_options",
+    "remote.upload_every_n_steps": "remote_options['upload_every_n_steps']",
+    "remote.threads": "remote_options['threads']",
+    "remote.max_bytes_per_second": "remote_options['max_bytes_per_second']",
 }  # fmt: skip
 # A group path, after the struct's name or as a whole word (not inside a path or a name the user
 # gave).
-_GROUP = r"(?:naming|save_policy|retention|async_save|storage|breakpoints|sparse)\.[a-z_]+"
+_GROUP = r"(?:naming|save_policy|retention|async_save|storage|breakpoints|sparse|remote)\.[a-z_]+"
 _PATH = re.compile(rf"ManagerOptions\.({_GROUP})(?![\w])|(?<![\w./'\"\[-])({_GROUP})(?![\w\"'])")
 
 
@@ -384,6 +421,18 @@ class CheckpointManager:
             save, closes the manager and re-raises the signal with the previous handler (SIGTERM
             then ends the process, SIGINT raises KeyboardInterrupt). A second signal before that
             re-raises at once.
+      Remote tier (docs/OBJECT_STORAGE.md; format="native"):
+        remote (None): a second location ("s3://bucket/run", or any directory) every committed
+            checkpoint is copied to in the background, while training goes on. A checkpoint
+            being uploaded is never deleted locally; restore() and the listings see both tiers
+            (the local copy first), so a node that lost its disk resumes from the remote. wait()
+            and close() wait for the uploads; a failed upload is logged and raised by the next
+            save, wait or hook (the checkpoint stays local).
+        remote_options (None): a dict: the remote retention (keep_last_n (5),
+            keep_per_n_minutes, keep_all, keep_every_n_steps, keep_best_n, best_metric,
+            best_mode: as above, applied to the remote checkpoints), upload_every_n_steps (1:
+            upload the checkpoints whose step is a multiple of it, and breakpoints), threads
+            (4: files uploaded at once), max_bytes_per_second (0: no bound).
       Encryption:
         key (None): encrypt every checkpoint saved and decrypt every one restored (bytes, a key
             file path or a callable returning bytes, as savepoint.save takes it; a provider is
@@ -407,7 +456,8 @@ class CheckpointManager:
                  shard_id: int = 0, num_shards: int = 1, exception_save: bool = False,
                  handle_signals: bool = False, key: Key | None = None, crc_check: bool = False,
                  enc_mode: str = "AES-GCM", compaction: dict[str, Any] | bool | None = None,
-                 cuda: bool | None = None, reserve: Any = None) -> None:  # fmt: skip
+                 cuda: bool | None = None, reserve: Any = None, remote: StrPath | None = None,
+                 remote_options: dict[str, Any] | None = None) -> None:  # fmt: skip
         self._m = None
         self._signals = None
         self._closed = False
@@ -450,6 +500,7 @@ class CheckpointManager:
             # since the C++ ones would only be acted on by the C++ hooks.
             o.breakpoints.on_exception = bool(exception_save)
             _set_compaction(o.sparse, compaction)
+            _set_remote(o.remote, remote, remote_options)
             o.shard_id, o.num_shards = _int("shard_id", shard_id), _int("num_shards", num_shards)
             o.gc_on_open = bool(gc_on_open)
             o.io.io_threads, o.io.direct_io = _int("io_threads", io_threads), bool(direct_io)
@@ -545,6 +596,11 @@ class CheckpointManager:
         """The index: dicts (name, path, step, epoch, step_in_epoch, created_ns, bytes, breakpoint,
         epoch_end, metrics), oldest first."""
         return self._m.all()
+
+    def remote_checkpoints(self) -> Records:
+        """The remote tier's committed checkpoints, as checkpoints() gives them (path: the remote
+        one), oldest first; empty without remote. Uploads finished by now are included."""
+        return self._m.remote()
 
     def stats(self) -> Records:
         """Every save / load / delete so far: dicts (action, name, step, bytes, seconds,

@@ -19,12 +19,11 @@ namespace {
 using ::savepoint::testing::StatusIs;
 
 // MemFileSystem as an object store: IsObjectStore, and every listed object `age_ns` older.
-class AgedObjectStore : public ForwardingFileSystem {
+class AgedObjectStore : public testing::MemObjectStore {
  public:
-  explicit AgedObjectStore(FileSystem* base) : ForwardingFileSystem(base) {}
-  bool IsObjectStore(const std::string&) override { return true; }
+  explicit AgedObjectStore(FileSystem* base) : MemObjectStore(base) {}
   Result<std::vector<FileInfo>> ListDir(const std::string& p) override {
-    SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, base()->ListDir(p));
+    SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, MemObjectStore::ListDir(p));
     for (FileInfo& e : entries) e.mtime_ns -= age_ns.load();
     return entries;
   }

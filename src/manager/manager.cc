@@ -29,6 +29,7 @@
 #include "manager/retention.h"
 #include "manager/signals.h"
 #include "manager/store.h"
+#include "manager/tier.h"
 #include "savepoint/catalog.h"
 
 namespace savepoint {
@@ -77,6 +78,9 @@ class ManagerImpl final : public CheckpointManager {
 
   Status Init() {
     SP_ASSIGN_OR_RETURN(store_, Store::Create(o_));
+    if (!o_.remote.location.empty()) {
+      SP_ASSIGN_OR_RETURN(tier_, Tier::Open(o_));
+    }
     std::string dir =
         o_.naming.directory_fn ? o_.naming.directory_fn(StepInfo{0, 1, 0}) : o_.naming.directory;
     SP_RETURN_IF_ERROR(OpenDirectory(dir));
@@ -103,7 +107,7 @@ class ManagerImpl final : public CheckpointManager {
     SP_ASSIGN_OR_RETURN(CheckpointRecord rec, Find(which));
     auto t0 = std::chrono::steady_clock::now();
     LoadStats io;
-    SP_ASSIGN_OR_RETURN(State state, store_->Load(rec.path, &io));
+    SP_ASSIGN_OR_RETURN(State state, StoreOf(rec.path).Load(rec.path, &io));
     Restored(rec, io.bytes, SecondsSince(t0));
     return state;
   }
@@ -118,8 +122,9 @@ class ManagerImpl final : public CheckpointManager {
   std::optional<CheckpointRecord> Latest() override {
     std::lock_guard<std::mutex> lock(mu_);
     ReapQuietly();
-    if (index_.records.empty()) return std::nullopt;
-    return index_.records.back();
+    std::vector<CheckpointRecord> all = Merged();
+    if (all.empty()) return std::nullopt;
+    return all.back();
   }
   std::optional<int64_t> LatestStep() override {
     std::optional<CheckpointRecord> r = Latest();
@@ -128,7 +133,12 @@ class ManagerImpl final : public CheckpointManager {
   std::vector<CheckpointRecord> All() override {
     std::lock_guard<std::mutex> lock(mu_);
     ReapQuietly();
-    return index_.records;
+    return Merged();
+  }
+  std::vector<CheckpointRecord> Remote() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ReapQuietly();
+    return tier_ ? tier_->Records() : std::vector<CheckpointRecord>{};
   }
   std::vector<int64_t> AllSteps() override {
     std::vector<int64_t> steps;
@@ -137,7 +147,9 @@ class ManagerImpl final : public CheckpointManager {
   }
   Status Wait() override {
     std::lock_guard<std::mutex> lock(mu_);
-    return Reap(true);
+    Status s = Reap(true);
+    Status t = WaitForUploads();
+    return s.ok() ? t : s;
   }
   Status Close() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -306,6 +318,9 @@ class ManagerImpl final : public CheckpointManager {
   Status CloseLocked() {
     if (closed_) return Status::OK();
     Status s = Reap(true);
+    if (Status t = WaitForUploads(); s.ok()) s = t;
+    if (tier_) tier_->Close();
+    tier_.reset();
     closed_ = true;
     pending_.clear();
     store_.reset();
@@ -401,7 +416,8 @@ class ManagerImpl final : public CheckpointManager {
     const bool staged = o_.async_save.enabled && state.tables().empty() && !args.delta;
     if (!staged) SP_RETURN_IF_ERROR(CheckHostMemory(state, rec.path));
     SP_ASSIGN_OR_RETURN(State full, Decorate(state, rec));
-    bases_->Forget(rec.name);  // the name may be replaced
+    bases_->Forget(rec.name);              // the name may be replaced
+    if (tier_) tier_->Withdraw(rec.name);  // and must not be read by an upload meanwhile
     if (args.delta) {
       SP_RETURN_IF_ERROR(SaveDeltaLocked(std::move(rec), full));
     } else if (o_.async_save.enabled && state.tables().empty()) {  // tables are saved synchronously
@@ -461,6 +477,11 @@ class ManagerImpl final : public CheckpointManager {
   // Starts compacting the chain ending at `head` when the policy says so.
   void MaybeCompact(const CheckpointRecord& head) {
     if (!o_.sparse.compact) return;
+    compact_later_.reset();
+    if (tier_ && tier_->Busy(head.name)) {  // not while it is being uploaded: after (Reap)
+      compact_later_ = head;
+      return;
+    }
     Result<bool> due =
         ChainNeedsCompaction(*store_, head.path, index_.records, o_.sparse.compaction);
     if (!due.ok()) {
@@ -537,11 +558,56 @@ class ManagerImpl final : public CheckpointManager {
     rec.created_ns = facts.created_ns;
     rec.bytes = facts.bytes;
     std::erase_if(index_.records, [&](const CheckpointRecord& r) { return r.name == rec.name; });
+    const std::string rec_name = rec.name;
     index_.records.push_back(std::move(rec));
     SortRecords(index_.records);
     stats_.push_back(std::move(stats));
+    OfferToTier(index_.records, rec_name);
     ApplyRetention();
     return WriteIndex(fs_, dir_, index_).WithContext(fmt::format("update index of {}", dir_));
+  }
+
+  // Queues the upload of the committed checkpoint `name` and of the links of its delta chain.
+  void OfferToTier(const std::vector<CheckpointRecord>& records, const std::string& name) {
+    if (!tier_) return;
+    std::vector<CheckpointRecord> chain;
+    for (std::string link = name; !link.empty() && chain.size() <= records.size();) {
+      auto it = std::find_if(records.begin(), records.end(),
+                             [&](const CheckpointRecord& r) { return r.name == link; });
+      if (it == records.end()) break;
+      chain.insert(chain.begin(), *it);
+      link = bases_->Of(*it);
+    }
+    tier_->Offer(std::move(chain));
+  }
+
+  // Waits for the remote tier's uploads; local checkpoints they kept may go now.
+  Status WaitForUploads() {
+    if (!tier_) return Status::OK();
+    Status s = tier_->Collect(/*block=*/true, &stats_);
+    const size_t before = index_.records.size();
+    ApplyRetention();  // what was kept for its upload may go now
+    if (index_.records.size() == before) return s;
+    Status w = WriteIndex(fs_, dir_, index_).WithContext(fmt::format("update index of {}", dir_));
+    return s.ok() ? w : s;
+  }
+
+  // Both tiers' checkpoints, oldest first: the local ones and those only the remote has.
+  std::vector<CheckpointRecord> Merged() const {
+    std::vector<CheckpointRecord> all = index_.records;
+    if (!tier_) return all;
+    for (CheckpointRecord& r : tier_->Records()) {
+      bool local =
+          std::any_of(all.begin(), all.end(), [&](const auto& l) { return l.name == r.name; });
+      if (!local) all.push_back(std::move(r));
+    }
+    SortRecords(all);
+    return all;
+  }
+
+  // The store that reads the checkpoint at `path`: the remote tier's for a remote one.
+  Store& StoreOf(const std::string& path) {
+    return tier_ && tier_->Holds(path) ? tier_->store() : *store_;
   }
 
   void ApplyRetention() {
@@ -551,7 +617,8 @@ class ManagerImpl final : public CheckpointManager {
       if (needed.count(name) > 0) continue;  // the base of a kept delta
       bool in_flight = std::any_of(pending_.begin(), pending_.end(),
                                    [&](const Pending& p) { return p.record.name == name; });
-      if (in_flight) continue;  // being overwritten by a save in flight
+      if (in_flight) continue;                   // being overwritten by a save in flight
+      if (tier_ && tier_->Busy(name)) continue;  // being uploaded (or queued)
       auto t0 = std::chrono::steady_clock::now();
       const std::string path = JoinPath(dir_, name);
       Status s = store_->Delete(path);
@@ -570,7 +637,13 @@ class ManagerImpl final : public CheckpointManager {
   // one deferred from an earlier non-blocking reap.
   Status Reap(bool block) {
     Status first = std::exchange(deferred_, Status::OK());
+    if (tier_) {
+      if (Status t = tier_->Collect(/*block=*/false, &stats_); !t.ok() && first.ok()) first = t;
+    }
     if (Status c = FinishCompaction(block); !c.ok() && first.ok()) first = c;
+    if (compact_later_ && !compaction_ && !tier_->Busy(compact_later_->name)) {
+      MaybeCompact(CheckpointRecord(*compact_later_));
+    }
     while (!pending_.empty()) {
       if (!block && !pending_.front().handle->Poll()) break;
       Pending p = std::move(pending_.front());
@@ -594,7 +667,7 @@ class ManagerImpl final : public CheckpointManager {
 
   // --- Restoring. ---
   Result<CheckpointRecord> Find(const Which& which) const {
-    const auto& rs = index_.records;
+    const std::vector<CheckpointRecord> rs = Merged();
     for (auto it = rs.rbegin(); it != rs.rend(); ++it) {
       const bool named = it->name == which.name || it->name == store_->EntryName(which.name);
       if (!which.name.empty() ? named : (!which.step.has_value() || it->step == *which.step)) {
@@ -604,12 +677,14 @@ class ManagerImpl final : public CheckpointManager {
     std::string what = !which.name.empty() ? fmt::format("named {:?}", which.name)
                        : which.step        ? fmt::format("at step {}", *which.step)
                                            : std::string("at all");
+    const std::string where =
+        tier_ ? fmt::format("{} or its remote tier {}", dir_, tier_->location()) : dir_;
     return NotFoundError(
-        fmt::format("no checkpoint {} in {} ({} committed)", what, dir_, rs.size()));
+        fmt::format("no checkpoint {} in {} ({} committed)", what, where, rs.size()));
   }
 
   Status LoadRegistered(const std::string& path, const LoadConfig& config) {
-    SP_ASSIGN_OR_RETURN(std::unique_ptr<EntrySource> source, store_->OpenSource(path));
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<EntrySource> source, StoreOf(path).OpenSource(path));
     return registry_.Load(*source, config);
   }
 
@@ -680,8 +755,10 @@ class ManagerImpl final : public CheckpointManager {
   Index index_;
   std::unique_ptr<Store> store_;
   std::deque<Pending> pending_;
-  std::unique_ptr<Bases> bases_;            // the base of each checkpoint (delta chains)
-  std::unique_ptr<Compaction> compaction_;  // in flight, at most one
+  std::unique_ptr<Bases> bases_;                   // the base of each checkpoint (delta chains)
+  std::unique_ptr<Compaction> compaction_;         // in flight, at most one
+  std::unique_ptr<Tier> tier_;                     // the remote tier, when ManagerOptions::remote
+  std::optional<CheckpointRecord> compact_later_;  // to compact once its upload is done
   Status deferred_;
   Registry registry_;
   std::vector<CheckpointStats> stats_;

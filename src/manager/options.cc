@@ -24,13 +24,78 @@ Status NonNegative(const char* field, int64_t value) {
       fmt::format("ManagerOptions.{} = {}: must be 0 (off) or positive", field, value));
 }
 
+// `r` is ManagerOptions.<field>.
+Status ValidateRetention(const RetentionPolicy& r, const std::string& field) {
+  SP_RETURN_IF_ERROR(NonNegative((field + ".keep_last_n").c_str(), r.keep_last_n));
+  SP_RETURN_IF_ERROR(NonNegative((field + ".keep_per_n_minutes").c_str(), r.keep_per_n_minutes));
+  SP_RETURN_IF_ERROR(NonNegative((field + ".keep_every_n_steps").c_str(), r.keep_every_n_steps));
+  SP_RETURN_IF_ERROR(NonNegative((field + ".keep_best_n").c_str(), r.keep_best_n));
+  if (r.keep_best_n > 0 && r.best_metric.empty()) {
+    return InvalidArgumentError(
+        fmt::format("ManagerOptions.{0}.keep_best_n = {1} needs {0}.best_metric (the metric to "
+                    "rank by)",
+                    field, r.keep_best_n));
+  }
+  if (r.keep_best_n == 0 && !r.best_metric.empty()) {
+    return InvalidArgumentError(
+        fmt::format("ManagerOptions.{0}.best_metric = {1:?} is set but {0}.keep_best_n is 0", field,
+                    r.best_metric));
+  }
+  return Status::OK();
+}
+
+// The remote tier: a location that is not the local directory, native checkpoints, sane limits.
+Status ValidateRemote(const ManagerOptions& o) {
+  const RemoteTier& r = o.remote;
+  if (r.location.empty()) {
+    const RemoteTier d;
+    if (r.upload_every_n_steps != d.upload_every_n_steps || r.threads != d.threads ||
+        r.max_bytes_per_second != d.max_bytes_per_second || r.fs != nullptr) {
+      return InvalidArgumentError(
+          "ManagerOptions.remote: options are set but remote.location is empty (no remote tier)");
+    }
+    return Status::OK();
+  }
+  if (o.storage.format != CheckpointFormat::kNative) {
+    return InvalidArgumentError(fmt::format(
+        "ManagerOptions.remote.location = {:?}: the remote tier holds native checkpoints only "
+        "(storage.format is {})",
+        r.location, FormatName(o.storage.format)));
+  }
+  if (o.naming.directory_fn) {
+    return InvalidArgumentError(fmt::format(
+        "ManagerOptions.remote.location = {:?}: a remote tier needs one checkpoint directory "
+        "(naming.directory), not naming.directory_fn",
+        r.location));
+  }
+  if (r.upload_every_n_steps < 1) {
+    return InvalidArgumentError(fmt::format(
+        "ManagerOptions.remote.upload_every_n_steps = {}: must be >= 1", r.upload_every_n_steps));
+  }
+  if (r.threads < 1 || r.threads > 64) {
+    return InvalidArgumentError(
+        fmt::format("ManagerOptions.remote.threads = {}: must be in 1..64", r.threads));
+  }
+  auto trimmed = [](std::string p) {
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    return p;
+  };
+  const std::string remote = trimmed(r.location);
+  const std::string local = trimmed(o.naming.directory);
+  if (!local.empty() &&
+      (remote == local || remote.starts_with(local + "/") || local.starts_with(remote + "/"))) {
+    return InvalidArgumentError(fmt::format(
+        "ManagerOptions.remote.location = {:?}: must not be the checkpoint directory {:?}, inside "
+        "it or above it",
+        r.location, o.naming.directory));
+  }
+  return ValidateRetention(r.retention, "remote.retention");
+}
+
 Status ValidateIntervals(const ManagerOptions& o) {
   SP_RETURN_IF_ERROR(NonNegative("save_policy.interval_steps", o.save_policy.interval_steps));
   SP_RETURN_IF_ERROR(NonNegative("save_policy.interval_seconds", o.save_policy.interval_seconds));
-  SP_RETURN_IF_ERROR(NonNegative("retention.keep_last_n", o.retention.keep_last_n));
-  SP_RETURN_IF_ERROR(NonNegative("retention.keep_per_n_minutes", o.retention.keep_per_n_minutes));
-  SP_RETURN_IF_ERROR(NonNegative("retention.keep_every_n_steps", o.retention.keep_every_n_steps));
-  SP_RETURN_IF_ERROR(NonNegative("retention.keep_best_n", o.retention.keep_best_n));
+  SP_RETURN_IF_ERROR(ValidateRetention(o.retention, "retention"));
   SP_RETURN_IF_ERROR(NonNegative("save_policy.steps_per_epoch", o.save_policy.steps_per_epoch));
   if (o.save_policy.interval_steps == 0 && o.save_policy.interval_seconds == 0 &&
       o.retention.keep_last_n == 0 && o.retention.keep_per_n_minutes == 0 &&
@@ -39,17 +104,6 @@ Status ValidateIntervals(const ManagerOptions& o) {
         "ManagerOptions: save_policy.interval_steps, save_policy.interval_seconds, "
         "retention.keep_last_n and retention.keep_per_n_minutes are all 0: nothing would ever be "
         "saved or kept (set one of them)");
-  }
-  if (o.retention.keep_best_n > 0 && o.retention.best_metric.empty()) {
-    return InvalidArgumentError(
-        fmt::format("ManagerOptions.retention.keep_best_n = {} needs retention.best_metric (the "
-                    "metric to rank by)",
-                    o.retention.keep_best_n));
-  }
-  if (o.retention.keep_best_n == 0 && !o.retention.best_metric.empty()) {
-    return InvalidArgumentError(fmt::format(
-        "ManagerOptions.retention.best_metric = {:?} is set but retention.keep_best_n is 0",
-        o.retention.best_metric));
   }
   SP_RETURN_IF_ERROR(NonNegative("sparse.compaction.max_depth", o.sparse.compaction.max_depth));
   if (!(o.sparse.compaction.max_delta_ratio > 0) ||
@@ -173,19 +227,24 @@ Status ValidatePrefix(std::string_view prefix, std::string_view what) {
 }
 
 Policy ResolvePolicy(const ManagerOptions& o) {
-  Policy p;
+  Policy p = ResolveRetention(o.retention);
   p.save_steps = o.save_policy.interval_steps;
   p.save_seconds = o.save_policy.interval_steps > 0 ? 0 : o.save_policy.interval_seconds;
-  p.keep_all = o.retention.keep_all;
-  if (!o.retention.keep_all) {
-    p.keep_last_n = o.retention.keep_last_n;
-    p.keep_per_minutes = o.retention.keep_last_n > 0 ? 0 : o.retention.keep_per_n_minutes;
+  return p;
+}
+
+Policy ResolveRetention(const RetentionPolicy& r) {
+  Policy p;
+  p.keep_all = r.keep_all;
+  if (!r.keep_all) {
+    p.keep_last_n = r.keep_last_n;
+    p.keep_per_minutes = r.keep_last_n > 0 ? 0 : r.keep_per_n_minutes;
     if (p.keep_last_n == 0 && p.keep_per_minutes == 0) p.keep_last_n = 1;
   }
-  p.keep_every_n_steps = o.retention.keep_every_n_steps;
-  p.keep_best_n = o.retention.keep_best_n;
-  p.best_metric = o.retention.best_metric;
-  p.best_mode = o.retention.best_mode;
+  p.keep_every_n_steps = r.keep_every_n_steps;
+  p.keep_best_n = r.keep_best_n;
+  p.best_metric = r.best_metric;
+  p.best_mode = r.best_mode;
   return p;
 }
 
@@ -268,7 +327,8 @@ Status ValidateManagerOptions(const ManagerOptions& options) {
   SP_RETURN_IF_ERROR(manager::ValidateIntervals(options));
   SP_RETURN_IF_ERROR(manager::ValidateWhere(options));
   SP_RETURN_IF_ERROR(manager::ValidateAppendInfo(options));
-  return manager::ValidateFormat(options);
+  SP_RETURN_IF_ERROR(manager::ValidateFormat(options));
+  return manager::ValidateRemote(options);
 }
 
 }  // namespace savepoint

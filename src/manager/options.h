@@ -27,6 +27,8 @@ struct Policy {
 
 // Precondition: ValidateManagerOptions(options) is OK.
 Policy ResolvePolicy(const ManagerOptions& options);
+// The retention rules of `retention` alone (save_steps and save_seconds 0): the remote tier's.
+Policy ResolveRetention(const RetentionPolicy& retention);
 
 // OK when `prefix` can start a checkpoint name; `what` names it in the message ("prefix", ...).
 Status ValidatePrefix(std::string_view prefix, std::string_view what);

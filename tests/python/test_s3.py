@@ -123,3 +123,82 @@ def test_cli_lists_inspects_and_verifies_in_a_bucket(s3, savepoint_cli):
     assert "step-5" in cli("ls", root)
     assert "model.w" in cli("inspect", f"{root}/step-5")
     cli("verify", f"{root}/step-5")
+    # cp: disk -> bucket -> disk, each copy committed whole; s5cmd sees the uploaded objects.
+    cli("cp", f"{root}/step-5", f"{root}/copy-5")
+    assert "MANIFEST" in s3.s5cmd("ls", f"{root}/copy-5/*").stdout
+    _same(_state(5), savepoint.load(f"{root}/copy-5"))
+
+
+def test_cli_cp_between_disk_and_bucket(s3, savepoint_cli, tmp_path):
+    state = _state(11)
+    savepoint.save(state, tmp_path / "local")
+    env = dict(os.environ, **s3.env)
+    up = f"s3://{s3.bucket}/cp/up"
+
+    def cli(*args, ok=True):
+        r = subprocess.run([savepoint_cli, *args], env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert (r.returncode == 0) == ok, r.stderr
+        return r
+
+    assert "copied" in cli("cp", str(tmp_path / "local"), up).stdout
+    _same(state, savepoint.load(up))
+    cli("cp", up, str(tmp_path / "down"))
+    _same(state, savepoint.load(tmp_path / "down"))
+    again = cli("cp", str(tmp_path / "local"), up, ok=False)
+    assert "already exists" in again.stderr
+
+
+def test_manager_uploads_to_a_bucket_and_a_new_node_resumes_from_it(s3, tmp_path):
+    remote = f"s3://{s3.bucket}/tiered"
+    options = {"keep_last_n": 0, "keep_every_n_steps": 2}  # the newest, and every even step
+    with savepoint.CheckpointManager(tmp_path / "node1", keep_last_n=1, remote=remote,
+                                     remote_options=options) as mgr:
+        for step in range(1, 6):
+            assert mgr.save(step, _state(step))
+        mgr.wait()
+        assert [r["step"] for r in mgr.remote_checkpoints()] == [2, 4, 5]
+        assert mgr.all_steps() == [2, 4, 5]  # local: the newest only; the rest remote
+        assert sorted(os.listdir(tmp_path / "node1"))[0] == "ckpt-1_5"  # then the index
+        _same(_state(4), mgr.restore(step=4))  # from the bucket
+        uploads = [s for s in mgr.stats() if s["action"] == "checkpoint_upload"]
+        assert len(uploads) == 5 and all(s["bytes"] > 0 for s in uploads)
+    listed = s3.s5cmd("ls", f"{remote}/*").stdout
+    assert "ckpt-1_1/" not in listed and "ckpt-1_4/" in listed, listed
+    # A second node with an empty disk: it resumes from the bucket, then saves locally again.
+    with savepoint.CheckpointManager(tmp_path / "node2", remote=remote) as mgr:
+        assert mgr.latest_step() == 5
+        _same(_state(5), mgr.restore())
+        assert mgr.save(6, _state(6))
+    with pytest.raises(savepoint.InvalidArgumentError, match="remote"):
+        savepoint.CheckpointManager(tmp_path / "x", remote=tmp_path / "x" / "inside")
+    with pytest.raises(TypeError, match="keep_lats_n"):
+        savepoint.CheckpointManager(tmp_path / "y", remote=remote,
+                                    remote_options={"keep_lats_n": 1})
+
+
+def test_dcp_saves_into_and_loads_from_a_bucket(s3):
+    import warnings
+
+    import torch.distributed.checkpoint as dcp
+
+    import savepoint.torch as spt
+
+    uri = f"s3://{s3.bucket}/dcp/step-3"
+    state = {"model": {"w": torch.randn(40, 9), "b": torch.arange(9, dtype=torch.int32)},
+             "step": 3}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(state, storage_writer=spt.StorageWriter(uri, overwrite=False))
+        out = {"model": {"w": torch.zeros(40, 9), "b": torch.zeros(9, dtype=torch.int32)},
+               "step": 0}
+        dcp.load(out, storage_reader=spt.StorageReader(uri))
+    assert torch.equal(out["model"]["w"], state["model"]["w"]) and out["step"] == 3
+    assert torch.equal(out["model"]["b"], state["model"]["b"])
+    assert "MANIFEST" in s3.s5cmd("ls", f"{uri}/*").stdout
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with pytest.raises(CheckpointException, match="Checkpoint already exists and"), \
+            warnings.catch_warnings():  # fmt: skip
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.save(state, storage_writer=spt.StorageWriter(uri, overwrite=False))

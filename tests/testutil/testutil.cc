@@ -134,4 +134,10 @@ State CkptCrashState(uint64_t step) {
   return ::testing::AssertionSuccess();
 }
 
+Result<std::unique_ptr<WritableFile>> MemObjectStore::NewWritableFile(const std::string& path,
+                                                                      const FileOptions& options) {
+  SP_RETURN_IF_ERROR(base()->CreateDirs(Dirname(path)));
+  return base()->NewWritableFile(path, options);
+}
+
 }  // namespace savepoint::testing

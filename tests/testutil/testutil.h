@@ -59,6 +59,17 @@ State CrashState(uint64_t step);
 // CrashState(step) without the tensors a MindSpore .ckpt file cannot hold (F8, C64, C128).
 State CkptCrashState(uint64_t step);
 
+// A file system over `base` (an in-memory one, typically) that behaves as an object store does
+// where savepoint can tell: IsObjectStore is true and a file is created without its directory (a
+// key prefix needs no creating). As S3FileSystem, listing a prefix that holds nothing is NotFound.
+class MemObjectStore : public ForwardingFileSystem {
+ public:
+  explicit MemObjectStore(FileSystem* base) : ForwardingFileSystem(base) {}
+  bool IsObjectStore(const std::string&) override { return true; }
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
+                                                        const FileOptions& options) override;
+};
+
 // Asserts that two states hold the same names, dtypes, shapes, bytes, values and metadata.
 ::testing::AssertionResult StatesEqual(const State& a, const State& b);
 

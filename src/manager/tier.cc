@@ -1,0 +1,220 @@
+// The remote tier of a checkpoint manager (manager/tier.h).
+#include "manager/tier.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <utility>
+
+#include "io/commit.h"
+#include "manager/retention.h"
+#include "savepoint/catalog.h"
+
+namespace savepoint::manager {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string Trimmed(std::string p) {
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  return p;
+}
+
+// The manager's options as the remote store needs them: the remote file system, no async saves.
+ManagerOptions StoreOptions(const ManagerOptions& o) {
+  ManagerOptions s = o;
+  if (o.remote.fs != nullptr) s.io.fs = o.remote.fs;
+  s.async_save = {};
+  return s;
+}
+
+}  // namespace
+
+Tier::Tier(const ManagerOptions& options)
+    : o_(options.remote),
+      location_(Trimmed(options.remote.location)),
+      policy_(ResolveRetention(options.remote.retention)),
+      store_options_(StoreOptions(options)),
+      fs_(FileSystemOf(store_options_.io)),
+      source_fs_(FileSystemOf(options.io)),
+      steps_per_epoch_(options.save_policy.steps_per_epoch) {}
+
+Result<std::unique_ptr<Tier>> Tier::Open(const ManagerOptions& options) {
+  std::unique_ptr<Tier> t(new Tier(options));
+  const std::string context = fmt::format("open remote tier {}", t->location_);
+  SP_RETURN_IF_ERROR(io::CreateDirsDurably(t->fs_, t->location_).WithContext(context));
+  SP_ASSIGN_OR_RETURN(t->store_, Store::Create(t->store_options_));
+  Result<Index> index = ReadIndex(t->fs_, t->location_);
+  // A bucket prefix that holds nothing yet lists as NotFound: a new remote tier.
+  const bool empty =
+      index.status().code() == StatusCode::kNotFound && t->fs_->IsObjectStore(t->location_);
+  if (!index.ok() && !empty) return index.status().WithContext(context);
+  if (index.ok()) t->index_ = std::move(index).value();
+  bool changed = false;
+  if (!empty) {
+    SP_ASSIGN_OR_RETURN(changed, Reconcile(*t->store_, t->fs_, t->location_, t->index_.records,
+                                           t->steps_per_epoch_));
+  }
+  if (changed) {
+    SP_RETURN_IF_ERROR(WriteIndex(t->fs_, t->location_, t->index_).WithContext(context));
+  }
+  t->bases_ = std::make_unique<Bases>(t->store_.get());
+  t->thread_ = std::thread([p = t.get()] { p->Run(); });
+  return t;
+}
+
+Tier::~Tier() { Close(); }
+
+void Tier::Offer(std::vector<CheckpointRecord> chain) {
+  if (chain.empty()) return;
+  const CheckpointRecord& head = chain.back();
+  if (!head.breakpoint && head.step % o_.upload_every_n_steps != 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return;
+  for (CheckpointRecord& link : chain) {
+    auto queued = std::find_if(queue_.begin(), queue_.end(),
+                               [&](const CheckpointRecord& q) { return q.name == link.name; });
+    if (queued != queue_.end()) {
+      *queued = std::move(link);  // the newest local version of it
+    } else {
+      queue_.push_back(std::move(link));
+    }
+  }
+  cv_.notify_all();
+}
+
+bool Tier::Busy(const std::string& name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return active_ == name ||
+         std::any_of(queue_.begin(), queue_.end(), [&](const auto& r) { return r.name == name; });
+}
+
+void Tier::Withdraw(const std::string& name) {
+  std::unique_lock<std::mutex> lock(mu_);
+  std::erase_if(queue_, [&](const CheckpointRecord& r) { return r.name == name; });
+  cv_.wait(lock, [&] { return active_ != name; });
+}
+
+std::vector<CheckpointRecord> Tier::Records() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return index_.records;
+}
+
+bool Tier::Holds(const std::string& path) const {
+  return path.size() > location_.size() && path.starts_with(location_) &&
+         path[location_.size()] == '/';
+}
+
+Status Tier::Collect(bool block, std::vector<CheckpointStats>* stats) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (block) cv_.wait(lock, [&] { return queue_.empty() && active_.empty(); });
+  for (CheckpointStats& s : stats_) stats->push_back(std::move(s));
+  stats_.clear();
+  return std::exchange(error_, Status::OK());
+}
+
+void Tier::Close() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void Tier::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopped, nothing left to upload
+    CheckpointRecord local = std::move(queue_.front());
+    queue_.pop_front();
+    active_ = local.name;
+    lock.unlock();
+    Status s = Upload(local);
+    lock.lock();
+    if (!s.ok()) {
+      spdlog::error("savepoint: remote tier: {}", s.ToString());
+      if (error_.ok()) error_ = s;
+    }
+    active_.clear();
+    cv_.notify_all();
+  }
+}
+
+Status Tier::Upload(const CheckpointRecord& local) {
+  const std::string target = JoinPath(location_, local.name);
+  const std::string what = fmt::format("upload {} to {}", local.path, target);
+  bool stale = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const CheckpointRecord& r : index_.records) {
+      if (r.name != local.name) continue;
+      if (r.created_ns == local.created_ns) return Status::OK();  // uploaded already
+      stale = true;                                               // saved again locally since
+    }
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  if (stale) {
+    SP_RETURN_IF_ERROR(store_->Delete(target).WithContext(what));
+    bases_->Forget(local.name);
+    std::lock_guard<std::mutex> lock(mu_);
+    std::erase_if(index_.records, [&](const auto& r) { return r.name == local.name; });
+  }
+  CopyOptions co;
+  co.source_fs = source_fs_;
+  co.target_fs = fs_;
+  co.threads = o_.threads;
+  co.max_bytes_per_second = o_.max_bytes_per_second;
+  Result<CopyStats> copied = CopyCheckpoint(local.path, target, co);
+  if (!copied.ok()) return copied.status();  // it names both places
+  CheckpointRecord remote = local;
+  remote.path = target;
+  CheckpointStats st{"checkpoint_upload", local.name,       local.step,
+                     copied->bytes,       SecondsSince(t0), 0};
+  return IndexUpload(std::move(remote), st).WithContext(what);
+}
+
+Status Tier::IndexUpload(CheckpointRecord remote, const CheckpointStats& stats) {
+  Index next;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    next = index_;
+  }
+  std::erase_if(next.records, [&](const CheckpointRecord& r) { return r.name == remote.name; });
+  next.records.push_back(std::move(remote));
+  SortRecords(next.records);
+  std::vector<CheckpointStats> done{stats};
+  ApplyRetention(next, &done);
+  Status s = WriteIndex(fs_, location_, next);
+  std::lock_guard<std::mutex> lock(mu_);
+  index_ = std::move(next);
+  for (CheckpointStats& d : done) stats_.push_back(std::move(d));
+  return s;
+}
+
+void Tier::ApplyRetention(Index& index, std::vector<CheckpointStats>* stats) {
+  const std::vector<std::string> doomed = SelectForDeletion(index.records, policy_);
+  const std::set<std::string> needed = NeededByKept(index.records, doomed, *bases_);
+  for (const std::string& name : doomed) {
+    if (needed.count(name) > 0) continue;  // the base of a kept delta
+    auto t0 = std::chrono::steady_clock::now();
+    Status s = store_->Delete(JoinPath(location_, name));
+    if (!s.ok()) {
+      spdlog::warn("savepoint: remote retention: {}", s.ToString());
+      if (s.code() != StatusCode::kNotFound) continue;  // still there: keep its record
+    }
+    int64_t step = 0;
+    for (const CheckpointRecord& r : index.records) step = r.name == name ? r.step : step;
+    std::erase_if(index.records, [&](const CheckpointRecord& r) { return r.name == name; });
+    bases_->Forget(name);
+    stats->push_back({"remote_delete", name, step, 0, SecondsSince(t0), 0});
+  }
+}
+
+}  // namespace savepoint::manager
