@@ -12,6 +12,10 @@ against `s5cmd cp` downloading it into a local directory (tmpfs when /dev/shm is
 side waits for a disk). `savepoint cp` uploads the committed local checkpoint and downloads it again
 (the CLI: $SAVEPOINT_CLI, default build/tools/savepoint), against the same s5cmd copies. Medians of
 the trials; throughput in MiB/s of checkpoint bytes.
+
+The manager's remote tier: a CheckpointManager with async saves into a local directory (tmpfs),
+without and with remote="s3://...": the time save() blocks the caller (the snapshot copy; the
+upload runs in the background) and the background upload's time per checkpoint.
 """
 
 import argparse
@@ -54,6 +58,20 @@ def dir_bytes(path):
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
 
+def manager_run(scratch, state, trials, remote):
+    """Blocked seconds per async save (median) and the upload seconds of each checkpoint."""
+    directory = tempfile.mkdtemp(dir=scratch)
+    blocked = []
+    kw = {"remote": remote, "remote_options": {"keep_last_n": 1}} if remote else {}
+    with savepoint.CheckpointManager(directory, async_=True, keep_last_n=1, **kw) as mgr:
+        for step in range(1, trials + 1):
+            blocked.append(timed(lambda: mgr.save(step, state))[0])
+            mgr.wait()  # durable (and uploaded) before the next one
+        uploads = [st["seconds"] for st in mgr.stats() if st["action"] == "checkpoint_upload"]
+    shutil.rmtree(directory)
+    return statistics.median(blocked), uploads
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=1024)
@@ -90,6 +108,9 @@ def main():
             rows["download (savepoint cp, into files)"].append(
                 timed(lambda: cp(f"s3://bench/cp-{t}", out))[0])
             shutil.rmtree(out)
+        local_blocked, _ = manager_run(scratch, state, args.trials, None)
+        tier_blocked, uploads = manager_run(scratch, state, args.trials, "s3://bench/tier")
+        rows["manager upload (remote tier, background)"] = uploads
     shutil.rmtree(scratch)
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(f"s3 bench: {nbytes / MIB:.0f} MiB checkpoint, SeaweedFS on 127.0.0.1, "
@@ -102,7 +123,8 @@ def main():
              "load (savepoint, into the state, like=)": down,
              "verify (savepoint, read + check all)": down,
              "upload (savepoint cp, from files)": "upload (s5cmd cp, from files)",
-             "download (savepoint cp, into files)": down}
+             "download (savepoint cp, into files)": down,
+             "manager upload (remote tier, background)": "upload (s5cmd cp, from files)"}
     for k, s in med.items():
         ref = pairs.get(k)
         ratio = f"{med[ref] / s:.2f}x" if ref else ""
@@ -111,6 +133,8 @@ def main():
     print(f"s3: save {up:.2f}x s5cmd upload, load {med[down] / med['load (savepoint, into new memory)']:.2f}x"
           f" (into the state {med[down] / med['load (savepoint, into the state, like=)']:.2f}x) s5cmd "
           f"download")
+    print(f"manager async save, blocked: {local_blocked:.3f} s local only, {tier_blocked:.3f} s with "
+          f"the remote tier ({tier_blocked / local_blocked:.2f}x)")
 
 
 if __name__ == "__main__":
