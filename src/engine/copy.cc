@@ -67,38 +67,52 @@ struct Copier {
   Pacer pacer;
   Progress progress;
   std::vector<std::vector<std::byte>> buffers;  // one per worker
-  std::mutex mu;
-  std::vector<std::string> written;  // guarded by mu: files this copy created at the target
+  std::vector<std::string> written;             // files this copy created at the target
 
-  // Copies the file `src` to `dst` (written only if absent) and checks the size written.
-  Status CopyFile(const std::string& src, const std::string& dst, int worker) {
-    SP_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> in, from->NewRandomAccessFile(src, {}));
-    const uint64_t size = in->size();
+  // Copies the files `names` of directory `src` into directory `dst` (each written only if
+  // absent), their blocks in parallel on options.threads threads (several parts of one object in
+  // flight), and checks the size of each file written.
+  Status CopyFiles(const std::string& src, const std::string& dst,
+                   const std::vector<std::string>& names) {
+    struct Block {
+      size_t file;
+      uint64_t offset;
+      uint64_t bytes;
+    };
+    std::vector<std::unique_ptr<RandomAccessFile>> ins;
+    std::vector<std::unique_ptr<WritableFile>> outs;
+    std::vector<Block> blocks;
     FileOptions fo;
     fo.exclusive = true;
-    SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> out, to->NewWritableFile(dst, fo));
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      written.push_back(dst);
+    for (const std::string& name : names) {
+      SP_ASSIGN_OR_RETURN(ins.emplace_back(), from->NewRandomAccessFile(JoinPath(src, name), {}));
+      SP_ASSIGN_OR_RETURN(outs.emplace_back(), to->NewWritableFile(JoinPath(dst, name), fo));
+      written.push_back(JoinPath(dst, name));
+      const uint64_t size = ins.back()->size();
+      SP_RETURN_IF_ERROR(outs.back()->Preallocate(size));
+      for (uint64_t off = 0; off < size; off += options.block_bytes) {
+        blocks.push_back({ins.size() - 1, off, std::min(options.block_bytes, size - off)});
+      }
     }
-    SP_RETURN_IF_ERROR(out->Preallocate(size));
-    std::vector<std::byte>& buf = buffers[worker];
-    buf.resize(std::min<uint64_t>(options.block_bytes, std::max<uint64_t>(size, 1)));
-    for (uint64_t off = 0; off < size;) {
-      const uint64_t n = std::min<uint64_t>(buf.size(), size - off);
-      pacer.Take(n);
-      std::span<std::byte> block(buf.data(), n);
-      SP_RETURN_IF_ERROR(in->ReadAt(off, block));
-      SP_RETURN_IF_ERROR(out->WriteAt(off, block));
-      off += n;
-      progress.Add(n);
-    }
-    SP_RETURN_IF_ERROR(out->Sync());
-    SP_RETURN_IF_ERROR(out->Close());
-    SP_ASSIGN_OR_RETURN(FileInfo written, to->Stat(dst));
-    if (written.size != size) {
-      return IOError(fmt::format("copy of {} to {}: {} bytes written, the source has {}", src, dst,
-                                 written.size, size));
+    SP_RETURN_IF_ERROR(ParallelFor(blocks.size(), options.threads, [&](size_t i, int worker) {
+      const Block& b = blocks[i];
+      std::vector<std::byte>& buf = buffers[worker];
+      buf.resize(options.block_bytes);
+      std::span<std::byte> bytes(buf.data(), b.bytes);
+      pacer.Take(b.bytes);
+      SP_RETURN_IF_ERROR(ins[b.file]->ReadAt(b.offset, bytes));
+      SP_RETURN_IF_ERROR(outs[b.file]->WriteAt(b.offset, bytes));
+      progress.Add(b.bytes);
+      return Status::OK();
+    }));
+    for (size_t f = 0; f < names.size(); ++f) {
+      SP_RETURN_IF_ERROR(outs[f]->Sync());
+      SP_RETURN_IF_ERROR(outs[f]->Close());
+      SP_ASSIGN_OR_RETURN(FileInfo info, to->Stat(outs[f]->path()));
+      if (info.size != ins[f]->size()) {
+        return IOError(fmt::format("copy of {} to {}: {} bytes written, the source has {}",
+                                   ins[f]->path(), outs[f]->path(), info.size, ins[f]->size()));
+      }
     }
     return Status::OK();
   }
@@ -154,13 +168,11 @@ Result<CopyStats> CopyCheckpoint(const std::string& raw_source, const std::strin
   if (!begun.ok()) return begun.status().WithContext(what);
   const io::DurableCommit commit = std::move(begun).value();
   Copier copier(from, to, options, total);
-  auto copy = [&](size_t i, int worker) {
-    return copier.CopyFile(JoinPath(source, files[i].name), JoinPath(commit.tmp(), files[i].name),
-                           worker);
-  };
-  // Data files in parallel; the MANIFEST alone and last, once every data file is in place.
-  Status s = ParallelFor(files.size() - 1, options.threads, copy);
-  if (s.ok()) s = copy(files.size() - 1, 0);
+  // The data files, then the MANIFEST alone, once every data file is in place.
+  std::vector<std::string> data;
+  for (size_t i = 0; i + 1 < files.size(); ++i) data.push_back(files[i].name);
+  Status s = copier.CopyFiles(source, commit.tmp(), data);
+  if (s.ok()) s = copier.CopyFiles(source, commit.tmp(), {files.back().name});
   if (s.ok()) s = commit.Commit();
   if (!s.ok()) {
     commit.Abandon();
