@@ -49,7 +49,9 @@ struct SAVEPOINT_API GcOptions {
 // Committed checkpoints are never touched. Returns the paths removed (or restored).
 // In object storage (an s3:// root) debris is a prefix holding data objects and no MANIFEST, none
 // of them written in the last hour (or min_age_seconds, when longer: no process there can be
-// asked whether it is still writing); its data objects are removed, other objects never.
+// asked whether it is still writing); its data objects are removed, other objects never. Multipart
+// uploads under the root begun before that and never completed (FileSystem::AbortAbandonedWrites)
+// are aborted and returned as "<uri> (upload <id>)".
 SAVEPOINT_API Result<std::vector<std::string>> GarbageCollect(const std::string& root,
                                                               const GcOptions& options = {});
 

@@ -225,6 +225,18 @@ class SAVEPOINT_API FileSystem {
     (void)path;
     return false;
   }
+  // Writes under `root` that were begun before `before_ns` (ns since the Unix epoch) and never
+  // published: in an object store, multipart uploads a process left behind when it died (they
+  // hold storage until aborted). Aborts them, unless `dry_run`, and returns them as
+  // "<path> (upload <id>)". GarbageCollect calls it. Default: none (a file system without such
+  // writes).
+  virtual Result<std::vector<std::string>> AbortAbandonedWrites(const std::string& root,
+                                                                int64_t before_ns, bool dry_run) {
+    (void)root;
+    (void)before_ns;
+    (void)dry_run;
+    return std::vector<std::string>{};
+  }
 
   // --- Helpers built on the calls above (not virtual). ---
   // True if the path exists (errors other than NotFound count as "exists").
@@ -285,6 +297,10 @@ class ForwardingFileSystem : public FileSystem {
     return base_->LockFile(p);
   }
   bool IsObjectStore(const std::string& p) override { return base_->IsObjectStore(p); }
+  Result<std::vector<std::string>> AbortAbandonedWrites(const std::string& p, int64_t before_ns,
+                                                        bool dry_run) override {
+    return base_->AbortAbandonedWrites(p, before_ns, dry_run);
+  }
 
  protected:
   FileSystem* base() const { return base_; }

@@ -106,7 +106,10 @@ int64_t NowNs() {
 // data objects are removed. Objects that are not a checkpoint's are never touched.
 Result<std::vector<std::string>> CollectObjects(FileSystem* fs, const std::string& root,
                                                 const GcOptions& o) {
-  SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(root));
+  // A prefix without objects lists as NotFound; abandoned uploads may still lie under it.
+  Result<std::vector<FileInfo>> listed = fs->ListDir(root);
+  if (!listed.ok() && listed.status().code() != StatusCode::kNotFound) return listed.status();
+  const std::vector<FileInfo> entries = listed.ok() ? *listed : std::vector<FileInfo>{};
   const int64_t grace_ns = std::max(o.min_age_seconds, kObjectStoreGraceSeconds) * 1'000'000'000LL;
   const int64_t now = NowNs();
   std::vector<std::string> done;
@@ -127,6 +130,10 @@ Result<std::vector<std::string>> CollectObjects(FileSystem* fs, const std::strin
     if (o.dry_run) continue;
     for (const FileInfo& e : objects) SP_RETURN_IF_ERROR(fs->RemoveFile(JoinPath(path, e.name)));
   }
+  // Multipart uploads of processes that died before publishing their object.
+  SP_ASSIGN_OR_RETURN(std::vector<std::string> aborted,
+                      fs->AbortAbandonedWrites(root, now - grace_ns, o.dry_run));
+  done.insert(done.end(), aborted.begin(), aborted.end());
   return done;
 }
 

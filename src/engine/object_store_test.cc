@@ -1,11 +1,12 @@
 // The object-storage rules of the commit, delete and gc (docs/FORMAT.md §5.1) on an in-memory file
 // system that says it is an object store and whose objects can be aged: what a prefix may hold
 // when a save begins, that a delete removes the MANIFEST first and only the checkpoint's own
-// objects, and that gc removes unfinished saves only past the grace period. The same rules against
-// a real S3 server: tests/s3/s3_store_test.cc.
+// objects, and that gc removes unfinished saves and aborts abandoned uploads only past the grace
+// period. The same rules against a real S3 server: tests/s3/s3_store_test.cc.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 
 #include "io/commit.h"
 #include "io/mem_fs.h"
@@ -27,7 +28,19 @@ class AgedObjectStore : public testing::MemObjectStore {
     for (FileInfo& e : entries) e.mtime_ns -= age_ns.load();
     return entries;
   }
+  // One multipart upload under "/bucket/run", begun `age_ns` ago; aborted once.
+  Result<std::vector<std::string>> AbortAbandonedWrites(const std::string& root, int64_t before_ns,
+                                                        bool dry_run) override {
+    const int64_t begun = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count() -
+                          age_ns.load();
+    if (root != "/bucket/run" || aborted || begun >= before_ns) return std::vector<std::string>{};
+    aborted = !dry_run;
+    return std::vector<std::string>{"/bucket/run/x/data-00000-00000.spd (upload 7)"};
+  }
   std::atomic<int64_t> age_ns{0};
+  bool aborted = false;
 };
 
 class ObjectStoreTest : public ::testing::Test {
@@ -82,13 +95,16 @@ TEST_F(ObjectStoreTest, GcRemovesUnfinishedSavesOnlyPastTheGracePeriod) {
   // Young: a save may still be writing them, whatever min_age_seconds says.
   EXPECT_TRUE(GarbageCollect("/bucket/run", {.fs = &fs_}).value().empty());
   fs_.age_ns = int64_t{2} * 3600 * 1'000'000'000;
+  const std::string upload = "/bucket/run/x/data-00000-00000.spd (upload 7)";
   EXPECT_EQ(GarbageCollect("/bucket/run", {.fs = &fs_, .dry_run = true}).value(),
-            std::vector<std::string>{"/bucket/run/unfinished"});
+            (std::vector<std::string>{"/bucket/run/unfinished", upload}));
+  EXPECT_FALSE(fs_.aborted);
   EXPECT_TRUE(mem_.Exists("/bucket/run/unfinished/data-00000-00000.spd"));
   EXPECT_EQ(GarbageCollect("/bucket/run", {.fs = &fs_, .min_age_seconds = 3 * 3600}).value().size(),
             0u);
   EXPECT_EQ(GarbageCollect("/bucket/run", {.fs = &fs_}).value(),
-            std::vector<std::string>{"/bucket/run/unfinished"});
+            (std::vector<std::string>{"/bucket/run/unfinished", upload}));
+  EXPECT_TRUE(fs_.aborted);
   EXPECT_TRUE(mem_.ListDir("/bucket/run/unfinished").value().empty());
   EXPECT_EQ(mem_.ListDir("/bucket/run/committed").value().size(), 2u);
   EXPECT_EQ(mem_.ListDir("/bucket/run/theirs").value().size(), 2u);

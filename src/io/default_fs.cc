@@ -80,6 +80,11 @@ class SchemeRouter final : public FileSystem {
     return fs->LockFile(p);
   }
   bool IsObjectStore(const std::string& p) override { return SchemeOf(p) == "s3"; }
+  Result<std::vector<std::string>> AbortAbandonedWrites(const std::string& p, int64_t before_ns,
+                                                        bool dry_run) override {
+    SP_ASSIGN_OR_RETURN(FileSystem * fs, For(p));
+    return fs->AbortAbandonedWrites(p, before_ns, dry_run);
+  }
 
  private:
   Result<FileSystem*> For(const std::string& path) {

@@ -418,6 +418,39 @@ bool S3FileSystem::IsObjectStore(const std::string& path) {
   return true;
 }
 
+Result<std::vector<std::string>> S3FileSystem::AbortAbandonedWrites(const std::string& root,
+                                                                    int64_t before_ns,
+                                                                    bool dry_run) {
+  SP_ASSIGN_OR_RETURN(S3Location loc, ParseS3Uri(root));
+  const std::string prefix = DirPrefix(loc);
+  std::vector<std::string> done;
+  std::string key_marker, upload_marker;
+  size_t listed = 0;
+  while (true) {
+    SP_ASSIGN_OR_RETURN(S3UploadsPage page,
+                        client_->ListMultipart(loc.bucket, prefix, key_marker, upload_marker));
+    listed += page.uploads.size();
+    const bool stuck =
+        page.next_key_marker == key_marker && page.next_upload_id_marker == upload_marker;
+    if (page.truncated && (stuck || listed > kMaxListed)) {
+      return CorruptionError(fmt::format(
+          "list the multipart uploads under {}: the server's listing does not end", root));
+    }
+    for (const S3UploadEntry& u : page.uploads) {
+      if (u.initiated_ns <= 0 || u.initiated_ns >= before_ns) continue;  // young, or age unknown
+      if (!dry_run) {
+        Status s = client_->AbortMultipart(S3Location{loc.bucket, u.key}, u.upload_id);
+        if (s.code() == StatusCode::kNotFound) continue;  // completed or aborted meanwhile
+        SP_RETURN_IF_ERROR(s);
+      }
+      done.push_back(fmt::format("s3://{}/{} (upload {})", loc.bucket, u.key, u.upload_id));
+    }
+    if (!page.truncated) return done;
+    key_marker = page.next_key_marker;
+    upload_marker = page.next_upload_id_marker;
+  }
+}
+
 }  // namespace savepoint::io
 
 namespace savepoint {

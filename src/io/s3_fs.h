@@ -44,6 +44,10 @@ class S3FileSystem final : public FileSystem {
   Status Rename(const std::string& from, const std::string& to) override;
   Status SyncDir(const std::string& path) override;
   bool IsObjectStore(const std::string& path) override;
+  // Lists the multipart uploads under `root`'s key prefix (ListMultipartUploads, every page) and
+  // aborts those initiated before `before_ns`.
+  Result<std::vector<std::string>> AbortAbandonedWrites(const std::string& root, int64_t before_ns,
+                                                        bool dry_run) override;
 
  private:
   explicit S3FileSystem(std::unique_ptr<S3Client> client) : client_(std::move(client)) {}

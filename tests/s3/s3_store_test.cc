@@ -325,6 +325,37 @@ TEST_F(S3StoreTest, DeleteAndGcTouchOnlyWhatIsTheirs) {
   EXPECT_EQ(committed, 1);
 }
 
+// A multipart upload its process never completed (killed mid-save) holds storage until aborted:
+// gc aborts those begun before its grace period, under its root only.
+TEST_F(S3StoreTest, GcAbortsAbandonedMultipartUploadsUnderItsRoot) {
+  const std::string bucket = SeaweedEnvironment::settings["bucket"].get<std::string>();
+  const std::string key = std::string(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  SP_ASSERT_OK_AND_ASSIGN(std::string mine,
+                          fs_->client()->CreateMultipart({bucket, key + "/ck/data-00000-00000.spd"}));
+  SP_ASSERT_OK_AND_ASSIGN(std::string other,
+                          fs_->client()->CreateMultipart({bucket, key + "-elsewhere/x"}));
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::system_clock::now().time_since_epoch())
+                          .count();
+  // Begun just now: within gc's grace period, so a save may still be running.
+  EXPECT_TRUE(GarbageCollect(root_, {.fs = fs_.get()}).value().empty());
+  // Past a cut-off after it was begun: listed by a dry run, then aborted.
+  const int64_t later = now + 60'000'000'000;
+  SP_ASSERT_OK_AND_ASSIGN(std::vector<std::string> listed,
+                          fs_->AbortAbandonedWrites(root_, later, /*dry_run=*/true));
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_NE(listed[0].find(mine), std::string::npos) << listed[0];
+  SP_ASSERT_OK_AND_ASSIGN(std::vector<std::string> aborted,
+                          fs_->AbortAbandonedWrites(root_, later, /*dry_run=*/false));
+  EXPECT_EQ(aborted, listed);
+  EXPECT_TRUE(fs_->AbortAbandonedWrites(root_, later, false).value().empty());
+  // The upload outside the root is still there.
+  SP_ASSERT_OK_AND_ASSIGN(std::vector<std::string> outside,
+                          fs_->AbortAbandonedWrites(root_ + "-elsewhere", later, false));
+  ASSERT_EQ(outside.size(), 1u);
+  EXPECT_NE(outside[0].find(other), std::string::npos);
+}
+
 // Through tests/s3/fault_proxy.py: 503 SlowDown, 500s, connections reset before an answer and
 // bodies damaged on the way (the server's CRC32C check refuses them) on a fraction of requests.
 // Every save and load still succeeds, bit for bit, by retrying.
