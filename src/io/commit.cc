@@ -89,6 +89,7 @@ Status CheckObjectTarget(FileSystem* fs, const std::string& path, DurableCommit:
                              fmt::format("{} already exists (overwrite to replace it)", path));
   }
   SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(path));
+  if (entries.empty()) return Status::OK();  // a prefix without objects is no target
   for (const FileInfo& e : entries) {
     if (e.name != "MANIFEST") continue;
     if (!o.overwrite) return AlreadyExistsError(fmt::format("{} already exists", path));

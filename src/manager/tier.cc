@@ -9,6 +9,8 @@
 #include <set>
 #include <utility>
 
+#include "engine/paths.h"
+#include "format/manifest.h"
 #include "io/commit.h"
 #include "manager/retention.h"
 #include "savepoint/catalog.h"
@@ -172,12 +174,32 @@ Status Tier::Upload(const CheckpointRecord& local) {
   co.threads = o_.threads;
   co.max_bytes_per_second = o_.max_bytes_per_second;
   Result<CopyStats> copied = CopyCheckpoint(local.path, target, co);
+  if (copied.status().code() == StatusCode::kFailedPrecondition && RemovedLeftovers(target)) {
+    copied = CopyCheckpoint(local.path, target, co);
+  }
   if (!copied.ok()) return copied.status();  // it names both places
   CheckpointRecord remote = local;
   remote.path = target;
   CheckpointStats st{"checkpoint_upload", local.name,       local.step,
                      copied->bytes,       SecondsSince(t0), 0};
   return IndexUpload(std::move(remote), st).WithContext(what);
+}
+
+bool Tier::RemovedLeftovers(const std::string& target) {
+  if (!fs_->IsObjectStore(target)) return false;  // elsewhere leftovers are hidden temporaries
+  Result<std::vector<FileInfo>> listed = fs_->ListDir(target);
+  if (!listed.ok()) return false;
+  std::vector<std::string> doomed;
+  for (const FileInfo& e : *listed) {
+    if (e.name == format::kManifestFileName) return false;  // committed: not a leftover
+    if (!e.is_dir && engine::IsCheckpointEntry(e.name)) doomed.push_back(e.name);
+  }
+  for (const std::string& name : doomed) {
+    if (!fs_->RemoveFile(JoinPath(target, name)).ok()) return false;
+  }
+  spdlog::warn("savepoint: remote tier: removed {} data objects of an interrupted upload of {}",
+               doomed.size(), target);
+  return !doomed.empty();
 }
 
 Status Tier::IndexUpload(CheckpointRecord remote, const CheckpointStats& stats) {

@@ -70,6 +70,10 @@ class Tier {
   void Run();
   // Uploads one link (under no lock); then indexes it and applies retention (under mu_).
   Status Upload(const CheckpointRecord& local);
+  // Removes the data objects at `target` (a bucket prefix without a MANIFEST) that an upload left
+  // when its process died, which a new upload of the name is refused for: the remote location
+  // belongs to this manager. Returns whether it removed any.
+  bool RemovedLeftovers(const std::string& target);
   // Adds the uploaded checkpoint to the index, applies the retention, writes the index. The
   // uploader thread works on a copy and publishes it under mu_, so readers never wait for the
   // remote.

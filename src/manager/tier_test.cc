@@ -173,6 +173,18 @@ TEST_F(TierTest, UploadsEveryNthStepIntoAnObjectStore) {
   EXPECT_EQ(four.metadata()["step"], 4);
 }
 
+TEST_F(TierTest, LeftoversOfAnUploadWhoseProcessDiedDoNotBlockTheName) {
+  testing::MemObjectStore bucket(&remote_);
+  // A process killed mid-upload left a data object of ckpt-1_1 and no MANIFEST.
+  SP_ASSERT_OK(bucket.WriteFileSynced("/bucket/run/ckpt-1_1/data-00000-00000.spd", "partial"));
+  auto m = Open(Options(&bucket));
+  ASSERT_NE(m, nullptr);
+  SaveSteps(*m, 1, 1);
+  SP_ASSERT_OK(m->Wait());
+  EXPECT_EQ(Names(m->Remote()), (std::vector<std::string>{"ckpt-1_1"}));
+  SP_EXPECT_OK(VerifyCheckpoint("/bucket/run/ckpt-1_1", {}, {.fs = &bucket}));
+}
+
 TEST_F(TierTest, OptionsAreChecked) {
   ManagerOptions o = Options(&remote_);
   o.io.fs = &local_;

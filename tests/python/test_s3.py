@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -202,3 +203,42 @@ def test_dcp_saves_into_and_loads_from_a_bucket(s3):
             warnings.catch_warnings():  # fmt: skip
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.save(state, storage_writer=spt.StorageWriter(uri, overwrite=False))
+
+
+def test_a_node_killed_while_uploading_leaves_the_remote_consistent(s3, tmp_path, seed):
+    import random
+    import signal
+    import time
+
+    rng = random.Random(seed)
+    remote = f"s3://{s3.bucket}/killed-{seed}"
+    helper = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers", "tier_trainer.py")
+    child = subprocess.Popen([sys.executable, helper, str(tmp_path / "node1"), remote],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        for _ in range(rng.randint(2, 5)):
+            assert child.stdout.readline(), "the trainer died"
+        time.sleep(rng.uniform(0, 0.5))
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    # A new node: every remote checkpoint it finds is whole; it resumes from the newest one.
+    with savepoint.CheckpointManager(tmp_path / "node2", remote=remote,
+                                     remote_options={"keep_last_n": 3}) as mgr:
+        records = mgr.remote_checkpoints()
+        for r in records:
+            savepoint.verify(r["path"])
+        if records:
+            latest = mgr.latest_step()
+            back = mgr.restore()
+            assert back["step"] == latest and back["w"][0] == latest
+        else:
+            latest = 0
+        # Training goes on under the same names; uploads of names an interrupted upload left
+        # objects under go through.
+        state = {"w": np.zeros(16, dtype=np.float32), "step": 0}
+        for step in range(latest + 1, latest + 4):
+            state["step"] = step
+            assert mgr.save(step, state)
+        mgr.wait()
+        assert [r["step"] for r in mgr.remote_checkpoints()][-1] == latest + 3
