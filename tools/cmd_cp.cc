@@ -58,7 +58,7 @@ void RegisterCp(CLI::App& app, int* exit_code) {
       ->required();
   sub->add_flag("--overwrite", args->overwrite,
                 "Replace a checkpoint at TARGET (not in a bucket: delete it there first)");
-  sub->add_option("--threads", args->threads, "Files copied at the same time (1..64)")
+  sub->add_option("--threads", args->threads, "Blocks copied at the same time (1..64)")
       ->default_val(4);
   sub->add_flag("--json", args->json, "Print one JSON object (docs/CLI.md)");
   sub->callback(

@@ -70,7 +70,7 @@ struct SAVEPOINT_API CopyOptions {
   // overwriting save does). In object storage: FailedPrecondition (delete it first). Default:
   // false (AlreadyExists when the target holds a checkpoint).
   bool overwrite = false;
-  // Files copied at the same time, 1..64. Default: 4.
+  // Blocks copied at the same time (of one file or of several), 1..64. Default: 4.
   int threads = 4;
   // Bytes read and written per request, 1 MiB..1 GiB. Default: 16 MiB.
   uint64_t block_bytes = 16ull << 20;

@@ -230,7 +230,9 @@ struct SAVEPOINT_API SparsePolicy {
 // kNative only.
 struct SAVEPOINT_API RemoteTier {
   // Where checkpoints are copied: a bucket prefix ("s3://bucket/run", savepoint/s3.h) or any
-  // directory; not the local directory, nor inside it. Empty = no remote tier. Default: empty.
+  // directory; not the local directory, nor inside it. It belongs to one manager at a time: an
+  // upload a killed process left unfinished (data objects without a MANIFEST) is removed before
+  // the name is uploaded again. Empty = no remote tier. Default: empty.
   std::string location;
   // Which remote checkpoints are kept, by the same rules as ManagerOptions::retention applied to
   // the remote ones (e.g. keep_last_n = 0 with keep_every_n_steps = 1000: every 1000th step).
@@ -239,7 +241,7 @@ struct SAVEPOINT_API RemoteTier {
   // Upload the checkpoints whose step is a multiple of this, and breakpoints; 1 = every one.
   // Default: 1.
   int64_t upload_every_n_steps = 1;
-  // Files of one checkpoint uploaded at the same time (CopyOptions::threads), 1..64. Default: 4.
+  // Blocks uploaded at the same time (CopyOptions::threads), 1..64. Default: 4.
   int threads = 4;
   // Upper bound on upload bytes per second; 0 = none (CopyOptions). Default: 0.
   uint64_t max_bytes_per_second = 0;

@@ -432,7 +432,7 @@ class CheckpointManager:
             keep_per_n_minutes, keep_all, keep_every_n_steps, keep_best_n, best_metric,
             best_mode: as above, applied to the remote checkpoints), upload_every_n_steps (1:
             upload the checkpoints whose step is a multiple of it, and breakpoints), threads
-            (4: files uploaded at once), max_bytes_per_second (0: no bound).
+            (4: blocks uploaded at once), max_bytes_per_second (0: no bound).
       Encryption:
         key (None): encrypt every checkpoint saved and decrypt every one restored (bytes, a key
             file path or a callable returning bytes, as savepoint.save takes it; a provider is

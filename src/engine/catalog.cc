@@ -116,7 +116,10 @@ Result<std::vector<std::string>> CollectObjects(FileSystem* fs, const std::strin
   for (const FileInfo& dir : entries) {
     if (!dir.is_dir) continue;
     const std::string path = JoinPath(root, dir.name);
-    SP_ASSIGN_OR_RETURN(std::vector<FileInfo> objects, fs->ListDir(path));
+    Result<std::vector<FileInfo>> listed_objects = fs->ListDir(path);
+    if (listed_objects.status().code() == StatusCode::kNotFound) continue;  // emptied meanwhile
+    SP_RETURN_IF_ERROR(listed_objects.status());
+    const std::vector<FileInfo>& objects = *listed_objects;
     bool unfinished = !objects.empty();
     for (const FileInfo& e : objects) {
       // (An object of unknown age counts as young.)

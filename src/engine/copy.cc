@@ -67,7 +67,7 @@ struct Copier {
   Pacer pacer;
   Progress progress;
   std::vector<std::vector<std::byte>> buffers;  // one per worker
-  std::vector<std::string> written;             // files this copy created at the target
+  std::vector<std::string> written;             // files this copy published at the target
 
   // Copies the files `names` of directory `src` into directory `dst` (each written only if
   // absent), their blocks in parallel on options.threads threads (several parts of one object in
@@ -87,7 +87,6 @@ struct Copier {
     for (const std::string& name : names) {
       SP_ASSIGN_OR_RETURN(ins.emplace_back(), from->NewRandomAccessFile(JoinPath(src, name), {}));
       SP_ASSIGN_OR_RETURN(outs.emplace_back(), to->NewWritableFile(JoinPath(dst, name), fo));
-      written.push_back(JoinPath(dst, name));
       const uint64_t size = ins.back()->size();
       SP_RETURN_IF_ERROR(outs.back()->Preallocate(size));
       for (uint64_t off = 0; off < size; off += options.block_bytes) {
@@ -108,6 +107,9 @@ struct Copier {
     for (size_t f = 0; f < names.size(); ++f) {
       SP_RETURN_IF_ERROR(outs[f]->Sync());
       SP_RETURN_IF_ERROR(outs[f]->Close());
+      // Published only if absent: ours. (An object whose conditional write failed is another
+      // writer's, and is never in this list.)
+      written.push_back(outs[f]->path());
       SP_ASSIGN_OR_RETURN(FileInfo info, to->Stat(outs[f]->path()));
       if (info.size != ins[f]->size()) {
         return IOError(fmt::format("copy of {} to {}: {} bytes written, the source has {}",
@@ -176,8 +178,8 @@ Result<CopyStats> CopyCheckpoint(const std::string& raw_source, const std::strin
   if (s.ok()) s = commit.Commit();
   if (!s.ok()) {
     commit.Abandon();
-    // In object storage nothing is temporary: remove the objects this copy created (each was
-    // written only if absent, so they are ours), so that the prefix can be written again.
+    // In object storage nothing is temporary: remove the objects this copy published (each only
+    // if absent, so they are ours), so that the prefix can be written again.
     if (to->IsObjectStore(target)) {
       for (const std::string& path : copier.written) to->RemoveFile(path).IgnoreError();
     }

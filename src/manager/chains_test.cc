@@ -77,5 +77,48 @@ TEST(ManagerChains, DeltasKeepBasesAndCompactInTheBackground) {
   SP_ASSERT_OK(m->Close());
 }
 
+TEST(ManagerChains, DeltasAreUploadedAfterTheirBasesAndCompactedAfterTheUpload) {
+  MemFileSystem fs;
+  MemFileSystem remote;
+  ManagerOptions o;
+  o.naming.directory = "/ckpt";
+  o.io.fs = &fs;
+  o.retention.keep_last_n = 1;
+  o.sparse.compaction.max_depth = 0;  // every delta is compacted
+  o.remote.location = "/bucket/run";
+  o.remote.fs = &remote;
+  o.remote.upload_every_n_steps = 2;  // step 1 is not due, but it is step 2's base
+  o.remote.retention.keep_last_n = 1;
+  std::vector<int64_t> all;
+  for (int64_t i = 0; i < 50; ++i) all.push_back(i * 3);
+  std::map<int64_t, float> ref;
+  {
+    auto m = CheckpointManager::Open(o).value();
+    ASSERT_TRUE(m->Save(1, TableState(all, 1)).ok());
+    SaveArgs delta;
+    delta.delta = true;
+    ASSERT_TRUE(m->Save(2, TableState({all[4]}, 2, {all[9]}), delta).ok());
+    SP_ASSERT_OK(m->Wait());
+    for (int64_t id : all) ref[id] = 1000 + id;
+    ref[all[4]] = 2000 + all[4];
+    ref.erase(all[9]);
+    // Remote: the delta and its base, which the remote retention keeps for it.
+    std::vector<std::string> names;
+    for (const CheckpointRecord& r : m->Remote()) names.push_back(r.name);
+    EXPECT_EQ(names, (std::vector<std::string>{"ckpt-1_1", "ckpt-1_2"}));
+    // Local: compacted once uploaded, so its base went.
+    EXPECT_EQ(SparseChain("/ckpt/ckpt-1_2", {.fs = &fs}).value().size(), 1u);
+    EXPECT_FALSE(fs.Exists("/ckpt/ckpt-1_1"));
+    EXPECT_EQ(Steps(*m), (std::vector<int64_t>{1, 2}));  // both tiers: 1 is remote only
+    SP_ASSERT_OK(m->Close());
+  }
+  SP_ASSERT_OK(fs.RemoveAll("/ckpt"));  // a new node: the chain is read from the remote
+  auto m = CheckpointManager::Open(o).value();
+  Result<State> restored = m->Restore();
+  ASSERT_TRUE(restored.ok()) << restored.status().ToString();
+  EXPECT_EQ(Rows(*restored), ref);
+  EXPECT_EQ(SparseChain("/bucket/run/ckpt-1_2", {.fs = &remote}).value().size(), 2u);
+}
+
 }  // namespace
 }  // namespace savepoint

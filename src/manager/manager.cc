@@ -147,9 +147,7 @@ class ManagerImpl final : public CheckpointManager {
   }
   Status Wait() override {
     std::lock_guard<std::mutex> lock(mu_);
-    Status s = Reap(true);
-    Status t = WaitForUploads();
-    return s.ok() ? t : s;
+    return Drain();
   }
   Status Close() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -317,10 +315,10 @@ class ManagerImpl final : public CheckpointManager {
 
   Status CloseLocked() {
     if (closed_) return Status::OK();
-    Status s = Reap(true);
-    if (Status t = WaitForUploads(); s.ok()) s = t;
+    Status s = Drain();
     if (tier_) tier_->Close();
     tier_.reset();
+    compact_later_.reset();  // (Reap waited for any compaction in flight)
     closed_ = true;
     pending_.clear();
     store_.reset();
@@ -581,6 +579,17 @@ class ManagerImpl final : public CheckpointManager {
     tier_->Offer(std::move(chain));
   }
 
+  // Waits for every save, upload and compaction: saves first (their commits queue uploads), then
+  // the uploads, then a compaction that waited for its upload.
+  Status Drain() {
+    Status s = Reap(true);
+    if (Status t = WaitForUploads(); s.ok()) s = t;
+    if (compact_later_) {
+      if (Status c = Reap(true); s.ok()) s = c;
+    }
+    return s;
+  }
+
   // Waits for the remote tier's uploads; local checkpoints they kept may go now.
   Status WaitForUploads() {
     if (!tier_) return Status::OK();
@@ -640,10 +649,11 @@ class ManagerImpl final : public CheckpointManager {
     if (tier_) {
       if (Status t = tier_->Collect(/*block=*/false, &stats_); !t.ok() && first.ok()) first = t;
     }
-    if (Status c = FinishCompaction(block); !c.ok() && first.ok()) first = c;
-    if (compact_later_ && !compaction_ && !tier_->Busy(compact_later_->name)) {
+    // A compaction deferred for an upload starts first, so that a blocking reap waits for it.
+    if (compact_later_ && !compaction_ && tier_ && !tier_->Busy(compact_later_->name)) {
       MaybeCompact(CheckpointRecord(*compact_later_));
     }
+    if (Status c = FinishCompaction(block); !c.ok() && first.ok()) first = c;
     while (!pending_.empty()) {
       if (!block && !pending_.front().handle->Poll()) break;
       Pending p = std::move(pending_.front());
@@ -661,6 +671,7 @@ class ManagerImpl final : public CheckpointManager {
 
   // Reap(false), keeping an error for the next Save/Wait/hook to return.
   void ReapQuietly() {
+    if (closed_) return;
     Status s = Reap(false);
     if (!s.ok()) deferred_ = s;
   }

@@ -162,11 +162,14 @@ Status Tier::Upload(const CheckpointRecord& local) {
     }
   }
   auto t0 = std::chrono::steady_clock::now();
-  if (stale) {
-    SP_RETURN_IF_ERROR(store_->Delete(target).WithContext(what));
+  if (stale) {  // (no atomic replace in a bucket: the old copy goes first)
+    {
+      std::lock_guard<std::mutex> lock(mu_);  // no reader picks it any more
+      std::erase_if(index_.records, [&](const auto& r) { return r.name == local.name; });
+    }
     bases_->Forget(local.name);
-    std::lock_guard<std::mutex> lock(mu_);
-    std::erase_if(index_.records, [&](const auto& r) { return r.name == local.name; });
+    Status s = store_->Delete(target);
+    if (!s.ok() && s.code() != StatusCode::kNotFound) return s.WithContext(what);
   }
   CopyOptions co;
   co.source_fs = source_fs_;
@@ -211,32 +214,39 @@ Status Tier::IndexUpload(CheckpointRecord remote, const CheckpointStats& stats) 
   std::erase_if(next.records, [&](const CheckpointRecord& r) { return r.name == remote.name; });
   next.records.push_back(std::move(remote));
   SortRecords(next.records);
-  std::vector<CheckpointStats> done{stats};
-  ApplyRetention(next, &done);
-  Status s = WriteIndex(fs_, location_, next);
-  std::lock_guard<std::mutex> lock(mu_);
-  index_ = std::move(next);
-  for (CheckpointStats& d : done) stats_.push_back(std::move(d));
-  return s;
+  // Retention: the doomed records leave the index readers see before their objects go.
+  std::vector<CheckpointRecord> doomed = Doomed(next);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    index_ = next;
+    stats_.push_back(stats);
+  }
+  for (const CheckpointRecord& r : doomed) {
+    auto t0 = std::chrono::steady_clock::now();
+    Status s = store_->Delete(r.path);
+    if (!s.ok() && s.code() != StatusCode::kNotFound) {
+      // Still there, unindexed: the next Open's reconciliation indexes it again.
+      spdlog::warn("savepoint: remote retention: {}", s.ToString());
+      continue;
+    }
+    bases_->Forget(r.name);
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.push_back({"remote_delete", r.name, r.step, 0, SecondsSince(t0), 0});
+  }
+  return WriteIndex(fs_, location_, next);
 }
 
-void Tier::ApplyRetention(Index& index, std::vector<CheckpointStats>* stats) {
-  const std::vector<std::string> doomed = SelectForDeletion(index.records, policy_);
-  const std::set<std::string> needed = NeededByKept(index.records, doomed, *bases_);
-  for (const std::string& name : doomed) {
-    if (needed.count(name) > 0) continue;  // the base of a kept delta
-    auto t0 = std::chrono::steady_clock::now();
-    Status s = store_->Delete(JoinPath(location_, name));
-    if (!s.ok()) {
-      spdlog::warn("savepoint: remote retention: {}", s.ToString());
-      if (s.code() != StatusCode::kNotFound) continue;  // still there: keep its record
-    }
-    int64_t step = 0;
-    for (const CheckpointRecord& r : index.records) step = r.name == name ? r.step : step;
-    std::erase_if(index.records, [&](const CheckpointRecord& r) { return r.name == name; });
-    bases_->Forget(name);
-    stats->push_back({"remote_delete", name, step, 0, SecondsSince(t0), 0});
-  }
+std::vector<CheckpointRecord> Tier::Doomed(Index& index) {
+  const std::vector<std::string> names = SelectForDeletion(index.records, policy_);
+  const std::set<std::string> needed = NeededByKept(index.records, names, *bases_);
+  std::vector<CheckpointRecord> doomed;
+  std::erase_if(index.records, [&](const CheckpointRecord& r) {
+    const bool goes =
+        needed.count(r.name) == 0 && std::find(names.begin(), names.end(), r.name) != names.end();
+    if (goes) doomed.push_back(r);
+    return goes;
+  });
+  return doomed;
 }
 
 }  // namespace savepoint::manager

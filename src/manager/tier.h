@@ -78,7 +78,9 @@ class Tier {
   // uploader thread works on a copy and publishes it under mu_, so readers never wait for the
   // remote.
   Status IndexUpload(CheckpointRecord remote, const CheckpointStats& stats);
-  void ApplyRetention(Index& index, std::vector<CheckpointStats>* stats);
+  // Takes out of `index` the records the remote retention deletes (never the base of a kept
+  // delta) and returns them.
+  std::vector<CheckpointRecord> Doomed(Index& index);
 
   const RemoteTier& o_;
   const std::string location_;
