@@ -85,9 +85,13 @@ nb::list Records(std::vector<CheckpointRecord> records) {
   return out;
 }
 
-nb::list All(PyManager& pm) { return Records(Unlocked([&] { return pm.m->All(); })); }
+nb::list All(PyManager& pm) {
+  return Records(Unlocked([&] { return pm.m->All(); }));
+}
 
-nb::list Remote(PyManager& pm) { return Records(Unlocked([&] { return pm.m->Remote(); })); }
+nb::list Remote(PyManager& pm) {
+  return Records(Unlocked([&] { return pm.m->Remote(); }));
+}
 
 nb::list Stats(PyManager& pm) {
   std::vector<CheckpointStats> stats = Unlocked([&] { return pm.m->stats(); });

@@ -329,9 +329,10 @@ TEST_F(S3StoreTest, DeleteAndGcTouchOnlyWhatIsTheirs) {
 // gc aborts those begun before its grace period, under its root only.
 TEST_F(S3StoreTest, GcAbortsAbandonedMultipartUploadsUnderItsRoot) {
   const std::string bucket = SeaweedEnvironment::settings["bucket"].get<std::string>();
-  const std::string key = std::string(::testing::UnitTest::GetInstance()->current_test_info()->name());
-  SP_ASSERT_OK_AND_ASSIGN(std::string mine,
-                          fs_->client()->CreateMultipart({bucket, key + "/ck/data-00000-00000.spd"}));
+  const std::string key =
+      std::string(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  SP_ASSERT_OK_AND_ASSIGN(
+      std::string mine, fs_->client()->CreateMultipart({bucket, key + "/ck/data-00000-00000.spd"}));
   SP_ASSERT_OK_AND_ASSIGN(std::string other,
                           fs_->client()->CreateMultipart({bucket, key + "-elsewhere/x"}));
   const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
