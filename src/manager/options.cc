@@ -76,12 +76,8 @@ Status ValidateRemote(const ManagerOptions& o) {
     return InvalidArgumentError(
         fmt::format("ManagerOptions.remote.threads = {}: must be in 1..64", r.threads));
   }
-  auto trimmed = [](std::string p) {
-    while (p.size() > 1 && p.back() == '/') p.pop_back();
-    return p;
-  };
-  const std::string remote = trimmed(r.location);
-  const std::string local = trimmed(o.naming.directory);
+  const std::string remote = WithoutTrailingSlashes(r.location);
+  const std::string local = WithoutTrailingSlashes(o.naming.directory);
   if (!local.empty() &&
       (remote == local || remote.starts_with(local + "/") || local.starts_with(remote + "/"))) {
     return InvalidArgumentError(fmt::format(
@@ -231,6 +227,11 @@ Policy ResolvePolicy(const ManagerOptions& o) {
   p.save_steps = o.save_policy.interval_steps;
   p.save_seconds = o.save_policy.interval_steps > 0 ? 0 : o.save_policy.interval_seconds;
   return p;
+}
+
+std::string WithoutTrailingSlashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
 }
 
 Policy ResolveRetention(const RetentionPolicy& r) {

@@ -29,6 +29,8 @@ struct Policy {
 Policy ResolvePolicy(const ManagerOptions& options);
 // The retention rules of `retention` alone (save_steps and save_seconds 0): the remote tier's.
 Policy ResolveRetention(const RetentionPolicy& retention);
+// `path` without trailing slashes ("/" stays "/"): the form the remote tier compares and joins.
+std::string WithoutTrailingSlashes(std::string path);
 
 // OK when `prefix` can start a checkpoint name; `what` names it in the message ("prefix", ...).
 Status ValidatePrefix(std::string_view prefix, std::string_view what);

@@ -22,11 +22,6 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-std::string Trimmed(std::string p) {
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  return p;
-}
-
 // The manager's options as the remote store needs them: the remote file system, no async saves.
 ManagerOptions StoreOptions(const ManagerOptions& o) {
   ManagerOptions s = o;
@@ -39,7 +34,7 @@ ManagerOptions StoreOptions(const ManagerOptions& o) {
 
 Tier::Tier(const ManagerOptions& options)
     : o_(options.remote),
-      location_(Trimmed(options.remote.location)),
+      location_(WithoutTrailingSlashes(options.remote.location)),
       policy_(ResolveRetention(options.remote.retention)),
       store_options_(StoreOptions(options)),
       fs_(FileSystemOf(store_options_.io)),
