@@ -13,6 +13,12 @@ side waits for a disk). `savepoint cp` uploads the committed local checkpoint an
 (the CLI: $SAVEPOINT_CLI, default build/tools/savepoint), against the same s5cmd copies. Medians of
 the trials; throughput in MiB/s of checkpoint bytes.
 
+boto3's transfer manager (the second reference client; installed into this Python if missing)
+uploads and downloads the same files with 16 MiB parts and 16 threads. Requests per GiB of the
+savepoint calls come from the client's own counts (savepoint._core.s3_requests()), LIST included.
+An asynchronous save straight into the bucket (save(..., async_=True)) reports the time the caller
+is blocked against the same save into a local directory.
+
 The manager's remote tier: a CheckpointManager with async saves into a local directory (tmpfs),
 without and with remote="s3://...": the time save() blocks the caller (the snapshot copy; the
 upload runs in the background) and the background upload's time per checkpoint.
@@ -41,6 +47,45 @@ CLI = os.environ.get("SAVEPOINT_CLI", os.path.join(HERE, "..", "build", "tools",
 
 def cp(source, target):
     subprocess.run([CLI, "cp", source, target], check=True, capture_output=True)
+
+
+def boto3_manager(env):
+    """An s3transfer TransferManager on a boto3 client of the server in `env`."""
+    try:
+        import boto3
+    except ImportError:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "boto3"], check=True)
+        import boto3
+    from boto3.s3.transfer import TransferConfig
+    from s3transfer.manager import TransferManager
+
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
+                          aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"])
+    config = TransferConfig(multipart_threshold=16 * MIB, multipart_chunksize=16 * MIB,
+                            max_concurrency=16)
+    return TransferManager(client, config)
+
+
+def boto3_copy(tm, local, bucket, prefix, upload):
+    """Uploads the files of `local` to bucket/prefix/, or downloads them back into `local`."""
+    names = os.listdir(local) if upload else [
+        o["Key"][len(prefix) + 1:] for o in tm.client.list_objects_v2(
+            Bucket=bucket, Prefix=prefix + "/")["Contents"]]
+    os.makedirs(local, exist_ok=True)
+    futures = [tm.upload(os.path.join(local, n), bucket, f"{prefix}/{n}") if upload
+               else tm.download(bucket, f"{prefix}/{n}", os.path.join(local, n)) for n in names]
+    for f in futures:
+        f.result()
+
+
+def counted(fn):
+    """(seconds, S3 requests made) of fn()."""
+    before = savepoint._core.s3_requests()
+    seconds, _ = timed(fn)
+    after = savepoint._core.s3_requests()
+    kinds = ("get", "put", "head", "list", "delete", "post")
+    return seconds, {k: after[k] - before[k] for k in kinds}
 
 
 def make_state(total_bytes, seed=0):
@@ -87,14 +132,21 @@ def main():
             "load (savepoint, into new memory)": [], "load (savepoint, into the state, like=)": [],
             "verify (savepoint, read + check all)": [], "download (s5cmd cp, into files)": [],
             "upload (savepoint cp, from files)": [], "download (savepoint cp, into files)": []}
+    rows.update({"upload (boto3 transfer manager)": [], "download (boto3 transfer manager)": []})
+    requests, blocked = {}, {"local": [], "bucket": []}
     with Seaweed(bucket="bench") as s3:
         os.environ.update(s3.env)
+        tm = boto3_manager(s3.env)
         for t in range(args.trials):
             uri = f"s3://bench/sp-{t}"
-            rows["save (savepoint, from memory)"].append(timed(lambda: savepoint.save(state, uri))[0])
+            seconds, requests["save"] = counted(lambda: savepoint.save(state, uri))
+            rows["save (savepoint, from memory)"].append(seconds)
             rows["upload (s5cmd cp, from files)"].append(
                 timed(lambda: s3.s5cmd("cp", f"{local}/*", f"s3://bench/ref-{t}/"))[0])
-            rows["load (savepoint, into new memory)"].append(timed(lambda: savepoint.load(uri))[0])
+            rows["upload (boto3 transfer manager)"].append(
+                timed(lambda: boto3_copy(tm, local, "bench", f"boto-{t}", True))[0])
+            seconds, requests["load"] = counted(lambda: savepoint.load(uri))
+            rows["load (savepoint, into new memory)"].append(seconds)
             rows["load (savepoint, into the state, like=)"].append(
                 timed(lambda: savepoint.load(uri, like=state))[0])
             rows["verify (savepoint, read + check all)"].append(
@@ -103,6 +155,15 @@ def main():
             rows["download (s5cmd cp, into files)"].append(
                 timed(lambda: s3.s5cmd("cp", f"s3://bench/ref-{t}/*", f"{out}/"))[0])
             shutil.rmtree(out)
+            rows["download (boto3 transfer manager)"].append(
+                timed(lambda: boto3_copy(tm, out, "bench", f"boto-{t}", False))[0])
+            shutil.rmtree(out)
+            for where, target in (("local", os.path.join(scratch, f"async-{t}")),
+                                  ("bucket", f"s3://bench/async-{t}")):
+                stats = savepoint.save(state, target, async_=True).result()
+                blocked[where].append(stats["blocked_seconds"])
+            shutil.rmtree(os.path.join(scratch, f"async-{t}"))
+            s3.s5cmd("rm", "s3://bench/*")  # the server's disk holds one trial at a time
             rows["upload (savepoint cp, from files)"].append(
                 timed(lambda: cp(local, f"s3://bench/cp-{t}"))[0])
             rows["download (savepoint cp, into files)"].append(
@@ -124,7 +185,9 @@ def main():
              "verify (savepoint, read + check all)": down,
              "upload (savepoint cp, from files)": "upload (s5cmd cp, from files)",
              "download (savepoint cp, into files)": down,
-             "manager upload (remote tier, background)": "upload (s5cmd cp, from files)"}
+             "manager upload (remote tier, background)": "upload (s5cmd cp, from files)",
+             "upload (boto3 transfer manager)": "upload (s5cmd cp, from files)",
+             "download (boto3 transfer manager)": down}
     for k, s in med.items():
         ref = pairs.get(k)
         ratio = f"{med[ref] / s:.2f}x" if ref else ""
@@ -133,6 +196,13 @@ def main():
     print(f"s3: save {up:.2f}x s5cmd upload, load {med[down] / med['load (savepoint, into new memory)']:.2f}x"
           f" (into the state {med[down] / med['load (savepoint, into the state, like=)']:.2f}x) s5cmd "
           f"download")
+    gib = nbytes / (1 << 30)
+    for what, counts in requests.items():
+        total = sum(counts.values())
+        print(f"requests per GiB, {what}: {total / gib:.0f} ({', '.join(f'{k} {v}' for k, v in counts.items() if v)})")
+    b_local, b_bucket = statistics.median(blocked["local"]), statistics.median(blocked["bucket"])
+    print(f"async save, blocked: {b_local:.3f} s into a local directory, {b_bucket:.3f} s straight "
+          f"into the bucket ({b_bucket / b_local:.2f}x)")
     print(f"manager async save, blocked: {local_blocked:.3f} s local only, {tier_blocked:.3f} s with "
           f"the remote tier ({tier_blocked / local_blocked:.2f}x)")
 

@@ -9,12 +9,13 @@ import sys
 import time
 
 
-def start_controller(cli, tmp_path, world, token, *extra):
-    """Starts `cli controller` for `world` ranks dumping into tmp_path/ckpt (its --json outcome
-    on stdout); returns the process and the controller's address."""
+def start_controller(cli, tmp_path, world, token, *extra, dump_dir=None):
+    """Starts `cli controller` for `world` ranks dumping into `dump_dir` (default tmp_path/ckpt;
+    its --json outcome on stdout); returns the process and the controller's address."""
     port_file = tmp_path / "port"
+    dump_dir = dump_dir or str(tmp_path / "ckpt")
     proc = subprocess.Popen([cli, "controller", "--world", str(world), *extra, "--dir",
-                             str(tmp_path / "ckpt"), "--port-file", str(port_file), "--json"],
+                             dump_dir, "--port-file", str(port_file), "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, SAVEPOINT_JOB_TOKEN=token))  # fmt: skip
     deadline = time.monotonic() + 10

@@ -101,7 +101,8 @@ void RegisterController(CLI::App& app, int* exit_code) {
   CLI::App* sub = app.add_subcommand(
       kCommand, "Watch a training job's ranks; on a failure, dump the last consistent step");
   sub->add_option("--world", args->options.world, "Number of ranks")->required();
-  sub->add_option("--dir", args->options.directory, "Where dumps go (the manager directory)")
+  sub->add_option("--dir", args->options.directory,
+                  "Where dumps go (the manager directory, or an s3:// bucket prefix)")
       ->required();
   sub->add_option("--listen", args->options.listen,
                   "HOST:PORT to listen on (default: $SAVEPOINT_CONTROLLER, else 127.0.0.1:0)");

@@ -140,7 +140,9 @@ struct SAVEPOINT_API ControllerOptions {
   std::string token;
   // Number of ranks. Required (>= 1).
   int world = 0;
-  // Where dumps go (shared storage), e.g. the CheckpointManager directory. Required.
+  // Where dumps go (shared storage), e.g. the CheckpointManager directory, or a bucket prefix
+  // ("s3://bucket/run", savepoint/s3.h; DumpNaming::kManager only, since the MindSpore layout
+  // commits by a rename). Required.
   std::string directory;
   // Name prefix of dumps under DumpNaming::kManager. Default: "ckpt".
   std::string prefix = "ckpt";

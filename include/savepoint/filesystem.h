@@ -187,6 +187,12 @@ class SAVEPOINT_API MappedFile {
   virtual MapMode mode() const = 0;
 };
 
+// A small file read whole with its version (FileSystem::ReadVersioned).
+struct SAVEPOINT_API VersionedFile {
+  std::string contents;
+  std::string version;  // opaque; changes whenever the file is replaced
+};
+
 class SAVEPOINT_API FileSystem {
  public:
   virtual ~FileSystem() = default;
@@ -237,6 +243,18 @@ class SAVEPOINT_API FileSystem {
     (void)dry_run;
     return std::vector<std::string>{};
   }
+
+  // Compare-and-swap of a small whole file, for a record several writers may update (the
+  // checkpoint manager's index in a bucket): ReadVersioned returns the contents with a version tag
+  // (an object store's ETag); WriteIfVersion replaces the file with `contents` in one atomic step
+  // only if its version is still `version` (empty `version`: only if the file is absent) and
+  // returns the new version. ReadVersioned: NotFound if absent, ResourceExhausted if larger than
+  // `max_bytes`. WriteIfVersion: FailedPrecondition naming the path when the file changed since
+  // it was read (or, with an empty `version`, exists). The defaults fail with Unimplemented: only
+  // object stores offer it (S3: If-Match / If-None-Match on PUT).
+  virtual Result<VersionedFile> ReadVersioned(const std::string& path, uint64_t max_bytes);
+  virtual Result<std::string> WriteIfVersion(const std::string& path, std::string_view contents,
+                                             const std::string& version);
 
   // --- Helpers built on the calls above (not virtual). ---
   // True if the path exists (errors other than NotFound count as "exists").
@@ -300,6 +318,13 @@ class ForwardingFileSystem : public FileSystem {
   Result<std::vector<std::string>> AbortAbandonedWrites(const std::string& p, int64_t before_ns,
                                                         bool dry_run) override {
     return base_->AbortAbandonedWrites(p, before_ns, dry_run);
+  }
+  Result<VersionedFile> ReadVersioned(const std::string& p, uint64_t max_bytes) override {
+    return base_->ReadVersioned(p, max_bytes);
+  }
+  Result<std::string> WriteIfVersion(const std::string& p, std::string_view contents,
+                                     const std::string& version) override {
+    return base_->WriteIfVersion(p, contents, version);
   }
 
  protected:

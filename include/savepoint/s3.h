@@ -105,6 +105,20 @@ SAVEPOINT_API Result<S3Options> ResolveS3Options(S3Options options);
 // FailedPrecondition).
 SAVEPOINT_API Result<std::unique_ptr<FileSystem>> NewS3FileSystem(const S3Options& options);
 
+// Requests an S3 file system made, by kind, and the bytes it moved, since it was made (tries
+// count: a retried request counts each time). For benchmarks and tests: requests per GiB, and a
+// restore that makes no LIST.
+struct SAVEPOINT_API S3RequestCounts {
+  uint64_t get = 0, put = 0, head = 0, list = 0, del = 0, post = 0;
+  uint64_t retries = 0;
+  uint64_t bytes_sent = 0, bytes_received = 0;
+};
+
+// The counts of `fs` when NewS3FileSystem made it; with nullptr, of the S3 file system that
+// DefaultFileSystem() serves s3:// URIs with (all zero before its first use). InvalidArgument for
+// another file system.
+SAVEPOINT_API Result<S3RequestCounts> S3Requests(FileSystem* fs = nullptr);
+
 // Whether `path` starts with "s3://".
 SAVEPOINT_API bool IsS3Uri(std::string_view path);
 

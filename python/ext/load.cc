@@ -130,6 +130,24 @@ void BindLoad(nb::module_& m) {
   m.def("verify", &Verify, nb::arg("path"), nb::arg("io_threads"), nb::arg("direct_io"),
         nb::arg("key").none() = nb::none());
   m.def("list_checkpoints", &List, nb::arg("root"));
+  m.def(
+      "s3_requests",
+      [] {
+        const S3RequestCounts c = Take(S3Requests());
+        nb::dict d;
+        d["get"] = c.get;
+        d["put"] = c.put;
+        d["head"] = c.head;
+        d["list"] = c.list;
+        d["delete"] = c.del;
+        d["post"] = c.post;
+        d["retries"] = c.retries;
+        d["bytes_sent"] = c.bytes_sent;
+        d["bytes_received"] = c.bytes_received;
+        return d;
+      },
+      "Requests made through s3:// URIs in this process, by kind, and bytes moved (benchmarks, "
+      "tests).");
 }
 
 }  // namespace savepoint::python

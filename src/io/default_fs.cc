@@ -85,6 +85,15 @@ class SchemeRouter final : public FileSystem {
     SP_ASSIGN_OR_RETURN(FileSystem * fs, For(p));
     return fs->AbortAbandonedWrites(p, before_ns, dry_run);
   }
+  Result<VersionedFile> ReadVersioned(const std::string& p, uint64_t max_bytes) override {
+    SP_ASSIGN_OR_RETURN(FileSystem * fs, For(p));
+    return fs->ReadVersioned(p, max_bytes);
+  }
+  Result<std::string> WriteIfVersion(const std::string& p, std::string_view contents,
+                                     const std::string& version) override {
+    SP_ASSIGN_OR_RETURN(FileSystem * fs, For(p));
+    return fs->WriteIfVersion(p, contents, version);
+  }
 
  private:
   Result<FileSystem*> For(const std::string& path) {
@@ -109,6 +118,13 @@ class SchemeRouter final : public FileSystem {
 
   std::mutex mu_;
   std::unique_ptr<FileSystem> s3_;
+
+ public:
+  // The S3 file system if it was made, else nullptr.
+  FileSystem* S3IfMade() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return s3_.get();
+  }
 };
 
 }  // namespace
@@ -119,6 +135,21 @@ namespace savepoint {
 FileSystem* DefaultFileSystem() {
   static FileSystem* const fs = new io::SchemeRouter();  // never destroyed
   return fs;
+}
+
+Result<S3RequestCounts> S3Requests(FileSystem* fs) {
+  if (fs == nullptr) {
+    fs = static_cast<io::SchemeRouter*>(DefaultFileSystem())->S3IfMade();
+    if (fs == nullptr) return S3RequestCounts{};
+  }
+  auto* s3 = dynamic_cast<io::S3FileSystem*>(fs);
+  if (s3 == nullptr) {
+    return InvalidArgumentError("S3Requests: the file system is not one NewS3FileSystem made");
+  }
+  const io::S3Counters& c = s3->client()->counters();
+  return S3RequestCounts{c.get.load(),     c.put.load(),        c.head.load(),
+                         c.list.load(),    c.del.load(),        c.post.load(),
+                         c.retries.load(), c.bytes_sent.load(), c.bytes_received.load()};
 }
 
 }  // namespace savepoint

@@ -91,6 +91,20 @@ Status RandomAccessFile::ReadAtMany(std::span<const ReadOp> ops) const {
   return Status::OK();
 }
 
+Result<VersionedFile> FileSystem::ReadVersioned(const std::string& path, uint64_t max_bytes) {
+  (void)max_bytes;
+  return UnimplementedError("read " + path + " with its version: this file system has no " +
+                            "compare-and-swap (object stores have)");
+}
+
+Result<std::string> FileSystem::WriteIfVersion(const std::string& path, std::string_view contents,
+                                               const std::string& version) {
+  (void)contents;
+  (void)version;
+  return UnimplementedError("replace " + path + " if unchanged: this file system has no " +
+                            "compare-and-swap (object stores have)");
+}
+
 bool FileSystem::Exists(const std::string& path) {
   Result<FileInfo> info = Stat(path);
   return info.ok() || !IsNotFound(info.status());

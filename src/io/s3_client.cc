@@ -108,7 +108,15 @@ bool RetryableCurl(CURLcode c) {
 
 // Server trouble, throttling, and bytes damaged on the way (the server's checksum refused them:
 // sent again, they arrive whole).
+// The store has no room for the write: a full disk behind it (HTTP 507, MinIO's
+// XMinioStorageFull) or a quota (Ceph RGW's QuotaExceeded). Not retried: like ENOSPC.
+bool StoreFull(long status, const std::string& code) {
+  return status == 507 || code == "XMinioStorageFull" || code == "QuotaExceeded" ||
+         code == "InsufficientStorage";
+}
+
 bool RetryableHttp(long status, const std::string& code) {
+  if (StoreFull(status, code)) return false;
   return status >= 500 || status == 429 || code == "SlowDown" || code == "RequestTimeout" ||
          code == "InternalError" || code == "ServiceUnavailable" || code == "BadDigest" ||
          code == "XAmzContentChecksumMismatch";
@@ -429,6 +437,9 @@ Result<S3Client::Response> S3Client::Perform(Request& r, int* attempts) {
           "AWS_PROFILE) and the bucket's policy",
           r.what, last));
     }
+    if (StoreFull(resp->status, err.code)) {
+      return NoSpaceError(fmt::format("{}: the store has no space left for it ({})", r.what, last));
+    }
     if (resp->status == 416) {
       return OutOfRangeError(fmt::format("{}: the range lies past the end of the object", r.what));
     }
@@ -455,6 +466,68 @@ Status S3Client::Put(const S3Location& at, std::span<const std::byte> data,
   }
   return AlreadyExistsError(
       fmt::format("{} already exists (the conditional write found it)", at.uri()));
+}
+
+Result<std::string> S3Client::PutIfMatch(const S3Location& at, std::span<const std::byte> data,
+                                         const std::string& crc32c, const std::string& etag) {
+  Request r = NewRequest("PUT", &counters_.put, at.bucket, at.key);
+  r.body = data;
+  r.headers.push_back("x-amz-checksum-crc32c: " + crc32c);
+  r.headers.push_back("Content-Type: application/octet-stream");
+  r.headers.push_back(etag.empty() ? std::string("If-None-Match: *") : "If-Match: " + etag);
+  r.conditional = true;
+  int attempts = 0;
+  Result<Response> resp = Perform(r, &attempts);
+  // If-Match on an object that is gone: 404 (AWS) or 412; the bucket's absence stays NotFound.
+  const bool gone = !etag.empty() && resp.status().code() == StatusCode::kNotFound &&
+                    resp.status().message().find("no such object") != std::string::npos;
+  if (!resp.ok() && !gone) return resp.status();
+  if (resp.ok() && resp->status != 412) {
+    auto it = resp->headers.find("etag");
+    if (it == resp->headers.end() || it->second.empty()) {
+      return IOError(fmt::format("{}: the answer carries no ETag", r.what));
+    }
+    return it->second;
+  }
+  // Refused: the object changed, exists, or is gone. If this call retried, an attempt whose
+  // answer was lost may have written these very bytes.
+  if (attempts > 1) {
+    Result<S3Object> now = GetObject(at, data.size());
+    if (now.ok() && now->data.size() == data.size() &&
+        std::memcmp(now->data.data(), data.data(), data.size()) == 0) {
+      return now->etag;
+    }
+  }
+  return FailedPreconditionError(
+      fmt::format("{} was {} since it was read (the conditional write was refused)", at.uri(),
+                  etag.empty() ? "created" : "changed"));
+}
+
+Result<S3Object> S3Client::GetObject(const S3Location& at, uint64_t max_bytes) {
+  Request r = NewRequest("GET", &counters_.get, at.bucket, at.key);
+  S3Object out;
+  bool overlong = false;
+  r.sink = [&](const std::byte* p, size_t n) {
+    if (p == nullptr) {
+      out.data.clear();
+      return true;
+    }
+    if (n > max_bytes - out.data.size()) {
+      overlong = true;
+      return false;
+    }
+    out.data.append(reinterpret_cast<const char*>(p), n);
+    return true;
+  };
+  Result<Response> resp = Perform(r);
+  if (overlong) {
+    return ResourceExhaustedError(
+        fmt::format("{}: the object is larger than {} bytes", at.uri(), max_bytes));
+  }
+  SP_RETURN_IF_ERROR(resp.status());
+  out.etag = resp->headers["etag"];
+  if (out.etag.empty()) return IOError(fmt::format("{}: the answer carries no ETag", r.what));
+  return out;
 }
 
 Status S3Client::GetRange(const S3Location& at, uint64_t offset, uint64_t total,

@@ -50,6 +50,12 @@ struct S3Head {
   std::string crc32c;  // x-amz-checksum-crc32c when the server keeps it (base64), else empty
 };
 
+// An object read whole (GetObject).
+struct S3Object {
+  std::string data;
+  std::string etag;  // as the server quotes it
+};
+
 // Requests by kind and bytes moved since the client was made (for tests and benchmarks).
 struct S3Counters {
   std::atomic<uint64_t> get{0}, put{0}, head{0}, list{0}, del{0}, post{0};
@@ -73,6 +79,14 @@ class S3Client {
   // as success, since it is what an earlier, unanswered attempt wrote).
   Status Put(const S3Location& at, std::span<const std::byte> data, const std::string& crc32c,
              bool if_none_match);
+  // PUT replacing the object only if its ETag is still `etag` (If-Match), or, with an empty
+  // `etag`, only if it is absent (If-None-Match: *). Returns the new ETag. FailedPrecondition when
+  // the object changed (or exists); a retry that finds the object holding these bytes counts as
+  // success, as for Put.
+  Result<std::string> PutIfMatch(const S3Location& at, std::span<const std::byte> data,
+                                 const std::string& crc32c, const std::string& etag);
+  // GET of a whole object of at most `max_bytes` (ResourceExhausted if larger) with its ETag.
+  Result<S3Object> GetObject(const S3Location& at, uint64_t max_bytes);
   // GET of bytes [offset, offset + total) into `sink`, called in order with consecutive pieces;
   // `sink(nullptr, 0)` means "start again" (a retried transfer). OutOfRange when the object is
   // shorter.

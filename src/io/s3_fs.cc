@@ -398,6 +398,19 @@ Status S3FileSystem::RemoveFile(const std::string& path) {
   return client_->Delete(loc);
 }
 
+Result<VersionedFile> S3FileSystem::ReadVersioned(const std::string& path, uint64_t max_bytes) {
+  SP_ASSIGN_OR_RETURN(S3Location loc, ParseS3Uri(path));
+  SP_ASSIGN_OR_RETURN(S3Object object, client_->GetObject(loc, max_bytes));
+  return VersionedFile{std::move(object.data), std::move(object.etag)};
+}
+
+Result<std::string> S3FileSystem::WriteIfVersion(const std::string& path, std::string_view contents,
+                                                 const std::string& version) {
+  SP_ASSIGN_OR_RETURN(S3Location loc, ParseS3Uri(path));
+  const auto bytes = std::as_bytes(std::span<const char>(contents.data(), contents.size()));
+  return client_->PutIfMatch(loc, bytes, S3Crc32c(bytes), version);
+}
+
 Status S3FileSystem::RemoveDir(const std::string& path) {
   SP_ASSIGN_OR_RETURN(S3Location loc, ParseS3Uri(path));
   SP_ASSIGN_OR_RETURN(bool any, AnyUnder(loc));

@@ -48,6 +48,10 @@ class S3FileSystem final : public FileSystem {
   // aborts those initiated before `before_ns`.
   Result<std::vector<std::string>> AbortAbandonedWrites(const std::string& root, int64_t before_ns,
                                                         bool dry_run) override;
+  // GET with the object's ETag; PUT with If-Match (or If-None-Match: * for an empty version).
+  Result<VersionedFile> ReadVersioned(const std::string& path, uint64_t max_bytes) override;
+  Result<std::string> WriteIfVersion(const std::string& path, std::string_view contents,
+                                     const std::string& version) override;
 
  private:
   explicit S3FileSystem(std::unique_ptr<S3Client> client) : client_(std::move(client)) {}

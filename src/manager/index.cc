@@ -176,7 +176,7 @@ Result<Index> ReadIndex(FileSystem* fs, const std::string& dir) {
 Status WriteIndex(FileSystem* fs, const std::string& dir, Index& index) {
   const uint64_t generation = index.generation + 1;
   const std::string name = IndexName(generation);
-  Index next{generation, index.records};
+  Index next{generation, index.records, ""};
   // The durable-commit protocol (io/commit.h). Overwrite: a file of this generation can only be
   // one that failed to parse (ReadIndex took the newest that did), so it is replaced.
   io::CommitOptions co;
@@ -192,6 +192,29 @@ Status WriteIndex(FileSystem* fs, const std::string& dir, Index& index) {
       fs->RemoveFile(JoinPath(dir, e.name)).IgnoreError();
     }
   }
+  return Status::OK();
+}
+
+Result<Index> ReadIndexObject(FileSystem* fs, const std::string& dir) {
+  const std::string path = JoinPath(dir, kIndexObjectName);
+  SP_ASSIGN_OR_RETURN(VersionedFile file, fs->ReadVersioned(path, kMaxIndexBytes));
+  Json j = Json::parse(file.contents, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("generation") || !j["generation"].is_number_unsigned()) {
+    return CorruptionError(fmt::format("index {}: not a savepoint manager index", path));
+  }
+  Result<Index> index = ParseIndex(file.contents, dir, j["generation"].get<uint64_t>());
+  if (!index.ok()) return index.status().WithContext(fmt::format("index {}", path));
+  index->version = std::move(file.version);
+  return index;
+}
+
+Status WriteIndexObject(FileSystem* fs, const std::string& dir, Index& index) {
+  Index next{index.generation + 1, index.records, ""};
+  SP_ASSIGN_OR_RETURN(
+      std::string version,
+      fs->WriteIfVersion(JoinPath(dir, kIndexObjectName), IndexJson(next).dump(1), index.version));
+  index.generation = next.generation;
+  index.version = std::move(version);
   return Status::OK();
 }
 

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "manager/store.h"
@@ -23,6 +24,7 @@ namespace savepoint::manager {
 struct Index {
   uint64_t generation = 0;  // 0: no index file was found
   std::vector<CheckpointRecord> records;
+  std::string version;  // of the index object read (FileSystem::ReadVersioned); "" for none
 };
 
 // The manager metadata stored in a checkpoint (step, epoch, step_in_epoch, metrics, flags).
@@ -35,6 +37,19 @@ Status ApplyRecordMeta(const Json& meta, CheckpointRecord* record);
 Result<Index> ReadIndex(FileSystem* fs, const std::string& dir);
 // Writes `index` as generation index.generation + 1 (updating it) and removes older ones.
 Status WriteIndex(FileSystem* fs, const std::string& dir, Index& index);
+
+// The index as one object, "savepoint-index.json" in `dir`, for a location in an object store
+// that offers compare-and-swap (FileSystem::ReadVersioned): the JSON of an index generation,
+// read with one GET (no listing) and replaced only if no other writer changed it meanwhile. The
+// remote tier keeps its index this way.
+inline constexpr std::string_view kIndexObjectName = "savepoint-index.json";
+// NotFound when `dir` has no index object; Unimplemented when `fs` has no compare-and-swap;
+// Corruption when the object is not a valid index.
+Result<Index> ReadIndexObject(FileSystem* fs, const std::string& dir);
+// Writes `index` as generation index.generation + 1 if the object still has index.version ("":
+// if there is none), then updates generation and version. FailedPrecondition when another writer
+// changed it.
+Status WriteIndexObject(FileSystem* fs, const std::string& dir, Index& index);
 
 // A record for the committed checkpoint at directory entry `entry` of `dir`, from the manager
 // metadata it carries; else from an int value "step" (a native checkpoint saved without a

@@ -46,23 +46,37 @@ Result<std::unique_ptr<Tier>> Tier::Open(const ManagerOptions& options) {
   const std::string context = fmt::format("open remote tier {}", t->location_);
   SP_RETURN_IF_ERROR(io::CreateDirsDurably(t->fs_, t->location_).WithContext(context));
   SP_ASSIGN_OR_RETURN(t->store_, Store::Create(t->store_options_));
-  Result<Index> index = ReadIndex(t->fs_, t->location_);
-  // A bucket prefix that holds nothing yet lists as NotFound: a new remote tier.
-  const bool empty =
-      index.status().code() == StatusCode::kNotFound && t->fs_->IsObjectStore(t->location_);
-  if (!index.ok() && !empty) return index.status().WithContext(context);
-  if (index.ok()) t->index_ = std::move(index).value();
-  bool changed = false;
-  if (!empty) {
-    SP_ASSIGN_OR_RETURN(changed, Reconcile(*t->store_, t->fs_, t->location_, t->index_.records,
-                                           t->steps_per_epoch_));
+  if (t->fs_->IsObjectStore(t->location_)) {
+    Result<Index> object = ReadIndexObject(t->fs_, t->location_);
+    t->cas_ = object.ok() || object.status().code() == StatusCode::kNotFound;
+    if (!t->cas_ && object.status().code() != StatusCode::kUnimplemented) {
+      return object.status().WithContext(context);
+    }
+    if (object.ok()) {  // no listing: the first upload reconciles
+      t->index_ = std::move(object).value();
+      t->reconciled_ = false;
+    }
   }
-  if (changed) {
-    SP_RETURN_IF_ERROR(WriteIndex(t->fs_, t->location_, t->index_).WithContext(context));
-  }
+  if (t->reconciled_) SP_RETURN_IF_ERROR(t->OpenListing().WithContext(context));
   t->bases_ = std::make_unique<Bases>(t->store_.get());
   t->thread_ = std::thread([p = t.get()] { p->Run(); });
   return t;
+}
+
+Status Tier::OpenListing() {
+  Result<Index> generations = ReadIndex(fs_, location_);
+  // A bucket prefix that holds nothing yet lists as NotFound: a new remote tier.
+  if (generations.status().code() == StatusCode::kNotFound && fs_->IsObjectStore(location_)) {
+    return Status::OK();
+  }
+  SP_RETURN_IF_ERROR(generations.status());
+  // A remote written before index objects: its records move into the index object.
+  index_.records = std::move(generations->records);
+  if (!cas_) index_.generation = generations->generation;
+  SP_ASSIGN_OR_RETURN(bool changed,
+                      Reconcile(*store_, fs_, location_, index_.records, steps_per_epoch_));
+  if (!changed && !(cas_ && !index_.records.empty())) return Status::OK();
+  return cas_ ? WriteIndexObject(fs_, location_, index_) : WriteIndex(fs_, location_, index_);
 }
 
 Tier::~Tier() { Close(); }
@@ -157,11 +171,13 @@ Status Tier::Upload(const CheckpointRecord& local) {
     }
   }
   auto t0 = std::chrono::steady_clock::now();
-  if (stale) {  // (no atomic replace in a bucket: the old copy goes first)
-    {
-      std::lock_guard<std::mutex> lock(mu_);  // no reader picks it any more
-      std::erase_if(index_.records, [&](const auto& r) { return r.name == local.name; });
-    }
+  SP_RETURN_IF_ERROR(ReconcileOnce().WithContext(what));
+  if (stale) {  // (no atomic replace in a bucket: the old copy goes first, out of the index first)
+    SP_RETURN_IF_ERROR(Publish([&](Index& index) {
+                         std::erase_if(index.records,
+                                       [&](const auto& r) { return r.name == local.name; });
+                         return Status::OK();
+                       }).WithContext(what));
     bases_->Forget(local.name);
     Status s = store_->Delete(target);
     if (!s.ok() && s.code() != StatusCode::kNotFound) return s.WithContext(what);
@@ -201,26 +217,24 @@ bool Tier::RemovedLeftovers(const std::string& target) {
 }
 
 Status Tier::IndexUpload(CheckpointRecord remote, const CheckpointStats& stats) {
-  Index next;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    next = index_;
-  }
-  std::erase_if(next.records, [&](const CheckpointRecord& r) { return r.name == remote.name; });
-  next.records.push_back(std::move(remote));
-  SortRecords(next.records);
   // Retention: the doomed records leave the index readers see before their objects go.
-  std::vector<CheckpointRecord> doomed = Doomed(next);
+  std::vector<CheckpointRecord> doomed;
+  SP_RETURN_IF_ERROR(Publish([&](Index& index) {
+    std::erase_if(index.records, [&](const CheckpointRecord& r) { return r.name == remote.name; });
+    index.records.push_back(remote);
+    SortRecords(index.records);
+    doomed = Doomed(index);
+    return Status::OK();
+  }));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    index_ = next;
     stats_.push_back(stats);
   }
   for (const CheckpointRecord& r : doomed) {
     auto t0 = std::chrono::steady_clock::now();
     Status s = store_->Delete(r.path);
     if (!s.ok() && s.code() != StatusCode::kNotFound) {
-      // Still there, unindexed: the next Open's reconciliation indexes it again.
+      // Still there, unindexed: the next reconciliation indexes it again.
       spdlog::warn("savepoint: remote retention: {}", s.ToString());
       continue;
     }
@@ -228,7 +242,45 @@ Status Tier::IndexUpload(CheckpointRecord remote, const CheckpointStats& stats) 
     std::lock_guard<std::mutex> lock(mu_);
     stats_.push_back({"remote_delete", r.name, r.step, 0, SecondsSince(t0), 0});
   }
-  return WriteIndex(fs_, location_, next);
+  return Status::OK();
+}
+
+Status Tier::Publish(const std::function<Status(Index&)>& change) {
+  Index next;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    next = index_;
+  }
+  constexpr int kTries = 5;
+  Status written;
+  for (int attempt = 1;; ++attempt) {
+    SP_RETURN_IF_ERROR(change(next));
+    if (!cas_) {
+      written = WriteIndex(fs_, location_, next);
+      break;
+    }
+    written = WriteIndexObject(fs_, location_, next);
+    if (written.code() != StatusCode::kFailedPrecondition || attempt == kTries) break;
+    // Another writer replaced the index since it was read: apply the change to its version.
+    spdlog::warn("savepoint: remote tier: {}; reading it again", written.message());
+    Result<Index> theirs = ReadIndexObject(fs_, location_);
+    if (!theirs.ok() && theirs.status().code() != StatusCode::kNotFound) return theirs.status();
+    next = theirs.ok() ? std::move(theirs).value() : Index{};
+  }
+  // Kept in memory even when the write failed: the remote has what it records (or, for a
+  // removal, no longer needs it), and the next write publishes it.
+  std::lock_guard<std::mutex> lock(mu_);
+  index_ = std::move(next);
+  return written;
+}
+
+Status Tier::ReconcileOnce() {
+  if (reconciled_) return Status::OK();
+  SP_RETURN_IF_ERROR(Publish([&](Index& index) {
+    return Reconcile(*store_, fs_, location_, index.records, steps_per_epoch_).status();
+  }));
+  reconciled_ = true;
+  return Status::OK();
 }
 
 std::vector<CheckpointRecord> Tier::Doomed(Index& index) {

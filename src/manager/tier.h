@@ -7,8 +7,13 @@
 // A checkpoint whose name the remote holds with another creation time (the local one was saved
 // again) is deleted remotely first, then uploaded again.
 //
-// Opening the tier reads and reconciles the remote index (one listing of the location). Restores
-// then read the index kept in memory, the manifest and the data: no listing.
+// In an object store with compare-and-swap (FileSystem::ReadVersioned) the index is one object,
+// kIndexObjectName, replaced only if unchanged since it was read (a writer that lost the race
+// reads it again and applies its change again). Opening the tier then reads that object (one GET)
+// and restores read the manifest and the data: no listing on the way to a restore. The first
+// upload reconciles the index with a listing of the location first. Elsewhere (a directory, a
+// store without compare-and-swap, or a remote written before index objects) the index is the
+// generation files of manager/index.h, read and reconciled when the tier opens (one listing).
 //
 // Thread safety: every method may be called from any thread; the uploader thread is the only
 // writer of the remote location.
@@ -17,6 +22,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -74,10 +80,19 @@ class Tier {
   // when its process died, which a new upload of the name is refused for: the remote location
   // belongs to this manager. Returns whether it removed any.
   bool RemovedLeftovers(const std::string& target);
-  // Adds the uploaded checkpoint to the index, applies the retention, writes the index. The
-  // uploader thread works on a copy and publishes it under mu_, so readers never wait for the
-  // remote.
+  // Adds the uploaded checkpoint to the index, applies the retention, writes the index, then
+  // deletes what the retention dropped.
   Status IndexUpload(CheckpointRecord remote, const CheckpointStats& stats);
+  // Applies `change` to a copy of the index (an error stops it) and writes it (with
+  // compare-and-swap: on a conflict the index is read again and `change` applied to it again, a few
+  // times), then makes it the index readers see (also when the write failed: the next write
+  // publishes it, and the error is returned). Uploader thread only.
+  Status Publish(const std::function<Status(Index&)>& change);
+  // Reads the index generations (or none in a new bucket prefix), reconciles them with a listing
+  // and writes the index if that changed it (or, with cas_, into the index object).
+  Status OpenListing();
+  // Once, before the first upload of an index object: Reconcile with a listing.
+  Status ReconcileOnce();
   // Takes out of `index` the records the remote retention deletes (never the base of a kept
   // delta) and returns them.
   std::vector<CheckpointRecord> Doomed(Index& index);
@@ -99,6 +114,8 @@ class Tier {
   Status error_;
   std::vector<CheckpointStats> stats_;
   Index index_;                   // written by the uploader thread only
+  bool cas_ = false;              // the index is kIndexObjectName (set by Open)
+  bool reconciled_ = true;        // false until ReconcileOnce ran (uploader thread only)
   std::unique_ptr<Bases> bases_;  // used by the uploader thread only
   std::thread thread_;
 };

@@ -5,8 +5,10 @@
 // against a real S3 server.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <utility>
 
 #include "io/fault_fs.h"
 #include "io/mem_fs.h"
@@ -183,6 +185,117 @@ TEST_F(TierTest, LeftoversOfAnUploadWhoseProcessDiedDoNotBlockTheName) {
   SP_ASSERT_OK(m->Wait());
   EXPECT_EQ(Names(m->Remote()), (std::vector<std::string>{"ckpt-1_1"}));
   SP_EXPECT_OK(VerifyCheckpoint("/bucket/run/ckpt-1_1", {}, {.fs = &bucket}));
+}
+
+// Counts the listings made through it.
+class ListCounter : public ForwardingFileSystem {
+ public:
+  explicit ListCounter(FileSystem* base) : ForwardingFileSystem(base) {}
+  Result<std::vector<FileInfo>> ListDir(const std::string& path) override {
+    ++lists;
+    return base()->ListDir(path);
+  }
+  std::atomic<int> lists{0};
+};
+
+// An object store without compare-and-swap (a user's FileSystem that does not offer it).
+class NoCasObjectStore : public testing::MemObjectStore {
+ public:
+  using MemObjectStore::MemObjectStore;
+  Result<VersionedFile> ReadVersioned(const std::string& path, uint64_t) override {
+    return UnimplementedError(path);
+  }
+};
+
+TEST_F(TierTest, ARestoreFromTheIndexObjectListsNothing) {
+  testing::MemObjectStore bucket(&remote_);
+  State saved;
+  {
+    auto m = Open(Options(&bucket));
+    ASSERT_NE(m, nullptr);
+    SaveSteps(*m, 1, 3);
+    SP_ASSERT_OK(m->Close());
+    saved = Load("/local/run/ckpt-1_3", {}, {.fs = &local_}).value();
+  }
+  EXPECT_TRUE(bucket.Exists("/bucket/run/savepoint-index.json"));
+  SP_ASSERT_OK(local_.RemoveAll("/local"));  // the node lost its disk
+  ListCounter counted(&bucket);
+  auto m = Open(Options(&counted));
+  ASSERT_NE(m, nullptr);
+  SP_ASSERT_OK_AND_ASSIGN(State back, m->Restore());
+  EXPECT_TRUE(testing::StatesEqual(back, saved));
+  EXPECT_EQ(counted.lists.load(), 0) << "index object, manifest, data: no listing";
+  // The first upload reconciles the index with the bucket (a listing) and keeps it up to date.
+  SaveSteps(*m, 4, 4);
+  SP_ASSERT_OK(m->Wait());
+  EXPECT_GT(counted.lists.load(), 0);
+  EXPECT_EQ(Names(m->Remote()).back(), "ckpt-1_4");
+}
+
+TEST_F(TierTest, AnIndexWriterThatLostTheRaceAppliesItsChangeAgain) {
+  // Another writer replaces the index object between this tier's read and its write.
+  class Racer : public testing::MemObjectStore {
+   public:
+    using MemObjectStore::MemObjectStore;
+    Result<std::string> WriteIfVersion(const std::string& path, std::string_view contents,
+                                       const std::string& version) override {
+      if (std::exchange(race, false)) {
+        Result<VersionedFile> now = ReadVersioned(path, 1 << 20);
+        EXPECT_TRUE(now.ok());
+        Json j = Json::parse(now->contents);
+        Json other = j["checkpoints"][0];
+        other["name"] = "ckpt-1_0";
+        j["checkpoints"].push_back(other);
+        EXPECT_TRUE(MemObjectStore::WriteIfVersion(path, j.dump(), now->version).ok());
+      }
+      return MemObjectStore::WriteIfVersion(path, contents, version);
+    }
+    bool race = false;
+  };
+  Racer bucket(&remote_);
+  auto m = Open(Options(&bucket));
+  ASSERT_NE(m, nullptr);
+  SaveSteps(*m, 1, 1);
+  SP_ASSERT_OK(m->Wait());
+  CopyOptions co;
+  co.source_fs = &bucket;
+  co.target_fs = &bucket;
+  SP_ASSERT_OK(CopyCheckpoint("/bucket/run/ckpt-1_1", "/bucket/run/ckpt-1_0", co).status());
+  bucket.race = true;
+  SaveSteps(*m, 2, 2);
+  SP_ASSERT_OK(m->Wait());
+  EXPECT_FALSE(bucket.race);
+  // Both changes are in the index: the other writer's record and this upload.
+  SP_ASSERT_OK_AND_ASSIGN(VersionedFile index,
+                          bucket.ReadVersioned("/bucket/run/savepoint-index.json", 1 << 20));
+  EXPECT_NE(index.contents.find("ckpt-1_0"), std::string::npos);
+  EXPECT_NE(index.contents.find("ckpt-1_2"), std::string::npos);
+  EXPECT_EQ(Names(m->Remote()).back(), "ckpt-1_2");
+}
+
+TEST_F(TierTest, IndexGenerationsMoveIntoTheIndexObject) {
+  {  // a remote written by a store without compare-and-swap (or before index objects)
+    NoCasObjectStore plain(&remote_);
+    auto m = Open(Options(&plain));
+    ASSERT_NE(m, nullptr);
+    SaveSteps(*m, 1, 2);
+    SP_ASSERT_OK(m->Close());
+  }
+  testing::MemObjectStore bucket(&remote_);
+  EXPECT_FALSE(bucket.Exists("/bucket/run/savepoint-index.json"));
+  SP_ASSERT_OK(local_.RemoveAll("/local"));
+  {
+    auto m = Open(Options(&bucket));
+    ASSERT_NE(m, nullptr);
+    EXPECT_EQ(Names(m->Remote()), (std::vector<std::string>{"ckpt-1_1", "ckpt-1_2"}));
+  }
+  EXPECT_TRUE(bucket.Exists("/bucket/run/savepoint-index.json"));
+  ListCounter counted(&bucket);
+  auto m = Open(Options(&counted));
+  ASSERT_NE(m, nullptr);
+  SP_ASSERT_OK_AND_ASSIGN(State two, m->Restore());
+  EXPECT_EQ(two.metadata()["step"], 2);
+  EXPECT_EQ(counted.lists.load(), 0);
 }
 
 TEST_F(TierTest, OptionsAreChecked) {

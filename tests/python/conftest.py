@@ -23,6 +23,24 @@ if _expected:
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def assert_same(a, b):
+    """Asserts that two states (nested dicts of tensors, arrays and values) hold the same keys,
+    dtypes and values, naming the first key that differs."""
+    import numpy as np
+    import torch
+
+    assert a.keys() == b.keys(), (sorted(a), sorted(b))
+    for k in a:
+        if isinstance(a[k], dict):
+            assert_same(a[k], b[k])
+        elif isinstance(a[k], torch.Tensor):
+            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+        elif isinstance(a[k], np.ndarray):
+            np.testing.assert_array_equal(a[k], b[k], err_msg=str(k))
+        else:
+            assert a[k] == b[k], k
+
+
 @pytest.fixture
 def seed():
     s = int(os.environ.get("SAVEPOINT_TEST_SEED", random.SystemRandom().randrange(2**31)))

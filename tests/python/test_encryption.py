@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import savepoint
+from conftest import assert_same
 
 KEY = bytes(range(32))
 OTHER = bytes(range(1, 33))
@@ -30,19 +31,6 @@ def state(seed=0):
         "step": 7,
         "rng": b"\x00\x01\xff",
     }  # fmt: skip
-
-
-def assert_same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], dict):
-            assert_same(a[k], b[k])
-        elif isinstance(a[k], torch.Tensor):
-            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k])
-        elif isinstance(a[k], np.ndarray):
-            np.testing.assert_array_equal(a[k], b[k])
-        else:
-            assert a[k] == b[k]
 
 
 @pytest.mark.parametrize("compression", [None, "zstd"])

@@ -2,6 +2,7 @@
 once for this file by tests/s3/seaweed.py), with s5cmd as the reference client: what s5cmd copies
 into a bucket loads, and what savepoint writes there s5cmd copies out as a valid checkpoint."""
 
+import json
 import os
 import subprocess
 import sys
@@ -11,9 +12,12 @@ import pytest
 import torch
 
 import savepoint
+import savepoint.failover
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "s3"))
 from seaweed import Seaweed  # noqa: E402
+
+from conftest import assert_same, find_cli, run_python  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -33,22 +37,11 @@ def _state(seed):
     }
 
 
-def _same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        if isinstance(a[k], dict):
-            _same(a[k], b[k])
-        elif isinstance(a[k], torch.Tensor):
-            assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
-        else:
-            assert a[k] == b[k], k
-
-
 def test_save_load_verify_info_at_an_s3_uri(s3, seed):
     uri = f"s3://{s3.bucket}/py/step-{seed}"
     state = _state(seed)
     savepoint.save(state, uri)
-    _same(state, savepoint.load(uri))
+    assert_same(state, savepoint.load(uri))
     savepoint.verify(uri)
     assert {t["name"] for t in savepoint.info(uri)["tensors"]} == {"model.w", "model.b",
                                                                    "model.ids"}
@@ -63,11 +56,11 @@ def test_checkpoints_move_between_disk_and_bucket_with_s5cmd(s3, tmp_path, seed)
     local = tmp_path / "local"
     savepoint.save(state, local)
     s3.s5cmd("cp", f"{local}/*", f"s3://{s3.bucket}/copied-in/")
-    _same(state, savepoint.load(f"s3://{s3.bucket}/copied-in"))
+    assert_same(state, savepoint.load(f"s3://{s3.bucket}/copied-in"))
 
     savepoint.save(state, f"s3://{s3.bucket}/written")
     s3.s5cmd("cp", f"s3://{s3.bucket}/written/*", f"{tmp_path}/copied-out/")
-    _same(state, savepoint.load(tmp_path / "copied-out"))
+    assert_same(state, savepoint.load(tmp_path / "copied-out"))
 
 
 def test_bad_uris_and_foreign_objects_are_typed_errors(s3):
@@ -101,13 +94,13 @@ def test_manager_saves_retires_and_restores_in_a_bucket(s3):
         for step in range(1, 5):
             assert mgr.save(step, _state(step))
         assert mgr.all_steps() == [3, 4]
-        _same(_state(4), mgr.restore())
-        _same(_state(3), mgr.restore(step=3))
+        assert_same(_state(4), mgr.restore())
+        assert_same(_state(3), mgr.restore(step=3))
     listed = s3.s5cmd("ls", f"{root}/*").stdout
     assert "ckpt-1_1/" not in listed and "ckpt-1_2/" not in listed, listed
     with savepoint.CheckpointManager(root) as mgr:  # reopened: the index is in the bucket
         assert mgr.all_steps() == [3, 4]
-        _same(_state(4), mgr.restore())
+        assert_same(_state(4), mgr.restore())
 
 
 def test_cli_lists_inspects_and_verifies_in_a_bucket(s3, savepoint_cli):
@@ -127,7 +120,7 @@ def test_cli_lists_inspects_and_verifies_in_a_bucket(s3, savepoint_cli):
     # cp: disk -> bucket -> disk, each copy committed whole; s5cmd sees the uploaded objects.
     cli("cp", f"{root}/step-5", f"{root}/copy-5")
     assert "MANIFEST" in s3.s5cmd("ls", f"{root}/copy-5/*").stdout
-    _same(_state(5), savepoint.load(f"{root}/copy-5"))
+    assert_same(_state(5), savepoint.load(f"{root}/copy-5"))
 
 
 def test_cli_cp_between_disk_and_bucket(s3, savepoint_cli, tmp_path):
@@ -143,9 +136,9 @@ def test_cli_cp_between_disk_and_bucket(s3, savepoint_cli, tmp_path):
         return r
 
     assert "copied" in cli("cp", str(tmp_path / "local"), up).stdout
-    _same(state, savepoint.load(up))
+    assert_same(state, savepoint.load(up))
     cli("cp", up, str(tmp_path / "down"))
-    _same(state, savepoint.load(tmp_path / "down"))
+    assert_same(state, savepoint.load(tmp_path / "down"))
     again = cli("cp", str(tmp_path / "local"), up, ok=False)
     assert "already exists" in again.stderr
 
@@ -161,15 +154,19 @@ def test_manager_uploads_to_a_bucket_and_a_new_node_resumes_from_it(s3, tmp_path
         assert [r["step"] for r in mgr.remote_checkpoints()] == [2, 4, 5]
         assert mgr.all_steps() == [2, 4, 5]  # local: the newest only; the rest remote
         assert sorted(os.listdir(tmp_path / "node1"))[0] == "ckpt-1_5"  # then the index
-        _same(_state(4), mgr.restore(step=4))  # from the bucket
+        assert_same(_state(4), mgr.restore(step=4))  # from the bucket
         uploads = [s for s in mgr.stats() if s["action"] == "checkpoint_upload"]
         assert len(uploads) == 5 and all(s["bytes"] > 0 for s in uploads)
     listed = s3.s5cmd("ls", f"{remote}/*").stdout
     assert "ckpt-1_1/" not in listed and "ckpt-1_4/" in listed, listed
     # A second node with an empty disk: it resumes from the bucket, then saves locally again.
+    before = savepoint._core.s3_requests()
     with savepoint.CheckpointManager(tmp_path / "node2", remote=remote) as mgr:
         assert mgr.latest_step() == 5
-        _same(_state(5), mgr.restore())
+        assert_same(_state(5), mgr.restore())
+        after = savepoint._core.s3_requests()
+        assert after["list"] == before["list"], "the index object, the MANIFEST, the data: no LIST"
+        assert after["get"] > before["get"]
         assert mgr.save(6, _state(6))
     with pytest.raises(savepoint.InvalidArgumentError, match="remote"):
         savepoint.CheckpointManager(tmp_path / "x", remote=tmp_path / "x" / "inside")
@@ -203,6 +200,62 @@ def test_dcp_saves_into_and_loads_from_a_bucket(s3):
             warnings.catch_warnings():  # fmt: skip
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.save(state, storage_writer=spt.StorageWriter(uri, overwrite=False))
+
+
+def test_dcp_ranks_save_into_a_bucket_and_another_world_reshards(s3, tmp_path):
+    """4 gloo ranks dcp.save and dcp.async_save DTensors into a bucket (each rank uploads its own
+    objects, one MANIFEST commits); 3 ranks load them into another mesh with ranged reads."""
+    root = f"s3://{s3.bucket}/dcp-ranks"
+    r = run_python("dcp_ranks.py", "save", 4, root, check=False)
+    assert r.returncode == 0, r.stderr[-4000:]
+    for name in ("sync", "async"):
+        listed = s3.s5cmd("ls", f"{root}/{name}/*").stdout
+        assert "MANIFEST" in listed and listed.count(".spd") >= 2, listed
+        savepoint.verify(f"{root}/{name}")
+    r = run_python("dcp_ranks.py", "load", 3, root, check=False)
+    assert r.returncode == 0, r.stderr[-4000:]
+
+
+def test_an_async_save_streams_into_a_bucket(s3, tmp_path, monkeypatch):
+    """save(..., async_=True) at an s3:// URI: the caller is blocked for the copy into staging;
+    the background writes the staged chunks into the objects' parts; nothing touches a disk."""
+    monkeypatch.chdir(tmp_path)
+    uri = f"s3://{s3.bucket}/async/step-1"
+    g = torch.Generator().manual_seed(11)
+    state = {"w": torch.randn(6 << 20, generator=g), "step": 1}  # 24 MiB: several 16 MiB parts
+    future = savepoint.save(state, uri, async_=True)
+    stats = future.result()
+    assert 0 < stats["blocked_seconds"] < stats["seconds"], stats
+    assert stats["bytes"] >= state["w"].nbytes
+    assert os.listdir(tmp_path) == []  # no local directory named after the URI
+    assert_same(state, savepoint.load(uri))
+    with pytest.raises(savepoint.AlreadyExistsError):
+        savepoint.save(state, uri, async_=True).result()
+
+
+@pytest.mark.skipif(not savepoint.failover.available() or find_cli() is None,
+                    reason="no failover agent (gRPC) or no savepoint CLI in this build")
+def test_a_failure_dump_is_committed_into_the_bucket(s3, tmp_path):
+    """A rank SIGKILLed under `savepoint controller --dir s3://...`: the survivors' dump of the
+    last consistent step is committed in the bucket (MANIFEST last), where a manager finds it."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import failover_job
+    from test_failover import RANK, TOKEN
+
+    root = f"s3://{s3.bucket}/dumps"
+    ctl, address = failover_job.start_controller(find_cli(), tmp_path, 3, TOKEN, dump_dir=root)
+    ranks = failover_job.start_ranks(tmp_path, RANK, address, TOKEN, 3, 3000)
+    out, err, errs = failover_job.kill_after(ctl, ranks, tmp_path, 1)
+    outcome = json.loads(out)
+    assert outcome["dumped"], (out, err, errs)
+    n = outcome["dump_step"]
+    assert outcome["dump_path"] == f"{root}/ckpt-1_{n}_failover", out
+    dump = savepoint.load(outcome["dump_path"])
+    assert dump["step"] == n and dump["loader"] == {"position": n}
+    own = savepoint.load(tmp_path / f"rank{outcome['writers'][0]}")
+    np.testing.assert_array_equal(dump["w"], own["w"])
+    with savepoint.CheckpointManager(root) as m:
+        assert m.latest_step() == n
 
 
 def test_a_node_killed_while_uploading_leaves_the_remote_consistent(s3, tmp_path, seed):

@@ -6,6 +6,9 @@ Each request is read whole, then (each kind of fault once first, then by a seede
   - cut off: the connection is reset before any answer (rate `reset`),
   - forwarded with one byte of its body flipped, so the server's CRC32C check refuses it
     (rate `corrupt`, PUT bodies only),
+  - stalled: held without a byte of answer for `stall_seconds`, then cut off (rate `stall`),
+  - refused as if the store were full: 507 XMinioStorageFull (rate `full`, writes only: PUT and
+    POST),
   - or forwarded unchanged (the Host header and everything signed pass through as sent).
 `counts` says how many of each happened. One request per connection (the proxy closes it after
 answering), so the client's connection reuse is exercised by the reconnects instead.
@@ -16,17 +19,23 @@ import random
 import socket
 import struct
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class FaultProxy:
-    def __init__(self, upstream_port, seed, slowdown=0.0, internal=0.0, reset=0.0, corrupt=0.0):
+    ANSWERS = {"slowdown": (503, "SlowDown"), "internal": (500, "InternalError"),
+               "full": (507, "XMinioStorageFull")}
+
+    def __init__(self, upstream_port, seed, slowdown=0.0, internal=0.0, reset=0.0, corrupt=0.0,
+                 stall=0.0, full=0.0, stall_seconds=5.0):
         self.upstream_port = upstream_port
         self.rates = {"slowdown": slowdown, "internal": internal, "reset": reset,
-                      "corrupt": corrupt}
+                      "corrupt": corrupt, "stall": stall, "full": full}
+        self.stall_seconds = stall_seconds
         self.random = random.Random(seed)
         self.lock = threading.Lock()
-        self.counts = {"forwarded": 0, "slowdown": 0, "internal": 0, "reset": 0, "corrupt": 0}
+        self.counts = {"forwarded": 0, **{kind: 0 for kind in self.rates}}
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -39,14 +48,15 @@ class FaultProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 fault = proxy._draw(self.command, body)
-                if fault == "reset":
+                if fault == "stall":
+                    time.sleep(proxy.stall_seconds)
+                if fault in ("reset", "stall"):
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
                                                struct.pack("ii", 1, 0))
                     self.close_connection = True
                     return
-                if fault in ("slowdown", "internal"):
-                    code, status = (503, "SlowDown") if fault == "slowdown" else (500,
-                                                                                "InternalError")
+                if fault in proxy.ANSWERS:
+                    code, status = proxy.ANSWERS[fault]
                     doc = (f"<?xml version=\"1.0\"?><Error><Code>{status}</Code>"
                            f"<Message>injected by the test proxy</Message></Error>").encode()
                     self.send_response(code)
@@ -96,8 +106,9 @@ class FaultProxy:
         on the first PUT with a body), then by the seeded draw."""
         with self.lock:
             fault = None
-            for kind in ("slowdown", "internal", "reset"):
-                if self.rates[kind] > 0 and self.counts[kind] == 0:
+            writing = method in ("PUT", "POST")
+            for kind in ("slowdown", "internal", "reset", "stall", "full"):
+                if self.rates[kind] > 0 and self.counts[kind] == 0 and (kind != "full" or writing):
                     fault = kind
                     break
             putting = method == "PUT" and bool(body)
@@ -107,8 +118,9 @@ class FaultProxy:
                 x, acc = self.random.random(), 0.0
                 for kind, rate in self.rates.items():
                     acc += rate
-                    if x < acc and (kind != "corrupt" or putting):
-                        fault = kind
+                    if x < acc:  # this kind, when it applies to this request
+                        allowed = (kind != "corrupt" or putting) and (kind != "full" or writing)
+                        fault = kind if allowed else None
                         break
             self.counts[fault or "forwarded"] += 1
             return fault
@@ -127,8 +139,9 @@ class FaultProxy:
 
 
 def main():
-    """python3 fault_proxy.py UPSTREAM_PORT SEED SLOWDOWN INTERNAL RESET CORRUPT: prints
-    {"port": P}, proxies until stdin closes, then prints the counts as JSON."""
+    """python3 fault_proxy.py UPSTREAM_PORT SEED SLOWDOWN INTERNAL RESET CORRUPT [STALL FULL
+    [STALL_SECONDS]]: prints {"port": P}, proxies until stdin closes, then prints the counts as
+    JSON."""
     import json
     import sys
     up, seed, *rates = sys.argv[1:]

@@ -20,6 +20,7 @@
 #include "savepoint/catalog.h"
 #include "savepoint/checkpoint.h"
 #include "savepoint/distributed.h"
+#include "savepoint/manager.h"
 #include "savepoint/s3.h"
 #include "testutil/ranks.h"
 #include "testutil/testutil.h"
@@ -325,6 +326,57 @@ TEST_F(S3StoreTest, DeleteAndGcTouchOnlyWhatIsTheirs) {
   EXPECT_EQ(committed, 1);
 }
 
+TEST_F(S3StoreTest, ConditionalReplaceIsACompareAndSwap) {
+  const std::string path = root_ + "/index.json";
+  EXPECT_THAT(fs_->ReadVersioned(path, 1024), StatusIs(StatusCode::kNotFound));
+  SP_ASSERT_OK_AND_ASSIGN(std::string v1, fs_->WriteIfVersion(path, "one", ""));
+  EXPECT_THAT(fs_->WriteIfVersion(path, "again", ""), StatusIs(StatusCode::kFailedPrecondition));
+  SP_ASSERT_OK_AND_ASSIGN(VersionedFile read, fs_->ReadVersioned(path, 1024));
+  EXPECT_EQ(read.contents, "one");
+  EXPECT_EQ(read.version, v1);
+  SP_ASSERT_OK_AND_ASSIGN(std::string v2, fs_->WriteIfVersion(path, "two", v1));
+  EXPECT_NE(v2, v1);
+  // A writer holding the old version lost the race: refused, and the winner's bytes stay.
+  EXPECT_THAT(fs_->WriteIfVersion(path, "lost", v1), StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_EQ(fs_->ReadVersioned(path, 1024).value().contents, "two");
+  EXPECT_THAT(fs_->ReadVersioned(path, 2), StatusIs(StatusCode::kResourceExhausted));
+}
+
+// A node that lost its disk resumes from the remote tier: index object, MANIFEST, data. No LIST.
+TEST_F(S3StoreTest, ManagerRestoresFromTheRemoteTierWithoutListing) {
+  testing::TempDir disk;
+  ManagerOptions o;
+  o.naming.directory = disk.Sub("run");
+  o.remote.location = root_;
+  o.remote.fs = fs_.get();
+  {
+    auto m = CheckpointManager::Open(o);
+    SP_ASSERT_OK(m.status());
+    for (int64_t step = 1; step <= 2; ++step) {
+      SP_ASSERT_OK((*m)->Save(step, testing::RandomState(step, 3, 256 << 10)).status());
+    }
+    SP_ASSERT_OK((*m)->Close());
+  }
+  SP_ASSERT_OK(fs_->Stat(root_ + "/savepoint-index.json").status());
+  testing::TempDir new_disk;
+  auto fresh = std::unique_ptr<io::S3FileSystem>(
+      static_cast<io::S3FileSystem*>(NewS3FileSystem(ServerOptions()).value().release()));
+  o.naming.directory = new_disk.Sub("run");
+  o.remote.fs = fresh.get();
+  auto m = CheckpointManager::Open(o);
+  SP_ASSERT_OK(m.status());
+  SP_ASSERT_OK_AND_ASSIGN(State back, (*m)->Restore());
+  SP_ASSERT_OK_AND_ASSIGN(State saved, Load(disk.Sub("run/ckpt-1_2")));
+  EXPECT_TRUE(testing::StatesEqual(back, saved));
+  const io::S3Counters& c = fresh->client()->counters();
+  EXPECT_EQ(c.list.load(), 0u) << "a restore must not LIST";
+  std::printf("restore from the remote tier: %llu GET, %llu HEAD, %llu LIST\n",
+              static_cast<unsigned long long>(c.get.load()),
+              static_cast<unsigned long long>(c.head.load()),
+              static_cast<unsigned long long>(c.list.load()));
+  SP_ASSERT_OK((*m)->Close());
+}
+
 // A multipart upload its process never completed (killed mid-save) holds storage until aborted:
 // gc aborts those begun before its grace period, under its root only.
 TEST_F(S3StoreTest, GcAbortsAbandonedMultipartUploadsUnderItsRoot) {
@@ -360,17 +412,32 @@ TEST_F(S3StoreTest, GcAbortsAbandonedMultipartUploadsUnderItsRoot) {
 // Through tests/s3/fault_proxy.py: 503 SlowDown, 500s, connections reset before an answer and
 // bodies damaged on the way (the server's CRC32C check refuses them) on a fraction of requests.
 // Every save and load still succeeds, bit for bit, by retrying.
-TEST_F(S3StoreTest, SaveAndLoadSurviveThrottlingResetsAndDamagedBodies) {
-  const uint64_t seed = testing::TestSeed("s3-faults");
+// Starts tests/s3/fault_proxy.py in front of the server with `rates` (its arguments after the
+// seed) and points `o` at it.
+std::unique_ptr<Child> StartProxy(uint64_t seed, const std::vector<std::string>& rates,
+                                  S3Options* o) {
   const std::string port =
       SeaweedEnvironment::settings["AWS_ENDPOINT_URL"].get<std::string>().substr(
           std::string("http://127.0.0.1:").size());
-  Child proxy({SAVEPOINT_TEST_PYTHON, std::string(SAVEPOINT_S3_TEST_DIR) + "/fault_proxy.py", port,
-               std::to_string(seed), "0.1", "0.05", "0.05", "0.1"});
-  const nlohmann::json started = proxy.Line();
-  ASSERT_TRUE(started.is_object());
-  S3Options o = ServerOptions();
-  o.endpoint = "http://127.0.0.1:" + std::to_string(started["port"].get<int>());
+  std::vector<std::string> argv = {SAVEPOINT_TEST_PYTHON,
+                                   std::string(SAVEPOINT_S3_TEST_DIR) + "/fault_proxy.py", port,
+                                   std::to_string(seed)};
+  argv.insert(argv.end(), rates.begin(), rates.end());
+  auto proxy = std::make_unique<Child>(argv);
+  const nlohmann::json started = proxy->Line();
+  EXPECT_TRUE(started.is_object()) << "tests/s3/fault_proxy.py did not start";
+  if (!started.is_object()) return nullptr;
+  *o = ServerOptions();
+  o->endpoint = "http://127.0.0.1:" + std::to_string(started["port"].get<int>());
+  return proxy;
+}
+
+TEST_F(S3StoreTest, SaveAndLoadSurviveThrottlingResetsAndDamagedBodies) {
+  const uint64_t seed = testing::TestSeed("s3-faults");
+  S3Options o;
+  std::unique_ptr<Child> started = StartProxy(seed, {"0.1", "0.05", "0.05", "0.1"}, &o);
+  ASSERT_NE(started, nullptr);
+  Child& proxy = *started;
   o.max_attempts = 12;
   auto fs = NewS3FileSystem(o).value();
   const IoOptions io{.fs = fs.get(), .io_threads = 4, .direct_io = false};
@@ -390,6 +457,67 @@ TEST_F(S3StoreTest, SaveAndLoadSurviveThrottlingResetsAndDamagedBodies) {
     EXPECT_GT(counts[fault].get<int>(), 0) << fault;
   }
   EXPECT_GT(static_cast<io::S3FileSystem*>(fs.get())->client()->counters().retries.load(), 0u);
+}
+
+// A server that stops answering mid-request: each stalled request fails as a timeout after
+// stall_timeout and is retried, so the save completes; when every request stalls, the save fails
+// within the attempts' bound with an error naming the object, nothing committed. Never a hang.
+TEST_F(S3StoreTest, AStalledServerIsATimeoutRetriedNotAHang) {
+  const uint64_t seed = testing::TestSeed("s3-stall");
+  const State state = testing::RandomState(seed, 3, 256 << 10);
+  {
+    S3Options o;
+    std::unique_ptr<Child> proxy = StartProxy(seed, {"0", "0", "0", "0", "0.15", "0", "3"}, &o);
+    ASSERT_NE(proxy, nullptr);
+    o.stall_timeout = std::chrono::milliseconds(1000);
+    o.max_attempts = 12;
+    auto fs = NewS3FileSystem(o).value();
+    const IoOptions io{.fs = fs.get(), .io_threads = 4, .direct_io = false};
+    SP_ASSERT_OK(Save(state, root_ + "/slow", {}, io));
+    Result<State> back = Load(root_ + "/slow", {}, io);
+    SP_ASSERT_OK(back.status());
+    EXPECT_TRUE(testing::StatesEqual(state, *back));
+    proxy->CloseStdin();
+    const nlohmann::json counts = proxy->Line();
+    ASSERT_TRUE(counts.is_object());
+    std::printf("faults injected: %s\n", counts.dump().c_str());
+    EXPECT_GT(counts["stall"].get<int>(), 0);
+  }
+  S3Options o;
+  std::unique_ptr<Child> proxy = StartProxy(seed, {"0", "0", "0", "0", "1", "0", "3"}, &o);
+  ASSERT_NE(proxy, nullptr);
+  o.stall_timeout = std::chrono::milliseconds(500);
+  o.max_attempts = 2;
+  auto fs = NewS3FileSystem(o).value();
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THAT(
+      Save(state, root_ + "/dead", {}, {.fs = fs.get(), .io_threads = 4, .direct_io = false}),
+      StatusIs(StatusCode::kIOError, root_ + "/dead"));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 20.0) << "a stalled server must time out, not hang";
+  EXPECT_THAT(fs_->Stat(root_ + "/dead/MANIFEST"), StatusIs(StatusCode::kNotFound));
+}
+
+// A store with no room left (HTTP 507, as MinIO answers when its disks are full) is NoSpace, as
+// ENOSPC is on a disk: named, not retried, nothing committed, the checkpoint before it intact.
+TEST_F(S3StoreTest, AFullStoreIsNoSpaceNotRetriedAndNothingIsCommitted) {
+  const uint64_t seed = testing::TestSeed("s3-full");
+  const State before = testing::RandomState(seed, 3, 64 << 10);
+  SP_ASSERT_OK(Save(before, root_ + "/step-1", {}, io_));
+  S3Options o;
+  std::unique_ptr<Child> proxy = StartProxy(seed, {"0", "0", "0", "0", "0", "1"}, &o);
+  ASSERT_NE(proxy, nullptr);
+  auto fs = NewS3FileSystem(o).value();
+  EXPECT_THAT(Save(BigState(seed), root_ + "/step-2", {},
+                   {.fs = fs.get(), .io_threads = 4, .direct_io = false}),
+              StatusIs(StatusCode::kNoSpace, "no space left"));
+  EXPECT_EQ(static_cast<io::S3FileSystem*>(fs.get())->client()->counters().retries.load(), 0u);
+  EXPECT_THAT(fs_->Stat(root_ + "/step-2/MANIFEST"), StatusIs(StatusCode::kNotFound));
+  Result<State> back =
+      Load(root_ + "/step-1", {}, {.fs = fs.get(), .io_threads = 4, .direct_io = false});
+  SP_ASSERT_OK(back.status());
+  EXPECT_TRUE(testing::StatesEqual(before, *back));
 }
 
 }  // namespace

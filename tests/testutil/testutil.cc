@@ -140,4 +140,29 @@ Result<std::unique_ptr<WritableFile>> MemObjectStore::NewWritableFile(const std:
   return base()->NewWritableFile(path, options);
 }
 
+std::string MemObjectStore::VersionOf(const std::string& path) {
+  if (!base()->Exists(path)) return "";
+  auto it = versions_.find(path);
+  return it == versions_.end() ? "\"unversioned\"" : fmt::format("\"{}\"", it->second);
+}
+
+Result<VersionedFile> MemObjectStore::ReadVersioned(const std::string& path, uint64_t max_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  SP_ASSIGN_OR_RETURN(std::string contents, base()->ReadFile(path, max_bytes));
+  return VersionedFile{std::move(contents), VersionOf(path)};
+}
+
+Result<std::string> MemObjectStore::WriteIfVersion(const std::string& path,
+                                                   std::string_view contents,
+                                                   const std::string& version) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (VersionOf(path) != version) {
+    return FailedPreconditionError(fmt::format("{} changed since it was read", path));
+  }
+  SP_RETURN_IF_ERROR(base()->CreateDirs(Dirname(path)));
+  SP_RETURN_IF_ERROR(base()->WriteFileSynced(path, contents));
+  versions_[path] = next_version_++;
+  return VersionOf(path);
+}
+
 }  // namespace savepoint::testing

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <ostream>
 #include <random>
 #include <string>
@@ -68,6 +70,18 @@ class MemObjectStore : public ForwardingFileSystem {
   bool IsObjectStore(const std::string&) override { return true; }
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
                                                         const FileOptions& options) override;
+  // Compare-and-swap with a per-path counter as the version (the ETag of a real store).
+  Result<VersionedFile> ReadVersioned(const std::string& path, uint64_t max_bytes) override;
+  Result<std::string> WriteIfVersion(const std::string& path, std::string_view contents,
+                                     const std::string& version) override;
+
+ private:
+  // The version of `path` now ("" if absent). Needs mu_.
+  std::string VersionOf(const std::string& path);
+
+  std::mutex mu_;
+  std::map<std::string, uint64_t> versions_;
+  uint64_t next_version_ = 1;
 };
 
 // Asserts that two states hold the same names, dtypes, shapes, bytes, values and metadata.

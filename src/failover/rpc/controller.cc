@@ -403,7 +403,7 @@ std::string Controller::DumpPath(const failover::StepInfo& at) const {
   std::string name = o_.naming == DumpNaming::kManager
                          ? FailureDumpName(o_.prefix, at.epoch, at.step_in_epoch)
                          : MindSporeDumpName(at.step);
-  return (std::filesystem::path(o_.directory) / name).string();
+  return JoinPath(o_.directory, name);  // a URI ("s3://...") stays one
 }
 
 // Under mu_. The step a dump source holds: its live state's, or its snapshot's of `step`.
@@ -529,10 +529,9 @@ void Controller::RunDump(const DumpPlan& plan) {
   for (std::thread& t : here) t.join();  // each has answered (or fails at its timeout)
   lock.lock();
   Status s = dump_done_[0].value_or(dump_->broken);
-  // A coordinator that died after its commit: the rename is atomic, so the MANIFEST (or, for
-  // the .ckpt layout, the directory itself) tells.
-  if (!dump_done_[0] && std::filesystem::exists(ckpt ? std::filesystem::path(path)
-                                                     : std::filesystem::path(path) / "MANIFEST")) {
+  // A coordinator that died after its commit: the commit is atomic, so the MANIFEST (or, for
+  // the .ckpt layout, the directory itself) tells; in a bucket as on a disk.
+  if (!dump_done_[0] && DefaultFileSystem()->Exists(ckpt ? path : JoinPath(path, "MANIFEST"))) {
     s = Status::OK();
   }
   outcome_.dumped = s.ok();
@@ -648,6 +647,13 @@ Result<std::unique_ptr<FailoverController>> FailoverController::Start(Controller
   SP_RETURN_IF_ERROR(failover::CheckToken(o.token));
   if (o.world < 1) return InvalidArgumentError(fmt::format("world {}: must be >= 1", o.world));
   if (o.directory.empty()) return InvalidArgumentError("no dump directory");
+  if (o.naming == DumpNaming::kMindSporeCkpt && DefaultFileSystem()->IsObjectStore(o.directory)) {
+    return InvalidArgumentError(fmt::format(
+        "dump directory {}: the MindSpore layout commits a directory of .ckpt files by renaming "
+        "it, which object storage cannot do; dump there with the manager naming (a checkpoint "
+        "committed by its MANIFEST)",
+        o.directory));
+  }
   if (o.heartbeat_interval.count() <= 0 || o.heartbeat_timeout <= o.heartbeat_interval) {
     return InvalidArgumentError("heartbeat_timeout must exceed heartbeat_interval (> 0)");
   }

@@ -4,6 +4,8 @@
     python dcp_ranks.py load WORLD DIR   # dcp.load of DIR/sync and DIR/async into another mesh
     python dcp_ranks.py fswrite WORLD DIR  # DCP's own FileSystemWriter into DIR/fs (for convert)
 
+DIR may be a bucket prefix ("s3://bucket/run", settings from the AWS variables).
+
 The state (expected() below) is the same whatever the world: DTensors sharded over a mesh
 (even and uneven splits, two mesh dims), a plain tensor replicated on every rank and non-tensor
 values. Every rank checks what it loaded against expected(); a failure exits non-zero.
@@ -11,6 +13,7 @@ values. Every rank checks what it loaded against expected(); a failure exits non
 
 import os
 import sys
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -93,5 +96,7 @@ def run(rank, world, mode, root, store):
 
 if __name__ == "__main__":
     mode, world, root = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    store = os.path.join(root, f"pg-{mode}-{world}-{os.getpid()}")  # a fresh rendezvous file
+    # A fresh rendezvous file, beside the checkpoints unless they go to a bucket (s3://...).
+    where = tempfile.gettempdir() if "://" in root else root
+    store = os.path.join(where, f"pg-{mode}-{world}-{os.getpid()}")
     mp.spawn(run, args=(world, mode, root, store), nprocs=world, join=True)
