@@ -4,6 +4,7 @@ and from the same server in the same run: SeaweedFS (`weed mini`) on 127.0.0.1, 
 tests/s3/seaweed.py.
 
     PYTHONPATH=build/python build/venv/bin/python bench/s3_bench.py [--mib 1024] [--trials 3]
+        [--uploads-only]
 
 Per trial: savepoint.save(state, "s3://...") from memory against `s5cmd cp` uploading the same
 checkpoint from a local directory (in the page cache); savepoint.load("s3://...") into new memory,
@@ -117,10 +118,35 @@ def manager_run(scratch, state, trials, remote):
     return statistics.median(blocked), uploads
 
 
+def uploads_only(args, state, local, nbytes):
+    """--uploads-only: the upload of a large checkpoint (a save from memory and `savepoint cp` of
+    the committed files) against s5cmd's, each trial's objects removed before the next."""
+    rows = {"save (savepoint, from memory)": [], "upload (savepoint cp, from files)": [],
+            "upload (s5cmd cp, from files)": []}
+    with Seaweed(bucket="bench") as s3:
+        os.environ.update(s3.env)
+        for t in range(args.trials):
+            for what, fn in (("save (savepoint, from memory)",
+                              lambda: savepoint.save(state, f"s3://bench/sp-{t}")),
+                             ("upload (s5cmd cp, from files)",
+                              lambda: s3.s5cmd("cp", f"{local}/*", f"s3://bench/ref-{t}/")),
+                             ("upload (savepoint cp, from files)",
+                              lambda: cp(local, f"s3://bench/cp-{t}"))):
+                rows[what].append(timed(fn)[0])
+                s3.s5cmd("rm", "s3://bench/*")
+    ref = statistics.median(rows["upload (s5cmd cp, from files)"])
+    print(f"s3 uploads: {nbytes / MIB:.0f} MiB checkpoint, {args.trials} trials (medians)")
+    for what, v in rows.items():
+        s = statistics.median(v)
+        print(f"| {what:<40} | {s:7.2f} | {nbytes / MIB / s:7.0f} | {ref / s:7.2f}x |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--uploads-only", action="store_true",
+                    help="only the uploads (for checkpoints larger than the other rows fit)")
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="savepoint-s3-bench-",
                                dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
@@ -128,6 +154,10 @@ def main():
     local = os.path.join(scratch, "local")
     savepoint.save(state, local)
     nbytes = dir_bytes(local)
+    if args.uploads_only:
+        uploads_only(args, state, local, nbytes)
+        shutil.rmtree(scratch)
+        return
     rows = {"save (savepoint, from memory)": [], "upload (s5cmd cp, from files)": [],
             "load (savepoint, into new memory)": [], "load (savepoint, into the state, like=)": [],
             "verify (savepoint, read + check all)": [], "download (s5cmd cp, into files)": [],

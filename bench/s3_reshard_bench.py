@@ -5,9 +5,12 @@ against s5cmd downloading the same checkpoint (the same bytes) from the same ser
 run: SeaweedFS (`weed mini`) on 127.0.0.1, started here by tests/s3/seaweed.py.
 
     PYTHONPATH=build/python build/venv/bin/python bench/s3_reshard_bench.py [--mib 1024] [--trials 3]
+        [--chunk-mib 8,2]
 
 Reports the load's wall time (the slowest rank, between barriers), the bytes the 3 ranks received
-against the bytes they needed (the whole state, once), and the requests per GiB. Medians.
+against the bytes they needed (the whole state, once), and the requests per GiB, for checkpoints
+saved with each chunk size (8 MiB is the default): a rank reads whole chunks, since each chunk's
+CRC32C is checked, so a chunk that two ranks' rows share is read by both. Medians.
 """
 
 import argparse
@@ -52,7 +55,7 @@ def sharded(mesh, rank, world, rows, fill):
     return out
 
 
-def run(rank, world, mode, uri, rows, store, results):
+def run(rank, world, mode, uri, rows, chunk, store, results):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         mesh = init_device_mesh("cpu", (world,))
@@ -61,7 +64,8 @@ def run(rank, world, mode, uri, rows, store, results):
         dist.barrier()
         t0 = time.perf_counter()
         if mode == "save":
-            savepoint.save(state, uri, process_group=dist.group.WORLD, timeout=600)
+            savepoint.save(state, uri, process_group=dist.group.WORLD, timeout=600,
+                           chunk_bytes=chunk)
         else:
             savepoint.load(uri, like=state, process_group=dist.group.WORLD, timeout=600)
         dist.barrier()
@@ -78,52 +82,65 @@ def run(rank, world, mode, uri, rows, store, results):
         dist.destroy_process_group()
 
 
-def ranks(world, mode, uri, rows, scratch):
+def ranks(world, mode, uri, rows, chunk, scratch):
     with mp.Manager() as manager:
         results = manager.dict()
         store = tempfile.mktemp(dir=scratch, prefix="pg-")
-        mp.spawn(run, args=(world, mode, uri, rows, store, results), nprocs=world, join=True)
+        mp.spawn(run, args=(world, mode, uri, rows, chunk, store, results), nprocs=world,
+                 join=True)
         return dict(results)
+
+
+def measure(s3, args, rows, chunk, scratch):
+    """Medians of (load seconds, s5cmd download seconds, bytes received, requests)."""
+    loads, downloads, received, requests = [], [], [], []
+    for t in range(args.trials):
+        uri = f"s3://bench/reshard-{chunk >> 20}-{t}"
+        ranks(4, "save", uri, rows, chunk, scratch)
+        got = ranks(3, "load", uri, rows, chunk, scratch)
+        loads.append(max(s for s, _ in got.values()))
+        received.append(sum(c["bytes_received"] for _, c in got.values()))
+        requests.append(sum(sum(c[k] for k in ("get", "head", "list")) for _, c in got.values()))
+        assert all(c["list"] == 0 for _, c in got.values()), "a load made a LIST"
+        out = os.path.join(scratch, f"down-{t}")
+        t0 = time.perf_counter()
+        s3.s5cmd("cp", f"{uri}/*", f"{out}/")
+        downloads.append(time.perf_counter() - t0)
+        shutil.rmtree(out)
+        s3.s5cmd("rm", f"{uri}/*")
+    return tuple(statistics.median(v) for v in (loads, downloads, received, requests))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--chunk-mib", default="8,2")
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="savepoint-s3-reshard-",
                                dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     rows = rows_of(args.mib * MIB)
     needed = rows * COLS * 4 * TENSORS
-    loads, downloads, received, requests = [], [], [], []
+    gib = needed / (1 << 30)
+    results = {}
     with Seaweed(bucket="bench") as s3:
         os.environ.update(s3.env)
-        for t in range(args.trials):
-            uri = f"s3://bench/reshard-{t}"
-            ranks(4, "save", uri, rows, scratch)
-            got = ranks(3, "load", uri, rows, scratch)
-            loads.append(max(s for s, _ in got.values()))
-            received.append(sum(c["bytes_received"] for _, c in got.values()))
-            requests.append(sum(sum(c[k] for k in ("get", "head", "list")) for _, c in got.values()))
-            assert all(c["list"] == 0 for _, c in got.values()), "a load made a LIST"
-            out = os.path.join(scratch, f"down-{t}")
-            t0 = time.perf_counter()
-            s3.s5cmd("cp", f"{uri}/*", f"{out}/")
-            downloads.append(time.perf_counter() - t0)
-            shutil.rmtree(out)
+        for mib in map(int, args.chunk_mib.split(",")):
+            results[mib] = measure(s3, args, rows, mib * MIB, scratch)
     shutil.rmtree(scratch)
-    load, down = statistics.median(loads), statistics.median(downloads)
-    gib = needed / (1 << 30)
     print(f"s3 resharded load 4 -> 3 ranks: {needed / MIB:.0f} MiB of DTensors, SeaweedFS on "
           f"127.0.0.1, {args.trials} trials (medians)")
-    print(f"| {'what':<44} | {'s':>7} | {'MiB/s':>7} | {'vs s5cmd':>8} |")
-    print(f"|{'-' * 46}|{'-' * 9}|{'-' * 9}|{'-' * 10}|")
-    print(f"| {'load 4 -> 3 (savepoint, 3 ranks, ranged GETs)':<44} | {load:7.2f} | "
-          f"{needed / MIB / load:7.0f} | {down / load:7.2f}x |")
-    print(f"| {'download (s5cmd cp, the whole checkpoint)':<44} | {down:7.2f} | "
-          f"{needed / MIB / down:7.0f} | {'':>8} |")
-    print(f"bytes received / bytes needed: {statistics.median(received) / needed:.3f}; "
-          f"requests per GiB: {statistics.median(requests) / gib:.0f} (LIST: 0)")
+    print(f"| {'what':<36} | {'s':>6} | {'MiB/s':>6} | {'vs s5cmd':>8} | {'read/needed':>11} | "
+          f"{'req/GiB':>7} |")
+    print(f"|{'-' * 38}|{'-' * 8}|{'-' * 8}|{'-' * 10}|{'-' * 13}|{'-' * 9}|")
+    for mib, (load, down, received, requests) in results.items():
+        what = f"load 4 -> 3, {mib} MiB chunks"
+        print(f"| {what:<36} | {load:6.2f} | {needed / MIB / load:6.0f} | {down / load:7.2f}x | "
+              f"{received / needed:11.3f} | {requests / gib:7.0f} |")
+        what = f"s5cmd download (same run)"
+        print(f"| {what:<36} | {down:6.2f} | {needed / MIB / down:6.0f} | {'':>8} | {'':>11} | "
+              f"{'':>7} |")
+    print("no load made a LIST request")
 
 
 if __name__ == "__main__":
