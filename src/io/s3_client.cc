@@ -4,6 +4,7 @@
 
 #include <curl/curl.h>
 #include <fmt/format.h>
+#include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -579,6 +580,7 @@ Result<S3Head> S3Client::Head(const S3Location& at) {
   const time_t t = curl_getdate(resp.headers["last-modified"].c_str(), nullptr);
   h.mtime_ns = t > 0 ? static_cast<int64_t>(t) * 1000000000 : 0;
   h.crc32c = resp.headers["x-amz-checksum-crc32c"];
+  h.etag = resp.headers["etag"];
   return h;
 }
 
@@ -644,9 +646,18 @@ Status S3Client::CompleteMultipart(const S3Location& at, const std::string& uplo
   r.what = fmt::format("complete the multipart upload of {}", at.uri());
   // S3 may answer 200 with an <Error> document when the completion fails after it started; a
   // retryable one is tried again like any other.
+  int tries = 0;
   for (int attempt = 1;; ++attempt) {
-    SP_ASSIGN_OR_RETURN(Response resp, Perform(r));
-    if (resp.status == 412) {
+    int attempts = 0;
+    Result<Response> answer = Perform(r, &attempts);
+    tries += attempts;
+    const bool gone = answer.status().code() == StatusCode::kNotFound &&
+                      answer.status().message().find("NoSuchUpload") != std::string::npos;
+    const bool exists = answer.ok() && answer->status == 412;
+    if ((gone || exists) && tries > 1 && CompletedBy(at, parts)) return Status::OK();
+    SP_RETURN_IF_ERROR(answer.status());
+    Response& resp = *answer;
+    if (exists) {
       return AlreadyExistsError(
           fmt::format("{} already exists (the conditional write found it)", at.uri()));
     }
@@ -657,6 +668,33 @@ Status S3Client::CompleteMultipart(const S3Location& at, const std::string& uplo
     }
     ++counters_.retries;
   }
+}
+
+bool S3Client::CompletedBy(const S3Location& at, const std::vector<S3Part>& parts) {
+  // A multipart object's ETag: the hex MD5 of its parts' binary MD5s, "-", the number of parts.
+  std::string digests;
+  for (const S3Part& p : parts) {
+    std::string_view hex = p.etag;
+    if (hex.size() == 34 && hex.front() == '"' && hex.back() == '"') hex = hex.substr(1, 32);
+    if (hex.size() != 32) return false;  // not an MD5 (an encrypted store's ETag)
+    for (size_t i = 0; i < 32; i += 2) {
+      unsigned byte = 0;
+      if (std::from_chars(hex.data() + i, hex.data() + i + 2, byte, 16).ec != std::errc()) {
+        return false;
+      }
+      digests.push_back(static_cast<char>(byte));
+    }
+  }
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  if (EVP_Digest(digests.data(), digests.size(), md, &n, EVP_md5(), nullptr) != 1) return false;
+  std::string want;
+  for (unsigned int i = 0; i < n; ++i) want += fmt::format("{:02x}", md[i]);
+  want = fmt::format("\"{}-{}\"", want, parts.size());
+  Result<S3Head> h = Head(at);
+  if (!h.ok() || h->etag != want) return false;
+  spdlog::info("savepoint: {}: an earlier attempt completed it (its answer was lost)", at.uri());
+  return true;
 }
 
 Status S3Client::AbortMultipart(const S3Location& at, const std::string& upload_id) {

@@ -48,6 +48,7 @@ struct S3Head {
   uint64_t size = 0;
   int64_t mtime_ns = 0;
   std::string crc32c;  // x-amz-checksum-crc32c when the server keeps it (base64), else empty
+  std::string etag;    // as the server quotes it
 };
 
 // An object read whole (GetObject).
@@ -104,6 +105,9 @@ class S3Client {
   // Returns the part's ETag.
   Result<std::string> UploadPart(const S3Location& at, const std::string& upload_id, int number,
                                  std::span<const std::byte> data, const std::string& crc32c);
+  // A retried completion refused because the object exists (412) or the upload is gone
+  // (NoSuchUpload) succeeds when the object is the one these parts make (its ETag, the MD5 of
+  // the parts' MD5s, says so): an earlier attempt completed it and its answer was lost.
   Status CompleteMultipart(const S3Location& at, const std::string& upload_id,
                            const std::vector<S3Part>& parts, bool if_none_match);
   Status AbortMultipart(const S3Location& at, const std::string& upload_id);
@@ -124,6 +128,8 @@ class S3Client {
   // One try; `*retryable` says whether a transport failure may be retried.
   Result<Response> Attempt(Request& r, bool* retryable);
   std::string Url(const Request& r) const;
+  // Whether the object at `at` is the one the multipart upload of `parts` made (CompleteMultipart).
+  bool CompletedBy(const S3Location& at, const std::vector<S3Part>& parts);
 
   const S3Options options_;
   S3Counters counters_;

@@ -9,6 +9,8 @@ Each request is read whole, then (each kind of fault once first, then by a seede
   - stalled: held without a byte of answer for `stall_seconds`, then cut off (rate `stall`),
   - refused as if the store were full: 507 XMinioStorageFull (rate `full`, writes only: PUT and
     POST),
+  - forwarded, and the server's answer lost: the connection is reset instead (rate `lost`,
+    completions of multipart uploads only: the server did it, the client does not know),
   - or forwarded unchanged (the Host header and everything signed pass through as sent).
 `counts` says how many of each happened. One request per connection (the proxy closes it after
 answering), so the client's connection reuse is exercised by the reconnects instead.
@@ -28,10 +30,10 @@ class FaultProxy:
                "full": (507, "XMinioStorageFull")}
 
     def __init__(self, upstream_port, seed, slowdown=0.0, internal=0.0, reset=0.0, corrupt=0.0,
-                 stall=0.0, full=0.0, stall_seconds=5.0):
+                 stall=0.0, full=0.0, lost=0.0, stall_seconds=5.0):
         self.upstream_port = upstream_port
         self.rates = {"slowdown": slowdown, "internal": internal, "reset": reset,
-                      "corrupt": corrupt, "stall": stall, "full": full}
+                      "corrupt": corrupt, "stall": stall, "full": full, "lost": lost}
         self.stall_seconds = stall_seconds
         self.random = random.Random(seed)
         self.lock = threading.Lock()
@@ -47,7 +49,7 @@ class FaultProxy:
             def _any(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                fault = proxy._draw(self.command, body)
+                fault = proxy._draw(self.command, self.path, body)
                 if fault == "stall":
                     time.sleep(proxy.stall_seconds)
                 if fault in ("reset", "stall"):
@@ -71,9 +73,9 @@ class FaultProxy:
                 if fault == "corrupt":
                     i = len(body) // 2
                     body = body[:i] + bytes([body[i] ^ 0x01]) + body[i + 1:]
-                self._forward(body)
+                self._forward(body, answer=fault != "lost")
 
-            def _forward(self, body):
+            def _forward(self, body, answer=True):
                 up = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=120)
                 up.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
                 for k, v in self.headers.items():
@@ -81,6 +83,12 @@ class FaultProxy:
                 up.endheaders(body if body else None)
                 resp = up.getresponse()
                 data = resp.read()
+                if not answer:
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                               struct.pack("ii", 1, 0))
+                    self.close_connection = True
+                    up.close()
+                    return
                 self.send_response(resp.status, resp.reason)
                 for k, v in resp.getheaders():
                     if k.lower() not in ("content-length", "transfer-encoding", "connection"):
@@ -101,14 +109,20 @@ class FaultProxy:
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def _draw(self, method, body):
+    def _draw(self, method, path, body):
         """The fault for one request: each kind once first (so every run sees all of them; damage
         on the first PUT with a body), then by the seeded draw."""
         with self.lock:
             fault = None
             writing = method in ("PUT", "POST")
-            for kind in ("slowdown", "internal", "reset", "stall", "full"):
-                if self.rates[kind] > 0 and self.counts[kind] == 0 and (kind != "full" or writing):
+            completing = method == "POST" and "uploadId=" in path
+
+            def applies(kind):
+                return ((kind != "full" or writing) and (kind != "lost" or completing)
+                        and (kind != "corrupt" or (method == "PUT" and bool(body))))
+
+            for kind in ("slowdown", "internal", "reset", "stall", "full", "lost"):
+                if self.rates[kind] > 0 and self.counts[kind] == 0 and applies(kind):
                     fault = kind
                     break
             putting = method == "PUT" and bool(body)
@@ -119,8 +133,7 @@ class FaultProxy:
                 for kind, rate in self.rates.items():
                     acc += rate
                     if x < acc:  # this kind, when it applies to this request
-                        allowed = (kind != "corrupt" or putting) and (kind != "full" or writing)
-                        fault = kind if allowed else None
+                        fault = kind if applies(kind) else None
                         break
             self.counts[fault or "forwarded"] += 1
             return fault
@@ -139,7 +152,7 @@ class FaultProxy:
 
 
 def main():
-    """python3 fault_proxy.py UPSTREAM_PORT SEED SLOWDOWN INTERNAL RESET CORRUPT [STALL FULL
+    """python3 fault_proxy.py UPSTREAM_PORT SEED SLOWDOWN INTERNAL RESET CORRUPT [STALL FULL LOST
     [STALL_SECONDS]]: prints {"port": P}, proxies until stdin closes, then prints the counts as
     JSON."""
     import json

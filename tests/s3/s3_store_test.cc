@@ -467,7 +467,8 @@ TEST_F(S3StoreTest, AStalledServerIsATimeoutRetriedNotAHang) {
   const State state = testing::RandomState(seed, 3, 256 << 10);
   {
     S3Options o;
-    std::unique_ptr<Child> proxy = StartProxy(seed, {"0", "0", "0", "0", "0.15", "0", "3"}, &o);
+    std::unique_ptr<Child> proxy =
+        StartProxy(seed, {"0", "0", "0", "0", "0.15", "0", "0", "3"}, &o);
     ASSERT_NE(proxy, nullptr);
     o.stall_timeout = std::chrono::milliseconds(1000);
     o.max_attempts = 12;
@@ -484,7 +485,7 @@ TEST_F(S3StoreTest, AStalledServerIsATimeoutRetriedNotAHang) {
     EXPECT_GT(counts["stall"].get<int>(), 0);
   }
   S3Options o;
-  std::unique_ptr<Child> proxy = StartProxy(seed, {"0", "0", "0", "0", "1", "0", "3"}, &o);
+  std::unique_ptr<Child> proxy = StartProxy(seed, {"0", "0", "0", "0", "1", "0", "0", "3"}, &o);
   ASSERT_NE(proxy, nullptr);
   o.stall_timeout = std::chrono::milliseconds(500);
   o.max_attempts = 2;
@@ -518,6 +519,29 @@ TEST_F(S3StoreTest, AFullStoreIsNoSpaceNotRetriedAndNothingIsCommitted) {
       Load(root_ + "/step-1", {}, {.fs = fs.get(), .io_threads = 4, .direct_io = false});
   SP_ASSERT_OK(back.status());
   EXPECT_TRUE(testing::StatesEqual(before, *back));
+}
+
+// The server completes a multipart upload and its answer is lost (the connection drops): the
+// client's retry is refused (the object exists, or the upload is gone), and the client sees by
+// the object's ETag that its own earlier attempt made it. The save succeeds; nothing is reported
+// as AlreadyExists.
+TEST_F(S3StoreTest, ALostAnswerToACompletionIsNotAnError) {
+  const uint64_t seed = testing::TestSeed("s3-lost");
+  S3Options o;
+  std::unique_ptr<Child> proxy =
+      StartProxy(seed, {"0", "0", "0", "0", "0", "0", "0.000001"}, &o);  // the first one only
+  ASSERT_NE(proxy, nullptr);
+  auto fs = NewS3FileSystem(o).value();
+  const IoOptions io{.fs = fs.get(), .io_threads = 4, .direct_io = false};
+  const State state = BigState(seed);
+  SP_ASSERT_OK(Save(state, root_ + "/step-1", {}, io));
+  Result<State> back = Load(root_ + "/step-1", {}, io);
+  SP_ASSERT_OK(back.status());
+  EXPECT_TRUE(testing::StatesEqual(state, *back));
+  proxy->CloseStdin();
+  const nlohmann::json counts = proxy->Line();
+  ASSERT_TRUE(counts.is_object());
+  EXPECT_EQ(counts["lost"].get<int>(), 1) << counts.dump();
 }
 
 }  // namespace
