@@ -209,6 +209,23 @@ Status CheckTarget(FileSystem* fs, const std::string& path, bool overwrite) {
   return Status::OK();
 }
 
+// Opens `target` for writing only if absent (FileOptions::exclusive): a file written in place in
+// object storage, where another writer may publish the same key meanwhile.
+class ExclusiveTarget final : public ForwardingFileSystem {
+ public:
+  ExclusiveTarget(FileSystem* base, std::string target)
+      : ForwardingFileSystem(base), target_(std::move(target)) {}
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
+                                                        const FileOptions& options) override {
+    FileOptions o = options;
+    o.exclusive |= path == target_ && o.truncate;
+    return base()->NewWritableFile(path, o);
+  }
+
+ private:
+  const std::string target_;
+};
+
 }  // namespace
 
 Status CommitFile(const IoOptions& io, const std::string& target, const ByteLayout& layout,
@@ -229,8 +246,11 @@ Status CommitFile(const IoOptions& io, const std::string& target, const ByteLayo
                         .head_end = options.head_end,
                         .head = options.head};
   bool direct = false;
-  Status s = options.write ? options.write(commit->tmp(), &progress, &direct)
-                           : WriteByteLayout(io, commit->tmp(), layout, wo, &direct);
+  ExclusiveTarget exclusive(fs, target);
+  IoOptions wio = io;
+  if (commit->tmp() == target && !options.overwrite) wio.fs = &exclusive;
+  Status s = options.write ? options.write(wio, commit->tmp(), &progress, &direct)
+                           : WriteByteLayout(wio, commit->tmp(), layout, wo, &direct);
   if (s.ok()) progress.Finish();
   if (s.ok()) s = commit->Commit();
   if (!s.ok()) {

@@ -96,17 +96,21 @@ struct CommitFileOptions {
   std::function<Status(const std::vector<uint32_t>& segment_crcs)> head = nullptr;
   ProgressFn progress = nullptr;  // payload bytes written / layout.payload_bytes()
   SaveStats* stats = nullptr;     // filled on success (bytes = payload bytes)
-  // Writes the file instead of WriteByteLayout (e.g. encrypted); crc_end and trailer are then
-  // the writer's business. Default: empty (WriteByteLayout).
-  std::function<Status(const std::string& tmp, Progress* progress, bool* direct)> write = nullptr;
+  // Writes the file instead of WriteByteLayout (e.g. encrypted), through `io` (the caller's, or
+  // one that publishes the file only if absent); crc_end and trailer are then the writer's
+  // business. Default: empty (WriteByteLayout).
+  std::function<Status(const IoOptions& io, const std::string& tmp, Progress* progress,
+                       bool* direct)>
+      write = nullptr;
 };
 
 // The one path of the single-file writers (safetensors, MindSpore .ckpt): refuses a directory in
 // the way or an existing file (unless overwriting), then the durable commit of a file
 // (io/commit.h): the layout is written into a hidden temporary file beside `target` by
-// WriteByteLayout, synced and renamed into place, and the directory synced. On an error nothing is
-// left at `target` but what was there before. `context` prefixes errors; `start` is the call's
-// start (statistics).
+// WriteByteLayout, synced and renamed into place, and the directory synced. In object storage it
+// is written in place and, unless overwriting, published only if absent (a writer that lost a
+// race gets AlreadyExists). On an error nothing is left at `target` but what was there before.
+// `context` prefixes errors; `start` is the call's start (statistics).
 Status CommitFile(const IoOptions& io, const std::string& target, const ByteLayout& layout,
                   const CommitFileOptions& options, const std::string& context,
                   std::chrono::steady_clock::time_point start);

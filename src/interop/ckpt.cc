@@ -306,8 +306,8 @@ Status CommitEncrypted(const IoOptions& io, const std::string& target,
     spec.macs = &macs;
     SP_ASSIGN_OR_RETURN(spec.mac_key, interop::ckpt::CbcMacKey(key.bytes()));
   }
-  o.write = [&](const std::string& tmp, Progress* progress, bool* direct) {
-    return interop::ckpt::WriteEncryptedLayout(io, tmp, layout, spec, progress, direct);
+  o.write = [&](const IoOptions& wio, const std::string& tmp, Progress* progress, bool* direct) {
+    return interop::ckpt::WriteEncryptedLayout(wio, tmp, layout, spec, progress, direct);
   };
   const std::string sidecar = interop::ckpt::MacSidecarPath(target);
   if (options.overwrite) SP_RETURN_IF_ERROR(RemoveIfPresent(fs, sidecar).WithContext(context));

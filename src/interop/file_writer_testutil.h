@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "io/fault_fs.h"
@@ -25,7 +26,8 @@ using FileLoadFn = std::function<Result<State>(const std::string&, FileSystem*)>
 // Every injected failure while `new_state` overwrites `old_state` at `path` (in directory "/d")
 // leaves either no file or the previous file at the path, never a partial one; a plain error (not
 // a crash) also leaves no temporary file behind. After power loss at any crash point the path
-// holds the old or the new file, complete.
+// holds the old or the new file, complete. In object storage, a writer that lost the race for the
+// key to another fails with AlreadyExists and leaves the other's file.
 inline void ExpectFaultsNeverLeaveAPartialFile(const FileSaveFn& save, const FileLoadFn& load,
                                                const std::string& path, const State& old_state,
                                                const State& new_state) {
@@ -76,6 +78,32 @@ inline void ExpectFaultsNeverLeaveAPartialFile(const FileSaveFn& save, const Fil
       run([op, n](FaultInjectionFileSystem& fs) { fs.FailNth(op, n, EIO); }, false);
     }
   }
+
+  // In object storage the file is written in place: a writer that finds another writer's file
+  // published under the same key meanwhile (a race it lost) fails with AlreadyExists and leaves
+  // that file as it is.
+  class Racer : public MemObjectStore {
+   public:
+    Racer(FileSystem* base, std::string path) : MemObjectStore(base), path_(std::move(path)) {}
+    Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& p,
+                                                          const FileOptions& o) override {
+      if (p == path_ && !std::exchange(raced_, true)) {
+        EXPECT_TRUE(base()->CreateDirs(Dirname(p)).ok());
+        EXPECT_TRUE(base()->WriteFileSynced(p, "theirs").ok());
+      }
+      return MemObjectStore::NewWritableFile(p, o);
+    }
+
+   private:
+    const std::string path_;
+    bool raced_ = false;
+  };
+  MemFileSystem bucket;
+  Racer racer(&bucket, path);
+  EXPECT_THAT(save(new_state, path, false, &racer), StatusIs(StatusCode::kAlreadyExists));
+  Result<std::string> kept = bucket.ReadFile(path, 1 << 20);
+  ASSERT_TRUE(kept.ok()) << kept.status().ToString();
+  EXPECT_EQ(*kept, "theirs");
 }
 
 }  // namespace savepoint::testing
