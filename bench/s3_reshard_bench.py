@@ -5,12 +5,14 @@ against s5cmd downloading the same checkpoint (the same bytes) from the same ser
 run: SeaweedFS (`weed mini`) on 127.0.0.1, started here by tests/s3/seaweed.py.
 
     PYTHONPATH=build/python build/venv/bin/python bench/s3_reshard_bench.py [--mib 1024] [--trials 3]
-        [--chunk-mib 8,2]
+        [--chunk-mib 8,2] [--tensors 8]
 
 Reports the load's wall time (the slowest rank, between barriers), the bytes the 3 ranks received
 against the bytes they needed (the whole state, once), and the requests per GiB, for checkpoints
 saved with each chunk size (8 MiB is the default): a rank reads whole chunks, since each chunk's
-CRC32C is checked, so a chunk that two ranks' rows share is read by both. Medians.
+CRC32C is checked, so a chunk that two ranks' rows share is read by both: at most one chunk more
+per border between two loading ranks in each tensor, a share that falls as tensors grow (--tensors
+2 makes them 4 times as large as the default 8). Medians.
 """
 
 import argparse
@@ -35,18 +37,17 @@ from seaweed import Seaweed  # noqa: E402
 
 MIB = 1 << 20
 COLS = 4096  # float32 columns: a row is 16 KiB
-TENSORS = 8
 
 
-def rows_of(total_bytes):
-    return max(12, total_bytes // TENSORS // (COLS * 4) // 12 * 12)  # divisible by 4 and by 3
+def rows_of(total_bytes, tensors):
+    return max(12, total_bytes // tensors // (COLS * 4) // 12 * 12)  # divisible by 4 and by 3
 
 
-def sharded(mesh, rank, world, rows, fill):
+def sharded(mesh, rank, world, rows, tensors, fill):
     """{name: DTensor} row-sharded over `world`; values a function of (tensor, row, column)."""
     out = {}
     per = rows // world
-    for i in range(TENSORS):
+    for i in range(tensors):
         local = torch.zeros(per, COLS)
         if fill:
             r = torch.arange(rank * per, (rank + 1) * per, dtype=torch.float32).unsqueeze(1)
@@ -55,11 +56,11 @@ def sharded(mesh, rank, world, rows, fill):
     return out
 
 
-def run(rank, world, mode, uri, rows, chunk, store, results):
+def run(rank, world, mode, uri, rows, tensors, chunk, store, results):
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         mesh = init_device_mesh("cpu", (world,))
-        state = sharded(mesh, rank, world, rows, fill=(mode == "save"))
+        state = sharded(mesh, rank, world, rows, tensors, fill=(mode == "save"))
         before = savepoint._core.s3_requests()
         dist.barrier()
         t0 = time.perf_counter()
@@ -73,20 +74,20 @@ def run(rank, world, mode, uri, rows, chunk, store, results):
         after = savepoint._core.s3_requests()
         if mode == "load":
             per = rows // world
-            got = state["layer3.weight"].to_local()
+            got = state["layer1.weight"].to_local()
             want = torch.arange(rank * per, (rank + 1) * per, dtype=torch.float32).unsqueeze(1)
-            want = want * 0.5 + 3 + torch.arange(COLS, dtype=torch.float32) * 1e-3
+            want = want * 0.5 + 1 + torch.arange(COLS, dtype=torch.float32) * 1e-3
             assert torch.equal(got, want), f"rank {rank} loaded other values"
         results[rank] = (seconds, {k: after[k] - before[k] for k in after})
     finally:
         dist.destroy_process_group()
 
 
-def ranks(world, mode, uri, rows, chunk, scratch):
+def ranks(world, mode, uri, rows, tensors, chunk, scratch):
     with mp.Manager() as manager:
         results = manager.dict()
         store = tempfile.mktemp(dir=scratch, prefix="pg-")
-        mp.spawn(run, args=(world, mode, uri, rows, chunk, store, results), nprocs=world,
+        mp.spawn(run, args=(world, mode, uri, rows, tensors, chunk, store, results), nprocs=world,
                  join=True)
         return dict(results)
 
@@ -96,8 +97,8 @@ def measure(s3, args, rows, chunk, scratch):
     loads, downloads, received, requests = [], [], [], []
     for t in range(args.trials):
         uri = f"s3://bench/reshard-{chunk >> 20}-{t}"
-        ranks(4, "save", uri, rows, chunk, scratch)
-        got = ranks(3, "load", uri, rows, chunk, scratch)
+        ranks(4, "save", uri, rows, args.tensors, chunk, scratch)
+        got = ranks(3, "load", uri, rows, args.tensors, chunk, scratch)
         loads.append(max(s for s, _ in got.values()))
         received.append(sum(c["bytes_received"] for _, c in got.values()))
         requests.append(sum(sum(c[k] for k in ("get", "head", "list")) for _, c in got.values()))
@@ -116,11 +117,12 @@ def main():
     ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--chunk-mib", default="8,2")
+    ap.add_argument("--tensors", type=int, default=8)
     args = ap.parse_args()
     scratch = tempfile.mkdtemp(prefix="savepoint-s3-reshard-",
                                dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
-    rows = rows_of(args.mib * MIB)
-    needed = rows * COLS * 4 * TENSORS
+    rows = rows_of(args.mib * MIB, args.tensors)
+    needed = rows * COLS * 4 * args.tensors
     gib = needed / (1 << 30)
     results = {}
     with Seaweed(bucket="bench") as s3:
@@ -128,7 +130,8 @@ def main():
         for mib in map(int, args.chunk_mib.split(",")):
             results[mib] = measure(s3, args, rows, mib * MIB, scratch)
     shutil.rmtree(scratch)
-    print(f"s3 resharded load 4 -> 3 ranks: {needed / MIB:.0f} MiB of DTensors, SeaweedFS on "
+    print(f"s3 resharded load 4 -> 3 ranks: {needed / MIB:.0f} MiB in {args.tensors} DTensors of "
+          f"{needed / args.tensors / MIB:.0f} MiB, SeaweedFS on "
           f"127.0.0.1, {args.trials} trials (medians)")
     print(f"| {'what':<36} | {'s':>6} | {'MiB/s':>6} | {'vs s5cmd':>8} | {'read/needed':>11} | "
           f"{'req/GiB':>7} |")
