@@ -56,8 +56,11 @@ SAVEPOINT_API Result<std::vector<std::string>> GarbageCollect(const std::string&
                                                               const GcOptions& options = {});
 
 // Deletes a committed checkpoint crash-safely: it is first renamed to a hidden trash name (so
-// it is never seen half-deleted), the rename is synced, then the files are removed. In object
-// storage: its MANIFEST first (what is left is no checkpoint), then its own data objects.
+// it is never seen half-deleted), the rename is synced, then the files are removed. A directory
+// without a MANIFEST is not a committed checkpoint: NotFound, nothing deleted. A directory that
+// also holds files that are not the checkpoint's (a user's notes), and a checkpoint in object
+// storage: its MANIFEST first (what is left is no checkpoint), then its own data files; the
+// others stay. A single-file checkpoint (safetensors, .ckpt) is renamed and removed.
 SAVEPOINT_API Status DeleteCheckpoint(const std::string& path, FileSystem* fs = nullptr);
 
 // How CopyCheckpoint copies (every field is honoured).

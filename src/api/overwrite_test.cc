@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <vector>
 
 #include "engine/paths.h"
 #include "io/mem_fs.h"
+#include "savepoint/catalog.h"
 #include "savepoint/checkpoint.h"
 #include "testutil/testutil.h"
 
@@ -61,6 +63,28 @@ TEST_F(OverwriteTest, ReplacesACheckpointButRefusesAnythingElse) {
   for (const FileInfo& e : fs_->ListDir("/").value()) {
     EXPECT_NE(e.name[0], '.') << "debris of a refused save: " << e.name;
   }
+}
+
+// DeleteCheckpoint deletes what savepoint wrote, never a user's file: a directory without a
+// MANIFEST is refused whole, and from one holding other files only the checkpoint's go.
+TEST_F(OverwriteTest, DeleteRemovesOnlyACheckpointsOwnFiles) {
+  SP_ASSERT_OK(fs_->CreateDir("/proj"));
+  Write("/proj/notes.txt", "notes");
+  Write("/proj/data-00000-00000.spd", "looks like ours, but no MANIFEST commits it");
+  EXPECT_THAT(DeleteCheckpoint("/proj", fs_.get()), StatusIs(StatusCode::kNotFound, "MANIFEST"));
+  EXPECT_EQ(fs_->ListDir("/proj").value().size(), 2u);
+
+  SP_ASSERT_OK(Save(state_, "/ckpt", {}, io_));
+  Write("/ckpt/keep.txt", "mine");
+  SP_ASSERT_OK(DeleteCheckpoint("/ckpt", fs_.get()));
+  EXPECT_THAT(Load("/ckpt", {}, io_), StatusIs(StatusCode::kNotFound));
+  std::vector<FileInfo> left = fs_->ListDir("/ckpt").value();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_EQ(left[0].name, "keep.txt");
+
+  SP_ASSERT_OK(Save(state_, "/only", {}, io_));  // nothing else in it: the directory goes whole
+  SP_ASSERT_OK(DeleteCheckpoint("/only", fs_.get()));
+  EXPECT_FALSE(fs_->Exists("/only"));
 }
 
 TEST(CheckpointEntry, NamesTheFilesOfANativeCheckpoint) {

@@ -171,12 +171,14 @@ Result<std::vector<std::string>> GarbageCollect(const std::string& root, const G
 
 namespace {
 
-// DeleteCheckpoint in object storage (docs/FORMAT.md §5.1): the MANIFEST first, so that no reader
-// takes what is left for a checkpoint, then the checkpoint's own data objects; other objects stay.
-Status DeleteObjects(FileSystem* fs, const std::string& path) {
+// DeleteCheckpoint in object storage (docs/FORMAT.md §5.1), or of a directory that holds files
+// besides the checkpoint's: the MANIFEST first (synced), so that no reader takes what is left for
+// a checkpoint, then the checkpoint's own data files; other files stay.
+Status DeleteOwnEntries(FileSystem* fs, const std::string& path) {
   const std::string manifest = JoinPath(path, format::kManifestFileName);
   SP_RETURN_IF_ERROR(fs->Stat(manifest).status());
   SP_RETURN_IF_ERROR(fs->RemoveFile(manifest));
+  SP_RETURN_IF_ERROR(fs->SyncDir(path));
   Result<std::vector<FileInfo>> entries = fs->ListDir(path);
   if (entries.status().code() == StatusCode::kNotFound) return Status::OK();
   SP_RETURN_IF_ERROR(entries.status());
@@ -185,7 +187,25 @@ Status DeleteObjects(FileSystem* fs, const std::string& path) {
       SP_RETURN_IF_ERROR(fs->RemoveFile(JoinPath(path, e.name)));
     }
   }
-  return Status::OK();
+  return fs->SyncDir(path);
+}
+
+// Whether the directory `path` holds a MANIFEST (else NotFound: not a committed checkpoint, so
+// nothing is deleted) and whether it holds anything but the checkpoint's own files.
+Result<bool> HoldsOthers(FileSystem* fs, const std::string& path) {
+  SP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, fs->ListDir(path));
+  bool committed = false, others = false;
+  for (const FileInfo& e : entries) {
+    committed |= e.name == format::kManifestFileName && !e.is_dir;
+    others |= e.is_dir || !engine::IsCheckpointEntry(e.name);
+  }
+  if (!committed) {
+    return NotFoundError(
+        fmt::format("{} has no MANIFEST: it is not a committed checkpoint, so nothing of it was "
+                    "deleted",
+                    path));
+  }
+  return others;
 }
 
 }  // namespace
@@ -194,7 +214,14 @@ Status DeleteCheckpoint(const std::string& raw_path, FileSystem* fs) {
   fs = Fs(fs);
   SP_ASSIGN_OR_RETURN(std::string path, engine::NormalizeCheckpointPath(raw_path));
   std::string context = fmt::format("delete {}", path);
-  if (fs->IsObjectStore(path)) return DeleteObjects(fs, path).WithContext(context);
+  if (fs->IsObjectStore(path)) return DeleteOwnEntries(fs, path).WithContext(context);
+  Result<FileInfo> info = fs->Stat(path);
+  if (!info.ok()) return info.status().WithContext(context);
+  if (info->is_dir) {  // a directory is deleted whole only when it holds nothing but the checkpoint
+    Result<bool> others = HoldsOthers(fs, path);
+    if (!others.ok()) return others.status().WithContext(context);
+    if (*others) return DeleteOwnEntries(fs, path).WithContext(context);
+  }
   std::string old = io::DelPathFor(path);
   Status s = fs->Rename(path, old);
   if (s.ok()) s = fs->SyncDir(Dirname(path));
