@@ -96,9 +96,15 @@ Result<CheckpointRecord> RecordFromJson(const Json& j, const std::string& dir) {
   return r;
 }
 
+// `generation`: the file name's; 0 takes the one the JSON carries (the index object's).
 Result<Index> ParseIndex(const std::string& text, const std::string& dir, uint64_t generation) {
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return CorruptionError("not a JSON object");
+  if (generation == 0) {
+    auto g = j.find("generation");
+    if (g == j.end() || !g->is_number_unsigned()) return FieldError("generation");
+    generation = g->get<uint64_t>();
+  }
   if (j.value("format", "") != "savepoint-manager-index" || !j["checkpoints"].is_array()) {
     return CorruptionError("not a savepoint manager index");
   }
@@ -198,12 +204,11 @@ Status WriteIndex(FileSystem* fs, const std::string& dir, Index& index) {
 Result<Index> ReadIndexObject(FileSystem* fs, const std::string& dir) {
   const std::string path = JoinPath(dir, kIndexObjectName);
   SP_ASSIGN_OR_RETURN(VersionedFile file, fs->ReadVersioned(path, kMaxIndexBytes));
-  Json j = Json::parse(file.contents, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("generation") || !j["generation"].is_number_unsigned()) {
-    return CorruptionError(fmt::format("index {}: not a savepoint manager index", path));
+  Result<Index> index = ParseIndex(file.contents, dir, /*generation=*/0);
+  if (!index.ok()) {
+    spdlog::warn("savepoint: checkpoint index {} ignored: {}", path, index.status().ToString());
+    index = Index{};
   }
-  Result<Index> index = ParseIndex(file.contents, dir, j["generation"].get<uint64_t>());
-  if (!index.ok()) return index.status().WithContext(fmt::format("index {}", path));
   index->version = std::move(file.version);
   return index;
 }

@@ -43,8 +43,10 @@ Status WriteIndex(FileSystem* fs, const std::string& dir, Index& index);
 // read with one GET (no listing) and replaced only if no other writer changed it meanwhile. The
 // remote tier keeps its index this way.
 inline constexpr std::string_view kIndexObjectName = "savepoint-index.json";
-// NotFound when `dir` has no index object; Unimplemented when `fs` has no compare-and-swap;
-// Corruption when the object is not a valid index.
+// NotFound when `dir` has no index object; Unimplemented when `fs` has no compare-and-swap. An
+// object that is not a valid index is logged and read as generation 0 without records (a written
+// one has generation >= 1), with its version, so that the writer rebuilds it from a listing and
+// replaces it.
 Result<Index> ReadIndexObject(FileSystem* fs, const std::string& dir);
 // Writes `index` as generation index.generation + 1 if the object still has index.version ("":
 // if there is none), then updates generation and version. FailedPrecondition when another writer

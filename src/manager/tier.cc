@@ -52,9 +52,10 @@ Result<std::unique_ptr<Tier>> Tier::Open(const ManagerOptions& options) {
     if (!t->cas_ && object.status().code() != StatusCode::kUnimplemented) {
       return object.status().WithContext(context);
     }
-    if (object.ok()) {  // no listing: the first upload reconciles
+    if (object.ok()) {
       t->index_ = std::move(object).value();
-      t->reconciled_ = false;
+      // No listing (the first upload reconciles), unless the object was damaged: rebuilt below.
+      t->reconciled_ = t->index_.generation == 0;
     }
   }
   if (t->reconciled_) SP_RETURN_IF_ERROR(t->OpenListing().WithContext(context));
@@ -172,7 +173,8 @@ Status Tier::Upload(const CheckpointRecord& local) {
   }
   auto t0 = std::chrono::steady_clock::now();
   SP_RETURN_IF_ERROR(ReconcileOnce().WithContext(what));
-  if (stale) {  // (no atomic replace in a bucket: the old copy goes first, out of the index first)
+  if (stale) {  // (no atomic replace in a bucket: the old copy goes first, out of the index
+                // first)
     SP_RETURN_IF_ERROR(Publish([&](Index& index) {
                          std::erase_if(index.records,
                                        [&](const auto& r) { return r.name == local.name; });
@@ -276,9 +278,13 @@ Status Tier::Publish(const std::function<Status(Index&)>& change) {
 
 Status Tier::ReconcileOnce() {
   if (reconciled_) return Status::OK();
-  SP_RETURN_IF_ERROR(Publish([&](Index& index) {
-    return Reconcile(*store_, fs_, location_, index.records, steps_per_epoch_).status();
-  }));
+  std::vector<CheckpointRecord> records = Records();
+  SP_ASSIGN_OR_RETURN(bool changed, Reconcile(*store_, fs_, location_, records, steps_per_epoch_));
+  if (changed) {  // (rare: a process died between an upload and its index write)
+    SP_RETURN_IF_ERROR(Publish([&](Index& index) {
+      return Reconcile(*store_, fs_, location_, index.records, steps_per_epoch_).status();
+    }));
+  }
   reconciled_ = true;
   return Status::OK();
 }

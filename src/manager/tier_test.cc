@@ -273,6 +273,33 @@ TEST_F(TierTest, AnIndexWriterThatLostTheRaceAppliesItsChangeAgain) {
   EXPECT_EQ(Names(m->Remote()).back(), "ckpt-1_2");
 }
 
+TEST_F(TierTest, ADamagedIndexObjectIsRebuiltFromTheCheckpoints) {
+  testing::MemObjectStore bucket(&remote_);
+  {
+    auto m = Open(Options(&bucket));
+    ASSERT_NE(m, nullptr);
+    SaveSteps(*m, 1, 2);
+    SP_ASSERT_OK(m->Close());
+  }
+  for (const char* damage : {"{\"format\": \"savepoint-manager-index\", \"checkp", "[1, 2]",
+                             "{\"generation\": 3, \"checkpoints\": [{\"name\": \"../x\"}]}"}) {
+    SCOPED_TRACE(damage);
+    const std::string index = "/bucket/run/savepoint-index.json";
+    SP_ASSERT_OK_AND_ASSIGN(VersionedFile now, bucket.ReadVersioned(index, 1 << 20));
+    SP_ASSERT_OK(bucket.WriteIfVersion(index, damage, now.version).status());
+    SP_ASSERT_OK(local_.RemoveAll("/local"));
+    auto m = Open(Options(&bucket));
+    ASSERT_NE(m, nullptr);
+    EXPECT_EQ(Names(m->Remote()), (std::vector<std::string>{"ckpt-1_1", "ckpt-1_2"}));
+    SP_ASSERT_OK_AND_ASSIGN(State two, m->Restore());
+    EXPECT_EQ(two.metadata()["step"], 2);
+    SP_ASSERT_OK(m->Close());
+    EXPECT_NE(bucket.ReadVersioned(index, 1 << 20).value().contents.find("ckpt-1_2"),
+              std::string::npos)
+        << "the damaged index object is replaced";
+  }
+}
+
 TEST_F(TierTest, IndexGenerationsMoveIntoTheIndexObject) {
   {  // a remote written by a store without compare-and-swap (or before index objects)
     NoCasObjectStore plain(&remote_);
