@@ -20,6 +20,7 @@ namespace {
 constexpr std::string_view kIndexPrefix = "savepoint-index-";
 constexpr std::string_view kIndexSuffix = ".json";
 constexpr uint64_t kMaxIndexBytes = uint64_t{64} << 20;
+constexpr uint64_t kMaxGeneration = uint64_t{1} << 62;
 
 std::string IndexName(uint64_t generation) {
   return fmt::format("{}{:020}{}", kIndexPrefix, generation, kIndexSuffix);
@@ -105,6 +106,8 @@ Result<Index> ParseIndex(const std::string& text, const std::string& dir, uint64
     if (g == j.end() || !g->is_number_unsigned()) return FieldError("generation");
     generation = g->get<uint64_t>();
   }
+  // Far below where counting on would wrap to 0 (an index nobody reads): a damaged number.
+  if (generation > kMaxGeneration) return FieldError("generation");
   if (j.value("format", "") != "savepoint-manager-index" || !j["checkpoints"].is_array()) {
     return CorruptionError("not a savepoint manager index");
   }
