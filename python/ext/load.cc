@@ -1,6 +1,7 @@
 // Bindings of the read side: CheckpointReader (manifest, values, metadata), LoadInto (parallel,
 // CRC-verified reads into memory the Python side allocated), the copy-on-write mapped load behind
-// load(mmap=True), Verify, and ListCheckpoints. The GIL is released for all I/O.
+// load(mmap=True), Verify, ListCheckpoints, DeleteCheckpoint and
+// GarbageCollect. The GIL is released for all I/O.
 #include <nanobind/stl/unique_ptr.h>
 
 #include "common.h"
@@ -107,6 +108,24 @@ nb::list List(const std::string& root) {
   return out;
 }
 
+void Delete(const std::string& path) {
+  Status s;
+  {
+    nb::gil_scoped_release release;
+    s = DeleteCheckpoint(path);
+  }
+  Check(s);
+}
+
+std::vector<std::string> Gc(const std::string& root, int64_t min_age_seconds, bool dry_run) {
+  Result<std::vector<std::string>> r = InternalError("not collected");
+  {
+    nb::gil_scoped_release release;
+    r = GarbageCollect(root, {.min_age_seconds = min_age_seconds, .dry_run = dry_run});
+  }
+  return Take(std::move(r));
+}
+
 }  // namespace
 
 void BindLoad(nb::module_& m) {
@@ -130,6 +149,8 @@ void BindLoad(nb::module_& m) {
   m.def("verify", &Verify, nb::arg("path"), nb::arg("io_threads"), nb::arg("direct_io"),
         nb::arg("key").none() = nb::none());
   m.def("list_checkpoints", &List, nb::arg("root"));
+  m.def("delete_checkpoint", &Delete, nb::arg("path"));
+  m.def("gc", &Gc, nb::arg("root"), nb::arg("min_age_seconds"), nb::arg("dry_run"));
   m.def(
       "s3_requests",
       [] {

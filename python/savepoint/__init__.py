@@ -43,7 +43,7 @@ from ._errors import (
 )
 from ._convert import convert
 from ._distributed import DistributedSaveFuture, PerRank
-from ._load import info, list_checkpoints, load, verify
+from ._load import delete, gc, info, list_checkpoints, load, verify
 from ._manager import CheckpointManager, StepInfo
 from ._safetensors import SafetensorsDict, load_safetensors, safetensors_info, save_safetensors
 from ._save import AsyncCheckpointer, SaveFuture, default_checkpointer, save
@@ -89,6 +89,8 @@ __all__ = [
     "UnimplementedError",
     "compact",
     "default_checkpointer",
+    "delete",
+    "gc",
     "gen_slice",
     "info",
     "list_checkpoints",

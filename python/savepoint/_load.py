@@ -184,3 +184,22 @@ def list_checkpoints(root: StrPath) -> Records:
     """Checkpoint directories under `root`: list of dicts (name, path, committed, problem, step,
     bytes, created_ns, num_tensors), oldest first. Debris of crashed saves has committed=False."""
     return _core.list_checkpoints(os.fspath(root))
+
+
+def delete(path: StrPath) -> None:
+    """Deletes the checkpoint at `path`: its MANIFEST first (from then on it is no checkpoint),
+    then its own data files, then the directory if nothing else is in it. Files that are not the
+    checkpoint's (a user's notes beside it) stay. A single-file checkpoint (safetensors, .ckpt) is
+    removed. A directory without a MANIFEST is NotFoundError, and nothing is deleted."""
+    _core.delete_checkpoint(os.fspath(path))
+
+
+def gc(root: StrPath, *, min_age_seconds: int = 0, dry_run: bool = False) -> list[str]:
+    """Removes debris of crashed saves under `root` (temporaries of unfinished saves of processes
+    that are gone, leftovers of an overwrite) and restores a checkpoint that a crash left set aside
+    in the middle of an overwrite. Committed checkpoints are never touched. Returns the paths
+    removed or restored (dry_run: that would be). min_age_seconds: only debris at least this old
+    (default 0). The CLI's `savepoint gc`. A temporary named with this process's id counts as
+    debris (after a restart in a container the id is often the same), so this process's own saves
+    into `root` must have finished first."""
+    return _core.gc(os.fspath(root), min_age_seconds=int(min_age_seconds), dry_run=bool(dry_run))

@@ -37,7 +37,7 @@ def test_every_top_level_name_resolves():
 
 def _public_callables():
     fns = [savepoint.save, savepoint.load, savepoint.verify, savepoint.info,
-           savepoint.list_checkpoints, savepoint.save_safetensors, savepoint.load_safetensors,
+           savepoint.list_checkpoints, savepoint.delete, savepoint.gc, savepoint.save_safetensors, savepoint.load_safetensors,
            savepoint.safetensors_info, savepoint.default_checkpointer, savepoint.set_log_level]
     fns += [getattr(savepoint.sparse, n) for n in SPARSE_NAMES if n[0].islower()]
     for cls in (savepoint.CheckpointManager, savepoint.AsyncCheckpointer, savepoint.SaveFuture,
@@ -78,3 +78,30 @@ def test_bad_arguments_raise_invalid_argument_error(tmp_path):
         with pytest.raises(savepoint.InvalidArgumentError) as e:
             case()
         assert isinstance(e.value, ValueError)  # (callers catching ValueError still do)
+
+
+def test_delete_removes_only_a_checkpoints_own_files(tmp_path):
+    path = tmp_path / "ck"
+    savepoint.save({"w": np.arange(10)}, path)
+    (path / "notes.txt").write_text("mine")
+    savepoint.delete(path)
+    assert sorted(p.name for p in path.iterdir()) == ["notes.txt"]
+    with pytest.raises(savepoint.NotFoundError):  # no MANIFEST: not a checkpoint, nothing deleted
+        savepoint.delete(path)
+    assert (path / "notes.txt").exists()
+    savepoint.save({"w": np.arange(3)}, tmp_path / "whole")
+    savepoint.delete(tmp_path / "whole")
+    assert not (tmp_path / "whole").exists()
+
+
+def test_gc_removes_debris_of_dead_processes_and_keeps_checkpoints(tmp_path):
+    savepoint.save({"w": np.arange(4)}, tmp_path / "kept")
+    dead = tmp_path / ".lost.savepoint-tmp.999999.0123456789abcdef"  # no such process
+    dead.mkdir()
+    (dead / "data-00000-00000.spd").write_bytes(b"partial")
+    (tmp_path / "user.txt").write_text("not savepoint's")
+    assert savepoint.gc(tmp_path, dry_run=True) == [str(dead)]
+    assert dead.exists()
+    assert savepoint.gc(tmp_path) == [str(dead)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "user.txt"]
+    assert savepoint.load(tmp_path / "kept")["w"].tolist() == [0, 1, 2, 3]

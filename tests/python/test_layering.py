@@ -16,6 +16,9 @@ EXTENSIONS = {"_core"}  # compiled modules of the package (python/ext/*.cc): no 
 # The layers, top first. A module imports modules of its own layer or of lower ones, never of a
 # higher one (at module level or inside a function); with no circle, that is the whole rule.
 LAYERS = [
+    # The framework plug-ins: savepoint.lightning (a Lightning CheckpointIO) and savepoint.hf (the
+    # Transformers Trainer), over the entry points.
+    ("framework plug-ins", {"lightning", "hf"}),
     # What users import and call: savepoint.save / load / info / verify / convert /
     # CheckpointManager / save_safetensors ..., and the submodules savepoint.sparse / torch / mindspore / recis /
     # failover.
@@ -24,8 +27,9 @@ LAYERS = [
     # What save / load hand a process group or sparse tables to (PerRank, DistributedSaveFuture,
     # load_tables, compact, ... live here and are re-exported above).
     ("distributed and sparse I/O", {"_distributed", "_sparse_io"}),
-    # What the savers and loaders share: writing, reading, the manager's registered objects.
-    ("shared", {"_write", "_read", "_registry"}),
+    # What the savers and loaders share: writing, reading, the manager's registered objects, the
+    # plug-ins' split of what the tree cannot hold.
+    ("shared", {"_write", "_read", "_registry", "_objects"}),
     # Helpers: the tree walker, sparse tables, dtypes, keys, errors, CUDA, the torch transport.
     ("helpers", {"_tree", "_sparse", "_cuda", "_torch_comm", "_dtypes", "_keys", "_errors",
                  "_types"}),

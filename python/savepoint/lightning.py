@@ -1,0 +1,266 @@
+"""savepoint as Lightning's checkpoint plug-in.
+
+    import lightning as L
+    import savepoint.lightning
+
+    trainer = L.Trainer(plugins=[savepoint.lightning.CheckpointIO()])
+    trainer.fit(model, ckpt_path="last")          # resumes from a savepoint checkpoint
+
+Every checkpoint Lightning writes (`Trainer.save_checkpoint`, `ModelCheckpoint`, `Fabric.save`)
+becomes a savepoint checkpoint directory at the path Lightning names ("epoch=3-step=400.ckpt",
+"last.ckpt"): weights and optimizer states as checksummed tensor entries, loops and counters as
+values, and whatever savepoint's tree cannot hold (hyper-parameters as an AttributeDict, a
+Namespace) pickled by torch.save into one entry (savepoint._objects; docs/FRAMEWORKS.md).
+
+Saves are asynchronous by default, through savepoint's own AsyncCheckpointer (not Lightning's
+AsyncCheckpointIO, which clones every tensor on the training thread and writes on one thread with
+unbounded memory): save_checkpoint returns once the tensors are copied into the checkpointer's
+staging memory (CUDA tensors by DMA into page-locked slabs), and the write, fsync and commit go on
+in the background. A checkpoint is never torn: an overwritten "last.ckpt" stays intact until the
+new one commits. Debris of saves that a crash interrupted is removed (savepoint.gc) when the plug-in
+first saves into a directory and before it loads. load_checkpoint and remove_checkpoint first wait for the saves they depend on;
+teardown waits for all and raises the first failure. Files written by Lightning's default
+TorchCheckpointIO still load (and are removed) as before, so a project can switch plug-ins.
+
+`CheckpointIO` derives from the `lightning` package's CheckpointIO; with only the standalone
+`pytorch_lightning` / `lightning_fabric` packages installed, from theirs.
+`checkpoint_io_class("pytorch_lightning")` gives the standalone package's where both are
+installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import threading
+from typing import Any
+
+from . import _errors, _load, _objects
+from ._save import AsyncCheckpointer
+from ._types import StrPath
+
+_MARK = "savepoint.lightning"  # top-level key of the saved tree: the layout's version
+_LAYOUT = 1
+_BASES = {"lightning": "lightning.fabric.plugins.io.checkpoint_io",
+          "pytorch_lightning": "lightning_fabric.plugins.io.checkpoint_io"}  # fmt: skip
+_STORAGE_OPTIONS = ("compression", "metadata")
+
+
+class _SavepointCheckpointIO:
+    """The plug-in's behaviour; `checkpoint_io_class` mixes it into a Lightning CheckpointIO.
+
+    async_: save in the background (default True); False: save_checkpoint returns once the
+        checkpoint is durable.
+    cuda: how CUDA tensors are snapshotted (AsyncCheckpointer's cuda=; default None: by DMA into
+        page-locked staging when CUDA is available).
+    staging_bytes: the checkpointer's staging memory cap (default None: AsyncCheckpointer's).
+    io_threads: writer threads of saves and reader threads of loads (default 4).
+    compression: per-chunk compression of every save (savepoint.save's compression=; default
+        None). storage_options={"compression": ...} overrides it for one save.
+    verify: check every chunk's CRC32C on load (default True).
+    checkpointer: an AsyncCheckpointer to use instead of one of the plug-in's own (then cuda,
+        staging_bytes and io_threads must be left unset; the caller closes it).
+    """
+
+    def __init__(self, *, async_: bool = True, cuda: bool | None = None,
+                 staging_bytes: int | None = None, io_threads: int = 4, compression: Any = None,
+                 verify: bool = True, checkpointer: AsyncCheckpointer | None = None) -> None:  # fmt: skip
+        super().__init__()
+        if checkpointer is not None and (cuda is not None or staging_bytes is not None
+                                         or io_threads != 4):  # fmt: skip
+            raise _errors.InvalidArgumentError(
+                "savepoint.lightning.CheckpointIO: cuda, staging_bytes and io_threads belong to "
+                "the checkpointer: set them there, or pass no checkpointer")
+        if type(async_) is not bool:
+            raise _errors.InvalidArgumentError(
+                f"savepoint.lightning.CheckpointIO: async_={async_!r}: use True or False")
+        self._async, self._cuda, self._staging = async_, cuda, staging_bytes
+        self._io_threads, self._compression, self._verify = io_threads, compression, bool(verify)
+        self._given = checkpointer
+        self._own = None
+        self._pending = {}  # normalised path -> SaveFuture
+        self._collected = set()  # directories whose debris this plug-in removed (savepoint.gc)
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ Lightning's interface
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: StrPath,
+                        storage_options: Any = None) -> None:  # fmt: skip
+        """Starts saving Lightning's checkpoint dict as a savepoint checkpoint at `path`
+        (replacing one there) and returns once its tensors are staged (async_=False: once it is
+        durable). Raises the failure of an earlier save, if one failed since the last call.
+        storage_options: None, or a dict with "compression" and/or "metadata" (JSON-able, stored
+        with the checkpoint; savepoint.info shows it)."""
+        options = _storage_options(storage_options)
+        key = _key(path)
+        self._wait_for(key)  # (Lightning saves "last.ckpt" again and again)
+        self._collect(os.path.dirname(key))
+        self._raise_finished()
+        plain, objects = _objects.split(checkpoint)
+        tree = {_MARK: _LAYOUT, "checkpoint": plain, "objects": _objects.pickle_objects(objects)}
+        fut = self._checkpointer().save(
+            tree, path, overwrite=True, metadata=options.get("metadata"),
+            compression=options.get("compression", self._compression))  # fmt: skip
+        if not self._async:
+            fut.wait()
+            return
+        with self._lock:
+            self._pending[key] = fut
+
+    def load_checkpoint(self, path: StrPath, map_location: Any = None,
+                        weights_only: bool | None = None) -> dict[str, Any]:  # fmt: skip
+        """Lightning's checkpoint dict from `path`: a savepoint checkpoint (after the saves in
+        flight have finished), or a file of Lightning's default TorchCheckpointIO.
+        map_location: None (the CPU, as TorchCheckpointIO loads), a device string or a
+        torch.device. weights_only: passed to torch.load for the pickled part (None: torch's
+        default)."""
+        self.wait()
+        device = _device(map_location)
+        self._collect(os.path.dirname(_key(path)), again=True)
+        if os.path.isfile(path):
+            from lightning.fabric.utilities.cloud_io import _load as torch_load
+
+            return torch_load(path, map_location=device, weights_only=weights_only)
+        tree = _load.load(path, framework="pt", map_location=device, verify=self._verify,
+                          io_threads=self._io_threads)  # fmt: skip
+        if type(tree) is not dict or tree.get(_MARK) != _LAYOUT:
+            raise _errors.InvalidArgumentError(
+                f"savepoint.lightning: {os.fspath(path)} is a savepoint checkpoint but not one "
+                f"written by savepoint.lightning.CheckpointIO (load it with savepoint.load)")
+        objects = _objects.unpickle_objects(tree["objects"], weights_only)
+        return _objects.join(tree["checkpoint"], objects)
+
+    def remove_checkpoint(self, path: StrPath) -> None:
+        """Removes the checkpoint at `path` (after its save, if in flight, finished): a savepoint
+        checkpoint's own files (savepoint.delete), or a TorchCheckpointIO file. Nothing there:
+        nothing to do."""
+        self._wait_for(_key(path))
+        if os.path.isfile(path) or os.path.islink(path):
+            os.remove(path)
+        elif os.path.isdir(path):
+            _load.delete(path)
+
+    def teardown(self) -> None:
+        """Waits for every save in flight, releases the staging memory, and raises the first
+        failure. The plug-in stays usable: a later save creates the checkpointer again."""
+        try:
+            self.wait()
+        finally:
+            c, self._own = self._own, None
+            if c is not None:
+                c.close()
+
+    # ------------------------------------------------------------------ savepoint's additions
+
+    def wait(self) -> None:
+        """Blocks until every save started so far is durable; raises the first failure."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        first = None
+        for fut in pending.values():
+            try:
+                fut.wait()
+            except _errors.SavepointError as e:
+                first = first or e
+        if first is not None:
+            raise first
+
+    # ------------------------------------------------------------------ internals
+
+    def _checkpointer(self):
+        if self._given is not None:
+            return self._given
+        if self._own is None:
+            self._own = AsyncCheckpointer(staging_bytes=self._staging, cuda=self._cuda,
+                                          io_threads=self._io_threads)  # fmt: skip
+        return self._own
+
+    def _collect(self, directory, again=False):
+        """savepoint.gc of `directory` (first use, or `again`): debris of saves a crash
+        interrupted goes, and a checkpoint set aside by an interrupted overwrite comes back."""
+        if not again and directory in self._collected:
+            return
+        self._collected.add(directory)  # (one that does not exist yet holds no debris)
+        with self._lock:  # gc takes this process's temporaries for debris: none may be in flight
+            busy = [k for k in self._pending if os.path.dirname(k) == directory]
+        for k in busy:
+            self._wait_for(k)
+        if os.path.isdir(directory):
+            _load.gc(directory)
+
+    def _wait_for(self, key):
+        with self._lock:
+            fut = self._pending.pop(key, None)
+        if fut is not None:
+            fut.wait()
+
+    def _raise_finished(self):
+        with self._lock:
+            done = [k for k, f in self._pending.items() if f.done()]
+            finished = [self._pending.pop(k) for k in done]
+        for fut in finished:
+            fut.wait()  # raises its failure
+
+
+def _key(path):
+    return os.path.abspath(os.fspath(path))
+
+
+def _storage_options(options):
+    if options is None:
+        return {}
+    if not isinstance(options, dict) or set(options) - set(_STORAGE_OPTIONS):
+        raise _errors.InvalidArgumentError(
+            f"savepoint.lightning.CheckpointIO.save_checkpoint: storage_options={options!r}: use "
+            f"None or a dict with keys among {list(_STORAGE_OPTIONS)}")
+    return options
+
+
+def _device(map_location):
+    if map_location is None:
+        return "cpu"
+    if isinstance(map_location, str) or type(map_location).__name__ == "device":
+        return map_location
+    raise _errors.InvalidArgumentError(
+        f"savepoint.lightning.CheckpointIO.load_checkpoint: map_location={map_location!r}: use "
+        f"None (the CPU), a device string or a torch.device (callables and dicts are "
+        f"torch.load's, not savepoint's)")
+
+
+_classes = {}
+
+
+def checkpoint_io_class(package: str = "lightning") -> type:
+    """The plug-in class deriving from `package`'s CheckpointIO: "lightning" (the `lightning`
+    package, default) or "pytorch_lightning" (the standalone `pytorch_lightning` /
+    `lightning_fabric` packages). ImportError naming the package when it is not installed."""
+    if package not in _BASES:
+        raise _errors.InvalidArgumentError(
+            f"savepoint.lightning.checkpoint_io_class: package={package!r}: use one of "
+            f"{sorted(_BASES)}")
+    if package not in _classes:
+        try:
+            base = importlib.import_module(_BASES[package]).CheckpointIO
+        except ImportError as e:
+            raise ImportError(
+                f"savepoint.lightning needs the '{package}' package (pip install {package}): "
+                f"{e}") from e
+        _classes[package] = type("CheckpointIO", (_SavepointCheckpointIO, base),
+                                 {"__module__": __name__,
+                                  "__doc__": _SavepointCheckpointIO.__doc__})  # fmt: skip
+    return _classes[package]
+
+
+def _default_class():
+    try:
+        return checkpoint_io_class("lightning")
+    except ImportError:
+        try:
+            return checkpoint_io_class("pytorch_lightning")
+        except ImportError:
+            raise ImportError(
+                "savepoint.lightning needs Lightning: pip install lightning (or "
+                "pytorch_lightning)") from None
+
+
+CheckpointIO = _default_class()

@@ -1,0 +1,98 @@
+"""savepoint.hf with the real Transformers Trainer: a tiny GPT-2 built from a config, trained with
+dropout and a shuffled sampler, SIGKILLed or SIGTERMed mid-run, resumes with
+resume_from_checkpoint=True and repeats the uninterrupted plain Trainer's losses bit for bit; an
+interrupted save is passed over; rotation keeps committed checkpoints only."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+import savepoint
+import savepoint.hf
+from conftest import HERE
+
+TRAIN = os.path.join(HERE, "helpers", "hf_train.py")
+
+
+def _train(out, losses, *args, rc=0):
+    cmd = [sys.executable, TRAIN, str(out), str(losses), *args]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == rc, (r.returncode, r.stderr[-3000:])
+
+
+def _losses(path):
+    with open(path) as f:
+        return [tuple(line.split()) for line in f]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    d = tmp_path_factory.mktemp("plain")
+    _train(d / "out", d / "losses.txt", "--trainer", "plain")
+    ref = _losses(d / "losses.txt")
+    assert [int(s) for s, _ in ref] == list(range(1, 25))
+    return ref
+
+
+def _checkpoints(out):
+    return sorted(n for n in os.listdir(out) if n.startswith("checkpoint-"))
+
+
+def test_a_killed_trainer_resumes_with_the_same_losses_bit_for_bit(tmp_path, reference):
+    out, losses = tmp_path / "out", tmp_path / "losses.txt"
+    _train(out, losses, "--trainer", "savepoint", "--kill-at", "15", rc=-signal.SIGKILL)
+    before = _losses(losses)
+    assert before == reference[:15]
+    assert _checkpoints(out) == ["checkpoint-12", "checkpoint-6"]
+    for name in _checkpoints(out):  # no model.safetensors / optimizer.pt: savepoint holds them
+        assert savepoint.hf.is_committed(out / name)
+        assert not (out / name / "optimizer.pt").exists()
+        savepoint.verify(savepoint.hf.state_path(out / name))
+    _train(out, losses, "--trainer", "savepoint", "--resume")
+    after = _losses(losses)[len(before):]
+    assert after == reference[12:], "the resumed run's losses differ"
+    assert _checkpoints(out) == ["checkpoint-18", "checkpoint-24"]
+
+
+def test_sigterm_saves_the_current_step_and_stops(tmp_path, reference):
+    out, losses = tmp_path / "out", tmp_path / "losses.txt"
+    _train(out, losses, "--trainer", "savepoint", "--term-at", "9")
+    before = _losses(losses)
+    assert before == reference[:9]
+    assert "checkpoint-9" in _checkpoints(out)
+    assert savepoint.hf.last_checkpoint(out) == os.path.join(out, "checkpoint-9")
+    _train(out, losses, "--trainer", "savepoint", "--resume")
+    assert _losses(losses)[9:] == reference[9:]
+
+
+def test_an_interrupted_save_is_passed_over(tmp_path, reference):
+    out, losses = tmp_path / "out", tmp_path / "losses.txt"
+    _train(out, losses, "--trainer", "savepoint", "--kill-at", "14", rc=-signal.SIGKILL)
+    # As if the process had died while writing checkpoint-18's state: trainer_state.json is not
+    # written yet, and the savepoint part is the temporary of an unfinished save.
+    torn = out / "checkpoint-18" / ".savepoint.savepoint-tmp.999999.0123456789abcdef"
+    torn.mkdir(parents=True)
+    (torn / "data-00000-00000.spd").write_bytes(b"partial")
+    assert savepoint.hf.last_checkpoint(out) == os.path.join(out, "checkpoint-12")
+    with pytest.raises(savepoint.NotFoundError, match="interrupted"):
+        import transformers
+
+        class Probe(savepoint.hf.TrainerMixin, transformers.Trainer):
+            def __init__(self):  # only what train()'s check reads
+                self.args = type("A", (), {"output_dir": str(out)})()
+
+        Probe().train(resume_from_checkpoint=str(out / "checkpoint-18"))
+    _train(out, losses, "--trainer", "savepoint", "--resume")
+    assert _losses(losses)[14:] == reference[12:]
+    assert not torn.exists()  # the debris went when checkpoint-18 was saved again
+
+
+def test_checkpoints_of_the_plain_trainer_still_resume(tmp_path, reference):
+    out, losses = tmp_path / "out", tmp_path / "losses.txt"
+    _train(out, losses, "--trainer", "plain", "--kill-at", "8", rc=-signal.SIGKILL)
+    assert savepoint.hf.last_checkpoint(out) == os.path.join(out, "checkpoint-6")
+    _train(out, losses, "--trainer", "savepoint", "--resume")
+    assert _losses(losses)[8:] == reference[6:]
