@@ -16,9 +16,9 @@ EXTENSIONS = {"_core"}  # compiled modules of the package (python/ext/*.cc): no 
 # The layers, top first. A module imports modules of its own layer or of lower ones, never of a
 # higher one (at module level or inside a function); with no circle, that is the whole rule.
 LAYERS = [
-    # The framework plug-ins: savepoint.lightning (a Lightning CheckpointIO) and savepoint.hf (the
-    # Transformers Trainer), over the entry points.
-    ("framework plug-ins", {"lightning", "hf"}),
+    # The framework plug-ins over the entry points: savepoint.lightning (a Lightning CheckpointIO),
+    # savepoint.accelerate and savepoint.hf (the Transformers Trainer).
+    ("framework plug-ins", {"lightning", "hf", "accelerate"}),
     # What users import and call: savepoint.save / load / info / verify / convert /
     # CheckpointManager / save_safetensors ..., and the submodules savepoint.sparse / torch / mindspore / recis /
     # failover.
