@@ -54,6 +54,19 @@ def run_python(script, *args, check=True, timeout=300, **kwargs):
     return subprocess.run(cmd, check=check, timeout=timeout, capture_output=True, text=True, **kwargs)
 
 
+def run_training(script, *args, rc=0):
+    """Runs the training helper tests/python/helpers/<script> (which appends "STEP HEX-LOSS" lines
+    to a file) and asserts its exit status: 0, or -signal.SIGKILL for a run that kills itself."""
+    r = run_python(script, *args, check=False, timeout=600)
+    assert r.returncode == rc, (script, r.returncode, r.stderr[-3000:])
+
+
+def read_losses(path):
+    """[(step, loss as float.hex)] from a training helper's losses file."""
+    with open(path) as f:
+        return [tuple(line.split()) for line in f]
+
+
 def find_cli():
     """The `savepoint` CLI of the same build: $SAVEPOINT_CLI, else <build>/tools/savepoint beside
     the build tree's package (<build>/python/savepoint), else one on PATH; None if there is none."""

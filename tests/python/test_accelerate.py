@@ -6,8 +6,6 @@ own directories still load; bad calls are clear errors."""
 
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,20 +14,12 @@ from accelerate.utils import ProjectConfiguration
 
 import savepoint
 import savepoint.accelerate
-from conftest import HERE
-
-TRAIN = os.path.join(HERE, "helpers", "accelerate_train.py")
+from conftest import read_losses as _losses
+from conftest import run_training
 
 
 def _train(project, losses, *args, rc=0):
-    cmd = [sys.executable, TRAIN, str(project), str(losses), *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == rc, (r.returncode, r.stderr[-3000:])
-
-
-def _losses(path):
-    with open(path) as f:
-        return [tuple(line.split()) for line in f]
+    run_training("accelerate_train.py", project, losses, *args, rc=rc)
 
 
 @pytest.fixture(scope="module")

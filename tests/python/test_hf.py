@@ -5,27 +5,17 @@ interrupted save is passed over; rotation keeps committed checkpoints only."""
 
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
 import savepoint
 import savepoint.hf
-from conftest import HERE
-
-TRAIN = os.path.join(HERE, "helpers", "hf_train.py")
+from conftest import read_losses as _losses
+from conftest import run_training
 
 
 def _train(out, losses, *args, rc=0):
-    cmd = [sys.executable, TRAIN, str(out), str(losses), *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert r.returncode == rc, (r.returncode, r.stderr[-3000:])
-
-
-def _losses(path):
-    with open(path) as f:
-        return [tuple(line.split()) for line in f]
+    run_training("hf_train.py", out, losses, *args, rc=rc)
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ import argparse
 import collections
 import os
 import signal
-import subprocess
-import sys
 
 import lightning as L
 import pytest
@@ -18,23 +16,12 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 import savepoint
 import savepoint.lightning
-from conftest import HERE
-
-TRAIN = os.path.join(HERE, "helpers", "lightning_train.py")
-
+from conftest import read_losses as _losses
+from conftest import run_training
 
 def _train(root, losses, *args, expect_kill=False):
-    cmd = [sys.executable, TRAIN, str(root), str(losses), *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if expect_kill:
-        assert r.returncode == -signal.SIGKILL, (r.returncode, r.stderr[-3000:])
-    else:
-        assert r.returncode == 0, r.stderr[-3000:]
-
-
-def _losses(path):
-    with open(path) as f:
-        return [tuple(line.split()) for line in f]
+    run_training("lightning_train.py", root, losses, *args,
+                 rc=-signal.SIGKILL if expect_kill else 0)  # fmt: skip
 
 
 def _checkpoint():
