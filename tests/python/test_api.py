@@ -3,6 +3,7 @@ type hints on the public functions (resolvable, never evaluated at import), Inva
 for bad arguments."""
 
 import inspect
+import subprocess
 import sys
 import typing
 
@@ -105,3 +106,15 @@ def test_gc_removes_debris_of_dead_processes_and_keeps_checkpoints(tmp_path):
     assert savepoint.gc(tmp_path) == [str(dead)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "user.txt"]
     assert savepoint.load(tmp_path / "kept")["w"].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("module, missing", [("savepoint.lightning", "lightning"),
+                                             ("savepoint.hf", "transformers"),
+                                             ("savepoint.accelerate", "accelerate")])
+def test_a_plugin_without_its_framework_says_what_to_install(module, missing):
+    blocked = "lightning_fabric" if missing == "lightning" else missing
+    code = (f"import sys; sys.modules[{missing!r}] = None; sys.modules[{blocked!r}] = None\n"
+            f"import {module}")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "ImportError" in r.stderr, r.stderr[-2000:]
+    assert f"pip install {missing}" in r.stderr, r.stderr[-2000:]
