@@ -5,7 +5,8 @@
 # WHEEL (optional): a savepoint wheel for this machine's Python, installed into /tmp/site first
 # (the machine has torch, Lightning and transformers but cannot build savepoint's dependencies).
 # GIB: the state size of bench/gpu_paths.py's manager section (default 8).
-# Steps: tests/python/test_cuda.py and test_lightning.py (pytest); bench/frameworks_bench.py on the
+# Steps: tests/python/test_cuda.py and test_lightning.py, the GPU tests of test_hf.py and
+# test_accelerate.py (pytest); bench/frameworks_bench.py on the
 # GPU (GPT-2, 124M parameters, AdamW; Lightning and Accelerate); bench/gpu_paths.py --sections
 # manager.
 set -uo pipefail
@@ -36,5 +37,7 @@ print(sys.version.split()[0], 'torch', torch.__version__, 'lightning', lightning
 } 2>&1 | tee "$out/machine.txt"
 step tests 200 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_cuda.py \
   tests/python/test_lightning.py
+step hf_tests 120 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_hf.py \
+  tests/python/test_accelerate.py -k "gpu or cuda"
 step frameworks_bench 200 python3 bench/frameworks_bench.py --accelerator gpu --dir /tmp/sp_fbench
 step gpu_paths 200 python3 bench/gpu_paths.py --gib "$gib" --sections manager --dir /tmp/sp_gpu

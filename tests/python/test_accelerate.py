@@ -109,3 +109,32 @@ def test_bad_calls_are_clear_errors(tmp_path):
         project_dir=str(tmp_path / "p"), automatic_checkpoint_naming=True))
     with pytest.raises(savepoint.NotFoundError, match="no committed checkpoint"):
         savepoint.accelerate.load_state(auto)
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@needs_gpu
+@pytest.mark.parametrize("async_", [False, True], ids=["sync", "async"])
+def test_cuda_state_round_trips_and_stays_on_the_gpu(tmp_path, async_):
+    acc = Accelerator()
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Tanh(), torch.nn.Linear(512, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, opt = acc.prepare(model, opt)
+    for _ in range(2):
+        acc.backward(model(torch.randn(16, 256, device=acc.device)).square().mean())
+        opt.step()
+        opt.zero_grad()
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    want_avg = opt.state_dict()["state"][0]["exp_avg"].clone()
+    out = savepoint.accelerate.save_state(acc, tmp_path / "g", async_=async_)
+    with torch.no_grad():  # training goes on while an asynchronous save is written
+        for p in model.parameters():
+            p.add_(1)
+    if async_:
+        assert out.wait()
+    savepoint.accelerate.load_state(acc, tmp_path / "g")
+    for k, v in model.state_dict().items():
+        assert v.is_cuda and torch.equal(v, want[k]), k
+    avg = opt.state_dict()["state"][0]["exp_avg"]
+    assert avg.is_cuda and torch.equal(avg, want_avg)

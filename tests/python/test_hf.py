@@ -86,3 +86,32 @@ def test_checkpoints_of_the_plain_trainer_still_resume(tmp_path, reference):
     assert savepoint.hf.last_checkpoint(out) == os.path.join(out, "checkpoint-6")
     _train(out, losses, "--trainer", "savepoint", "--resume")
     assert _losses(losses)[8:] == reference[6:]
+
+
+def test_a_gpu_trainer_resumes_from_its_savepoint_state(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    import transformers
+
+    def trainer(steps):
+        transformers.set_seed(0)
+        config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=128,
+                                         n_positions=16)  # fmt: skip
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4,
+            save_steps=3, report_to=[], seed=0, disable_tqdm=True, learning_rate=1e-3)  # fmt: skip
+        ids = torch.randint(0, 128, (32, 16), generator=torch.Generator().manual_seed(1))
+        data = [{"input_ids": r, "labels": r} for r in ids]
+        return savepoint.hf.Trainer(model=transformers.GPT2LMHeadModel(config), args=args,
+                                    train_dataset=data)  # fmt: skip
+
+    first = trainer(6)
+    first.train()
+    assert next(first.model.parameters()).is_cuda
+    saved = savepoint.load(savepoint.hf.state_path(tmp_path / "out" / "checkpoint-6"))
+    again = trainer(6)  # resumes at step 6 of 6: loads everything (Transformers then runs one
+    again.train(resume_from_checkpoint=True)  # more step, at the schedule's learning rate of 0)
+    assert again.state.global_step >= 6
+    for k, v in again.model.state_dict().items():
+        assert v.is_cuda and torch.equal(v.cpu(), saved["checkpoint"]["model"][k].cpu()), k
