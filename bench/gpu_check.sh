@@ -20,12 +20,15 @@ if [ -n "${WHEEL:-}" ]; then
   cp python/savepoint/*.py /tmp/site/savepoint/  # this tree's Python over the wheel's
   export PYTHONPATH=/tmp/site
 fi
+failed=""
 step() {  # step NAME SECONDS COMMAND...: runs, logs, times; a failure does not stop the others
   local name=$1 limit=$2
   shift 2
   local t0=$(date +%s)
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
-  echo "== $name: rc $? in $(($(date +%s) - t0)) s"
+  local rc=$?
+  [ "$rc" = 0 ] || failed="$failed $name"
+  echo "== $name: rc $rc in $(($(date +%s) - t0)) s"
   tail -n 25 "$out/$name.log"
 }
 {
@@ -41,3 +44,4 @@ step hf_tests 120 python3 -m pytest -q -p no:cacheprovider -rs tests/python/test
   tests/python/test_accelerate.py -k "gpu or cuda"
 step frameworks_bench 200 python3 bench/frameworks_bench.py --accelerator gpu --dir /tmp/sp_fbench
 step gpu_paths 200 python3 bench/gpu_paths.py --gib "$gib" --sections manager --dir /tmp/sp_gpu
+[ -z "$failed" ] || { echo "== failed:$failed"; exit 1; }

@@ -189,8 +189,9 @@ def list_checkpoints(root: StrPath) -> Records:
 def delete(path: StrPath) -> None:
     """Deletes the checkpoint at `path`: its MANIFEST first (from then on it is no checkpoint),
     then its own data files, then the directory if nothing else is in it. Files that are not the
-    checkpoint's (a user's notes beside it) stay. A single-file checkpoint (safetensors, .ckpt) is
-    removed. A directory without a MANIFEST is NotFoundError, and nothing is deleted."""
+    checkpoint's (a user's notes beside it) stay. A directory without a MANIFEST is NotFoundError,
+    and nothing is deleted. A file (a safetensors or MindSpore .ckpt checkpoint) is removed as it
+    is, whatever it holds: check what it is first."""
     _core.delete_checkpoint(os.fspath(path))
 
 

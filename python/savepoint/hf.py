@@ -28,10 +28,12 @@ parallelism keep the Trainer's own checkpoint files. The layout is docs/FORMAT.m
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
 import signal
+import warnings
 
 import numpy as np
 
@@ -63,7 +65,8 @@ def is_committed(checkpoint_dir):
 def last_checkpoint(output_dir):
     """The newest `checkpoint-N` under `output_dir` that can be resumed from: its savepoint state
     committed, or (written by the plain Trainer) no savepoint state at all. None if there is
-    none. An interrupted save (a `savepoint/` without a MANIFEST, or debris) is passed over."""
+    none. An interrupted save (a `savepoint/` without a MANIFEST, or debris, or no readable
+    `trainer_state.json`, which the Trainer writes after the savepoint state) is passed over."""
     found = []
     for name in os.listdir(output_dir) if os.path.isdir(output_dir) else ():
         m = _CHECKPOINT.match(name)
@@ -71,11 +74,20 @@ def last_checkpoint(output_dir):
         if m and os.path.isdir(path):
             found.append((int(m.group(1)), path))
     for _, path in sorted(found, reverse=True):
-        if is_committed(path):
-            return path
-        if not _has_savepoint_part(path) and os.path.isfile(os.path.join(path, "trainer_state.json")):
+        if not _readable_trainer_state(path):
+            continue  # (the Trainer reads it first; it is written after the savepoint state)
+        if is_committed(path) or not _has_savepoint_part(path):
             return path
     return None
+
+
+def _readable_trainer_state(checkpoint_dir):
+    try:
+        with open(os.path.join(checkpoint_dir, "trainer_state.json"), encoding="utf-8") as f:
+            json.load(f)
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def _has_savepoint_part(checkpoint_dir):
@@ -94,6 +106,11 @@ class TrainerMixin:
     def __init__(self, *args, savepoint_io_threads: int = 4, savepoint_compression=None,
                  **kwargs) -> None:  # fmt: skip
         super().__init__(*args, **kwargs)
+        if self.args.push_to_hub:
+            raise _errors.InvalidArgumentError(
+                "savepoint.hf: push_to_hub=True would push checkpoints without their weights "
+                "(they are in checkpoint-N/savepoint/): use transformers.Trainer for that run, or "
+                "push the final save_model() yourself")
         self._sp_io_threads = savepoint_io_threads
         self._sp_compression = savepoint_compression
         self._sp_parts = None  # while a checkpoint is being written: its pieces
@@ -111,9 +128,23 @@ class TrainerMixin:
         if self._sp_parts is None or not _internal_call:
             return super().save_model(output_dir, _internal_call=_internal_call)
         self._sp_parts["model"] = self.model.state_dict()
+        self._sp_small_files(output_dir)
         if self.args.save_only_model:  # no optimizer, scaler or RNG states follow
             self._sp_commit(output_dir)
         return None
+
+    def _sp_small_files(self, output_dir):
+        """What the Trainer writes beside the weights (the model's config and generation config,
+        the tokenizer or processor, the training arguments), so that checkpoint-N describes its
+        model as before."""
+        if not self.args.should_save:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        for obj in (getattr(self.model, "config", None),
+                    getattr(self.model, "generation_config", None), self.processing_class):
+            if obj is not None and hasattr(obj, "save_pretrained"):
+                obj.save_pretrained(output_dir)
+        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
 
     def _save_optimizer_and_scheduler(self, output_dir):
         if self._sp_parts is None:
@@ -182,7 +213,7 @@ class TrainerMixin:
         path = state_path(checkpoint)
         prefix = f"checkpoint.{part}."
         tensors = any(t["name"].startswith(prefix) for t in _load.info(path)["tensors"])
-        tree = _load.load(path, framework="pt", map_location="cpu",
+        tree = _load.load(path, map_location="cpu",
                           names=[prefix + "*"] if tensors else [],
                           io_threads=self._sp_io_threads)  # fmt: skip
         if type(tree) is not dict or tree.get(_MARK) != _LAYOUT:
@@ -240,6 +271,10 @@ class TrainerMixin:
             states = rng["cuda"]
             if len(states) == torch.cuda.device_count():
                 torch.cuda.random.set_rng_state_all(states)
+            else:
+                warnings.warn(f"savepoint.hf: {checkpoint} holds the CUDA RNG states of "
+                              f"{len(states)} devices, this process sees "
+                              f"{torch.cuda.device_count()}: not restored", stacklevel=2)
         return None
 
 
@@ -266,6 +301,7 @@ class SaveOnSignal(transformers.TrainerCallback):
         self._previous = {}
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.received = None
         for s in self.signals:
             self._previous[s] = signal.signal(s, self._handler)
 

@@ -10,7 +10,7 @@ Every checkpoint Lightning writes (`Trainer.save_checkpoint`, `ModelCheckpoint`,
 becomes a savepoint checkpoint directory at the path Lightning names ("epoch=3-step=400.ckpt",
 "last.ckpt"): weights and optimizer states as checksummed tensor entries, loops and counters as
 values, and whatever savepoint's tree cannot hold (hyper-parameters as an AttributeDict, a
-Namespace) pickled by torch.save into one entry (savepoint._objects; docs/FRAMEWORKS.md).
+Namespace) pickled by torch.save into one entry (savepoint._objects; docs/FORMAT.md §13).
 
 Saves are asynchronous by default, through savepoint's own AsyncCheckpointer (not Lightning's
 AsyncCheckpointIO, which clones every tensor on the training thread and writes on one thread with
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 import threading
 from typing import Any
 
@@ -58,19 +59,19 @@ class _SavepointCheckpointIO:
     compression: per-chunk compression of every save (savepoint.save's compression=; default
         None). storage_options={"compression": ...} overrides it for one save.
     verify: check every chunk's CRC32C on load (default True).
-    checkpointer: an AsyncCheckpointer to use instead of one of the plug-in's own (then cuda,
-        staging_bytes and io_threads must be left unset; the caller closes it).
+    checkpointer: an AsyncCheckpointer to use instead of one of the plug-in's own (then cuda and
+        staging_bytes must be left unset, and io_threads applies to loads only; the caller closes
+        it).
     """
 
     def __init__(self, *, async_: bool = True, cuda: bool | None = None,
                  staging_bytes: int | None = None, io_threads: int = 4, compression: Any = None,
                  verify: bool = True, checkpointer: AsyncCheckpointer | None = None) -> None:  # fmt: skip
         super().__init__()
-        if checkpointer is not None and (cuda is not None or staging_bytes is not None
-                                         or io_threads != 4):  # fmt: skip
+        if checkpointer is not None and (cuda is not None or staging_bytes is not None):
             raise _errors.InvalidArgumentError(
-                "savepoint.lightning.CheckpointIO: cuda, staging_bytes and io_threads belong to "
-                "the checkpointer: set them there, or pass no checkpointer")
+                "savepoint.lightning.CheckpointIO: cuda and staging_bytes belong to the "
+                "checkpointer: set them there, or pass no checkpointer")
         if type(async_) is not bool:
             raise _errors.InvalidArgumentError(
                 f"savepoint.lightning.CheckpointIO: async_={async_!r}: use True or False")
@@ -79,6 +80,7 @@ class _SavepointCheckpointIO:
         self._given = checkpointer
         self._own = None
         self._pending = {}  # normalised path -> SaveFuture
+        self._failed = []  # failures of background saves not raised yet
         self._collected = set()  # directories whose debris this plug-in removed (savepoint.gc)
         self._lock = threading.Lock()
 
@@ -94,15 +96,18 @@ class _SavepointCheckpointIO:
         options = _storage_options(storage_options)
         key = _key(path)
         self._wait_for(key)  # (Lightning saves "last.ckpt" again and again)
-        self._collect(os.path.dirname(key))
+        self._collect(_parent(key))
         self._raise_finished()
         plain, objects = _objects.split(checkpoint)
         tree = {_MARK: _LAYOUT, "checkpoint": plain, "objects": _objects.pickle_objects(objects)}
+        aside = _set_aside_torch_file(key)
         fut = self._checkpointer().save(
             tree, path, overwrite=True, metadata=options.get("metadata"),
             compression=options.get("compression", self._compression))  # fmt: skip
-        if not self._async:
-            fut.wait()
+        if not self._async or aside is not None:
+            fut.wait()  # (a file set aside goes once its replacement is durable)
+            if aside is not None:
+                os.remove(aside)
             return
         with self._lock:
             self._pending[key] = fut
@@ -116,12 +121,11 @@ class _SavepointCheckpointIO:
         default)."""
         self.wait()
         device = _device(map_location)
-        self._collect(os.path.dirname(_key(path)), again=True)
-        if os.path.isfile(path):
-            from lightning.fabric.utilities.cloud_io import _load as torch_load
-
-            return torch_load(path, map_location=device, weights_only=weights_only)
-        tree = _load.load(path, framework="pt", map_location=device, verify=self._verify,
+        if _rank() == 0:  # (every rank loads; one collects)
+            self._collect(_parent(_key(path)), again=True)
+        if not _is_uri(path) and os.path.isfile(path):
+            return self._torch_load(path, map_location=device, weights_only=weights_only)
+        tree = _load.load(path, map_location=device, verify=self._verify,
                           io_threads=self._io_threads)  # fmt: skip
         if type(tree) is not dict or tree.get(_MARK) != _LAYOUT:
             raise _errors.InvalidArgumentError(
@@ -131,11 +135,14 @@ class _SavepointCheckpointIO:
         return _objects.join(tree["checkpoint"], objects)
 
     def remove_checkpoint(self, path: StrPath) -> None:
-        """Removes the checkpoint at `path` (after its save, if in flight, finished): a savepoint
-        checkpoint's own files (savepoint.delete), or a TorchCheckpointIO file. Nothing there:
-        nothing to do."""
-        self._wait_for(_key(path))
-        if os.path.isfile(path) or os.path.islink(path):
+        """Removes the checkpoint at `path` once every save in flight is durable (Lightning removes
+        the previous checkpoint right after starting the next one: that one must have committed
+        first): a savepoint checkpoint's own files (savepoint.delete), or a TorchCheckpointIO
+        file. Nothing there: nothing to do."""
+        self.wait()
+        if _is_uri(path):
+            _load.delete(path)
+        elif os.path.isfile(path) or os.path.islink(path):
             os.remove(path)
         elif os.path.isdir(path):
             _load.delete(path)
@@ -153,17 +160,13 @@ class _SavepointCheckpointIO:
     # ------------------------------------------------------------------ savepoint's additions
 
     def wait(self) -> None:
-        """Blocks until every save started so far is durable; raises the first failure."""
+        """Blocks until every save started so far is durable; raises the first failure not raised
+        yet (the others at the next calls)."""
         with self._lock:
             pending, self._pending = self._pending, {}
-        first = None
         for fut in pending.values():
-            try:
-                fut.wait()
-            except _errors.SavepointError as e:
-                first = first or e
-        if first is not None:
-            raise first
+            self._settle(fut)
+        self._raise_failed()
 
     # ------------------------------------------------------------------ internals
 
@@ -185,25 +188,70 @@ class _SavepointCheckpointIO:
             busy = [k for k in self._pending if os.path.dirname(k) == directory]
         for k in busy:
             self._wait_for(k)
-        if os.path.isdir(directory):
+        if self._given is not None:
+            self._given.wait()  # (a shared checkpointer: other code's saves may be in there)
+        if not _is_uri(directory) and os.path.isdir(directory):
             _load.gc(directory)
 
     def _wait_for(self, key):
         with self._lock:
             fut = self._pending.pop(key, None)
         if fut is not None:
-            fut.wait()
+            self._settle(fut)
+            self._raise_failed()
 
     def _raise_finished(self):
         with self._lock:
             done = [k for k, f in self._pending.items() if f.done()]
             finished = [self._pending.pop(k) for k in done]
         for fut in finished:
-            fut.wait()  # raises its failure
+            self._settle(fut)
+        self._raise_failed()
+
+    def _settle(self, fut):
+        try:
+            fut.wait()
+        except BaseException as e:  # noqa: BLE001 (kept, raised by _raise_failed)
+            self._failed.append(e)
+
+    def _raise_failed(self):
+        if self._failed:
+            raise self._failed.pop(0)
+
+
+def _is_uri(path):
+    return "://" in os.fspath(path)
 
 
 def _key(path):
-    return os.path.abspath(os.fspath(path))
+    return os.fspath(path) if _is_uri(path) else os.path.abspath(os.fspath(path))
+
+
+def _parent(key):
+    return key.rsplit("/", 1)[0] if _is_uri(key) else os.path.dirname(key)
+
+
+def _rank():
+    dist = sys.modules.get("torch.distributed")
+    return dist.get_rank() if dist is not None and dist.is_initialized() else 0
+
+
+def _set_aside_torch_file(key):
+    """A file at `key` (Lightning's default plug-in wrote "last.ckpt" before the run switched to
+    savepoint): renamed to savepoint's set-aside name, so that the save can put a directory there
+    and a crash before it commits leaves the file to `savepoint.gc`, which puts it back. Returns
+    the new name (None: no file there)."""
+    if _is_uri(key) or not os.path.isfile(key):
+        return None
+    aside = os.path.join(os.path.dirname(key),
+                         f".{os.path.basename(key)}.savepoint-old.{os.urandom(8).hex()}")
+    os.rename(key, aside)
+    fd = os.open(os.path.dirname(key), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return aside
 
 
 def _storage_options(options):
@@ -228,6 +276,8 @@ def _device(map_location):
 
 
 _classes = {}
+_TORCH_LOADERS = {"lightning": "lightning.fabric.utilities.cloud_io",
+                  "pytorch_lightning": "lightning_fabric.utilities.cloud_io"}  # fmt: skip
 
 
 def checkpoint_io_class(package: str = "lightning") -> type:
@@ -245,8 +295,9 @@ def checkpoint_io_class(package: str = "lightning") -> type:
             raise ImportError(
                 f"savepoint.lightning needs the '{package}' package (pip install {package}): "
                 f"{e}") from e
+        torch_load = staticmethod(importlib.import_module(_TORCH_LOADERS[package])._load)
         _classes[package] = type("CheckpointIO", (_SavepointCheckpointIO, base),
-                                 {"__module__": __name__,
+                                 {"__module__": __name__, "_torch_load": torch_load,
                                   "__doc__": _SavepointCheckpointIO.__doc__})  # fmt: skip
     return _classes[package]
 

@@ -33,7 +33,7 @@ def reference(tmp_path_factory):
 
 def _committed(project):
     root = project / "checkpoints"
-    return sorted(n for n in os.listdir(root) if (root / n / "MANIFEST").is_file())
+    return sorted(n for n in os.listdir(root) if (root / n / "savepoint" / "MANIFEST").is_file())
 
 
 @pytest.mark.parametrize("mode", [(), ("--async",)], ids=["sync", "async"])
@@ -51,8 +51,9 @@ def test_a_killed_loop_resumes_with_the_same_losses_bit_for_bit(tmp_path, refere
     # total_limit=2: the two newest committed checkpoints remain, each loadable and verified.
     assert _committed(project) == ["checkpoint_1", "checkpoint_2"]
     for n in _committed(project):
-        savepoint.verify(project / "checkpoints" / n)
-    assert not any(n.startswith(".") for n in os.listdir(project / "checkpoints"))
+        savepoint.verify(savepoint.accelerate.state_path(project / "checkpoints" / n))
+        assert os.listdir(project / "checkpoints" / n) == ["savepoint"]  # no debris left
+    assert sorted(os.listdir(project / "checkpoints")) == ["checkpoint_1", "checkpoint_2"]
 
 
 def test_accelerates_own_checkpoints_still_load(tmp_path):
@@ -87,7 +88,7 @@ def test_a_state_round_trips_with_hooks_and_custom_objects(tmp_path):
     assert acc.step == 7
     assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"], want["momentum_buffer"])
     assert seen == [("save", path), ("load", path)]
-    names = {t["name"] for t in savepoint.info(path)["tensors"]}
+    names = {t["name"] for t in savepoint.info(savepoint.accelerate.state_path(path))["tensors"]}
     assert "checkpoint.models.0.weight" in names and "checkpoint.rng.torch" in names
 
 
@@ -99,8 +100,15 @@ def test_bad_calls_are_clear_errors(tmp_path):
     with pytest.raises(savepoint.InvalidArgumentError, match="unknown options"):
         savepoint.accelerate.install(acc, overwrite=True)
     savepoint.save({"w": torch.ones(2)}, tmp_path / "plain")
-    with pytest.raises(savepoint.InvalidArgumentError, match="not an Accelerator state"):
+    with pytest.raises(savepoint.NotFoundError, match="holds no savepoint state"):
         savepoint.accelerate.load_state(acc, tmp_path / "plain")
+    savepoint.save({"w": torch.ones(2)}, tmp_path / "other" / "savepoint")
+    with pytest.raises(savepoint.InvalidArgumentError, match="not an Accelerator state"):
+        savepoint.accelerate.load_state(acc, tmp_path / "other")
+    with pytest.raises(savepoint.InvalidArgumentError, match="checkpointer= is for"):
+        savepoint.accelerate.save_state(acc, tmp_path / "x", checkpointer=object())
+    with pytest.raises(savepoint.InvalidArgumentError, match="io_threads= is for"):
+        savepoint.accelerate.save_state(acc, tmp_path / "x", async_=True, io_threads=2)
     path = savepoint.accelerate.save_state(acc, tmp_path / "one")
     acc.prepare(torch.nn.Linear(2, 2))  # a second model: no longer the saved set
     with pytest.raises(savepoint.InvalidArgumentError, match="holds 1 models"):
@@ -138,3 +146,29 @@ def test_cuda_state_round_trips_and_stays_on_the_gpu(tmp_path, async_):
         assert v.is_cuda and torch.equal(v, want[k]), k
     avg = opt.state_dict()["state"][0]["exp_avg"]
     assert avg.is_cuda and torch.equal(avg, want_avg)
+
+
+def test_hooks_may_take_models_and_write_beside_the_state(tmp_path):
+    acc = Accelerator(cpu=True)
+    kept, own = acc.prepare(torch.nn.Linear(3, 3), torch.nn.Linear(2, 2))
+
+    def save_hook(models, weights, directory):  # the diffusers pattern: save one model yourself
+        torch.save(models[1].state_dict(), os.path.join(directory, "own.pt"))
+        models.pop(1)
+        weights.pop(1)
+
+    def load_hook(models, directory):
+        models.pop(1).load_state_dict(torch.load(os.path.join(directory, "own.pt")))
+
+    acc.register_save_state_pre_hook(save_hook)
+    acc.register_load_state_pre_hook(load_hook)
+    want = [{k: v.clone() for k, v in m.state_dict().items()} for m in (kept, own)]
+    savepoint.accelerate.save_state(acc, tmp_path / "h")
+    assert sorted(os.listdir(tmp_path / "h")) == ["own.pt", "savepoint"]
+    with torch.no_grad():
+        kept.weight.zero_()
+        own.weight.zero_()
+    savepoint.accelerate.load_state(acc, tmp_path / "h")
+    assert len(acc._models) == 2  # the hooks popped from copies
+    for m, w in zip((kept, own), want):
+        assert all(torch.equal(v, w[k]) for k, v in m.state_dict().items())

@@ -40,6 +40,9 @@ def test_a_killed_trainer_resumes_with_the_same_losses_bit_for_bit(tmp_path, ref
     for name in _checkpoints(out):  # no model.safetensors / optimizer.pt: savepoint holds them
         assert savepoint.hf.is_committed(out / name)
         assert not (out / name / "optimizer.pt").exists()
+        assert not (out / name / "model.safetensors").exists()
+        assert (out / name / "config.json").exists()  # the small files are the Trainer's as before
+        assert (out / name / "training_args.bin").exists()
         savepoint.verify(savepoint.hf.state_path(out / name))
     _train(out, losses, "--trainer", "savepoint", "--resume")
     after = _losses(losses)[len(before):]
@@ -67,6 +70,11 @@ def test_an_interrupted_save_is_passed_over(tmp_path, reference):
     torn.mkdir(parents=True)
     (torn / "data-00000-00000.spd").write_bytes(b"partial")
     assert savepoint.hf.last_checkpoint(out) == os.path.join(out, "checkpoint-12")
+    # Died after the state committed but before trainer_state.json was written: passed over too.
+    state = out / "checkpoint-12" / "trainer_state.json"
+    state.rename(out / "held")
+    assert savepoint.hf.last_checkpoint(out) == os.path.join(out, "checkpoint-6")
+    (out / "held").rename(state)
     with pytest.raises(savepoint.NotFoundError, match="interrupted"):
         import transformers
 

@@ -9,6 +9,7 @@ import os
 import signal
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from lightning.fabric.utilities.data import AttributeDict
@@ -179,13 +180,42 @@ def test_weights_only_guards_the_pickled_part(tmp_path):
     assert type(io.load_checkpoint(tmp_path / "c", weights_only=False)["obj"]).__name__ == "Custom"
 
 
-def test_a_failed_save_is_raised_by_the_next_call(tmp_path):
+def test_a_failed_save_is_raised_and_replaces_nothing(tmp_path):
     io = savepoint.lightning.CheckpointIO()
-    (tmp_path / "taken").write_text("a file where the checkpoint directory goes")
+    (tmp_path / "taken").write_text("a file where a directory of the path goes")
     with pytest.raises(savepoint.SavepointError):
-        io.save_checkpoint({"w": torch.ones(2)}, tmp_path / "taken")
+        io.save_checkpoint({"w": torch.ones(2)}, tmp_path / "taken" / "x.ckpt")
         io.teardown()
     assert (tmp_path / "taken").read_text().startswith("a file")
+
+
+def test_a_file_of_lightnings_own_plugin_is_replaced_when_the_run_switches(tmp_path):
+    path = tmp_path / "last.ckpt"
+    TorchCheckpointIO().save_checkpoint({"w": torch.zeros(3), "epoch": 1}, path)
+    io = savepoint.lightning.CheckpointIO()
+    assert io.load_checkpoint(path)["epoch"] == 1  # resumed from the file ...
+    io.save_checkpoint({"w": torch.ones(3), "epoch": 2}, path)  # ... then saved over it
+    assert (path / "MANIFEST").is_file() and os.listdir(tmp_path) == ["last.ckpt"]
+    assert io.load_checkpoint(path)["epoch"] == 2
+
+
+def test_removing_the_previous_checkpoint_waits_for_the_next_to_commit(tmp_path):
+    io = savepoint.lightning.CheckpointIO()
+    io.save_checkpoint({"w": torch.ones(4)}, tmp_path / "a.ckpt")
+    io.save_checkpoint({"w": torch.ones(64 << 20, dtype=torch.uint8)}, tmp_path / "b.ckpt")
+    io.remove_checkpoint(tmp_path / "a.ckpt")  # what ModelCheckpoint does right after saving b
+    assert (tmp_path / "b.ckpt" / "MANIFEST").is_file()  # b committed before a went
+    assert not (tmp_path / "a.ckpt").exists()
+
+
+def test_numpy_values_come_back_as_numpy(tmp_path):
+    io = savepoint.lightning.CheckpointIO()
+    ckpt = {"state_dict": {"w": torch.ones(2)}, "callbacks": {"cb": {"hist": np.arange(5)}}}
+    io.save_checkpoint(ckpt, tmp_path / "n.ckpt")
+    back = io.load_checkpoint(tmp_path / "n.ckpt")
+    assert isinstance(back["callbacks"]["cb"]["hist"], np.ndarray)
+    assert back["callbacks"]["cb"]["hist"].tolist() == [0, 1, 2, 3, 4]
+    assert isinstance(back["state_dict"]["w"], torch.Tensor)
 
 
 def test_fabric_saves_and_loads_through_the_plugin(tmp_path):
