@@ -38,7 +38,7 @@ from torch.futures import Future
 
 from . import _core, _cuda, _dtypes, _errors
 
-__all__ = ["StorageReader", "StorageWriter"]
+__all__ = ["StorageReader", "StorageWriter", "install", "uninstall"]
 
 _DEFAULT_CHUNK_BYTES = 8 << 20
 # The fqn of the WriteResult that carries a rank's report to the coordinator (not a state key).
@@ -265,6 +265,67 @@ class StorageWriter(_storage.StorageWriter, _staging.BlockingAsyncStager):
             self._coordinator.abandon()
         self._coordinator = None
         self._own = None
+
+
+# ---------------------------------------------------------------------- checkpoint_id= alone
+
+_MODULES = ("torch.distributed.checkpoint.state_dict_saver",
+            "torch.distributed.checkpoint.state_dict_loader")  # fmt: skip
+_original_setup = None  # DCP's _storage_setup while install() is in effect
+
+
+def install() -> None:
+    """Makes DCP's calls that name only a checkpoint_id use savepoint:
+    `dcp.save(state, checkpoint_id=path)` and `dcp.async_save(...)` write a savepoint checkpoint
+    (StorageWriter(path)), and `dcp.load(state, checkpoint_id=path)` reads one through
+    StorageReader(path) when `path` holds a savepoint checkpoint (a MANIFEST) and through DCP's
+    own reader otherwise, so DCP's own directories still load. Paths are local or `s3://` URIs;
+    other URIs (fsspec's) and calls that pass a storage writer or reader are left to DCP.
+    Idempotent; uninstall() undoes it. It replaces the `_storage_setup` that DCP's saver and
+    loader modules call (an internal of DCP: InternalError naming it where this torch lacks it)."""
+    global _original_setup
+    if _original_setup is not None:
+        return
+    import importlib  # noqa: PLC0415
+
+    modules = [importlib.import_module(m) for m in _MODULES]
+    original = getattr(modules[0], "_storage_setup", None)
+    if original is None or getattr(modules[1], "_storage_setup", None) is not original:
+        raise _errors.InternalError(
+            f"savepoint.torch.install: torch {torch.__version__} has no _storage_setup in "
+            f"{list(_MODULES)}: pass storage_writer= / storage_reader= instead")
+    _original_setup = original
+
+    def setup(storage, checkpoint_id, reader=False):
+        if storage or not _savepoint_path(checkpoint_id, reader):
+            return original(storage, checkpoint_id, reader=reader)
+        made = StorageReader(checkpoint_id) if reader else StorageWriter(checkpoint_id)
+        made.reset(checkpoint_id)
+        return made
+
+    for m in modules:
+        m._storage_setup = setup
+
+
+def uninstall() -> None:
+    """Puts DCP's own `_storage_setup` back (after install(); otherwise nothing to do)."""
+    global _original_setup
+    if _original_setup is None:
+        return
+    import importlib  # noqa: PLC0415
+
+    for name in _MODULES:
+        importlib.import_module(name)._storage_setup = _original_setup
+    _original_setup = None
+
+
+def _savepoint_path(checkpoint_id, reader):
+    if not isinstance(checkpoint_id, (str, os.PathLike)):
+        return False
+    path = os.fspath(checkpoint_id)
+    if "://" in path:
+        return path.startswith("s3://")
+    return not reader or os.path.isfile(os.path.join(path, "MANIFEST"))
 
 
 def _default_rank():

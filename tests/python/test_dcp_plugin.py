@@ -253,3 +253,28 @@ def test_gloo_ranks_save_and_reshard(tmp_path, savepoint_cli, save_world, load_w
     for world in load_worlds:
         r = run_python("dcp_ranks.py", "load", world, root, check=False)
         assert r.returncode == 0, r.stderr[-4000:]
+
+
+def test_checkpoint_id_alone_uses_savepoint_after_install(tmp_path):
+    spt.install()
+    try:
+        spt.install()  # (idempotent)
+        dcp.save(_state(), checkpoint_id=str(tmp_path / "ours"))
+        assert (tmp_path / "ours" / "MANIFEST").is_file()
+        savepoint.verify(tmp_path / "ours")
+        out = _state(fill=False)
+        dcp.load(out, checkpoint_id=str(tmp_path / "ours"))
+        _assert_equal(out, _state())
+        fut = dcp.async_save(_state(), checkpoint_id=str(tmp_path / "async"))
+        fut.result()
+        assert (tmp_path / "async" / "MANIFEST").is_file()
+        # A directory of DCP's own writer still loads by checkpoint_id alone.
+        dcp.save(_state(), storage_writer=dcp.FileSystemWriter(str(tmp_path / "theirs")))
+        out = _state(fill=False)
+        dcp.load(out, checkpoint_id=str(tmp_path / "theirs"))
+        _assert_equal(out, _state())
+    finally:
+        spt.uninstall()
+    dcp.save(_state(), checkpoint_id=str(tmp_path / "after"))  # DCP's own writer again
+    assert (tmp_path / "after" / ".metadata").is_file()
+    assert not (tmp_path / "after" / "MANIFEST").exists()
