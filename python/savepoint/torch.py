@@ -24,6 +24,8 @@ shards as DCP's chunks; read_data reads each ReadItem's box straight into its de
 reading only the chunks that overlap it, each verified against its CRC32C.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import io
 import json

@@ -110,7 +110,8 @@ def test_gc_removes_debris_of_dead_processes_and_keeps_checkpoints(tmp_path):
 
 @pytest.mark.parametrize("module, missing", [("savepoint.lightning", "lightning"),
                                              ("savepoint.hf", "transformers"),
-                                             ("savepoint.accelerate", "accelerate")])
+                                             ("savepoint.accelerate", "accelerate"),
+                                             ("savepoint.torchtitan", "torchtitan")])
 def test_a_plugin_without_its_framework_says_what_to_install(module, missing):
     blocked = "lightning_fabric" if missing == "lightning" else missing
     code = (f"import sys; sys.modules[{missing!r}] = None; sys.modules[{blocked!r}] = None\n"

@@ -17,8 +17,8 @@ EXTENSIONS = {"_core"}  # compiled modules of the package (python/ext/*.cc): no 
 # higher one (at module level or inside a function); with no circle, that is the whole rule.
 LAYERS = [
     # The framework plug-ins over the entry points: savepoint.lightning (a Lightning CheckpointIO),
-    # savepoint.accelerate and savepoint.hf (the Transformers Trainer).
-    ("framework plug-ins", {"lightning", "hf", "accelerate"}),
+    # savepoint.accelerate, savepoint.hf (the Transformers Trainer) and savepoint.torchtitan.
+    ("framework plug-ins", {"lightning", "hf", "accelerate", "torchtitan"}),
     # What users import and call: savepoint.save / load / info / verify / convert /
     # CheckpointManager / save_safetensors ..., and the submodules savepoint.sparse / torch / mindspore / recis /
     # failover.
