@@ -278,3 +278,23 @@ def test_checkpoint_id_alone_uses_savepoint_after_install(tmp_path):
     dcp.save(_state(), checkpoint_id=str(tmp_path / "after"))  # DCP's own writer again
     assert (tmp_path / "after" / ".metadata").is_file()
     assert not (tmp_path / "after" / "MANIFEST").exists()
+
+
+@pytest.mark.parametrize("pinned_async", [False, True], ids=["plain", "pinned-async-staging"])
+def test_async_save_with_dcps_default_stager(tmp_path, pinned_async):
+    staging = pytest.importorskip("torch.distributed.checkpoint.staging")
+    options = staging.StagingOptions(use_pinned_memory=pinned_async, use_shared_memory=False,
+                                     use_async_staging=pinned_async,
+                                     use_non_blocking_copy=False)  # fmt: skip
+    stager = staging.DefaultStager(options)
+    try:
+        path = tmp_path / "staged"
+        response = dcp.async_save(_state(), storage_writer=spt.StorageWriter(path),
+                                  async_stager=stager)  # fmt: skip
+        getattr(response, "upload_completion", response).result()
+    finally:
+        stager.close()
+    savepoint.verify(path)
+    out = _state(fill=False)
+    dcp.load(out, storage_reader=spt.StorageReader(path))
+    _assert_equal(out, _state())
