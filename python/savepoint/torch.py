@@ -330,6 +330,14 @@ def _savepoint_path(checkpoint_id, reader):
     return not reader or os.path.isfile(os.path.join(path, "MANIFEST"))
 
 
+def _is_extension_registry(obj):
+    try:
+        from torch.distributed.checkpoint._extension import ExtensionRegistry  # noqa: PLC0415
+    except ImportError:  # (a torch without stream extensions)
+        return False
+    return isinstance(obj, ExtensionRegistry)
+
+
 def _default_rank():
     dist = torch.distributed
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
@@ -354,7 +362,9 @@ def _from_json_planner_data(data):
 class StorageReader(_storage.StorageReader):
     """Reads a savepoint checkpoint at `path` for dcp.load, in any sharding (resharding).
 
-    Takes FileSystemReader's arguments (path, _extension_registry: None only).
+    Takes FileSystemReader's arguments (path, _extension_registry: None or DCP's
+    ExtensionRegistry, which has nothing to resolve: savepoint checkpoints hold no stream
+    transforms).
 
     Any savepoint checkpoint loads, not only those written through DCP: values that DCP did not
     write are handed to DCP as torch.save bytes of their Python value. verify: check every chunk
@@ -364,10 +374,11 @@ class StorageReader(_storage.StorageReader):
     def __init__(self, path, _extension_registry=None, *, verify=True, io_threads=4,
                  direct_io=False):  # fmt: skip
         super().__init__()
-        if _extension_registry is not None:
+        if _extension_registry is not None and not _is_extension_registry(_extension_registry):
             raise _errors.InvalidArgumentError(
-                "savepoint.torch.StorageReader: _extension_registry: stream extensions are not "
-                "supported (savepoint checkpoints are read in their own format)")
+                f"savepoint.torch.StorageReader: _extension_registry={_extension_registry!r}: "
+                f"None or DCP's ExtensionRegistry (savepoint checkpoints hold no stream "
+                f"transforms for it to resolve)")
         self.path = os.fspath(path)
         self.verify = verify
         self.io_threads = io_threads

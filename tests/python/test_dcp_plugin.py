@@ -125,6 +125,9 @@ def test_file_system_writer_and_reader_arguments_are_taken(tmp_path):
             spt.StorageWriter(tmp_path / "b", **kwargs)
     with pytest.raises(savepoint.InvalidArgumentError, match="_extension_registry"):
         spt.StorageReader(tmp_path / "a", _extension_registry=object())
+    from torch.distributed.checkpoint._extension import ExtensionRegistry
+
+    spt.StorageReader(tmp_path / "a", _extension_registry=ExtensionRegistry())  # (nothing to do)
     assert not (tmp_path / "b").exists()
 
 
