@@ -2,28 +2,29 @@
 
     import savepoint.accelerate
 
-    savepoint.accelerate.install(accelerator)      # keep calling accelerator.save_state / load_state
+    savepoint.accelerate.install(accelerator)   # accelerator.save_state / load_state as before
     accelerator.save_state("ckpt/step-100")
     accelerator.load_state("ckpt/step-100")
 
     fut = savepoint.accelerate.save_state(accelerator, "ckpt/step-200", async_=True)  # or explicit
 
 What `Accelerator.save_state` writes as a dozen files (weights in safetensors, the rest pickled by
-torch.save) goes into one savepoint checkpoint, `<output_dir>/savepoint/`: the prepared models' weights, the optimizers, the schedulers,
-the gradient scaler, the dataloaders' positions (the epoch a prepared dataloader is in, which
-Accelerate's own files leave out, a seedable sampler's epoch and seed, a stateful dataloader's
-state), the RNG states with `accelerator.step`, and the objects registered with
-`register_for_checkpointing`. The model-state hooks registered with
-`register_save_state_pre_hook` / `register_load_state_pre_hook` are called as Accelerate calls
-them. With `async_=True` the call returns once the tensors are staged (savepoint's
-AsyncCheckpointer; CUDA tensors by DMA) and the write goes on in the background.
+torch.save) goes into one savepoint checkpoint, `<output_dir>/savepoint/`: the prepared models'
+weights, the optimizers, the schedulers, the gradient scaler, the dataloaders' positions (the epoch
+a prepared dataloader is in, which Accelerate's own files leave out, a seedable sampler's epoch and
+seed, a stateful dataloader's state), the RNG states with `accelerator.step`, and the objects
+registered with `register_for_checkpointing`. The model-state hooks registered with
+`register_save_state_pre_hook` / `register_load_state_pre_hook` are called as Accelerate calls them.
+With `async_=True` the call returns once the tensors are staged (savepoint's AsyncCheckpointer; CUDA
+tensors by DMA) and the write goes on in the background.
 
 `ProjectConfiguration(automatic_checkpoint_naming=True, total_limit=N)` is honoured: checkpoints go
 to `<project_dir>/checkpoints/checkpoint_<iteration>`, loading without a path takes the newest
 committed one (or the newest Accelerate wrote), and older ones beyond `total_limit` are deleted
-(savepoint's files only) only after the new one has committed. Debris of saves a crash
-interrupted is removed (savepoint.gc) before a save or a load in that directory. One process only: several processes, FSDP, DeepSpeed and Megatron-LM
-keep Accelerate's own `save_state` (UnimplementedError says so). Layout: docs/FORMAT.md §13.
+(savepoint's files only) only after the new one has committed. Debris of saves a crash interrupted
+is removed (savepoint.gc) before a save or a load in that directory. One process only: several
+processes, FSDP, DeepSpeed and Megatron-LM keep Accelerate's own `save_state` (UnimplementedError
+says so). Layout: docs/FORMAT.md §13.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def install(accelerator: Any, **options: Any) -> None:
 
     def load(input_dir=None, load_kwargs=None, **load_model_func_kwargs):
         return load_state(accelerator, input_dir, load_kwargs=load_kwargs,
-                          load_model_func_kwargs=load_model_func_kwargs, **load_options)  # fmt: skip
+                          load_model_func_kwargs=load_model_func_kwargs,
+                          **load_options)  # fmt: skip
 
     accelerator.save_state = functools.wraps(type(accelerator).save_state)(save)
     accelerator.load_state = functools.wraps(type(accelerator).load_state)(load)

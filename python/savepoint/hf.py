@@ -22,8 +22,9 @@ Trainer still resumes as before. `SaveOnSignal` saves a checkpoint at the end of
 SIGTERM (by default) arrives, then stops training, so that a preempted job keeps its last step.
 
 Final models are not checkpoints: `trainer.save_model()` called by you writes Transformers' usual
-files (`from_pretrained` reads them). Several processes (DDP), DeepSpeed, FSDP, XLA and SageMaker model
-parallelism keep the Trainer's own checkpoint files. The layout is docs/FORMAT.md §13; docs/INTEROP.md has the details.
+files (`from_pretrained` reads them). Several processes (DDP), DeepSpeed, FSDP, XLA and SageMaker
+model parallelism keep the Trainer's own checkpoint files. The layout is docs/FORMAT.md §13;
+docs/INTEROP.md has the details.
 """
 
 from __future__ import annotations

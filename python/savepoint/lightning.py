@@ -16,11 +16,12 @@ Saves are asynchronous by default, through savepoint's own AsyncCheckpointer (no
 AsyncCheckpointIO, which clones every tensor on the training thread and writes on one thread with
 unbounded memory): save_checkpoint returns once the tensors are copied into the checkpointer's
 staging memory (CUDA tensors by DMA into page-locked slabs), and the write, fsync and commit go on
-in the background. A checkpoint is never torn: an overwritten "last.ckpt" stays intact until the
-new one commits. Debris of saves that a crash interrupted is removed (savepoint.gc) when the plug-in
-first saves into a directory and before it loads. load_checkpoint and remove_checkpoint first wait for the saves they depend on;
-teardown waits for all and raises the first failure. Files written by Lightning's default
-TorchCheckpointIO still load (and are removed) as before, so a project can switch plug-ins.
+in the background. A checkpoint is never torn: an overwritten "last.ckpt" stays intact until the new
+one commits. Debris of saves that a crash interrupted is removed (savepoint.gc) when the plug-in
+first saves into a directory and before it loads. load_checkpoint and remove_checkpoint first wait
+for the saves they depend on; teardown waits for all and raises the first failure. Files written by
+Lightning's default TorchCheckpointIO still load (and are removed) as before, so a project can
+switch plug-ins.
 
 `CheckpointIO` derives from the `lightning` package's CheckpointIO; with only the standalone
 `pytorch_lightning` / `lightning_fabric` packages installed, from theirs.
@@ -66,7 +67,8 @@ class _SavepointCheckpointIO:
 
     def __init__(self, *, async_: bool = True, cuda: bool | None = None,
                  staging_bytes: int | None = None, io_threads: int = 4, compression: Any = None,
-                 verify: bool = True, checkpointer: AsyncCheckpointer | None = None) -> None:  # fmt: skip
+                 verify: bool = True,
+                 checkpointer: AsyncCheckpointer | None = None) -> None:  # fmt: skip
         super().__init__()
         if checkpointer is not None and (cuda is not None or staging_bytes is not None):
             raise _errors.InvalidArgumentError(

@@ -1,8 +1,8 @@
 """savepoint.accelerate with the real Accelerate: a training loop SIGKILLed mid-epoch resumes with
 accelerator.load_state() and repeats the uninterrupted run (Accelerate's own save_state) loss for
 loss, bit for bit (Accelerate's own load_state does not: it restarts the prepared dataloader's
-epoch count, so the data order differs); automatic naming and total_limit delete only committed checkpoints; Accelerate's
-own directories still load; bad calls are clear errors."""
+epoch count, so the data order differs); automatic naming and total_limit delete only committed
+checkpoints; Accelerate's own directories still load; bad calls are clear errors."""
 
 import os
 import signal

@@ -38,7 +38,8 @@ def test_every_top_level_name_resolves():
 
 def _public_callables():
     fns = [savepoint.save, savepoint.load, savepoint.verify, savepoint.info,
-           savepoint.list_checkpoints, savepoint.delete, savepoint.gc, savepoint.save_safetensors, savepoint.load_safetensors,
+           savepoint.list_checkpoints, savepoint.delete, savepoint.gc,
+           savepoint.save_safetensors, savepoint.load_safetensors,
            savepoint.safetensors_info, savepoint.default_checkpointer, savepoint.set_log_level]
     fns += [getattr(savepoint.sparse, n) for n in SPARSE_NAMES if n[0].islower()]
     for cls in (savepoint.CheckpointManager, savepoint.AsyncCheckpointer, savepoint.SaveFuture,

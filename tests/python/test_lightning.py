@@ -101,7 +101,8 @@ def test_a_checkpoint_comes_back_with_what_the_tree_cannot_hold(tmp_path):
     info = savepoint.info(tmp_path / "a.ckpt")
     assert info["metadata"] == {"run": 7}
     names = {t["name"] for t in info["tensors"]}
-    assert "checkpoint.state_dict.w" in names and "checkpoint.optimizer_states.0.state.0.exp_avg" in names
+    assert "checkpoint.state_dict.w" in names
+    assert "checkpoint.optimizer_states.0.state.0.exp_avg" in names
     io.teardown()
 
 
@@ -249,7 +250,8 @@ def test_cuda_tensors_are_snapshotted_by_dma_and_load_where_asked(tmp_path):
     assert io._checkpointer().cuda  # the snapshot copier, not to("cpu")
     w.add_(1)  # after save_checkpoint returns, training may change the tensors
     back = io.load_checkpoint(tmp_path / "g.ckpt")  # Lightning's default: onto the CPU
-    assert back["state_dict"]["w"].device.type == "cpu" and torch.equal(back["state_dict"]["w"], want)
+    w = back["state_dict"]["w"]
+    assert w.device.type == "cpu" and torch.equal(w, want)
     on_gpu = io.load_checkpoint(tmp_path / "g.ckpt", map_location="cuda")
     assert on_gpu["state_dict"]["half"].is_cuda
     assert torch.equal(on_gpu["state_dict"]["half"].cpu(), want[:, :7].to(torch.bfloat16))

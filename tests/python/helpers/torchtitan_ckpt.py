@@ -1,4 +1,4 @@
-"""torchtitan's own CheckpointManager writing and reading savepoint checkpoints (test_torchtitan.py).
+"""torchtitan's CheckpointManager writing and reading savepoint checkpoints (test_torchtitan.py).
 
     torchtitan_ckpt.py ROOT ASYNC_MODE
 
@@ -31,7 +31,8 @@ def build(root, async_mode):
                               model_parts=[model])  # fmt: skip
     sched = LRSchedulersContainer(opt, lambda step: 1.0 / (1 + step))
     config = CheckpointManager.Config(enable=True, folder="ckpt", interval=2, keep_latest_k=0,
-                                      last_save_model_only=False, async_mode=async_mode)  # fmt: skip
+                                      last_save_model_only=False,
+                                      async_mode=async_mode)  # fmt: skip
     manager = CheckpointManager(config, dataloader=None, model_parts=[model], optimizers=opt,
                                 lr_schedulers=sched, states={}, sd_adapter=None,
                                 base_folder=root)  # fmt: skip
