@@ -103,16 +103,21 @@ class _SavepointCheckpointIO:
         plain, objects = _objects.split(checkpoint)
         tree = {_MARK: _LAYOUT, "checkpoint": plain, "objects": _objects.pickle_objects(objects)}
         aside = _set_aside_torch_file(key)
-        fut = self._checkpointer().save(
-            tree, path, overwrite=True, metadata=options.get("metadata"),
-            compression=options.get("compression", self._compression))  # fmt: skip
-        if not self._async or aside is not None:
-            fut.wait()  # (a file set aside goes once its replacement is durable)
-            if aside is not None:
-                os.remove(aside)
-            return
-        with self._lock:
-            self._pending[key] = fut
+        try:
+            fut = self._checkpointer().save(
+                tree, path, overwrite=True, metadata=options.get("metadata"),
+                compression=options.get("compression", self._compression))  # fmt: skip
+            if not self._async or aside is not None:
+                fut.wait()  # (a file set aside goes once its replacement is durable)
+        except BaseException:
+            if aside is not None and not os.path.lexists(key):
+                os.rename(aside, key)  # the save failed: the file is the checkpoint again
+            raise
+        if aside is not None:
+            os.remove(aside)
+        if self._async and aside is None:
+            with self._lock:
+                self._pending[key] = fut
 
     def load_checkpoint(self, path: StrPath, map_location: Any = None,
                         weights_only: bool | None = None) -> dict[str, Any]:  # fmt: skip

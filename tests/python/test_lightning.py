@@ -200,6 +200,16 @@ def test_a_file_of_lightnings_own_plugin_is_replaced_when_the_run_switches(tmp_p
     assert io.load_checkpoint(path)["epoch"] == 2
 
 
+def test_a_failed_save_over_a_torch_file_puts_the_file_back(tmp_path):
+    path = tmp_path / "last.ckpt"
+    TorchCheckpointIO().save_checkpoint({"w": torch.zeros(3), "epoch": 1}, path)
+    io = savepoint.lightning.CheckpointIO()
+    with pytest.raises(savepoint.InvalidArgumentError):  # (refused after the file was set aside)
+        io.save_checkpoint({"w": torch.ones(3)}, path, storage_options={"compression": "bogus"})
+    assert path.is_file() and io.load_checkpoint(path)["epoch"] == 1
+    assert os.listdir(tmp_path) == ["last.ckpt"]
+
+
 def test_removing_the_previous_checkpoint_waits_for_the_next_to_commit(tmp_path):
     io = savepoint.lightning.CheckpointIO()
     io.save_checkpoint({"w": torch.ones(4)}, tmp_path / "a.ckpt")
