@@ -31,25 +31,20 @@ from __future__ import annotations
 
 import functools
 import os
-import random
 import re
-import warnings
 from typing import Any
-
-import numpy as np
 
 from . import _errors, _load, _objects, _save
 from ._types import StrPath
 
 try:
-    import torch
+    import torch  # noqa: F401 (what it needs: its absence is the ImportError below)
     from accelerate.data_loader import SeedableRandomSampler
 except ImportError as e:  # pragma: no cover (the test venv has both)
     raise ImportError(f"savepoint.accelerate needs torch and accelerate (pip install accelerate): "
                       f"{e}") from e  # fmt: skip
 
-_MARK = "savepoint.accelerate"  # top-level key of the saved tree: the layout's version
-_LAYOUT = 1
+_MARK = "savepoint.accelerate"  # top-level key of the saved tree (docs/FORMAT.md §13)
 SUBDIR = "savepoint"  # the savepoint checkpoint inside a save_state directory
 _NUMBERED = re.compile(r"^checkpoint_(\d+)$")
 _PENDING = "_savepoint_pending"  # accelerator attribute: (SaveFuture, directory to prune) or None
@@ -116,11 +111,15 @@ def save_state(accelerator: Any, output_dir: StrPath | None = None, *, async_: b
     wait(accelerator)
     config = accelerator.project_configuration
     directory, prune = _output_dir(accelerator, output_dir)
+    if os.path.isdir(directory):
+        _load.gc(directory)  # debris of a save here that a crash interrupted
+        if prune is not None and os.listdir(directory):  # (Accelerate's rule: a numbered
+            raise _errors.AlreadyExistsError(  # checkpoint is never replaced)
+                f"savepoint.accelerate.save_state: {directory} already exists: set "
+                f"accelerator.project_configuration.iteration to the iteration to go on with")
     os.makedirs(directory, exist_ok=True)
-    _load.gc(directory)  # debris of a save here that a crash interrupted
     parts = _parts(accelerator, directory)
-    plain, objects = _objects.split(parts)
-    tree = {_MARK: _LAYOUT, "checkpoint": plain, "objects": _objects.pickle_objects(objects)}
+    tree = _objects.pack(_MARK, parts)
     config.iteration += 1  # (as Accelerate counts its saves)
     path = state_path(directory)
     if async_:
@@ -177,12 +176,9 @@ def load_state(accelerator: Any, input_dir: StrPath | None = None, *, io_threads
     for hook in accelerator._load_model_state_pre_hook.values():
         hook(models, directory)
     tree = _load.load(state_path(directory), map_location="cpu", io_threads=io_threads)
-    if type(tree) is not dict or tree.get(_MARK) != _LAYOUT:
-        raise _errors.InvalidArgumentError(
-            f"savepoint.accelerate: {state_path(directory)} is not an Accelerator state written "
-            f"by savepoint.accelerate (load it with savepoint.load)")
-    objects = _objects.unpickle_objects(tree["objects"], weights_only)
-    _restore(accelerator, _objects.join(tree["checkpoint"], objects), models, strict, directory)
+    state = _objects.unpack(tree, _MARK, weights_only, state_path(directory),
+                            "an Accelerator state")  # fmt: skip
+    _restore(accelerator, state, models, strict, directory)
     if accelerator.project_configuration.automatic_checkpoint_naming:
         m = _NUMBERED.match(os.path.basename(os.path.normpath(directory)))
         if m:
@@ -198,17 +194,13 @@ def _parts(accelerator, directory):
     models = list(accelerator._models)  # (hooks pop from these lists: Accelerate's are kept)
     for hook in accelerator._save_model_state_pre_hook.values():
         hook(models, weights, directory)
-    rng = {"python": random.getstate(), "numpy": np.random.get_state(),
-           "torch": torch.get_rng_state()}  # fmt: skip
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state_all()
     return {
         "models": weights,
         "optimizers": [o.state_dict() for o in accelerator._optimizers],
         "schedulers": [s.state_dict() for s in accelerator._schedulers],
         "dataloaders": [_dataloader_state(d) for d in accelerator._dataloaders],
         "scaler": accelerator.scaler.state_dict() if accelerator.scaler is not None else None,
-        "rng": rng,
+        "rng": _objects.capture_rng(),
         "step": accelerator.step,
         "custom": [o.state_dict() for o in accelerator._custom_objects],
     }
@@ -255,18 +247,7 @@ def _restore(accelerator, state, models, strict, path):
         accelerator.scaler.load_state_dict(state["scaler"])
     for obj, sd in zip(accelerator._custom_objects, state["custom"]):
         obj.load_state_dict(sd)
-    rng = state["rng"]
-    version, internal, gauss = rng["python"]
-    random.setstate((version, tuple(internal), gauss))
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        if len(rng["cuda"]) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        else:
-            warnings.warn(f"savepoint.accelerate: {path} holds the CUDA RNG states of "
-                          f"{len(rng['cuda'])} devices, this process sees "
-                          f"{torch.cuda.device_count()}: not restored", stacklevel=3)
+    _objects.restore_rng(state["rng"], f"savepoint.accelerate: {path}")
     accelerator.step = state["step"]
 
 
@@ -293,14 +274,7 @@ def _output_dir(accelerator, output_dir):
                 "is off (ProjectConfiguration(automatic_checkpoint_naming=True))")
         return os.fspath(output_dir), None
     root = os.path.join(accelerator.project_dir, "checkpoints")
-    directory = os.path.join(root, f"checkpoint_{config.iteration}")
-    if os.path.isdir(directory):
-        _load.gc(directory)  # (what an interrupted save of this iteration left goes first)
-    if os.path.exists(directory) and os.listdir(directory):
-        raise _errors.AlreadyExistsError(  # (Accelerate's rule: a numbered one is not replaced)
-            f"savepoint.accelerate.save_state: {directory} already exists: set "
-            f"accelerator.project_configuration.iteration to the iteration to go on with")
-    return directory, root
+    return os.path.join(root, f"checkpoint_{config.iteration}"), root
 
 
 def _written_by_accelerate(directory):

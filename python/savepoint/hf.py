@@ -31,12 +31,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import signal
-import warnings
-
-import numpy as np
 
 from . import _errors, _load, _objects, _save
 
@@ -48,8 +44,7 @@ except ImportError as e:  # pragma: no cover (the test venv has both)
                       f"{e}") from e  # fmt: skip
 
 SUBDIR = "savepoint"  # the savepoint checkpoint inside checkpoint-N/
-_MARK = "savepoint.hf"  # top-level key of the saved tree: the layout's version
-_LAYOUT = 1
+_MARK = "savepoint.hf"  # top-level key of the saved tree (docs/FORMAT.md §13)
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -115,6 +110,7 @@ class TrainerMixin:
         self._sp_io_threads = savepoint_io_threads
         self._sp_compression = savepoint_compression
         self._sp_parts = None  # while a checkpoint is being written: its pieces
+        self._sp_parts_with_tensors = {}  # savepoint state path -> parts that hold tensors
 
     # ------------------------------------------------------------------ saving
 
@@ -166,17 +162,12 @@ class TrainerMixin:
     def _save_rng_state(self, output_dir):
         if self._sp_parts is None:
             return super()._save_rng_state(output_dir)
-        rng = {"python": random.getstate(), "numpy": np.random.get_state(),
-               "cpu": torch.random.get_rng_state()}  # fmt: skip
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.random.get_rng_state_all()
-        self._sp_parts["rng"] = rng
+        self._sp_parts["rng"] = _objects.capture_rng()
         self._sp_commit(output_dir)  # the last piece: commit before trainer_state.json
         return None
 
     def _sp_commit(self, output_dir):
-        plain, objects = _objects.split(self._sp_parts)
-        tree = {_MARK: _LAYOUT, "checkpoint": plain, "objects": _objects.pickle_objects(objects)}
+        tree = _objects.pack(_MARK, self._sp_parts)
         if self.args.should_save:
             if os.path.isdir(output_dir):
                 _load.gc(output_dir)  # debris of a save of this step that a crash interrupted
@@ -212,17 +203,13 @@ class TrainerMixin:
     def _sp_load(self, checkpoint, part):
         """Part `part` of a checkpoint's savepoint state (None when it was not saved)."""
         path = state_path(checkpoint)
-        prefix = f"checkpoint.{part}."
-        tensors = any(t["name"].startswith(prefix) for t in _load.info(path)["tensors"])
-        tree = _load.load(path, map_location="cpu",
-                          names=[prefix + "*"] if tensors else [],
+        if path not in self._sp_parts_with_tensors:  # (one manifest read per checkpoint)
+            self._sp_parts_with_tensors[path] = {
+                t["name"].split(".")[1] for t in _load.info(path)["tensors"]}
+        names = [f"checkpoint.{part}.*"] if part in self._sp_parts_with_tensors[path] else []
+        tree = _load.load(path, map_location="cpu", names=names,
                           io_threads=self._sp_io_threads)  # fmt: skip
-        if type(tree) is not dict or tree.get(_MARK) != _LAYOUT:
-            raise _errors.InvalidArgumentError(
-                f"savepoint.hf: {state_path(checkpoint)} is not a Trainer state written by "
-                f"savepoint.hf (load it with savepoint.load)")
-        objects = _objects.unpickle_objects(tree["objects"], weights_only=True)
-        return _objects.join(tree["checkpoint"], objects).get(part)
+        return _objects.unpack(tree, _MARK, True, path, "a Trainer state").get(part)
 
     def _sp_resumes(self, checkpoint):
         return checkpoint is not None and self._sp_takes_over() and is_committed(checkpoint)
@@ -265,24 +252,8 @@ class TrainerMixin:
         rng = self._sp_load(checkpoint, "rng")
         if rng is None:
             return None
-        random.setstate(_python_rng(rng["python"]))
-        np.random.set_state(rng["numpy"])
-        torch.random.set_rng_state(rng["cpu"])
-        if torch.cuda.is_available() and "cuda" in rng:
-            states = rng["cuda"]
-            if len(states) == torch.cuda.device_count():
-                torch.cuda.random.set_rng_state_all(states)
-            else:
-                warnings.warn(f"savepoint.hf: {checkpoint} holds the CUDA RNG states of "
-                              f"{len(states)} devices, this process sees "
-                              f"{torch.cuda.device_count()}: not restored", stacklevel=2)
+        _objects.restore_rng(rng, f"savepoint.hf: {checkpoint}")
         return None
-
-
-def _python_rng(state):
-    """random.setstate's tuple from its saved form (tuples come back as tuples)."""
-    version, internal, gauss = state
-    return (version, tuple(internal), gauss)
 
 
 class Trainer(TrainerMixin, transformers.Trainer):

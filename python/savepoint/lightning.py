@@ -35,14 +35,14 @@ import importlib
 import os
 import sys
 import threading
+import zipfile
 from typing import Any
 
 from . import _errors, _load, _objects
 from ._save import AsyncCheckpointer
 from ._types import StrPath
 
-_MARK = "savepoint.lightning"  # top-level key of the saved tree: the layout's version
-_LAYOUT = 1
+_MARK = "savepoint.lightning"  # top-level key of the saved tree (docs/FORMAT.md §13)
 _BASES = {"lightning": "lightning.fabric.plugins.io.checkpoint_io",
           "pytorch_lightning": "lightning_fabric.plugins.io.checkpoint_io"}  # fmt: skip
 _STORAGE_OPTIONS = ("compression", "metadata")
@@ -100,8 +100,7 @@ class _SavepointCheckpointIO:
         self._wait_for(key)  # (Lightning saves "last.ckpt" again and again)
         self._collect(_parent(key))
         self._raise_finished()
-        plain, objects = _objects.split(checkpoint)
-        tree = {_MARK: _LAYOUT, "checkpoint": plain, "objects": _objects.pickle_objects(objects)}
+        tree = _objects.pack(_MARK, checkpoint)
         aside = _set_aside_torch_file(key)
         try:
             fut = self._checkpointer().save(
@@ -134,12 +133,8 @@ class _SavepointCheckpointIO:
             return self._torch_load(path, map_location=device, weights_only=weights_only)
         tree = _load.load(path, map_location=device, verify=self._verify,
                           io_threads=self._io_threads)  # fmt: skip
-        if type(tree) is not dict or tree.get(_MARK) != _LAYOUT:
-            raise _errors.InvalidArgumentError(
-                f"savepoint.lightning: {os.fspath(path)} is a savepoint checkpoint but not one "
-                f"written by savepoint.lightning.CheckpointIO (load it with savepoint.load)")
-        objects = _objects.unpickle_objects(tree["objects"], weights_only)
-        return _objects.join(tree["checkpoint"], objects)
+        return _objects.unpack(tree, _MARK, weights_only, os.fspath(path),
+                               writer="savepoint.lightning.CheckpointIO")  # fmt: skip
 
     def remove_checkpoint(self, path: StrPath) -> None:
         """Removes the checkpoint at `path` once every save in flight is durable (Lightning removes
@@ -149,8 +144,12 @@ class _SavepointCheckpointIO:
         self.wait()
         if _is_uri(path):
             _load.delete(path)
-        elif os.path.isfile(path) or os.path.islink(path):
-            os.remove(path)
+        elif os.path.islink(path) or _is_torch_file(path):
+            os.remove(path)  # (a link ModelCheckpoint made, or a TorchCheckpointIO file)
+        elif os.path.isfile(path):
+            raise _errors.NotFoundError(
+                f"savepoint.lightning.CheckpointIO.remove_checkpoint: {os.fspath(path)} is a file "
+                f"but not a checkpoint of Lightning's (torch.save) or savepoint's: not removed")
         elif os.path.isdir(path):
             _load.delete(path)
 
@@ -243,12 +242,19 @@ def _rank():
     return dist.get_rank() if dist is not None and dist.is_initialized() else 0
 
 
+def _is_torch_file(path):
+    """Whether `path` is a regular file in torch.save's format (a zip archive), as Lightning's
+    TorchCheckpointIO writes: the only files the plug-in replaces or removes."""
+    return os.path.isfile(path) and not os.path.islink(path) and zipfile.is_zipfile(path)
+
+
 def _set_aside_torch_file(key):
     """A file at `key` (Lightning's default plug-in wrote "last.ckpt" before the run switched to
     savepoint): renamed to savepoint's set-aside name, so that the save can put a directory there
     and a crash before it commits leaves the file to `savepoint.gc`, which puts it back. Returns
-    the new name (None: no file there)."""
-    if _is_uri(key) or not os.path.isfile(key):
+    the new name (None: no such file there; a file that is not torch.save's is left for the save
+    to refuse)."""
+    if _is_uri(key) or not _is_torch_file(key):
         return None
     aside = os.path.join(os.path.dirname(key),
                          f".{os.path.basename(key)}.savepoint-old.{os.urandom(8).hex()}")

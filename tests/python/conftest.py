@@ -61,6 +61,15 @@ def run_training(script, *args, rc=0):
     assert r.returncode == rc, (script, r.returncode, r.stderr[-3000:])
 
 
+def reference_losses(tmp_path_factory, script, *args, steps=24):
+    """The losses of one uninterrupted run of a training helper (steps 1..steps, asserted)."""
+    d = tmp_path_factory.mktemp("reference")
+    run_training(script, d / "out", d / "losses.txt", *args)
+    ref = read_losses(d / "losses.txt")
+    assert [int(s) for s, _ in ref] == list(range(1, steps + 1))
+    return ref
+
+
 def read_losses(path):
     """[(step, loss as float.hex)] from a training helper's losses file."""
     with open(path) as f:

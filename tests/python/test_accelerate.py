@@ -15,7 +15,7 @@ from accelerate.utils import ProjectConfiguration
 import savepoint
 import savepoint.accelerate
 from conftest import read_losses as _losses
-from conftest import run_training
+from conftest import reference_losses, run_training
 
 
 def _train(project, losses, *args, rc=0):
@@ -23,12 +23,8 @@ def _train(project, losses, *args, rc=0):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    d = tmp_path_factory.mktemp("accelerate")
-    _train(d / "project", d / "losses.txt", "--io", "accelerate")
-    ref = _losses(d / "losses.txt")
-    assert [int(s) for s, _ in ref] == list(range(1, 25))
-    return ref
+def reference(tmp_path_factory):  # Accelerate's own save_state, uninterrupted
+    return reference_losses(tmp_path_factory, "accelerate_train.py", "--io", "accelerate")
 
 
 def _committed(project):
@@ -172,3 +168,21 @@ def test_hooks_may_take_models_and_write_beside_the_state(tmp_path):
     assert len(acc._models) == 2  # the hooks popped from copies
     for m, w in zip((kept, own), want):
         assert all(torch.equal(v, w[k]) for k, v in m.state_dict().items())
+
+
+def test_a_numbered_checkpoint_is_never_replaced_but_debris_is_cleared(tmp_path):
+    acc = Accelerator(cpu=True, project_config=ProjectConfiguration(
+        project_dir=str(tmp_path), automatic_checkpoint_naming=True))
+    acc.prepare(torch.nn.Linear(2, 2))
+    first = savepoint.accelerate.save_state(acc)
+    assert first.endswith("checkpoint_0") and acc.project_configuration.iteration == 1
+    acc.project_configuration.iteration = 0
+    with pytest.raises(savepoint.AlreadyExistsError, match="checkpoint_0 already exists"):
+        savepoint.accelerate.save_state(acc)
+    # checkpoint_1 holds only what a killed save left: it is cleaned and used.
+    debris = tmp_path / "checkpoints" / "checkpoint_1" / ".savepoint.savepoint-tmp.999999.00ff"
+    debris.mkdir(parents=True)
+    acc.project_configuration.iteration = 1
+    second = savepoint.accelerate.save_state(acc)
+    assert os.listdir(second) == ["savepoint"]
+    assert savepoint.accelerate.load_state(acc) == second

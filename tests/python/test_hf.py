@@ -11,7 +11,7 @@ import pytest
 import savepoint
 import savepoint.hf
 from conftest import read_losses as _losses
-from conftest import run_training
+from conftest import reference_losses, run_training
 
 
 def _train(out, losses, *args, rc=0):
@@ -19,12 +19,8 @@ def _train(out, losses, *args, rc=0):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    d = tmp_path_factory.mktemp("plain")
-    _train(d / "out", d / "losses.txt", "--trainer", "plain")
-    ref = _losses(d / "losses.txt")
-    assert [int(s) for s, _ in ref] == list(range(1, 25))
-    return ref
+def reference(tmp_path_factory):  # the plain Trainer, uninterrupted
+    return reference_losses(tmp_path_factory, "hf_train.py", "--trainer", "plain")
 
 
 def _checkpoints(out):

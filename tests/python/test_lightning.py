@@ -129,6 +129,19 @@ def test_remove_takes_only_the_checkpoints_own_files(tmp_path):
     assert os.listdir(tmp_path / "other") == ["f"]
 
 
+def test_a_file_that_is_not_a_checkpoint_is_neither_replaced_nor_removed(tmp_path):
+    io = savepoint.lightning.CheckpointIO()
+    path = tmp_path / "notes.ckpt"
+    path.write_text("a user's file, not torch.save's")
+    with pytest.raises(savepoint.NotFoundError, match="not a checkpoint"):
+        io.remove_checkpoint(path)
+    with pytest.raises(savepoint.SavepointError):
+        io.save_checkpoint({"w": torch.ones(2)}, path)
+        io.teardown()
+    assert path.read_text() == "a user's file, not torch.save's"
+    assert os.listdir(tmp_path) == ["notes.ckpt"]
+
+
 def test_files_of_lightnings_own_plugin_load_and_are_removed(tmp_path):
     path = tmp_path / "torch.ckpt"
     ckpt = {"state_dict": {"w": torch.arange(6.0)}, "epoch": 4}
@@ -280,3 +293,36 @@ def test_a_gpu_trainer_killed_mid_run_resumes_bit_for_bit(tmp_path):
     after = _losses(losses)[len(before):]
     first = int(after[0][0])
     assert first in (17, 25) and after == reference[first - 1:]
+
+
+def _forged(tmp_path, name, objects):
+    """A savepoint checkpoint in the plug-in's layout whose "objects" entry is `objects`."""
+    tree = {"savepoint.lightning": 1, "checkpoint": {"w": torch.ones(2), "hole": None},
+            "objects": objects}  # fmt: skip
+    savepoint.save(tree, tmp_path / name)
+    return tmp_path / name
+
+
+def _pickled(value):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(value, buf)
+    return buf.getvalue()
+
+
+def test_pickled_objects_that_do_not_fit_the_checkpoint_are_corruption(tmp_path):
+    io = savepoint.lightning.CheckpointIO()
+    good = _forged(tmp_path, "good", _pickled([[["hole"], 5]]))
+    assert io.load_checkpoint(good)["hole"] == 5
+    for name, objects, match in [
+        ("missing", _pickled([[["gone", "x"], 5]]), "not a place left"),
+        ("taken", _pickled([[["w"], 5]]), "not a place left"),  # (a tensor is there)
+        ("twice", _pickled([[["hole"], 5], [["hole"], 6]]), "not a place left"),
+        ("not_pairs", _pickled([1, 2, 3]), "not a list of"),
+        ("not_bytes", "a string", "not bytes"),
+    ]:
+        with pytest.raises(savepoint.CorruptCheckpointError, match=match):
+            io.load_checkpoint(_forged(tmp_path, name, objects))
+    with pytest.raises(Exception):  # truncated: torch.load's own error
+        io.load_checkpoint(_forged(tmp_path, "truncated", _pickled([[["hole"], 5]])[:20]))
