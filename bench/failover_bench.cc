@@ -7,9 +7,16 @@
 // bytes, and a plain Save of the state into the same directory. The first 2 * every steps (the
 // snapshots that find no spare files to recycle) are not timed.
 //
+// With --cost it measures instead what protection costs without snapshots: BeginUpdate+EndUpdate
+// on the training thread (200 000 steps, agent connected, heartbeats every 100 ms), and the CPU
+// that agent and controller (one process) take per second while training is idle, against the
+// same process's CPU over as long an idle time before the controller started.
+//
 // Usage: failover_bench [--mib 64,512] [--steps 30] [--step-ms 100] [--every 1] [--busy]
 //                       [--shm /dev/shm]
+//        failover_bench --cost
 #include <fmt/format.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cstring>
@@ -32,6 +39,7 @@ struct Args {
   int step_ms = 100;
   int64_t every = 1;
   bool busy = false;
+  bool cost = false;
   std::string shm = "/dev/shm";
 };
 
@@ -96,6 +104,64 @@ savepoint::Result<LoopResult> Loop(const Args& a, std::vector<uint8_t>& state, b
   return r;
 }
 
+double CpuSeconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// CPU milliseconds per second this process takes over `d` of idling.
+double IdleCpuMsPerS(std::chrono::milliseconds d) {
+  const double cpu0 = CpuSeconds();
+  std::this_thread::sleep_for(d);
+  return (CpuSeconds() - cpu0) * 1000 / (static_cast<double>(d.count()) / 1000);
+}
+
+// --cost: the steady-state cost of protection (docs/PERFORMANCE.md, "Failure-time checkpoints").
+int Cost() {
+  auto fail = [](const Status& s) {
+    fmt::print(stderr, "failed: {}\n", s.ToString());
+    return 1;
+  };
+  constexpr auto kIdle = std::chrono::milliseconds(2000);
+  const double before = IdleCpuMsPerS(kIdle);
+  savepoint::ControllerOptions co;
+  co.token = "bench-token-0123456789abcdef";
+  co.world = 1;
+  co.directory = "/tmp/savepoint-failover-bench-dumps";
+  co.heartbeat_interval = std::chrono::milliseconds(100);
+  co.heartbeat_timeout = std::chrono::milliseconds(1000);
+  auto controller = savepoint::FailoverController::Start(co);
+  if (!controller.ok()) return fail(controller.status());
+  savepoint::AgentOptions ao;
+  ao.controller = fmt::format("127.0.0.1:{}", (*controller)->port());
+  ao.token = co.token;
+  ao.rank = 0;
+  ao.world = 1;
+  auto agent = savepoint::FailoverAgent::Connect(ao);
+  if (!agent.ok()) return fail(agent.status());
+  constexpr int kSteps = 200000;
+  const auto t0 = Clock::now();
+  for (int s = 1; s <= kSteps; ++s) {
+    if (Status st = (*agent)->BeginUpdate(s); !st.ok()) return fail(st);
+    (*agent)->EndUpdate(s);
+  }
+  const double ns = Ms(Clock::now() - t0) * 1e6 / kSteps;
+  const double during = IdleCpuMsPerS(kIdle);
+  Status finished = (*agent)->Finish();
+  auto outcome = (*controller)->Wait();
+  if (!finished.ok()) return fail(finished);
+  if (!outcome.ok()) return fail(outcome.status());
+  fmt::print(
+      "BeginUpdate+EndUpdate: {:.0f} ns per step ({} steps)\n"
+      "CPU per second, agent + controller in one process, heartbeats every 100 ms: {:.1f} ms\n"
+      "CPU per second, the same process idle before the controller started: {:.1f} ms\n"
+      "hardware threads: {}\n",
+      ns, kSteps, during, before, std::thread::hardware_concurrency());
+  return 0;
+}
+
 // The reference: memcpy of the state, and one Save of it into the snapshot directory (ms).
 std::pair<double, double> Reference(const Args& a, std::vector<uint8_t>& state) {
   std::vector<uint8_t> copy(state.size());
@@ -135,6 +201,8 @@ Args Parse(int argc, char** argv) {
       a.every = std::stoll(next());
     } else if (k == "--busy") {
       a.busy = true;
+    } else if (k == "--cost") {
+      a.cost = true;
     } else if (k == "--shm") {
       a.shm = next();
     } else {
@@ -149,6 +217,7 @@ Args Parse(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   const Args a = Parse(argc, argv);
+  if (a.cost) return Cost();
   fmt::print("failover snapshots: {} steps of {} ms ({}), a snapshot every {} step(s) into {}\n",
              a.steps, a.step_ms, a.busy ? "busy loop" : "sleep", a.every, a.shm);
   fmt::print("{:>8} {:>10} {:>10} {:>9} {:>12} {:>10} {:>10}\n", "MiB", "off ms", "on ms",

@@ -48,6 +48,12 @@ struct SAVEPOINT_API ShardSpec {
   // Ranks holding identical copies of this box, including this rank, in any order. Empty means
   // "only this rank".
   std::vector<int> replicas;
+  // The stored tensor this local entry is a box of. Empty (the default): the entry's own name.
+  // One rank holding several boxes of one tensor (several shards of a ShardedTensor, a chunked
+  // DCP write) gives each box a local entry of its own name and the same `tensor`: a save stores
+  // them as boxes of `tensor` (the coordinator checks that all boxes of every rank tile it), a
+  // load fills each from `tensor`. Replicas hold the same local entries under the same names.
+  std::string tensor = {};
 };
 
 // ShardLayout (tensor name -> ShardSpec, one rank's layout) is declared in savepoint/checkpoint.h,

@@ -5,6 +5,8 @@
 // released for all I/O.
 #include <nanobind/stl/string_view.h>
 
+#include <set>
+
 #include "common.h"
 
 namespace savepoint::python {
@@ -15,17 +17,27 @@ using ShardTensorSpec = std::tuple<std::string, uintptr_t, std::string, std::vec
                                    std::vector<int64_t>, std::vector<int64_t>>;
 
 // A State borrowing the shards' memory and their layout (each box held by this rank only: DCP's
-// planner has already picked one writer per replicated box).
+// planner has already picked one writer per replicated box). A rank may write several boxes of
+// one tensor (a ShardedTensor with several local shards, a chunked write): the second and later
+// get local names of their own ("NAME#box2", ...) and ShardSpec::tensor = NAME, the same on the
+// coordinator and the rank since both see the items in the plan's order.
 std::pair<State, ShardLayout> ShardsToState(const std::vector<ShardTensorSpec>& shards) {
   std::vector<TensorSpec> tensors;
   ShardLayout layout;
+  std::set<std::string> names;
+  for (const auto& s : shards) names.insert(std::get<0>(s));
   for (const auto& [name, address, dtype, shape, global, offsets] : shards) {
-    tensors.emplace_back(name, address, dtype, shape);
-    auto [it, inserted] = layout.try_emplace(name, ShardSpec{global, offsets, shape, {}});
-    if (!inserted) {
-      throw StatusError(UnimplementedError(
-          "tensor " + name + ": a rank writes two boxes of it (one box per tensor per rank)"));
+    std::string local = name;  // a name no other item has
+    for (int k = 2; layout.count(local) != 0 || (local != name && names.count(local) != 0); ++k) {
+      local = name + "#box" + std::to_string(k);
     }
+    tensors.emplace_back(local, address, dtype, shape);
+    layout.emplace(local, ShardSpec{.global_shape = global,
+                                    .offsets = offsets,
+                                    .sizes = shape,
+                                    .replicas = {},
+                                    .tensor = local == name ? std::string() : name});
+    names.insert(local);
   }
   return {MakeState(tensors, {}, ""), std::move(layout)};
 }

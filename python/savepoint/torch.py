@@ -22,6 +22,11 @@ A tensor write item is a shard (a box of the global tensor); a BYTE_IO item (DCP
 a non-tensor value) becomes a bytes value of the same name. read_metadata describes the stored
 shards as DCP's chunks; read_data reads each ReadItem's box straight into its destination,
 reading only the chunks that overlap it, each verified against its CRC32C.
+
+dcp.save(..., use_collectives=False) saves without rank coordination, as DCP's own writer does
+then: every rank commits a checkpoint of its own items at `path`/rank-<r> (its boxes stored as
+local tensors; where they lie in the global tensors goes in its metadata), and dcp.load finds
+no checkpoint at `path` and reads rank r's own (the same layout only, as with DCP's).
 """
 
 from __future__ import annotations
@@ -54,6 +59,25 @@ except ImportError:  # (a torch without it: only the default, None, is accepted)
     _TORCH_SAVE = None
 # Key of the user metadata holding what DCP needs back on load.
 _META_KEY = "torch.distributed.checkpoint"
+
+
+def _rank_path(path, rank):
+    """Where rank `rank` of a save without collectives commits its own checkpoint."""
+    return f"{path.rstrip('/')}/rank-{rank}"
+
+
+def _local_names(items):
+    """{item index: stored name} for a save without collectives: a rank's boxes are stored as
+    whole tensors, the first box of a tensor under its fqn, later ones under fqn#boxK."""
+    names, used, fqns = {}, set(), {i.index.fqn for i in items}
+    for item in items:
+        fqn = item.index.fqn
+        name, k = fqn, 2
+        while name in used or (name != fqn and name in fqns):
+            name, k = f"{fqn}#box{k}", k + 1
+        used.add(name)
+        names[item.index] = name
+    return names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +188,8 @@ class StorageWriter(_storage.StorageWriter, _staging.BlockingAsyncStager):
         self._is_coordinator = True
         self._coordinator = None
         self._own = None
+        self._solo = False  # use_collectives=False: this rank saves alone
+        self._chunks = {}  # (without collectives) stored name -> where the box lies in its tensor
 
     def stage(self, state_dict):
         """dcp.async_save's copy of the state (FileSystemWriter's; with cache_staged_state_dict
@@ -184,20 +210,37 @@ class StorageWriter(_storage.StorageWriter, _staging.BlockingAsyncStager):
     def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
         self._is_coordinator = is_coordinator
         self._rank = kwargs.get("rank", _default_rank())
+        self._solo = not kwargs.get("use_collectives", True)
+
+    def _spec(self, item, address=0, shape=None):
+        """The shard spec of a tensor item; without collectives, its box as a whole tensor."""
+        spec = _shard_spec(item, address, shape)
+        if not self._solo:
+            return spec
+        local = spec[3]
+        return (self._chunks[item.index][0], address, spec[2], local, local, [0] * len(local))
 
     def prepare_local_plan(self, plan):
         return plan
 
     def prepare_global_plan(self, plans):
-        """Coordinator: plans every rank's file and decides; the verdict goes to every rank."""
+        """Coordinator: plans every rank's file and decides; the verdict goes to every rank.
+        Without collectives every rank does this for its own plan and its own checkpoint."""
         world = len(plans)
+        path = self.path
+        if self._solo:
+            tensors = [i for i in plans[0].items if _is_tensor(i)]
+            names = _local_names(tensors)
+            self._chunks = {i.index: (names[i.index], list(i.tensor_data.size),
+                                      list(i.tensor_data.chunk.offsets)) for i in tensors}
+            path = _rank_path(self.path, self._rank)
         shapes = [
-            _core.dcp_plan_shapes(r, world, [_shard_spec(i) for i in p.items if _is_tensor(i)],
+            _core.dcp_plan_shapes(r, world, [self._spec(i) for i in p.items if _is_tensor(i)],
                                   self.chunk_bytes)
             for r, p in enumerate(plans)
         ]
         self._abandon()
-        self._coordinator = _core.DcpCoordinator(self.path, world, self.overwrite)
+        self._coordinator = _core.DcpCoordinator(path, world, self.overwrite)
         try:
             verdict = self._coordinator.decide(shapes)
         except _errors.AlreadyExistsError as e:  # in DCP's words, which its users match on
@@ -219,20 +262,21 @@ class StorageWriter(_storage.StorageWriter, _staging.BlockingAsyncStager):
             t = data.detach()
             t = _cuda.to_pinned(t, devices) if t.is_cuda else t.to("cpu").contiguous()
             tensors.append(t)  # alive until the write returns
-            specs.append(_shard_spec(item, t.data_ptr() if t.numel() else 0, list(t.shape)))
+            specs.append(self._spec(item, t.data_ptr() if t.numel() else 0, list(t.shape)))
             results.append(_storage.WriteResult(item.index, t.numel() * t.element_size(), None))
         _cuda.settle(devices)  # the copies into page-locked memory, queued above, are done
-        mine = _core.DcpRankSave(self._rank, sd.world, self.chunk_bytes, self.io_threads,
+        rank = 0 if self._solo else self._rank
+        mine = _core.DcpRankSave(rank, sd.world, self.chunk_bytes, self.io_threads,
                                  self.direct_io)
         if mine.plan(specs) != sd.plan:
             raise _errors.InternalError(
                 f"DCP save {self.path}: rank {self._rank} planned other writes than the "
                 "coordinator planned for it")
         report = mine.write(sd.verdict)
-        if self._is_coordinator:
+        if self._is_coordinator or self._solo:
             self._own = mine
         index = _md.MetadataIndex(_REPORT_FQN)
-        results.append(_storage.WriteResult(index, 0, _RankReport(self._rank, report, values)))
+        results.append(_storage.WriteResult(index, 0, _RankReport(rank, report, values)))
         fut = Future()
         fut.set_result(results)
         return fut
@@ -249,6 +293,9 @@ class StorageWriter(_storage.StorageWriter, _staging.BlockingAsyncStager):
         if any(r is None for r in reports) or self._own is None or self._coordinator is None:
             raise _errors.InternalError(f"DCP save {self.path}: a rank's report is missing")
         meta = {_META_KEY: {"byte_io": sorted(values), "planner_data": _jsonable(metadata)}}
+        if self._solo:  # where each stored box lies: {stored name: [fqn, size, offsets]}
+            meta[_META_KEY]["boxes"] = {name: [index.fqn, size, offsets]
+                                        for index, (name, size, offsets) in self._chunks.items()}
         self._own.add_values([(k, "bytes", v) for k, v in values.items()], json.dumps(meta))
         coordinator, self._coordinator = self._coordinator, None
         own, self._own = self._own, None
@@ -327,7 +374,8 @@ def _savepoint_path(checkpoint_id, reader):
     path = os.fspath(checkpoint_id)
     if "://" in path:
         return path.startswith("s3://")
-    return not reader or os.path.isfile(os.path.join(path, "MANIFEST"))
+    return not reader or any(os.path.isfile(os.path.join(p, "MANIFEST"))
+                             for p in (path, _rank_path(path, 0)))
 
 
 def _is_extension_registry(obj):
@@ -387,21 +435,33 @@ class StorageReader(_storage.StorageReader):
         self._values = {}
         self._byte_io = set()
         self._loaded = False
+        self._read_path = self.path  # path, or a rank's own checkpoint under it
+        self._boxes = {}  # (fqn, chunk offsets) -> stored name, for a rank's own checkpoint
 
     def reset(self, checkpoint_id=None):
         if checkpoint_id is not None:
             self.path = os.fspath(checkpoint_id)
+            self._read_path = self.path
+            self._boxes = {}
             self._loaded = False
 
     def read_metadata(self, *args, **kwargs):
-        reader = _core.Reader.open(self.path, self.io_threads, False)
+        """The checkpoint at `path`; with rank=r (DCP asks when there is none: a save without
+        collectives), rank r's own checkpoint under it."""
+        rank = kwargs.get("rank")
+        self._read_path = self.path if rank is None else _rank_path(self.path, rank)
+        self._boxes = {}
+        reader = _core.Reader.open(self._read_path, self.io_threads, False)
         manifest = json.loads(reader.manifest_json())
         meta = json.loads(reader.metadata_json() or "null") or {}
         dcp_meta = meta.get(_META_KEY, {}) if isinstance(meta, dict) else {}
         self._byte_io = set(dcp_meta.get("byte_io", []))
         self._values = {name: (kind, v) for name, kind, v in reader.values()}
         entries = {}
-        for t in manifest["tensors"]:
+        boxes = dcp_meta.get("boxes") if rank is not None else None
+        if boxes is not None:
+            entries = self._rank_boxes_metadata(manifest, boxes)
+        for t in manifest["tensors"] if boxes is None else ():
             entries[t["name"]] = self._tensor_metadata(t)
             self._dtypes[t["name"]] = t["dtype"]
         for name in self._values:
@@ -410,6 +470,27 @@ class StorageReader(_storage.StorageReader):
         return _md.Metadata(state_dict_metadata=entries,
                             planner_data=_from_json_planner_data(dcp_meta.get("planner_data")),
                             storage_meta=_md.StorageMeta(checkpoint_id=self.path))
+
+    def _rank_boxes_metadata(self, manifest, boxes):
+        """DCP's metadata of a rank's own checkpoint: each stored tensor is a chunk (a box) of
+        the global tensor its metadata names."""
+        entries, stored = {}, {t["name"]: t for t in manifest["tensors"]}
+        for name, where in sorted(boxes.items()):
+            t = stored.get(name)
+            if t is None or not isinstance(where, list) or len(where) != 3:
+                raise _errors.CorruptCheckpointError(
+                    f"checkpoint {self._read_path}: DCP box {name!r} does not fit its tensors")
+            fqn, size, offsets = where
+            chunk = _md.ChunkStorageMetadata(offsets=torch.Size(offsets),
+                                             sizes=torch.Size(t["shape"]))
+            if fqn not in entries:
+                props = _md.TensorProperties(dtype=_dtypes.to_torch_dtype(t["dtype"]))
+                entries[fqn] = _md.TensorStorageMetadata(properties=props, size=torch.Size(size),
+                                                         chunks=[])
+            entries[fqn].chunks.append(chunk)
+            self._dtypes[fqn] = t["dtype"]
+            self._boxes[(fqn, tuple(offsets))] = name
+        return entries
 
     @staticmethod
     def _tensor_metadata(t):
@@ -439,11 +520,14 @@ class StorageReader(_storage.StorageReader):
             dest = planner.resolve_tensor(req).detach()
             tmp = self._box_buffer(req, dest)
             if tmp.numel():
-                offsets = [a + b for a, b in zip(req.storage_index.offset, req.storage_offsets)]
-                boxes.append((req.storage_index.fqn, offsets, tmp.data_ptr(),
-                               self._dtypes[req.storage_index.fqn], list(req.lengths)))
+                fqn = req.storage_index.fqn
+                name = self._boxes.get((fqn, tuple(req.storage_index.offset)))
+                offsets = list(req.storage_offsets) if name is not None else [
+                    a + b for a, b in zip(req.storage_index.offset, req.storage_offsets)]
+                boxes.append((name or fqn, offsets, tmp.data_ptr(), self._dtypes[fqn],
+                              list(req.lengths)))
             done.append((req, dest, tmp))
-        _core.load_boxes(self.path, boxes, self.verify, self.io_threads, self.direct_io)
+        _core.load_boxes(self._read_path, boxes, self.verify, self.io_threads, self.direct_io)
         devices = set()
         for req, dest, tmp in done:
             if tmp is not dest:

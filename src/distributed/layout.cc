@@ -52,18 +52,19 @@ Status ValidateLayouts(const std::vector<ShardLayout>& per_rank) {
       ShardSpec spec = spec0;
       SP_RETURN_IF_ERROR(dist::CheckBox(name, spec.global_shape, spec.offsets, spec.sizes));
       SP_RETURN_IF_ERROR(CheckReplicas(name, &spec.replicas, r, size));
-      format::TensorRecord& t = tensors[name];
-      if (t.name.empty()) t.name = name, t.shape = spec.global_shape;
+      const std::string& stored = dist::StoredName(name, spec);
+      format::TensorRecord& t = tensors[stored];
+      if (t.name.empty()) t.name = stored, t.shape = spec.global_shape;
       if (t.shape != spec.global_shape) {
         return InvalidArgumentError(
             fmt::format("tensor {:?}: rank {} says global shape {}, "
                         "another rank {}",
-                        name, r, ShapeToString(spec.global_shape), ShapeToString(t.shape)));
+                        stored, r, ShapeToString(spec.global_shape), ShapeToString(t.shape)));
       }
       for (int peer : spec.replicas) {
         auto it = per_rank[peer].find(name);
         if (it == per_rank[peer].end() || it->second.offsets != spec.offsets ||
-            it->second.sizes != spec.sizes) {
+            it->second.sizes != spec.sizes || it->second.tensor != spec.tensor) {
           return InvalidArgumentError(
               fmt::format("tensor {:?}: rank {} names rank {} as a replica, but its box differs",
                           name, r, peer));

@@ -88,7 +88,8 @@ Result<Target> ResolveTarget(const engine::Reader& r, const std::string& name,
   auto it = layout.find(name);
   if (it != layout.end()) {
     const ShardSpec& spec = it->second;
-    return CheckTarget(r, name, spec.global_shape, spec.offsets, spec.sizes, view);
+    return CheckTarget(r, StoredName(name, spec), spec.global_shape, spec.offsets, spec.sizes,
+                       view);
   }
   int64_t i = r.IndexOf(name);
   if (i < 0) return NotFoundError(fmt::format("checkpoint {}: no tensor {:?}", r.path(), name));
@@ -413,9 +414,10 @@ Result<State> LoadDistributedAlloc(const std::string& path, const ShardLayout& l
   SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
   State state;
   for (const auto& [name, spec] : layout) {
-    const TensorInfo* info = reader->FindTensor(name);
+    const TensorInfo* info = reader->FindTensor(dist::StoredName(name, spec));
     if (info == nullptr) {
-      return NotFoundError(fmt::format("checkpoint {}: no tensor {:?}", path, name));
+      return NotFoundError(
+          fmt::format("checkpoint {}: no tensor {:?}", path, dist::StoredName(name, spec)));
     }
     SP_RETURN_IF_ERROR(dist::CheckBox(name, spec.global_shape, spec.offsets, spec.sizes));
     SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(info->dtype, spec.sizes));
@@ -430,9 +432,10 @@ Result<ReadPlanSummary> PlanDistributedLoad(const std::string& path, const Shard
   SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, {}, {.fs = fs}));
   dist::TargetViews targets;  // views without memory: planning never touches data
   for (const auto& [name, spec] : layout) {
-    const TensorInfo* info = reader->FindTensor(name);
+    const TensorInfo* info = reader->FindTensor(dist::StoredName(name, spec));
     if (info == nullptr) {
-      return NotFoundError(fmt::format("checkpoint {}: no tensor {:?}", path, name));
+      return NotFoundError(
+          fmt::format("checkpoint {}: no tensor {:?}", path, dist::StoredName(name, spec)));
     }
     targets.emplace(name, TensorView(static_cast<void*>(nullptr), info->dtype, spec.sizes));
   }

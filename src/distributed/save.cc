@@ -93,6 +93,7 @@ Status PlanRank(const State& local, const ShardLayout& layout, int rank, int siz
   p->m.files[0].name = engine::DataFileName(rank, 0);
   for (size_t k = 0; k < writes.size(); ++k) {  // PlanSave keeps name order, as `writes` does
     const ShardSpec& spec = shards[writes[k]].spec;
+    if (!spec.tensor.empty()) p->m.tensors[k].name = spec.tensor;
     p->m.tensors[k].shape = spec.global_shape;
     p->m.tensors[k].shards[0].offsets = spec.offsets;
   }

@@ -19,6 +19,11 @@ struct LocalShard {
   ShardSpec spec;
 };
 
+// The stored tensor local entry `name` under `spec` is a box of (ShardSpec::tensor).
+inline const std::string& StoredName(const std::string& name, const ShardSpec& spec) {
+  return spec.tensor.empty() ? name : spec.tensor;
+}
+
 // Most ranks a layout may describe.
 inline constexpr int64_t kMaxWorld = int64_t{1} << 20;
 

@@ -253,9 +253,30 @@ def test_gloo_ranks_save_and_reshard(tmp_path, savepoint_cli, save_world, load_w
     flat = savepoint.load(os.path.join(root, "sync"))
     g = torch.Generator().manual_seed(1234)
     assert torch.equal(torch.as_tensor(flat["model.weight"]), torch.randn(8, 6, generator=g))
+    # Two row chunks of model.chunks per rank, interleaved: one tensor of 24 rows on disk.
+    inspect = [savepoint_cli, "inspect", "--json", os.path.join(root, "sync")]
+    shown = json.loads(subprocess.run(inspect, check=True, capture_output=True, text=True).stdout)
+    chunks = [t for t in shown["tensors"] if t["name"] == "model.chunks"]
+    assert [(c["shape"], c["shards"]) for c in chunks] == [([24, 3], 2 * save_world)]
     for world in load_worlds:
         r = run_python("dcp_ranks.py", "load", world, root, check=False)
         assert r.returncode == 0, r.stderr[-4000:]
+
+
+def test_save_without_collectives_commits_one_checkpoint_per_rank(tmp_path, savepoint_cli):
+    """dcp.save(..., use_collectives=False) on 2 gloo ranks: each rank commits its own
+    checkpoint (rank-<r>, its boxes and where they lie), dcp.load reads each rank's back."""
+    r = run_python("dcp_ranks.py", "solo", 2, tmp_path, check=False)
+    assert r.returncode == 0, r.stderr[-4000:]
+    root = tmp_path / "solo"
+    assert sorted(os.listdir(root)) == ["rank-0", "rank-1"]
+    for rank in range(2):
+        subprocess.run([savepoint_cli, "verify", str(root / f"rank-{rank}")], check=True,
+                       capture_output=True)
+    flat = savepoint.load(root / "rank-1")
+    # Rank 1 of 2 holds chunks 1 and 3 of model.chunks' four row chunks: rows 6-12 and 18-24.
+    assert list(flat["model.chunks"].shape) == [6, 3]
+    assert list(flat["model.chunks#box2"].shape) == [6, 3]
 
 
 def test_checkpoint_id_alone_uses_savepoint_after_install(tmp_path):

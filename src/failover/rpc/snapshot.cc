@@ -50,6 +50,7 @@ Json LayoutToJson(const ShardLayout& layout) {
                  {"offsets", spec.offsets},
                  {"sizes", spec.sizes},
                  {"replicas", spec.replicas}};
+    if (!spec.tensor.empty()) out[name]["tensor"] = spec.tensor;
   }
   return out;
 }
@@ -64,6 +65,7 @@ Result<ShardLayout> LayoutFromJson(const Json& j) {
       s.offsets = spec.at("offsets").get<Shape>();
       s.sizes = spec.at("sizes").get<Shape>();
       s.replicas = spec.at("replicas").get<std::vector<int>>();
+      s.tensor = spec.value("tensor", std::string());
       out.emplace(name, std::move(s));
     }
   } catch (const Json::exception& e) {
