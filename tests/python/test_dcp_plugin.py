@@ -241,11 +241,12 @@ def test_resharded_load_in_one_process(tmp_path):
 @pytest.mark.parametrize("save_world,load_worlds", [(4, (2, 3)), (2, (4,))])
 def test_gloo_ranks_save_and_reshard(tmp_path, savepoint_cli, save_world, load_worlds):
     """DTensors over a 2-D (4 ranks) or 1-D mesh, a replicated plain tensor and values: dcp.save
-    and dcp.async_save on `save_world` gloo ranks, dcp.load on other worlds and meshes."""
+    and dcp.async_save (DCP's thread and process executors) on `save_world` gloo ranks, dcp.load
+    on other worlds and meshes."""
     root = str(tmp_path)
     r = run_python("dcp_ranks.py", "save", save_world, root, check=False)
     assert r.returncode == 0, r.stderr[-4000:]
-    for name in ("sync", "async"):
+    for name in ("sync", "async", "process"):
         subprocess.run([savepoint_cli, "verify", os.path.join(root, name)], check=True,
                        capture_output=True)
         files = sorted(f for f in os.listdir(os.path.join(root, name)) if f.endswith(".spd"))

@@ -1,7 +1,7 @@
 """Runs torch.distributed.checkpoint flows with savepoint's storage plug-in on N gloo ranks.
 
-    python dcp_ranks.py save WORLD DIR   # dcp.save and dcp.async_save of a DTensor state
-    python dcp_ranks.py load WORLD DIR   # dcp.load of DIR/sync and DIR/async into another mesh
+    python dcp_ranks.py save WORLD DIR   # dcp.save, dcp.async_save (thread and process executors)
+    python dcp_ranks.py load WORLD DIR   # dcp.load of DIR/sync, async and process into another mesh
     python dcp_ranks.py fswrite WORLD DIR  # DCP's own FileSystemWriter into DIR/fs (for convert)
     python dcp_ranks.py solo WORLD DIR   # use_collectives=False: save into DIR/solo, load back
 
@@ -25,6 +25,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch.distributed._shard import sharded_tensor
 from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.placement_types import _StridedShard
@@ -126,6 +127,11 @@ def run(rank, world, mode, root, store):
                                  storage_writer=savepoint.torch.StorageWriter(
                                      os.path.join(root, "async")))
             fut.result()
+            fut = dcp.async_save(state(world, mode, True),
+                                 storage_writer=savepoint.torch.StorageWriter(
+                                     os.path.join(root, "process")),
+                                 async_checkpointer_type=AsyncCheckpointerType.PROCESS)
+            fut.result()
             refuse_partial(world, os.path.join(root, "partial"))
         elif mode == "solo":
             path = os.path.join(root, "solo")
@@ -139,7 +145,7 @@ def run(rank, world, mode, root, store):
             dcp.save(state(world, mode, True),
                      storage_writer=dcp.FileSystemWriter(os.path.join(root, "fs")))
         else:
-            for name in ("sync", "async"):
+            for name in ("sync", "async", "process"):
                 sd = state(world, mode, False)
                 dcp.load(sd, storage_reader=savepoint.torch.StorageReader(os.path.join(root, name)))
                 check(sd, rank)
@@ -153,4 +159,7 @@ if __name__ == "__main__":
     # A fresh rendezvous file, beside the checkpoints unless they go to a bucket (s3://...).
     where = tempfile.gettempdir() if "://" in root else root
     store = os.path.join(where, f"pg-{mode}-{world}-{os.getpid()}")
+    # DCP's process executor joins its background processes over a TCP store on MASTER_ADDR (the
+    # host's name when unset): the loopback address only.
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
     mp.spawn(run, args=(world, mode, root, store), nprocs=world, join=True)
