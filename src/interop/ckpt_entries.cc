@@ -148,7 +148,9 @@ Status PlanMap(const Entry& e, const std::string& path, LoadPlan* plan) {
       if (s.empty() || !std::equal(s.begin() + 1, s.end(), shape.begin() + 1, shape.end())) {
         return Bad(path, name, "map slices of different shapes");
       }
-      shape[0] += s[0];
+      if (__builtin_add_overflow(shape[0], s[0], &shape[0])) {
+        return Bad(path, name, "the map slices' first dimensions add up past 2^63");
+      }
     }
     SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(*dtype, shape));
     plan->names.push_back(name);
@@ -338,6 +340,9 @@ Status ReadSavepointEntry(const RandomAccessFile& file, const std::vector<Entry>
     return Bad(path, kMindSporeSavepointMetadataEntry, "not a JSON object");
   }
   if (entry.contains("metadata")) out->metadata() = entry["metadata"];
+  // The reader's own key (which entries are Int4, which are hash maps) describes the file's
+  // entries as read, never what a file says of itself: PlanLoad sets it from the entries.
+  if (out->metadata().is_object()) out->metadata().erase(kMindSporeMetadataKey);
   if (!entry.contains("values")) return Status::OK();
   return format::ValuesFromJson(
       entry["values"],
