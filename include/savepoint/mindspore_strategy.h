@@ -124,10 +124,19 @@ SAVEPOINT_API Result<MindSporeStrategy> ParseMindSporeStrategy(std::string_view 
 // Reads and parses the file at `path` through `fs` (nullptr = DefaultFileSystem()).
 SAVEPOINT_API Result<MindSporeStrategy> ReadMindSporeStrategy(const std::string& path,
                                                               FileSystem* fs = nullptr);
-// The file's bytes in `format` (protobuf: the bytes MindSpore's own module writes).
+// The file's bytes in `format` (protobuf: the bytes MindSpore's own module writes). Every strategy
+// that ParseMindSporeStrategy returned encodes in both formats to bytes that parse back to the
+// same strategy and encode to the same bytes again. A layout built otherwise may have no form in
+// `format` (CheckMindSporeStrategyEncodable says which); its bytes would not parse back the same.
 SAVEPOINT_API std::string EncodeMindSporeStrategy(const MindSporeStrategy& strategy,
                                                   MindSporeStrategyFormat format);
-// Writes the file durably (temporary file, sync, rename; replaces an existing file).
+// InvalidArgument naming the layout when a tensor_map cannot be written in `format` exactly: an
+// entry without axes, a flat map's entry of several axes, or (protobuf) a nested map of one dim
+// over several axes, which MindSpore would read back as a flat map of several dims.
+SAVEPOINT_API Status CheckMindSporeStrategyEncodable(const MindSporeStrategy& strategy,
+                                                     MindSporeStrategyFormat format);
+// Writes the file durably (temporary file, sync, rename; replaces an existing file); refuses what
+// CheckMindSporeStrategyEncodable refuses.
 SAVEPOINT_API Status WriteMindSporeStrategy(const MindSporeStrategy& strategy,
                                             const std::string& path, MindSporeStrategyFormat format,
                                             const IoOptions& io = {});

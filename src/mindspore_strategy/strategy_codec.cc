@@ -28,6 +28,15 @@ Status Bad(const std::string& file, std::string_view param, std::string_view why
   return CorruptionError(fmt::format("strategy file {}: parameter {:?}: {}", file, param, why));
 }
 
+// A nested map of one dim split over one axis is the flat map of that axis (MindSpore reads one
+// TensorMap message as the flat form): both readers give the flat form, so that every encoding
+// of a layout decodes to the same value.
+void NormalizeTensorMap(MindSporeParamLayout* l) {
+  if (l->nested_tensor_map && l->tensor_map.size() == 1 && l->tensor_map[0].size() == 1) {
+    l->nested_tensor_map = false;
+  }
+}
+
 // --- protobuf ---
 
 template <typename Field>
@@ -54,6 +63,7 @@ Result<MindSporeParamLayout> FromProto(const pb::ParallelLayouts& p, const std::
       l.tensor_map.emplace_back(m.dim().begin(), m.dim().end());
     }
   }
+  NormalizeTensorMap(&l);
   if (p.param_split_shape_size() > 0) {
     const auto& d = p.param_split_shape(0).dim();
     SP_RETURN_IF_ERROR(CheckCount(d, kMaxItems, file, param, "param_split_shape"));
@@ -117,8 +127,9 @@ std::string EncodeProto(const MindSporeStrategy& s) {
     auto* dev = p->add_dev_matrix()->mutable_dim();
     for (int64_t d : l.dev_matrix) dev->Add(static_cast<uint32_t>(d));
     if (l.nested_tensor_map) {
-      for (const auto& axes : l.tensor_map)
+      for (const auto& axes : l.tensor_map) {
         p->add_tensor_map()->mutable_dim()->Add(axes.begin(), axes.end());
+      }
     } else {
       auto* flat = p->add_tensor_map()->mutable_dim();
       for (const auto& axes : l.tensor_map) flat->Add(axes.empty() ? -1 : axes[0]);
@@ -177,6 +188,12 @@ Status JsonTensorMap(const Json& j, const std::string& file, std::string_view pa
   for (const Json& e : *it) {
     std::vector<int32_t> axes;
     const bool nested = e.is_array();
+    if (nested && e.empty()) {
+      return Bad(file, param,
+                 fmt::format("tensor_map entry {} is empty (a dim is split over one axis or more; "
+                             "-1 leaves it whole)",
+                             l->tensor_map.size()));
+    }
     l->nested_tensor_map = l->nested_tensor_map || nested;
     for (const Json& v : nested ? e : Json::array({e})) {
       if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX ||
@@ -187,6 +204,7 @@ Status JsonTensorMap(const Json& j, const std::string& file, std::string_view pa
     }
     l->tensor_map.push_back(std::move(axes));
   }
+  NormalizeTensorMap(l);
   return Status::OK();
 }
 
@@ -325,10 +343,35 @@ std::string EncodeMindSporeStrategy(const MindSporeStrategy& strategy,
   return format == MindSporeStrategyFormat::kJson ? EncodeJson(strategy) : EncodeProto(strategy);
 }
 
+Status CheckMindSporeStrategyEncodable(const MindSporeStrategy& strategy,
+                                       MindSporeStrategyFormat format) {
+  const bool proto = format == MindSporeStrategyFormat::kProtobuf;
+  for (const auto& [name, l] : strategy.layouts) {
+    for (size_t d = 0; d < l.tensor_map.size(); ++d) {
+      const size_t axes = l.tensor_map[d].size();
+      if (axes == 0 || (!l.nested_tensor_map && axes != 1)) {
+        return InvalidArgumentError(fmt::format(
+            "strategy layout {:?}: tensor_map entry {} has {} axes ({} map: {})", name, d, axes,
+            l.nested_tensor_map ? "a nested" : "a flat",
+            l.nested_tensor_map ? "one axis or more, -1 leaves the dim whole" : "exactly one"));
+      }
+    }
+    if (proto && l.nested_tensor_map && l.tensor_map.size() == 1 && l.tensor_map[0].size() > 1) {
+      return InvalidArgumentError(
+          fmt::format("strategy layout {:?}: a tensor of one dim split over {} axes has no "
+                      "protobuf form (MindSpore reads one TensorMap as the flat map of as many "
+                      "dims); write it as JSON",
+                      name, l.tensor_map[0].size()));
+    }
+  }
+  return Status::OK();
+}
+
 Status WriteMindSporeStrategy(const MindSporeStrategy& strategy, const std::string& path,
                               MindSporeStrategyFormat format, const IoOptions& io) {
   const std::string context = "write strategy file " + path;
   SP_RETURN_IF_ERROR(ValidateIoOptions(io, context));
+  SP_RETURN_IF_ERROR(CheckMindSporeStrategyEncodable(strategy, format).WithContext(context));
   interop::ByteLayout layout;
   layout.AddOwned(EncodeMindSporeStrategy(strategy, format));
   return interop::CommitFile(io, path, layout, {.overwrite = true}, context,
