@@ -5,39 +5,32 @@
 // released for all I/O.
 #include <nanobind/stl/string_view.h>
 
-#include <set>
-
 #include "common.h"
 
 namespace savepoint::python {
 namespace {
 
-// (name, address, dtype name, local shape, global shape, offsets of the box in the global tensor).
+// (local name, address, dtype name, local shape, global shape, offsets of the box in the global
+// tensor, the stored tensor when the local name is another: ShardSpec::tensor). The plug-in names
+// a rank's second and later boxes of one tensor (savepoint/torch.py, _local_names).
 using ShardTensorSpec = std::tuple<std::string, uintptr_t, std::string, std::vector<int64_t>,
-                                   std::vector<int64_t>, std::vector<int64_t>>;
+                                   std::vector<int64_t>, std::vector<int64_t>, std::string>;
 
 // A State borrowing the shards' memory and their layout (each box held by this rank only: DCP's
-// planner has already picked one writer per replicated box). A rank may write several boxes of
-// one tensor (a ShardedTensor with several local shards, a chunked write): the second and later
-// get local names of their own ("NAME#box2", ...) and ShardSpec::tensor = NAME, the same on the
-// coordinator and the rank since both see the items in the plan's order.
+// planner has already picked one writer per replicated box).
 std::pair<State, ShardLayout> ShardsToState(const std::vector<ShardTensorSpec>& shards) {
   std::vector<TensorSpec> tensors;
   ShardLayout layout;
-  std::set<std::string> names;
-  for (const auto& s : shards) names.insert(std::get<0>(s));
-  for (const auto& [name, address, dtype, shape, global, offsets] : shards) {
-    std::string local = name;  // a name no other item has
-    for (int k = 2; layout.count(local) != 0 || (local != name && names.count(local) != 0); ++k) {
-      local = name + "#box" + std::to_string(k);
+  for (const auto& [name, address, dtype, shape, global, offsets, tensor] : shards) {
+    tensors.emplace_back(name, address, dtype, shape);
+    ShardSpec spec{.global_shape = global,
+                   .offsets = offsets,
+                   .sizes = shape,
+                   .replicas = {},
+                   .tensor = tensor};
+    if (!layout.emplace(name, std::move(spec)).second) {
+      throw StatusError(InternalError("DCP save: two shards of one rank named " + name));
     }
-    tensors.emplace_back(local, address, dtype, shape);
-    layout.emplace(local, ShardSpec{.global_shape = global,
-                                    .offsets = offsets,
-                                    .sizes = shape,
-                                    .replicas = {},
-                                    .tensor = local == name ? std::string() : name});
-    names.insert(local);
   }
   return {MakeState(tensors, {}, ""), std::move(layout)};
 }
@@ -150,9 +143,10 @@ void LoadBoxesPy(const std::string& path, const std::vector<BoxSpec>& specs, boo
 }  // namespace
 
 void BindDcp(nb::module_& m) {
-  m.def("dcp_plan_shapes", &PlanShapes, nb::arg("rank"), nb::arg("world"), nb::arg("shards"),
-        nb::arg("chunk_bytes"),
-        "Plan bytes of a rank's shards [(name, 0, dtype, shape, global, offsets)], no data.");
+  m.def(
+      "dcp_plan_shapes", &PlanShapes, nb::arg("rank"), nb::arg("world"), nb::arg("shards"),
+      nb::arg("chunk_bytes"),
+      "Plan bytes of a rank's shards [(name, 0, dtype, shape, global, offsets, tensor)], no data.");
   nb::class_<DcpRankSave>(m, "DcpRankSave")
       .def(nb::init<int, int, uint64_t, int, bool>(), nb::arg("rank"), nb::arg("world"),
            nb::arg("chunk_bytes"), nb::arg("io_threads"), nb::arg("direct_io"))

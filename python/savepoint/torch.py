@@ -67,8 +67,10 @@ def _rank_path(path, rank):
 
 
 def _local_names(items):
-    """{item index: stored name} for a save without collectives: a rank's boxes are stored as
-    whole tensors, the first box of a tensor under its fqn, later ones under fqn#boxK."""
+    """{item index: local name} of a rank's tensor items: the first box of a tensor takes its
+    fqn, later boxes of it fqn#boxK (K = 2, 3, ...; skipping names other fqns have). A save with
+    collectives stores them all as shards of the fqn (ShardSpec::tensor); one without stores each
+    box as a whole tensor under its local name (docs/FORMAT.md §14)."""
     names, used, fqns = {}, set(), {i.index.fqn for i in items}
     for item in items:
         fqn = item.index.fqn
@@ -103,15 +105,6 @@ def _dtype_name(dtype, fqn):
     if name is None:
         raise _errors.InvalidArgumentError(f"tensor {fqn!r}: dtype {dtype} is not supported")
     return name
-
-
-def _shard_spec(item, address=0, shape=None):
-    """(name, address, dtype, shape, global shape, offsets) of a tensor WriteItem."""
-    td = item.tensor_data
-    fqn = item.index.fqn
-    sizes = list(td.chunk.sizes)
-    return (fqn, address, _dtype_name(td.properties.dtype, fqn), sizes if shape is None else shape,
-            list(td.size), list(td.chunk.offsets))
 
 
 def _is_tensor(item):
@@ -189,7 +182,7 @@ class StorageWriter(_storage.StorageWriter, _staging.BlockingAsyncStager):
         self._coordinator = None
         self._own = None
         self._solo = False  # use_collectives=False: this rank saves alone
-        self._chunks = {}  # (without collectives) stored name -> where the box lies in its tensor
+        self._chunks = {}  # (without collectives) stored name -> [fqn, global size, offsets]
 
     def stage(self, state_dict):
         """dcp.async_save's copy of the state (FileSystemWriter's; with cache_staged_state_dict
@@ -212,13 +205,26 @@ class StorageWriter(_storage.StorageWriter, _staging.BlockingAsyncStager):
         self._rank = kwargs.get("rank", _default_rank())
         self._solo = not kwargs.get("use_collectives", True)
 
-    def _spec(self, item, address=0, shape=None):
-        """The shard spec of a tensor item; without collectives, its box as a whole tensor."""
-        spec = _shard_spec(item, address, shape)
-        if not self._solo:
-            return spec
-        local = spec[3]
-        return (self._chunks[item.index][0], address, spec[2], local, local, [0] * len(local))
+    def _specs(self, items, tensors=None):
+        """(local name, address, dtype, shape, global shape, offsets, stored tensor or "") of
+        every tensor item: its box of the global tensor, named as _local_names says; without
+        collectives, the box as a whole tensor. `tensors` (the items' data, for a write) gives
+        the addresses; without it (planning on shapes) they are 0."""
+        items = [i for i in items if _is_tensor(i)]
+        names = _local_names(items)
+        out = []
+        for k, item in enumerate(items):
+            td, fqn, local = item.tensor_data, item.index.fqn, names[item.index]
+            t = tensors[k] if tensors is not None else None
+            address = t.data_ptr() if t is not None and t.numel() else 0
+            sizes = list(t.shape) if t is not None else list(td.chunk.sizes)
+            dtype = _dtype_name(td.properties.dtype, fqn)
+            if self._solo:
+                out.append((local, address, dtype, sizes, sizes, [0] * len(sizes), ""))
+            else:
+                out.append((local, address, dtype, sizes, list(td.size), list(td.chunk.offsets),
+                            "" if local == fqn else fqn))
+        return out
 
     def prepare_local_plan(self, plan):
         return plan
@@ -231,14 +237,11 @@ class StorageWriter(_storage.StorageWriter, _staging.BlockingAsyncStager):
         if self._solo:
             tensors = [i for i in plans[0].items if _is_tensor(i)]
             names = _local_names(tensors)
-            self._chunks = {i.index: (names[i.index], list(i.tensor_data.size),
-                                      list(i.tensor_data.chunk.offsets)) for i in tensors}
+            self._chunks = {names[i.index]: [i.index.fqn, list(i.tensor_data.size),
+                                             list(i.tensor_data.chunk.offsets)] for i in tensors}
             path = _rank_path(self.path, self._rank)
-        shapes = [
-            _core.dcp_plan_shapes(r, world, [self._spec(i) for i in p.items if _is_tensor(i)],
-                                  self.chunk_bytes)
-            for r, p in enumerate(plans)
-        ]
+        shapes = [_core.dcp_plan_shapes(r, world, self._specs(p.items), self.chunk_bytes)
+                  for r, p in enumerate(plans)]
         self._abandon()
         self._coordinator = _core.DcpCoordinator(path, world, self.overwrite)
         try:
@@ -252,7 +255,7 @@ class StorageWriter(_storage.StorageWriter, _staging.BlockingAsyncStager):
     def write_data(self, plan, planner):
         """Every rank: writes its data file; returns its report for the coordinator."""
         sd = plan.storage_data
-        tensors, specs, values, results, devices = [], [], {}, [], set()
+        tensors, values, results, devices = [], {}, [], set()
         for item in plan.items:
             data = planner.resolve_data(item)
             if not _is_tensor(item):
@@ -262,9 +265,9 @@ class StorageWriter(_storage.StorageWriter, _staging.BlockingAsyncStager):
             t = data.detach()
             t = _cuda.to_pinned(t, devices) if t.is_cuda else t.to("cpu").contiguous()
             tensors.append(t)  # alive until the write returns
-            specs.append(self._spec(item, t.data_ptr() if t.numel() else 0, list(t.shape)))
             results.append(_storage.WriteResult(item.index, t.numel() * t.element_size(), None))
         _cuda.settle(devices)  # the copies into page-locked memory, queued above, are done
+        specs = self._specs(plan.items, tensors)
         rank = 0 if self._solo else self._rank
         mine = _core.DcpRankSave(rank, sd.world, self.chunk_bytes, self.io_threads,
                                  self.direct_io)
@@ -294,8 +297,7 @@ class StorageWriter(_storage.StorageWriter, _staging.BlockingAsyncStager):
             raise _errors.InternalError(f"DCP save {self.path}: a rank's report is missing")
         meta = {_META_KEY: {"byte_io": sorted(values), "planner_data": _jsonable(metadata)}}
         if self._solo:  # where each stored box lies: {stored name: [fqn, size, offsets]}
-            meta[_META_KEY]["boxes"] = {name: [index.fqn, size, offsets]
-                                        for index, (name, size, offsets) in self._chunks.items()}
+            meta[_META_KEY]["boxes"] = self._chunks
         self._own.add_values([(k, "bytes", v) for k, v in values.items()], json.dumps(meta))
         coordinator, self._coordinator = self._coordinator, None
         own, self._own = self._own, None
@@ -376,6 +378,15 @@ def _savepoint_path(checkpoint_id, reader):
         return path.startswith("s3://")
     return not reader or any(os.path.isfile(os.path.join(p, "MANIFEST"))
                              for p in (path, _rank_path(path, 0)))
+
+
+def _is_box(where, dims):
+    """Whether `where` is [fqn, global shape, offsets] of a box of `dims` dims."""
+    def ints(v):
+        return isinstance(v, list) and len(v) == dims and all(
+            isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
+    return (isinstance(where, list) and len(where) == 3 and isinstance(where[0], str)
+            and ints(where[1]) and ints(where[2]))
 
 
 def _is_extension_registry(obj):
@@ -475,11 +486,15 @@ class StorageReader(_storage.StorageReader):
         """DCP's metadata of a rank's own checkpoint: each stored tensor is a chunk (a box) of
         the global tensor its metadata names."""
         entries, stored = {}, {t["name"]: t for t in manifest["tensors"]}
+        if not isinstance(boxes, dict):
+            raise _errors.CorruptCheckpointError(
+                f"checkpoint {self._read_path}: DCP boxes are not a mapping: {boxes!r}")
         for name, where in sorted(boxes.items()):
             t = stored.get(name)
-            if t is None or not isinstance(where, list) or len(where) != 3:
+            if t is None or not _is_box(where, len(t["shape"])):
                 raise _errors.CorruptCheckpointError(
-                    f"checkpoint {self._read_path}: DCP box {name!r} does not fit its tensors")
+                    f"checkpoint {self._read_path}: DCP box {name!r} = {where!r} does not fit "
+                    f"its stored tensors (want [fqn, global shape, offsets] of a stored tensor)")
             fqn, size, offsets = where
             chunk = _md.ChunkStorageMetadata(offsets=torch.Size(offsets),
                                              sizes=torch.Size(t["shape"]))

@@ -277,6 +277,33 @@ TEST(SnapshotTest, ReadSnapshotRefusesAForeignOrMalformedRecord) {
             StatusCode::kNotFound);
 }
 
+// A layout entry that is a box of a stored tensor of another name (ShardSpec::tensor) comes back
+// from the record; a "tensor" that is not a string is Corruption.
+TEST(SnapshotTest, RecordCarriesTheStoredTensorOfABox) {
+  testing::TempDir shm;
+  std::vector<float> w(kElems, 1.0f);
+  auto save = [&](const std::string& name, const Json& tensor) {
+    State s;
+    SP_ASSERT_OK(s.PutView("w.second", TensorView(w.data(), DType::kF32, {kElems})));
+    Json spec = {{"global_shape", {2 * kElems}},
+                 {"offsets", {kElems}},
+                 {"sizes", {kElems}},
+                 {"replicas", {0}},
+                 {"tensor", tensor}};
+    s.metadata() = {
+        {"failover.snapshot", {{"rank", 0}, {"world", 1}, {"layout", {{"w.second", spec}}}}}};
+    SP_ASSERT_OK(Save(s, shm.path() + "/rank_0/" + name));
+  };
+  save("step_3_1_3", "w");
+  save("step_4_1_4", 5);
+  failover::StepInfo at;
+  SP_ASSERT_OK_AND_ASSIGN(DumpSource d, failover::ReadSnapshot(shm.path(), 0, 3, &at, {}));
+  ASSERT_EQ(d.layout.count("w.second"), 1u);
+  EXPECT_EQ(d.layout.at("w.second").tensor, "w");
+  EXPECT_EQ(d.layout.at("w.second").offsets, (Shape{kElems}));
+  EXPECT_THAT(failover::ReadSnapshot(shm.path(), 0, 4, &at, {}), StatusIs(StatusCode::kCorruption));
+}
+
 TEST(SnapshotTest, FailingSnapshotsDoNotStopTraining) {
   testing::TempDir dir, shm;
   std::vector<Rank> ranks(1);

@@ -280,6 +280,24 @@ def test_save_without_collectives_commits_one_checkpoint_per_rank(tmp_path, save
     assert list(flat["model.chunks#box2"].shape) == [6, 3]
 
 
+@pytest.mark.parametrize("boxes", [
+    [1, 2],                                  # not a mapping
+    {"w": "x"},                              # not a triple
+    {"w": ["w", [4], [0, 0]]},               # global shape of another rank than the tensor
+    {"w": ["w", [4, 3], [0, -1]]},           # a negative offset
+    {"w": [3, [4, 3], [0, 0]]},              # the fqn is no string
+    {"w": ["w", [4, 3], [0, True]]},         # a bool for an offset
+    {"gone": ["w", [4, 3], [0, 0]]},         # names no stored tensor
+])
+def test_rank_checkpoint_whose_boxes_do_not_fit_is_corrupt(tmp_path, boxes):
+    """A rank's own checkpoint (a save without collectives) whose DCP boxes do not fit its
+    stored tensors: CorruptCheckpointError naming the checkpoint, nothing handed to DCP."""
+    meta = {"torch.distributed.checkpoint": {"byte_io": [], "boxes": boxes}}
+    savepoint.save({"w": torch.ones(2, 3)}, tmp_path / "ckpt" / "rank-0", metadata=meta)
+    with pytest.raises(savepoint.CorruptCheckpointError, match="rank-0"):
+        spt.StorageReader(tmp_path / "ckpt").read_metadata(rank=0)
+
+
 def test_checkpoint_id_alone_uses_savepoint_after_install(tmp_path):
     spt.install()
     try:
