@@ -60,7 +60,9 @@ SAVEPOINT_API Result<std::vector<std::string>> GarbageCollect(const std::string&
 // without a MANIFEST is not a committed checkpoint: NotFound, nothing deleted. A directory that
 // also holds files that are not the checkpoint's (a user's notes), and a checkpoint in object
 // storage: its MANIFEST first (what is left is no checkpoint), then its own data files; the
-// others stay. A single-file checkpoint (safetensors, .ckpt) is renamed and removed.
+// others stay. A single-file checkpoint (safetensors, .ckpt) is renamed and removed; a file
+// whose first bytes are not those of one (format/file_magic.h) is FailedPrecondition, nothing
+// deleted.
 SAVEPOINT_API Status DeleteCheckpoint(const std::string& path, FileSystem* fs = nullptr);
 
 // How CopyCheckpoint copies (every field is honoured).

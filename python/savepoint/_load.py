@@ -190,8 +190,8 @@ def delete(path: StrPath) -> None:
     """Deletes the checkpoint at `path`: its MANIFEST first (from then on it is no checkpoint),
     then its own data files, then the directory if nothing else is in it. Files that are not the
     checkpoint's (a user's notes beside it) stay. A directory without a MANIFEST is NotFoundError,
-    and nothing is deleted. A file (a safetensors or MindSpore .ckpt checkpoint) is removed as it
-    is, whatever it holds: check what it is first."""
+    and nothing is deleted. A file is removed when its first bytes are a safetensors or (named
+    *.ckpt) a MindSpore .ckpt file's; any other file is FailedPreconditionError, not deleted."""
     _core.delete_checkpoint(os.fspath(path))
 
 

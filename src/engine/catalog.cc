@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
+#include <span>
 
 #include "engine/paths.h"
 #include "engine/reader.h"
+#include "format/file_magic.h"
 #include "format/manifest.h"
 #include "io/debris.h"
 
@@ -208,6 +211,21 @@ Result<bool> HoldsOthers(FileSystem* fs, const std::string& path) {
   return others;
 }
 
+// OK when the file at `path` (`size` bytes) looks like a safetensors or MindSpore .ckpt file
+// (format/file_magic.h); FailedPrecondition otherwise: it is not a checkpoint of ours to delete.
+Status CheckCheckpointFile(FileSystem* fs, const std::string& path, uint64_t size) {
+  std::string head(std::min(size, format::kFileMagicBytes), '\0');
+  if (!head.empty()) {
+    SP_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f, fs->NewRandomAccessFile(path, {}));
+    SP_RETURN_IF_ERROR(f->ReadAt(0, std::as_writable_bytes(std::span(head))));
+  }
+  const bool ckpt = path.ends_with(".ckpt");
+  if (format::LooksLikeCheckpointFile(head, size, ckpt)) return Status::OK();
+  return FailedPreconditionError(
+      fmt::format("{} is not a {} file (its first bytes say otherwise); nothing deleted", path,
+                  ckpt ? "MindSpore .ckpt" : "safetensors"));
+}
+
 }  // namespace
 
 Status DeleteCheckpoint(const std::string& raw_path, FileSystem* fs) {
@@ -221,6 +239,8 @@ Status DeleteCheckpoint(const std::string& raw_path, FileSystem* fs) {
     Result<bool> others = HoldsOthers(fs, path);
     if (!others.ok()) return others.status().WithContext(context);
     if (*others) return DeleteOwnEntries(fs, path).WithContext(context);
+  } else {
+    SP_RETURN_IF_ERROR(CheckCheckpointFile(fs, path, info->size).WithContext(context));
   }
   std::string old = io::DelPathFor(path);
   Status s = fs->Rename(path, old);

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "format/endian.h"
+#include "format/file_magic.h"
 #include "interop/ckpt_wire.h"
 
 namespace savepoint::interop::ckpt {
@@ -15,9 +16,9 @@ namespace {
 
 using crypto::Bytes;
 
-constexpr uint32_t kMagicGcm = 0x7F3A5ED8;
-constexpr uint32_t kMagicCbc = 0x7F3A5ED9;
-constexpr uint32_t kMagicSm4 = 0x7F3A5EDA;
+constexpr uint32_t kMagicGcm = format::kMindSporeMagicGcm;
+constexpr uint32_t kMagicCbc = format::kMindSporeMagicCbc;
+constexpr uint32_t kMagicSm4 = format::kMindSporeMagicSm4;
 constexpr uint64_t kIvBytes = 16;
 constexpr char kMacInfo[] = "savepoint .ckpt block MAC v1";
 constexpr uint64_t kMaxSidecarBytes = uint64_t{16} << 20;

@@ -94,6 +94,14 @@ def test_delete_removes_only_a_checkpoints_own_files(tmp_path):
     savepoint.save({"w": np.arange(3)}, tmp_path / "whole")
     savepoint.delete(tmp_path / "whole")
     assert not (tmp_path / "whole").exists()
+    for name in ("notes.txt", "notes.ckpt"):  # a user's files, whatever their names say
+        (tmp_path / name).write_text("not a checkpoint")
+        with pytest.raises(savepoint.FailedPreconditionError, match=name):
+            savepoint.delete(tmp_path / name)
+        assert (tmp_path / name).read_text() == "not a checkpoint"
+    savepoint.save_safetensors({"w": np.arange(3)}, tmp_path / "w.safetensors")
+    savepoint.delete(tmp_path / "w.safetensors")
+    assert not (tmp_path / "w.safetensors").exists()
 
 
 def test_gc_removes_debris_of_dead_processes_and_keeps_checkpoints(tmp_path):
