@@ -1,7 +1,8 @@
 // Fuzz target for the MindSpore `.ckpt` reader (src/interop/ckpt_*), which parses files written by
 // anyone. The input is a whole `.ckpt` file. Any input must give OK or a clean error: no crash, no
 // sanitizer report, no huge allocation. A file that loads is written back with
-// SaveMindSporeCheckpoint and must load again to the same tensors, values and metadata. An
+// SaveMindSporeCheckpoint and must load again to the same tensors, values and metadata, and write
+// again to the same bytes. An
 // encrypted file (MindSpore's block framing) is loaded with the corpus key kKey: headers, padding,
 // sequence and tags all meet untrusted bytes; with the right key it must load or fail cleanly.
 #include <cstddef>
@@ -32,5 +33,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   Result<State> again = LoadMindSporeCheckpoint("/out.ckpt", {}, io);
   if (!again.ok() || !fuzz::SameState(*state, *again)) std::abort();
+  if (!SaveMindSporeCheckpoint(*again, "/out2.ckpt", {.crc_check = (size & 1) != 0}, io).ok() ||
+      !fuzz::SameBytes(fs, "/out.ckpt", "/out2.ckpt")) {
+    std::abort();
+  }
   return 0;
 }

@@ -2,8 +2,11 @@
 #ifndef SAVEPOINT_FUZZ_FUZZ_UTIL_H_
 #define SAVEPOINT_FUZZ_FUZZ_UTIL_H_
 
+#include <cstdint>
 #include <cstring>
+#include <string>
 
+#include "savepoint/filesystem.h"
 #include "savepoint/state.h"
 
 namespace savepoint::fuzz {
@@ -26,6 +29,14 @@ inline bool SameState(const State& a, const State& b) {
     if (other == nullptr || !SameEntry(e, *other)) return false;
   }
   return true;
+}
+
+// Both files read and hold the same bytes (a writer is deterministic: what decodes, re-encoded
+// twice, gives the same file).
+inline bool SameBytes(FileSystem& fs, const std::string& a, const std::string& b) {
+  Result<std::string> x = fs.ReadFile(a, uint64_t{1} << 30);
+  Result<std::string> y = fs.ReadFile(b, uint64_t{1} << 30);
+  return x.ok() && y.ok() && *x == *y;
 }
 
 }  // namespace savepoint::fuzz

@@ -1,7 +1,8 @@
 // Fuzz target for the safetensors reader (src/interop/), which parses files written by anyone.
 // The input is a whole .safetensors file. Any input must give OK or a clean error: no crash, no
 // sanitizer report, no huge allocation. A file that loads is written back with SaveSafetensors and
-// must load again to the same tensors, values and metadata (the writer/reader round trip).
+// must load again to the same tensors, values and metadata, and write again to the same bytes (the
+// writer/reader round trip).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -31,5 +32,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!SaveSafetensors(*state, "/out.safetensors", {}, io).ok()) std::abort();
   Result<State> again = LoadSafetensors("/out.safetensors", load, io);
   if (!again.ok() || !savepoint::fuzz::SameState(*state, *again)) std::abort();
+  if (!SaveSafetensors(*again, "/out2.safetensors", {}, io).ok() ||
+      !fuzz::SameBytes(fs, "/out.safetensors", "/out2.safetensors")) {
+    std::abort();
+  }
   return 0;
 }

@@ -144,13 +144,15 @@ TEST(Manager, ReopenPicksUpAndUsesANewPrefix) {
     auto m = OpenOrDie(MemOptions(&fs));
     for (int64_t step = 1; step <= 3; ++step) ASSERT_TRUE(*m->Save(step, StateAt(step)));
   }
-  ASSERT_TRUE(fs.CreateDir("/ckpt/.ckpt-1_9.savepoint-tmp.0.0").ok());  // debris of a crash
+  // Debris of a crash (a writer pid above pid_max: no process).
+  const std::string debris = "/ckpt/.ckpt-1_9.savepoint-tmp.999999999.0000000000000000";
+  ASSERT_TRUE(fs.CreateDir(debris).ok());
   auto m = OpenOrDie(MemOptions(&fs));
   EXPECT_EQ(m->AllSteps(), (std::vector<int64_t>{1, 2, 3}));
   EXPECT_EQ(m->prefix(), "ckpt_1");
   ASSERT_TRUE(*m->Save(4, StateAt(4), Force()));
   EXPECT_EQ(m->Latest()->name, "ckpt_1-1_4");
-  EXPECT_FALSE(fs.Exists("/ckpt/.ckpt-1_9.savepoint-tmp.0.0"));  // garbage-collected on open
+  EXPECT_FALSE(fs.Exists(debris));  // garbage-collected on open
 }
 
 // A run that resumes from a checkpoint of its directory continues that checkpoint's series of

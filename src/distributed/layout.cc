@@ -114,6 +114,7 @@ Result<std::vector<LocalShard>> ResolveLocalShards(const State& local, const Sha
       spec = it->second;
     }
     SP_RETURN_IF_ERROR(CheckBox(name, spec.global_shape, spec.offsets, spec.sizes));
+    SP_RETURN_IF_ERROR(format::CheckDimensions(name, spec.global_shape));
     if (spec.sizes != v.shape()) {
       return InvalidArgumentError(
           fmt::format("tensor {:?}: local shape {} differs from the "

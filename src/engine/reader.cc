@@ -179,6 +179,19 @@ Result<RandomAccessFile*> Reader::File(uint32_t index) {
   return files_[index].get();
 }
 
+Status Reader::OpenFilesOf(const std::vector<bool>& keep) {
+  std::vector<bool> opened(m_.files.size(), false);
+  for (size_t i = 0; i < keep.size() && i < m_.tensors.size(); ++i) {
+    if (!keep[i]) continue;
+    for (const format::ShardRecord& s : m_.tensors[i].shards) {
+      if (opened[s.file]) continue;
+      SP_RETURN_IF_ERROR(OpenFile(s.file));
+      opened[s.file] = true;
+    }
+  }
+  return Status::OK();
+}
+
 std::string Reader::ChunkWhere(const format::TensorRecord& t, const format::ShardRecord& s,
                                uint64_t chunk) const {
   return fmt::format("checkpoint {}: {}", path_, ChunkDesc(t, s, chunk));

@@ -96,6 +96,10 @@ class Reader final : public CheckpointReader {
   const format::Manifest& manifest() const { return m_; }
   // Opens data file `index` (once), checking its header and size against the manifest.
   Status OpenFile(uint32_t index) { return File(index).status(); }
+  // Opens every data file that holds a part of a tensor `keep` selects (by manifest index), so
+  // that a manifest that declares more than its files hold is refused before any tensor of the
+  // sizes it declares is allocated.
+  Status OpenFilesOf(const std::vector<bool>& keep);
   // One worker's buffers (allocated on first use).
   struct Buffers {
     Tensor staging;  // chunk_bytes + 4096: a chunk read for verification only, unaligned for

@@ -518,6 +518,9 @@ Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes
   m->writer = "savepoint " SAVEPOINT_VERSION;
   m->chunk_bytes = chunk_bytes;
   SP_RETURN_IF_ERROR(CopyValues(state, &m->values));
+  for (const auto& [name, e] : state.entries()) {
+    if (e.is_tensor()) SP_RETURN_IF_ERROR(format::CheckDimensions(name, e.tensor().shape()));
+  }
   AddTensors(state, chunk_bytes, compression, m);
   // The packed region right after the header, then every other uncompressed extent 4096-aligned
   // (compressed chunks go after both, where the writer's ExtentAllocator places them).

@@ -77,6 +77,17 @@ Json ShardToJson(const ShardRecord& s, bool encrypted) {
 
 }  // namespace
 
+Status CheckDimensions(std::string_view name, const Shape& shape) {
+  for (int64_t d : shape) {
+    if (d > kMaxDimension) {
+      return InvalidArgumentError(
+          fmt::format("tensor {:?} of shape {}: a checkpoint holds dimensions of at most 2^62",
+                      name, ShapeToString(shape)));
+    }
+  }
+  return Status::OK();
+}
+
 Status ValidateFileName(std::string_view name) {
   if (name.empty() || name.size() > kMaxFileNameBytes) {
     return CorruptionError(

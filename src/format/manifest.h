@@ -54,6 +54,8 @@ inline constexpr size_t kMaxShardsPerTensor = size_t{1} << 20;
 inline constexpr size_t kMaxBytesValue = size_t{64} << 20;
 inline constexpr size_t kMaxJsonDepth = 64;
 inline constexpr size_t kMaxFileNameBytes = 255;
+// The largest dimension of a tensor or box (docs/FORMAT.md: each dimension <= 2^62).
+inline constexpr int64_t kMaxDimension = int64_t{1} << 62;
 
 // Names a reader must know to read a checkpoint that lists them in `required_features`.
 inline constexpr std::string_view kFeatureCompression = "compression";
@@ -147,6 +149,10 @@ inline uint64_t StoredBytes(const ShardRecord& s) {
 // Whether any shard of `m` is compressed (then "compression" is a required feature).
 bool UsesCompression(const Manifest& m);
 
+// InvalidArgument naming tensor `name` when a dimension of `shape` is over kMaxDimension: a
+// manifest cannot record it (DecodeManifest refuses it), so writers refuse it before writing.
+Status CheckDimensions(std::string_view name, const Shape& shape);
+
 // OK if `name` may be a file name inside a checkpoint: 1..255 bytes of [A-Za-z0-9._-], not
 // starting with '.', so never "..", never a path.
 Status ValidateFileName(std::string_view name);
@@ -177,8 +183,9 @@ std::string EncodeManifest(const Manifest& m, const CheckpointKeys* keys = nullp
 Result<Manifest> DecodeManifest(std::string_view bytes, std::string_view where);
 
 // Corruption ("<where>: tensor "T": shards overlap" / "shards cover N of M elements") unless the
-// shards of `t` tile its shape exactly. Preconditions: every shard's box lies within t.shape (as
-// DecodeManifest checks). Used by DecodeManifest and by the multi-rank save before it writes.
+// shards of `t` tile its shape exactly; also for an invalid shape or a shard box outside it, so
+// that untrusted boxes may be passed (the DCP import does). Used by DecodeManifest, the DCP import
+// and the multi-rank save before it writes.
 Status CheckTensorTiling(const TensorRecord& t, std::string_view where);
 
 // The 4096-byte header of data file `file_index` of a checkpoint of format `version`.

@@ -61,7 +61,7 @@ Result<Shape> Dims(const Json& obj, const char* key, const Ctx& ctx, std::string
   SP_ASSIGN_OR_RETURN(const Json* arr, Array(obj, key, kMaxRank, ctx, in));
   Shape out;
   for (const Json& d : *arr) {
-    if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{1} << 62) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{kMaxDimension}) {
       return ctx.Bad(fmt::format("{}.{} holds a negative, huge or non-integer dimension", in, key));
     }
     out.push_back(static_cast<int64_t>(d.get<uint64_t>()));
@@ -260,15 +260,43 @@ bool BoxesOverlap(const ShardRecord& a, const ShardRecord& b) {
   return true;
 }
 
+// Whether the box of `s` has the rank of `shape` and lies within it (no sum that can overflow).
+bool BoxInShape(const ShardRecord& s, const Shape& shape) {
+  if (s.offsets.size() != shape.size() || s.sizes.size() != shape.size()) return false;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (s.offsets[d] < 0 || s.sizes[d] < 0 || s.offsets[d] > shape[d] ||
+        s.sizes[d] > shape[d] - s.offsets[d]) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // Shards must cover the tensor exactly: no two overlap and their volumes add up to the whole.
+// The shape and the boxes are checked here too (DecodeManifest has checked them; the DCP import
+// has not).
 Status CheckTiling(const TensorRecord& t, const Ctx& ctx, const std::string& in) {
-  SP_ASSIGN_OR_RETURN(int64_t total, NumElements(t.shape));
+  Result<int64_t> total = NumElements(t.shape);
+  if (!total.ok()) {
+    return ctx.Bad(fmt::format("{}: shape {} is invalid ({})", in, ShapeToString(t.shape),
+                               total.status().message()));
+  }
   std::vector<const ShardRecord*> boxes;
   int64_t covered = 0;
-  for (const auto& s : t.shards) {
-    int64_t n = NumElements(s.sizes).value();  // sizes fit in shape: checked already
-    if (n == 0) continue;
-    covered += n;
+  for (size_t k = 0; k < t.shards.size(); ++k) {
+    const ShardRecord& s = t.shards[k];
+    // (A box within a valid shape has a valid element count: its dims are at most the shape's.)
+    const Result<int64_t> n = NumElements(s.sizes);
+    if (!BoxInShape(s, t.shape) || !n.ok()) {
+      return ctx.Bad(fmt::format("{} shard {}: box at {} of {} exceeds shape {}", in, k,
+                                 ShapeToString(s.offsets), ShapeToString(s.sizes),
+                                 ShapeToString(t.shape)));
+    }
+    if (*n == 0) continue;
+    // Boxes that do not overlap add up to at most the shape's count: past 2^63, some overlap.
+    if (__builtin_add_overflow(covered, *n, &covered)) {
+      return ctx.Bad(fmt::format("{}: shards overlap (their elements add up past 2^63)", in));
+    }
     boxes.push_back(&s);
   }
   // Sweep along the dimension in which the shards' offsets take the most distinct values (so
@@ -297,8 +325,8 @@ Status CheckTiling(const TensorRecord& t, const Ctx& ctx, const std::string& in)
       }
     }
   }
-  if (covered != total) {
-    return ctx.Bad(fmt::format("{}: shards cover {} of {} elements", in, covered, total));
+  if (covered != *total) {
+    return ctx.Bad(fmt::format("{}: shards cover {} of {} elements", in, covered, *total));
   }
   return Status::OK();
 }

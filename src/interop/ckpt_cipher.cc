@@ -22,6 +22,7 @@ constexpr uint32_t kMagicSm4 = format::kMindSporeMagicSm4;
 constexpr uint64_t kIvBytes = 16;
 constexpr char kMacInfo[] = "savepoint .ckpt block MAC v1";
 constexpr uint64_t kMaxSidecarBytes = uint64_t{16} << 20;
+constexpr char kSidecarFormat[] = "savepoint.ckpt.mac";
 constexpr uint32_t kLastBlockBit = uint32_t{1} << 31;
 
 std::optional<MindSporeCipher> ModeOfMagic(uint32_t magic) {
@@ -409,10 +410,49 @@ crypto::Sha256 BlockMac(const crypto::Sha256& mac_key, uint64_t i, uint64_t file
 
 std::string MacSidecarPath(const std::string& path) { return path + ".mac"; }
 
+namespace {
+
+Status SidecarError(const std::string& side, std::string_view why) {
+  return CorruptionError(fmt::format("MAC sidecar {}: {}", side, why));
+}
+
+// A member a sidecar must have, and the type it must be of.
+struct SidecarField {
+  const char* name;
+  bool (nlohmann::json::*is_type)() const noexcept;
+  const char* type;
+};
+constexpr SidecarField kSidecarFields[] = {
+    {"format", &nlohmann::json::is_string, "a string"},
+    {"version", &nlohmann::json::is_number_integer, "an integer"},
+    {"cipher", &nlohmann::json::is_string, "a string"},
+    {"file_bytes", &nlohmann::json::is_number_unsigned, "a non-negative integer"},
+    {"blocks", &nlohmann::json::is_array, "an array"},
+};
+
+// OK if the parsed sidecar `j` is a savepoint MAC sidecar of version 1 whose members are of
+// their types; Corruption naming the sidecar `side` and the first member that is not.
+Status CheckSidecarFields(const nlohmann::json& j, const std::string& side) {
+  const auto bad = [&](std::string_view why) { return SidecarError(side, why); };
+  if (!j.is_object()) return bad("not a JSON object");
+  for (const SidecarField& f : kSidecarFields) {
+    auto it = j.find(f.name);
+    if (it == j.end() || !((*it).*f.is_type)()) {
+      return bad(fmt::format("field {:?} is missing or not {}", f.name, f.type));
+    }
+  }
+  if (j["format"] != kSidecarFormat || j["version"] != 1) {
+    return bad(fmt::format("not a {} sidecar of version 1", kSidecarFormat));
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 std::string EncodeMacSidecar(MindSporeCipher mode, uint64_t file_bytes,
                              const std::vector<crypto::Sha256>& macs) {
   nlohmann::json j;
-  j["format"] = "savepoint.ckpt.mac";
+  j["format"] = kSidecarFormat;
   j["version"] = 1;
   j["cipher"] = std::string(MindSporeCipherName(mode));
   j["mac"] = "HMAC-SHA256";
@@ -432,20 +472,14 @@ Result<std::optional<std::vector<crypto::Sha256>>> ReadMacSidecar(FileSystem* fs
   Result<FileInfo> st = fs->Stat(side);
   if (!st.ok() && st.status().code() == StatusCode::kNotFound) return Out();
   SP_RETURN_IF_ERROR(st.status());
-  auto bad = [&](const std::string& why) {
-    return CorruptionError(fmt::format("MAC sidecar {}: {}", side, why));
-  };
+  const auto bad = [&](std::string_view why) { return SidecarError(side, why); };
   SP_ASSIGN_OR_RETURN(auto f, fs->NewRandomAccessFile(side, {}));
   if (f->size() > kMaxSidecarBytes) return bad("larger than 16 MiB");
   SP_ASSIGN_OR_RETURN(std::string text, ReadString(*f, 0, f->size()));
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || j.value("format", "") != "savepoint.ckpt.mac" ||
-      j.value("version", 0) != 1 || !j.contains("blocks") || !j["blocks"].is_array()) {
-    return bad("not a savepoint MAC sidecar of version 1");
-  }
-  if (j.value("cipher", "") != MindSporeCipherName(index.mode) ||
-      j.value("file_bytes", uint64_t{0}) != file_bytes ||
-      j["blocks"].size() != index.blocks.size()) {
+  SP_RETURN_IF_ERROR(CheckSidecarFields(j, side));
+  if (j["cipher"].get_ref<const std::string&>() != MindSporeCipherName(index.mode) ||
+      j["file_bytes"].get<uint64_t>() != file_bytes || j["blocks"].size() != index.blocks.size()) {
     return UnauthenticatedError(fmt::format(
         "MAC sidecar {} describes another file (cipher, size or block count differ from {}: "
         "{} bytes, {} blocks)",

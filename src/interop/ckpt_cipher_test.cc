@@ -4,10 +4,12 @@
 // MindSpore are tested in tests/mindspore/.
 #include "interop/ckpt_cipher.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "format/endian.h"
 #include "interop/file_writer_testutil.h"
@@ -297,6 +299,38 @@ TEST_F(CkptCipherTest, BadOrForeignSidecarsAreRefused) {
   // Saving over a CBC file with AES-GCM removes its sidecar: it would describe nothing.
   SP_ASSERT_OK(Save(s, MindSporeCipher::kAesGcm, Key(16)));
   EXPECT_FALSE(fs_.Exists(side));
+}
+
+// A member of the wrong type threw nlohmann's type_error (the CLI printed "internal error").
+TEST_F(CkptCipherTest, SidecarFieldOfTheWrongTypeIsCorruption) {
+  SP_ASSERT_OK(Save(Small(), MindSporeCipher::kAesCbc, Key(16)));
+  const std::string side = std::string(kPath) + ".mac";
+  const Json good = Json::parse(Bytes(side));
+  const std::pair<const char*, Json> cases[] = {
+      {"format", 1},
+      {"format", Json::array()},
+      {"version", "1"},
+      {"version", 1.5},
+      {"cipher", 5},
+      {"file_bytes", -1},
+      {"file_bytes", "176"},
+      {"blocks", "x"},
+      {"blocks", Json::object()},
+  };
+  for (const auto& [field, value] : cases) {
+    Json j = good;
+    j[field] = value;
+    Put(j.dump(), side);
+    EXPECT_THAT(Load(Key(16)).status(),
+                StatusIs(StatusCode::kCorruption,
+                         fmt::format("MAC sidecar {}: field {:?} is missing", side, field)))
+        << j.dump();
+  }
+  Put(R"({"format": 1})", side);
+  EXPECT_THAT(Load(Key(16)).status(),
+              StatusIs(StatusCode::kCorruption, "MAC sidecar /d/enc.ckpt.mac: field \"format\""));
+  Put(good.dump(), side);
+  SP_EXPECT_OK(Load(Key(16)).status());
 }
 
 // Every injected failure (full disk, failed sync, crash) during an encrypted save leaves either

@@ -61,31 +61,28 @@ Status Bad(const std::string& path, const std::string& entry, std::string_view w
   return CorruptionError(fmt::format("MindSpore checkpoint {}: entry {:?}: {}", path, entry, what));
 }
 
-// Elements of `dims`; nullopt for a negative dim or an overflow.
-std::optional<uint64_t> Elements(const std::vector<int64_t>& dims) {
-  uint64_t n = 1;
-  for (int64_t d : dims) {
-    if (d < 0) return std::nullopt;
-    if (d != 0 && n > UINT64_MAX / static_cast<uint64_t>(d)) return std::nullopt;
-    n *= static_cast<uint64_t>(d);
-  }
-  return n;
-}
-
-// The shape of a tensor entry stored as `dims` with `bytes` content bytes of `elem`-byte elements.
-// Scalars: dims [] or (older files) [0] with one element's bytes.
-Result<Shape> ShapeOf(const std::vector<int64_t>& dims, uint64_t bytes, uint64_t elem,
+// The shape of a tensor entry stored as `dims` with `bytes` content bytes of `dtype` elements.
+// Scalars: dims [] or (older files) [0] with one element's bytes. The dims must make a valid
+// savepoint shape: none negative, and element and byte counts (products taken left to right, as
+// NumBytes does) within int64, so a zero-element entry such as [2^63-1, 0] is one, while
+// [2^63-1, 2, 0] is Corruption even though it holds no bytes.
+Result<Shape> ShapeOf(const std::vector<int64_t>& dims, uint64_t bytes, DType dtype,
                       const std::string& path, const std::string& name) {
+  const uint64_t elem = DTypeSize(dtype);
   if (dims.size() == 1 && dims[0] == 0 && bytes == elem) return Shape{};
-  std::optional<uint64_t> n = Elements(dims);
-  if (!n || *n > UINT64_MAX / elem) return Bad(path, name, "dims are negative or overflow");
-  if (*n * elem != bytes) {
+  Shape shape(dims.begin(), dims.end());
+  Result<uint64_t> need = NumBytes(dtype, shape);
+  if (!need.ok()) {
+    return Bad(path, name,
+               fmt::format("dims are negative or overflow ({})", need.status().message()));
+  }
+  if (*need != bytes) {
     return Bad(path, name,
                fmt::format("shape {} of {}-byte elements needs {} bytes, the file "
                            "holds {}",
-                           ShapeToString(Shape(dims)), elem, *n * elem, bytes));
+                           ShapeToString(shape), elem, *need, bytes));
   }
-  return Shape(dims);
+  return shape;
 }
 
 uint64_t ContentBytes(const Entry& e, size_t part) {
@@ -113,8 +110,7 @@ Result<std::pair<DType, Shape>> TensorEntryInfo(const Entry& e, const std::strin
         "MindSpore checkpoint {}: entry {:?} has type {:?}, which savepoint does not know", path,
         e.name, e.map ? "map" : first.type));
   }
-  SP_ASSIGN_OR_RETURN(Shape shape,
-                      ShapeOf(first.dims, ContentBytes(e, 0), DTypeSize(*dtype), path, e.name));
+  SP_ASSIGN_OR_RETURN(Shape shape, ShapeOf(first.dims, ContentBytes(e, 0), *dtype, path, e.name));
   return std::pair{*dtype, std::move(shape)};
 }
 
@@ -144,13 +140,20 @@ Status PlanMap(const Entry& e, const std::string& path, LoadPlan* plan) {
     shape[0] = 0;
     for (const ValueRecord* v : e.values) {
       const TensorRecord& t = v->tensors[part];
-      SP_ASSIGN_OR_RETURN(Shape s, ShapeOf(t.dims, t.content_bytes, DTypeSize(*dtype), path, name));
+      SP_ASSIGN_OR_RETURN(Shape s, ShapeOf(t.dims, t.content_bytes, *dtype, path, name));
       if (s.empty() || !std::equal(s.begin() + 1, s.end(), shape.begin() + 1, shape.end())) {
         return Bad(path, name, "map slices of different shapes");
       }
       if (__builtin_add_overflow(shape[0], s[0], &shape[0])) {
         return Bad(path, name, "the map slices' first dimensions add up past 2^63");
       }
+    }
+    // Slices of valid shapes may add up to an invalid one: [2^61, 2, 0] twice is [2^62, 2, 0].
+    Result<uint64_t> whole = NumBytes(*dtype, shape);
+    if (!whole.ok()) {
+      return Bad(
+          path, name,
+          fmt::format("the map slices add up to an invalid shape ({})", whole.status().message()));
     }
     SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(*dtype, shape));
     plan->names.push_back(name);
@@ -335,11 +338,16 @@ Status ReadSavepointEntry(const RandomAccessFile& file, const std::vector<Entry>
   });
   if (it == entries.end()) return Status::OK();
   SP_ASSIGN_OR_RETURN(std::string text, ReadText(file, *it, path));
+  // Capped as the manifest's JSON is: copying, comparing or writing a JSON tree recurses.
+  if (!format::CheckJsonDepth(text, format::kMaxJsonDepth, path).ok()) {
+    return Bad(path, kMindSporeSavepointMetadataEntry,
+               fmt::format("JSON nested deeper than {} levels", format::kMaxJsonDepth));
+  }
   Json entry = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (entry.is_discarded() || !entry.is_object()) {
     return Bad(path, kMindSporeSavepointMetadataEntry, "not a JSON object");
   }
-  if (entry.contains("metadata")) out->metadata() = entry["metadata"];
+  if (entry.contains("metadata")) out->metadata() = std::move(entry["metadata"]);
   // The reader's own key (which entries are Int4, which are hash maps) describes the file's
   // entries as read, never what a file says of itself: PlanLoad sets it from the entries.
   if (out->metadata().is_object()) out->metadata().erase(kMindSporeMetadataKey);

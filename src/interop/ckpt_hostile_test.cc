@@ -1,6 +1,6 @@
 // Hostile MindSpore `.ckpt` files built with the protobuf messages, for what the reader must not
-// trust: numbers that overflow when slices are added up, and savepoint's own reserved metadata
-// key written into a file's savepoint.metadata entry.
+// trust: numbers that overflow when slices are added up, and a file's savepoint.metadata entry
+// holding savepoint's own reserved metadata key or JSON nested deeply enough to overflow a stack.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -92,6 +92,31 @@ TEST(CkptHostileTest, ReservedKeyInAFilesMetadataIsNotTrusted) {
   SP_ASSERT_OK(SaveMindSporeCheckpoint(s, "/back.ckpt", {}, {.fs = &fs}));
   SP_ASSERT_OK_AND_ASSIGN(State back, LoadMindSporeCheckpoint("/back.ckpt", {}, {.fs = &fs}));
   EXPECT_TRUE(testing::StatesEqual(s, back));
+}
+
+// 100,000 nested arrays (an 800 KB file) overflowed the stack when the parsed tree was copied.
+TEST(CkptHostileTest, DeeplyNestedSavepointMetadataIsCorruption) {
+  MemFileSystem fs;
+  for (const size_t depth : {size_t{65}, size_t{100000}}) {
+    std::string file;
+    AddF32("w", &file);
+    AddString(kMindSporeSavepointMetadataEntry,
+              R"({"metadata":)" + std::string(depth, '[') + std::string(depth, ']') + "}", &file);
+    SP_ASSERT_OK(fs.WriteFileSynced(kPath, file));
+    EXPECT_THAT(LoadMindSporeCheckpoint(kPath, {}, {.fs = &fs}).status(),
+                StatusIs(StatusCode::kCorruption,
+                         "MindSpore checkpoint /model.ckpt: entry \"savepoint.metadata\": JSON "
+                         "nested deeper than 64 levels"))
+        << depth;
+  }
+  // 64 levels in all (the entry's object and 63 arrays) load.
+  std::string file;
+  AddF32("w", &file);
+  AddString(kMindSporeSavepointMetadataEntry,
+            R"({"metadata":)" + std::string(63, '[') + std::string(63, ']') + "}", &file);
+  SP_ASSERT_OK(fs.WriteFileSynced(kPath, file));
+  SP_ASSERT_OK_AND_ASSIGN(State s, LoadMindSporeCheckpoint(kPath, {}, {.fs = &fs}));
+  EXPECT_TRUE(s.metadata().is_array());
 }
 
 }  // namespace

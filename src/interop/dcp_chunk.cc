@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <utility>
+#include <vector>
 
 namespace savepoint::interop {
 namespace {
@@ -121,8 +122,9 @@ std::optional<DType> DTypeOfPkl(const Pickle& p, const Pickle::Node& root,
                                 const Pickle::Node& type) {
   if (type.kind != Pickle::Kind::kGlobal) return std::nullopt;
   if (root.s == "torch._utils._rebuild_tensor_v2") return DTypeOfTorchGlobal(type.s);
-  if (root.items.size() < 7 || type.s != "torch.storage.UntypedStorage") return std::nullopt;
-  const Pickle::Node& dtype = p.at(root.items[6]);
+  const std::vector<Pickle::Id>& args = p.Args(root);
+  if (args.size() < 7 || type.s != "torch.storage.UntypedStorage") return std::nullopt;
+  const Pickle::Node& dtype = p.at(args[6]);
   if (dtype.kind != Pickle::Kind::kGlobal) return std::nullopt;
   return DTypeOfTorchGlobal(dtype.s);
 }
@@ -139,18 +141,19 @@ Result<TensorRef> ParseDataPkl(std::string_view pkl, std::string_view what) {
     return CorruptionError(fmt::format("{}: data.pkl: {}", what, why));
   };
   const Pickle::Node& root = p.root();
-  if (root.kind != Pickle::Kind::kObject || root.items.size() < 4 ||
-      p.at(root.items[0]).kind != Pickle::Kind::kPersistent) {
+  const std::vector<Pickle::Id>& args = p.Args(root);
+  if (root.kind != Pickle::Kind::kObject || args.size() < 4 ||
+      p.at(args[0]).kind != Pickle::Kind::kPersistent) {
     return bad("not a tensor");
   }
-  const Pickle::Node& pid = p.at(p.at(root.items[0]).items[0]);
+  const Pickle::Node& pid = p.at(p.at(args[0]).items[0]);
   if (pid.kind != Pickle::Kind::kTuple || pid.items.size() != 5) return bad("bad storage id");
   const Pickle::Node& key = p.at(pid.items[2]);
   std::optional<DType> dtype = DTypeOfPkl(p, root, p.at(pid.items[1]));
   if (!dtype || key.kind != Pickle::Kind::kString) return bad("bad storage type, dtype or key");
-  const Pickle::Node& offset = p.at(root.items[1]);
-  std::optional<Shape> sizes = Ints(p, p.at(root.items[2]));
-  std::optional<Shape> strides = Ints(p, p.at(root.items[3]));
+  const Pickle::Node& offset = p.at(args[1]);
+  std::optional<Shape> sizes = Ints(p, p.at(args[2]));
+  std::optional<Shape> strides = Ints(p, p.at(args[3]));
   if (offset.kind != Pickle::Kind::kInt || !sizes || !strides || sizes->size() != strides->size()) {
     return bad("bad offset, sizes or strides");
   }

@@ -360,9 +360,9 @@ class PickleParser {
     if (name == "collections.OrderedDict" && N(args).items.empty()) {
       return PushNew({.kind = Kind::kDict});  // an empty mapping, filled by SETITEMS
     }
-    std::vector<Id> items = N(args).items;
-    SP_ASSIGN_OR_RETURN(uint32_t d, DepthOf(items));
-    return PushNew({.kind = Kind::kObject, .s = name, .items = std::move(items), .depth = d});
+    // The tuple is shared, not copied: a memoized one may be the arguments of every later NEWOBJ
+    // or REDUCE. Its depth was checked when it was built.
+    return PushNew({.kind = Kind::kObject, .s = name, .args = args, .depth = N(args).depth});
   }
   Status NewObj() { return MakeObject(GlobalRole::kClass, "NEWOBJ"); }
   Status Reduce() { return MakeObject(GlobalRole::kCallable, "REDUCE"); }

@@ -10,6 +10,8 @@
 //                          the callable's name and its arguments, never called
 //   BUILD                  the state set on an Object node
 //   BINPERSID              a persistent id (only when allowed): a Persistent node
+// An Object node refers to its argument tuple instead of copying it, so a memoized tuple used by
+// any number of NEWOBJ / REDUCE opcodes is stored once (memory stays linear in the input).
 // Any other opcode, any global outside the allow-list (os.system, builtins.eval, ...), a REDUCE or
 // NEWOBJ of a global in another role, malformed or truncated input: an error naming the opcode or
 // global and its byte offset. Caps: input size, objects, container depth.
@@ -76,10 +78,10 @@ class Pickle {
     double f = 0;   // kFloat
     // kString, kBytes: the value; kGlobal: "module.name"; kObject: its class or callable.
     std::string s = {};
-    // kTuple, kList: the items; kObject: the constructor's or callable's arguments; kPersistent:
-    // the id.
+    // kTuple, kList: the items; kPersistent: the id.
     std::vector<Id> items = {};
     std::vector<std::pair<Id, Id>> dict = {};  // kDict: entries in insertion order
+    Id args = 0;         // kObject: the tuple of the constructor's or callable's arguments (shared)
     Id state = 0;        // kObject: the BUILD state (0 = none: node 0 is None)
     uint32_t depth = 1;  // container nesting below and including this node
   };
@@ -90,6 +92,8 @@ class Pickle {
 
   const Node& root() const { return nodes_[root_]; }
   const Node& at(Id id) const { return nodes_[id]; }
+  // The arguments of an Object (the items of its argument tuple); empty for any other node.
+  const std::vector<Id>& Args(const Node& object) const { return nodes_[object.args].items; }
 
   // Field `name` of an Object: looked up in its BUILD state when that is a dict, or a
   // (dict, slots dict) pair; nullptr when absent.

@@ -170,6 +170,14 @@ Status RecisReader::PlanSlot(const std::string& table, const std::string& slot,
   }
   Shape shape = first->shape;
   shape[0] = static_cast<int64_t>(out->row_begin.back());
+  // Valid blocks may concatenate to a shape that is not: two [1, 2^63-1, 0] make [2, 2^63-1, 0].
+  if (Result<uint64_t> n = NumBytes(first->dtype, shape); !n.ok()) {
+    return CorruptionError(fmt::format(
+        "{}: slot block {:?} of table {:?} is {}: the {} rows of the table's {} shards make the "
+        "invalid shape {} ({})",
+        Path(shards[0].slots.at(slot).file), shards[0].slots.at(slot).name, table, Describe(*first),
+        shape[0], shards.size(), ShapeToString(shape), n.status().message()));
+  }
   SP_ASSIGN_OR_RETURN(Tensor whole, Tensor::Empty(first->dtype, shape));
   const uint64_t row_bytes = SparseTable::RowBytes(whole.view());
   for (size_t i = 0; i < shards.size(); ++i) {

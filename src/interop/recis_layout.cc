@@ -8,6 +8,8 @@
 
 #include <charconv>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "format/manifest.h"
 #include "savepoint/value.h"
@@ -68,6 +70,12 @@ Status FromTensorKey(std::string_view key, std::string_view prefix, std::string_
   return Status::OK();
 }
 
+// A table block and its place.
+struct TablePart {
+  PartName place;
+  RecisBlock block;
+};
+
 // Parses a table block name `T.S/part_i_n` (already known to contain "/part_").
 Result<PartName> ParsePartName(const std::string& block, std::string_view what,
                                const std::map<std::string, std::string>& tensor_keys) {
@@ -126,14 +134,43 @@ Result<std::map<int64_t, std::string>> ParseFiles(const Json& j, std::string_vie
   return files;
 }
 
-// Adds a table block to the plan.
-Status AddPart(RecisPlan* plan, PartName p, RecisBlock block, std::string_view what) {
-  if (plan->shard_num == 0) plan->shard_num = static_cast<int>(p.shards);
-  if (p.shards != plan->shard_num) {
-    return CorruptionError(fmt::format(
-        "{}: block {:?} is of {} shards, other table blocks of {} (a directory mixing saves?)",
-        what, block.name, p.shards, plan->shard_num));
+Status MissingBlock(std::string_view what, std::string_view table, size_t shard, size_t shards,
+                    std::string_view block) {
+  return CorruptionError(fmt::format("{}: table {:?}: shard {} of {} has no {} block", what, table,
+                                     shard, shards, block));
+}
+
+// Every table block is of the same shard count, and every shard of every table has an id block:
+// checked before a table's shard records are made, so that those made are no more than the id
+// blocks the index names (a few bytes of index could otherwise ask for 65536 records per table).
+Status CheckShardCounts(const std::vector<TablePart>& parts, std::string_view what) {
+  const int64_t shards = parts.empty() ? 0 : parts[0].place.shards;
+  std::map<std::string_view, std::set<int64_t>> ids;  // table -> its shards with an id block
+  for (const TablePart& t : parts) {
+    if (t.place.shards != shards) {
+      return CorruptionError(fmt::format(
+          "{}: block {:?} is of {} shards, other table blocks of {} (a directory mixing saves?)",
+          what, t.block.name, t.place.shards, shards));
+    }
+    std::set<int64_t>& have = ids[t.place.table];
+    if (t.place.slot == kRecisIdSlot) have.insert(t.place.shard);
   }
+  for (const auto& [table, have] : ids) {
+    int64_t first_missing = 0;  // `have` is sorted, unique and within [0, shards)
+    for (auto it = have.begin(); it != have.end() && *it == first_missing; ++it) ++first_missing;
+    if (first_missing < shards) {
+      return MissingBlock(what, table, static_cast<size_t>(first_missing),
+                          static_cast<size_t>(shards), "id");
+    }
+  }
+  return Status::OK();
+}
+
+// Adds a table block (its shard count checked by CheckShardCounts) to the plan.
+Status AddPart(RecisPlan* plan, TablePart part, std::string_view what) {
+  const PartName& p = part.place;
+  RecisBlock& block = part.block;
+  plan->shard_num = static_cast<int>(p.shards);
   RecisTablePlan& t = plan->tables[p.table];
   t.shards.resize(static_cast<size_t>(p.shards));
   RecisShardBlocks& s = t.shards[static_cast<size_t>(p.shard)];
@@ -163,8 +200,7 @@ Status AddPart(RecisPlan* plan, PartName p, RecisBlock block, std::string_view w
 Status CheckTables(const RecisPlan& plan, std::string_view what) {
   for (const auto& [name, t] : plan.tables) {
     const auto missing = [&](size_t i, std::string_view block) {
-      return CorruptionError(fmt::format("{}: table {:?}: shard {} of {} has no {} block", what,
-                                         name, i, t.shards.size(), block));
+      return MissingBlock(what, name, i, t.shards.size(), block);
     };
     for (size_t i = 0; i < t.shards.size(); ++i) {
       const RecisShardBlocks& s = t.shards[i];
@@ -178,6 +214,26 @@ Status CheckTables(const RecisPlan& plan, std::string_view what) {
       }
     }
   }
+  return Status::OK();
+}
+
+// A dense block into `plan`, a table block (parsed) into `parts`.
+Status SortBlock(RecisBlock block, std::string_view what,
+                 const std::map<std::string, std::string>& tensor_keys, RecisPlan* plan,
+                 std::vector<TablePart>* parts) {
+  const std::string& name = block.name;
+  if (name.size() > kDenseSuffix.size() && name.ends_with(kDenseSuffix)) {
+    std::string tensor = name.substr(0, name.size() - kDenseSuffix.size());
+    plan->dense.emplace(std::move(tensor), std::move(block));
+    return Status::OK();
+  }
+  if (name.find(kPartSep) == std::string::npos) {
+    return CorruptionError(fmt::format(
+        "{}: block {:?}: not a RecIS block name (<table>.<slot>/part_<i>_<n> or <tensor>^ )", what,
+        name));
+  }
+  SP_ASSIGN_OR_RETURN(PartName p, ParsePartName(name, what, tensor_keys));
+  parts->push_back({std::move(p), std::move(block)});
   return Status::OK();
 }
 
@@ -237,6 +293,7 @@ Result<RecisPlan> PlanRecis(std::string_view index_json, std::string_view what,
   }
   RecisPlan plan;
   std::set<std::string> used;
+  std::vector<TablePart> parts;  // added to `plan` once their shard counts are checked
   for (const auto& [name, number] : blocks.items()) {
     auto file = number.is_number_integer() ? files.find(number.get<int64_t>()) : files.end();
     if (file == files.end()) {
@@ -244,18 +301,10 @@ Result<RecisPlan> PlanRecis(std::string_view index_json, std::string_view what,
                                          what, name, number.dump()));
     }
     used.insert(file->second);
-    RecisBlock block{name, file->second};
-    if (name.size() > kDenseSuffix.size() && name.ends_with(kDenseSuffix)) {
-      plan.dense.emplace(name.substr(0, name.size() - kDenseSuffix.size()), std::move(block));
-    } else if (name.find(kPartSep) != std::string::npos) {
-      SP_ASSIGN_OR_RETURN(PartName p, ParsePartName(name, what, tensor_keys));
-      SP_RETURN_IF_ERROR(AddPart(&plan, std::move(p), std::move(block), what));
-    } else {
-      return CorruptionError(fmt::format(
-          "{}: block {:?}: not a RecIS block name (<table>.<slot>/part_<i>_<n> or <tensor>^ )",
-          what, name));
-    }
+    SP_RETURN_IF_ERROR(SortBlock({name, file->second}, what, tensor_keys, &plan, &parts));
   }
+  SP_RETURN_IF_ERROR(CheckShardCounts(parts, what));
+  for (TablePart& part : parts) SP_RETURN_IF_ERROR(AddPart(&plan, std::move(part), what));
   SP_RETURN_IF_ERROR(CheckTables(plan, what));
   plan.files.assign(used.begin(), used.end());
   return plan;

@@ -6,8 +6,10 @@
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <map>
+#include <string>
 
 #include "interop/recis_layout.h"
 #include "io/mem_fs.h"
@@ -194,6 +196,30 @@ TEST(RecisLayoutTest, TensorKeysGiveExactNamesAndSlices) {
   EXPECT_THAT(interop::PlanRecis(index, "index", bad, {}), StatusIs(StatusCode::kCorruption));
   bad["a.b.id/part_1_2"] = "other@id^32768@65536@65536";
   EXPECT_THAT(interop::PlanRecis(index, "index", bad, {}), StatusIs(StatusCode::kCorruption));
+}
+
+// 412 tables of one block each, of 65536 shards: a 10 KB index made 65536 shard records per table
+// (3.9 GB) before finding shard 1 missing. Records are made only for shards an id block names.
+TEST(RecisLayoutTest, ShardCountsAreCheckedBeforeShardRecordsAreMade) {
+  std::string blocks;
+  for (int t = 0; t < 412; ++t) {
+    blocks += fmt::format(R"({}"T{}.id/part_0_65536":0)", t > 0 ? "," : "", t);
+  }
+  const std::string index =
+      fmt::format(R"({{"file_index":{{"f":0}},"block_index":{{{}}}}})", blocks);
+  rusage before{};
+  ASSERT_EQ(getrusage(RUSAGE_SELF, &before), 0);
+  EXPECT_THAT(interop::PlanRecis(index, "/r/index", {}, {}),
+              StatusIs(StatusCode::kCorruption,
+                       "/r/index: table \"T0\": shard 1 of 65536 has no id block"));
+  rusage after{};
+  ASSERT_EQ(getrusage(RUSAGE_SELF, &after), 0);
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 256 << 10);  // KiB: under 256 MiB more at peak
+  // A table whose slot blocks name a shard that has no id block is refused the same way.
+  EXPECT_THAT(interop::PlanRecis(R"({"file_index":{"f":0},"block_index":{"e.id/part_0_2":0,)"
+                                 R"("e.w/part_0_2":0,"e.w/part_1_2":0}})",
+                                 "/r/index", {}, {}),
+              StatusIs(StatusCode::kCorruption, "table \"e\": shard 1 of 2 has no id block"));
 }
 
 }  // namespace

@@ -45,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/debris.h"
 #include "io/default_fs.h"
 #include "io/uring.h"
 #include "savepoint/filesystem.h"
@@ -430,9 +431,9 @@ Result<std::unique_ptr<FileSystem::FileLock>> PosixFileSystem::LockFile(const st
     ssize_t n = ::pread(fd, holder, sizeof(holder) - 1, 0);
     ::close(fd);
     if (err != EWOULDBLOCK) return ErrnoToStatus(err, fmt::format("lock {}", path));
-    std::string pid = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "unknown";
-    return FailedPreconditionError(
-        fmt::format("lock {} is held by another holder (pid {})", path, pid));
+    const std::string_view contents(holder, n > 0 ? static_cast<size_t>(n) : 0);
+    return FailedPreconditionError(fmt::format("lock {} is held by another holder ({})", path,
+                                               io::DescribeLockHolder(contents)));
   }
   const std::string pid = std::to_string(::getpid());
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, pid.data(), pid.size(), 0) < 0) {

@@ -294,19 +294,7 @@ size_t WriteBody(char* src, size_t size, size_t n, void* p) {
 }
 
 size_t Header(char* src, size_t size, size_t n, void* p) {
-  auto* t = static_cast<Transfer*>(p);
-  std::string_view line(src, size * n);
-  const size_t colon = line.find(':');
-  if (colon != std::string_view::npos && t->headers.size() < 256) {
-    std::string name(line.substr(0, colon));
-    for (char& c : name) c = (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
-    std::string_view v = line.substr(colon + 1);
-    while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
-    while (!v.empty() && (v.back() == '\r' || v.back() == '\n' || v.back() == ' ')) {
-      v.remove_suffix(1);
-    }
-    t->headers[std::move(name)] = std::string(v);
-  }
+  AddResponseHeader(std::string_view(src, size * n), &static_cast<Transfer*>(p)->headers);
   return size * n;
 }
 
@@ -572,16 +560,7 @@ Result<S3Head> S3Client::Head(const S3Location& at) {
   Request r = NewRequest("HEAD", &counters_.head, at.bucket, at.key);
   r.headers.push_back("x-amz-checksum-mode: ENABLED");
   SP_ASSIGN_OR_RETURN(Response resp, Perform(r));
-  S3Head h;
-  const std::string& len = resp.headers["content-length"];
-  if (std::from_chars(len.data(), len.data() + len.size(), h.size).ec != std::errc()) {
-    return IOError(fmt::format("{}: the answer has no Content-Length", r.what));
-  }
-  const time_t t = curl_getdate(resp.headers["last-modified"].c_str(), nullptr);
-  h.mtime_ns = t > 0 ? static_cast<int64_t>(t) * 1000000000 : 0;
-  h.crc32c = resp.headers["x-amz-checksum-crc32c"];
-  h.etag = resp.headers["etag"];
-  return h;
+  return ParseS3Head(resp.headers, r.what);
 }
 
 Status S3Client::HeadBucket(const std::string& bucket) {

@@ -43,13 +43,7 @@ struct S3Location {
 // are dropped.
 Result<S3Location> ParseS3Uri(std::string_view uri);
 
-// What HEAD returns.
-struct S3Head {
-  uint64_t size = 0;
-  int64_t mtime_ns = 0;
-  std::string crc32c;  // x-amz-checksum-crc32c when the server keeps it (base64), else empty
-  std::string etag;    // as the server quotes it
-};
+// (S3Head, what HEAD returns: io/s3_xml.h.)
 
 // An object read whole (GetObject).
 struct S3Object {

@@ -343,6 +343,30 @@ Result<std::unique_ptr<RandomAccessFile>> S3FileSystem::NewRandomAccessFile(
 
 Status S3FileSystem::CreateDir(const std::string& path) { return ParseS3Uri(path).status(); }
 
+Status AppendListedChildren(const S3ListPage& page, std::string_view prefix, std::string_view path,
+                            std::vector<FileInfo>* out) {
+  // (The listing asked for '/' as the delimiter.)
+  auto child = [&](const std::string& key, bool dir) -> Result<std::string> {
+    std::string_view rest(key);
+    const bool under = rest.starts_with(prefix) && (!dir || rest.ends_with('/'));
+    if (under) rest.remove_prefix(prefix.size());
+    if (under && dir && !rest.empty()) rest.remove_suffix(1);
+    if (under && rest.find('/') == std::string_view::npos) return std::string(rest);
+    return CorruptionError(
+        fmt::format("list {}: the server listed {:?}, which is not a{} directly under {:?}", path,
+                    key, dir ? " directory" : "n object", prefix));
+  };
+  for (const S3ObjectEntry& o : page.objects) {
+    SP_ASSIGN_OR_RETURN(std::string name, child(o.key, false));
+    if (!name.empty()) out->push_back({std::move(name), false, o.size, o.mtime_ns});
+  }  // (an empty name: a "directory marker" object)
+  for (const std::string& p : page.prefixes) {
+    SP_ASSIGN_OR_RETURN(std::string name, child(p, true));
+    if (!name.empty()) out->push_back({std::move(name), true, 0, 0});
+  }
+  return Status::OK();
+}
+
 Result<std::vector<FileInfo>> S3FileSystem::ListDir(const std::string& path) {
   SP_ASSIGN_OR_RETURN(S3Location loc, ParseS3Uri(path));
   const std::string prefix = DirPrefix(loc);
@@ -357,14 +381,7 @@ Result<std::vector<FileInfo>> S3FileSystem::ListDir(const std::string& path) {
           "than {} entries)",
           path, kMaxListed));
     }
-    for (const S3ObjectEntry& o : page.objects) {
-      if (o.key.size() <= prefix.size()) continue;  // a "directory marker" object
-      out.push_back({o.key.substr(prefix.size()), false, o.size, o.mtime_ns});
-    }
-    for (const std::string& p : page.prefixes) {
-      if (p.size() <= prefix.size() + 1) continue;
-      out.push_back({p.substr(prefix.size(), p.size() - prefix.size() - 1), true, 0, 0});
-    }
+    SP_RETURN_IF_ERROR(AppendListedChildren(page, prefix, path, &out));
     token = page.truncated ? page.next_token : std::string();
   } while (!token.empty());
   if (out.empty() && !loc.key.empty()) {

@@ -17,6 +17,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "io/s3_client.h"
@@ -60,6 +61,13 @@ class S3FileSystem final : public FileSystem {
 
   std::unique_ptr<S3Client> client_;
 };
+
+// Appends to *out the entries a ListObjectsV2 page (asked with delimiter '/') lists directly under
+// `prefix` ("dir/", or "" for the bucket), by their names below it; a directory marker (the
+// prefix itself) is skipped. A key or common prefix that is not directly under `prefix` (a lying
+// or broken server) is Corruption naming `path` and the key: never a name to act on.
+Status AppendListedChildren(const S3ListPage& page, std::string_view prefix, std::string_view path,
+                            std::vector<FileInfo>* out);
 
 }  // namespace savepoint::io
 

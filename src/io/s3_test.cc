@@ -1,8 +1,9 @@
 // The parts of the S3 store that need no server: URIs, settings from the environment and the AWS
-// files, hostile XML answers, the default file system's schemes, and retries against a port where
-// nothing listens. The server tests are tests/s3/s3_store_test.cc (label s3).
+// files, hostile XML answers and headers, the default file system's schemes, and retries against
+// a port where nothing listens. The server tests are tests/s3/s3_store_test.cc (label s3).
 #include "savepoint/s3.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -12,6 +13,8 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "io/default_fs.h"
 #include "io/s3_client.h"
@@ -175,6 +178,127 @@ TEST(S3XmlTest, ListingsParseAndHostileAnswersAreCorruption) {
             std::string::npos)
       << body;
   EXPECT_EQ(S3Crc32c(std::as_bytes(std::span("hello", 5))), "mnG7TA==");
+}
+
+TEST(S3XmlTest, TimesOutsideWhatNanosecondsHoldAreZero) {
+  EXPECT_EQ(ParseIso8601Ns("2262-04-11T23:47:15.999999999Z"), 9223372035999999999);
+  EXPECT_EQ(ParseIso8601Ns("2262-04-11T23:47:16Z"), 0);  // ns past INT64_MAX
+  EXPECT_EQ(ParseIso8601Ns("9999-99-99T99:99:99.999Z"), 0);
+  EXPECT_EQ(ParseIso8601Ns("1969-12-31T23:59:59Z"), 0);
+  EXPECT_EQ(ParseIso8601Ns("1970-01-01T00:00:00.5Z"), 500000000);
+}
+
+// The headers that these lines, as libcurl hands them over, leave.
+std::map<std::string, std::string> HeadersOf(const std::vector<std::string>& lines) {
+  std::map<std::string, std::string> headers;
+  for (const std::string& line : lines) AddResponseHeader(line, &headers);
+  return headers;
+}
+
+TEST(S3HeaderTest, NamesAreLowerCasedAndValuesTrimmed) {
+  EXPECT_EQ(
+      HeadersOf({"HTTP/1.1 200 OK\r\n", "Content-Length: 12\r\n", "ETag:\t\"e1\" \t\r\n",
+                 "X-Amz-Meta-A:  a: b \r\n", "Empty:\r\n", "\r\n"}),
+      (std::map<std::string, std::string>{
+          {"content-length", "12"}, {"etag", "\"e1\""}, {"x-amz-meta-a", "a: b"}, {"empty", ""}}));
+}
+
+TEST(S3HeaderTest, LinesWithoutAColonOrLongerThan8KiBAreIgnored) {
+  const std::string fill(kMaxS3HeaderLine, 'v');
+  EXPECT_TRUE(HeadersOf({"no colon here\r\n", "\r\n", "", "long: " + fill}).empty());
+  const std::string longest = "x: " + fill.substr(3);  // exactly kMaxS3HeaderLine bytes
+  EXPECT_EQ(HeadersOf({longest}).at("x"), fill.substr(3));
+}
+
+TEST(S3HeaderTest, AtMost256NamesAreKeptAndARepeatedNameKeepsItsLastValue) {
+  std::vector<std::string> lines;
+  for (int i = 0; i < 300; ++i) lines.push_back(fmt::format("h{:03}: {}\r\n", i, i));
+  lines.push_back("H000: again\r\n");
+  const std::map<std::string, std::string> headers = HeadersOf(lines);
+  ASSERT_EQ(headers.size(), kMaxS3Headers);
+  EXPECT_EQ(headers.at("h000"), "again");
+  EXPECT_EQ(headers.at("h255"), "255");
+  EXPECT_FALSE(headers.contains("h256"));
+}
+
+TEST(S3HeadTest, SizeTimeChecksumAndETagAreRead) {
+  S3Head h = ParseS3Head(HeadersOf({"Content-Length: 18446744073709551615\r\n",
+                                    "Last-Modified: Wed, 21 Oct 2015 07:28:00 GMT\r\n",
+                                    "x-amz-checksum-crc32c: mnG7TA==\r\n", "ETag: \"e1\"\r\n"}),
+                         "HEAD s3://b/k")
+                 .value();
+  EXPECT_EQ(h.size, UINT64_MAX);
+  EXPECT_EQ(h.mtime_ns, 1445412480000000000);
+  EXPECT_EQ(h.crc32c, "mnG7TA==");
+  EXPECT_EQ(h.etag, "\"e1\"");
+  EXPECT_EQ(ParseS3Head({{"content-length", "0"}}, "HEAD").value().etag, "");
+}
+
+TEST(S3HeadTest, MissingLengthIsAnIOErrorNamingTheRequest) {
+  EXPECT_THAT(ParseS3Head({{"etag", "\"e1\""}}, "HEAD s3://b/k"),
+              StatusIs(StatusCode::kIOError, "HEAD s3://b/k: the answer has no Content-Length"));
+}
+
+TEST(S3HeadTest, SignedOrTrailingBytesInTheLengthAreAnIOError) {
+  for (const char* bad :
+       {"", "+12", "-1", "12abc", "12 34", " 12", "0x10", "1e3", "18446744073709551616"}) {
+    EXPECT_THAT(ParseS3Head({{"content-length", bad}}, "HEAD s3://b/k"),
+                StatusIs(StatusCode::kIOError, "HEAD s3://b/k"))
+        << bad;
+  }
+}
+
+TEST(S3HeadTest, AnUnreadableOrFarDateIsMtimeZero) {
+  for (const char* date :
+       {"", "yesterday", "Fri, 31 Dec 9999 23:59:59 GMT", "Wed, 31 Dec 1969 23:59:59 GMT"}) {
+    EXPECT_EQ(ParseS3Head({{"content-length", "1"}, {"last-modified", date}}, "HEAD")->mtime_ns, 0)
+        << date;
+  }
+}
+
+// As SeaweedFS 4.48 answers a truncated ListMultipartUploads: no NextKeyMarker.
+TEST(S3XmlTest, TruncatedUploadsPageWithoutKeyMarkerGoesOnAfterItsLastUpload) {
+  const std::string body =
+      "<ListMultipartUploadsResult><IsTruncated>true</IsTruncated><KeyMarker></KeyMarker>"
+      "<NextUploadIdMarker>u2</NextUploadIdMarker><Upload><Key>run/a.bin</Key>"
+      "<UploadId>u1</UploadId></Upload><Upload><Key>run/b.bin</Key><UploadId>u2</UploadId>"
+      "</Upload></ListMultipartUploadsResult>";
+  SP_ASSERT_OK_AND_ASSIGN(S3UploadsPage page, ParseS3UploadsPage(body, "list uploads"));
+  EXPECT_EQ(page.next_key_marker, "run/b.bin");
+  EXPECT_EQ(page.next_upload_id_marker, "u2");
+  EXPECT_THAT(ParseS3UploadsPage("<ListMultipartUploadsResult><IsTruncated>true</IsTruncated>"
+                                 "</ListMultipartUploadsResult>",
+                                 "list uploads"),
+              StatusIs(StatusCode::kCorruption, "names no marker"));
+}
+
+TEST(S3ListDirTest, OnlyNamesDirectlyUnderThePrefixAreListed) {
+  S3ListPage page;
+  page.objects = {{"ckpt/MANIFEST", 3, 0}, {"ckpt/", 0, 0}};
+  page.prefixes = {"ckpt/data/"};
+  std::vector<FileInfo> out;
+  SP_ASSERT_OK(AppendListedChildren(page, "ckpt/", "s3://b/ckpt", &out));
+  ASSERT_EQ(out.size(), 2u);  // the marker "ckpt/" is no entry
+  EXPECT_EQ(out[0].name, "MANIFEST");
+  EXPECT_EQ(out[1].name, "data");
+  EXPECT_TRUE(out[1].is_dir);
+  // A server that lists keys elsewhere, or deeper despite the delimiter, is not believed.
+  for (const auto& [object, dir] :
+       std::vector<std::pair<std::string, std::string>>{{"other/x", ""},
+                                                        {"ckpt/a/b", ""},
+                                                        {"", "ckpt/a/b/"},
+                                                        {"", "elsewhere/"},
+                                                        {"", "ckpt/noslash"},
+                                                        {"ckp", ""}}) {
+    S3ListPage lying;
+    if (!object.empty()) lying.objects = {{object, 1, 0}};
+    if (!dir.empty()) lying.prefixes = {dir};
+    std::vector<FileInfo> none;
+    EXPECT_THAT(AppendListedChildren(lying, "ckpt/", "s3://b/ckpt", &none),
+                StatusIs(StatusCode::kCorruption, "not a"))
+        << object << dir;
+    EXPECT_TRUE(none.empty());
+  }
 }
 
 TEST(DefaultFileSystemTest, OtherSchemesAreRefusedNamingThem) {

@@ -1,11 +1,14 @@
-// S3 XML bodies (io/s3_xml.h) with pugixml.
+// S3 XML bodies (io/s3_xml.h) with pugixml, and response headers.
 #include "io/s3_xml.h"
 
+#include <curl/curl.h>
 #include <fmt/format.h>
 
 #include <charconv>
 #include <cstdio>
 #include <ctime>
+#include <limits>
+#include <optional>
 #include <pugixml.hpp>
 #include <sstream>
 
@@ -36,17 +39,77 @@ std::string Text(const pugi::xml_node& n, const char* child) {
   return n.child(child).text().as_string();
 }
 
-Result<uint64_t> Number(const pugi::xml_node& n, const char* child, std::string_view what) {
-  const std::string s = Text(n, child);
+// `s` as a plain unsigned decimal: digits only (no sign, no blanks), at most 2^64 - 1.
+std::optional<uint64_t> Decimal(std::string_view s) {
   uint64_t v = 0;
   auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) {
-    return CorruptionError(fmt::format("{}: <{}> holds {:?}, not a size", what, child, s));
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+Result<uint64_t> Number(const pugi::xml_node& n, const char* child, std::string_view what) {
+  const std::string s = Text(n, child);
+  std::optional<uint64_t> v = Decimal(s);
+  if (!v) return CorruptionError(fmt::format("{}: <{}> holds {:?}, not a size", what, child, s));
+  return *v;
+}
+
+// Seconds since the epoch as ns; none before the epoch or where the ns (with a fraction of a second
+// added) would not fit in an int64_t (after 2262).
+std::optional<int64_t> SecondsToNs(int64_t s) {
+  constexpr int64_t kMaxSeconds = std::numeric_limits<int64_t>::max() / 1000000000 - 1;
+  if (s < 0 || s > kMaxSeconds) return std::nullopt;
+  return s * 1000000000;
+}
+
+std::string Lowercase(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+  return out;
+}
+
+// A header's value without the blanks around it and the line end.
+std::string_view TrimHeaderValue(std::string_view v) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() &&
+         (v.back() == '\r' || v.back() == '\n' || v.back() == ' ' || v.back() == '\t')) {
+    v.remove_suffix(1);
   }
   return v;
 }
 
+std::string HeaderValue(const std::map<std::string, std::string>& headers, const char* name) {
+  auto it = headers.find(name);
+  return it == headers.end() ? std::string() : it->second;
+}
+
 }  // namespace
+
+void AddResponseHeader(std::string_view line, std::map<std::string, std::string>* headers) {
+  const size_t colon = line.find(':');
+  if (line.size() > kMaxS3HeaderLine || colon == std::string_view::npos) return;
+  std::string name = Lowercase(line.substr(0, colon));
+  if (headers->size() >= kMaxS3Headers && !headers->contains(name)) return;
+  (*headers)[std::move(name)] = std::string(TrimHeaderValue(line.substr(colon + 1)));
+}
+
+Result<S3Head> ParseS3Head(const std::map<std::string, std::string>& headers,
+                           std::string_view what) {
+  auto length = headers.find("content-length");
+  if (length == headers.end()) {
+    return IOError(fmt::format("{}: the answer has no Content-Length", what));
+  }
+  std::optional<uint64_t> size = Decimal(length->second);
+  if (!size) {
+    return IOError(
+        fmt::format("{}: the answer's Content-Length {:?} is not a size", what, length->second));
+  }
+  const time_t t = curl_getdate(HeaderValue(headers, "last-modified").c_str(), nullptr);
+  return S3Head{.size = *size,
+                .mtime_ns = SecondsToNs(t).value_or(0),
+                .crc32c = HeaderValue(headers, "x-amz-checksum-crc32c"),
+                .etag = HeaderValue(headers, "etag")};
+}
 
 int64_t ParseIso8601Ns(std::string_view text) {
   std::tm tm{};
@@ -62,9 +125,9 @@ int64_t ParseIso8601Ns(std::string_view text) {
   tm.tm_hour = hour;
   tm.tm_min = min;
   tm.tm_sec = sec;
-  const time_t t = timegm(&tm);
-  if (t < 0) return 0;
-  int64_t ns = static_cast<int64_t>(t) * 1000000000;
+  std::optional<int64_t> whole = SecondsToNs(timegm(&tm));
+  if (!whole) return 0;
+  int64_t ns = *whole;
   if (text.size() > 20 && text[19] == '.') {  // fraction of a second
     int64_t scale = 100000000;
     for (size_t i = 20; i < text.size() && text[i] >= '0' && text[i] <= '9' && scale > 0; ++i) {
@@ -136,6 +199,13 @@ Result<S3UploadsPage> ParseS3UploadsPage(std::string_view body, std::string_view
   page.truncated = Text(root, "IsTruncated") == "true";
   page.next_key_marker = Text(root, "NextKeyMarker");
   page.next_upload_id_marker = Text(root, "NextUploadIdMarker");
+  if (page.truncated && page.next_key_marker.empty() && !page.uploads.empty()) {
+    // SeaweedFS names only the next upload id: the listing goes on after the last upload listed.
+    page.next_key_marker = page.uploads.back().key;
+    if (page.next_upload_id_marker.empty()) {
+      page.next_upload_id_marker = page.uploads.back().upload_id;
+    }
+  }
   if (page.truncated && page.next_key_marker.empty()) {
     return CorruptionError(fmt::format("{}: the listing is truncated but names no marker", what));
   }

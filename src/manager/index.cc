@@ -17,8 +17,10 @@
 namespace savepoint::manager {
 namespace {
 
+constexpr char kIndexFormat[] = "savepoint-manager-index";
 constexpr std::string_view kIndexPrefix = "savepoint-index-";
 constexpr std::string_view kIndexSuffix = ".json";
+constexpr std::string_view kLegacyTempSuffix = ".tmp";
 constexpr uint64_t kMaxIndexBytes = uint64_t{64} << 20;
 constexpr uint64_t kMaxGeneration = uint64_t{1} << 62;
 
@@ -36,11 +38,22 @@ uint64_t GenerationOf(std::string_view name) {
   return ec == std::errc() && end == digits.data() + digits.size() ? g : 0;
 }
 
-// A temporary of an index write (io/commit.h names it ".<index name>.savepoint-tmp.<pid>.<hex>"),
-// or of the versions before the durable-commit helper (".<index name>.tmp").
+// Whether `name` is exactly the name IndexName gives some generation.
+bool IsIndexName(std::string_view name) {
+  const uint64_t g = GenerationOf(name);
+  return g > 0 && name == IndexName(g);
+}
+
+// Whether `name` is exactly what an index write leaves as its temporary: the durable commit's
+// ".<index name>.savepoint-tmp.<pid>.<hex16>" (io/debris.h), or ".<index name>.tmp" as the
+// versions before the durable-commit helper wrote. Nothing else is removed as one.
 bool IsIndexTemp(std::string_view name) {
-  return name.starts_with(".savepoint-index-") &&
-         (name.ends_with(".tmp") || name.find(io::kTmpMarker) != std::string_view::npos);
+  std::string target;
+  int64_t pid = 0;
+  if (io::ClassifyDebris(name, &target, &pid) == io::DebrisKind::kTmp) return IsIndexName(target);
+  return name.size() > 1 + kLegacyTempSuffix.size() && name.starts_with('.') &&
+         name.ends_with(kLegacyTempSuffix) &&
+         IsIndexName(name.substr(1, name.size() - 1 - kLegacyTempSuffix.size()));
 }
 
 Status FieldError(std::string_view field) {
@@ -108,12 +121,15 @@ Result<Index> ParseIndex(const std::string& text, const std::string& dir, uint64
   }
   // Far below where counting on would wrap to 0 (an index nobody reads): a damaged number.
   if (generation > kMaxGeneration) return FieldError("generation");
-  if (j.value("format", "") != "savepoint-manager-index" || !j["checkpoints"].is_array()) {
+  auto format = j.find("format");
+  auto checkpoints = j.find("checkpoints");
+  if (format == j.end() || *format != kIndexFormat || checkpoints == j.end() ||
+      !checkpoints->is_array()) {
     return CorruptionError("not a savepoint manager index");
   }
   Index index;
   index.generation = generation;
-  for (const Json& item : j["checkpoints"]) {
+  for (const Json& item : *checkpoints) {
     Result<CheckpointRecord> r = RecordFromJson(item, dir);
     if (!r.ok()) return CorruptionError(r.status().message());
     index.records.push_back(std::move(r).value());
@@ -130,7 +146,7 @@ Json IndexJson(const Index& index) {
     j["bytes"] = r.bytes;
     list.push_back(std::move(j));
   }
-  return Json{{"format", "savepoint-manager-index"},
+  return Json{{"format", kIndexFormat},
               {"version", 1},
               {"generation", index.generation},
               {"checkpoints", std::move(list)}};

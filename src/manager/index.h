@@ -4,9 +4,11 @@
 //   {"format": "savepoint-manager-index", "version": 1, "generation": G,
 //    "checkpoints": [<record>, ...]}          oldest first
 // A record is the manager metadata of the checkpoint (RecordMeta) plus "name", "created_ns" and
-// "bytes". Writing generation G: write ".savepoint-index-<G>.json.tmp", sync it, rename it to its
+// "bytes". Writing generation G: write it under the durable commit's temporary name
+// (".savepoint-index-<G>.json.savepoint-tmp.<pid>.<hex16>", io/debris.h), sync it, rename it to its
 // final name (never replacing anything), sync the directory, then remove older generations and
-// leftover temporaries. Reading takes the highest generation that parses and validates.
+// leftover temporaries of exactly that form (or ".<index name>.tmp", which older versions wrote).
+// Reading takes the highest generation that parses and validates.
 #ifndef SAVEPOINT_MANAGER_INDEX_H_
 #define SAVEPOINT_MANAGER_INDEX_H_
 

@@ -1,8 +1,12 @@
 // The manager's index files (manager/index.h): round trips, generations, a damaged newest
-// generation, power loss after a write, and record metadata of the wrong type.
+// generation (members of the wrong type included), power loss after a write, which temporaries a
+// write removes, and record metadata of the wrong type.
 #include "manager/index.h"
 
 #include <fmt/format.h>
+
+#include <string>
+#include <vector>
 
 #include "io/mem_fs.h"
 #include "testutil/testutil.h"
@@ -87,6 +91,47 @@ TEST_F(IndexTest, DamagedNewestGenerationFallsBackToTheLastValidOne) {
     EXPECT_EQ(back.generation, 1u);
     ExpectSame(back.records, index.records);
   }
+}
+
+// Members of the wrong type threw nlohmann's type_error out of ReadIndex (the manager could not
+// open; RuntimeError in Python): such a generation is invalid, and skipped.
+TEST_F(IndexTest, WronglyTypedMembersAreAnInvalidGeneration) {
+  manager::Index index;
+  index.records = {Record("ckpt-1_10", 10)};
+  SP_ASSERT_OK(manager::WriteIndex(&fs_, "/ck", index));
+  for (const char* damage :
+       {R"({"format": 1})", R"({"format": ["savepoint-manager-index"], "checkpoints": []})",
+        R"({"format": "savepoint-manager-index", "checkpoints": {}})",
+        R"({"format": "savepoint-manager-index", "checkpoints": [{"name": 7}]})"}) {
+    SCOPED_TRACE(damage);
+    SP_ASSERT_OK(fs_.WriteFileSynced(IndexFile(7), damage));
+    SP_ASSERT_OK_AND_ASSIGN(manager::Index back, manager::ReadIndex(&fs_, "/ck"));
+    EXPECT_EQ(back.generation, 1u);
+    ExpectSame(back.records, index.records);
+  }
+}
+
+// A write removes the temporaries of index writes (its own names, exactly) and nothing else.
+TEST_F(IndexTest, OnlyExactIndexTemporariesAreRemoved) {
+  const std::string index_name = "savepoint-index-00000000000000000003.json";
+  const std::vector<std::string> temporaries = {
+      "." + index_name + ".savepoint-tmp.4242.0123456789abcdef", "." + index_name + ".tmp"};
+  const std::vector<std::string> others = {
+      ".savepoint-index-notes.tmp",
+      ".savepoint-index-3.json.tmp",  // not the 20-digit name
+      "." + index_name + ".savepoint-tmp.4242.0123456789ABCDEF",
+      "." + index_name + ".savepoint-tmp.x.0123456789abcdef",
+      "." + index_name + ".savepoint-tmp.4242.0123456789abcdef.keep",
+      ".savepoint-index-00000000000000000003.json.bak.tmp",
+      "savepoint-index-00000000000000000003.json.tmp",
+      ".savepoint-index-mine.savepoint-tmp.1.0123456789abcdef"};
+  for (const std::string& name : temporaries) SP_ASSERT_OK(fs_.WriteFileSynced("/ck/" + name, ""));
+  for (const std::string& name : others) SP_ASSERT_OK(fs_.WriteFileSynced("/ck/" + name, "x"));
+  manager::Index index;
+  index.records = {Record("ckpt-1_10", 10)};
+  SP_ASSERT_OK(manager::WriteIndex(&fs_, "/ck", index));
+  for (const std::string& name : temporaries) EXPECT_FALSE(fs_.Exists("/ck/" + name)) << name;
+  for (const std::string& name : others) EXPECT_TRUE(fs_.Exists("/ck/" + name)) << name;
 }
 
 TEST_F(IndexTest, AWrittenIndexSurvivesPowerLoss) {

@@ -37,6 +37,32 @@ Status ApplyCategories(const std::vector<std::string>& names, bool value, const 
   return Status::OK();
 }
 
+// The shard count the checkpoint metadata `meta` records for the object `name` (Gather's
+// kMetaKey/"objects"/name/"num_shards"), an integer: nullptr when the checkpoint is not a manager
+// checkpoint (no kMetaKey object, as for the index) or has no count for the object; Corruption
+// naming `where` and the member when the manager's record has a member of the wrong type.
+Result<const Json*> SavedShards(const Json& meta, const std::string& name,
+                                const std::string& where) {
+  auto manager = meta.find(kMetaKey);  // (end() when `meta` is no object)
+  if (manager == meta.end() || !manager->is_object()) return nullptr;
+  const auto bad = [&](const std::string& member, std::string_view type) {
+    return CorruptionError(
+        fmt::format("{}: metadata {}.{} is not {}", where, kMetaKey, member, type));
+  };
+  auto objects = manager->find("objects");
+  if (objects == manager->end()) return nullptr;
+  if (!objects->is_object()) return bad("objects", "an object");
+  auto record = objects->find(name);
+  if (record == objects->end()) return nullptr;
+  if (!record->is_object()) return bad(fmt::format("objects.{}", name), "an object");
+  auto shards = record->find("num_shards");
+  if (shards == record->end()) return nullptr;
+  if (!shards->is_number_integer()) {
+    return bad(fmt::format("objects.{}.num_shards", name), "an integer");
+  }
+  return &*shards;
+}
+
 }  // namespace
 
 Result<std::vector<bool>> SelectedCategories(const LoadConfig& config) {
@@ -107,12 +133,11 @@ Result<Registry::Plan> Registry::PlanObject(EntrySource& reader, const LoadConfi
   SP_RETURN_IF_ERROR(o.object->SaveState(plan.templ).WithContext(fmt::format("load {:?}", name)));
   const std::string where =
       fmt::format("load {:?} ({}) from {}", name, CategoryName(o.category), reader.path());
-  const Json& meta = reader.values().metadata();
-  if (o.category == Category::kIoState && meta.is_object() && meta.contains(kMetaKey)) {
-    const Json& rec = meta[kMetaKey].value("objects", Json::object()).value(name, Json::object());
-    if (rec.contains("num_shards") && rec["num_shards"] != num_shards_) {
+  if (o.category == Category::kIoState) {
+    SP_ASSIGN_OR_RETURN(const Json* saved, SavedShards(reader.values().metadata(), name, where));
+    if (saved != nullptr && *saved != num_shards_) {
       return InvalidArgumentError(fmt::format("{}: saved with {} shards, this run has {}", where,
-                                              rec["num_shards"].dump(), num_shards_));
+                                              saved->dump(), num_shards_));
     }
   }
   std::map<std::string, std::string> source_of;  // target -> checkpoint name

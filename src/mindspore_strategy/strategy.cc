@@ -63,7 +63,10 @@ Result<int64_t> Devices(const MindSporeParamLayout& l, const std::string& file,
   return n;
 }
 
-// Checks a layout on a made-up shape of the right rank (strategy files state no shapes).
+// Checks a layout on a made-up shape of the right rank (strategy files state no shapes). The
+// check allows uneven splits, so any size serves: `devices` in every dim, or, under a manual split
+// of dim 0, the split's sum (up to 2^62) there and 1 elsewhere, so that the made-up shape's
+// element count cannot overflow.
 Status CheckParamLayout(const MindSporeParamLayout& l, int64_t devices, const std::string& file,
                         std::string_view param) {
   Shape fake(l.tensor_map.size(), devices);
@@ -74,6 +77,7 @@ Status CheckParamLayout(const MindSporeParamLayout& l, int64_t devices, const st
         return Invalid(file, param, "bad param_split_shape");
       sum += v;
     }
+    fake.assign(fake.size(), 1);
     fake[0] = sum;
   }
   MindSporeLayout ml = internal::ToMindSporeLayout(l);
@@ -164,8 +168,18 @@ Result<Shape> MindSporeGlobalShape(const MindSporeParamLayout& l, const Shape& s
     if (d == 0 && !l.param_split_shape.empty()) {
       v = std::accumulate(l.param_split_shape.begin(), l.param_split_shape.end(), __int128{0});
     }
-    if (v < 0 || v > (int64_t{1} << 62)) return InvalidArgumentError("global shape overflows");
+    if (v < 0 || v > (int64_t{1} << 62)) {
+      return InvalidArgumentError(
+          fmt::format("the global shape of slice {} (split counts [{}]) is negative or over 2^62 "
+                      "in dim {}",
+                      ShapeToString(slice), fmt::join(counts, ", "), d));
+    }
     out[d] = static_cast<int64_t>(v);
+  }
+  if (Result<int64_t> n = NumElements(out); !n.ok()) {  // e.g. [2^62, 2, 0]: no valid shape
+    return InvalidArgumentError(fmt::format("the global shape of slice {} is {}: {}",
+                                            ShapeToString(slice), ShapeToString(out),
+                                            n.status().message()));
   }
   return out;
 }

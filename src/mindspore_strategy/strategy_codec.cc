@@ -3,6 +3,7 @@
 // form (nlohmann, depth checked before parsing). Both are untrusted: sizes, counts and depths are
 // capped, every number is range-checked, and errors name the file and the parameter.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
 
@@ -26,6 +27,25 @@ constexpr size_t kMaxJsonDepth = 16;
 Status Bad(const std::string& file, std::string_view param, std::string_view why) {
   if (param.empty()) return CorruptionError(fmt::format("strategy file {}: {}", file, why));
   return CorruptionError(fmt::format("strategy file {}: parameter {:?}: {}", file, param, why));
+}
+
+// A dev_matrix entry is a device count that the protobuf form (uint32) holds exactly; whether the
+// counts make sense together (>= 1, their product at most the world cap) is checked where the
+// layout is used (ResolveMindSporeStrategy), as for a strategy built in memory.
+std::string DevMatrixProblem(const std::vector<int64_t>& dev) {
+  for (int64_t d : dev) {
+    if (d < 0 || d > int64_t{UINT32_MAX}) {
+      return fmt::format("dev_matrix [{}] holds {}, not a device count (0 to {})",
+                         fmt::join(dev, ", "), d, UINT32_MAX);
+    }
+  }
+  return {};
+}
+
+Status CheckDevMatrix(const std::vector<int64_t>& dev, const std::string& file,
+                      std::string_view param) {
+  const std::string problem = DevMatrixProblem(dev);
+  return problem.empty() ? Status::OK() : Bad(file, param, problem);
 }
 
 // A nested map of one dim split over one axis is the flat map of that axis (MindSpore reads one
@@ -53,6 +73,7 @@ Result<MindSporeParamLayout> FromProto(const pb::ParallelLayouts& p, const std::
   if (p.dev_matrix_size() < 1) return Bad(file, param, "no dev_matrix");
   SP_RETURN_IF_ERROR(CheckCount(p.dev_matrix(0).dim(), kMaxDims, file, param, "dev_matrix"));
   l.dev_matrix.assign(p.dev_matrix(0).dim().begin(), p.dev_matrix(0).dim().end());
+  SP_RETURN_IF_ERROR(CheckDevMatrix(l.dev_matrix, file, param));
   // MindSpore's reading: several TensorMap messages are the nested form (empty ones dropped).
   l.nested_tensor_map = p.tensor_map_size() > 1;
   for (const pb::TensorMap& m : p.tensor_map()) {
@@ -196,8 +217,9 @@ Status JsonTensorMap(const Json& j, const std::string& file, std::string_view pa
     }
     l->nested_tensor_map = l->nested_tensor_map || nested;
     for (const Json& v : nested ? e : Json::array({e})) {
-      if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX ||
-          axes.size() >= kMaxDims) {
+      // (An unsigned number past INT64_MAX would read as a negative int64, 2^64 - 1 as -1.)
+      if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT32_MAX) ||
+          v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX || axes.size() >= kMaxDims) {
         return Bad(file, param, "tensor_map entries must be 32-bit integers");
       }
       axes.push_back(v.get<int32_t>());
@@ -214,6 +236,7 @@ Result<MindSporeParamLayout> FromJson(const Json& j, const std::string& file,
   MindSporeParamLayout l;
   SP_ASSIGN_OR_RETURN(l.dev_matrix, JsonInts(j, "dev_matrix", kMaxDims, file, param));
   if (!j.contains("dev_matrix")) return Bad(file, param, "no dev_matrix");
+  SP_RETURN_IF_ERROR(CheckDevMatrix(l.dev_matrix, file, param));
   SP_RETURN_IF_ERROR(JsonTensorMap(j, file, param, &l));
   SP_ASSIGN_OR_RETURN(l.tensor_shape, JsonInts(j, "tensor_shape", kMaxDims, file, param));
   SP_ASSIGN_OR_RETURN(l.param_split_shape,
@@ -347,6 +370,9 @@ Status CheckMindSporeStrategyEncodable(const MindSporeStrategy& strategy,
                                        MindSporeStrategyFormat format) {
   const bool proto = format == MindSporeStrategyFormat::kProtobuf;
   for (const auto& [name, l] : strategy.layouts) {
+    if (const std::string problem = DevMatrixProblem(l.dev_matrix); !problem.empty()) {
+      return InvalidArgumentError(fmt::format("strategy layout {:?}: {}", name, problem));
+    }
     for (size_t d = 0; d < l.tensor_map.size(); ++d) {
       const size_t axes = l.tensor_map[d].size();
       if (axes == 0 || (!l.nested_tensor_map && axes != 1)) {

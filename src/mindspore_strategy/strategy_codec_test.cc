@@ -104,5 +104,22 @@ TEST(StrategyCodecTest, LayoutsWithoutAnExactFormAreRefusedOnWrite) {
   }
 }
 
+// A dev_matrix entry that the protobuf form (uint32) cannot hold exactly (it was truncated on
+// write) is refused on read in both formats and on write.
+TEST(StrategyCodecTest, DevMatrixEntriesOutsideUint32AreRefused) {
+  for (const char* dev : {"[-2, 2]", "[4294967296]", "[9223372036854775807]"}) {
+    SCOPED_TRACE(dev);
+    const std::string json = std::string(R"({"parallel_layout_item": {"w": {"dev_matrix": )") +
+                             dev + R"(, "tensor_map": [-1]}}})";
+    EXPECT_THAT(ParseMindSporeStrategy(json, "s.json"),
+                StatusIs(StatusCode::kCorruption, "dev_matrix"));
+  }
+  const MindSporeParamLayout huge{.dev_matrix = {int64_t{1} << 32}, .tensor_map = {{-1}}};
+  for (MindSporeStrategyFormat f : kFormats) {
+    EXPECT_THAT(CheckMindSporeStrategyEncodable({0, {}, {{"w", huge}}}, f),
+                StatusIs(StatusCode::kInvalidArgument, "dev_matrix"));
+  }
+}
+
 }  // namespace
 }  // namespace savepoint

@@ -175,9 +175,16 @@ std::vector<Pick> MergeOrder(std::span<const int64_t> older, std::span<const int
 }
 
 // Copies the rows `picks` of `older` / `delta` (same dtype and row shape) into a new tensor.
-Result<Tensor> CopyPicks(const Tensor& older, const Tensor& delta, const std::vector<Pick>& picks) {
+// Rows that fit apart may not fit together (two rows of [2^62, 0] are no shape): Corruption
+// naming `what`.
+Result<Tensor> CopyPicks(const Tensor& older, const Tensor& delta, const std::vector<Pick>& picks,
+                         std::string_view what) {
   Shape shape = older.shape();
   shape[0] = static_cast<int64_t>(picks.size());
+  if (Result<uint64_t> n = NumBytes(older.dtype(), shape); !n.ok()) {
+    return CorruptionError(fmt::format("{}: the merged rows make the invalid shape {} ({})", what,
+                                       ShapeToString(shape), n.status().message()));
+  }
   SP_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(older.dtype(), shape));
   const uint64_t rb = SparseTable::RowBytes(older.view()) != 0
                           ? SparseTable::RowBytes(older.view())
@@ -189,12 +196,17 @@ Result<Tensor> CopyPicks(const Tensor& older, const Tensor& delta, const std::ve
   return out;
 }
 
-Result<Rows> Apply(const Rows& older, const Rows& delta, const Tensor& deleted) {
+// `older` updated by `delta` of table `table` of chain link `path`, whose rows hold `slots`.
+Result<Rows> Apply(const Rows& older, const Rows& delta, const Tensor& deleted,
+                   const std::string& path, const std::string& table,
+                   const std::vector<std::string>& slots) {
   const std::vector<Pick> picks = MergeOrder(Ids(older.ids), Ids(delta.ids), Ids(deleted));
+  const std::string where = fmt::format("checkpoint {}: table {:?}", path, table);
   Rows out;
-  SP_ASSIGN_OR_RETURN(out.ids, CopyPicks(older.ids, delta.ids, picks));
+  SP_ASSIGN_OR_RETURN(out.ids, CopyPicks(older.ids, delta.ids, picks, where + ": ids"));
   for (size_t k = 0; k < older.slots.size(); ++k) {
-    SP_ASSIGN_OR_RETURN(Tensor t, CopyPicks(older.slots[k], delta.slots[k], picks));
+    SP_ASSIGN_OR_RETURN(Tensor t, CopyPicks(older.slots[k], delta.slots[k], picks,
+                                            fmt::format("{}: slot {:?}", where, slots[k])));
     out.slots.push_back(std::move(t));
   }
   return out;
@@ -219,7 +231,7 @@ Result<Rows> LoadTable(std::vector<Link>& chain, const std::string& name,
     if (t == nullptr) continue;  // unchanged in this delta
     SP_ASSIGN_OR_RETURN(Rows delta, ReadTable(chain[l], *t, slots, range, load, io));
     SP_ASSIGN_OR_RETURN(Tensor deleted, ReadDeleted(chain[l], *t, range, load, io));
-    SP_ASSIGN_OR_RETURN(rows, Apply(rows, delta, deleted));
+    SP_ASSIGN_OR_RETURN(rows, Apply(rows, delta, deleted, chain[l].path, name, slots));
   }
   return rows;
 }

@@ -141,6 +141,22 @@ Result<StoredTable> DecodeTable(const Json& j, bool delta, const format::Manifes
   return t;
 }
 
+// A delta's base: `path` a sibling's name or an absolute path, `id` 16 lower-case hex digits.
+Status CheckBase(const std::string& path, const std::string& id, const Ctx& ctx) {
+  // "." and ".." name the delta's own directory and its parent, never a sibling checkpoint.
+  if (path == "." || path == "..") {
+    return ctx.Bad(fmt::format("base.path {:?} is not a sibling's name", path));
+  }
+  const bool plain = !path.empty() && path.size() <= 4096 && path.find('\0') == std::string::npos &&
+                     (path[0] == '/' || path.find('/') == std::string::npos);
+  if (!plain || id.size() != 16 || id.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return ctx.Bad(
+        "base.path must be a sibling's name or an absolute path and base.checkpoint_id "
+        "16 lower-case hex digits");
+  }
+  return Status::OK();
+}
+
 Status DecodeBaseLink(const Json& root, const Ctx& ctx, Desc* d) {
   auto depth = root.find("depth");
   if (depth == root.end() || !depth->is_number_integer() || depth->get<int64_t>() < 0 ||
@@ -156,14 +172,7 @@ Status DecodeBaseLink(const Json& root, const Ctx& ctx, Desc* d) {
   if (!d->delta()) return Status::OK();
   SP_ASSIGN_OR_RETURN(d->base, Str(*base, "path", ctx, "base"));
   SP_ASSIGN_OR_RETURN(std::string id, Str(*base, "checkpoint_id", ctx, "base"));
-  const bool plain = !d->base.empty() && d->base.size() <= 4096 &&
-                     d->base.find('\0') == std::string::npos &&
-                     (d->base[0] == '/' || d->base.find('/') == std::string::npos);
-  if (!plain || id.size() != 16 || id.find_first_not_of("0123456789abcdef") != std::string::npos) {
-    return ctx.Bad(
-        "base.path must be a sibling's name or an absolute path and base.checkpoint_id "
-        "16 lower-case hex digits");
-  }
+  SP_RETURN_IF_ERROR(CheckBase(d->base, id, ctx));
   d->base_id = std::stoull(id, nullptr, 16);
   return Status::OK();
 }

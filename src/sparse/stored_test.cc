@@ -3,6 +3,7 @@
 // naming it.
 #include "sparse/stored.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -123,6 +124,24 @@ TEST_F(StoredTest, HostileDescriptionsAreRefused) {
                       "deleted ids in a full checkpoint"));
   EXPECT_TRUE(
       Corrupt(EditedDesc([](Json& d) { d["tables"][0]["name"] = ""; }).status(), "tables[0].name"));
+}
+
+// "." and ".." resolve to the delta's own directory and its parent, never to a sibling checkpoint.
+TEST_F(StoredTest, BaseSiblingNameDotOrDotDotIsRefused) {
+  for (const char* path : {".", ".."}) {
+    const Status s = EditedDesc([&](Json& d) {
+                       d["depth"] = 1;
+                       d["base"] = {{"path", path}, {"checkpoint_id", "0000000000000001"}};
+                     }).status();
+    EXPECT_TRUE(Corrupt(s, "checkpoint /ck: savepoint.sparse: base.path")) << path;
+    EXPECT_TRUE(Corrupt(s, fmt::format("{:?}", path))) << path;
+  }
+  // A name that merely starts with dots is a sibling's.
+  EXPECT_FALSE(Corrupt(EditedDesc([](Json& d) {
+                         d["depth"] = 1;
+                         d["base"] = {{"path", "..ck"}, {"checkpoint_id", "0000000000000001"}};
+                       }).status(),
+                       "base.path"));
 }
 
 TEST(StoredNamesTest, DistinctForDistinctTablesAndSlots) {

@@ -180,7 +180,8 @@ def test_a_numbered_checkpoint_is_never_replaced_but_debris_is_cleared(tmp_path)
     with pytest.raises(savepoint.AlreadyExistsError, match="checkpoint_0 already exists"):
         savepoint.accelerate.save_state(acc)
     # checkpoint_1 holds only what a killed save left: it is cleaned and used.
-    debris = tmp_path / "checkpoints" / "checkpoint_1" / ".savepoint.savepoint-tmp.999999.00ff"
+    debris = (tmp_path / "checkpoints" / "checkpoint_1" /
+              ".savepoint.savepoint-tmp.999999.00000000000000ff")
     debris.mkdir(parents=True)
     acc.project_configuration.iteration = 1
     second = savepoint.accelerate.save_state(acc)

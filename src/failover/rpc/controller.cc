@@ -57,6 +57,7 @@ struct Slot {
 struct DumpRounds {
   struct Round {
     std::vector<std::string> in;
+    std::vector<bool> sent;  // per writer: its bytes arrived (once)
     int arrived = 0;
     int left = 0;
   };
@@ -191,7 +192,14 @@ grpc::Status Controller::Session(grpc::ServerContext* ctx, ServerStream* stream)
   }
   const int rank = m.hello().rank();
   if (grpc::Status s = Admit(m.hello(), stream); !s.ok()) return s;
-  while (stream->Read(&m)) Absorb(rank, m);
+  while (stream->Read(&m)) {
+    if (Status bad = failover::CheckAgentMessage(m); !bad.ok()) {
+      std::lock_guard lock(mu_);
+      DeclareDead(rank, "it sent a malformed message: " + bad.message());
+      break;  // Detach finds it dead already
+    }
+    Absorb(rank, m);
+  }
   Detach(rank);
   return grpc::Status::OK;
 }
@@ -199,9 +207,8 @@ grpc::Status Controller::Session(grpc::ServerContext* ctx, ServerStream* stream)
 grpc::Status Controller::Admit(const failover::rpc::Hello& h, ServerStream* stream) {
   std::unique_lock lock(mu_);
   const int rank = h.rank();
-  if (h.world() != o_.world || rank < 0 || rank >= o_.world) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        fmt::format("rank {} of {} in a job of {}", rank, h.world(), o_.world));
+  if (Status bad = failover::CheckHello(h, o_.world); !bad.ok()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, bad.message());
   }
   Slot& s = slots_[rank];
   if (s.registered) {
@@ -542,22 +549,9 @@ void Controller::RunDump(const DumpPlan& plan) {
   if (!s.ok()) outcome_.dump_status = s.WithContext("no dump: the dump failed");
 }
 
-// The newest step of the usable survivors when some usable survivor is behind it and every group
-// has a usable member (so that catching up could allow a dump); nullopt otherwise.
 std::optional<int64_t> Controller::CatchUpStep(const std::vector<RankReport>& reports) {
   std::lock_guard lock(mu_);
-  auto usable = [&](int r) { return reports[r].healthy && !reports[r].updating; };
-  int64_t newest = -1;
-  bool behind = false;
-  for (const RankReport& r : reports) {
-    if (usable(r.rank)) newest = std::max(newest, r.step);
-  }
-  for (const RankReport& r : reports) behind |= usable(r.rank) && r.step < newest;
-  for (const ReplicaGroup& g : Groups()) {
-    if (std::none_of(g.begin(), g.end(), usable)) return std::nullopt;
-  }
-  if (!behind || newest < 0) return std::nullopt;
-  return newest;
+  return failover::CatchUpStep(reports, Groups());
 }
 
 void Controller::HandleFailure() {
@@ -614,7 +608,7 @@ grpc::Status Controller::Collective(grpc::ServerContext* ctx,
   };
   if (!dump_ || dump_->id != req->dump_id()) return fail(FailedPreconditionError("no such dump"));
   const int n = static_cast<int>(dump_->writers.size());
-  if (req->writer() < 0 || req->writer() >= n) return fail(InvalidArgumentError("bad writer"));
+  if (Status bad = failover::CheckCollective(*req, n); !bad.ok()) return fail(bad);
   if (req->abort()) {
     if (dump_->broken.ok()) {
       dump_->broken = FailedPreconditionError(
@@ -623,8 +617,17 @@ grpc::Status Controller::Collective(grpc::ServerContext* ctx,
     cv_.notify_all();
     return fail(dump_->broken);
   }
+  if (!dump_->rounds.contains(req->seq()) && dump_->rounds.size() >= failover::kMaxOpenRounds) {
+    return fail(InvalidArgumentError(fmt::format(
+        "dump collective {}: {} collectives are open already", req->seq(), dump_->rounds.size())));
+  }
   DumpRounds::Round& round = dump_->rounds[req->seq()];
-  if (round.in.empty()) round.in.resize(n);
+  if (round.in.empty()) round.in.resize(n), round.sent.resize(n);
+  if (round.sent[req->writer()]) {
+    return fail(InvalidArgumentError(
+        fmt::format("dump collective {}: writer {} sent it twice", req->seq(), req->writer())));
+  }
+  round.sent[req->writer()] = true;
   round.in[req->writer()] = req->data();
   ++round.arrived;
   cv_.notify_all();

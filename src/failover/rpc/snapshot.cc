@@ -11,8 +11,12 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <limits>
+#include <optional>
+#include <stdexcept>
 #include <system_error>
 
+#include "distributed/shard.h"
 #include "savepoint/filesystem.h"
 
 namespace savepoint::failover {
@@ -24,14 +28,69 @@ std::string SnapshotName(const StepInfo& at) {
   return fmt::format("step_{}_{}_{}", at.step, at.epoch, at.step_in_epoch);
 }
 
-// Parses "step_{n}_{epoch}_{step_in_epoch}" (non-negative decimals); false otherwise.
-bool ParseName(std::string_view name, StepInfo* at) {
+// A JSON array of integers (nothing else: 1.5 or "1" would not read back as written).
+template <typename T>
+std::vector<T> IntArray(const Json& spec, const char* key) {
+  const Json& a = spec.at(key);
+  if (!a.is_array()) throw std::invalid_argument(fmt::format("{} is not an array", key));
+  std::vector<T> out;
+  for (const Json& v : a) {
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX)) {
+      throw std::invalid_argument(fmt::format("{} holds {}, not an integer", key, v.dump()));
+    }
+    out.push_back(static_cast<T>(std::clamp<int64_t>(
+        v.get<int64_t>(), std::numeric_limits<T>::min(), std::numeric_limits<T>::max())));
+  }
+  return out;
+}
+
+Result<ShardSpec> SpecFromJson(const std::string& name, const Json& spec, int world) {
+  ShardSpec s;
+  try {
+    if (!spec.is_object()) throw std::invalid_argument("not an object");
+    s.global_shape = IntArray<int64_t>(spec, "global_shape");
+    s.offsets = IntArray<int64_t>(spec, "offsets");
+    s.sizes = IntArray<int64_t>(spec, "sizes");
+    s.replicas = IntArray<int>(spec, "replicas");
+    if (spec.contains("tensor")) {
+      if (!spec["tensor"].is_string()) throw std::invalid_argument("tensor is not a string");
+      s.tensor = spec["tensor"].get<std::string>();
+    }
+  } catch (const std::exception& e) {  // Json::exception or the above
+    return CorruptionError(fmt::format("tensor {:?}: {}", name, e.what()));
+  }
+  // The box lies inside the global shape (as dist::CheckBox, which libsavepoint keeps hidden).
+  bool inside = NumElements(s.global_shape).ok() && s.offsets.size() == s.global_shape.size() &&
+                s.sizes.size() == s.global_shape.size();
+  for (size_t d = 0; inside && d < s.global_shape.size(); ++d) {
+    const int64_t dim = s.global_shape[d], off = s.offsets[d];
+    inside = off >= 0 && off <= dim && s.sizes[d] >= 0 && s.sizes[d] <= dim - off;
+  }
+  if (!inside) {
+    return CorruptionError(fmt::format(
+        "tensor {:?}: the box {} + {} is outside the global shape {}", name,
+        ShapeToString(s.offsets), ShapeToString(s.sizes), ShapeToString(s.global_shape)));
+  }
+  for (int r : s.replicas) {
+    if (r < 0 || r >= world) {
+      return CorruptionError(
+          fmt::format("tensor {:?}: replica {} of a world of {}", name, r, world));
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+bool ParseSnapshotName(std::string_view name, StepInfo* at) {
   if (!name.starts_with("step_")) return false;
   name.remove_prefix(5);
   int64_t v[3];
   for (int i = 0; i < 3; ++i) {
+    if (name.empty() || name[0] < '0' || name[0] > '9') return false;  // no sign
+    if (name[0] == '0' && name.size() > 1 && name[1] >= '0' && name[1] <= '9') return false;
     auto [end, ec] = std::from_chars(name.data(), name.data() + name.size(), v[i]);
-    if (ec != std::errc() || end == name.data() || v[i] < 0) return false;
+    if (ec != std::errc()) return false;
     name.remove_prefix(end - name.data());
     if (i < 2) {
       if (!name.starts_with('_')) return false;
@@ -43,38 +102,45 @@ bool ParseName(std::string_view name, StepInfo* at) {
   return true;
 }
 
-Json LayoutToJson(const ShardLayout& layout) {
-  Json out = Json::object();
-  for (const auto& [name, spec] : layout) {
-    out[name] = {{"global_shape", spec.global_shape},
-                 {"offsets", spec.offsets},
-                 {"sizes", spec.sizes},
-                 {"replicas", spec.replicas}};
-    if (!spec.tensor.empty()) out[name]["tensor"] = spec.tensor;
+Json SnapshotRecordToJson(const SnapshotRecord& record) {
+  Json layout = Json::object();
+  for (const auto& [name, spec] : record.layout) {
+    layout[name] = {{"global_shape", spec.global_shape},
+                    {"offsets", spec.offsets},
+                    {"sizes", spec.sizes},
+                    {"replicas", spec.replicas}};
+    if (!spec.tensor.empty()) layout[name]["tensor"] = spec.tensor;
+  }
+  return {{"rank", record.rank}, {"world", record.world}, {"layout", std::move(layout)}};
+}
+
+Result<SnapshotRecord> ParseSnapshotRecord(const Json& j, std::string_view where) {
+  auto bad = [&](std::string_view what) {
+    return CorruptionError(fmt::format("{}: snapshot record: {}", where, what));
+  };
+  if (!j.is_object()) return bad("not an object");
+  const auto small_int = [&](const char* key, int64_t lo, int64_t hi) -> std::optional<int> {
+    if (!j.contains(key) || !j[key].is_number_integer()) return std::nullopt;
+    if (j[key].is_number_unsigned() && j[key].get<uint64_t>() > INT64_MAX) return std::nullopt;
+    const int64_t v = j[key].get<int64_t>();
+    if (v < lo || v > hi) return std::nullopt;
+    return static_cast<int>(v);
+  };
+  SnapshotRecord out;
+  const std::optional<int> world = small_int("world", 1, dist::kMaxWorld);
+  if (!world) return bad("\"world\" is not an integer in [1, 2^20]");
+  const std::optional<int> rank = small_int("rank", 0, *world - 1);
+  if (!rank) return bad(fmt::format("\"rank\" is not an integer in [0, {})", *world));
+  out.world = *world;
+  out.rank = *rank;
+  if (!j.contains("layout") || !j["layout"].is_object()) return bad("\"layout\" is not an object");
+  for (const auto& [name, spec] : j["layout"].items()) {
+    Result<ShardSpec> s = SpecFromJson(name, spec, out.world);
+    if (!s.ok()) return bad(s.status().message());
+    out.layout.emplace(name, *std::move(s));
   }
   return out;
 }
-
-Result<ShardLayout> LayoutFromJson(const Json& j) {
-  if (!j.is_object()) return CorruptionError("snapshot layout is not an object");
-  ShardLayout out;
-  try {
-    for (const auto& [name, spec] : j.items()) {
-      ShardSpec s;
-      s.global_shape = spec.at("global_shape").get<Shape>();
-      s.offsets = spec.at("offsets").get<Shape>();
-      s.sizes = spec.at("sizes").get<Shape>();
-      s.replicas = spec.at("replicas").get<std::vector<int>>();
-      s.tensor = spec.value("tensor", std::string());
-      out.emplace(name, std::move(s));
-    }
-  } catch (const Json::exception& e) {
-    return CorruptionError(fmt::format("snapshot layout: {}", e.what()));
-  }
-  return out;
-}
-
-}  // namespace
 
 Status MakePrivateDir(const std::string& dir) {
   SP_RETURN_IF_ERROR(DefaultFileSystem()->CreateDirs(dir));
@@ -98,7 +164,8 @@ std::vector<StepInfo> ListSnapshots(const std::string& dir, int rank, FileSystem
   for (const FileInfo& e : *entries) {
     StepInfo at;
     // A committed checkpoint directory has its MANIFEST (the rename comes after it is written).
-    if (e.is_dir && ParseName(e.name, &at) && fs->Exists(rank_dir + "/" + e.name + "/MANIFEST")) {
+    if (e.is_dir && ParseSnapshotName(e.name, &at) &&
+        fs->Exists(rank_dir + "/" + e.name + "/MANIFEST")) {
       out.push_back(at);
     }
   }
@@ -251,8 +318,7 @@ Status SnapshotWriter::Write(const DumpSource& src, const StepInfo& at) {
                                          : snap.PutValue(name, entry.value()));
   }
   snap.metadata() = src.state.metadata().is_object() ? src.state.metadata() : Json::object();
-  snap.metadata()[kRecordKey] = {
-      {"rank", rank_}, {"world", world_}, {"layout", LayoutToJson(src.layout)}};
+  snap.metadata()[kRecordKey] = SnapshotRecordToJson({rank_, world_, src.layout});
   SP_RETURN_IF_ERROR(Save(snap, rank_dir_ + "/" + SnapshotName(at), save_, io_));
   committed_.clear();
   if (!before.empty() && before.back().step != at.step) committed_.push_back(before.back());
@@ -279,13 +345,13 @@ Result<DumpSource> ReadSnapshot(const std::string& dir, int rank, int64_t step, 
     const Json record = state.metadata().is_object() && state.metadata().contains(kRecordKey)
                             ? state.metadata()[kRecordKey]
                             : Json();
-    if (!record.is_object() || !record.contains("layout") || !record.contains("rank") ||
-        !record["rank"].is_number_integer() || record["rank"].get<int64_t>() != rank) {
-      return CorruptionError(fmt::format("snapshot {}: no record of rank {}", path, rank));
+    Result<SnapshotRecord> parsed = ParseSnapshotRecord(record, "snapshot " + path);
+    if (!parsed.ok()) return parsed.status();
+    if (parsed->rank != rank) {
+      return CorruptionError(
+          fmt::format("snapshot {}: its record is of rank {}, not {}", path, parsed->rank, rank));
     }
-    Result<ShardLayout> layout = LayoutFromJson(record["layout"]);
-    if (!layout.ok()) return layout.status().WithContext("snapshot " + path);
-    out.layout = *std::move(layout);
+    out.layout = std::move(parsed->layout);
     state.metadata().erase(kRecordKey);
     out.state = std::move(state);
     *at = s;

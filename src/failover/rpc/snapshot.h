@@ -16,9 +16,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "savepoint/failover_rpc.h"
+#include "savepoint/value.h"
 
 namespace savepoint::failover {
 
@@ -70,6 +72,24 @@ class SnapshotWriter {
   std::unique_ptr<RecyclingFs> fs_;
   std::vector<StepInfo> committed_;
 };
+
+// The record a snapshot keeps in its metadata under "failover.snapshot": the rank that wrote it,
+// the job's world size and the ShardLayout of its tensors.
+struct SnapshotRecord {
+  int rank = 0;
+  int world = 1;
+  ShardLayout layout;
+};
+Json SnapshotRecordToJson(const SnapshotRecord& record);
+// Decodes a record read from a snapshot (untrusted: another process of the host wrote it):
+// Corruption naming `where` and the field unless it is an object with integer rank and world
+// (0 <= rank < world <= 2^20) and a layout whose boxes lie inside their global shapes, with
+// replicas in [0, world) and integer arrays only. Unknown keys are ignored.
+Result<SnapshotRecord> ParseSnapshotRecord(const Json& record, std::string_view where);
+
+// Parses a snapshot directory's name "step_{n}_{epoch}_{step_in_epoch}" (non-negative decimals
+// without sign or leading zeros, as the writer prints them); false for any other name.
+bool ParseSnapshotName(std::string_view name, StepInfo* at);
 
 // Reads `rank`'s committed snapshot of `step` (checksums verified; through the POSIX file system,
 // with io's threads) as the DumpSource it was
