@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -132,7 +133,9 @@ void FindDirectRun(const format::ShardRecord& s, size_t elem, Piece* p) {
   if (!one_run(src) || !one_run(dst)) return;
   p->begin = src[0].first;
   p->end = src[0].second;
-  p->to = t.view.data() + dst[0].first;
+  // (Integer arithmetic: a plan-only target has no data, and its address is never dereferenced,
+  // but null + offset is undefined.)
+  p->to = reinterpret_cast<std::byte*>(reinterpret_cast<uintptr_t>(t.view.data()) + dst[0].first);
 }
 
 Status AddPieces(const engine::Reader& r, const Target& t, Plan* plan) {
