@@ -143,9 +143,10 @@ void HeadAnswer(std::string_view block) {
   Require(headers.size() <= kMaxS3Headers);
   for (const auto& [name, value] : headers) {
     for (char c : name) Require(c < 'A' || c > 'Z');
-    const std::string_view blanks = " \t\r\n";
-    Require(value.empty() || (blanks.find(value.front()) == std::string_view::npos &&
-                              blanks.find(value.back()) == std::string_view::npos));
+    // (Blanks are trimmed from the front, blanks and line ends from the back.)
+    const std::string_view front = " \t", back = " \t\r\n";
+    Require(value.empty() || (front.find(value.front()) == std::string_view::npos &&
+                              back.find(value.back()) == std::string_view::npos));
   }
   Result<S3Head> head = ParseS3Head(headers, "head");
   auto length = headers.find("content-length");

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -19,10 +20,25 @@ using namespace savepoint;
 // Exact round trips: in each format that can hold the strategy (CheckMindSporeStrategyEncodable;
 // WriteMindSporeStrategy refuses the others), its bytes parse back to the same strategy (the same
 // protobuf bytes) and encode to the same bytes again.
+// MindSpore's JSON keys layouts and node strategies by name (a later one replaces an earlier
+// one), so a strategy that names one twice (merged pipeline files repeat node names) has only its
+// protobuf form exactly.
+bool NamesRepeat(const MindSporeStrategy& s) {
+  std::set<std::string> nodes, params;
+  for (const MindSporeNodeStrategy& n : s.nodes) {
+    if (!nodes.insert(n.node_name).second) return true;
+  }
+  for (const auto& [name, l] : s.layouts) {
+    if (!params.insert(name).second) return true;
+  }
+  return false;
+}
+
 void CheckRoundTrip(const MindSporeStrategy& s) {
   const std::string pb = EncodeMindSporeStrategy(s, MindSporeStrategyFormat::kProtobuf);
   for (auto f : {MindSporeStrategyFormat::kProtobuf, MindSporeStrategyFormat::kJson}) {
     if (!CheckMindSporeStrategyEncodable(s, f).ok()) continue;
+    if (f == MindSporeStrategyFormat::kJson && NamesRepeat(s)) continue;
     const std::string once = EncodeMindSporeStrategy(s, f);
     Result<MindSporeStrategy> back = ParseMindSporeStrategy(once, "back");
     if (!back.ok()) {

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/utf8.h"
 #include "format/manifest.h"
 #include "interop/byte_layout.h"
 #include "mindspore_strategy/strategy.pb.h"
@@ -52,7 +53,9 @@ Status CheckDevMatrix(const std::vector<int64_t>& dev, const std::string& file,
 // TensorMap message as the flat form): both readers give the flat form, so that every encoding
 // of a layout decodes to the same value.
 void NormalizeTensorMap(MindSporeParamLayout* l) {
-  if (l->nested_tensor_map && l->tensor_map.size() == 1 && l->tensor_map[0].size() == 1) {
+  // (Likewise a nested map whose entries were all empty and dropped: the map of a scalar.)
+  if (l->nested_tensor_map &&
+      (l->tensor_map.empty() || (l->tensor_map.size() == 1 && l->tensor_map[0].size() == 1))) {
     l->nested_tensor_map = false;
   }
 }
@@ -112,6 +115,8 @@ Result<MindSporeStrategy> ParseProto(std::string_view bytes, const std::string& 
   s.current_stage = m.current_stage();
   for (const pb::ParallelStrategyItem& item : m.parallel_strategy_item()) {
     MindSporeNodeStrategy n{item.node_name(), item.parallel_strategys().stage(), {}};
+    // (JSON has no form for other bytes: such a name would not round-trip.)
+    if (!IsValidUtf8(n.node_name)) return Bad(file, "", "a node name is not UTF-8");
     const auto& strategies = item.parallel_strategys().parallel_strategy();
     SP_RETURN_IF_ERROR(CheckCount(strategies, kMaxDims, file, n.node_name, "parallel_strategy"));
     for (const pb::ParallelStrategy& st : strategies) {
@@ -122,6 +127,7 @@ Result<MindSporeStrategy> ParseProto(std::string_view bytes, const std::string& 
   }
   for (const pb::ParallelLayoutItem& item : m.parallel_layout_item()) {
     if (item.param_name().size() > kMaxNameBytes) return Bad(file, "", "parameter name too long");
+    if (!IsValidUtf8(item.param_name())) return Bad(file, "", "a parameter name is not UTF-8");
     SP_ASSIGN_OR_RETURN(MindSporeParamLayout l,
                         FromProto(item.parallel_layouts(), file, item.param_name()));
     s.layouts.emplace_back(item.param_name(), std::move(l));

@@ -83,6 +83,26 @@ TEST(StrategyCodecTest, EmptyTensorMapMessagesAreDroppedThenStable) {
   ExpectExactRoundTrips(bytes);
 }
 
+// Only empty TensorMap messages: the map of a scalar, the same in every encoding (libFuzzer found
+// the nested flag kept on the empty map, which then wrote differently the second time).
+TEST(StrategyCodecTest, OnlyEmptyTensorMapMessagesAreTheMapOfAScalar) {
+  mindspore_strategy::ParallelStrategyMap m;
+  m.set_current_stage(0);
+  auto* item = m.add_parallel_layout_item();
+  item->set_param_name("s");
+  auto* p = item->mutable_parallel_layouts();
+  p->add_dev_matrix()->add_dim(4);
+  p->add_tensor_map();
+  p->add_tensor_map();
+  SP_ASSERT_OK_AND_ASSIGN(MindSporeStrategy s,
+                          ParseMindSporeStrategy(m.SerializePartialAsString(), "s.ckpt"));
+  EXPECT_TRUE(s.layouts[0].second.tensor_map.empty());
+  EXPECT_FALSE(s.layouts[0].second.nested_tensor_map);
+  const std::string once = EncodeMindSporeStrategy(s, MindSporeStrategyFormat::kProtobuf);
+  SP_ASSERT_OK_AND_ASSIGN(MindSporeStrategy back, ParseMindSporeStrategy(once, "once"));
+  EXPECT_EQ(EncodeMindSporeStrategy(back, MindSporeStrategyFormat::kProtobuf), once);
+}
+
 TEST(StrategyCodecTest, LayoutsWithoutAnExactFormAreRefusedOnWrite) {
   MemFileSystem fs;
   MindSporeParamLayout one_dim_two_axes{.dev_matrix = {2, 2}, .tensor_map = {{0, 1}}};
@@ -118,6 +138,25 @@ TEST(StrategyCodecTest, DevMatrixEntriesOutsideUint32AreRefused) {
   for (MindSporeStrategyFormat f : kFormats) {
     EXPECT_THAT(CheckMindSporeStrategyEncodable({0, {}, {{"w", huge}}}, f),
                 StatusIs(StatusCode::kInvalidArgument, "dev_matrix"));
+  }
+}
+
+// Protobuf strings may hold any bytes; JSON cannot: a name that is not UTF-8 has no JSON form,
+// so it is refused on read, naming the field (libFuzzer found one).
+TEST(StrategyCodecTest, NamesThatAreNotUtf8AreRefused) {
+  for (bool node : {true, false}) {
+    mindspore_strategy::ParallelStrategyMap m;
+    if (node) {
+      m.add_parallel_strategy_item()->set_node_name(
+          "o\x95"
+          "0");
+    } else {
+      auto* item = m.add_parallel_layout_item();
+      item->set_param_name("w\xff");
+      item->mutable_parallel_layouts()->add_dev_matrix()->mutable_dim()->Add(2);
+    }
+    EXPECT_THAT(ParseMindSporeStrategy(m.SerializePartialAsString(), "s.ckpt"),
+                StatusIs(StatusCode::kCorruption, node ? "node name" : "parameter name"));
   }
 }
 
