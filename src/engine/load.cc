@@ -103,9 +103,8 @@ Result<State> LoadTensors(std::unique_ptr<Reader> reader, const std::string& pat
   SP_ASSIGN_OR_RETURN(std::vector<bool> keep,
                       engine::SelectTensors(options.names, all, reader->values(),
                                             fmt::format("checkpoint {}", path)));
-  if (!reader->encrypted() || reader->CheckReadable().ok()) {
-    SP_RETURN_IF_ERROR(reader->OpenFilesOf(keep));  // before allocating what the manifest says
-  }
+  // Before allocating what the manifest says (unreadable without its key: ReadMany says so).
+  if (reader->CheckReadable().ok()) SP_RETURN_IF_ERROR(reader->OpenFilesOf(keep));
   State state;
   if (options.mmap) {
     SP_RETURN_IF_ERROR(LoadMapped(*reader, keep, options, &state));
