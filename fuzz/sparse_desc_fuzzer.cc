@@ -1,9 +1,11 @@
 // Fuzz target for the sparse-table description decoder (src/sparse/stored.h, docs/FORMAT.md §11):
 // the JSON value "savepoint.sparse" of a checkpoint, which names the tensors storing each table
 // and the base of a delta. The input is that JSON; it is put into the manifests of two real
-// checkpoints (a full save and a delta of it, made once in memory) and decoded against each. Any
-// input must give OK or a clean error: no crash, no sanitizer report, no huge allocation. A
-// description that decodes is encoded again and must decode to the same tables.
+// checkpoints (a full save and a delta of it, made once in memory; their manifests also get the
+// dense slice_rows tensors of description format 1, so that both formats can decode) and decoded
+// against each. Any input must give OK or a clean error: no crash, no sanitizer report, no huge
+// allocation. A description that decodes is encoded again and must decode to the same tables.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -57,6 +59,16 @@ void Decode(const std::string& manifest, const Json& desc) {
   Result<format::Manifest> parsed = format::DecodeManifest(manifest, "in");
   if (!parsed.ok()) std::abort();
   format::Manifest& m = *parsed;
+  for (const char* name :
+       {"savepoint.sparse/0.emb/slice_rows", "savepoint.sparse/0.emb/deleted_slice_rows"}) {
+    format::TensorRecord t;
+    t.name = name;
+    t.dtype = DType::kI64;
+    t.shape = {kNumSlices};
+    m.tensors.push_back(std::move(t));
+  }
+  std::sort(m.tensors.begin(), m.tensors.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
   m.values.Erase(format::kSparseValueName);
   if (!m.values.PutValue(std::string(format::kSparseValueName), Value::FromJson(desc)).ok()) {
     return;
@@ -68,7 +80,8 @@ void Decode(const std::string& manifest, const Json& desc) {
   m.values.PutValue(std::string(format::kSparseValueName), Value::FromJson(sparse::EncodeDesc(*d)))
       .IgnoreError();
   Result<sparse::Desc> back = sparse::DecodeDesc(m, "back", &found);
-  if (!back.ok() || back->tables.size() != d->tables.size() || back->depth != d->depth) {
+  if (!back.ok() || back->tables.size() != d->tables.size() || back->depth != d->depth ||
+      back->format != d->format || sparse::EncodeDesc(*back) != sparse::EncodeDesc(*d)) {
     std::abort();
   }
 }

@@ -1,6 +1,7 @@
 // `savepoint inspect` of a checkpoint with sparse tables: the tables (rows, deleted ids, slots),
-// the slice range and rows each data file holds (the shards of a table's slice_rows and ids
-// tensors, FORMAT.md §11), and the delta chain (SparseChain), all from manifests.
+// the slice range and rows each data file holds (the shards of a table's ids tensor, and of its
+// ranks tensor in description format 2 or its slice_rows tensor in format 1, FORMAT.md §11), and
+// the delta chain (SparseChain), all from manifests.
 #include <fmt/format.h>
 
 #include <string>
@@ -8,6 +9,7 @@
 
 #include "common.h"
 #include "inspect_sparse.h"
+#include "savepoint/sparse.h"
 
 namespace savepoint::cli {
 namespace {
@@ -62,6 +64,15 @@ std::vector<FilePart> Files(const CheckpointReader& r, const Json& table) {
                                                             : fmt::format("#{}", i);
   };
   std::vector<FilePart> out;
+  // Format 2: the shard of rank r of N in the ranks tensor is in the file of its slices GenSlice.
+  const std::string ranks = Str(table, "ranks");
+  const int64_t n = Rows(r, ranks);
+  for (const auto& [file, rank, size] : Shards(manifest, ranks)) {
+    if (size != 1 || n > kNumSlices || rank < 0 || rank >= n) continue;
+    const SliceRange range = *GenSlice(static_cast<int>(rank), static_cast<int>(n));
+    out.push_back({file_name(file), range.begin, range.end, 0});
+  }
+  // Format 1: the shards of the dense counts are the slice ranges.
   for (const auto& [file, begin, size] : Shards(manifest, Str(table, "slice_rows"))) {
     out.push_back({file_name(file), begin, begin + size, 0});
   }

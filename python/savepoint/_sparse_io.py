@@ -339,11 +339,15 @@ def load_tables(path: StrPath, *, tables: Names | None = None, slots: Names | No
 def chain(path: StrPath) -> Records:
     """The delta chain ending at `path`, newest first: [{"path", "checkpoint_id", "depth",
     "table_bytes"}] (depth 0: the full checkpoint; table_bytes: the bytes of the link's table
-    data, its ids, slot rows and deleted ids, without the fixed-size slice index). Reads
-    manifests only (no key needed)."""
+    data, its ids, slot rows and deleted ids, without the slice index). Reads manifests only
+    (no key needed)."""
     links = _core.sparse_chain(os.fspath(path))
     return [{"path": p, "checkpoint_id": c, "depth": d, "table_bytes": _table_bytes(p)}
             for p, c, d in links]  # fmt: skip
+
+
+# The slice index tensors of a table (docs/FORMAT.md §11): format 2's, then format 1's.
+_INDEX_TENSORS = ("slices", "deleted_slices", "ranks", "slice_rows", "deleted_slice_rows")
 
 
 def _table_bytes(path):
@@ -351,7 +355,13 @@ def _table_bytes(path):
     manifest only)."""
     tensors = _read.Info(os.fspath(path), 1, True).tensors.values()
     return sum(nbytes for name, _, _, nbytes, _ in tensors
-               if name.startswith(_RESERVED + "/") and not name.endswith("slice_rows"))
+               if name.startswith(_RESERVED + "/") and not _is_index(name))  # fmt: skip
+
+
+def _is_index(name):
+    """Whether table tensor `name` is a slice index tensor (not a slot: ".../slot/<name>")."""
+    parts = name.rsplit("/", 2)
+    return parts[-1] in _INDEX_TENSORS and parts[-2] != "slot"
 
 
 def chain_is_due(links, max_depth, max_delta_ratio, depth=None):

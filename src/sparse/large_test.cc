@@ -1,9 +1,9 @@
 // Tables of more than 2^32 rows, on the in-memory file system: row counts, offsets and byte counts
 // are 64-bit and overflow-checked. A real table that large does not fit in memory (ids alone take
 // 8 bytes a row: 32 GiB), so the checkpoint is forged: a manifest claiming kRows rows over a data
-// file that reads as zeros except for its header, the slice counts and the last kTail rows (a
-// VirtualFile), each chunk with its true CRC. A loader of one shard reads the counts, sums them
-// into a row range past 2^32 and reads just its chunks there.
+// file that reads as zeros except for its header, the slice index and the last kTail rows (a
+// VirtualFile), each chunk with its true CRC. A loader of one shard reads the index, sums it into
+// a row range past 2^32 and reads just its chunks there.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +14,7 @@
 #include "format/manifest.h"
 #include "io/mem_fs.h"
 #include "savepoint/sparse.h"
+#include "sparse/stored.h"
 #include "testutil/testutil.h"
 #include "util/crc32c.h"
 
@@ -91,12 +92,10 @@ std::string Bytes(const std::vector<T>& v) {
 class LargeTableTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    counts_.assign(kNumSlices, 0);
-    counts_[0] = kRows - kTail;
-    counts_[32768] = counts_[65535] = 5;
+    index_ = {PackSlice(0, kRows - kTail), PackSlice(32768, 5), PackSlice(65535, 5)};
   }
 
-  // Forges /ck: kRows rows, slice counts `counts_`, a data file of `file_bytes` (0: all of it).
+  // Forges /ck: kRows rows, slice index `index_`, a data file of `file_bytes` (0: all of it).
   void Forge(uint64_t file_bytes = 0) {
     std::vector<int64_t> ids(kTail);
     std::vector<float> emb(kTail * 2);
@@ -120,26 +119,29 @@ class LargeTableTest : public ::testing::Test {
     SP_ASSERT_OK_AND_ASSIGN(format::Manifest m, format::DecodeManifest(bytes, "m"));
     ASSERT_EQ(m.files.size(), 1u);
     fs_.path = "/ck/" + m.files[0].name;
-    const uint64_t slices = 4096, id_at = slices + kNumSlices * 8, emb_at = id_at + kRows * 8;
+    const uint64_t slices = 4096, ranks = 6144, id_at = 8192, emb_at = id_at + kRows * 8;
     fs_.size = emb_at + kRows * 8;
     fs_.extents = {{0, format::EncodeDataHeader(m.checkpoint_id, 0, m.version)},
-                   {slices, Bytes(counts_)},
+                   {slices, Bytes(index_)},
+                   {ranks, Bytes(ranks_.empty() ? TrueRanks() : ranks_)},
                    {id_at + (kRows - kTail) * 8, Bytes(ids)},
                    {emb_at + (kRows - kTail) * 8, Bytes(emb)}};
     m.files[0].bytes = fs_.size;
     for (format::TensorRecord& t : m.tensors) {
-      if (t.name.ends_with("/slice_rows")) Place(t, slices, kNumSlices * 8);
-      if (t.name.ends_with("/ids")) Place(t, id_at, kRows * 8);
-      if (t.name.ends_with("/embedding")) Place(t, emb_at, kRows * 8);
-      if (t.name.ends_with("/flag")) Place(t, fs_.size, 0);
+      const int64_t n = static_cast<int64_t>(index_.size());
+      if (t.name.ends_with("/slices")) Place(t, n, slices, n * 8);
+      if (t.name.ends_with("/ranks")) Place(t, 1, ranks, 24);
+      if (t.name.ends_with("/ids")) Place(t, kRows, id_at, kRows * 8);
+      if (t.name.ends_with("/embedding")) Place(t, kRows, emb_at, kRows * 8);
+      if (t.name.ends_with("/flag")) Place(t, kRows, fs_.size, 0);
     }
     SP_ASSERT_OK(mem_.WriteFileSynced("/ck/MANIFEST", format::EncodeManifest(m)));
     if (file_bytes != 0) fs_.size = file_bytes;
   }
 
-  // Makes `t` (whose dim 0 becomes kRows) one shard of `bytes` bytes at `offset` of the file.
-  void Place(format::TensorRecord& t, uint64_t offset, uint64_t bytes) {
-    if (t.shape[0] != kNumSlices) t.shape[0] = kRows;
+  // Makes `t` (whose dim 0 becomes `rows`) one shard of `bytes` bytes at `offset` of the file.
+  void Place(format::TensorRecord& t, int64_t rows, uint64_t offset, uint64_t bytes) {
+    t.shape[0] = rows;
     format::ShardRecord& s = t.shards.at(0);
     s.sizes = t.shape;
     s.offset = offset;
@@ -159,7 +161,9 @@ class LargeTableTest : public ::testing::Test {
 
   MemFileSystem mem_;
   VirtualFs fs_{&mem_};
-  std::vector<int64_t> counts_;
+  std::vector<int64_t> index_;
+  std::vector<int64_t> ranks_;  // the row of the ranks tensor; empty: TrueRanks()
+  std::vector<int64_t> TrueRanks() const { return {0, static_cast<int64_t>(index_.size()), 0}; }
 };
 
 TEST_F(LargeTableTest, ShardsPast2To32RowsLoadExactly) {
@@ -191,18 +195,40 @@ TEST_F(LargeTableTest, ShardsPast2To32RowsLoadExactly) {
 }
 
 TEST_F(LargeTableTest, CountsPastTheRowsAreCorruption) {
-  counts_[0] = kRows - kTail + 1;  // one row more than stored
+  index_[0] = PackSlice(0, kRows - kTail + 1);  // one row more than stored
   ASSERT_NO_FATAL_FAILURE(Forge());
-  EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "past the 4295491584 stored"));
+  EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "rows among the 4295491584 stored"));
+  index_[0] = PackSlice(0, kMaxSliceRows);  // the largest count an entry holds
+  ASSERT_NO_FATAL_FAILURE(Forge());
+  EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "entry 0 (9223372036854710272)"));
 }
 
-TEST_F(LargeTableTest, CountsWhoseSumOverflowsAreCorruption) {
-  counts_[1] = std::numeric_limits<int64_t>::max();  // kRows - kTail + this wraps an int64
+TEST_F(LargeTableTest, IndexEntriesThatAreNoAscendingSlicesAreCorruption) {
+  index_[1] = std::numeric_limits<int64_t>::min();  // no count, no slice
   ASSERT_NO_FATAL_FAILURE(Forge());
-  EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "slice 1 counts 9223372036854775807 rows"));
-  counts_[1] = -(int64_t{1} << 40);
+  EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "entry 1 (-9223372036854775808)"));
+  index_[1] = PackSlice(0, 5);  // slice 0 twice
   ASSERT_NO_FATAL_FAILURE(Forge());
-  EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "or negative"));
+  EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "is not a later slice"));
+  index_[1] = PackSlice(32768, 0);  // a slice without rows
+  ASSERT_NO_FATAL_FAILURE(Forge());
+  EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "entry 1 (32768)"));
+}
+
+TEST_F(LargeTableTest, RanksWhoseEntriesAreNoRangeOfTheIndexAreCorruption) {
+  for (std::vector<int64_t> row : std::vector<std::vector<int64_t>>{
+           {0, 4, 0}, {-1, 3, 0}, {1, 3, 0}, {0, -1, 0}, {0, INT64_MAX, 0}}) {
+    ranks_ = row;
+    ASSERT_NO_FATAL_FAILURE(Forge());
+    EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "saving ranks 0 to 0 give entries"))
+        << row[0] << " " << row[1];
+  }
+  ranks_ = {0, 3, -1};  // a negative first row
+  ASSERT_NO_FATAL_FAILURE(Forge());
+  EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "first row -1 do not follow"));
+  ranks_ = {0, 3, 1};  // one row later than stored: the last rows run past the ids
+  ASSERT_NO_FATAL_FAILURE(Forge());
+  EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "rows among the 4295491584 stored"));
 }
 
 TEST_F(LargeTableTest, TruncatedDataIsCorruption) {

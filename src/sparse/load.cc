@@ -2,10 +2,12 @@
 // applied; compaction.
 //
 // Stored tables are in storage order, (slice, id) ascending, whatever the number of ranks that
-// wrote them (save.cc), and their slice_rows tensor counts the rows of every slice. So the rows of
+// wrote them (save.cc), and their slice index counts the rows of each slice. So the rows of
 // slices [B, E) are one row range [sum(counts[0, B)), sum(counts[0, E))) of every table tensor:
 // LoadDistributed reads just the chunks of that range, from just the files (saving ranks) that
-// hold it, verifying each. Then the chain is applied oldest first: both sides are in storage
+// hold it, verifying each. The index is read only where it covers [B, E): format 2 through the
+// ranks tensor (the saving ranks whose slices meet [B, E)), format 1 through the shards of its
+// dense counts. Then the chain is applied oldest first: both sides are in storage
 // order, so each delta is one merge (a delta's row wins over the older one of the same id, its
 // deleted ids are dropped).
 #include <fmt/format.h>
@@ -49,11 +51,11 @@ Result<std::vector<Tensor>> ReadRows(Link& link, const std::vector<std::string>&
   return out;
 }
 
-// The slice range of `link`'s slice_rows tensor `counts` to read for `range`, and the row where
-// its first slice starts: the union of the stored shards (saving ranks' parts) that intersect
-// `range`, and the first row of the ids tensor's shard in the same file as the first of them (a
-// rank's rows and counts share its data file). So a loader reads only the files that hold its
-// slices. When no such ids shard exists, every count from slice 0 (and row 0).
+// Format 1: the slice range of `link`'s dense counts tensor `counts` to read for `range`, and the
+// row where its first slice starts: the union of the stored shards (saving ranks' parts) that
+// intersect `range`, and the first row of the ids tensor's shard in the same file as the first of
+// them (a rank's rows and counts share its data file). So a loader reads only the files that hold
+// its slices. When no such ids shard exists, every count from slice 0 (and row 0).
 std::pair<SliceRange, int64_t> CountsToRead(const Link& link, const std::string& counts,
                                             const std::string& ids, SliceRange range) {
   const engine::Reader& r = *link.reader;
@@ -74,13 +76,13 @@ std::pair<SliceRange, int64_t> CountsToRead(const Link& link, const std::string&
   return {SliceRange{0, read.end}, 0};
 }
 
-// The rows of `range` in a table whose slice counts are tensor `counts` of `link` and whose ids
-// tensor `ids` has `total` rows: [first, last). Corruption when a count is negative or the rows
-// run past `total`.
-Result<std::pair<int64_t, int64_t>> RowRange(Link& link, const std::string& counts,
-                                             const std::string& ids, int64_t total,
-                                             SliceRange range, const LoadOptions& load,
-                                             const IoOptions& io) {
+// Format 1: the rows of `range` in a table whose slice counts are tensor `counts` of `link` and
+// whose ids tensor `ids` has `total` rows: [first, last). Corruption when a count is negative or
+// the rows run past `total`.
+Result<std::pair<int64_t, int64_t>> RowRangeDense(Link& link, const std::string& counts,
+                                                  const std::string& ids, int64_t total,
+                                                  SliceRange range, const LoadOptions& load,
+                                                  const IoOptions& io) {
   const auto [read, row] = CountsToRead(link, counts, ids, range);
   SP_ASSIGN_OR_RETURN(std::vector<Tensor> t,
                       ReadRows(link, {counts}, read.begin, read.end, load, io));
@@ -100,6 +102,107 @@ Result<std::pair<int64_t, int64_t>> RowRange(Link& link, const std::string& coun
   return std::make_pair(first, sum);
 }
 
+// Format 2: a table's slice index, the rows of its ranks tensor of saving ranks [first, last]
+// (those whose slices meet the range being read: only their files are read) and their entries.
+struct PackedIndex {
+  int64_t n = 0, first = 0, last = 0;  // N saving ranks; the ranks read
+  int64_t cols = 0;
+  Tensor ranks;  // rows [first, last]
+  int64_t begin = 0, end = 0;
+  Tensor packed;  // entries [begin, end) of the counts tensor
+  int64_t At(int64_t rank, int col) const {
+    return ranks.as<const int64_t>()[(rank - first) * cols + col];
+  }
+};
+
+// Reads the index of saving ranks [first, last] (`counts`, `ranks`: the tensors; `col`: the ranks
+// column of `counts`). Corruption naming the tensor when their entries are no range of it.
+Result<PackedIndex> ReadPackedIndex(Link& link, const std::string& counts, const std::string& ranks,
+                                    int col, SliceRange range, const LoadOptions& load,
+                                    const IoOptions& io) {
+  const engine::Reader& r = *link.reader;
+  const format::TensorRecord& rec = r.manifest().tensors[r.IndexOf(ranks)];
+  const int64_t k = r.manifest().tensors[r.IndexOf(counts)].shape[0];
+  PackedIndex x;
+  x.n = rec.shape[0];
+  x.cols = rec.shape[1];
+  x.first = SavingRankOf(range.begin, x.n);
+  x.last = SavingRankOf(range.end - 1, x.n);
+  SP_ASSIGN_OR_RETURN(std::vector<Tensor> t,
+                      ReadRows(link, {ranks}, x.first, x.last + 1, load, io));
+  x.ranks = std::move(t[0]);
+  x.begin = x.At(x.first, col);
+  const int64_t last = x.At(x.last, col), entries = x.At(x.last, col + 1);
+  if (x.begin < 0 || last < x.begin || last > k || entries < 0 || entries > k - last) {
+    return CorruptionError(fmt::format(
+        "checkpoint {}: tensor {:?}: saving ranks {} to {} give entries [{}, {} + {}) of the {} "
+        "of {:?}",
+        link.path, ranks, x.first, x.last, x.begin, last, entries, k, counts));
+  }
+  x.end = last + entries;
+  SP_ASSIGN_OR_RETURN(t, ReadRows(link, {counts}, x.begin, x.end, load, io));
+  x.packed = std::move(t[0]);
+  return x;
+}
+
+// Format 2: the rows [first, last) of `range` in the table tensor of `total` rows whose packed
+// slice index is `counts` (ranks columns `col`: first entry, entries, first row). Corruption
+// naming the tensor when the index is not ascending slices of each rank's own range, its entries
+// and rows do not follow the ranks before it, or they run past `total`.
+Result<std::pair<int64_t, int64_t>> RowRangePacked(Link& link, const std::string& counts,
+                                                   const std::string& ranks, int col, int64_t total,
+                                                   SliceRange range, const LoadOptions& load,
+                                                   const IoOptions& io) {
+  SP_ASSIGN_OR_RETURN(PackedIndex x, ReadPackedIndex(link, counts, ranks, col, range, load, io));
+  std::span<const int64_t> packed = x.packed.as<const int64_t>();
+  auto bad = [&](int64_t rank, std::string_view what) {
+    return CorruptionError(fmt::format("checkpoint {}: tensor {:?}: saving rank {} of {}: {}",
+                                       link.path, counts, rank, x.n, what));
+  };
+  int64_t first = -1, sum = 0, next = x.begin;
+  for (int64_t rank = x.first; rank <= x.last; ++rank) {
+    const int64_t b = x.At(rank, col), e = b + x.At(rank, col + 1), start = x.At(rank, col + 2);
+    if (b != next || e < b || e > x.end || start < 0 || start > total ||
+        (rank > x.first && start != sum)) {
+      return bad(rank, fmt::format("its entries [{}, {}) or first row {} do not follow the "
+                                   "ranks before it",
+                                   b, e, start));
+    }
+    next = e;
+    sum = start;
+    const SliceRange own = *GenSlice(static_cast<int>(rank), static_cast<int>(x.n));
+    int64_t prev = own.begin - 1;
+    for (int64_t p = b; p < e; ++p) {
+      const int64_t v = packed[p - x.begin];
+      const int64_t slice = v & (kNumSlices - 1), rows = v >> 16;
+      if (v <= 0 || rows < 1 || slice <= prev || slice >= own.end || rows > total - sum) {
+        return bad(rank, fmt::format("entry {} ({}) is not a later slice of its range [{}, {}) "
+                                     "with rows among the {} stored",
+                                     p, v, own.begin, own.end, total));
+      }
+      prev = slice;
+      if (slice >= range.end) break;
+      if (slice >= range.begin && first < 0) first = sum;
+      sum += rows;
+    }
+  }
+  return std::make_pair(first < 0 ? sum : first, sum);
+}
+
+// The rows of `range` in table `t` of `link`: of its ids and slots, or (`deleted`) of its deleted
+// ids.
+Result<std::pair<int64_t, int64_t>> RowRange(Link& link, const StoredTable& t, bool deleted,
+                                             SliceRange range, const LoadOptions& load,
+                                             const IoOptions& io) {
+  const engine::Reader& r = *link.reader;
+  const std::string& ids = deleted ? t.names.deleted : t.names.ids;
+  const std::string& counts = deleted ? t.names.deleted_counts : t.names.counts;
+  const int64_t total = r.manifest().tensors[r.IndexOf(ids)].shape[0];
+  if (link.desc.format == 1) return RowRangeDense(link, counts, ids, total, range, load, io);
+  return RowRangePacked(link, counts, t.names.ranks, deleted ? kRankDeletedSlices : kRankSlices,
+                        total, range, load, io);
+}
+
 // Corruption unless `ids` are in strict storage order and within `range`.
 Status CheckIds(std::span<const int64_t> ids, SliceRange range, const Link& link,
                 const std::string& tensor) {
@@ -117,10 +220,7 @@ Status CheckIds(std::span<const int64_t> ids, SliceRange range, const Link& link
 // The ids and the slots named `slots` of table `t` of `link`, for `range`.
 Result<Rows> ReadTable(Link& link, const StoredTable& t, const std::vector<std::string>& slots,
                        SliceRange range, const LoadOptions& load, const IoOptions& io) {
-  const engine::Reader& r = *link.reader;
-  const int64_t total = r.manifest().tensors[r.IndexOf(t.names.ids)].shape[0];
-  SP_ASSIGN_OR_RETURN(auto rows,
-                      RowRange(link, t.names.slice_rows, t.names.ids, total, range, load, io));
+  SP_ASSIGN_OR_RETURN(auto rows, RowRange(link, t, /*deleted=*/false, range, load, io));
   std::vector<std::string> names = {t.names.ids};
   for (const std::string& slot : slots) {
     for (const auto& [name, tensor] : t.names.slots) {
@@ -138,10 +238,7 @@ Result<Rows> ReadTable(Link& link, const StoredTable& t, const std::vector<std::
 // The deleted ids of delta table `t` of `link` in `range`.
 Result<Tensor> ReadDeleted(Link& link, const StoredTable& t, SliceRange range,
                            const LoadOptions& load, const IoOptions& io) {
-  const engine::Reader& r = *link.reader;
-  const int64_t total = r.manifest().tensors[r.IndexOf(t.names.deleted)].shape[0];
-  SP_ASSIGN_OR_RETURN(auto rows, RowRange(link, t.names.deleted_slice_rows, t.names.deleted, total,
-                                          range, load, io));
+  SP_ASSIGN_OR_RETURN(auto rows, RowRange(link, t, /*deleted=*/true, range, load, io));
   SP_ASSIGN_OR_RETURN(std::vector<Tensor> read,
                       ReadRows(link, {t.names.deleted}, rows.first, rows.second, load, io));
   SP_RETURN_IF_ERROR(CheckIds(Ids(read[0]), range, link, t.names.deleted));

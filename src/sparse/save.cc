@@ -3,10 +3,10 @@
 // engine as a WriteRequest (src/api/save.cc), so chunking, checksums, compression, encryption and
 // the commit protocol are the engine's.
 //
-// A distributed save first all-gathers every rank's row counts and table schemas: rank r's rows
-// become rows [sum of the rows of ranks < r, + its rows) of each global table tensor, and its
-// slice counts the box GenSlice(r, n) of the slice_rows tensor, so every rank's rows are one box
-// in its own data file, and the global tensors are in storage order.
+// A distributed save first all-gathers every rank's counts (rows, deleted ids, slices holding
+// either) and table schemas: rank r's entries of each table tensor follow those of ranks < r, so
+// every rank's part is one box in its own data file and the global tensors are in storage order;
+// its row of the ranks tensor records where its parts start.
 #include "sparse/save.h"
 
 #include <fmt/format.h>
@@ -70,11 +70,24 @@ Status PrepareDelta(const State& state, const std::string& path, const SparseSav
                           SchemaOf(chain->back()));
 }
 
-// Rows of one table in a save: where this rank's rows start in the global tensors, and their
-// global lengths ([0]: ids and slots, [1]: deleted ids).
+// The entries of one table in a save, per kind (Part): where this rank's start in the global
+// tensors, how many it has, and the global lengths.
+enum Part : int { kRows, kDeleted, kSlices, kDeletedSlices, kParts };
 struct Placement {
-  int64_t offset[2] = {0, 0};
-  int64_t total[2] = {0, 0};
+  int64_t offset[kParts] = {};
+  int64_t count[kParts] = {};
+  int64_t total[kParts] = {};
+};
+
+// This rank's entries of a sorted table, per Part.
+std::vector<int64_t> Counts(const SortedTable& s) {
+  return {s.ids.shape()[0], s.deleted.shape()[0], s.slices.shape()[0], s.deleted_slices.shape()[0]};
+}
+
+// Which saving rank of how many this is.
+struct Rank {
+  int index = 0;
+  int size = 1;
 };
 
 // Adds `view` as tensor `name` of `flat`, this rank's box at `row` of a global tensor of `rows`
@@ -92,26 +105,46 @@ Status AddPart(const std::string& name, const TensorView& view, int64_t row, int
   return flat->state.PutView(name, view);
 }
 
+// This rank's row of a table's ranks tensor (docs/FORMAT.md §11), kept in `flat`.
+Result<TensorView> RankRow(const Placement& p, Flat* flat) {
+  const bool delta = flat->desc.delta();
+  SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {1, RankColumns(delta)}));
+  std::span<int64_t> row = t.as<int64_t>();
+  row[kRankSlices] = p.offset[kSlices];
+  row[kRankEntries] = p.count[kSlices];
+  row[kRankIds] = p.offset[kRows];
+  if (delta) {
+    row[kRankDeletedSlices] = p.offset[kDeletedSlices];
+    row[kRankDeletedEntries] = p.count[kDeletedSlices];
+    row[kRankDeleted] = p.offset[kDeleted];
+  }
+  flat->index.push_back(std::move(t));
+  return flat->index.back().view();
+}
+
 // The tensors of table `name` (number `index` in name order; sorted into `s`) into `flat`.
 Status AddTable(const std::string& name, size_t index, const SparseTable& t, const SortedTable& s,
-                SliceRange range, const Placement& p, Flat* flat) {
+                Rank rank, const Placement& p, Flat* flat) {
   std::vector<std::string> slots;
   for (const SparseTable::Slot& slot : t.slots()) slots.push_back(slot.name);
   StoredTable stored{name, NamesFor(index, name, slots, flat->desc.delta())};
   const StoredNames& n = stored.names;
-  SP_RETURN_IF_ERROR(AddPart(n.ids, s.ids, p.offset[0], p.total[0], flat));
-  SP_RETURN_IF_ERROR(AddPart(n.slice_rows, s.slice_rows.view(), range.begin, kNumSlices, flat));
+  SP_RETURN_IF_ERROR(AddPart(n.ids, s.ids, p.offset[kRows], p.total[kRows], flat));
+  SP_RETURN_IF_ERROR(AddPart(n.counts, s.slices.view(), p.offset[kSlices], p.total[kSlices], flat));
+  SP_ASSIGN_OR_RETURN(TensorView ranks, RankRow(p, flat));
+  SP_RETURN_IF_ERROR(AddPart(n.ranks, ranks, rank.index, rank.size, flat));
   for (size_t k = 0; k < slots.size(); ++k) {
-    SP_RETURN_IF_ERROR(AddPart(n.slots[k].second, s.slots[k], p.offset[0], p.total[0], flat));
+    SP_RETURN_IF_ERROR(
+        AddPart(n.slots[k].second, s.slots[k], p.offset[kRows], p.total[kRows], flat));
     if (s.gathered[k]) {
       flat->gathers[n.slots[k].second] = {s.slots[k].data(), s.perm.data(), s.perm.size(),
                                           SparseTable::RowBytes(s.slots[k])};
     }
   }
   if (flat->desc.delta()) {
-    SP_RETURN_IF_ERROR(AddPart(n.deleted, s.deleted, p.offset[1], p.total[1], flat));
-    SP_RETURN_IF_ERROR(
-        AddPart(n.deleted_slice_rows, s.deleted_slice_rows.view(), range.begin, kNumSlices, flat));
+    SP_RETURN_IF_ERROR(AddPart(n.deleted, s.deleted, p.offset[kDeleted], p.total[kDeleted], flat));
+    SP_RETURN_IF_ERROR(AddPart(n.deleted_counts, s.deleted_slices.view(), p.offset[kDeletedSlices],
+                               p.total[kDeletedSlices], flat));
   }
   flat->desc.tables.push_back(std::move(stored));
   return Status::OK();
@@ -129,15 +162,14 @@ Status SortAll(const State& state, SliceRange range, int threads, Flat* flat) {
 
 // Fills `flat->state`: the dense tensors (views), values and metadata of `state`, every table's
 // tensors placed by `places` (one per table, name order), and the description.
-Status Fill(const State& state, SliceRange range, const std::vector<Placement>& places,
-            Flat* flat) {
+Status Fill(const State& state, Rank rank, const std::vector<Placement>& places, Flat* flat) {
   SP_RETURN_IF_ERROR(engine::CopyValues(state, &flat->state));
   for (const auto& [name, e] : state.entries()) {
     if (e.is_tensor()) SP_RETURN_IF_ERROR(flat->state.PutView(name, e.tensor()));
   }
   size_t i = 0;
   for (const auto& [name, t] : state.tables()) {
-    SP_RETURN_IF_ERROR(AddTable(name, i, *t, flat->sorted[i], range, places[i], flat));
+    SP_RETURN_IF_ERROR(AddTable(name, i, *t, flat->sorted[i], rank, places[i], flat));
     ++i;
   }
   return flat->state.PutValue(std::string(format::kSparseValueName),
@@ -166,7 +198,7 @@ void MakeRequest(const engine::WriteRequest& in, const SparseSaveOptions& o, Fla
 
 // --- Distributed: one all-gather of every rank's row counts and schemas. ---
 
-// This rank's message: its error, or per table (name order) its rows, deleted ids and schema.
+// This rank's message: its error, or per table (name order) its name, Counts and schema.
 std::string EncodeCounts(const Status& prepared, const State& state, const Flat& flat) {
   if (!prepared.ok()) {
     return Json{{"code", static_cast<int>(prepared.code())}, {"error", prepared.message()}}.dump();
@@ -179,7 +211,7 @@ std::string EncodeCounts(const Status& prepared, const State& state, const Flat&
     for (const auto& s : schema.at(name)) {
       slots.push_back({s.name, DTypeName(s.dtype), s.row});
     }
-    tables.push_back({name, t->num_rows(), flat.sorted[i].deleted.shape()[0], slots});
+    tables.push_back({name, Counts(flat.sorted[i]), slots});
     ++i;
   }
   return Json{{"tables", tables}}.dump();
@@ -189,7 +221,7 @@ std::string EncodeCounts(const Status& prepared, const State& state, const Flat&
 bool SameTables(const Json& a, const Json& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i][0] != b[i][0] || a[i][3] != b[i][3]) return false;
+    if (a[i][0] != b[i][0] || a[i][2] != b[i][2]) return false;
   }
   return true;
 }
@@ -217,9 +249,10 @@ Result<std::vector<Placement>> Place(const std::vector<std::string>& all, int ra
           tables.dump().substr(0, 512), tables0.dump().substr(0, 512)));
     }
     for (size_t i = 0; i < tables.size(); ++i) {
-      for (int k = 0; k < 2; ++k) {
-        const int64_t n = tables[i][1 + k].get<int64_t>();
+      for (int k = 0; k < kParts; ++k) {
+        const int64_t n = tables[i][1][k].get<int64_t>();
         if (static_cast<int>(r) < rank) places[i].offset[k] += n;
+        if (static_cast<int>(r) == rank) places[i].count[k] = n;
         places[i].total[k] += n;
       }
     }
@@ -234,11 +267,12 @@ Status FlattenLocal(const State& state, const SparseSaveOptions& o, const IoOpti
   std::vector<Placement> places;
   for (const auto& s : flat->sorted) {
     Placement p;
-    p.total[0] = s.ids.shape()[0];
-    p.total[1] = s.deleted.shape()[0];
+    const std::vector<int64_t> counts = Counts(s);
+    std::copy(counts.begin(), counts.end(), p.total);
+    std::copy(counts.begin(), counts.end(), p.count);
     places.push_back(p);
   }
-  return Fill(state, SliceRange{}, places, flat);
+  return Fill(state, Rank{}, places, flat);
 }
 
 // Every rank of `comm`: its slices, placed after the rows of the ranks before it.
@@ -252,7 +286,7 @@ Status FlattenDistributed(Communicator& comm, const State& local, const ShardLay
                       comm.AllGather(EncodeCounts(prepared, local, *flat), o.timeout));
   Result<std::vector<Placement>> places = Place(all, comm.rank());
   Status filled = places.status();
-  if (filled.ok()) filled = Fill(local, *range, *places, flat);
+  if (filled.ok()) filled = Fill(local, {comm.rank(), comm.size()}, *places, flat);
   for (const auto& [name, spec] : layout) {
     if (filled.ok() && flat->layout.count(name) == 0) flat->layout[name] = spec;
   }

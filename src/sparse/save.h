@@ -20,6 +20,7 @@ struct Flat {
   State state;                      // dense tensors, table tensors (views), values, metadata
   ShardLayout layout;               // distributed saves: the boxes of this rank's tensors
   std::vector<SortedTable> sorted;  // keeps sorted copies alive
+  std::vector<Tensor> index;        // this rank's row of each table's ranks tensor
   engine::RowGathers gathers;       // slots sorted while they are written (SortedTable)
   Desc desc;
   engine::WriteRequest request;  // for engine::Write or dist::Write

@@ -16,14 +16,28 @@ StoredNames NamesFor(size_t index, std::string_view table, const std::vector<std
   const std::string prefix = fmt::format("{}{}.{}/", kTensorPrefix, index, table);
   StoredNames n;
   n.ids = prefix + "ids";
-  n.slice_rows = prefix + "slice_rows";
+  n.counts = prefix + "slices";
+  n.ranks = prefix + "ranks";
   if (delta) {
     n.deleted = prefix + "deleted";
-    n.deleted_slice_rows = prefix + "deleted_slice_rows";
+    n.deleted_counts = prefix + "deleted_slices";
   }
   for (const std::string& s : slots) n.slots.emplace_back(s, prefix + "slot/" + s);
   return n;
 }
+
+int64_t SavingRankOf(int64_t slice, int64_t n) {
+  const int64_t each = kNumSlices / n, extra = kNumSlices % n, wide = extra * (each + 1);
+  return slice < wide ? slice / (each + 1) : extra + (slice - wide) / each;
+}
+
+namespace {
+// The description's member names of a table's slice index in `format`.
+const char* CountsKey(int64_t format) { return format == 1 ? "slice_rows" : "slices"; }
+const char* DeletedCountsKey(int64_t format) {
+  return format == 1 ? "deleted_slice_rows" : "deleted_slices";
+}
+}  // namespace
 
 Json EncodeDesc(const Desc& d) {
   Json tables = Json::array();
@@ -34,17 +48,18 @@ Json EncodeDesc(const Desc& d) {
     }
     Json j = {{"name", t.name},
               {"ids", t.names.ids},
-              {"slice_rows", t.names.slice_rows},
+              {CountsKey(d.format), t.names.counts},
               {"slots", std::move(slots)}};
+    if (d.format >= 2) j["ranks"] = t.names.ranks;
     if (d.delta()) {
       j["deleted"] = t.names.deleted;
-      j["deleted_slice_rows"] = t.names.deleted_slice_rows;
+      j[DeletedCountsKey(d.format)] = t.names.deleted_counts;
     }
     tables.push_back(std::move(j));
   }
   Json base = nullptr;
   if (d.delta()) base = {{"path", d.base}, {"checkpoint_id", fmt::format("{:016x}", d.base_id)}};
-  return {{"format", kDescFormat}, {"depth", d.depth}, {"base", base}, {"tables", tables}};
+  return {{"format", d.format}, {"depth", d.depth}, {"base", base}, {"tables", tables}};
 }
 
 namespace {
@@ -70,9 +85,21 @@ const format::TensorRecord* FindRecord(const format::Manifest& m, std::string_vi
   return it != m.tensors.end() && it->name == name ? &*it : nullptr;
 }
 
-// The record of tensor `key` of `j` (a table), which must be I64 of the given shape (`len` < 0:
-// rank 1, any length).
-Result<const format::TensorRecord*> IdRecord(const Json& j, const char* key, int64_t len,
+// The shape a table tensor must have: `dims` dimensions, the first of length `len` (`len` < 0:
+// any length) or at most `max_len`, the second (when dims is 2) `cols`.
+struct ShapeRule {
+  int64_t len = -1;
+  int64_t max_len = INT64_MAX;
+  size_t dims = 1;
+  int64_t cols = 0;
+  bool Admits(const Shape& s) const {
+    if (s.size() != dims || (len >= 0 && s[0] != len) || s[0] > max_len) return false;
+    return dims == 1 || s[1] == cols;
+  }
+};
+
+// The record of tensor `key` of `j` (a table), which must be I64 of the shape `rule` admits.
+Result<const format::TensorRecord*> IdRecord(const Json& j, const char* key, ShapeRule rule,
                                              const format::Manifest& m, const Ctx& ctx,
                                              std::string_view in) {
   SP_ASSIGN_OR_RETURN(std::string name, Str(j, key, ctx, in));
@@ -80,11 +107,16 @@ Result<const format::TensorRecord*> IdRecord(const Json& j, const char* key, int
   if (t == nullptr || !name.starts_with(kTensorPrefix)) {
     return ctx.Bad(fmt::format("{}.{}: no tensor {:?}", in, key, name.substr(0, 256)));
   }
-  if (t->dtype != DType::kI64 || t->shape.size() != 1 || (len >= 0 && t->shape[0] != len)) {
+  if (t->dtype != DType::kI64 || !rule.Admits(t->shape)) {
     return ctx.Bad(fmt::format("{}.{}: tensor {:?} is {} {}", in, key, name, DTypeName(t->dtype),
                                ShapeToString(t->shape)));
   }
   return t;
+}
+
+// The slice index of a table: the rule for its counts tensors in `format`.
+ShapeRule CountsRule(int64_t format) {
+  return format == 1 ? ShapeRule{.len = kNumSlices} : ShapeRule{.max_len = kNumSlices};
 }
 
 Status DecodeSlots(const Json& j, int64_t rows, const format::Manifest& m, const Ctx& ctx,
@@ -116,24 +148,30 @@ Status DecodeSlots(const Json& j, int64_t rows, const format::Manifest& m, const
   return Status::OK();
 }
 
-Result<StoredTable> DecodeTable(const Json& j, bool delta, const format::Manifest& m,
+Result<StoredTable> DecodeTable(const Json& j, const Desc& d, const format::Manifest& m,
                                 const Ctx& ctx, size_t i) {
   const std::string in = fmt::format("tables[{}]", i);
   if (!j.is_object()) return ctx.Bad(in + " is not an object");
   StoredTable t;
   SP_ASSIGN_OR_RETURN(t.name, Str(j, "name", ctx, in));
   if (!ValidateName(t.name).ok()) return ctx.Bad(in + ".name is not a valid name");
-  SP_ASSIGN_OR_RETURN(const format::TensorRecord* ids, IdRecord(j, "ids", -1, m, ctx, in));
+  SP_ASSIGN_OR_RETURN(const format::TensorRecord* ids, IdRecord(j, "ids", {}, m, ctx, in));
   SP_ASSIGN_OR_RETURN(const format::TensorRecord* rows,
-                      IdRecord(j, "slice_rows", kNumSlices, m, ctx, in));
+                      IdRecord(j, CountsKey(d.format), CountsRule(d.format), m, ctx, in));
   t.names.ids = ids->name;
-  t.names.slice_rows = rows->name;
-  if (delta) {
-    SP_ASSIGN_OR_RETURN(const format::TensorRecord* del, IdRecord(j, "deleted", -1, m, ctx, in));
+  t.names.counts = rows->name;
+  if (d.format >= 2) {
+    const ShapeRule rule{.max_len = kNumSlices, .dims = 2, .cols = RankColumns(d.delta())};
+    SP_ASSIGN_OR_RETURN(const format::TensorRecord* ranks, IdRecord(j, "ranks", rule, m, ctx, in));
+    if (ranks->shape[0] < 1) return ctx.Bad(in + ".ranks: no saving rank");
+    t.names.ranks = ranks->name;
+  }
+  if (d.delta()) {
+    SP_ASSIGN_OR_RETURN(const format::TensorRecord* del, IdRecord(j, "deleted", {}, m, ctx, in));
     SP_ASSIGN_OR_RETURN(const format::TensorRecord* drows,
-                        IdRecord(j, "deleted_slice_rows", kNumSlices, m, ctx, in));
+                        IdRecord(j, DeletedCountsKey(d.format), CountsRule(d.format), m, ctx, in));
     t.names.deleted = del->name;
-    t.names.deleted_slice_rows = drows->name;
+    t.names.deleted_counts = drows->name;
   } else if (j.contains("deleted")) {
     return ctx.Bad(in + ": deleted ids in a full checkpoint");
   }
@@ -187,18 +225,21 @@ Result<Desc> DecodeDesc(const format::Manifest& m, std::string_view where, bool*
   const Json& root = v->as_json();
   if (!root.is_object()) return ctx.Bad("not a JSON object");
   auto f = root.find("format");
-  if (f == root.end() || !f->is_number_integer() || f->get<int64_t>() != kDescFormat) {
-    return UnimplementedError(fmt::format("{}: {}: format is not {} (this build's)", where,
-                                          format::kSparseValueName, kDescFormat));
+  if (f == root.end() || !f->is_number_integer() || f->get<int64_t>() < kOldestDescFormat ||
+      f->get<int64_t>() > kDescFormat) {
+    return UnimplementedError(fmt::format("{}: {}: format is not {} to {} (this build's)", where,
+                                          format::kSparseValueName, kOldestDescFormat,
+                                          kDescFormat));
   }
   Desc d;
+  d.format = f->get<int64_t>();
   SP_RETURN_IF_ERROR(DecodeBaseLink(root, ctx, &d));
   auto tables = root.find("tables");
   if (tables == root.end() || !tables->is_array() || tables->size() > kMaxTables) {
     return ctx.Bad(fmt::format("tables is not an array of at most {}", kMaxTables));
   }
   for (size_t i = 0; i < tables->size(); ++i) {
-    SP_ASSIGN_OR_RETURN(StoredTable t, DecodeTable((*tables)[i], d.delta(), m, ctx, i));
+    SP_ASSIGN_OR_RETURN(StoredTable t, DecodeTable((*tables)[i], d, m, ctx, i));
     for (const StoredTable& other : d.tables) {
       if (other.name == t.name) return ctx.Bad(fmt::format("table {:?} appears twice", t.name));
     }
@@ -229,11 +270,30 @@ Result<std::string> RecordBase(const std::string& path, const std::string& base_
 
 namespace {
 
-// Row counts per slice of `range` of `ids` (already checked to lie in it), as an I64 tensor.
-Result<Tensor> CountSlices(std::span<const int64_t> ids, SliceRange range) {
-  SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(DType::kI64, {range.end - range.begin}));
-  std::span<int64_t> counts = t.as<int64_t>();
-  for (int64_t id : ids) ++counts[SliceOf(id) - range.begin];
+std::span<const int64_t> IdsOf(const TensorView& v) {
+  return {reinterpret_cast<const int64_t*>(v.data()), static_cast<size_t>(v.shape()[0])};
+}
+
+// The slice index of `ids` (in storage order): PackSlice of each slice that holds rows, as an I64
+// tensor.
+Result<Tensor> PackSlices(std::span<const int64_t> ids) {
+  std::vector<int64_t> packed;
+  for (size_t i = 0; i < ids.size();) {
+    const int64_t slice = SliceOf(ids[i]);
+    size_t j = i + 1;
+    while (j < ids.size() && SliceOf(ids[j]) == slice) ++j;
+    const int64_t rows = static_cast<int64_t>(j - i);
+    if (rows > kMaxSliceRows) {
+      return InvalidArgumentError(
+          fmt::format("slice {} holds {} rows, more than the {} a slice "
+                      "of a checkpoint holds",
+                      slice, rows, kMaxSliceRows));
+    }
+    packed.push_back(PackSlice(slice, rows));
+    i = j;
+  }
+  SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(packed.size())}));
+  if (!packed.empty()) std::memcpy(t.data(), packed.data(), packed.size() * sizeof(int64_t));
   return t;
 }
 
@@ -331,8 +391,8 @@ Result<SortedTable> SortTable(const SparseTable& t, SliceRange range, int thread
                          {static_cast<int64_t>(t.deleted().size())});
     SP_ASSIGN_OR_RETURN(s.deleted, SortedIds(del, t.deleted(), &s.owned));
   }
-  SP_ASSIGN_OR_RETURN(s.slice_rows, CountSlices(ids, range));
-  SP_ASSIGN_OR_RETURN(s.deleted_slice_rows, CountSlices(t.deleted(), range));
+  SP_ASSIGN_OR_RETURN(s.slices, PackSlices(IdsOf(s.ids)));
+  SP_ASSIGN_OR_RETURN(s.deleted_slices, PackSlices(IdsOf(s.deleted)));
   return s;
 }
 

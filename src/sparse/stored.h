@@ -18,8 +18,11 @@ namespace savepoint::sparse {
 
 // Prefix of every tensor that stores part of a table; dense entries may not use it.
 inline constexpr std::string_view kTensorPrefix = "savepoint.sparse/";
-// The version of the description (its "format" member).
-inline constexpr int64_t kDescFormat = 1;
+// The version of the description (its "format" member) that this build writes; it reads 1 too.
+//  1: each table's slice index is a dense I64 [65536] of rows per slice (one per slice).
+//  2: it holds only the slices with rows, packed (PackSlice), plus a per-saving-rank index.
+inline constexpr int64_t kDescFormat = 2;
+inline constexpr int64_t kOldestDescFormat = 1;
 // Caps on what a description may hold.
 inline constexpr int64_t kMaxChainDepth = 4096;
 inline constexpr size_t kMaxTables = size_t{1} << 16;
@@ -27,18 +30,39 @@ inline constexpr size_t kMaxSlots = 1024;
 
 // Names of the tensors of one stored table.
 struct StoredNames {
-  std::string ids;                 // I64 [rows]
-  std::string slice_rows;          // I64 [65536]: rows per slice
-  std::string deleted;             // deltas: I64 [n], the deleted ids in storage order
-  std::string deleted_slice_rows;  // deltas: I64 [65536]
+  std::string ids;             // I64 [rows]
+  std::string counts;          // format 1: I64 [65536] rows per slice; 2: I64 [K] PackSlice
+  std::string deleted;         // deltas: I64 [n], the deleted ids in storage order
+  std::string deleted_counts;  // deltas: as `counts`, of the deleted ids
+  std::string ranks;           // format 2: I64 [N, RankColumns] (RankColumn)
   std::vector<std::pair<std::string, std::string>> slots;  // slot name, tensor name
 };
 
-// The names a writer gives the tensors of table number `index` (in name order) of a checkpoint:
-// "savepoint.sparse/<index>.<table>/ids", ".../slice_rows", ".../slot/<slot>", and in a delta
-// ".../deleted" and ".../deleted_slice_rows". Distinct for distinct tables and slots.
+// The names a writer gives the tensors of table number `index` (in name order) of a checkpoint
+// (format kDescFormat): "savepoint.sparse/<index>.<table>/ids", ".../slices", ".../ranks",
+// ".../slot/<slot>", and in a delta ".../deleted" and ".../deleted_slices". Distinct for distinct
+// tables and slots.
 StoredNames NamesFor(size_t index, std::string_view table, const std::vector<std::string>& slots,
                      bool delta);
+
+// Format 2's slice index: one I64 per slice that holds rows, `rows * 65536 + slice` (rows >= 1,
+// below 2^47), ascending; and per saving rank r of N (which held slices GenSlice(r, N)) one row
+// of the ranks tensor: where its entries start in each table tensor.
+inline int64_t PackSlice(int64_t slice, int64_t rows) { return rows * kNumSlices + slice; }
+inline constexpr int64_t kMaxSliceRows = (int64_t{1} << 47) - 1;
+// So that a loader reads the rows of just the ranks that hold its slices, a rank's row says where
+// its entries start and how many there are.
+enum RankColumn : int {
+  kRankSlices = 0,          // its first entry in `counts`
+  kRankEntries = 1,         // its number of entries in `counts`
+  kRankIds = 2,             // its first row in `ids` and the slots
+  kRankDeletedSlices = 3,   // deltas: its first entry in `deleted_counts`
+  kRankDeletedEntries = 4,  // deltas: its number of entries in `deleted_counts`
+  kRankDeleted = 5,         // deltas: its first row in `deleted`
+};
+inline int64_t RankColumns(bool delta) { return delta ? 6 : 3; }
+// The saving rank of N that held slice `slice` (the inverse of GenSlice).
+int64_t SavingRankOf(int64_t slice, int64_t n);
 
 // One table of a checkpoint.
 struct StoredTable {
@@ -48,9 +72,10 @@ struct StoredTable {
 
 // The sparse description of one checkpoint.
 struct Desc {
-  int64_t depth = 0;     // 0: a full checkpoint; a delta: its base's depth + 1
-  std::string base;      // deltas: the base, a sibling's name or an absolute path
-  uint64_t base_id = 0;  // deltas: the base's checkpoint id
+  int64_t format = kDescFormat;  // kOldestDescFormat..kDescFormat
+  int64_t depth = 0;             // 0: a full checkpoint; a delta: its base's depth + 1
+  std::string base;              // deltas: the base, a sibling's name or an absolute path
+  uint64_t base_id = 0;          // deltas: the base's checkpoint id
   std::vector<StoredTable> tables;
   bool delta() const { return depth > 0; }
 };
@@ -84,15 +109,15 @@ struct SortedTable {
   std::vector<bool> gathered;     // per slot: slots[k] is the caller's view, stored through perm
   std::vector<int64_t> perm;      // storage row i is row perm[i] of the table (when unsorted)
   TensorView deleted;             // I64 [n], storage order
-  Tensor slice_rows;              // I64 [range size]
-  Tensor deleted_slice_rows;      // I64 [range size]
+  Tensor slices;                  // I64 [K]: PackSlice of the slices of the range with rows
+  Tensor deleted_slices;          // I64 [K']: the same of the deleted ids
   std::vector<Tensor> owned;
 };
 
 // Slots of at least this many bytes are gathered while written rather than sorted into a copy.
 inline constexpr uint64_t kGatherSlotBytes = uint64_t{1} << 20;
 
-// Sorts `t` into storage order on `threads` threads and counts its rows per slice of `range`.
+// Sorts `t` into storage order on `threads` threads and packs its slice index (`slices`).
 // InvalidArgument naming the id when an id or deleted id lies outside `range`.
 Result<SortedTable> SortTable(const SparseTable& t, SliceRange range, int threads);
 

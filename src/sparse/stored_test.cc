@@ -87,8 +87,10 @@ TEST_F(StoredTest, FeatureAndValueComeTogether) {
 }
 
 TEST_F(StoredTest, HostileDescriptionsAreRefused) {
-  EXPECT_EQ(EditedDesc([](Json& d) { d["format"] = 2; }).status().code(),
-            StatusCode::kUnimplemented);
+  for (int format : {0, 3}) {
+    EXPECT_EQ(EditedDesc([&](Json& d) { d["format"] = format; }).status().code(),
+              StatusCode::kUnimplemented);
+  }
   EXPECT_TRUE(
       Corrupt(EditedDesc([](Json& d) { d = Json::array(); }).status(), "not a JSON object"));
   EXPECT_TRUE(Corrupt(EditedDesc([](Json& d) { d["depth"] = -1; }).status(), "depth"));
@@ -104,12 +106,13 @@ TEST_F(StoredTest, HostileDescriptionsAreRefused) {
                         d["tables"][0]["ids"] = "savepoint.sparse/0.emb/slot/embedding";
                       }).status(),
                       "is F32 [3, 2]"));
+  EXPECT_TRUE(Corrupt(
+      EditedDesc([](Json& d) { d["tables"][0]["ranks"] = "savepoint.sparse/0.emb/ids"; }).status(),
+      "tables[0].ranks: tensor \"savepoint.sparse/0.emb/ids\" is I64 [3]"));
+  EXPECT_TRUE(Corrupt(EditedDesc([](Json& d) { d["tables"][0].erase("slices"); }).status(),
+                      "tables[0].slices is not a string"));
   EXPECT_TRUE(Corrupt(EditedDesc([](Json& d) {
-                        d["tables"][0]["slice_rows"] = "savepoint.sparse/0.emb/ids";
-                      }).status(),
-                      "tables[0].slice_rows"));
-  EXPECT_TRUE(Corrupt(EditedDesc([](Json& d) {
-                        d["tables"][0]["slots"][0]["tensor"] = "savepoint.sparse/0.emb/slice_rows";
+                        d["tables"][0]["slots"][0]["tensor"] = "savepoint.sparse/0.emb/ranks";
                       }).status(),
                       "but the table has 3 ids"));
   EXPECT_TRUE(Corrupt(EditedDesc([](Json& d) {
@@ -124,6 +127,37 @@ TEST_F(StoredTest, HostileDescriptionsAreRefused) {
                       "deleted ids in a full checkpoint"));
   EXPECT_TRUE(
       Corrupt(EditedDesc([](Json& d) { d["tables"][0]["name"] = ""; }).status(), "tables[0].name"));
+}
+
+// Format 2's index tensors: at most one entry per slice, at least one saving rank, at most 65536,
+// three columns in a full checkpoint (six in a delta).
+TEST_F(StoredTest, IndexTensorsOfImpossibleShapesAreRefused) {
+  auto reshaped = [&](std::string_view tensor, Shape shape) {
+    format::Manifest m = format::DecodeManifest(bytes_, "m").value();
+    for (format::TensorRecord& t : m.tensors) {
+      if (t.name == fmt::format("savepoint.sparse/0.emb/{}", tensor)) t.shape = shape;
+    }
+    bool found = false;
+    return DecodeDesc(m, "checkpoint /ck", &found).status();
+  };
+  SP_EXPECT_OK(reshaped("slices", {kNumSlices}));
+  EXPECT_TRUE(Corrupt(reshaped("slices", {kNumSlices + 1}), "tables[0].slices"));
+  SP_EXPECT_OK(reshaped("ranks", {kNumSlices, 3}));
+  EXPECT_TRUE(Corrupt(reshaped("ranks", {0, 3}), "no saving rank"));
+  EXPECT_TRUE(Corrupt(reshaped("ranks", {kNumSlices + 1, 3}), "tables[0].ranks"));
+  EXPECT_TRUE(Corrupt(reshaped("ranks", {1, 6}), "tables[0].ranks"));  // a delta's
+  EXPECT_TRUE(Corrupt(reshaped("ranks", {3}), "tables[0].ranks"));
+}
+
+TEST(SavingRankOfTest, InvertsGenSlice) {
+  for (int n : {1, 2, 3, 7, 1000, 65535, 65536}) {
+    for (int r : {0, 1, n / 2, n - 1}) {
+      if (r >= n) continue;
+      const SliceRange range = GenSlice(r, n).value();
+      EXPECT_EQ(SavingRankOf(range.begin, n), r) << n;
+      EXPECT_EQ(SavingRankOf(range.end - 1, n), r) << n;
+    }
+  }
 }
 
 // "." and ".." resolve to the delta's own directory and its parent, never to a sibling checkpoint.

@@ -120,7 +120,10 @@ TEST_F(SparseZeroElementsTest, HugeNumbersInTheDescriptionAreCorruption) {
   d["depth"] = 1;
   d["base"] = {{"path", "/b"}, {"checkpoint_id", "ffffffffffffffff"}};
   d["tables"][0]["deleted"] = d["tables"][0]["ids"];
-  d["tables"][0]["deleted_slice_rows"] = d["tables"][0]["slice_rows"];
+  d["tables"][0]["deleted_slices"] = d["tables"][0]["slices"];
+  for (format::TensorRecord& t : m.tensors) {
+    if (t.name.ends_with("/ranks")) t.shape = {1, 6};  // a delta's ranks tensor
+  }
   m.values.Erase(format::kSparseValueName);
   SP_ASSERT_OK(m.values.PutValue(std::string(format::kSparseValueName), Value::FromJson(d)));
   bool found = false;
