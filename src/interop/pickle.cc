@@ -32,6 +32,7 @@ class PickleParser {
     if (stack_.size() != 1 || !marks_.empty())
       return Bad("STOP with a stack of other than one value");
     out_.root_ = stack_.back();
+    out_.IndexDicts();
     return std::move(out_);
   }
 
@@ -400,8 +401,24 @@ Result<Pickle> Pickle::Parse(std::string_view bytes, const PickleOptions& o,
   return PickleParser(bytes, o, what).Run();
 }
 
+void Pickle::IndexDicts() {
+  for (Id id = 0; id < nodes_.size(); ++id) {
+    const Node& d = nodes_[id];
+    if (d.kind != Kind::kDict || d.dict.size() < kIndexedDictEntries) continue;
+    auto& index = index_[id];
+    for (const auto& [k, v] : d.dict) {
+      if (nodes_[k].kind == Kind::kString) index.try_emplace(nodes_[k].s, v);  // the first wins
+    }
+  }
+}
+
 const Pickle::Node* Pickle::Get(const Node& dict, std::string_view name) const {
   if (dict.kind != Kind::kDict) return nullptr;
+  if (dict.dict.size() >= kIndexedDictEntries) {
+    const auto& index = index_.at(static_cast<Id>(&dict - nodes_.data()));
+    auto it = index.find(name);
+    return it == index.end() ? nullptr : &nodes_[it->second];
+  }
   for (const auto& [k, v] : dict.dict) {
     if (nodes_[k].kind == Kind::kString && nodes_[k].s == name) return &nodes_[v];
   }

@@ -25,6 +25,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -54,6 +55,12 @@ struct PickleOptions {
   uint32_t max_depth = 64;                   // container nesting. Default: 64
 };
 using GlobalRole = PickleOptions::Role;
+
+// Heterogeneous lookup of std::string keys by std::string_view.
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
 
 class Pickle {
  public:
@@ -98,13 +105,22 @@ class Pickle {
   // Field `name` of an Object: looked up in its BUILD state when that is a dict, or a
   // (dict, slots dict) pair; nullptr when absent.
   const Node* Field(const Node& object, std::string_view name) const;
-  // Value of key `name` (a string) of a dict; nullptr when absent.
+  // Value of key `name` (a string) of a dict (a node of this Pickle); nullptr when absent. The
+  // first entry of that key wins. Constant time for dicts of kIndexedDictEntries entries or more
+  // (so that lookups repeated through the memo cost linear time), linear below.
   const Node* Get(const Node& dict, std::string_view name) const;
+
+  static constexpr size_t kIndexedDictEntries = 16;
 
  private:
   friend class PickleParser;
+  // Builds index_ once the parse is complete.
+  void IndexDicts();
+
   std::vector<Node> nodes_;  // nodes_[0] is None
   Id root_ = 0;
+  // For each dict of kIndexedDictEntries entries or more: its string keys -> the first value.
+  std::unordered_map<Id, std::unordered_map<std::string, Id, StringHash, std::equal_to<>>> index_;
 };
 
 }  // namespace savepoint::interop

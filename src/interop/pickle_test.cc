@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <span>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,58 @@ TEST(Pickle, MemoizedArgumentTupleIsSharedByNewObjAndReduce) {
     ASSERT_EQ(&r->Args(object), &args);
   }
   EXPECT_TRUE(r->Args(r->root()).empty());  // not an object
+}
+
+// A pickle of a list: the dict {key_0: 0, ..., key_<n-1>: n-1 (mod 256)} plus `extra` (opcodes
+// adding more items), memoized as 0, then `objects` instances of m.C whose BUILD state is that
+// dict (through the memo).
+std::string SharedStateDict(int n, const std::string& extra, int objects) {
+  std::string p = "\x80\x02](}q\x00("s;
+  for (int i = 0; i < n; ++i) {
+    const std::string key = "key_" + std::to_string(i);
+    p += "X"s + static_cast<char>(key.size()) + "\0\0\0"s + key + "K" + static_cast<char>(i % 256);
+  }
+  const std::string build_from_memo_0 = "h\x00"s + "b";
+  p += "u" + extra + "cm\nC\nq\x01)\x81" + build_from_memo_0;
+  for (int i = 1; i < objects; ++i) p += "h\x01)\x81" + build_from_memo_0;
+  return p + "e.";
+}
+
+// A dict's key is found the same whether the dict is indexed (kIndexedDictEntries entries or more)
+// or searched: the first entry of a key wins, keys that are not strings are never matched.
+TEST(Pickle, DictLookupIsTheSameIndexedOrNot) {
+  for (int n : {3, int{Pickle::kIndexedDictEntries}, 100}) {
+    SCOPED_TRACE(n);
+    // Then key_1 again (-> 7) and the int 5 as a key (-> 9).
+    Result<Pickle> r =
+        Pickle::Parse(SharedStateDict(n, "\x8c\x05key_1K\x07sK\x05K\x09s"s, 2), Allow(), "t");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const Pickle::Node& object = r->at(r->root().items[1]);
+    for (int i = 0; i < n; ++i) {
+      const Pickle::Node* v = r->Field(object, "key_" + std::to_string(i));
+      ASSERT_NE(v, nullptr) << i;
+      EXPECT_EQ(v->i, i % 256);
+    }
+    EXPECT_EQ(r->Field(object, "key_"), nullptr);
+    EXPECT_EQ(r->Field(object, "5"), nullptr);
+    EXPECT_EQ(r->Field(object, "key_" + std::to_string(n)), nullptr);
+  }
+}
+
+// A state dict of many entries shared by many objects through the memo (how a hostile DCP
+// `.metadata` made lookups cost entries x objects): every object's fields are found.
+TEST(Pickle, ManyObjectsSharingALargeStateDict) {
+  constexpr int kN = 20000;
+  Result<Pickle> r = Pickle::Parse(SharedStateDict(kN, "", kN), Allow(), "t");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const std::vector<Pickle::Id>& list = r->root().items;
+  ASSERT_EQ(list.size(), size_t{kN} + 1);
+  for (Pickle::Id id : std::span(list).subspan(1)) {
+    const Pickle::Node* v = r->Field(r->at(id), "key_19999");
+    ASSERT_NE(v, nullptr);
+    ASSERT_EQ(v->i, 19999 % 256);
+    ASSERT_EQ(r->Field(r->at(id), "absent"), nullptr);
+  }
 }
 
 TEST(Pickle, SizeCap) {
