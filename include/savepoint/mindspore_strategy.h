@@ -171,7 +171,9 @@ SAVEPOINT_API Result<MindSporeLayoutMap> ResolveMindSporeStrategy(const MindSpor
 SAVEPOINT_API Result<MindSporeLayoutMap> ReadMindSporeLayouts(const std::string& path,
                                                               FileSystem* fs = nullptr);
 
-// How many pieces `layout` cuts each dim of the tensor into (optimizer sharding not included).
+// How many pieces `layout` cuts each dim of the tensor into (optimizer sharding not included). A
+// product past int64 (a layout that did not pass ResolveMindSporeStrategy's caps) saturates at
+// INT64_MAX (INT64_MIN when negative).
 SAVEPOINT_API std::vector<int64_t> MindSporeSplitCounts(const MindSporeParamLayout& layout);
 
 // The full shape of a parameter whose slice (as one rank saved it) has shape `slice`: each dim

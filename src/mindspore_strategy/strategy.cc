@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <numeric>
 #include <set>
 
@@ -135,13 +136,23 @@ MindSporeLayout ToMindSporeLayout(const MindSporeParamLayout& l) {
 
 }  // namespace internal
 
+namespace {
+// a * b, INT64_MAX (or INT64_MIN) where it overflows: products of dev_matrix entries of a layout
+// that may not have passed ResolveMindSporeStrategy's caps.
+int64_t SaturatingMul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (!__builtin_mul_overflow(a, b, &r)) return r;
+  return (a < 0) != (b < 0) ? INT64_MIN : INT64_MAX;
+}
+}  // namespace
+
 std::vector<int64_t> MindSporeSplitCounts(const MindSporeParamLayout& l) {
   std::vector<int64_t> out;
   const int64_t n = static_cast<int64_t>(l.dev_matrix.size());
   for (const auto& axes : l.tensor_map) {
     int64_t c = 1;
     for (int32_t k : axes) {
-      if (k >= 0 && k < n) c *= l.dev_matrix[n - 1 - k];
+      if (k >= 0 && k < n) c = SaturatingMul(c, l.dev_matrix[n - 1 - k]);
     }
     out.push_back(c);
   }
@@ -158,13 +169,13 @@ Result<Shape> MindSporeGlobalShape(const MindSporeParamLayout& l, const Shape& s
   int64_t opt = ml.opt_shard_size;
   if (opt == -1) {
     const int64_t devices =
-        std::accumulate(l.dev_matrix.begin(), l.dev_matrix.end(), int64_t{1}, std::multiplies<>());
+        std::accumulate(l.dev_matrix.begin(), l.dev_matrix.end(), int64_t{1}, SaturatingMul);
     opt = devices / std::max<int64_t>(1, std::accumulate(counts.begin(), counts.end(), int64_t{1},
-                                                         std::multiplies<>()));
+                                                         SaturatingMul));
   }
   Shape out(slice.size());
   for (size_t d = 0; d < slice.size(); ++d) {
-    __int128 v = static_cast<__int128>(slice[d]) * counts[d] * (d == 0 && opt > 1 ? opt : 1);
+    __int128 v = SaturatingMul(SaturatingMul(slice[d], counts[d]), d == 0 && opt > 1 ? opt : 1);
     if (d == 0 && !l.param_split_shape.empty()) {
       v = std::accumulate(l.param_split_shape.begin(), l.param_split_shape.end(), __int128{0});
     }

@@ -129,6 +129,22 @@ TEST(StrategyHostileTest, GlobalShapesOfZeroElementSlices) {
   }
 }
 
+// A layout built by hand (not through ResolveMindSporeStrategy's caps) whose dev_matrix products
+// overflow int64: split counts saturate, and the global shape is refused, never wrapped.
+TEST(StrategyHostileTest, DevMatrixProductsPastInt64Saturate) {
+  const int64_t big = int64_t{1} << 40;
+  const MindSporeParamLayout l = Layout({big, big, 3}, {{0, 1, 2}, {-1}});
+  EXPECT_EQ(MindSporeSplitCounts(l), (std::vector<int64_t>{kMax, 1}));
+  EXPECT_THAT(MindSporeGlobalShape(l, {1, 1}),
+              StatusIs(StatusCode::kInvalidArgument, "global shape of slice [1, 1]"));
+  const MindSporeParamLayout negative = Layout({-big, big, 3}, {{0, 1, 2}, {-1}});
+  EXPECT_EQ(MindSporeSplitCounts(negative)[0], INT64_MIN);
+  EXPECT_THAT(MindSporeGlobalShape(negative, {1, 1}), StatusIs(StatusCode::kInvalidArgument));
+  // Optimizer sharding's default size divides the devices by the split: both saturated.
+  EXPECT_THAT(MindSporeGlobalShape(Layout({big, big, 3}, {{0}, {-1}}, -1, 1), {1, 1}),
+              StatusIs(StatusCode::kInvalidArgument));
+}
+
 // A .ckpt file of one entry "w" of `dims` without content, and an int32 scalar "step".
 std::string CkptFile(const std::vector<int64_t>& dims) {
   mindspore::Checkpoint c;
