@@ -37,10 +37,8 @@ Status ApplyCategories(const std::vector<std::string>& names, bool value, const 
   return Status::OK();
 }
 
-// The shard count the checkpoint metadata `meta` records for the object `name` (Gather's
-// kMetaKey/"objects"/name/"num_shards"), an integer: nullptr when the checkpoint is not a manager
-// checkpoint (no kMetaKey object, as for the index) or has no count for the object; Corruption
-// naming `where` and the member when the manager's record has a member of the wrong type.
+}  // namespace
+
 Result<const Json*> SavedShards(const Json& meta, const std::string& name,
                                 const std::string& where) {
   auto manager = meta.find(kMetaKey);  // (end() when `meta` is no object)
@@ -62,8 +60,6 @@ Result<const Json*> SavedShards(const Json& meta, const std::string& name,
   }
   return &*shards;
 }
-
-}  // namespace
 
 Result<std::vector<bool>> SelectedCategories(const LoadConfig& config) {
   std::vector<bool> selected(kNumCategories, false);

@@ -18,6 +18,14 @@
 
 namespace savepoint::manager {
 
+// The shard count the checkpoint metadata `meta` records for the object `name` (Gather's
+// kMetaKey/"objects"/name/"num_shards"), an integer: nullptr when the checkpoint is not a manager
+// checkpoint (no kMetaKey object, as for the index) or has no count for the object; Corruption
+// naming `where` and the member when the manager's record has a member of the wrong type. `meta`
+// comes from a checkpoint file: untrusted (fuzz/manager_meta_fuzzer.cc).
+Result<const Json*> SavedShards(const Json& meta, const std::string& name,
+                                const std::string& where);
+
 // What Registry::Load reads: an engine checkpoint (SourceOf(reader)) or a State loaded whole from
 // a file format (SourceOf(state, path)). Entries are looked up by full name.
 class EntrySource {
