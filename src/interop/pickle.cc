@@ -414,10 +414,9 @@ void Pickle::IndexDicts() {
 
 const Pickle::Node* Pickle::Get(const Node& dict, std::string_view name) const {
   if (dict.kind != Kind::kDict) return nullptr;
-  if (dict.dict.size() >= kIndexedDictEntries) {
-    const auto& index = index_.at(static_cast<Id>(&dict - nodes_.data()));
-    auto it = index.find(name);
-    return it == index.end() ? nullptr : &nodes_[it->second];
+  if (auto index = index_.find(static_cast<Id>(&dict - nodes_.data())); index != index_.end()) {
+    auto it = index->second.find(name);
+    return it == index->second.end() ? nullptr : &nodes_[it->second];
   }
   for (const auto& [k, v] : dict.dict) {
     if (nodes_[k].kind == Kind::kString && nodes_[k].s == name) return &nodes_[v];

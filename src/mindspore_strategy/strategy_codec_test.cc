@@ -61,15 +61,22 @@ TEST(StrategyCodecTest, OneDimNestedMapIsTheFlatMapOfItsAxis) {
   EXPECT_EQ(s.layouts[0].second.tensor_map, (std::vector<std::vector<int32_t>>{{2}}));
 }
 
+// The layouts of a new parameter `name` of `m` (stage 0), on a dev_matrix of one dim `devices`.
+mindspore_strategy::ParallelLayouts* AddParam(mindspore_strategy::ParallelStrategyMap& m,
+                                              const char* name, int64_t devices) {
+  m.set_current_stage(0);
+  auto* item = m.add_parallel_layout_item();
+  item->set_param_name(name);
+  auto* p = item->mutable_parallel_layouts();
+  p->add_dev_matrix()->add_dim(devices);
+  return p;
+}
+
 // Empty TensorMap messages among several are dropped, as MindSpore reads them; the result then
 // round-trips exactly.
 TEST(StrategyCodecTest, EmptyTensorMapMessagesAreDroppedThenStable) {
   mindspore_strategy::ParallelStrategyMap m;
-  m.set_current_stage(0);
-  auto* item = m.add_parallel_layout_item();
-  item->set_param_name("w");
-  auto* p = item->mutable_parallel_layouts();
-  p->add_dev_matrix()->add_dim(2);
+  auto* p = AddParam(m, "w", 2);
   p->add_tensor_map();  // empty
   p->add_tensor_map()->add_dim(0);
   p->add_tensor_map()->add_dim(-1);
@@ -87,11 +94,7 @@ TEST(StrategyCodecTest, EmptyTensorMapMessagesAreDroppedThenStable) {
 // the nested flag kept on the empty map, which then wrote differently the second time).
 TEST(StrategyCodecTest, OnlyEmptyTensorMapMessagesAreTheMapOfAScalar) {
   mindspore_strategy::ParallelStrategyMap m;
-  m.set_current_stage(0);
-  auto* item = m.add_parallel_layout_item();
-  item->set_param_name("s");
-  auto* p = item->mutable_parallel_layouts();
-  p->add_dev_matrix()->add_dim(4);
+  auto* p = AddParam(m, "s", 4);
   p->add_tensor_map();
   p->add_tensor_map();
   SP_ASSERT_OK_AND_ASSIGN(MindSporeStrategy s,

@@ -123,14 +123,14 @@ class LargeTableTest : public ::testing::Test {
     fs_.size = emb_at + kRows * 8;
     fs_.extents = {{0, format::EncodeDataHeader(m.checkpoint_id, 0, m.version)},
                    {slices, Bytes(index_)},
-                   {ranks, Bytes(ranks_.empty() ? TrueRanks() : ranks_)},
+                   {ranks, Bytes(Ranks())},
                    {id_at + (kRows - kTail) * 8, Bytes(ids)},
                    {emb_at + (kRows - kTail) * 8, Bytes(emb)}};
     m.files[0].bytes = fs_.size;
     for (format::TensorRecord& t : m.tensors) {
       const int64_t n = static_cast<int64_t>(index_.size());
       if (t.name.ends_with("/slices")) Place(t, n, slices, n * 8);
-      if (t.name.ends_with("/ranks")) Place(t, 1, ranks, 24);
+      if (t.name.ends_with("/ranks")) Place(t, Ranks().size() / 3, ranks, Ranks().size() * 8);
       if (t.name.ends_with("/ids")) Place(t, kRows, id_at, kRows * 8);
       if (t.name.ends_with("/embedding")) Place(t, kRows, emb_at, kRows * 8);
       if (t.name.ends_with("/flag")) Place(t, kRows, fs_.size, 0);
@@ -154,15 +154,17 @@ class LargeTableTest : public ::testing::Test {
     }
   }
 
-  Result<State> LoadShard(int shard_id) {
-    return LoadSparse("/ck", {.shard_id = shard_id, .shard_num = 65536},
+  Result<State> LoadShard(int shard_id, int shard_num = 65536) {
+    return LoadSparse("/ck", {.shard_id = shard_id, .shard_num = shard_num},
                       {.fs = &fs_, .direct_io = false});
   }
 
   MemFileSystem mem_;
   VirtualFs fs_{&mem_};
   std::vector<int64_t> index_;
-  std::vector<int64_t> ranks_;  // the row of the ranks tensor; empty: TrueRanks()
+  // The rows of the ranks tensor (3 per saving rank); empty: TrueRanks().
+  std::vector<int64_t> ranks_;
+  std::vector<int64_t> Ranks() const { return ranks_.empty() ? TrueRanks() : ranks_; }
   std::vector<int64_t> TrueRanks() const { return {0, static_cast<int64_t>(index_.size()), 0}; }
 };
 
@@ -229,6 +231,35 @@ TEST_F(LargeTableTest, RanksWhoseEntriesAreNoRangeOfTheIndexAreCorruption) {
   ranks_ = {0, 3, 1};  // one row later than stored: the last rows run past the ids
   ASSERT_NO_FATAL_FAILURE(Forge());
   EXPECT_TRUE(Corrupt(LoadShard(65535).status(), "rows among the 4295491584 stored"));
+}
+
+// The same rows as saved by 2 ranks (slices [0, 32768) and [32768, 65536)): a loader whose slices
+// span both reads each rank's row and entries; a rank whose entries or first row do not follow the
+// rank before it, or whose entries leave its own slices, is Corruption naming it.
+TEST_F(LargeTableTest, TwoSavingRanksMustFollowEachOther) {
+  const int64_t first_of_1 = kRows - kTail;
+  ranks_ = {0, 1, 0, 1, 2, first_of_1};
+  ASSERT_NO_FATAL_FAILURE(Forge());
+  SP_ASSERT_OK_AND_ASSIGN(State s, LoadShard(1, 3));  // slices [21846, 43691): both ranks
+  const SparseTable* t = s.FindTable("emb");
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(t->num_rows(), 5);
+  EXPECT_EQ(t->ids()[0], TailId(0));
+  SP_ASSERT_OK_AND_ASSIGN(State last, LoadShard(65535));  // rank 1's row only
+  EXPECT_EQ(last.FindTable("emb")->num_rows(), 5);
+
+  ranks_ = {0, 1, 0, 1, 2, first_of_1 - 1};  // rank 1 starts a row early
+  ASSERT_NO_FATAL_FAILURE(Forge());
+  EXPECT_TRUE(
+      Corrupt(LoadShard(1, 3).status(),
+              fmt::format("saving rank 1 of 2: its entries [1, 3) or first row {} do not follow",
+                          first_of_1 - 1)));
+  ranks_ = {0, 1, 0, 2, 1, first_of_1};  // rank 1's entries overlap rank 0's
+  ASSERT_NO_FATAL_FAILURE(Forge());
+  EXPECT_TRUE(Corrupt(LoadShard(1, 3).status(), "saving rank 1 of 2: its entries [2, 3)"));
+  ranks_ = {0, 2, 0, 2, 1, first_of_1};  // rank 0 claims slice 32768, which is rank 1's
+  ASSERT_NO_FATAL_FAILURE(Forge());
+  EXPECT_TRUE(Corrupt(LoadShard(1, 3).status(), "saving rank 0 of 2: entry 1"));
 }
 
 TEST_F(LargeTableTest, TruncatedDataIsCorruption) {
