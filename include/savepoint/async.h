@@ -39,6 +39,8 @@
 
 namespace savepoint {
 
+struct SparseSaveOptions;  // savepoint/sparse.h
+
 // Copies tensor bytes into host staging memory during the snapshot. The default copies with
 // memcpy and checksums in the same pass. A device copier (e.g. CUDA device-to-host) implements
 // this to snapshot accelerator memory; the CRC is then computed on the staged host bytes.
@@ -155,8 +157,20 @@ class SAVEPOINT_API Checkpointer {
   // thread then also holds two slab-sized buffers outside the staging cap.
   // `options.key` is honoured (docs/FORMAT.md §10): the key is resolved here, before the copy (its
   // errors are returned here), and the chunks are encrypted into the slabs during the snapshot.
+  // A state holding sparse tables (State::PutTable) is saved as SaveSparse saves it, a full
+  // save; the rows are sorted into storage order (docs/FORMAT.md §11) on the caller's thread and
+  // gathered into the staging slabs by the snapshot, so the caller may change its tables too once
+  // this returns.
   virtual Result<SaveHandle> SaveAsync(const State& state, const std::string& path,
                                        const SaveOptions& options = {}) = 0;
+  // The same with SaveSparse's options (savepoint/sparse.h): `options.base` makes it a delta (each
+  // table holding its rows touched since the base and the ids deleted since, e.g. MakeDelta of a
+  // DirtySet), `options.concurrency` threads sort the rows, `options.save` is SaveAsync's
+  // options; `options.timeout` must be left at its default (distributed saves only). The base is
+  // read here, after the previous save of this Checkpointer has finished (unless
+  // allow_concurrent_saves), so it may be that save. Errors: SaveAsync's and SaveSparse's.
+  virtual Result<SaveHandle> SaveAsync(const State& state, const std::string& path,
+                                       const SparseSaveOptions& options) = 0;
 
   // Blocks until every save started so far has finished; returns the first error among them.
   virtual Status WaitAll() = 0;

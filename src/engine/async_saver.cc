@@ -31,6 +31,7 @@
 #include <optional>
 #include <thread>
 
+#include "engine/checkpointer.h"
 #include "engine/request.h"
 #include "engine/seal.h"
 #include "engine/snapshot.h"
@@ -200,9 +201,10 @@ uint64_t DefaultStagingBytes() {
 
 class CheckpointerImpl final : public Checkpointer {
  public:
-  CheckpointerImpl(const CheckpointerOptions& o, const IoOptions& io)
+  CheckpointerImpl(const CheckpointerOptions& o, const IoOptions& io, FlattenTables flatten)
       : options_(o),
         io_(io),
+        flatten_(std::move(flatten)),
         pool_(o.slab_bytes,
               (o.staging_bytes != 0 ? o.staging_bytes : DefaultStagingBytes()) / o.slab_bytes,
               o.copier) {}
@@ -229,6 +231,8 @@ class CheckpointerImpl final : public Checkpointer {
 
   Result<SaveHandle> SaveAsync(const State& state, const std::string& path,
                                const SaveOptions& options) override;
+  Result<SaveHandle> SaveAsync(const State& state, const std::string& path,
+                               const SparseSaveOptions& options) override;
 
   Status WaitAll() override {
     std::vector<Job> jobs;
@@ -255,8 +259,12 @@ class CheckpointerImpl final : public Checkpointer {
     std::thread thread;
   };
 
-  Result<std::shared_ptr<SaveHandle::Shared>> Prepare(const State& state, const std::string& path,
-                                                      const SaveOptions& options);
+  // Plans, snapshots and launches the save of `r` (its state, gathers, path and options; r.io is
+  // ignored: the Checkpointer's io_ writes).
+  Result<std::shared_ptr<SaveHandle::Shared>> Prepare(const WriteRequest& r);
+  // SaveAsync of either kind: `tables` null for a State without tables.
+  Result<SaveHandle> Start(const State& state, const std::string& path, const SaveOptions& options,
+                           const SparseSaveOptions* tables);
   void Launch(std::shared_ptr<SaveHandle::Shared> job);
 
   // Grows the pool slab by slab to reserve_target_ (Reserve's thread).
@@ -280,6 +288,7 @@ class CheckpointerImpl final : public Checkpointer {
 
   const CheckpointerOptions options_;
   const IoOptions io_;
+  const FlattenTables flatten_;
   StagingPool pool_;
   std::mutex save_mu_;  // serialises snapshots
   std::mutex mu_;       // guards jobs_
@@ -314,11 +323,10 @@ Status CheckAsyncSaveOptions(const SaveOptions& o, const CheckpointerOptions& c,
   return RefuseTopology(o.topology, "async save " + path, "SaveOptions");
 }
 
-Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const State& state,
-                                                                      const std::string& path,
-                                                                      const SaveOptions& options) {
-  SP_RETURN_IF_ERROR(CheckAsyncSaveOptions(options, options_, path));
-  SaveOptions o = options;
+Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const WriteRequest& r) {
+  const State& state = *r.state;
+  const std::string& path = r.path;
+  SaveOptions o = r.options;
   o.chunk_bytes = options_.slab_bytes;
   std::optional<format::CheckpointKeys> keys;
   if (o.key) {  // resolved on the caller's thread, before anything is created
@@ -333,7 +341,7 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Stat
   SP_ASSIGN_OR_RETURN(job->target, BeginSave(path, o, io_));
   Result<std::unique_ptr<WritableFile>> file = Status();
   Result<std::vector<ChunkTask>> tasks =
-      PlanSave(state, o.chunk_bytes, &job->manifest, o.compression, o.format_version);
+      PlanSave(state, o.chunk_bytes, &job->manifest, o.compression, o.format_version, r.gathers);
   if (tasks.ok() && keys) EnableSealing(std::move(*keys), 0, &job->manifest, &*tasks, &job->seal);
   if (tasks.ok()) file = CreateDataFile(job->target, job->manifest, io_.direct_io);
   if (!tasks.ok() || !file.ok()) {
@@ -381,24 +389,48 @@ void CheckpointerImpl::Launch(std::shared_ptr<SaveHandle::Shared> job) {
 
 Result<SaveHandle> CheckpointerImpl::SaveAsync(const State& state, const std::string& path,
                                                const SaveOptions& options) {
-  auto t0 = Clock::now();
-  if (!state.tables().empty()) {
-    return UnimplementedError(fmt::format(
-        "save {}: asynchronous saves of sparse tables are not implemented: use SaveSparse", path));
+  if (state.tables().empty()) return Start(state, path, options, nullptr);
+  const SparseSaveOptions tables{.save = options};
+  return Start(state, path, options, &tables);
+}
+
+Result<SaveHandle> CheckpointerImpl::SaveAsync(const State& state, const std::string& path,
+                                               const SparseSaveOptions& options) {
+  if (options.timeout != SparseSaveOptions{}.timeout) {
+    return InvalidArgumentError(fmt::format(
+        "save {}: SparseSaveOptions.timeout applies to distributed saves, not to an async save of "
+        "one process",
+        path));
   }
+  return Start(state, path, options.save, &options);
+}
+
+Result<SaveHandle> CheckpointerImpl::Start(const State& state, const std::string& path,
+                                           const SaveOptions& options,
+                                           const SparseSaveOptions* tables) {
+  auto t0 = Clock::now();
+  SP_RETURN_IF_ERROR(CheckAsyncSaveOptions(options, options_, path));
   std::lock_guard<std::mutex> serial(save_mu_);
   if (!options_.allow_concurrent_saves) WaitAll().IgnoreError();  // errors went to their handles
-  SP_ASSIGN_OR_RETURN(std::shared_ptr<SaveHandle::Shared> job, Prepare(state, path, options));
+  WriteRequest in;
+  in.path = path;
+  in.state = &state;
+  in.options = options;
+  in.io = io_;
+  std::shared_ptr<const WriteRequest> flat;  // the tables' tensors: alive until the snapshot ends
+  if (tables != nullptr) {  // (after the wait: a delta's base may be the save before)
+    SP_ASSIGN_OR_RETURN(flat, flatten_(in, *tables));
+  }
+  SP_ASSIGN_OR_RETURN(std::shared_ptr<SaveHandle::Shared> job, Prepare(flat ? *flat : in));
   std::lock_guard<std::mutex> lock(job->mu);
   job->stats.blocked_seconds = Since(t0);
   return SaveHandle(job);
 }
 
 }  // namespace
-}  // namespace engine
 
-Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(const CheckpointerOptions& o,
-                                                           const IoOptions& io) {
+Result<std::unique_ptr<Checkpointer>> NewCheckpointer(const CheckpointerOptions& o,
+                                                      const IoOptions& io, FlattenTables flatten) {
   if (o.slab_bytes < (64 << 10) || o.slab_bytes > format::kMaxChunkBytes ||
       o.slab_bytes % format::kAlignment != 0) {
     return InvalidArgumentError(fmt::format(
@@ -411,9 +443,10 @@ Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(const CheckpointerOpt
         fmt::format("CheckpointerOptions.snapshot_threads = {}: must be in [0, 64] (0 = default)",
                     o.snapshot_threads));
   }
-  auto checkpointer = std::make_unique<engine::CheckpointerImpl>(o, io);
+  auto checkpointer = std::make_unique<CheckpointerImpl>(o, io, std::move(flatten));
   if (o.prefault_bytes > 0) checkpointer->Reserve(o.prefault_bytes);
   return std::unique_ptr<Checkpointer>(std::move(checkpointer));
 }
 
+}  // namespace engine
 }  // namespace savepoint

@@ -126,15 +126,32 @@ class Crew {
     return Status::OK();
   }
 
+  // Bytes [from, from + n) of the chunk of `t` into `dst`, extending *crc over them: copied
+  // (CopySegment), or for a row gather (sparse tables, WriteRequest::gathers) gathered into
+  // storage order a slice at a time, each slice checksummed right after.
+  Status StageSegment(const ChunkTask& t, uint64_t from, std::byte* dst, uint64_t n,
+                      uint32_t* crc) {
+    if (t.gather == nullptr) return CopySegment(t.src + from, dst, n, crc);
+    const uint64_t at = static_cast<uint64_t>(t.src - t.gather->base) + from;
+    for (uint64_t done = 0; done < n;) {
+      const uint64_t len = std::min<uint64_t>(n - done, kCrc32cSlice);
+      GatherRows(*t.gather, at + done, len, dst + done);
+      *crc = Crc32cExtend(*crc, {dst + done, len});
+      done += len;
+    }
+    return Status::OK();
+  }
+
   // Encrypted saves (engine/seal.h): seals the chunk of `job` into its segments: each piece is
-  // copied by the custom copier first (when it takes the source), then encrypted in place a slice
-  // at a time, each slice checksummed right after; sets the chunk's tag and CRC (of the
-  // ciphertext).
+  // copied by the custom copier first (when it takes the source) or gathered (a row gather), then
+  // encrypted in place a slice at a time, each slice checksummed right after; sets the chunk's
+  // tag and CRC (of the ciphertext).
   Status SealSegments(const CopyJob& job) {
     const ChunkTask& t = *job.task;
     SP_ASSIGN_OR_RETURN(crypto::GcmSealer sealer,
                         t.seal->keys.BeginSeal(IdentityOf(t, t.file_offset, t.len, false)));
-    const bool custom = plan_.copier != nullptr && plan_.copier->Copies(t.src);
+    const bool custom =
+        t.gather == nullptr && plan_.copier != nullptr && plan_.copier->Copies(t.src);
     const uint64_t piece = custom ? CopierPiece() : kCrc32cSlice;
     uint32_t crc = 0;
     for (const Segment& s : job.segments) {
@@ -142,7 +159,11 @@ class Crew {
         const uint64_t len = std::min<uint64_t>(s.n - done, piece);
         const std::byte* src = t.src + s.from + done;
         std::byte* dst = s.dst + done;
-        if (custom) {
+        if (t.gather != nullptr) {
+          GatherRows(*t.gather, static_cast<uint64_t>(t.src - t.gather->base) + s.from + done, len,
+                     dst);
+          src = dst;
+        } else if (custom) {
           SP_RETURN_IF_ERROR(plan_.copier->Copy(src, dst, len));
           src = dst;
         }
@@ -173,7 +194,7 @@ class Crew {
     }
     for (size_t i = 0; ok && !seal && i < job.segments.size(); ++i) {
       const Segment& s = job.segments[i];
-      Status st = CopySegment(job.task->src + s.from, s.dst, s.n, &crc);
+      Status st = StageSegment(*job.task, s.from, s.dst, s.n, &crc);
       if (!st.ok()) {
         sink_->Fail(std::move(st));
         ok = false;

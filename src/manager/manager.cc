@@ -263,6 +263,7 @@ class ManagerImpl final : public CheckpointManager {
   struct Pending {
     std::shared_ptr<InFlight> handle;
     CheckpointRecord record;
+    std::string base = {};  // a delta's base (its name), else empty
   };
 
   Status CheckOpen() const {
@@ -411,14 +412,14 @@ class ManagerImpl final : public CheckpointManager {
           "save {}: sparse tables ({}, ...) need ManagerOptions.storage.format = kNative", rec.path,
           state.tables().begin()->first));
     }
-    const bool staged = o_.async_save.enabled && state.tables().empty() && !args.delta;
+    const bool staged = o_.async_save.enabled;  // tables and deltas too
     if (!staged) SP_RETURN_IF_ERROR(CheckHostMemory(state, rec.path));
     SP_ASSIGN_OR_RETURN(State full, Decorate(state, rec));
     bases_->Forget(rec.name);              // the name may be replaced
     if (tier_) tier_->Withdraw(rec.name);  // and must not be read by an upload meanwhile
     if (args.delta) {
-      SP_RETURN_IF_ERROR(SaveDeltaLocked(std::move(rec), full));
-    } else if (o_.async_save.enabled && state.tables().empty()) {  // tables are saved synchronously
+      SP_RETURN_IF_ERROR(SaveDeltaLocked(std::move(rec), full, staged));
+    } else if (staged) {
       SP_ASSIGN_OR_RETURN(std::shared_ptr<InFlight> h, store_->SaveAsync(full, rec.path));
       pending_.push_back({std::move(h), std::move(rec)});
     } else {
@@ -434,24 +435,25 @@ class ManagerImpl final : public CheckpointManager {
     return true;
   }
 
-  // A save that does not go through the async Checkpointer (synchronous, with tables or a delta)
-  // reads the tensors in place: none may be in memory only its copier can reach (device memory).
+  // A save that does not go through the async Checkpointer (a synchronous one) reads the tensors
+  // in place: none may be in memory only its copier can reach (device memory).
   Status CheckHostMemory(const State& state, const std::string& path) const {
     const SnapshotCopier* copier = o_.async_save.checkpointer.copier;
     if (copier == nullptr) return Status::OK();
     for (const auto& [name, e] : state.entries()) {
       if (e.is_tensor() && e.tensor().nbytes() > 0 && copier->Copies(e.tensor().data())) {
         return InvalidArgumentError(fmt::format(
-            "save {}: tensor \"{}\" is in device memory, but this save is synchronous (it holds "
-            "sparse tables or is a delta) and reads host memory only: copy it to the host first",
+            "save {}: tensor \"{}\" is in device memory, but this save is synchronous and reads "
+            "host memory only: copy it to the host first",
             path, name));
       }
     }
     return Status::OK();
   }
 
-  // A delta on the newest committed checkpoint (SaveArgs::delta), then maybe its compaction.
-  Status SaveDeltaLocked(CheckpointRecord rec, const State& full) {
+  // A delta on the newest committed checkpoint (SaveArgs::delta), then maybe its compaction;
+  // `staged`: started asynchronously, committed (and maybe compacted) when reaped.
+  Status SaveDeltaLocked(CheckpointRecord rec, const State& full, bool staged) {
     SP_RETURN_IF_ERROR(Reap(true));  // the base must be committed, and not being compacted
     if (index_.records.empty()) {
       return FailedPreconditionError(fmt::format(
@@ -462,6 +464,12 @@ class ManagerImpl final : public CheckpointManager {
     if (base.name == rec.name) {
       return FailedPreconditionError(
           fmt::format("delta save {}: its base would be the checkpoint it replaces", rec.path));
+    }
+    if (staged) {
+      SP_ASSIGN_OR_RETURN(std::shared_ptr<InFlight> h,
+                          store_->SaveDeltaAsync(full, rec.path, base.path));
+      pending_.push_back({std::move(h), std::move(rec), base.name});
+      return Status::OK();
     }
     SaveStats io;
     SP_RETURN_IF_ERROR(store_->SaveDelta(full, rec.path, base.path, &io));
@@ -474,7 +482,7 @@ class ManagerImpl final : public CheckpointManager {
 
   // Starts compacting the chain ending at `head` when the policy says so.
   void MaybeCompact(const CheckpointRecord& head) {
-    if (!o_.sparse.compact) return;
+    if (!o_.sparse.compact || compaction_) return;  // (one at a time: the next delta tries again)
     compact_later_.reset();
     if (tier_ && tier_->Busy(head.name)) {  // not while it is being uploaded: after (Reap)
       compact_later_ = head;
@@ -662,9 +670,15 @@ class ManagerImpl final : public CheckpointManager {
       SaveStats st = p.handle->stats();
       CheckpointStats cs{"checkpoint_save", p.record.name, p.record.step,
                          st.bytes,          st.seconds,    st.blocked_seconds};
+      if (s.ok() && !p.base.empty()) bases_->Set(p.record.name, p.base);
+      const CheckpointRecord rec = p.record;
       if (s.ok()) s = Commit(std::move(p.record), cs);
+      if (s.ok() && !p.base.empty()) MaybeCompact(rec);
       if (!s.ok()) spdlog::error("savepoint: async save failed: {}", s.ToString());
       if (!s.ok() && first.ok()) first = s;
+    }
+    if (block) {  // a compaction started by a delta committed above
+      if (Status c = FinishCompaction(true); !c.ok() && first.ok()) first = c;
     }
     return first;
   }

@@ -102,6 +102,12 @@ class NativeStore final : public Store {
     so.save.stats = stats;
     return SaveSparse(state, path, so, o_.io);
   }
+  Result<std::shared_ptr<InFlight>> SaveDeltaAsync(const State& state, const std::string& path,
+                                                   const std::string& base) override {
+    const SparseSaveOptions so{.save = SaveOpts(), .base = base};
+    SP_ASSIGN_OR_RETURN(SaveHandle h, async_->SaveAsync(state, path, so));
+    return std::shared_ptr<InFlight>(std::make_shared<HandleInFlight>(std::move(h)));
+  }
   Status Compact(const std::string& path) override {
     return CompactSparse(path, path, {.save = SaveOpts()}, LoadOpts(), o_.io);
   }
@@ -326,6 +332,10 @@ Status NeedsNative(std::string_view what, const std::string& path) {
 }  // namespace
 
 Status Store::SaveDelta(const State&, const std::string& path, const std::string&, SaveStats*) {
+  return NeedsNative("delta save", path);
+}
+Result<std::shared_ptr<InFlight>> Store::SaveDeltaAsync(const State&, const std::string& path,
+                                                        const std::string&) {
   return NeedsNative("delta save", path);
 }
 Status Store::Compact(const std::string& path) { return NeedsNative("compaction of", path); }

@@ -87,6 +87,10 @@ class Store {
   // format). Saves `state`, whose tables are deltas, synchronously as a delta on `base`.
   virtual Status SaveDelta(const State& state, const std::string& path, const std::string& base,
                            SaveStats* stats);
+  // The same started asynchronously (SaveAsync): returns once the caller may modify the state.
+  virtual Result<std::shared_ptr<InFlight>> SaveDeltaAsync(const State& state,
+                                                           const std::string& path,
+                                                           const std::string& base);
   // Folds the chain ending at `path` into a full checkpoint committed over `path`.
   virtual Status Compact(const std::string& path);
   // The base of the checkpoint at `path` when it is a delta, else nullopt (a full checkpoint, one

@@ -194,8 +194,6 @@ TEST(SparseSave, PlainSaveAndLoadCarryTables) {
   auto reader = CheckpointReader::Open("/ck/plain", {}, Io(&mem)).value();
   EXPECT_EQ(reader->manifest_json()["required_features"], Json::array({"sparse"}));
   EXPECT_NE(reader->FindTensor("savepoint.sparse/0.emb/slot/embedding"), nullptr);
-  auto ckpt = Checkpointer::Create({}, Io(&mem)).value();
-  EXPECT_THAT(ckpt->SaveAsync(state, "/ck/async"), StatusIs(StatusCode::kUnimplemented));
 }
 
 TEST(SparseSave, EncryptedChainNeedsTheKey) {

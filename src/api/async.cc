@@ -1,0 +1,20 @@
+// Checkpointer::Create: the engine's asynchronous Checkpointer, given the sparse layer's
+// flattening so that its saves take states holding sparse tables (engine/checkpointer.h).
+#include "engine/checkpointer.h"
+#include "sparse/save.h"
+
+namespace savepoint {
+
+Result<std::unique_ptr<Checkpointer>> Checkpointer::Create(const CheckpointerOptions& options,
+                                                           const IoOptions& io) {
+  auto flatten =
+      [](const engine::WriteRequest& in,
+         const SparseSaveOptions& tables) -> Result<std::shared_ptr<const engine::WriteRequest>> {
+    auto flat = std::make_shared<sparse::Flat>();
+    SP_RETURN_IF_ERROR(sparse::Flatten(in, tables, flat.get()));
+    return std::shared_ptr<const engine::WriteRequest>(flat, &flat->request);
+  };
+  return engine::NewCheckpointer(options, io, flatten);
+}
+
+}  // namespace savepoint
