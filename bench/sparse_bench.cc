@@ -11,6 +11,10 @@
 //             docs/PERFORMANCE.md: 1.1% of the full save + 8 KiB per table per rank
 //   load N->N and N->(N-1): every loader (a thread) loads its shard of the table (--reps pairs,
 //             ABBA, medians)
+//   async     Checkpointer::SaveAsync of shard 0's tables (one process), full and a delta of its
+//             touched rows: the time SaveAsync blocks the caller against a memcpy of the same
+//             bytes (ids and slots) into pre-touched memory, in the same run (--reps each,
+//             alternating, medians); building the delta (MakeDelta) is timed apart
 // Usage: sparse_bench --dir DIR [--rows 1048576] [--dim 32] [--shards 4] [--touched 0.01]
 //                     [--deleted 0] [--tables 1] [--threads 4] [--sorted 0|1] [--reps 3]
 // --tables T saves T tables of the same rows (emb0 ... emb<T-1>; their memory shared), so the
@@ -125,8 +129,9 @@ std::vector<Shard> Generate(const Flags& f) {
     s.ids = sp::Tensor::Empty(sp::DType::kI64, {n}).value();
     std::mt19937_64 rng(r);
     const int64_t width = range.end - range.begin;
-    for (int64_t i = 0; i < n; ++i) {  // distinct: i-th id in slice begin + i % width
-      s.ids.as<int64_t>()[i] = (i / width) * sp::kNumSlices + range.begin + i % width;
+    const int64_t per = (n + width - 1) / width;  // rows per slice (the last ones fewer)
+    for (int64_t i = 0; i < n; ++i) {  // storage order: slice begin + i / per, ids ascending in it
+      s.ids.as<int64_t>()[i] = (i % per) * sp::kNumSlices + range.begin + i / per;
     }
     if (!f.sorted) std::shuffle(s.ids.as<int64_t>().begin(), s.ids.as<int64_t>().end(), rng);
     for (sp::Tensor* t : {&s.emb, &s.m, &s.v}) {
@@ -266,6 +271,69 @@ void VerifyDelta(const std::string& path, const std::vector<Shard>& shards,
   fmt::print("verified: the delta chain loads every shard's rows less its deleted ids\n");
 }
 
+struct AsyncTimes {
+  double full = 0, full_copy = 0, delta = 0, delta_copy = 0;
+  double make_delta = 0;  // building the delta table (SparseTable views + MakeDelta)
+};
+
+// Seconds of a memcpy of `bytes` from `src` into the pre-touched `dst`.
+double CopySeconds(const std::vector<const sp::Tensor*>& src, std::vector<std::byte>& dst) {
+  return Seconds([&] {
+    std::byte* at = dst.data();
+    for (const sp::Tensor* t : src) {
+      std::memcpy(at, t->data(), t->nbytes());
+      at += t->nbytes();
+    }
+  });
+}
+
+// The async saves of shard `s` (see the file comment): medians of --reps blocked times, each
+// beside a memcpy of the same bytes.
+AsyncTimes AsyncSeconds(const Flags& f, const Shard& s, const std::vector<int64_t>& touched,
+                        const std::string& dir) {
+  const uint64_t bytes = static_cast<uint64_t>(f.tables) *
+                         (s.ids.nbytes() + s.emb.nbytes() + s.m.nbytes() + s.v.nbytes());
+  auto ckpt = sp::Checkpointer::Create(
+                  {.staging_bytes = bytes + (uint64_t{256} << 20), .prefault_bytes = bytes},
+                  {.io_threads = f.threads})
+                  .value();
+  while (ckpt->staging_allocated_bytes() < std::min(bytes, ckpt->staging_cap_bytes())) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the staging is reserved
+  }
+  std::vector<std::byte> buffer(bytes);
+  std::memset(buffer.data(), 1, buffer.size());
+  std::vector<const sp::Tensor*> all;
+  for (int k = 0; k < f.tables; ++k) {
+    for (const sp::Tensor* t : {&s.ids, &s.emb, &s.m, &s.v}) all.push_back(t);
+  }
+  // The delta's bytes: its rows (ids and slots), as MakeDelta gathers them.
+  const uint64_t row_bytes = 8 + 3 * 4 * static_cast<uint64_t>(f.dim);
+  sp::Tensor delta_src =
+      sp::Tensor::Empty(sp::DType::kU8,
+                        {static_cast<int64_t>(touched.size() * row_bytes * f.tables)})
+          .value();
+  std::vector<std::vector<double>> t(5);
+  for (int rep = 0; rep < f.reps; ++rep) {
+    const std::string path = fmt::format("{}/async-{}", dir, rep);
+    const sp::State state = s.Table(f.tables);
+    sp::SaveHandle h = ckpt->SaveAsync(state, path).value();
+    Must(h.Wait(), "async save");
+    t[0].push_back(h.stats().blocked_seconds);
+    t[1].push_back(CopySeconds(all, buffer));
+    sp::bench::Timer timer;
+    const sp::State delta = s.Table(f.tables, &touched);
+    t[4].push_back(timer.seconds());
+    sp::SaveHandle d =
+        ckpt->SaveAsync(delta, path + "-delta", sp::SparseSaveOptions{.base = path}).value();
+    t[2].push_back(d.stats().blocked_seconds);
+    Must(d.Wait(), "async delta save");
+    t[3].push_back(CopySeconds({&delta_src}, buffer));
+    std::filesystem::remove_all(path);
+    std::filesystem::remove_all(path + "-delta");
+  }
+  return {Median(t[0]), Median(t[1]), Median(t[2]), Median(t[3]), Median(t[4])};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -344,6 +412,7 @@ int main(int argc, char** argv) {
     if (rep % 2 == 1) nns.push_back(load(f.shards));
   }
   const double nn = Median(nns), nm = Median(nms);
+  const AsyncTimes async = AsyncSeconds(f, shards[0], touched[0], f.dir);
   const std::string first_table = f.tables == 1 ? "emb" : "emb0";
   Verify(full, shards, first_table, io);  // untimed: every rank's rows came back, in storage order
   VerifyDelta(delta, shards, deleted, first_table, io);
@@ -368,12 +437,17 @@ int main(int argc, char** argv) {
   fmt::print("load {}->{}  {:.3f} s [{:.3f}]; {}->{}  {:.3f} s [{:.3f}]\n", f.shards, f.shards, nn,
              fmt::join(nns, " "), f.shards, f.shards - 1, nm, fmt::join(nms, " "));
   fmt::print(
+      "async (shard 0, one process): full blocked {:.4f} s, memcpy {:.4f} s; delta blocked {:.4f} "
+      "s, memcpy of its rows {:.5f} s, MakeDelta {:.4f} s\n",
+      async.full, async.full_copy, async.delta, async.delta_copy, async.make_delta);
+  fmt::print(
       "ratios: full/dd speed {:.2f} (goal >= 0.9); full/raw speed {:.2f}; delta bytes {:.3f}% of "
       "full (goal <= {:.3f}%: 1.1% + 8 KiB per table per rank); delta time {:.2f}% of full (goal "
-      "<= 3%); load {}->{} / {}->{} {:.2f} (goal <= 1.2)\n",
+      "<= 3%); load {}->{} / {}->{} {:.2f} (goal <= 1.2); async blocked / memcpy: full {:.2f}, "
+      "delta {:.2f} (goal <= 1.2)\n",
       t_dd / t_full, t_raw / t_full, 100.0 * delta_bytes / full_bytes,
       100.0 * delta_goal / full_bytes, 100.0 * t_delta / t_full, f.shards, f.shards - 1, f.shards,
-      f.shards, nm / nn);
+      f.shards, nm / nn, async.full / async.full_copy, async.delta / async.delta_copy);
   std::filesystem::remove_all(f.dir);
   return 0;
 }

@@ -135,8 +135,8 @@ struct SAVEPOINT_API RetentionPolicy {
 
 // Asynchronous saves (ManagerOptions::async_save).
 struct SAVEPOINT_API AsyncSavePolicy {
-  // Save through an async Checkpointer: the save blocks training only for the snapshot copy.
-  // States holding sparse tables are saved synchronously. Default: false.
+  // Save through an async Checkpointer: the save blocks training only for the snapshot copy
+  // (of sparse tables too, and of deltas: Checkpointer::SaveAsync). Default: false.
   bool enabled = false;
   // Staging options of the async Checkpointer (its I/O is ManagerOptions::io). With a file format
   // only snapshot_threads applies: an async save copies the state into fresh memory on that many
@@ -327,8 +327,9 @@ struct SAVEPOINT_API SaveArgs {
   // Incremental save of sparse tables (kNative): the state's tables hold only the rows touched
   // since the manager's newest committed checkpoint plus the ids deleted since (MakeDelta,
   // DirtySet); the checkpoint is a delta on that one (SparseSaveOptions::base), loaded with its
-  // chain applied by Restore. Saves in flight are waited for first, and the delta is written
-  // synchronously (tables are not saved asynchronously). FailedPrecondition when there is no
+  // chain applied by Restore. Saves in flight are waited for first; the delta is then written
+  // as any save is (asynchronously with async_save.enabled, its base recorded and its chain
+  // maybe compacted once it commits). FailedPrecondition when there is no
   // committed checkpoint to be its base; the base's errors (a base without the tables, other
   // slots) name it. Default: false (every table whole).
   bool delta = false;

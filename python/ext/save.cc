@@ -5,6 +5,8 @@
 #include <chrono>
 
 #include "common.h"
+#include "savepoint/sparse.h"
+#include "tables.h"
 
 namespace savepoint::python {
 
@@ -80,16 +82,24 @@ std::unique_ptr<PyCheckpointer> CreateCheckpointer(CheckpointerOptions o, const 
   return out;
 }
 
+// tables (borrowed, savepoint/_sparse_io.py) with `base` (a delta's; empty: a full save) and
+// `concurrency` go through SaveAsync's SparseSaveOptions form.
 SaveHandle SaveAsync(PyCheckpointer& pc, const std::string& path,
                      const std::vector<TensorSpec>& tensors, const std::vector<ValueSpec>& values,
                      const std::string& metadata, bool overwrite, bool create_parents,
-                     const CompressionSpec& compression, nb::handle key) {
+                     const CompressionSpec& compression, nb::handle key,
+                     const std::vector<TableSpec>& tables, const std::string& base,
+                     int concurrency) {
   State state = MakeState(tensors, values, metadata);
-  SaveOptions o = MakeSaveOptions(overwrite, create_parents, compression, key);
+  AddTables(state, tables, path);
+  SparseSaveOptions o{.save = MakeSaveOptions(overwrite, create_parents, compression, key),
+                      .base = base,
+                      .concurrency = concurrency};
+  const bool sparse = !tables.empty() || !base.empty() || concurrency != 0;
   Result<SaveHandle> h = InternalError("save not started");
   {
     nb::gil_scoped_release release;
-    h = pc.c->SaveAsync(state, path, o);
+    h = sparse ? pc.c->SaveAsync(state, path, o) : pc.c->SaveAsync(state, path, o.save);
   }
   return Take(std::move(h));
 }
@@ -158,7 +168,8 @@ void BindSave(nb::module_& m) {
       .def("save_async", &SaveAsync, nb::arg("path"), nb::arg("tensors"), nb::arg("values"),
            nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"),
            nb::arg("compression") = CompressionSpec("none", "auto", 1),
-           nb::arg("key").none() = nb::none())
+           nb::arg("key").none() = nb::none(), nb::arg("tables") = std::vector<TableSpec>(),
+           nb::arg("base") = "", nb::arg("concurrency") = 0)
       .def("wait_all", &WaitAll)
       .def_prop_ro("staging_allocated_bytes",
                    [](const PyCheckpointer& pc) { return pc.c->staging_allocated_bytes(); })

@@ -547,7 +547,8 @@ class CheckpointManager:
         managers return once it is committed; async ones after the snapshot (the state may then
         be modified).
 
-        `state` may hold savepoint.SparseTable leaves (format="native"; saved synchronously).
+        `state` may hold savepoint.SparseTable leaves (format="native"; an async manager copies
+        their rows into its staging memory before returning, like the tensors).
         delta=True saves them incrementally: each table holds only the rows touched since the
         newest committed checkpoint plus SparseTable(deleted=ids) (savepoint.DirtyTracker
         records both), and the checkpoint is a delta on that one; restore() applies the chain.
@@ -819,9 +820,7 @@ class CheckpointManager:
 
     def _save(self, step, state, metadata, metrics, force, epoch=None, step_in_epoch=None,
               epoch_end=False, breakpoint=False, delta=False):  # fmt: skip
-        flat, meta_json = self._flatten(state, metadata, self._m.device_copies and not delta)
-        if flat.tables and flat.cuda_devices:  # saved synchronously: from host memory
-            flat, meta_json = self._flatten(state, metadata, False)
+        flat, meta_json = self._flatten(state, metadata, self._m.device_copies)
         _cuda.settle(flat.cuda_devices)
         specs = [t.spec() for t in flat.tensors]
         tables, owners = _sparse_io.table_specs(flat.tables)

@@ -75,17 +75,20 @@ def save(obj: Any, path: StrPath, *, async_: bool = False, compression: Compress
         checkpoint of a delta chain; this save is then a delta in which each table holds only its
         rows touched since `base` plus SparseTable(deleted=ids) (tables of the chain absent here
         carry over unchanged; dense tensors and values are saved whole). Default None: a full
-        save. concurrency: threads sorting the tables' rows (0: io_threads). Tables are not
-        saved asynchronously (async_=True is UnimplementedError).
+        save. concurrency: threads sorting the tables' rows (0: io_threads). With async_=True,
+        the tables' rows are copied (gathered into storage order) into the staging memory
+        before the SaveFuture is returned, the rest in the background; with a process_group,
+        tables are saved synchronously (async_=True is UnimplementedError).
 
     Returns a dict of statistics (bytes, chunks, seconds, direct_io) for a synchronous save, a
     SaveFuture for an asynchronous one. Errors are SavepointError subclasses (the C++ message).
     """
-    if async_ and (base is not None or _tree.contains_table(obj)):
+    sparse = base is not None or _tree.contains_table(obj)
+    if async_ and process_group is not None and sparse:
         raise _errors.UnimplementedError(
-            f"savepoint.save({os.fspath(path)!r}): sparse tables and delta saves (base=) are "
-            "saved synchronously only: pass async_=False")  # fmt: skip
-    if process_group is not None and (base is not None or _tree.contains_table(obj)):
+            f"savepoint.save({os.fspath(path)!r}): sparse tables and delta saves (base=) of a "
+            "process_group are saved synchronously only: pass async_=False")  # fmt: skip
+    if process_group is not None and sparse:
         if compression is not None:
             raise _errors.UnimplementedError("savepoint.save: compression with a process_group")
         return _sparse_io.save_distributed(
@@ -111,7 +114,8 @@ def save(obj: Any, path: StrPath, *, async_: bool = False, compression: Compress
                 f"save: use AsyncCheckpointer(io_threads=..., direct_io=..., slab_bytes=...).save()")
         return default_checkpointer().save(obj, path, overwrite=overwrite, metadata=metadata,
                                            create_parents=create_parents,
-                                           compression=compression, key=key)  # fmt: skip
+                                           compression=compression, key=key, base=base,
+                                           concurrency=concurrency)  # fmt: skip
     key = _keys.normalize(key, "savepoint.save: key")
     flattener = _tree.Flattener()
     flattener.allow_tables = True
@@ -216,21 +220,28 @@ class AsyncCheckpointer:
 
     def save(self, obj: Any, path: StrPath, *, overwrite: bool = False,
              metadata: dict[str, Any] | None = None, create_parents: bool = True,
-             compression: Compression | None = None,
-             key: Key | None = None) -> SaveFuture:  # fmt: skip
+             compression: Compression | None = None, key: Key | None = None,
+             base: StrPath | None = None, concurrency: int = 0) -> SaveFuture:  # fmt: skip
         """Starts saving `obj` (see savepoint.save) and returns a SaveFuture once the caller may
-        modify its tensors again. key: this save's key (None: the checkpointer's)."""
+        modify its tensors and tables again. key: this save's key (None: the checkpointer's).
+        base, concurrency: sparse tables' delta saves (savepoint.save); the base is read after
+        the previous save of this checkpointer has finished (unless allow_concurrent_saves), so
+        it may be that one."""
         codec = _write.compression(compression)
         key = self._key if key is None else _keys.normalize(key, "AsyncCheckpointer.save: key")
         c = self._checkpointer()
         flattener = _tree.Flattener()
         flattener.cuda_in_place = c.device_copies
+        flattener.allow_tables = True
         flat, meta_json = _write.flatten(obj, metadata, flattener)
         _cuda.settle(flat.cuda_devices)
         specs = [t.spec() for t in flat.tensors]
+        tables, owners = _sparse_io.table_specs(flat.tables)
         handle = c.save_async(os.fspath(path), specs, flat.values, meta_json, overwrite=overwrite,
-                              create_parents=create_parents, compression=codec,
-                              key=key)  # fmt: skip
+                              create_parents=create_parents, compression=codec, key=key,
+                              tables=tables, base="" if base is None else os.fspath(base),
+                              concurrency=int(concurrency))  # fmt: skip
+        del owners  # (the snapshot is done: the tables' memory is no longer read)
         return SaveFuture(handle)
 
     def wait(self) -> None:

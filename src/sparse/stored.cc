@@ -308,22 +308,31 @@ Status CheckRange(std::span<const int64_t> ids, SliceRange range, std::string_vi
   return Status::OK();
 }
 
-// The permutation putting `ids` (all in `range`) in storage order: a counting sort by slice,
-// then each slice's ids sorted (a few rows each, for tables much larger than 65536 rows).
-std::vector<int64_t> Order(std::span<const int64_t> ids, SliceRange range) {
+// The permutation putting `ids` (all in `range`) in storage order, and the ids in that order
+// (`sorted`, I64 [n]): a counting sort by slice that moves (id, row) pairs, then each slice's
+// pairs sorted where they lie (a few rows each, for tables much larger than 65536 rows), so no
+// step reads the ids at random.
+Result<std::vector<int64_t>> Order(std::span<const int64_t> ids, SliceRange range, Tensor* sorted) {
   const size_t width = static_cast<size_t>(range.end - range.begin);
   std::vector<int64_t> start(width + 1, 0);
   for (int64_t id : ids) ++start[static_cast<size_t>(SliceOf(id) - range.begin) + 1];
   for (size_t s = 0; s < width; ++s) start[s + 1] += start[s];
   std::vector<int64_t> next(start.begin(), start.end() - 1);
-  std::vector<int64_t> perm(ids.size());
+  std::vector<std::pair<int64_t, int64_t>> pairs(ids.size());  // (id, row)
   for (size_t i = 0; i < ids.size(); ++i) {
-    perm[next[static_cast<size_t>(SliceOf(ids[i]) - range.begin)]++] = static_cast<int64_t>(i);
+    pairs[next[static_cast<size_t>(SliceOf(ids[i]) - range.begin)]++] = {ids[i],
+                                                                         static_cast<int64_t>(i)};
   }
   for (size_t s = 0; s < width; ++s) {
-    if (start[s + 1] - start[s] < 2) continue;
-    std::sort(perm.begin() + start[s], perm.begin() + start[s + 1],
-              [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
+    if (start[s + 1] - start[s] >= 2)
+      std::sort(pairs.begin() + start[s], pairs.begin() + start[s + 1]);
+  }
+  SP_ASSIGN_OR_RETURN(*sorted, Tensor::Empty(DType::kI64, {static_cast<int64_t>(ids.size())}));
+  std::span<int64_t> out = sorted->as<int64_t>();
+  std::vector<int64_t> perm(ids.size());
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    out[i] = pairs[i].first;
+    perm[i] = pairs[i].second;
   }
   return perm;
 }
@@ -366,8 +375,8 @@ Result<SortedTable> SortTable(const SparseTable& t, SliceRange range, int thread
     s.ids = t.ids_view();
     for (const SparseTable::Slot& slot : t.slots()) s.slots.push_back(slot.view);
   } else {
-    s.perm = Order(ids, range);
-    SP_ASSIGN_OR_RETURN(Tensor sorted, Gather(t.ids_view(), s.perm, threads));
+    Tensor sorted;
+    SP_ASSIGN_OR_RETURN(s.perm, Order(ids, range, &sorted));
     s.owned.push_back(std::move(sorted));
     s.ids = s.owned.back().view();
     for (const SparseTable::Slot& slot : t.slots()) {

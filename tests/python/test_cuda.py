@@ -191,8 +191,9 @@ def test_manager_async_save_of_cuda_tensors(tmp_path, seed):
 
 @needs_gpu
 def test_manager_async_save_with_tables_on_the_gpu(tmp_path):
-    """A state with sparse tables (or a delta) is saved synchronously even by an async manager:
-    its CUDA tensors then go through host memory, not the copier."""
+    """An async manager stages a state with sparse tables like any other: its dense CUDA tensors
+    go through the copier, the tables' CUDA ids and slots through pinned host memory; the dense
+    tensor changed after save() returns does not reach the checkpoint."""
     dev = torch.device("cuda", torch.cuda.current_device())
     ids = torch.arange(6, device=dev)
     table = savepoint.SparseTable(ids, {"emb": torch.randn(6, 4, device=dev)})
@@ -200,8 +201,10 @@ def test_manager_async_save_with_tables_on_the_gpu(tmp_path):
     with savepoint.CheckpointManager(tmp_path, async_=True, staging_bytes=4 << 20) as m:
         assert m.cuda
         assert m.save(1, {"t": table, "w": dense})
+        want = dense.cpu()
+        dense.fill_(-1.0)
         back = m.restore()
-    assert torch.equal(back["w"].cpu(), dense.cpu()) and back["t"].ids.device == dev
+    assert torch.equal(back["w"].cpu(), want) and back["t"].ids.device == dev
 
 
 @needs_gpu

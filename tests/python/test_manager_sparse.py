@@ -58,13 +58,16 @@ def _depth(mgr, name):
     return savepoint.sparse_chain(os.path.join(mgr._m.directory, name))[0]["depth"]
 
 
-def test_deltas_restore_and_retention_keeps_bases(tmp_path):
+@pytest.mark.parametrize("async_", [False, True])
+def test_deltas_restore_and_retention_keeps_bases(tmp_path, async_):
     t = _Table(seed=1)
-    with savepoint.CheckpointManager(tmp_path, keep_last_n=2, compaction=False) as mgr:
+    with savepoint.CheckpointManager(tmp_path, keep_last_n=2, compaction=False,
+                                     async_=async_) as mgr:  # fmt: skip
         for step in range(1, 7):
             t.step()
             assert mgr.save(step, t.state(delta=step > 1), delta=step > 1)
             t.tracker.clear()
+        mgr.wait()  # (an async manager commits the last delta here)
         # keep_last_n=2 keeps steps 5 and 6; their chain needs steps 1-4, so nothing is deleted
         assert [r["step"] for r in mgr._m.all()] == [1, 2, 3, 4, 5, 6]
         assert _depth(mgr, _names(mgr)[-1]) == 5
@@ -74,6 +77,7 @@ def test_deltas_restore_and_retention_keeps_bases(tmp_path):
             t.step()
             mgr.save(step, t.state(delta=False))
             t.tracker.clear()
+        mgr.wait()
         assert [r["step"] for r in mgr._m.all()] == [7, 8]
         assert sorted(e for e in os.listdir(tmp_path) if e.startswith("ckpt")) == _names(mgr)
 
@@ -93,10 +97,12 @@ def test_reopened_manager_still_keeps_bases(tmp_path):
         assert _rows(mgr.restore()) == _ref(t)
 
 
-def test_compaction_folds_the_chain_in_the_background(tmp_path):
+@pytest.mark.parametrize("async_", [False, True])
+def test_compaction_folds_the_chain_in_the_background(tmp_path, async_):
     t = _Table(seed=3)
     opts = {"max_depth": 2, "max_delta_ratio": 100.0}
-    with savepoint.CheckpointManager(tmp_path, keep_last_n=1, compaction=opts) as mgr:
+    with savepoint.CheckpointManager(tmp_path, keep_last_n=1, compaction=opts,
+                                     async_=async_) as mgr:  # fmt: skip
         for step in range(1, 5):
             t.step()
             mgr.save(step, t.state(delta=step > 1), delta=step > 1)
@@ -108,6 +114,7 @@ def test_compaction_folds_the_chain_in_the_background(tmp_path):
         assert _rows(mgr.restore()) == _ref(t)
         t.step()  # the next delta chains on the compacted checkpoint
         mgr.save(5, t.state(delta=True), delta=True)
+        mgr.wait()
         assert _depth(mgr, _names(mgr)[-1]) == 1
         assert _rows(mgr.restore()) == _ref(t)
 

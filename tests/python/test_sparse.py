@@ -193,7 +193,7 @@ def test_bad_inputs(tmp_path):
     savepoint.save({"emb": _table([1, 2])}, tmp_path / "base")
     with pytest.raises(savepoint.InvalidArgumentError, match="both a row and deleted"):
         savepoint.save({"emb": both}, tmp_path / "both", base=tmp_path / "base")
-    # a delta whose slot changed dtype, a missing base, deletions in a full save, async
+    # a delta whose slot changed dtype, a missing base, deletions in a full save
     other = savepoint.SparseTable(np.array([1], np.int64), {
         "embedding": np.zeros((1, 4), np.float16), "exp_avg": np.zeros((1, 4), np.float32),
         "step": np.zeros(1, np.int32)})  # fmt: skip
@@ -203,11 +203,7 @@ def test_bad_inputs(tmp_path):
         savepoint.save({"emb": _table([1])}, tmp_path / "d", base=tmp_path / "missing")
     with pytest.raises(savepoint.InvalidArgumentError):
         savepoint.save({"emb": both}, tmp_path / "full")
-    with pytest.raises(savepoint.UnimplementedError, match="synchronously"):
-        savepoint.save({"emb": _table([1])}, tmp_path / "async", async_=True)
     with pytest.raises(TypeError, match="SparseTable"):  # writers that cannot save tables
-        savepoint.AsyncCheckpointer().save({"emb": _table([1])}, tmp_path / "async2")
-    with pytest.raises(TypeError, match="SparseTable"):
         savepoint.save_safetensors({"emb": _table([1])}, tmp_path / "x.safetensors")
     with pytest.raises(savepoint.NotFoundError, match="touched id 99"):
         _table([1, 2]).delta([2, 99])
