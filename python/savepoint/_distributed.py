@@ -88,9 +88,7 @@ class PerRank:
 PER_RANK_MODES = ("strict", "modulo", "all")
 
 
-def per_rank_name(base, rank):
-    """The entry name of rank `rank`'s leaf at key path name `base`: "<base>@rank<rank>"."""
-    return f"{base}@rank{rank}"
+per_rank_name = _tree.per_rank_name
 
 
 # ---------------------------------------------------------------------- boxes
@@ -177,6 +175,10 @@ class _ShardFlattener(_tree.Flattener):
         return self.tree
 
     def _node(self, obj, path):
+        if type(obj) is _tree.EveryRank:
+            raise _errors.InvalidArgumentError(
+                f"savepoint.save: {_tree.describe_path(path)}: EveryRank is for one process; "
+                "ranks saving together mark their own part PerRank")  # fmt: skip
         if type(obj) is not PerRank:
             return super()._node(obj, path)
         where = _tree.describe_path(path)

@@ -57,6 +57,24 @@ def unsupported(path, what, hint=""):
     return TypeError(msg + (f": {hint}" if hint else ""))
 
 
+def per_rank_name(base, rank):
+    """The entry name of rank `rank`'s leaf at key path name `base`: "<base>@rank<rank>"."""
+    return f"{base}@rank{rank}"
+
+
+class EveryRank:
+    """Every rank's value of a per-rank part, held by one process (rank r's is values[r]): a
+    single-process save stores it as a distributed save stores savepoint.PerRank(value) of each
+    rank (entries "<key>@rank<r>", one node per rank), so that load(..., process_group=) gives
+    each rank its own. For imports of checkpoints that several workers wrote
+    (savepoint.recis.import_checkpoint); a distributed save refuses it."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values):
+        self.values = list(values)
+
+
 class TensorLeaf:
     """A tensor to save: borrowed memory at `address`, kept alive by `owner` during the save."""
 
@@ -111,10 +129,24 @@ class Flattener:
         table = _sparse.as_table(obj)
         if table is not None:
             return self._table(table, path)
+        if t is EveryRank:
+            return self._every_rank(obj, path)
         raise unsupported(
             path, f"an object of type {t.__module__}.{t.__qualname__}",
             "only dict, OrderedDict, list, tuple, torch.Tensor, numpy arrays and scalars, bool, "
             "int, float, str, bytes and None can be saved")  # fmt: skip
+
+    def _every_rank(self, obj, path):
+        if not path or getattr(self, "_every", False):
+            raise unsupported(path, "an EveryRank at the root or inside another",
+                              "wrap the per-rank part at its key")  # fmt: skip
+        self._every = True
+        try:
+            nodes = [self._node(v, path[:-1] + (per_rank_name(path[-1], r),))
+                     for r, v in enumerate(obj.values)]  # fmt: skip
+        finally:
+            self._every = False
+        return {"list": nodes, "per_rank": True}
 
     def _mapping(self, obj, path):
         items = []

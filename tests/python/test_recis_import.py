@@ -124,7 +124,8 @@ def _make(path, seed, shard_num, parallel, writer="recis"):
     torch.save(model, os.path.join(path, "model.pt"))
     torch.save({"global_step": 40, "sched": {"lr": torch.tensor(0.5)}},
                os.path.join(path, "extra.pt"))  # fmt: skip
-    torch.save({"train": {"offset": 3}}, os.path.join(path, "io_state_0.pt"))
+    for r in range(shard_num):  # the Saver's IO states: one file per worker, and their count
+        torch.save({"train": {"pos": 100 + r}}, os.path.join(path, f"io_state_{r}.pt"))
     with open(os.path.join(path, "io_state_count"), "w") as f:
         f.write(str(shard_num))
     return tables, dense, model
@@ -228,8 +229,7 @@ def test_python_import_adds_model_and_extra(tmp_path):
     report = recis.import_checkpoint(src, dst)
     assert report["tables"] == 2 and report["shard_num"] == 3
     assert report["rows"] == sum(len(ids) for ids, _ in tables.values())
-    assert not any(s.startswith(("model.pt", "extra.pt")) for s in report["skipped"])
-    assert any(s.startswith("io_state_0.pt") for s in report["skipped"])
+    assert not any(s.startswith(("model.pt", "extra.pt", "io_state")) for s in report["skipped"])
     got = savepoint.load(dst)
     _check_tables(got["sparse"], tables)
     assert list(got["dense"]) == list(model)
@@ -242,6 +242,52 @@ def test_python_import_adds_model_and_extra(tmp_path):
     part = savepoint.load(dst, shard_id=1, shard_num=2)
     b, e = savepoint.gen_slice(1, 2)
     assert all(b <= int(i) % _SLICES < e for i in part["sparse"]["user_emb"].ids)
+
+
+def _load_io_state(rank, n, dst):
+    from test_recis import Model, Reader
+
+    saver = recis.Saver(Model(9), output_dir=os.path.dirname(dst))
+    reader = Reader()
+    saver.register_io_state("train", reader)
+    saver.load(dst, load_conf={"load": ["io_state"]}, shard_id=rank, direct_path=True)
+    return reader.pos
+
+
+def test_python_import_gives_each_worker_its_io_state(tmp_path):
+    """Imported IO states load as the Saver's own: each of the 3 workers gets its file's."""
+    from test_torch_distributed import run_ranks, values
+
+    src, dst = tmp_path / "src", tmp_path / "out" / "dst"
+    _make(src, 5, 3, 1)
+    report = recis.import_checkpoint(src, dst)
+    assert not any(s.startswith("io_state") for s in report["skipped"]), report
+    assert sorted(values(run_ranks(tmp_path, 3, _load_io_state, str(dst)))) == [100, 101, 102]
+    one = tmp_path / "one"  # one worker: its dict as the Saver of one worker stores it
+    _make(one, 6, 1, 1)
+    recis.import_checkpoint(one, tmp_path / "one-dst")
+    assert savepoint.load(tmp_path / "one-dst")["io_state"] == {"train": {"pos": 100}}
+
+
+@pytest.mark.parametrize("damage,line", [
+    ("missing", "io_state_2.pt: missing"), ("count", "io_state_count: not a worker count"),
+    ("unsafe", "io_state_1.pt: not readable"), ("mismatch", "io_state_count: 2 workers")])  # fmt: skip
+def test_python_import_leaves_out_io_states_it_cannot_use(tmp_path, damage, line):
+    src = tmp_path / "src"
+    _make(src, 8, 3, 1)
+    if damage == "missing":
+        os.remove(src / "io_state_2.pt")
+    elif damage == "count":
+        (src / "io_state_count").write_text("99999999999")
+    elif damage == "unsafe":
+        torch.save({"train": _Opaque()}, src / "io_state_1.pt")
+    else:
+        (src / "io_state_count").write_text("2")
+    report = recis.import_checkpoint(src, tmp_path / "dst")
+    assert [s for s in report["skipped"] if s.startswith("io_state")][0].startswith(line), report
+    assert "io_state" not in savepoint.load(tmp_path / "dst")
+    report = recis.import_checkpoint(src, tmp_path / "dst2", io_state=False)
+    assert "io_state" not in savepoint.load(tmp_path / "dst2")
 
 
 class _Opaque:
