@@ -72,11 +72,14 @@ def import_checkpoint(src_dir, dst, *, model=True, extra=True, io_state=True, ov
     try:
         meta["recis"]["skipped"] = skipped
         _save.save(state, dst, metadata=meta, **options)
-    except TypeError as e:  # extra.pt holds what a checkpoint cannot: leave it out
-        if "extra" not in state or "obj['extra']" not in str(e):
+    except TypeError as e:  # extra.pt or an IO state holds what a checkpoint cannot: leave it out
+        part = next((p for p in ("extra", "io_state") if p in state and f"obj['{p}" in str(e)),
+                    None)  # fmt: skip
+        if part is None:
             raise
-        del state["extra"]
-        skipped.append(f"extra.pt: holds what savepoint.save cannot store ({e}): not imported")
+        del state[part]
+        what = "extra.pt" if part == "extra" else "io_state_count: an IO state"
+        skipped.append(f"{what}: holds what savepoint.save cannot store ({e}): not imported")
         meta["recis"]["skipped"] = skipped
         _save.save(state, dst, metadata=meta, **options)
     return {"path": path, "shard_num": shard_num, "tables": len(tables),

@@ -137,9 +137,9 @@ class Flattener:
             "int, float, str, bytes and None can be saved")  # fmt: skip
 
     def _every_rank(self, obj, path):
-        if not path or getattr(self, "_every", False):
-            raise unsupported(path, "an EveryRank at the root or inside another",
-                              "wrap the per-rank part at its key")  # fmt: skip
+        if not path or getattr(self, "_every", False) or not obj.values:
+            raise unsupported(path, "an EveryRank at the root, inside another or of no rank",
+                              "wrap the per-rank part of at least one rank at its key")  # fmt: skip
         self._every = True
         try:
             nodes = [self._node(v, path[:-1] + (per_rank_name(path[-1], r),))
@@ -229,8 +229,8 @@ class Flattener:
     def _table(self, table, path):
         if not self.allow_tables:
             raise unsupported(path, "a savepoint.SparseTable",
-                              "sparse tables are saved by savepoint.save(..., async_=False) "
-                              "only (not asynchronously, by the manager or to other formats)")
+                              "sparse tables are saved by savepoint.save, AsyncCheckpointer and "
+                              "CheckpointManager in the native format (not to other formats)")
         if getattr(self, "_inside", None) is not None:  # (a PerRank of a distributed save)
             raise unsupported(path, "a SparseTable inside a savepoint.PerRank",
                               "each rank passes the rows it owns of one table: save it plainly")

@@ -269,11 +269,11 @@ std::string SkipReason(const std::string& name) {
   if (name == "extra.pt") return "torch pickle of the registered objects: not imported";
   if (name == "io_state_count") {
     return "worker count of the IO states: not read by the C++ import "
-           "(savepoint.recis.import_checkpoint in Python adds the IO states)";
+           "(savepoint.recis.import_checkpoint in Python can add the IO states)";
   }
   if (name.starts_with("io_state_") && name.ends_with(".pt")) {
     return "IO state of the dataset readers (torch pickle): not read by the C++ import "
-           "(savepoint.recis.import_checkpoint in Python adds it)";
+           "(savepoint.recis.import_checkpoint in Python can add it)";
   }
   if (name == "torch_rank_weights_embs_table_multi_shard.json") {
     return "RecIS's summary of the blocks: not needed";

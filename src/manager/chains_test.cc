@@ -91,12 +91,16 @@ TEST(ManagerChains, AsyncDeltasKeepBasesAndCompactInTheBackground) {
   DeltasKeepBasesAndCompact(true);
 }
 
-TEST(ManagerChains, DeltasAreUploadedAfterTheirBasesAndCompactedAfterTheUpload) {
+// `async`: through the async Checkpointer (a compaction deferred for the upload must not rewrite
+// the base of a delta in flight).
+void DeltasAreUploadedThenCompacted(bool async) {
   MemFileSystem fs;
   MemFileSystem remote;
   ManagerOptions o;
   o.naming.directory = "/ckpt";
   o.io.fs = &fs;
+  o.async_save.enabled = async;
+  o.async_save.checkpointer.slab_bytes = 64 << 10;
   o.retention.keep_last_n = 1;
   o.sparse.compaction.max_depth = 0;  // every delta is compacted
   o.remote.location = "/bucket/run";
@@ -132,6 +136,14 @@ TEST(ManagerChains, DeltasAreUploadedAfterTheirBasesAndCompactedAfterTheUpload) 
   ASSERT_TRUE(restored.ok()) << restored.status().ToString();
   EXPECT_EQ(Rows(*restored), ref);
   EXPECT_EQ(SparseChain("/bucket/run/ckpt-1_2", {.fs = &remote}).value().size(), 2u);
+}
+
+TEST(ManagerChains, DeltasAreUploadedAfterTheirBasesAndCompactedAfterTheUpload) {
+  DeltasAreUploadedThenCompacted(false);
+}
+
+TEST(ManagerChains, AsyncDeltasAreUploadedAfterTheirBasesAndCompactedAfterTheUpload) {
+  DeltasAreUploadedThenCompacted(true);
 }
 
 }  // namespace

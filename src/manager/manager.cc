@@ -466,6 +466,9 @@ class ManagerImpl final : public CheckpointManager {
           fmt::format("delta save {}: its base would be the checkpoint it replaces", rec.path));
     }
     if (staged) {
+      // A compaction deferred for an upload must not rewrite this delta's base while the delta
+      // is in flight (it would be "replaced"): the delta's own commit considers the chain anew.
+      compact_later_.reset();
       SP_ASSIGN_OR_RETURN(std::shared_ptr<InFlight> h,
                           store_->SaveDeltaAsync(full, rec.path, base.path));
       pending_.push_back({std::move(h), std::move(rec), base.name});

@@ -122,7 +122,7 @@ Status SparseTable::Validate() const {
     }
   }
   if (deleted().empty()) return IdIndex::Of(ids(), "ids").status();
-  // The smaller list indexed, the other probed.
+  // Both lists indexed (each must be unique), then the ids probed against the deleted ones.
   SP_ASSIGN_OR_RETURN(IdIndex del, IdIndex::Of(deleted(), "deleted ids"));
   if (ids().size() > deleted().size()) {
     SP_RETURN_IF_ERROR(IdIndex::Of(ids(), "ids").status());

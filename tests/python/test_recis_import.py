@@ -271,7 +271,8 @@ def test_python_import_gives_each_worker_its_io_state(tmp_path):
 
 @pytest.mark.parametrize("damage,line", [
     ("missing", "io_state_2.pt: missing"), ("count", "io_state_count: not a worker count"),
-    ("unsafe", "io_state_1.pt: not readable"), ("mismatch", "io_state_count: 2 workers")])  # fmt: skip
+    ("unsafe", "io_state_1.pt: not readable"), ("mismatch", "io_state_count: 2 workers"),
+    ("unsavable", "io_state_count: an IO state: holds what")])  # fmt: skip
 def test_python_import_leaves_out_io_states_it_cannot_use(tmp_path, damage, line):
     src = tmp_path / "src"
     _make(src, 8, 3, 1)
@@ -281,6 +282,8 @@ def test_python_import_leaves_out_io_states_it_cannot_use(tmp_path, damage, line
         (src / "io_state_count").write_text("99999999999")
     elif damage == "unsafe":
         torch.save({"train": _Opaque()}, src / "io_state_1.pt")
+    elif damage == "unsavable":  # loadable, but a set is not a checkpoint leaf
+        torch.save({"train": {1, 2}}, src / "io_state_1.pt")
     else:
         (src / "io_state_count").write_text("2")
     report = recis.import_checkpoint(src, tmp_path / "dst")
