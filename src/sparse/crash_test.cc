@@ -1,7 +1,8 @@
-// Crash safety of delta saves and compaction: the process "dies" after every possible number of
-// file-system mutations (FaultInjectionFileSystem::CrashAfter), then power is lost
-// (MemFileSystem::SimulatePowerLoss). The newest committed chain must still load exactly, and the
-// interrupted checkpoint must be absent or complete.
+// Crash safety of delta saves (synchronous and asynchronous) and compaction: the process "dies"
+// after every possible number of file-system mutations (FaultInjectionFileSystem::CrashAfter),
+// then power is lost (MemFileSystem::SimulatePowerLoss). The newest committed chain must still
+// load exactly, and the interrupted checkpoint must be absent or complete. A full disk during an
+// asynchronous table save fails its handle and commits nothing.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +11,7 @@
 
 #include "io/fault_fs.h"
 #include "io/mem_fs.h"
+#include "savepoint/async.h"
 #include "savepoint/sparse.h"
 #include "testutil/testutil.h"
 
@@ -113,6 +115,43 @@ TEST(SparseCrash, DeltaSaveIsAllOrNothing) {
                           {.fs = fs, .direct_io = false});
       },
       ref2);
+}
+
+// An asynchronous delta (Checkpointer::SaveAsync with SparseSaveOptions) through `fs`, waited.
+Status SaveDeltaAsync(const Ref& ref, FileSystem* fs) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<Checkpointer> ckpt,
+                      Checkpointer::Create({.staging_bytes = 1 << 20, .slab_bytes = 64 << 10},
+                                           {.fs = fs, .direct_io = false}));
+  SP_ASSIGN_OR_RETURN(SaveHandle h, ckpt->SaveAsync(StateOf(ref, {5}), "/ck/new",
+                                                    SparseSaveOptions{.base = "/ck/d1"}));
+  return h.Wait();
+}
+
+TEST(SparseCrash, AsyncDeltaSaveIsAllOrNothing) {
+  Ref ref1;
+  {
+    MemFileSystem mem;
+    MakeChain(&mem, &ref1);
+  }
+  Ref ref2 = ref1;
+  ref2[5] = 5.5f;
+  SweepCrashes([&](FileSystem* fs) { return SaveDeltaAsync(ref2, fs); }, ref2);
+}
+
+TEST(SparseCrash, FullDiskFailsAnAsyncDeltaAndCommitsNothing) {
+  MemFileSystem mem;
+  Ref ref1;
+  MakeChain(&mem, &ref1);
+  FaultInjectionFileSystem fault(&mem);
+  fault.FailNth(FaultInjectionFileSystem::Op::kWrite, 1, ENOSPC);
+  Ref ref2 = ref1;
+  ref2[5] = 5.5f;
+  const Status s = SaveDeltaAsync(ref2, &fault);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.ToString().find("/ck/new"), std::string::npos) << s.ToString();
+  EXPECT_FALSE(mem.Exists("/ck/new"));
+  SP_ASSERT_OK_AND_ASSIGN(Ref chain, Loaded("/ck/d1", &mem));
+  EXPECT_TRUE(chain == ref1);
 }
 
 TEST(SparseCrash, CompactionIsAllOrNothing) {
