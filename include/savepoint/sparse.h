@@ -22,6 +22,7 @@
 #define SAVEPOINT_SPARSE_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <span>
@@ -225,6 +226,28 @@ SAVEPOINT_API Status LoadSparseInto(const std::string& path, State& into,
                                     const SparseLoadOptions& options = {},
                                     const IoOptions& io = {});
 
+// Receives one batch of a table from LoadSparseBatches: the table's name (after
+// SparseLoadOptions::rename) and its rows of one slice range, owned, in storage order. A non-OK
+// status stops the load, which returns it.
+using SparseBatchSink = std::function<Status(const std::string& table, SparseTable batch)>;
+
+// Default batch size of LoadSparseBatches and CompactSparse: 256 MiB.
+inline constexpr uint64_t kDefaultSparseBatchBytes = uint64_t{256} << 20;
+
+// Like LoadSparse, but hands the tables to `sink` in batches instead of building them, so that
+// they can be put into the caller's own structures (e.g. RecIS hash tables) without a second whole
+// copy: each selected table in turn (name order), in consecutive slice ranges of this shard's
+// range, each batch about `batch_bytes` of rows (the split assumes rows spread over the slices as
+// hashed ids do; a slice is never split); 0 = each table in one batch. A table with no rows here
+// gets one empty batch; no other batch is empty. Memory beyond what `sink` keeps: about twice a
+// batch (a batch and the chain's rows it is merged from). Returns the dense tensors, values and
+// metadata (when options.dense; else an empty State). Errors: as LoadSparse; InvalidArgument for
+// an empty sink; the sink's own error, in context.
+SAVEPOINT_API Result<State> LoadSparseBatches(const std::string& path, const SparseBatchSink& sink,
+                                              const SparseLoadOptions& options = {},
+                                              uint64_t batch_bytes = kDefaultSparseBatchBytes,
+                                              const IoOptions& io = {});
+
 // What the delta chain ending at `path` is, newest first (no data read).
 struct SAVEPOINT_API SparseChainLink {
   std::string path;
@@ -235,11 +258,18 @@ SAVEPOINT_API Result<std::vector<SparseChainLink>> SparseChain(const std::string
                                                                const IoOptions& io = {});
 
 // Folds the chain ending at `src` into a full checkpoint at `dst` (every table whole, the dense
-// tensors, values and metadata of `src`), committed atomically like any save: a crash leaves
-// either no `dst` or a complete one, and the chain is never changed.
+// tensors, values and metadata of `src`; dst may be src, with options.save.overwrite), committed
+// atomically like any save: a crash leaves either no `dst` or a complete one, and the chain is
+// never changed. It streams: the tables are merged and written in parts of about `batch_bytes`
+// (slice ranges, each in its own data file, as the saving ranks of a distributed save write
+// theirs), so that it holds about twice a part, plus src's dense tensors, whatever the size of the
+// chain; the ids are read twice (once to place the parts). 0 = one part. A compressed compaction
+// (options.save.compression) loads the chain whole instead: distributed writes do not compress.
+// options.timeout is not used (no collectives).
 SAVEPOINT_API Status CompactSparse(const std::string& src, const std::string& dst,
                                    const SparseSaveOptions& options = {},
-                                   const LoadOptions& load = {}, const IoOptions& io = {});
+                                   const LoadOptions& load = {}, const IoOptions& io = {},
+                                   uint64_t batch_bytes = kDefaultSparseBatchBytes);
 
 // Compaction policy: whether a chain of `depth` deltas holding `delta_bytes` of table data on a
 // base of `base_bytes` should be compacted (depth > max_depth, or delta_bytes > ratio *

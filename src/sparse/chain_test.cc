@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -178,6 +179,134 @@ TEST_F(ChainTest, CompactionFoldsTheChain) {
   EXPECT_TRUE(ShouldCompact(9, 1, 100));
   EXPECT_FALSE(ShouldCompact(2, 10, 100));
   EXPECT_TRUE(ShouldCompact(2, 60, 100));
+}
+
+// The number of data files of the checkpoint at `path`.
+size_t DataFiles(const std::string& path, FileSystem* fs) {
+  size_t n = 0;
+  for (const FileInfo& f : fs->ListDir(path).value()) n += f.name.starts_with("data-") ? 1 : 0;
+  return n;
+}
+
+TEST_F(ChainTest, StreamingCompactionWritesPartsThatLoadAsTheChain) {
+  // About 8 KiB of rows: a part of 1 KiB means several parts, each its own data file.
+  SparseSaveOptions o;
+  SaveStats stats;
+  o.save.stats = &stats;
+  uint64_t last = 0, total = 0;
+  o.save.progress = [&](uint64_t done, uint64_t all) {
+    EXPECT_GE(done, last);
+    last = done;
+    total = all;
+  };
+  SP_ASSERT_OK(CompactSparse("/ck/d2", "/ck/parts", o, {}, Io(&mem_), 1024));
+  EXPECT_GT(DataFiles("/ck/parts", &mem_), 4u);
+  EXPECT_EQ(last, total);
+  EXPECT_EQ(stats.bytes, total);
+  EXPECT_GT(stats.bytes, 0u);
+  SP_ASSERT_OK(CompactSparse("/ck/d2", "/ck/one", {}, {}, Io(&mem_), 0));
+  EXPECT_EQ(DataFiles("/ck/one", &mem_), 1u);
+  for (const char* path : {"/ck/parts", "/ck/one"}) {
+    SP_ASSERT_OK_AND_ASSIGN(std::vector<SparseChainLink> chain, SparseChain(path, Io(&mem_)));
+    EXPECT_EQ(chain.size(), 1u);
+    for (int m : {1, 3}) {
+      SP_ASSERT_OK_AND_ASSIGN(Ref got, LoadShards(path, m, &mem_));
+      EXPECT_TRUE(got == ref_) << path << " as " << m << " shards";
+    }
+  }
+  // In place (as the manager compacts), then a delta on the result.
+  SparseSaveOptions over;
+  over.save.overwrite = true;
+  SP_ASSERT_OK(CompactSparse("/ck/parts", "/ck/parts", over, {}, Io(&mem_), 2048));
+  ref_[7] = Row(7, 9);
+  SP_ASSERT_OK(SaveRanks(2, "/ck/d3", ref_, &mem_, "/ck/parts", {7}));
+  SP_ASSERT_OK_AND_ASSIGN(Ref d3, LoadShards("/ck/d3", 2, &mem_));
+  EXPECT_TRUE(d3 == ref_);
+  // An existing destination without overwrite is refused before anything is written.
+  EXPECT_THAT(CompactSparse("/ck/d2", "/ck/one", {}, {}, Io(&mem_), 1024),
+              StatusIs(StatusCode::kAlreadyExists, "compact /ck/d2 into /ck/one"));
+}
+
+TEST(SparseCompact, DenseTensorsValuesAndAKeyTravelWithTheFirstPart) {
+  MemFileSystem mem;
+  const EncryptionKey key = EncryptionKey::FromBytes(std::string(32, 'c'));
+  Ref ref;
+  for (int64_t id = 0; id < 3000; id += 7) ref[id * 65537] = Row(id * 65537, 0);
+  State state;
+  SP_ASSERT_OK(state.PutTable("emb", TableOf(ref, [](int64_t) { return true; })));
+  SP_ASSERT_OK(state.PutTable("empty", TableOf(ref, [](int64_t) { return false; })));
+  SP_ASSERT_OK_AND_ASSIGN(Tensor w, Tensor::Empty(DType::kF32, {3, 5}));
+  for (int i = 0; i < 15; ++i) w.as<float>()[i] = 0.5f * i;
+  SP_ASSERT_OK_AND_ASSIGN(Tensor scalar, Tensor::Empty(DType::kI64, {}));
+  scalar.as<int64_t>()[0] = 42;
+  SP_ASSERT_OK(state.Put("model.w", std::move(w)));
+  SP_ASSERT_OK(state.Put("scalar", std::move(scalar)));
+  SP_ASSERT_OK(state.PutValue("step", int64_t{7}));
+  state.metadata() = Json{{"run", "r1"}};
+  SparseSaveOptions o;
+  o.save.key = key;
+  SP_ASSERT_OK(SaveSparse(state, "/ck/base", o, Io(&mem)));
+  ref[65537 * 7] = Row(65537 * 7, 1);
+  State delta;
+  SP_ASSERT_OK(delta.PutTable("emb", TableOf(ref, [](int64_t id) { return id == 65537 * 7; })));
+  SP_ASSERT_OK(delta.PutValue("step", int64_t{8}));
+  SP_ASSERT_OK(delta.Put("model.w", Tensor::Empty(DType::kF32, {3, 5}).value()));
+  o.base = "/ck/base";
+  SP_ASSERT_OK(SaveSparse(delta, "/ck/delta", o, Io(&mem)));
+  o.base.clear();
+  LoadOptions lo;
+  lo.key = key;
+  SP_ASSERT_OK(CompactSparse("/ck/delta", "/ck/full", o, lo, Io(&mem), 4096));
+  EXPECT_GT(DataFiles("/ck/full", &mem), 1u);
+  SparseLoadOptions back_o{.load = lo};
+  SP_ASSERT_OK_AND_ASSIGN(State back, LoadSparse("/ck/full", back_o, Io(&mem)));
+  EXPECT_TRUE(RefOf(*back.FindTable("emb")) == ref);
+  EXPECT_EQ(back.FindTable("empty")->num_rows(), 0);
+  EXPECT_EQ(back.FindTensor("model.w")->shape(), (Shape{3, 5}));
+  EXPECT_EQ(back.FindTensor("scalar"), nullptr);  // the delta's dense tensors are src's
+  EXPECT_EQ(back.FindValue("step")->as_int(), 8);
+  EXPECT_FALSE(back.metadata().contains("run"));  // src is the delta
+  EXPECT_THAT(LoadSparse("/ck/full", {}, Io(&mem)), StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST_F(ChainTest, BatchedLoadHandsEachTableInSliceOrder) {
+  Ref got;
+  std::vector<std::string> names;
+  std::optional<int64_t> previous;  // ids arrive in storage order, (slice, id) ascending
+  const SliceRange range = GenSlice(1, 2).value();
+  auto sink = [&](const std::string& table, SparseTable batch) {
+    names.push_back(table);
+    for (int64_t id : batch.ids()) {
+      EXPECT_TRUE(range.Contains(SliceOf(id))) << id;
+      if (previous) {
+        EXPECT_TRUE(SliceOf(*previous) < SliceOf(id) ||
+                    (SliceOf(*previous) == SliceOf(id) && *previous < id))
+            << *previous << " then " << id;
+      }
+      previous = id;
+    }
+    Ref part = RefOf(batch);
+    got.insert(part.begin(), part.end());
+    return Status::OK();
+  };
+  SparseLoadOptions o{.shard_id = 1, .shard_num = 2, .rename = {{"emb", "table"}}, .dense = false};
+  SP_ASSERT_OK_AND_ASSIGN(State rest, LoadSparseBatches("/ck/d2", sink, o, 512, Io(&mem_)));
+  EXPECT_TRUE(rest.entries().empty());
+  EXPECT_GT(names.size(), 2u);
+  EXPECT_EQ(names.front(), "table");
+  SP_ASSERT_OK_AND_ASSIGN(State whole, LoadSparse("/ck/d2", o, Io(&mem_)));
+  EXPECT_TRUE(got == RefOf(*whole.FindTable("table")));
+
+  int calls = 0;
+  auto failing = [&](const std::string&, SparseTable) {
+    ++calls;
+    return ResourceExhaustedError("the table is full");
+  };
+  Status s = LoadSparseBatches("/ck/d2", failing, {}, 512, Io(&mem_)).status();
+  EXPECT_THAT(s, StatusIs(StatusCode::kResourceExhausted, "sparse batched load /ck/d2"));
+  EXPECT_EQ(calls, 1);
+  EXPECT_THAT(LoadSparseBatches("/ck/d2", nullptr, {}, 512, Io(&mem_)),
+              StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST_F(ChainTest, MissingBaseIsNamed) {

@@ -160,11 +160,31 @@ TEST(SparseCrash, CompactionIsAllOrNothing) {
     MemFileSystem mem;
     MakeChain(&mem, &ref1);
   }
-  SweepCrashes(
-      [&](FileSystem* fs) {
-        return CompactSparse("/ck/d1", "/ck/new", {}, {}, {.fs = fs, .direct_io = false});
-      },
-      ref1);
+  for (uint64_t batch : {uint64_t{0}, uint64_t{256}}) {  // one part; about six
+    SCOPED_TRACE(fmt::format("parts of {} bytes", batch));
+    SweepCrashes(
+        [&](FileSystem* fs) {
+          return CompactSparse("/ck/d1", "/ck/new", {}, {}, {.fs = fs, .direct_io = false}, batch);
+        },
+        ref1);
+  }
+}
+
+TEST(SparseCrash, FullDiskFailsACompactionInPartsAndCommitsNothing) {
+  for (int nth : {1, 4, 9}) {
+    MemFileSystem mem;
+    Ref ref1;
+    MakeChain(&mem, &ref1);
+    FaultInjectionFileSystem fault(&mem);
+    fault.FailNth(FaultInjectionFileSystem::Op::kWrite, nth, ENOSPC);
+    const Status s =
+        CompactSparse("/ck/d1", "/ck/new", {}, {}, {.fs = &fault, .direct_io = false}, 256);
+    EXPECT_FALSE(s.ok()) << "write " << nth;
+    EXPECT_NE(s.ToString().find("compact /ck/d1 into /ck/new"), std::string::npos) << s.ToString();
+    EXPECT_FALSE(mem.Exists("/ck/new"));
+    SP_ASSERT_OK_AND_ASSIGN(Ref chain, Loaded("/ck/d1", &mem));
+    EXPECT_TRUE(chain == ref1);
+  }
 }
 
 }  // namespace

@@ -10,22 +10,19 @@
 // dense counts. Then the chain is applied oldest first: both sides are in storage
 // order, so each delta is one merge (a delta's row wins over the older one of the same id, its
 // deleted ids are dropped).
+#include "sparse/load.h"
+
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "engine/select.h"
 #include "savepoint/distributed.h"
-#include "sparse/chain.h"
 
 namespace savepoint::sparse {
 namespace {
-
-// One table's rows in storage order (owned).
-struct Rows {
-  Tensor ids;
-  std::vector<Tensor> slots;  // the selected slots, in the base's order
-};
 
 std::span<const int64_t> Ids(const Tensor& t) { return t.as<const int64_t>(); }
 
@@ -316,23 +313,6 @@ const StoredTable* FindStored(const Desc& d, std::string_view name) {
   return nullptr;
 }
 
-// Table `name` with slots `slots` for `range`, the chain (newest first) applied.
-Result<Rows> LoadTable(std::vector<Link>& chain, const std::string& name,
-                       const std::vector<std::string>& slots, SliceRange range,
-                       const LoadOptions& load, const IoOptions& io) {
-  Link& base = chain.back();
-  SP_ASSIGN_OR_RETURN(Rows rows,
-                      ReadTable(base, *FindStored(base.desc, name), slots, range, load, io));
-  for (size_t l = chain.size() - 1; l-- > 0;) {
-    const StoredTable* t = FindStored(chain[l].desc, name);
-    if (t == nullptr) continue;  // unchanged in this delta
-    SP_ASSIGN_OR_RETURN(Rows delta, ReadTable(chain[l], *t, slots, range, load, io));
-    SP_ASSIGN_OR_RETURN(Tensor deleted, ReadDeleted(chain[l], *t, range, load, io));
-    SP_ASSIGN_OR_RETURN(rows, Apply(rows, delta, deleted, chain[l].path, name, slots));
-  }
-  return rows;
-}
-
 // The names of `all` that `patterns` select (all when empty); NotFound for a pattern that selects
 // nothing (`what` names the kind of thing).
 Result<std::vector<std::string>> Select(const std::vector<std::string>& patterns,
@@ -348,27 +328,6 @@ Result<std::vector<std::string>> Select(const std::vector<std::string>& patterns
     if (engine::Selected(patterns, n)) out.push_back(n);
   }
   return out;
-}
-
-Status CheckOptions(const SparseLoadOptions& o) {
-  if (o.load.mmap || !o.load.names.empty() || o.load.stats != nullptr || o.load.progress) {
-    return InvalidArgumentError(
-        "a checkpoint with sparse tables is loaded by LoadSparse, whose LoadOptions must leave "
-        "mmap, "
-        "names, stats and progress at their defaults (select with SparseLoadOptions)");
-  }
-  return GenSlice(o.shard_id, o.shard_num).status();
-}
-
-// The chain's schema after checking every delta against it.
-Result<Schema> ChainSchema(const std::vector<Link>& chain) {
-  Schema schema = SchemaOf(chain.back());
-  for (size_t l = 0; l + 1 < chain.size(); ++l) {
-    SP_RETURN_IF_ERROR(CheckDeltaSchema(
-        SchemaOf(chain[l]), StatusCode::kCorruption,
-        fmt::format("delta chain link {} -> {}", chain[l].path, chain[l + 1].path), schema));
-  }
-  return schema;
 }
 
 // The slots to load of `table`, checking slot_dtypes.
@@ -390,9 +349,14 @@ Result<std::vector<std::string>> PickSlots(const std::string& table,
   return out;
 }
 
-// Loads the selected tables into `into`.
-Status LoadTables(std::vector<Link>& chain, const Schema& schema, const SparseLoadOptions& o,
-                  const IoOptions& io, State& into) {
+// One selected table: its stored name, the name it is returned under and the slots to load.
+struct Selected {
+  std::string name, as;
+  std::vector<std::string> slots;
+};
+
+// The tables and slots `o` selects, in name order.
+Result<std::vector<Selected>> SelectTables(const Schema& schema, const SparseLoadOptions& o) {
   std::vector<std::string> names, all_slots;
   for (const auto& [name, slots] : schema) {
     names.push_back(name);
@@ -403,22 +367,126 @@ Status LoadTables(std::vector<Link>& chain, const Schema& schema, const SparseLo
   for (const auto& [from, to] : o.rename) {
     if (schema.count(from) == 0) return NotFoundError(fmt::format("rename: no table {:?}", from));
   }
-  const SliceRange range = *GenSlice(o.shard_id, o.shard_num);
+  std::vector<Selected> out;
   for (const std::string& name : tables) {
     SP_ASSIGN_OR_RETURN(std::vector<std::string> slots, PickSlots(name, schema.at(name), o));
-    SP_ASSIGN_OR_RETURN(Rows rows, LoadTable(chain, name, slots, range, o.load, io));
-    std::vector<std::pair<std::string, Tensor>> named;
-    for (size_t k = 0; k < slots.size(); ++k)
-      named.emplace_back(slots[k], std::move(rows.slots[k]));
-    SP_ASSIGN_OR_RETURN(SparseTable t,
-                        SparseTable::FromTensors(std::move(rows.ids), std::move(named)));
     auto it = o.rename.find(name);
-    SP_RETURN_IF_ERROR(into.PutTable(it == o.rename.end() ? name : it->second, std::move(t)));
+    out.push_back({name, it == o.rename.end() ? name : it->second, std::move(slots)});
+  }
+  return out;
+}
+
+// The slice ranges that split `range` into batches of about `batch_bytes` of a table whose rows
+// over every slice take about `bytes` (slices evenly filled, as hashed ids fill them); one batch
+// when batch_bytes is 0.
+std::vector<SliceRange> Batches(SliceRange range, uint64_t bytes, uint64_t batch_bytes) {
+  const int64_t width = range.end - range.begin;
+  int64_t n = 1;
+  if (batch_bytes > 0) {
+    const long double share = static_cast<long double>(bytes) * width / kNumSlices;
+    n = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(share / batch_bytes)), 1, width);
+  }
+  std::vector<SliceRange> out;
+  for (int64_t i = 0; i < n; ++i) {
+    out.push_back({range.begin + width * i / n, range.begin + width * (i + 1) / n});
+  }
+  return out;
+}
+
+// Loads the selected tables of this shard, handing each to `sink` in batches of slices of about
+// `batch_bytes` (0: each table whole), in storage order. A table without rows in the shard gets
+// one empty batch; a batch without rows is skipped otherwise.
+Status LoadTables(std::vector<Link>& chain, const Schema& schema, const SparseLoadOptions& o,
+                  const IoOptions& io, uint64_t batch_bytes, const SparseBatchSink& sink) {
+  SP_ASSIGN_OR_RETURN(std::vector<Selected> selected, SelectTables(schema, o));
+  const SliceRange range = *GenSlice(o.shard_id, o.shard_num);
+  for (const Selected& t : selected) {
+    const uint64_t bytes = batch_bytes > 0 ? ChainTableBytes(chain, t.name, t.slots) : 0;
+    const std::vector<SliceRange> batches = Batches(range, bytes, batch_bytes);
+    bool handed = false;
+    for (size_t i = 0; i < batches.size(); ++i) {
+      SP_ASSIGN_OR_RETURN(Rows rows, LoadTable(chain, t.name, t.slots, batches[i], o.load, io));
+      if (rows.ids.shape()[0] == 0 && (handed || i + 1 < batches.size())) continue;
+      std::vector<std::pair<std::string, Tensor>> named;
+      for (size_t k = 0; k < t.slots.size(); ++k) {
+        named.emplace_back(t.slots[k], std::move(rows.slots[k]));
+      }
+      SP_ASSIGN_OR_RETURN(SparseTable table,
+                          SparseTable::FromTensors(std::move(rows.ids), std::move(named)));
+      SP_RETURN_IF_ERROR(sink(t.as, std::move(table)));
+      handed = true;
+    }
   }
   return Status::OK();
 }
 
-// The dense tensors, values and metadata of the chain's newest checkpoint into `into`.
+// Opens and checks the chain of a sparse load.
+Result<std::vector<Link>> OpenForLoad(const std::string& path, const SparseLoadOptions& o,
+                                      const IoOptions& io, Schema* schema) {
+  SP_RETURN_IF_ERROR(CheckLoadOptions(o));
+  SP_ASSIGN_OR_RETURN(std::vector<Link> chain, OpenChain(path, o.load, io));
+  SP_ASSIGN_OR_RETURN(*schema, ChainSchema(chain));
+  return chain;
+}
+
+}  // namespace
+
+Status CheckLoadOptions(const SparseLoadOptions& o) {
+  if (o.load.mmap || !o.load.names.empty() || o.load.stats != nullptr || o.load.progress) {
+    return InvalidArgumentError(
+        "a checkpoint with sparse tables is loaded by LoadSparse, whose LoadOptions must leave "
+        "mmap, "
+        "names, stats and progress at their defaults (select with SparseLoadOptions)");
+  }
+  return GenSlice(o.shard_id, o.shard_num).status();
+}
+
+Result<Schema> ChainSchema(const std::vector<Link>& chain) {
+  Schema schema = SchemaOf(chain.back());
+  for (size_t l = 0; l + 1 < chain.size(); ++l) {
+    SP_RETURN_IF_ERROR(CheckDeltaSchema(
+        SchemaOf(chain[l]), StatusCode::kCorruption,
+        fmt::format("delta chain link {} -> {}", chain[l].path, chain[l + 1].path), schema));
+  }
+  return schema;
+}
+
+Result<Rows> LoadTable(std::vector<Link>& chain, const std::string& name,
+                       const std::vector<std::string>& slots, SliceRange range,
+                       const LoadOptions& load, const IoOptions& io) {
+  Link& base = chain.back();
+  SP_ASSIGN_OR_RETURN(Rows rows,
+                      ReadTable(base, *FindStored(base.desc, name), slots, range, load, io));
+  for (size_t l = chain.size() - 1; l-- > 0;) {
+    const StoredTable* t = FindStored(chain[l].desc, name);
+    if (t == nullptr) continue;  // unchanged in this delta
+    SP_ASSIGN_OR_RETURN(Rows delta, ReadTable(chain[l], *t, slots, range, load, io));
+    SP_ASSIGN_OR_RETURN(Tensor deleted, ReadDeleted(chain[l], *t, range, load, io));
+    SP_ASSIGN_OR_RETURN(rows, Apply(rows, delta, deleted, chain[l].path, name, slots));
+  }
+  return rows;
+}
+
+uint64_t ChainTableBytes(const std::vector<Link>& chain, const std::string& name,
+                         const std::vector<std::string>& slots) {
+  uint64_t bytes = 0;
+  for (const Link& link : chain) {
+    const StoredTable* t = FindStored(link.desc, name);
+    if (t == nullptr) continue;
+    const format::Manifest& m = link.reader->manifest();
+    const int64_t rows = m.tensors[link.reader->IndexOf(t->names.ids)].shape[0];
+    uint64_t row = sizeof(int64_t);
+    for (const auto& [slot, tensor] : t->names.slots) {
+      if (std::find(slots.begin(), slots.end(), slot) == slots.end()) continue;
+      const format::TensorRecord& rec = m.tensors[link.reader->IndexOf(tensor)];
+      Result<uint64_t> n = NumBytes(rec.dtype, Shape(rec.shape.begin() + 1, rec.shape.end()));
+      row += n.ok() ? *n : 0;  // DecodeDesc checked the shapes
+    }
+    bytes += static_cast<uint64_t>(rows) * row;
+  }
+  return bytes;
+}
+
 Status LoadDense(engine::Reader& r, const LoadOptions& load, State& into) {
   std::vector<std::pair<size_t, engine::Destination>> jobs;
   for (size_t i = 0; i < r.tensors().size(); ++i) {
@@ -435,7 +503,6 @@ Status LoadDense(engine::Reader& r, const LoadOptions& load, State& into) {
   return engine::CopyValues(values, &into);
 }
 
-}  // namespace
 }  // namespace savepoint::sparse
 
 namespace savepoint {
@@ -443,12 +510,13 @@ namespace savepoint {
 Status LoadSparseInto(const std::string& path, State& into, const SparseLoadOptions& o,
                       const IoOptions& io) {
   const std::string context = fmt::format("sparse load {}", path);
-  SP_RETURN_IF_ERROR(sparse::CheckOptions(o).WithContext(context));
-  Result<std::vector<sparse::Link>> chain = sparse::OpenChain(path, o.load, io);
+  sparse::Schema schema;
+  Result<std::vector<sparse::Link>> chain = sparse::OpenForLoad(path, o, io, &schema);
   if (!chain.ok()) return chain.status().WithContext(context);
-  Result<sparse::Schema> schema = sparse::ChainSchema(*chain);
-  if (!schema.ok()) return schema.status().WithContext(context);
-  SP_RETURN_IF_ERROR(sparse::LoadTables(*chain, *schema, o, io, into).WithContext(context));
+  auto put = [&](const std::string& name, SparseTable t) {
+    return into.PutTable(name, std::move(t));
+  };
+  SP_RETURN_IF_ERROR(sparse::LoadTables(*chain, schema, o, io, 0, put).WithContext(context));
   if (!o.dense) return Status::OK();
   return sparse::LoadDense(*chain->front().reader, o.load, into).WithContext(context);
 }
@@ -457,6 +525,24 @@ Result<State> LoadSparse(const std::string& path, const SparseLoadOptions& o, co
   State state;
   SP_RETURN_IF_ERROR(LoadSparseInto(path, state, o, io));
   return state;
+}
+
+Result<State> LoadSparseBatches(const std::string& path, const SparseBatchSink& sink,
+                                const SparseLoadOptions& o, uint64_t batch_bytes,
+                                const IoOptions& io) {
+  const std::string context = fmt::format("sparse batched load {}", path);
+  if (!sink) return InvalidArgumentError(context + ": no sink");
+  sparse::Schema schema;
+  Result<std::vector<sparse::Link>> chain = sparse::OpenForLoad(path, o, io, &schema);
+  if (!chain.ok()) return chain.status().WithContext(context);
+  SP_RETURN_IF_ERROR(
+      sparse::LoadTables(*chain, schema, o, io, batch_bytes, sink).WithContext(context));
+  State dense;
+  if (o.dense) {
+    SP_RETURN_IF_ERROR(
+        sparse::LoadDense(*chain->front().reader, o.load, dense).WithContext(context));
+  }
+  return dense;
 }
 
 Result<std::vector<SparseChainLink>> SparseChain(const std::string& path, const IoOptions& io) {

@@ -70,25 +70,10 @@ Status PrepareDelta(const State& state, const std::string& path, const SparseSav
                           SchemaOf(chain->back()));
 }
 
-// The entries of one table in a save, per kind (Part): where this rank's start in the global
-// tensors, how many it has, and the global lengths.
-enum Part : int { kRows, kDeleted, kSlices, kDeletedSlices, kParts };
-struct Placement {
-  int64_t offset[kParts] = {};
-  int64_t count[kParts] = {};
-  int64_t total[kParts] = {};
-};
-
 // This rank's entries of a sorted table, per Part.
 std::vector<int64_t> Counts(const SortedTable& s) {
   return {s.ids.shape()[0], s.deleted.shape()[0], s.slices.shape()[0], s.deleted_slices.shape()[0]};
 }
-
-// Which saving rank of how many this is.
-struct Rank {
-  int index = 0;
-  int size = 1;
-};
 
 // Adds `view` as tensor `name` of `flat`, this rank's box at `row` of a global tensor of `rows`
 // rows (dims after the first whole).
@@ -122,11 +107,10 @@ Result<TensorView> RankRow(const Placement& p, Flat* flat) {
   return flat->index.back().view();
 }
 
-// The tensors of table `name` (number `index` in name order; sorted into `s`) into `flat`.
-Status AddTable(const std::string& name, size_t index, const SparseTable& t, const SortedTable& s,
-                Rank rank, const Placement& p, Flat* flat) {
-  std::vector<std::string> slots;
-  for (const SparseTable::Slot& slot : t.slots()) slots.push_back(slot.name);
+// The tensors of table `name` (number `index` in name order; slots named `slots`, sorted into `s`)
+// into `flat`.
+Status AddTable(const std::string& name, size_t index, const std::vector<std::string>& slots,
+                const SortedTable& s, Rank rank, const Placement& p, Flat* flat) {
   StoredTable stored{name, NamesFor(index, name, slots, flat->desc.delta())};
   const StoredNames& n = stored.names;
   SP_RETURN_IF_ERROR(AddPart(n.ids, s.ids, p.offset[kRows], p.total[kRows], flat));
@@ -169,7 +153,9 @@ Status Fill(const State& state, Rank rank, const std::vector<Placement>& places,
   }
   size_t i = 0;
   for (const auto& [name, t] : state.tables()) {
-    SP_RETURN_IF_ERROR(AddTable(name, i, *t, flat->sorted[i], rank, places[i], flat));
+    std::vector<std::string> slots;
+    for (const SparseTable::Slot& slot : t->slots()) slots.push_back(slot.name);
+    SP_RETURN_IF_ERROR(AddTable(name, i, slots, flat->sorted[i], rank, places[i], flat));
     ++i;
   }
   return flat->state.PutValue(std::string(format::kSparseValueName),
@@ -296,6 +282,24 @@ Status FlattenDistributed(Communicator& comm, const State& local, const ShardLay
 }
 
 }  // namespace
+
+Status FlattenPart(const State& dense, std::vector<PartTable> tables, Rank rank, Flat* flat) {
+  SP_RETURN_IF_ERROR(CheckDense(dense));
+  SP_RETURN_IF_ERROR(engine::CopyValues(dense, &flat->state));
+  for (const auto& [name, e] : dense.entries()) {
+    if (!e.is_tensor()) continue;
+    const Shape& shape = e.tensor().shape();
+    flat->layout[name] = ShardSpec{shape, Shape(shape.size(), 0), shape, {}};  // this rank only
+    SP_RETURN_IF_ERROR(flat->state.PutView(name, e.tensor()));
+  }
+  for (PartTable& t : tables) flat->sorted.push_back(std::move(t.sorted));
+  for (size_t i = 0; i < tables.size(); ++i) {
+    SP_RETURN_IF_ERROR(
+        AddTable(tables[i].name, i, tables[i].slots, flat->sorted[i], rank, tables[i].place, flat));
+  }
+  return flat->state.PutValue(std::string(format::kSparseValueName),
+                              Value::FromJson(EncodeDesc(flat->desc)));
+}
 
 Status Flatten(const engine::WriteRequest& in, const SparseSaveOptions& o, Flat* flat) {
   Communicator* comm = in.topology.comm;

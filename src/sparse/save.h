@@ -2,6 +2,7 @@
 #ifndef SAVEPOINT_SPARSE_SAVE_H_
 #define SAVEPOINT_SPARSE_SAVE_H_
 
+#include <string>
 #include <vector>
 
 #include "engine/request.h"
@@ -25,6 +26,35 @@ struct Flat {
   Desc desc;
   engine::WriteRequest request;  // for engine::Write or dist::Write
 };
+
+// The entries of one table in a save, per kind (Part): where this rank's start in the global
+// tensors, how many it has, and the global lengths.
+enum Part : int { kRows, kDeleted, kSlices, kDeletedSlices, kParts };
+struct Placement {
+  int64_t offset[kParts] = {};
+  int64_t count[kParts] = {};
+  int64_t total[kParts] = {};
+};
+
+// Which saving rank of how many this is.
+struct Rank {
+  int index = 0;
+  int size = 1;
+};
+
+// One table of a full save's part whose rows are already in storage order (compaction).
+struct PartTable {
+  std::string name;
+  std::vector<std::string> slots;  // slot names, as sorted.slots
+  SortedTable sorted;
+  Placement place;
+};
+
+// Fills `flat` as saving rank `rank` of a full save that is written one part at a time
+// (compact.cc): `dense`'s tensors (views, each written whole by this rank), values and metadata,
+// and `tables` (name order; every part holds the same tables). Sets flat->state and flat->layout,
+// not flat->request.
+Status FlattenPart(const State& dense, std::vector<PartTable> tables, Rank rank, Flat* flat);
 
 // Flattens `in` (whose state holds tables) for one process (in.topology.comm null) or for this
 // rank of a distributed save (collective: every rank calls it; it all-gathers row counts and

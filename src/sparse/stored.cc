@@ -274,29 +274,6 @@ std::span<const int64_t> IdsOf(const TensorView& v) {
   return {reinterpret_cast<const int64_t*>(v.data()), static_cast<size_t>(v.shape()[0])};
 }
 
-// The slice index of `ids` (in storage order): PackSlice of each slice that holds rows, as an I64
-// tensor.
-Result<Tensor> PackSlices(std::span<const int64_t> ids) {
-  std::vector<int64_t> packed;
-  for (size_t i = 0; i < ids.size();) {
-    const int64_t slice = SliceOf(ids[i]);
-    size_t j = i + 1;
-    while (j < ids.size() && SliceOf(ids[j]) == slice) ++j;
-    const int64_t rows = static_cast<int64_t>(j - i);
-    if (rows > kMaxSliceRows) {
-      return InvalidArgumentError(
-          fmt::format("slice {} holds {} rows, more than the {} a slice "
-                      "of a checkpoint holds",
-                      slice, rows, kMaxSliceRows));
-    }
-    packed.push_back(PackSlice(slice, rows));
-    i = j;
-  }
-  SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(packed.size())}));
-  if (!packed.empty()) std::memcpy(t.data(), packed.data(), packed.size() * sizeof(int64_t));
-  return t;
-}
-
 Status CheckRange(std::span<const int64_t> ids, SliceRange range, std::string_view what) {
   for (int64_t id : ids) {
     if (!range.Contains(SliceOf(id))) {
@@ -365,6 +342,27 @@ Result<TensorView> SortedIds(const TensorView& v, std::span<const int64_t> ids,
 }
 
 }  // namespace
+
+Result<Tensor> PackSlices(std::span<const int64_t> ids) {
+  std::vector<int64_t> packed;
+  for (size_t i = 0; i < ids.size();) {
+    const int64_t slice = SliceOf(ids[i]);
+    size_t j = i + 1;
+    while (j < ids.size() && SliceOf(ids[j]) == slice) ++j;
+    const int64_t rows = static_cast<int64_t>(j - i);
+    if (rows > kMaxSliceRows) {
+      return InvalidArgumentError(
+          fmt::format("slice {} holds {} rows, more than the {} a slice "
+                      "of a checkpoint holds",
+                      slice, rows, kMaxSliceRows));
+    }
+    packed.push_back(PackSlice(slice, rows));
+    i = j;
+  }
+  SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(packed.size())}));
+  if (!packed.empty()) std::memcpy(t.data(), packed.data(), packed.size() * sizeof(int64_t));
+  return t;
+}
 
 Result<SortedTable> SortTable(const SparseTable& t, SliceRange range, int threads) {
   SP_RETURN_IF_ERROR(CheckRange(t.ids(), range, "id"));

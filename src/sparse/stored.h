@@ -6,6 +6,7 @@
 #define SAVEPOINT_SPARSE_STORED_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -113,6 +114,10 @@ struct SortedTable {
   Tensor deleted_slices;          // I64 [K']: the same of the deleted ids
   std::vector<Tensor> owned;
 };
+
+// The slice index of `ids` (in storage order): PackSlice of each slice that holds rows, as an I64
+// tensor. InvalidArgument for a slice of more than kMaxSliceRows rows.
+Result<Tensor> PackSlices(std::span<const int64_t> ids);
 
 // Slots of at least this many bytes are gathered while written rather than sorted into a copy.
 inline constexpr uint64_t kGatherSlotBytes = uint64_t{1} << 20;
