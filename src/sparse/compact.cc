@@ -1,5 +1,5 @@
-// CompactSparse: a delta chain folded into one full checkpoint, streamed one slice range at a time
-// so that memory follows a part, not the chain.
+// CompactInParts (compact.h): a delta chain folded into one full checkpoint, streamed one slice
+// range at a time so that memory follows a part, not the chain.
 //
 // The output is written as a distributed save of P parts would be: part p holds every table's
 // rows of the slices GenSlice(p, P), in its own data file, and the tables' ranks tensors record
@@ -13,9 +13,7 @@
 //  3. Write: each part is loaded (ids and slots merged), planned again over its real rows, which
 //     must be the rows counted, and written and synced to its data file; then freed.
 //  4. Commit: the coordinator writes the manifest and commits by rename, as any save.
-// The dense tensors, values and metadata of src go with part 0 (the tensors whole). A compressed
-// compaction loads the chain whole and saves it with SaveSparse: distributed writes do not compress
-// yet.
+// The dense tensors, values and metadata of src go with part 0 (the tensors whole).
 #include <fmt/format.h>
 #include <sys/mman.h>
 
@@ -27,6 +25,7 @@
 
 #include "engine/select.h"
 #include "savepoint/distributed.h"
+#include "sparse/compact.h"
 #include "sparse/load.h"
 #include "sparse/save.h"
 
@@ -306,29 +305,13 @@ class Compaction {
 };
 
 }  // namespace
-}  // namespace savepoint::sparse
 
-namespace savepoint {
-
-Status CompactSparse(const std::string& src, const std::string& dst, const SparseSaveOptions& o,
-                     const LoadOptions& load, const IoOptions& io, uint64_t batch_bytes) {
-  const std::string context = fmt::format("compact {} into {}", src, dst);
-  if (!o.base.empty()) {
-    return InvalidArgumentError(
-        context + ": SparseSaveOptions.base must be empty (the result is a full save)");
-  }
-  if (o.save.compression.codec != Compression::Codec::kNone) {  // see the top of the file
-    SP_ASSIGN_OR_RETURN(State state, LoadSparse(src, {.load = load}, io));
-    return SaveSparse(state, dst, o, io);
-  }
-  SparseLoadOptions check{.load = load};
-  Status s = [&]() -> Status {
-    SP_RETURN_IF_ERROR(sparse::CheckLoadOptions(check));
-    SP_ASSIGN_OR_RETURN(std::vector<sparse::Link> chain, sparse::OpenChain(src, load, io));
-    sparse::Compaction c(std::move(chain), dst, o, load, io);
-    return c.Run(batch_bytes);
-  }();
-  return s.WithContext(context);
+Status CompactInParts(const std::string& src, const std::string& dst, const SparseSaveOptions& o,
+                      const LoadOptions& load, const IoOptions& io, uint64_t batch_bytes) {
+  SP_RETURN_IF_ERROR(CheckLoadOptions({.load = load}));
+  SP_ASSIGN_OR_RETURN(std::vector<Link> chain, OpenChain(src, load, io));
+  Compaction c(std::move(chain), dst, o, load, io);
+  return c.Run(batch_bytes);
 }
 
-}  // namespace savepoint
+}  // namespace savepoint::sparse
