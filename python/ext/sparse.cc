@@ -111,6 +111,44 @@ nb::tuple LoadSparsePy(const std::string& path, int shard_id, int shard_num,
   return SparseStateToPython(Take(std::move(r)));
 }
 
+// LoadSparseBatches of the tables only, each batch handed to `sink(name, ids, [slots])` (as
+// load_sparse gives a table, no copy) with the GIL held; the load itself runs without it. An
+// exception `sink` raises stops the load and is raised again here.
+void LoadSparseBatchesPy(const std::string& path, int shard_id, int shard_num,
+                         const std::vector<std::string>& tables,
+                         const std::vector<std::string>& slots, uint64_t batch_bytes, bool verify,
+                         int io_threads, bool direct_io, nb::handle key, nb::object sink) {
+  SparseLoadOptions o;
+  o.load.verify_checksums = verify;
+  o.load.key = KeyFromPython(key, "savepoint.sparse.load_into key");
+  o.shard_id = shard_id;
+  o.shard_num = shard_num;
+  o.tables = tables;
+  o.slots = slots;
+  o.dense = false;
+  std::optional<nb::python_error> raised;
+  SparseBatchSink call = [&](const std::string& table, SparseTable batch) -> Status {
+    nb::gil_scoped_acquire gil;
+    try {
+      State holder;
+      SP_RETURN_IF_ERROR(holder.PutTable(table, std::move(batch)));
+      nb::tuple handed = SparseStateToPython(std::move(holder));
+      nb::tuple t = nb::cast<nb::tuple>(nb::cast<nb::list>(handed[3])[0]);
+      sink(t[0], t[1], t[2]);
+    } catch (nb::python_error& e) {
+      raised.emplace(std::move(e));
+      return InternalError("the table's __savepoint_set_table__ raised");
+    }
+    return Status::OK();
+  };
+  Result<State> r = Unlocked([&] {
+    return LoadSparseBatches(path, call, o, batch_bytes,
+                             {.io_threads = io_threads, .direct_io = direct_io});
+  });
+  if (raised) throw std::move(*raised);
+  Take(std::move(r));
+}
+
 nb::list ChainPy(const std::string& path) {
   Result<std::vector<SparseChainLink>> r = Unlocked([&] { return SparseChain(path); });
   nb::list out;
@@ -121,11 +159,11 @@ nb::list ChainPy(const std::string& path) {
 }
 
 // CompactSparse: the chain ending at `src` (read with `key`) folded into a full checkpoint at
-// `dst` (encrypted with `dst_key`). Returns the save's SaveStats.
+// `dst` (encrypted with `dst_key`), in parts of about `batch_bytes`. Returns the save's SaveStats.
 nb::dict CompactPy(const std::string& src, const std::string& dst, bool overwrite,
                    bool create_parents, uint64_t chunk_bytes, const CompressionSpec& compression,
                    nb::handle key, nb::handle dst_key, int concurrency, int io_threads,
-                   bool direct_io, bool verify) {
+                   bool direct_io, bool verify, uint64_t batch_bytes) {
   SaveStats stats;
   SparseSaveOptions o =
       SaveOptionsOf(overwrite, create_parents, chunk_bytes, dst_key, "", concurrency);
@@ -135,7 +173,8 @@ nb::dict CompactPy(const std::string& src, const std::string& dst, bool overwrit
   load.verify_checksums = verify;
   load.key = KeyFromPython(key, "savepoint.compact key");
   Check(Unlocked([&] {
-    return CompactSparse(src, dst, o, load, {.io_threads = io_threads, .direct_io = direct_io});
+    return CompactSparse(src, dst, o, load, {.io_threads = io_threads, .direct_io = direct_io},
+                         batch_bytes);
   }));
   return SaveStatsToPython(stats);
 }
@@ -216,12 +255,18 @@ void BindSparse(nb::module_& m) {
         nb::arg("key").none() = nb::none(),
         "LoadSparse: (tensors, values, metadata JSON, tables [(name, ids, [slots])]), every "
         "tensor as (name, dtype, shape, uint8 array of its bytes), no copy.");
+  m.def("load_sparse_batches", &LoadSparseBatchesPy, nb::arg("path"), nb::arg("shard_id"),
+        nb::arg("shard_num"), nb::arg("tables"), nb::arg("slots"), nb::arg("batch_bytes"),
+        nb::arg("verify"), nb::arg("io_threads"), nb::arg("direct_io"), nb::arg("key").none(),
+        nb::arg("sink"),
+        "LoadSparseBatches of the tables: sink(name, ids, [slots]) per batch (GIL held), each "
+        "tensor as load_sparse gives it (no copy).");
   m.def("sparse_chain", &ChainPy, nb::arg("path"),
         "The delta chain ending at path, newest first: [(path, checkpoint id hex, depth)].");
   m.def("compact_sparse", &CompactPy, nb::arg("src"), nb::arg("dst"), nb::arg("overwrite"),
         nb::arg("create_parents"), nb::arg("chunk_bytes"), nb::arg("compression"),
         nb::arg("key").none(), nb::arg("dst_key").none(), nb::arg("concurrency"),
-        nb::arg("io_threads"), nb::arg("direct_io"), nb::arg("verify"),
+        nb::arg("io_threads"), nb::arg("direct_io"), nb::arg("verify"), nb::arg("batch_bytes"),
         "CompactSparse(src, dst) (GIL released): the chain ending at src saved as a full "
         "checkpoint at dst. Returns SaveStats.");
   m.def(

@@ -336,6 +336,57 @@ def load_tables(path: StrPath, *, tables: Names | None = None, slots: Names | No
     return {name: _to_table(ids, slots_, as_torch) for name, ids, slots_ in loaded}
 
 
+def load_into(path: StrPath, targets: dict[str, Any], *, slots: Names | None = None,
+              shard_id: int = 0, shard_num: int = 1, process_group: Any = None,
+              batch_bytes: int = 256 << 20, framework: str | None = None, verify: bool = True,
+              io_threads: int = 4, direct_io: bool = True,
+              key: Key | None = None) -> dict[str, int]:  # fmt: skip
+    """Loads the sparse tables of a checkpoint (delta chain applied) into the caller's own
+    structures, without building them first: {table name: target}, where each target has a
+    method `__savepoint_set_table__(self, batch)` that stores the rows of `batch`, a SparseTable
+    (ids and the slots; numpy arrays, or torch tensors with framework="pt") (e.g. a RecIS-style
+    hash table inserting them into its id map and slot storage). Each table arrives in batches of
+    about `batch_bytes` of rows, in storage order; the batch's arrays view memory that is freed
+    after the call unless the target keeps them, so memory beyond the targets' own is about two
+    batches. A table with no rows in this shard gets one empty batch.
+
+    slots, shard_id, shard_num, process_group, framework, verify, key: as load_tables. A name
+    of `targets` that is not a table of the checkpoint is NotFoundError; a target without
+    __savepoint_set_table__ is TypeError; what a target raises stops the load and propagates.
+    Returns {table name: rows loaded}."""
+    if framework not in (None, "np", "numpy", "pt", "torch"):
+        raise _errors.InvalidArgumentError(
+            f"savepoint.sparse.load_into: framework={framework!r}: use 'np' or 'pt'")
+    for name, target in targets.items():
+        if not callable(getattr(target, "__savepoint_set_table__", None)):
+            raise TypeError(f"savepoint.sparse.load_into: the target of table {name!r} "
+                            f"({type(target).__qualname__}) has no __savepoint_set_table__")
+    if int(batch_bytes) < 0:
+        raise _errors.InvalidArgumentError(
+            f"savepoint.sparse.load_into: batch_bytes={batch_bytes}: use 0 (whole tables) or more")
+    if process_group is not None:
+        if (shard_id, shard_num) != (0, 1):
+            raise _errors.InvalidArgumentError(
+                "savepoint.sparse.load_into: pass process_group or shard_id/shard_num")
+        dist = _distributed._torch()[1]
+        shard_id, shard_num = dist.get_rank(process_group), dist.get_world_size(process_group)
+    as_torch = framework in ("pt", "torch")
+    rows = dict.fromkeys(targets, 0)
+
+    def sink(name, ids, slots_):
+        if name not in targets:  # another table a target's name matches as a glob
+            return
+        batch = _to_table(ids, slots_, as_torch)
+        targets[name].__savepoint_set_table__(batch)
+        rows[name] += len(batch.ids)
+
+    _core.load_sparse_batches(
+        os.fspath(path), int(shard_id), int(shard_num), list(targets),
+        _names(slots, "slots"), int(batch_bytes), verify, io_threads, direct_io,
+        _read.load_key(key, "savepoint.sparse.load_into: key"), sink)  # fmt: skip
+    return rows
+
+
 def chain(path: StrPath) -> Records:
     """The delta chain ending at `path`, newest first: [{"path", "checkpoint_id", "depth",
     "table_bytes"}] (depth 0: the full checkpoint; table_bytes: the bytes of the link's table
@@ -389,7 +440,7 @@ def compact(src: StrPath, dst: StrPath, *, overwrite: bool = False, key: Key | N
             dst_key: Key | None = _SAME_KEY, concurrency: int = 0,
             compression: Compression | None = None, chunk_bytes: int = 8 << 20,
             io_threads: int = 4, direct_io: bool = True, create_parents: bool = True,
-            verify: bool = True) -> Stats:  # fmt: skip
+            verify: bool = True, batch_bytes: int = 256 << 20) -> Stats:  # fmt: skip
     """Folds the delta chain ending at checkpoint `src` into a full checkpoint at `dst` (C++
     CompactSparse): every table whole with the chain applied, and src's dense tensors, values and
     metadata, so savepoint.load(dst) returns what savepoint.load(src) does. dst is committed
@@ -404,6 +455,10 @@ def compact(src: StrPath, dst: StrPath, *, overwrite: bool = False, key: Key | N
     concurrency: threads sorting each table's rows (0: io_threads). compression, chunk_bytes,
         io_threads, direct_io, create_parents: as savepoint.save. verify: check every chunk's
         checksum while reading the chain (default True).
+    batch_bytes: the compaction streams, merging and writing the tables in parts of about this
+        many bytes (slice ranges, each its own data file), so it holds about two parts plus src's
+        dense tensors however large the chain is; 0 = one part. A compressed dst loads the chain
+        whole instead (distributed writes do not compress). Default 256 MiB.
 
     Errors, each naming src and dst: NotFoundError (no src, or a missing link),
     CorruptCheckpointError (a broken chain, a bad chunk), AlreadyExistsError (dst exists),
@@ -431,7 +486,7 @@ def compact(src: StrPath, dst: StrPath, *, overwrite: bool = False, key: Key | N
             src, dst, overwrite=bool(overwrite), create_parents=bool(create_parents),
             chunk_bytes=int(chunk_bytes), compression=codec, key=key, dst_key=dst_key,
             concurrency=int(concurrency), io_threads=int(io_threads), direct_io=bool(direct_io),
-            verify=bool(verify))  # fmt: skip
+            verify=bool(verify), batch_bytes=int(batch_bytes))  # fmt: skip
     except _errors.SavepointError as e:
         if str(e).startswith(what):
             raise
