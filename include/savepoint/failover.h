@@ -79,7 +79,8 @@ SAVEPOINT_API Result<DumpPlan> DecideDump(const std::vector<RankReport>& reports
 
 // The replica groups of `rank`'s state in a job of `world` ranks: for each tensor of `local`, its
 // ShardSpec's replicas (empty: {rank}); a tensor without an entry in `layout` is replicated on
-// every rank. Sorted, unique. InvalidArgument when a replica list names a rank outside
+// every rank; sparse tables (State::PutTable) hold the rank's own rows, in the group {rank}.
+// Sorted, unique. InvalidArgument when a replica list names a rank outside
 // [0, world) or omits `rank`.
 SAVEPOINT_API Result<std::vector<ReplicaGroup>> ReplicaGroupsOf(const State& local,
                                                                 const ShardLayout& layout, int rank,
@@ -125,8 +126,9 @@ SAVEPOINT_API Status SaveMindSporeDump(Communicator& comm, const State& state,
 
 // Reduces a rank's state to what it writes in a dump: the tensors whose replica group (as in
 // ReplicaGroupsOf) is one of `assigned`, each as a box written by `writer` alone (its replicas
-// become {writer}, the writer's index in the dump's communicator). Values are kept; tensors are
-// borrowed from `local`, which must outlive the result. `dump_layout` receives the layout.
+// become {writer}, the writer's index in the dump's communicator), and its sparse tables when
+// {rank} is assigned (their deleted ids left out: a dump is a full save). Values are kept;
+// tensors and tables are borrowed from `local`, which must outlive the result. `dump_layout` receives the layout.
 SAVEPOINT_API Result<State> DumpShare(const State& local, const ShardLayout& layout, int rank,
                                       int world, const std::vector<ReplicaGroup>& assigned,
                                       int writer, ShardLayout* dump_layout);

@@ -162,6 +162,14 @@ struct SAVEPOINT_API SparseSaveOptions {
   int concurrency = 0;
   // Distributed saves: timeout of the collectives. Default: 10 minutes.
   Timeout timeout = std::chrono::minutes(10);
+  // Distributed saves: this rank's rows are those of shard `shard_id` of `shard_num` (ids in
+  // GenSlice(shard_id, shard_num)), when that is not its place in the communicator, e.g. in a
+  // failure dump, where writer i may write the rows of dead rank j. shard_num must equal the
+  // communicator's size and every rank name a different shard (InvalidArgument otherwise); the
+  // checkpoint is as if rank shard_id had saved them. A one-process save must leave both at their
+  // defaults (InvalidArgument). Default: -1 and 0 (the rank and size in the communicator).
+  int shard_id = -1;
+  int shard_num = 0;
 };
 
 // Saves `state` (tensors, values, metadata and tables) as one checkpoint at `path`. Each table is

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "savepoint/failover.h"
+#include "savepoint/sparse.h"
 
 namespace savepoint {
 namespace {
@@ -60,6 +61,7 @@ Result<std::vector<ReplicaGroup>> ReplicaGroupsOf(const State& local, const Shar
     SP_ASSIGN_OR_RETURN(ReplicaGroup g, GroupOf(name, layout, rank, world));
     groups.insert(std::move(g));
   }
+  if (!local.tables().empty()) groups.insert(ReplicaGroup{rank});  // its own rows
   return std::vector<ReplicaGroup>(groups.begin(), groups.end());
 }
 
@@ -81,6 +83,12 @@ Result<State> DumpShare(const State& local, const ShardLayout& layout, int rank,
     if (mine.count(g) == 0) continue;
     SP_RETURN_IF_ERROR(out.PutView(name, entry.tensor()));
     (*dump_layout)[name] = DumpSpec(name, entry.tensor(), layout, writer);
+  }
+  if (mine.count(ReplicaGroup{rank}) > 0) {  // the tables: the rank's own rows, borrowed
+    for (const auto& [name, t] : local.tables()) {
+      SP_ASSIGN_OR_RETURN(SparseTable share, SparseTable::FromViews(t->ids_view(), t->slots()));
+      SP_RETURN_IF_ERROR(out.PutTable(name, std::move(share)));
+    }
   }
   out.metadata() = local.metadata();
   return out;

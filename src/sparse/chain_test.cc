@@ -428,6 +428,57 @@ TEST(SparseChainProperty, RandomOpsOverManySavesLoadAnyShardCount) {
   }
 }
 
+// Saves `ref` from `n` thread ranks where rank r saves the rows of shard shard_of(r) of `num`.
+std::vector<Status> SaveShards(int n, int num, const std::function<int(int)>& shard_of,
+                               const std::string& path, const Ref& ref, FileSystem* fs) {
+  auto comms = NewThreadCommunicators(n);
+  std::vector<Status> st(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      const SliceRange range = GenSlice(shard_of(r) % num, num).value();
+      State local;
+      st[r] = local.PutTable("emb",
+                             TableOf(ref, [&](int64_t id) { return range.Contains(SliceOf(id)); }));
+      SparseSaveOptions o{.shard_id = shard_of(r), .shard_num = num};
+      o.timeout = std::chrono::seconds(20);
+      if (st[r].ok()) st[r] = SaveSparseDistributed(*comms[r], local, {}, path, o, Io(fs));
+    });
+  }
+  for (auto& t : threads) t.join();
+  return st;
+}
+
+TEST(SparseSaveEdge, RanksSaveTheRowsOfOtherShards) {
+  MemFileSystem mem;
+  Ref ref;
+  for (int64_t id = -200; id < 200; id += 3) ref[id * 7919] = Row(id * 7919, 0);
+  // A failure dump's writers: rank r writes the slices of rank (r + 2) % 3.
+  for (const Status& s : SaveShards(
+           3, 3, [](int r) { return (r + 2) % 3; }, "/ck/moved", ref, &mem)) {
+    SP_ASSERT_OK(s);
+  }
+  for (int m : {1, 2, 3}) {
+    SP_ASSERT_OK_AND_ASSIGN(Ref got, LoadShards("/ck/moved", m, &mem));
+    EXPECT_TRUE(got == ref) << m << " shards";
+  }
+  for (const Status& s : SaveShards(
+           3, 3, [](int r) { return r == 2 ? 0 : r; }, "/ck/twice", ref, &mem)) {
+    EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument,
+                            "rank 2 saves the rows of shard 0, as rank 0 does"));
+  }
+  for (const Status& s : SaveShards(
+           2, 3, [](int r) { return r; }, "/ck/short", ref, &mem)) {
+    EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument,
+                            "SparseSaveOptions.shard_num is 3, the communicator has 2 ranks"));
+  }
+  EXPECT_FALSE(mem.Exists("/ck/twice") || mem.Exists("/ck/short"));
+  State one;
+  SP_ASSERT_OK(one.PutTable("emb", TableOf(ref, [](int64_t) { return true; })));
+  EXPECT_THAT(SaveSparse(one, "/ck/one", {.shard_id = 0, .shard_num = 1}, Io(&mem)),
+              StatusIs(StatusCode::kInvalidArgument, "shard_id / shard_num are for distributed"));
+}
+
 TEST(SparseSaveEdge, RanksWithoutRowsAndEmptyTables) {
   MemFileSystem mem;
   Ref ref = {{5, Row(5, 0)}, {6, Row(6, 0)}};  // all in rank 0's slices of 3

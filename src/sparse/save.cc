@@ -185,7 +185,7 @@ void MakeRequest(const engine::WriteRequest& in, const SparseSaveOptions& o, Fla
 // --- Distributed: one all-gather of every rank's row counts and schemas. ---
 
 // This rank's message: its error, or per table (name order) its name, Counts and schema.
-std::string EncodeCounts(const Status& prepared, const State& state, const Flat& flat) {
+std::string EncodeCounts(const Status& prepared, const State& state, const Flat& flat, int shard) {
   if (!prepared.ok()) {
     return Json{{"code", static_cast<int>(prepared.code())}, {"error", prepared.message()}}.dump();
   }
@@ -200,7 +200,7 @@ std::string EncodeCounts(const Status& prepared, const State& state, const Flat&
     tables.push_back({name, Counts(flat.sorted[i]), slots});
     ++i;
   }
-  return Json{{"tables", tables}}.dump();
+  return Json{{"tables", tables}, {"shard", shard}}.dump();
 }
 
 // Whether two ranks' table lists (EncodeCounts) name the same tables with the same slots.
@@ -212,8 +212,31 @@ bool SameTables(const Json& a, const Json& b) {
   return true;
 }
 
-// This rank's placement of every table from the gathered messages; the first rank's error, or
-// InvalidArgument naming a rank whose tables differ from rank 0's. The same verdict on every rank.
+// The shard of every rank's message (`msgs`); InvalidArgument unless they are a permutation of
+// 0..N-1 (N ranks).
+Result<std::vector<int64_t>> ShardsOf(const std::vector<Json>& msgs) {
+  std::vector<int64_t> shards, owner(msgs.size(), -1);
+  for (size_t r = 0; r < msgs.size(); ++r) {
+    const int64_t s = msgs[r]["shard"].get<int64_t>();
+    if (s < 0 || s >= static_cast<int64_t>(msgs.size()) || owner[s] >= 0) {
+      return InvalidArgumentError(fmt::format(
+          "rank {} saves the rows of shard {}{}: each of the {} ranks must save a different "
+          "shard of {}",
+          r, s,
+          s >= 0 && s < static_cast<int64_t>(msgs.size()) && owner[s] >= 0
+              ? fmt::format(", as rank {} does", owner[s])
+              : "",
+          msgs.size(), msgs.size()));
+    }
+    owner[s] = static_cast<int64_t>(r);
+    shards.push_back(s);
+  }
+  return shards;
+}
+
+// This rank's placement of every table from the gathered messages: its entries follow those of
+// the ranks saving lower shards. The first rank's error, or InvalidArgument naming a rank whose
+// tables differ from rank 0's or whose shard is taken. The same verdict on every rank.
 Result<std::vector<Placement>> Place(const std::vector<std::string>& all, int rank) {
   std::vector<Json> msgs;
   for (size_t r = 0; r < all.size(); ++r) {
@@ -225,6 +248,7 @@ Result<std::vector<Placement>> Place(const std::vector<std::string>& all, int ra
                     fmt::format("rank {}: {}", r, m["error"].get<std::string>()));
     }
   }
+  SP_ASSIGN_OR_RETURN(std::vector<int64_t> shards, ShardsOf(msgs));
   const Json& tables0 = msgs[0]["tables"];
   std::vector<Placement> places(tables0.size());
   for (size_t r = 0; r < msgs.size(); ++r) {
@@ -237,7 +261,7 @@ Result<std::vector<Placement>> Place(const std::vector<std::string>& all, int ra
     for (size_t i = 0; i < tables.size(); ++i) {
       for (int k = 0; k < kParts; ++k) {
         const int64_t n = tables[i][1][k].get<int64_t>();
-        if (static_cast<int>(r) < rank) places[i].offset[k] += n;
+        if (shards[r] < shards[rank]) places[i].offset[k] += n;
         if (static_cast<int>(r) == rank) places[i].count[k] = n;
         places[i].total[k] += n;
       }
@@ -249,6 +273,11 @@ Result<std::vector<Placement>> Place(const std::vector<std::string>& all, int ra
 // One process: every slice is this process's.
 Status FlattenLocal(const State& state, const SparseSaveOptions& o, const IoOptions& io,
                     const std::string& path, Flat* flat) {
+  if (o.shard_id != -1 || o.shard_num != 0) {
+    return InvalidArgumentError(
+        "SparseSaveOptions.shard_id / shard_num are for distributed saves; a save of one process "
+        "holds every shard");
+  }
   SP_RETURN_IF_ERROR(Prepare(state, path, o, io, SliceRange{}, flat));
   std::vector<Placement> places;
   for (const auto& s : flat->sorted) {
@@ -265,14 +294,21 @@ Status FlattenLocal(const State& state, const SparseSaveOptions& o, const IoOpti
 Status FlattenDistributed(Communicator& comm, const State& local, const ShardLayout& layout,
                           const SparseSaveOptions& o, const IoOptions& io, const std::string& path,
                           Flat* flat) {
-  Result<SliceRange> range = GenSlice(comm.rank(), comm.size());
+  const bool mine = o.shard_id == -1 && o.shard_num == 0;  // the rank's place in comm
+  const Rank shard = mine ? Rank{comm.rank(), comm.size()} : Rank{o.shard_id, o.shard_num};
+  Result<SliceRange> range = GenSlice(shard.index, shard.size);
   Status prepared = range.status();
+  if (prepared.ok() && shard.size != comm.size()) {
+    prepared = InvalidArgumentError(
+        fmt::format("SparseSaveOptions.shard_num is {}, the communicator has {} ranks", shard.size,
+                    comm.size()));
+  }
   if (prepared.ok()) prepared = Prepare(local, path, o, io, *range, flat);
   SP_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                      comm.AllGather(EncodeCounts(prepared, local, *flat), o.timeout));
+                      comm.AllGather(EncodeCounts(prepared, local, *flat, shard.index), o.timeout));
   Result<std::vector<Placement>> places = Place(all, comm.rank());
   Status filled = places.status();
-  if (filled.ok()) filled = Fill(local, {comm.rank(), comm.size()}, *places, flat);
+  if (filled.ok()) filled = Fill(local, shard, *places, flat);
   for (const auto& [name, spec] : layout) {
     if (filled.ok() && flat->layout.count(name) == 0) flat->layout[name] = spec;
   }

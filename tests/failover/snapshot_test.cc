@@ -13,6 +13,7 @@
 
 #include "failover/harness.h"
 #include "savepoint/manager.h"
+#include "savepoint/sparse.h"
 #include "testutil/testutil.h"
 
 namespace savepoint {
@@ -353,6 +354,108 @@ TEST(SnapshotTest, EveryNStepsKeepsTwoAndIsRemovedAtTheEnd) {
                 .status()
                 .code(),
             StatusCode::kInvalidArgument);
+}
+
+// Sparse tables in dumps: every rank holds the rows of its own slices (RecIS's partition) beside
+// the data-parallel w. Row j of rank r's table has id begin + j % 10 + 65536 * (j / 10) and,
+// after step s, the embedding TableValue(s, id, k).
+constexpr int kTableRows = 20, kTableDim = 4;
+float TableValue(int64_t step, int64_t id, int k) {
+  return static_cast<float>(step * 10 + id % 97) + 0.25f * k;
+}
+
+struct TableOfRank {
+  std::vector<int64_t> ids;
+  std::vector<float> emb = std::vector<float>(kTableRows * kTableDim);
+  void Set(int64_t step) {
+    for (int j = 0; j < kTableRows; ++j) {
+      for (int k = 0; k < kTableDim; ++k) emb[j * kTableDim + k] = TableValue(step, ids[j], k);
+    }
+  }
+};
+
+// A job of `world` ranks with tables; `victim` dies after its snapshot of step 6 was reported
+// (with `shm`) or after step 6 (without).
+Result<JobOutcome> RunTables(const std::string& dir, const std::string& shm, int world,
+                             int victim) {
+  std::vector<Rank> ranks(world);
+  std::vector<TableOfRank> tables(world);
+  Lockstep ls(world);
+  for (int r = 0; r < world; ++r) {
+    const SliceRange range = GenSlice(r, world).value();
+    for (int j = 0; j < kTableRows; ++j)
+      tables[r].ids.push_back(range.begin + j % 10 + 65536 * (j / 10));
+    tables[r].Set(0);
+    ranks[r].mid_update = [&tables](Rank& me) {  // the optimizer updates the rows too
+      tables[me.rank].Set(me.step + 1);
+      return true;
+    };
+    ranks[r].source_hook = [&tables](Rank& me) -> Result<DumpSource> {
+      DumpSource d = SourceOf(me);
+      TableOfRank& t = tables[me.rank];
+      SP_ASSIGN_OR_RETURN(
+          SparseTable table,
+          SparseTable::FromViews(
+              TensorView(t.ids.data(), DType::kI64, {kTableRows}),
+              {{"embedding", TensorView(t.emb.data(), DType::kF32, {kTableRows, kTableDim})}}));
+      SP_RETURN_IF_ERROR(d.state.PutTable("emb", std::move(table)));
+      return d;
+    };
+    State probe;  // the groups a rank with a table reports: w's and its own
+    SP_RETURN_IF_ERROR(probe.PutTable(
+        "emb",
+        SparseTable::FromViews(TensorView(tables[r].ids.data(), DType::kI64, {kTableRows}), {})
+            .value()));
+    SP_RETURN_IF_ERROR(probe.PutView("w", TensorView(ranks[r].w.data(), DType::kF32, {kElems})));
+    SP_ASSIGN_OR_RETURN(ranks[r].groups, ReplicaGroupsOf(probe, {}, r, world));
+    ranks[r].at_step_end = [&ls](Rank& me) { return ls.Arrive(me.step); };
+  }
+  ranks[victim].at_step_end = LockstepDieAfter(ls, 6, [&](Rank& me) {
+    if (shm.empty()) return;
+    WaitForSnapshot(shm, me.rank, 6);
+    std::this_thread::sleep_for(200ms);  // a heartbeat reports it
+  });
+  ControllerOptions co = Options(world, dir);
+  co.snapshot_dir = shm;
+  return RunJob(ranks, co, 1000);
+}
+
+TEST(SparseDumpTest, EveryRanksTableIsDumpedAsOfTheDumpsStep) {
+  testing::TempDir dir, shm;
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunTables(dir.path(), shm.path(), 3, 2));
+  ASSERT_TRUE(out.failure);
+  ASSERT_TRUE(out.dumped) << out.dump_status.ToString();
+  EXPECT_EQ(out.dump_step, 6);
+  EXPECT_EQ(out.writers, (std::vector<int>{0, 1}));
+  EXPECT_EQ(out.snapshot_writers, std::vector<int>{2});
+  SP_ASSERT_OK_AND_ASSIGN(State dump, LoadSparse(out.dump_path));
+  const SparseTable* emb = dump.FindTable("emb");
+  ASSERT_NE(emb, nullptr);
+  EXPECT_EQ(emb->num_rows(), 3 * kTableRows);
+  const float* e = reinterpret_cast<const float*>(emb->FindSlot("embedding")->data());
+  for (int64_t i = 0; i < emb->num_rows(); ++i) {
+    for (int k = 0; k < kTableDim; ++k) {
+      EXPECT_EQ(e[i * kTableDim + k], TableValue(6, emb->ids()[i], k)) << "id " << emb->ids()[i];
+    }
+  }
+  EXPECT_EQ(dump.FindValue("failover.step")->as_int(), 6);
+  // Resharded: 2 loaders get every row between them.
+  int64_t rows = 0;
+  for (int i = 0; i < 2; ++i) {
+    SP_ASSERT_OK_AND_ASSIGN(State part, LoadSparse(out.dump_path, {.shard_id = i, .shard_num = 2}));
+    rows += part.FindTable("emb")->num_rows();
+  }
+  EXPECT_EQ(rows, 3 * kTableRows);
+}
+
+TEST(SparseDumpTest, ADeadRanksTableWithoutSnapshotMeansNoDump) {
+  testing::TempDir dir;
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunTables(dir.path(), "", 3, 1));
+  ASSERT_TRUE(out.failure);
+  EXPECT_FALSE(out.dumped);
+  EXPECT_THAT(out.dump_status, StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_NE(out.dump_status.message().find("no replica"), std::string::npos)
+      << out.dump_status.ToString();
 }
 
 }  // namespace

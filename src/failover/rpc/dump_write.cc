@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "failover/rpc/common.h"
+#include "savepoint/sparse.h"
 
 namespace savepoint::failover {
 namespace {
@@ -42,6 +43,12 @@ Result<State> CkptShare(const DumpSource& src, const rpc::Dump& d, int rank, int
           "dump layout needs each rank's whole state in one group; use the native layout",
           rank, fmt::join(g, ",")));
     }
+  }
+  if (!src.state.tables().empty()) {
+    return FailedPreconditionError(fmt::format(
+        "rank {} holds sparse table {:?}: the MindSpore .ckpt dump layout has no place for "
+        "tables; use the native layout",
+        rank, src.state.tables().begin()->first));
   }
   ShardLayout unused;
   SP_ASSIGN_OR_RETURN(State share,
@@ -83,12 +90,20 @@ Status WriteDumpPart(const rpc::Dump& d, const DumpSource& src, int rank, int wo
     comm.Abort(marked);
     return marked;
   }
-  DistributedSaveOptions so;
+  SparseSaveOptions so;
   so.save = save;
   so.save.overwrite = false;
   so.save.create_parents = true;
   so.timeout = std::chrono::milliseconds(d.timeout_ms());
-  return SaveDistributed(comm, *share, layout, d.path(), so, io);
+  if (share->tables().empty()) {
+    return SaveDistributed(comm, *share, layout, d.path(), {.save = so.save, .timeout = so.timeout},
+                           io);
+  }
+  // Every rank's tables are its own rows (the group {rank}), so every rank has a writer: this
+  // one writes rank `rank`'s slices, as if it were that rank.
+  so.shard_id = rank;
+  so.shard_num = world;
+  return SaveSparseDistributed(comm, *share, layout, d.path(), so, io);
 }
 
 Status WriteSnapshotPart(const rpc::Dump& d, const std::string& snapshot_dir, int world,

@@ -18,6 +18,7 @@
 
 #include "distributed/shard.h"
 #include "savepoint/filesystem.h"
+#include "savepoint/sparse.h"
 
 namespace savepoint::failover {
 namespace {
@@ -78,6 +79,15 @@ Result<ShardSpec> SpecFromJson(const std::string& name, const Json& spec, int wo
     }
   }
   return s;
+}
+
+// Whether the checkpoint at `path` holds sparse tables (its manifest requires the "sparse"
+// feature: docs/FORMAT.md).
+Result<bool> HoldsTables(const std::string& path, const IoOptions& io) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> r, CheckpointReader::Open(path, {}, io));
+  const Json features = r->manifest_json().value("required_features", Json::array());
+  return features.is_array() &&
+         std::find(features.begin(), features.end(), "sparse") != features.end();
 }
 
 }  // namespace
@@ -317,6 +327,10 @@ Status SnapshotWriter::Write(const DumpSource& src, const StepInfo& at) {
     SP_RETURN_IF_ERROR(entry.is_tensor() ? snap.PutView(name, entry.tensor())
                                          : snap.PutValue(name, entry.value()));
   }
+  for (const auto& [name, t] : src.state.tables()) {  // a table: the rank's rows, borrowed
+    SP_ASSIGN_OR_RETURN(SparseTable rows, SparseTable::FromViews(t->ids_view(), t->slots()));
+    SP_RETURN_IF_ERROR(snap.PutTable(name, std::move(rows)));
+  }
   snap.metadata() = src.state.metadata().is_object() ? src.state.metadata() : Json::object();
   snap.metadata()[kRecordKey] = SnapshotRecordToJson({rank_, world_, src.layout});
   SP_RETURN_IF_ERROR(Save(snap, rank_dir_ + "/" + SnapshotName(at), save_, io_));
@@ -335,7 +349,13 @@ Result<DumpSource> ReadSnapshot(const std::string& dir, int rank, int64_t step, 
     if (s.step != step) continue;
     const std::string path = SnapshotRankDir(dir, rank) + "/" + SnapshotName(s);
     LoadOptions lo;
-    lo.mmap = true;  // tmpfs pages are memory already: map instead of copying
+    // tmpfs pages are memory already: map instead of copying (tables are read: their rows are
+    // sorted into storage order, not the order the rank held them in).
+    Result<bool> tables = HoldsTables(path, io);
+    if (!tables.ok()) {
+      return tables.status().WithContext(fmt::format("rank {}'s snapshot of step {}", rank, step));
+    }
+    lo.mmap = !*tables;
     Result<State> loaded = Load(path, lo, io);
     if (!loaded.ok()) {
       return loaded.status().WithContext(fmt::format("rank {}'s snapshot of step {}", rank, step));
