@@ -14,6 +14,7 @@
 
 #include "common.h"
 #include "savepoint/failover_rpc.h"
+#include "tables.h"
 
 namespace savepoint::python {
 namespace {
@@ -146,11 +147,12 @@ class PyFailoverAgent {
     nb::gil_scoped_acquire gil;
     try {
       nb::tuple r = nb::cast<nb::tuple>(source_());
-      if (r.size() != 4) return InternalError("failover dump source: bad result");
+      if (r.size() != 5) return InternalError("failover dump source: bad result");
       DumpSource out;
       out.state = MakeState(nb::cast<std::vector<TensorSpec>>(r[0]),
                             nb::cast<std::vector<ValueSpec>>(r[1]), nb::cast<std::string>(r[2]));
-      out.state.KeepAlive(Hold(r[3]));  // the tensors' memory
+      AddTables(out.state, nb::cast<std::vector<TableSpec>>(r[4]), "failover dump source");
+      out.state.KeepAlive(Hold(r[3]));  // the tensors' and tables' memory
       return out;
     } catch (const StatusError& e) {
       return e.status();

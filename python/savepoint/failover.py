@@ -17,7 +17,7 @@ raises UnimplementedError.
 import os
 import time
 
-from . import _core, _errors, _write
+from . import _core, _errors, _sparse_io, _tree, _write
 
 __all__ = ["Agent", "JobStopped", "available", "env_configured", "guard_optimizer"]
 
@@ -48,11 +48,14 @@ def _require():
 
 def _flat_source(source):
     """The callable the C++ agent calls on its dump thread: source() flattened as savepoint.save
-    does, as (tensor specs, values, metadata JSON, owner of the tensors' memory)."""
+    does, as (tensor specs, values, metadata JSON, owner of the memory, table specs)."""
 
     def call():
-        flat, meta_json = _write.flatten(source(), None)
-        return ([t.spec() for t in flat.tensors], flat.values, meta_json, flat)
+        flattener = _tree.Flattener()
+        flattener.allow_tables = True  # a native dump (the .ckpt layout refuses them, naming why)
+        flat, meta_json = _write.flatten(source(), None, flattener)
+        tables, owners = _sparse_io.table_specs(flat.tables)
+        return ([t.spec() for t in flat.tensors], flat.values, meta_json, (flat, owners), tables)
 
     return call
 
@@ -75,7 +78,10 @@ class Agent:
         from its snapshot when no live replica holds it (data parallel = 1).
     groups: the replica groups of this rank's state, a list of sorted rank lists (the ranks
         holding identical copies of one part of it; savepoint's ReplicaGroupsOf). Default None:
-        every rank holds the same state (pure data parallel).
+        every rank holds the same state (pure data parallel). Sparse tables (SparseTable leaves)
+        hold the rank's own rows, the group [rank]: with a data-parallel rest, pass
+        groups=[list(range(world)), [rank]] (a dump whose writer holds tables outside its groups
+        fails rather than leave rows out).
     controller: "host:port" of the controller. Default: $SAVEPOINT_CONTROLLER.
     token: the job token, the same as the controller's (at least 16 characters). Default:
         $SAVEPOINT_JOB_TOKEN.

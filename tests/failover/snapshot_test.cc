@@ -377,7 +377,7 @@ struct TableOfRank {
 // A job of `world` ranks with tables; `victim` dies after its snapshot of step 6 was reported
 // (with `shm`) or after step 6 (without).
 Result<JobOutcome> RunTables(const std::string& dir, const std::string& shm, int world,
-                             int victim) {
+                             int victim, bool own_groups = true) {
   std::vector<Rank> ranks(world);
   std::vector<TableOfRank> tables(world);
   Lockstep ls(world);
@@ -408,6 +408,7 @@ Result<JobOutcome> RunTables(const std::string& dir, const std::string& shm, int
             .value()));
     SP_RETURN_IF_ERROR(probe.PutView("w", TensorView(ranks[r].w.data(), DType::kF32, {kElems})));
     SP_ASSIGN_OR_RETURN(ranks[r].groups, ReplicaGroupsOf(probe, {}, r, world));
+    if (!own_groups) ranks[r].groups.clear();  // data parallel: as if the tables were replicas
     ranks[r].at_step_end = [&ls](Rank& me) { return ls.Arrive(me.step); };
   }
   ranks[victim].at_step_end = LockstepDieAfter(ls, 6, [&](Rank& me) {
@@ -455,6 +456,16 @@ TEST(SparseDumpTest, ADeadRanksTableWithoutSnapshotMeansNoDump) {
   EXPECT_FALSE(out.dumped);
   EXPECT_THAT(out.dump_status, StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_NE(out.dump_status.message().find("no replica"), std::string::npos)
+      << out.dump_status.ToString();
+}
+
+TEST(SparseDumpTest, TablesOutsideTheReportedGroupsFailTheDump) {
+  testing::TempDir dir;
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome out, RunTables(dir.path(), "", 3, 1, /*own_groups=*/false));
+  ASSERT_TRUE(out.failure);
+  EXPECT_FALSE(out.dumped);  // rather than a dump without ranks 1 and 2's rows
+  EXPECT_NE(out.dump_status.message().find("holds sparse table \"emb\" but writes no group {0}"),
+            std::string::npos)
       << out.dump_status.ToString();
 }
 

@@ -126,6 +126,81 @@ def test_single_rank_killed_is_dumped_from_its_snapshot(tmp_path):
     assert os.listdir(tmp_path / "shm") == []  # the controller gave the memory back
 
 
+# One rank holding the rows of its own slices of a sparse table beside the data-parallel w:
+# after step s, the row of id i is s + i % 97 in every column.
+TABLE_RANK = r"""
+import os, sys, time
+import numpy as np
+import savepoint
+from savepoint import failover, sparse
+
+out, rank, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+world = int(os.environ["SAVEPOINT_WORLD_SIZE"])
+lo, hi = sparse.gen_slice(rank, world)
+ids = np.concatenate([np.arange(lo, min(hi, lo + 40)), np.arange(lo, min(hi, lo + 40)) + 65536])
+emb = np.zeros((len(ids), 4), np.float32)
+w = np.zeros(100, np.float32)
+agent = None
+state = lambda: {"w": w, "emb": sparse.SparseTable(ids, {"embedding": emb}), "step": agent.step}
+agent = failover.Agent(source=state, groups=[list(range(world)), [rank]])
+progress = open(f"{out}/progress{rank}", "w")
+
+
+def arrived(r):  # the step rank r's all-reduce has reached
+    try:
+        return int(open(f"{out}/arrived{r}").read() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def all_reduce(step, timeout=3.0):  # the gradients' collective: every rank takes part
+    with open(f"{out}/arrived{rank}.tmp", "w") as f:
+        f.write(str(step))
+    os.replace(f"{out}/arrived{rank}.tmp", f"{out}/arrived{rank}")
+    deadline = time.monotonic() + timeout
+    while any(arrived(r) < step for r in range(world)):
+        if time.monotonic() > deadline:
+            agent.collective_failed(RuntimeError(f"all-reduce of step {step}: a peer is gone"))
+        time.sleep(0.002)
+
+
+try:
+    for step in range(1, steps + 1):
+        all_reduce(step)
+        agent.begin_update(step)
+        w[:] = step
+        emb[:] = (step + ids % 97)[:, None]
+        agent.end_update(step)
+        progress.write(f"{step}\n")
+        progress.flush()
+        time.sleep(0.01)
+except failover.JobStopped:
+    sys.exit(75)
+agent.close()
+"""
+
+
+@needs_agent
+def test_killed_rank_with_tables_is_dumped_with_every_ranks_rows(tmp_path):
+    """Each rank's table rows are its own (the group [rank]): the dead one's come from its
+    snapshot, the survivors' from their live state or their snapshots (a survivor a step ahead),
+    all as of the dump's step."""
+    world = 3
+    ctl, address = start_controller(tmp_path, world, "--snapshot-dir", str(tmp_path / "shm"))
+    ranks = failover_job.start_ranks(tmp_path, TABLE_RANK, address, TOKEN, world, 3000)
+    out, err, errs = failover_job.kill_after(ctl, ranks, tmp_path, 1, steps=10)
+    outcome = json.loads(out)
+    assert outcome["dumped"], (out, err, errs)
+    assert 1 in outcome["snapshot_writers"], out  # the survivors' parts: live or snapshots
+    assert sorted(outcome["writers"] + outcome["snapshot_writers"]) == [0, 1, 2], out
+    n = outcome["dump_step"]
+    dump = savepoint.load(outcome["dump_path"])
+    assert dump["step"] == n and (dump["w"] == n).all()
+    ids = np.asarray(dump["emb"].ids)
+    assert len(ids) == 3 * 80
+    np.testing.assert_array_equal(np.asarray(dump["emb"].slots["embedding"])[:, 0], n + ids % 97)
+
+
 @needs_agent
 def test_wrong_token_is_refused(tmp_path):
     ctl, address = start_controller(tmp_path, 1)

@@ -81,9 +81,20 @@ Status WriteDumpPart(const rpc::Dump& d, const DumpSource& src, int rank, int wo
                      const StepInfo& at, Communicator& comm, const SaveOptions& save,
                      const IoOptions& io) {
   if (d.mindspore_ckpt()) return DumpCkpt(d, src, rank, world, comm, io);
+  const std::vector<ReplicaGroup> assigned = GroupsFromProto(d.groups());
+  if (!src.state.tables().empty() &&
+      std::find(assigned.begin(), assigned.end(), ReplicaGroup{rank}) == assigned.end()) {
+    const Status s = FailedPreconditionError(fmt::format(
+        "rank {} holds sparse table {:?} but writes no group {{{}}}: a rank's tables are its own "
+        "rows, so its replica groups must include {{{}}} (ReplicaGroupsOf gives them); the dump "
+        "would lack them",
+        rank, src.state.tables().begin()->first, rank, rank));
+    comm.Abort(s);
+    return s;
+  }
   ShardLayout layout;
-  Result<State> share = DumpShare(src.state, src.layout, rank, world, GroupsFromProto(d.groups()),
-                                  d.writer(), &layout);
+  Result<State> share =
+      DumpShare(src.state, src.layout, rank, world, assigned, d.writer(), &layout);
   Status marked = share.ok() ? AddDumpRecord(&*share, d.step(), at.epoch, at.step_in_epoch, rank)
                              : share.status();
   if (!marked.ok()) {
