@@ -58,7 +58,8 @@ struct SAVEPOINT_API AgentOptions {
   // This rank and the job's size. Required: 0 <= rank < world.
   int rank = -1;
   int world = 0;
-  // The replica groups of this rank's state (ReplicaGroupsOf, or DataParallelGroups). Default:
+  // The replica groups of this rank's state (ReplicaGroupsOf, or DataParallelGroups; sparse tables
+  // are the group {rank}: docs/FAILOVER.md, "What a dump holds"). Default:
   // empty = every rank holds the same state (one group of all ranks).
   std::vector<ReplicaGroup> groups;
   // Called on the agent's dump thread when this rank is chosen to write a dump, while the
