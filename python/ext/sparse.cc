@@ -86,19 +86,29 @@ nb::dict SaveSparseDistributedPy(nb::object comm, const std::string& path,
   return SaveStatsToPython(stats);
 }
 
+// The options of a sparse load of shard `shard_id` of `shard_num` (tables and slots selected; the
+// key named `what` in errors).
+SparseLoadOptions LoadOptionsOf(int shard_id, int shard_num, const std::vector<std::string>& tables,
+                                const std::vector<std::string>& slots, bool verify, nb::handle key,
+                                const char* what) {
+  SparseLoadOptions o;
+  o.load.verify_checksums = verify;
+  o.load.key = KeyFromPython(key, what);
+  o.shard_id = shard_id;
+  o.shard_num = shard_num;
+  o.tables = tables;
+  o.slots = slots;
+  return o;
+}
+
 nb::tuple LoadSparsePy(const std::string& path, int shard_id, int shard_num,
                        const std::vector<std::string>& tables,
                        const std::vector<std::string>& slots,
                        const std::map<std::string, std::string>& rename,
                        const std::map<std::string, std::string>& slot_dtypes, bool dense,
                        bool verify, int io_threads, bool direct_io, nb::handle key) {
-  SparseLoadOptions o;
-  o.load.verify_checksums = verify;
-  o.load.key = KeyFromPython(key, "savepoint.load key");
-  o.shard_id = shard_id;
-  o.shard_num = shard_num;
-  o.tables = tables;
-  o.slots = slots;
+  SparseLoadOptions o =
+      LoadOptionsOf(shard_id, shard_num, tables, slots, verify, key, "savepoint.load key");
   o.rename = rename;
   for (const auto& [slot, dtype_name] : slot_dtypes) {
     std::optional<DType> dtype = DTypeFromName(dtype_name);
@@ -118,13 +128,8 @@ void LoadSparseBatchesPy(const std::string& path, int shard_id, int shard_num,
                          const std::vector<std::string>& tables,
                          const std::vector<std::string>& slots, uint64_t batch_bytes, bool verify,
                          int io_threads, bool direct_io, nb::handle key, nb::object sink) {
-  SparseLoadOptions o;
-  o.load.verify_checksums = verify;
-  o.load.key = KeyFromPython(key, "savepoint.sparse.load_into key");
-  o.shard_id = shard_id;
-  o.shard_num = shard_num;
-  o.tables = tables;
-  o.slots = slots;
+  SparseLoadOptions o = LoadOptionsOf(shard_id, shard_num, tables, slots, verify, key,
+                                      "savepoint.sparse.load_into key");
   o.dense = false;
   std::optional<nb::python_error> raised;
   SparseBatchSink call = [&](const std::string& table, SparseTable batch) -> Status {

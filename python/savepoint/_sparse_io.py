@@ -301,6 +301,16 @@ def load_distributed(path, process_group, *, framework, tables, slots, verify, i
     return out
 
 
+def _shard(process_group, shard_id, shard_num, what):
+    """(shard_id, shard_num) of a load: the group's rank and size with `process_group`."""
+    if process_group is None:
+        return shard_id, shard_num
+    if (shard_id, shard_num) != (0, 1):
+        raise _errors.InvalidArgumentError(f"{what}: pass process_group or shard_id/shard_num")
+    dist = _distributed._torch()[1]
+    return dist.get_rank(process_group), dist.get_world_size(process_group)
+
+
 def load_tables(path: StrPath, *, tables: Names | None = None, slots: Names | None = None,
                 rename: dict[str, str] | None = None, slot_dtypes: dict[str, Any] | None = None,
                 shard_id: int = 0, shard_num: int = 1, process_group: Any = None,
@@ -322,12 +332,7 @@ def load_tables(path: StrPath, *, tables: Names | None = None, slots: Names | No
     if framework not in (None, "np", "numpy", "pt", "torch"):
         raise _errors.InvalidArgumentError(
             f"savepoint.load_tables: framework={framework!r}: use 'np' or 'pt'")
-    if process_group is not None:
-        if (shard_id, shard_num) != (0, 1):
-            raise _errors.InvalidArgumentError(
-                "savepoint.load_tables: pass process_group or shard_id/shard_num")
-        dist = _distributed._torch()[1]
-        shard_id, shard_num = dist.get_rank(process_group), dist.get_world_size(process_group)
+    shard_id, shard_num = _shard(process_group, shard_id, shard_num, "savepoint.load_tables")
     _, _, _, loaded = _core_load(
         path, shard_id=shard_id, shard_num=shard_num, tables=tables, slots=slots, rename=rename,
         slot_dtypes=slot_dtypes, dense=False, verify=verify, io_threads=io_threads,
@@ -364,12 +369,7 @@ def load_into(path: StrPath, targets: dict[str, Any], *, slots: Names | None = N
     if int(batch_bytes) < 0:
         raise _errors.InvalidArgumentError(
             f"savepoint.sparse.load_into: batch_bytes={batch_bytes}: use 0 (whole tables) or more")
-    if process_group is not None:
-        if (shard_id, shard_num) != (0, 1):
-            raise _errors.InvalidArgumentError(
-                "savepoint.sparse.load_into: pass process_group or shard_id/shard_num")
-        dist = _distributed._torch()[1]
-        shard_id, shard_num = dist.get_rank(process_group), dist.get_world_size(process_group)
+    shard_id, shard_num = _shard(process_group, shard_id, shard_num, "savepoint.sparse.load_into")
     as_torch = framework in ("pt", "torch")
     rows = dict.fromkeys(targets, 0)
 
