@@ -266,14 +266,16 @@ SAVEPOINT_API Result<std::vector<SparseChainLink>> SparseChain(const std::string
                                                                const IoOptions& io = {});
 
 // Folds the chain ending at `src` into a full checkpoint at `dst` (every table whole, the dense
-// tensors, values and metadata of `src`; dst may be src, with options.save.overwrite), committed
-// atomically like any save: a crash leaves either no `dst` or a complete one, and the chain is
-// never changed. It streams: the tables are merged and written in parts of about `batch_bytes`
-// (slice ranges, each in its own data file, as the saving ranks of a distributed save write
-// theirs), so that it holds about twice a part, plus src's dense tensors, whatever the size of the
-// chain; the ids are read twice (once to place the parts). 0 = one part. A compressed compaction
-// (options.save.compression) loads the chain whole instead: distributed writes do not compress.
-// options.timeout is not used (no collectives).
+// tensors, values and metadata of `src`), committed atomically like any save: a crash leaves
+// either no `dst` or a complete one, and no link of the chain changes. dst may be src itself
+// (options.save.overwrite: the compacted checkpoint replaces the head, as the manager does); a
+// lower link of the chain is InvalidArgument. It streams: the tables are merged and written in
+// parts of about `batch_bytes` (slice ranges, each in its own data file, as the saving ranks of a
+// distributed save write theirs; at most 4096 parts), so that it holds about twice a part, plus
+// src's dense tensors, whatever the size of the chain; the ids are read twice (once to place the
+// parts). 0 = one part. A compressed compaction (options.save.compression) loads the chain whole
+// instead: distributed writes do not compress. options.timeout is not used (no collectives);
+// shard_id / shard_num must stay at their defaults (InvalidArgument).
 SAVEPOINT_API Status CompactSparse(const std::string& src, const std::string& dst,
                                    const SparseSaveOptions& options = {},
                                    const LoadOptions& load = {}, const IoOptions& io = {},

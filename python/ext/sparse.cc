@@ -10,6 +10,7 @@
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
 
+#include <exception>
 #include <optional>
 
 #include "common.h"
@@ -132,6 +133,7 @@ void LoadSparseBatchesPy(const std::string& path, int shard_id, int shard_num,
                                       "savepoint.sparse.load_into key");
   o.dense = false;
   std::optional<nb::python_error> raised;
+  std::exception_ptr other;
   SparseBatchSink call = [&](const std::string& table, SparseTable batch) -> Status {
     nb::gil_scoped_acquire gil;
     try {
@@ -143,6 +145,9 @@ void LoadSparseBatchesPy(const std::string& path, int shard_id, int shard_num,
     } catch (nb::python_error& e) {
       raised.emplace(std::move(e));
       return InternalError("the table's __savepoint_set_table__ raised");
+    } catch (...) {  // StatusError, a cast error, bad_alloc: raised again after the load
+      other = std::current_exception();
+      return InternalError("handing a batch to Python failed");
     }
     return Status::OK();
   };
@@ -151,6 +156,7 @@ void LoadSparseBatchesPy(const std::string& path, int shard_id, int shard_num,
                              {.io_threads = io_threads, .direct_io = direct_io});
   });
   if (raised) throw std::move(*raised);
+  if (other) std::rethrow_exception(other);
   Take(std::move(r));
 }
 

@@ -372,6 +372,9 @@ def load_into(path: StrPath, targets: dict[str, Any], *, slots: Names | None = N
     shard_id, shard_num = _shard(process_group, shard_id, shard_num, "savepoint.sparse.load_into")
     as_torch = framework in ("pt", "torch")
     rows = dict.fromkeys(targets, 0)
+    if not targets:
+        return rows
+    handed = set()
 
     def sink(name, ids, slots_):
         if name not in targets:  # another table a target's name matches as a glob
@@ -379,11 +382,16 @@ def load_into(path: StrPath, targets: dict[str, Any], *, slots: Names | None = N
         batch = _to_table(ids, slots_, as_torch)
         targets[name].__savepoint_set_table__(batch)
         rows[name] += len(batch.ids)
+        handed.add(name)
 
     _core.load_sparse_batches(
         os.fspath(path), int(shard_id), int(shard_num), list(targets),
         _names(slots, "slots"), int(batch_bytes), verify, io_threads, direct_io,
         _read.load_key(key, "savepoint.sparse.load_into: key"), sink)  # fmt: skip
+    missing = sorted(set(targets) - handed)  # every table gets a batch: a glob that named others
+    if missing:
+        raise _errors.NotFoundError(
+            f"savepoint.sparse.load_into({os.fspath(path)!r}): no table {missing[0]!r}")
     return rows
 
 
@@ -466,6 +474,9 @@ def compact(src: StrPath, dst: StrPath, *, overwrite: bool = False, key: Key | N
     TypeError. Returns the save's statistics (as savepoint.save)."""
     src, dst = os.fspath(src), os.fspath(dst)
     what = f"savepoint.compact({src!r} -> {dst!r})"
+    if int(batch_bytes) < 0:
+        raise _errors.InvalidArgumentError(
+            f"{what}: batch_bytes={batch_bytes}: use 0 (one part) or more")
     codec = _write.compression(compression)
     key = _read.load_key(key, "savepoint.compact: key")
     if dst_key is not _SAME_KEY:

@@ -214,6 +214,7 @@ TEST_F(ChainTest, StreamingCompactionWritesPartsThatLoadAsTheChain) {
       EXPECT_TRUE(got == ref_) << path << " as " << m << " shards";
     }
   }
+  const Ref ref_before = ref_;
   // In place (as the manager compacts), then a delta on the result.
   SparseSaveOptions over;
   over.save.overwrite = true;
@@ -222,9 +223,16 @@ TEST_F(ChainTest, StreamingCompactionWritesPartsThatLoadAsTheChain) {
   SP_ASSERT_OK(SaveRanks(2, "/ck/d3", ref_, &mem_, "/ck/parts", {7}));
   SP_ASSERT_OK_AND_ASSIGN(Ref d3, LoadShards("/ck/d3", 2, &mem_));
   EXPECT_TRUE(d3 == ref_);
-  // An existing destination without overwrite is refused before anything is written.
+  // An existing destination without overwrite is refused before anything is written; a lower
+  // link of the chain even with it (the deltas above it would break); shards are for ranks.
   EXPECT_THAT(CompactSparse("/ck/d2", "/ck/one", {}, {}, Io(&mem_), 1024),
               StatusIs(StatusCode::kAlreadyExists, "compact /ck/d2 into /ck/one"));
+  EXPECT_THAT(CompactSparse("/ck/d2", "/ck/d1", over, {}, Io(&mem_), 1024),
+              StatusIs(StatusCode::kInvalidArgument, "dst is link 1 of src's chain"));
+  SP_ASSERT_OK_AND_ASSIGN(Ref still, LoadShards("/ck/d2", 1, &mem_));
+  EXPECT_TRUE(still == ref_before);
+  EXPECT_THAT(CompactSparse("/ck/d2", "/ck/x", {.shard_id = 0, .shard_num = 1}, {}, Io(&mem_)),
+              StatusIs(StatusCode::kInvalidArgument, "shard_id / shard_num"));
 }
 
 TEST(SparseCompact, DenseTensorsValuesAndAKeyTravelWithTheFirstPart) {

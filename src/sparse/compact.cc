@@ -14,6 +14,8 @@
 //     must be the rows counted, and written and synced to its data file; then freed.
 //  4. Commit: the coordinator writes the manifest and commits by rename, as any save.
 // The dense tensors, values and metadata of src go with part 0 (the tensors whole).
+#include "sparse/compact.h"
+
 #include <fmt/format.h>
 #include <sys/mman.h>
 
@@ -24,8 +26,8 @@
 #include <memory>
 
 #include "engine/select.h"
+#include "io/commit.h"
 #include "savepoint/distributed.h"
-#include "sparse/compact.h"
 #include "sparse/load.h"
 #include "sparse/save.h"
 
@@ -73,7 +75,8 @@ std::vector<std::string> SlotNames(const std::vector<SlotSchema>& slots) {
   return out;
 }
 
-// The tables and how many parts the chain is cut into (about batch_bytes each; 0: one part).
+// The tables and how many parts the chain is cut into (about batch_bytes each; 0: one part; at
+// most kMaxCompactionParts).
 Plan Cut(const std::vector<Link>& chain, const Schema& schema, uint64_t batch_bytes) {
   Plan plan;
   long double bytes = 0;
@@ -83,8 +86,8 @@ Plan Cut(const std::vector<Link>& chain, const Schema& schema, uint64_t batch_by
     bytes += ChainTableBytes(chain, name, SlotNames(slots));
   }
   if (batch_bytes > 0) {
-    plan.parts = static_cast<int>(std::clamp<long double>(std::ceil(bytes / batch_bytes), 1,
-                                                          static_cast<long double>(kNumSlices)));
+    plan.parts = static_cast<int>(
+        std::clamp<long double>(std::ceil(bytes / batch_bytes), 1, kMaxCompactionParts));
   }
   return plan;
 }
@@ -126,7 +129,8 @@ Shape RowsOf(const SlotSchema& s, int64_t rows) {
 }
 
 // The most bytes any tensor of a part takes (its dense tensors included): the phantom's size.
-uint64_t LargestTensor(const Plan& plan, const engine::Reader& newest) {
+// Corruption when a part's rows make no valid shape (rows that fit apart may not fit merged).
+Result<uint64_t> LargestTensor(const Plan& plan, const engine::Reader& newest) {
   uint64_t most = 0;
   for (const TensorInfo& info : newest.tensors()) most = std::max(most, info.nbytes);
   for (const auto& part : plan.counted) {
@@ -134,7 +138,13 @@ uint64_t LargestTensor(const Plan& plan, const engine::Reader& newest) {
       most = std::max<uint64_t>(most, part[t].rows * sizeof(int64_t));
       for (const SlotSchema& s : plan.slots[t]) {
         Result<uint64_t> n = NumBytes(s.dtype, RowsOf(s, part[t].rows));
-        if (n.ok()) most = std::max(most, *n);  // else FlattenPart refuses the shape
+        if (!n.ok()) {
+          return CorruptionError(
+              fmt::format("table {:?}: slot {:?}: the merged rows make no valid "
+                          "shape ({})",
+                          plan.tables[t], s.name, n.status().message()));
+        }
+        most = std::max(most, *n);
       }
     }
   }
@@ -248,7 +258,8 @@ class Compaction {
 
   // Step 2: every part planned over the phantom; the coordinator's verdict.
   Result<std::string> Decide(SaveCoordinator& coordinator) {
-    Phantom phantom(LargestTensor(plan_, newest()));
+    SP_ASSIGN_OR_RETURN(const uint64_t largest, LargestTensor(plan_, newest()));
+    Phantom phantom(largest);
     if (phantom.data() == nullptr) return ResourceExhaustedError("no address space to plan in");
     std::vector<std::string> plans;
     for (int p = 0; p < plan_.parts; ++p) {
@@ -309,6 +320,11 @@ class Compaction {
 Status CompactInParts(const std::string& src, const std::string& dst, const SparseSaveOptions& o,
                       const LoadOptions& load, const IoOptions& io, uint64_t batch_bytes) {
   SP_RETURN_IF_ERROR(CheckLoadOptions({.load = load}));
+  FileSystem* fs = FileSystemOf(io);
+  if (!o.save.overwrite && fs->Exists(dst) && !io::IsEmptyDirectory(fs, dst)) {
+    // As the commit would find, but before the chain is read.
+    return AlreadyExistsError(fmt::format("save {}: a checkpoint already exists there", dst));
+  }
   SP_ASSIGN_OR_RETURN(std::vector<Link> chain, OpenChain(src, load, io));
   Compaction c(std::move(chain), dst, o, load, io);
   return c.Run(batch_bytes);

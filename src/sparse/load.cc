@@ -384,7 +384,7 @@ std::vector<SliceRange> Batches(SliceRange range, uint64_t bytes, uint64_t batch
   int64_t n = 1;
   if (batch_bytes > 0) {
     const long double share = static_cast<long double>(bytes) * width / kNumSlices;
-    n = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(share / batch_bytes)), 1, width);
+    n = static_cast<int64_t>(std::clamp<long double>(std::ceil(share / batch_bytes), 1, width));
   }
   std::vector<SliceRange> out;
   for (int64_t i = 0; i < n; ++i) {
@@ -482,7 +482,11 @@ uint64_t ChainTableBytes(const std::vector<Link>& chain, const std::string& name
       Result<uint64_t> n = NumBytes(rec.dtype, Shape(rec.shape.begin() + 1, rec.shape.end()));
       row += n.ok() ? *n : 0;  // DecodeDesc checked the shapes
     }
-    bytes += static_cast<uint64_t>(rows) * row;
+    uint64_t link_bytes = 0;  // saturating: the caller cuts batches from it
+    if (__builtin_mul_overflow(static_cast<uint64_t>(rows), row, &link_bytes) ||
+        __builtin_add_overflow(bytes, link_bytes, &bytes)) {
+      return UINT64_MAX;
+    }
   }
   return bytes;
 }

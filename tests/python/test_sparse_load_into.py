@@ -103,6 +103,12 @@ def test_load_into_errors(chain):
             Full.calls += 1
             raise MemoryError("the hash table is full")
 
+    with pytest.raises(savepoint.NotFoundError, match="no table 'em\\*'"):
+        sparse.load_into(chain, {"em*": HashTable(1, 8)})  # a glob matching others names none
+    assert sparse.load_into(chain, {}) == {}
+    with pytest.raises(savepoint.InvalidArgumentError, match="batch_bytes=-1"):
+        sparse.compact(chain, chain.parent / "x", batch_bytes=-1)
+
     with pytest.raises(MemoryError, match="the hash table is full"):
         sparse.load_into(chain, {"emb": Full()}, batch_bytes=4096)
     assert Full.calls == 1  # the first error stops the load

@@ -106,7 +106,11 @@ Status WriteDumpPart(const rpc::Dump& d, const DumpSource& src, int rank, int wo
   so.save.overwrite = false;
   so.save.create_parents = true;
   so.timeout = std::chrono::milliseconds(d.timeout_ms());
-  if (share->tables().empty()) {
+  // Every writer runs the same protocol: a sparse save when any writer holds tables (then one
+  // without fails it on every rank, naming itself, as every rank must hold the same tables).
+  SP_ASSIGN_OR_RETURN(std::vector<std::string> holds,
+                      comm.AllGather(share->tables().empty() ? "0" : "1", so.timeout));
+  if (std::find(holds.begin(), holds.end(), "1") == holds.end()) {
     return SaveDistributed(comm, *share, layout, d.path(), {.save = so.save, .timeout = so.timeout},
                            io);
   }
