@@ -128,7 +128,8 @@ SAVEPOINT_API Status SaveMindSporeDump(Communicator& comm, const State& state,
 // ReplicaGroupsOf) is one of `assigned`, each as a box written by `writer` alone (its replicas
 // become {writer}, the writer's index in the dump's communicator), and its sparse tables when
 // {rank} is assigned (their deleted ids left out: a dump is a full save). Values are kept;
-// tensors and tables are borrowed from `local`, which must outlive the result. `dump_layout` receives the layout.
+// tensors and tables are borrowed from `local`, which must outlive the result. `dump_layout`
+// receives the layout.
 SAVEPOINT_API Result<State> DumpShare(const State& local, const ShardLayout& layout, int rank,
                                       int world, const std::vector<ReplicaGroup>& assigned,
                                       int writer, ShardLayout* dump_layout);

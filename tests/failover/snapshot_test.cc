@@ -376,8 +376,8 @@ struct TableOfRank {
 
 // A job of `world` ranks with tables; `victim` dies after its snapshot of step 6 was reported
 // (with `shm`) or after step 6 (without).
-Result<JobOutcome> RunTables(const std::string& dir, const std::string& shm, int world,
-                             int victim, bool own_groups = true) {
+Result<JobOutcome> RunTables(const std::string& dir, const std::string& shm, int world, int victim,
+                             bool own_groups = true) {
   std::vector<Rank> ranks(world);
   std::vector<TableOfRank> tables(world);
   Lockstep ls(world);
