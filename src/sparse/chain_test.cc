@@ -373,6 +373,20 @@ TEST_F(ChainTest, DeltaOfAnotherTableOrSlotIsRefused) {
   EXPECT_FALSE(mem_.Exists("/ck/bad"));
 }
 
+TEST_F(ChainTest, CorruptChainFailsACompactionInPartsAndABatchedLoad) {
+  const std::string path = "/ck/base/data-00000-00000.spd";
+  std::string bytes = mem_.ReadFile(path, 1 << 30).value();
+  for (size_t i = 4096; i < bytes.size(); i += 4096) bytes[i + 100] ^= 0x40;
+  SP_ASSERT_OK(mem_.RemoveFile(path));
+  SP_ASSERT_OK(mem_.WriteFileSynced(path, bytes));
+  const Status c = CompactSparse("/ck/d2", "/ck/bad", {}, {}, Io(&mem_), 1024);
+  EXPECT_THAT(c, StatusIs(StatusCode::kCorruption, "checkpoint /ck/base"));
+  EXPECT_FALSE(mem_.Exists("/ck/bad"));
+  auto keep = [](const std::string&, SparseTable) { return Status::OK(); };
+  EXPECT_THAT(LoadSparseBatches("/ck/d2", keep, {}, 1024, Io(&mem_)),
+              StatusIs(StatusCode::kCorruption, "checkpoint /ck/base"));
+}
+
 TEST_F(ChainTest, CorruptBaseChunkIsNamed) {
   // Flip one byte of every data file of the base's embedding rows: the load names the chunk.
   for (const std::string f : {"data-00000-00000.spd", "data-00001-00000.spd"}) {

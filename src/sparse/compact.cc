@@ -57,8 +57,9 @@ class Phantom {
 // What the count gives of one table in one part.
 struct Counted {
   int64_t rows = 0;
-  int64_t slices = 0;  // entries of its slice index
-  Tensor index;        // the slice index (moved into the plan)
+  int64_t slices = 0;                          // entries of its slice index
+  Tensor index;                                // the slice index (moved into the plan)
+  int64_t rows_before = 0, slices_before = 0;  // of the parts before this one
 };
 
 // The compaction's layout: the tables (name order, every slot), the parts and their counts.
@@ -101,7 +102,13 @@ Status Count(std::vector<Link>& chain, const LoadOptions& load, const IoOptions&
       SP_ASSIGN_OR_RETURN(Rows rows, LoadTable(chain, name, {}, range, load, io));
       SP_ASSIGN_OR_RETURN(Tensor index, PackSlices(rows.ids.as<const int64_t>()));
       const int64_t slices = index.shape()[0];
-      plan->counted[p].push_back({rows.ids.shape()[0], slices, std::move(index)});
+      Counted c{rows.ids.shape()[0], slices, std::move(index)};
+      if (p > 0) {
+        const Counted& prev = plan->counted[p - 1][plan->counted[p].size()];
+        c.rows_before = prev.rows_before + prev.rows;
+        c.slices_before = prev.slices_before + prev.slices;
+      }
+      plan->counted[p].push_back(std::move(c));
     }
   }
   return Status::OK();
@@ -110,14 +117,13 @@ Status Count(std::vector<Link>& chain, const LoadOptions& load, const IoOptions&
 // Where part `p`'s rows and slice entries of table `t` go in the global tensors.
 Placement PlaceOf(const Plan& plan, int p, size_t t) {
   Placement out;
-  for (int q = 0; q < plan.parts; ++q) {
-    const Counted& c = plan.counted[q][t];
-    if (q < p) out.offset[kRows] += c.rows, out.offset[kSlices] += c.slices;
-    out.total[kRows] += c.rows;
-    out.total[kSlices] += c.slices;
-  }
-  out.count[kRows] = plan.counted[p][t].rows;
-  out.count[kSlices] = plan.counted[p][t].slices;
+  const Counted& c = plan.counted[p][t];
+  out.offset[kRows] = c.rows_before;
+  out.offset[kSlices] = c.slices_before;
+  out.count[kRows] = c.rows;
+  out.count[kSlices] = c.slices;
+  out.total[kRows] = plan.counted.back()[t].rows_before + plan.counted.back()[t].rows;
+  out.total[kSlices] = plan.counted.back()[t].slices_before + plan.counted.back()[t].slices;
   return out;
 }
 
@@ -159,10 +165,7 @@ Result<State> PhantomDense(const engine::Reader& newest, const Phantom& phantom)
     SP_RETURN_IF_ERROR(
         dense.PutView(info.name, TensorView(phantom.data(), info.dtype, info.shape)));
   }
-  State values;
-  SP_RETURN_IF_ERROR(engine::CopyValues(newest.values(), &values));
-  values.Erase(format::kSparseValueName);
-  SP_RETURN_IF_ERROR(engine::CopyValues(values, &dense));
+  SP_RETURN_IF_ERROR(CopyUserValues(newest, dense));
   return dense;
 }
 

@@ -501,6 +501,10 @@ Status LoadDense(engine::Reader& r, const LoadOptions& load, State& into) {
     SP_RETURN_IF_ERROR(into.Put(info.name, std::move(t)));
   }
   SP_RETURN_IF_ERROR(r.ReadMany(jobs, nullptr, load.verify_checksums));
+  return CopyUserValues(r, into);
+}
+
+Status CopyUserValues(const engine::Reader& r, State& into) {
   State values;
   SP_RETURN_IF_ERROR(engine::CopyValues(r.values(), &values));
   values.Erase(format::kSparseValueName);

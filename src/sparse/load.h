@@ -38,6 +38,8 @@ uint64_t ChainTableBytes(const std::vector<Link>& chain, const std::string& name
 
 // The dense tensors (whole), values and metadata of the chain's newest checkpoint into `into`.
 Status LoadDense(engine::Reader& r, const LoadOptions& load, State& into);
+// The values and metadata alone (the tables' description left out).
+Status CopyUserValues(const engine::Reader& r, State& into);
 
 }  // namespace savepoint::sparse
 

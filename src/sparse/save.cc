@@ -217,7 +217,9 @@ bool SameTables(const Json& a, const Json& b) {
 Result<std::vector<int64_t>> ShardsOf(const std::vector<Json>& msgs) {
   std::vector<int64_t> shards, owner(msgs.size(), -1);
   for (size_t r = 0; r < msgs.size(); ++r) {
-    const int64_t s = msgs[r]["shard"].get<int64_t>();
+    const Json shard = msgs[r].value("shard", Json());
+    if (!shard.is_number_integer()) return InternalError("bad sparse save message");
+    const int64_t s = shard.get<int64_t>();
     if (s < 0 || s >= static_cast<int64_t>(msgs.size()) || owner[s] >= 0) {
       return InvalidArgumentError(fmt::format(
           "rank {} saves the rows of shard {}{}: each of the {} ranks must save a different "
