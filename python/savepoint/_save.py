@@ -76,23 +76,22 @@ def save(obj: Any, path: StrPath, *, async_: bool = False, compression: Compress
         rows touched since `base` plus SparseTable(deleted=ids) (tables of the chain absent here
         carry over unchanged; dense tensors and values are saved whole). Default None: a full
         save. concurrency: threads sorting the tables' rows (0: io_threads). With async_=True,
-        the tables' rows are copied (gathered into storage order) into the staging memory
-        before the SaveFuture is returned, the rest in the background; with a process_group,
-        tables are saved synchronously (async_=True is UnimplementedError).
+        the tables' rows are copied before the SaveFuture is returned (rows in storage order
+        straight into the staging memory; a large hash-ordered table as its rows lie, sorted in
+        the background), the rest in the background; with a process_group, each rank's tables
+        are copied (numpy / torch copies) and the save runs as a distributed async save does
+        (a DistributedSaveFuture).
 
     Returns a dict of statistics (bytes, chunks, seconds, direct_io) for a synchronous save, a
     SaveFuture for an asynchronous one. Errors are SavepointError subclasses (the C++ message).
     """
     sparse = base is not None or _tree.contains_table(obj)
-    if async_ and process_group is not None and sparse:
-        raise _errors.UnimplementedError(
-            f"savepoint.save({os.fspath(path)!r}): sparse tables and delta saves (base=) of a "
-            "process_group are saved synchronously only: pass async_=False")  # fmt: skip
     if process_group is not None and sparse:
         if compression is not None:
             raise _errors.UnimplementedError("savepoint.save: compression with a process_group")
         return _sparse_io.save_distributed(
-            obj, path, process_group, base=base, concurrency=concurrency, metadata=metadata,
+            obj, path, process_group, async_=async_, base=base, concurrency=concurrency,
+            metadata=metadata,
             timeout=timeout, verify_replicas=verify_replicas, key=key, overwrite=overwrite,
             create_parents=create_parents, chunk_bytes=chunk_bytes, io_threads=io_threads,
             direct_io=direct_io)  # fmt: skip

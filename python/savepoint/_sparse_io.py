@@ -28,12 +28,13 @@ def has_tables(info):
     return _RESERVED in info.values
 
 
-def _view(x, what, devices):
+def _view(x, what, devices, copy=False):
     """(spec (name, address, dtype, shape), owner keeping the memory alive) of a CPU-contiguous
     view of tensor or array `x` (non-contiguous ones are copied; CUDA ones into page-locked host
-    memory without blocking, their devices added to `devices` to wait for)."""
+    memory without blocking, their devices added to `devices` to wait for). `copy`: host memory
+    is copied too (an asynchronous save: the caller may change `x` once it returns)."""
     if _sparse._kind(x) == "np":
-        a = np.ascontiguousarray(x)
+        a = np.array(x, order="C", copy=True) if copy else np.ascontiguousarray(x)
         return (what, a.__array_interface__["data"][0], _dtypes.from_numpy_dtype(a.dtype),
                 list(a.shape)), a  # fmt: skip
     t = x.detach()
@@ -41,26 +42,30 @@ def _view(x, what, devices):
         t = t.resolve_conj()
     if t.is_neg():
         t = t.resolve_neg()
-    t = _cuda.to_pinned(t, devices) if t.is_cuda else t.to("cpu").contiguous()
+    if t.is_cuda:
+        t = _cuda.to_pinned(t, devices)
+    else:
+        cpu = t.to("cpu").contiguous()
+        t = cpu.clone() if copy and cpu.data_ptr() == x.data_ptr() else cpu
     return (what, t.data_ptr(), _dtypes.from_torch_dtype(t.dtype), list(t.shape)), t
 
 
-def table_specs(tables):
+def table_specs(tables, copy=False):
     """([(name, ids, [slots], deleted or None)] for the core, owners to keep alive). Tables on a
     GPU are copied into page-locked host memory (the host link's speed), all copies queued before
-    the one wait."""
+    the one wait; with `copy`, tables in host memory are copied too."""
     specs, owners, devices = [], [], set()
     for name, t in tables:
-        ids, o = _view(t.ids, "ids", devices)
+        ids, o = _view(t.ids, "ids", devices, copy)
         owners.append(o)
         slots = []
         for slot, x in t.slots.items():
-            spec, o = _view(x, slot, devices)
+            spec, o = _view(x, slot, devices, copy)
             slots.append(spec)
             owners.append(o)
         deleted = None
         if t.deleted is not None:
-            deleted, o = _view(t.deleted, "deleted", devices)
+            deleted, o = _view(t.deleted, "deleted", devices, copy)
             owners.append(o)
         specs.append((name, ids, slots, deleted))
     _cuda.settle(devices)
@@ -85,18 +90,23 @@ def _base(base):
     return "" if base is None else os.fspath(base)
 
 
-def save_distributed(obj, path, process_group, *, base, concurrency, metadata, timeout,
+def save_distributed(obj, path, process_group, *, async_, base, concurrency, metadata, timeout,
                      verify_replicas, key, overwrite, create_parents, chunk_bytes, io_threads,
                      direct_io):  # fmt: skip
     """savepoint.save(state, path, process_group=pg) of a state with tables (or a delta): every
-    rank passes the rows it owns; SaveSparseDistributed over the group's TorchCommunicator."""
+    rank passes the rows it owns; SaveSparseDistributed over the group's TorchCommunicator. With
+    `async_`, the dense tensors and the tables are copied, then the save runs as the dense
+    distributed saves' do (a DistributedSaveFuture, one at a time in call order)."""
     class Job(_distributed._SaveJob):
+        copied = None  # (table specs, owners) of an async save's copies
+
         def run(self):
             comm = self.group.comm()
             try:
                 self._agree(comm)
                 specs = [t.spec() for t in self.flat.tensors]
-                tables, owners = table_specs(self.flat.tables)
+                tables, owners = self.copied or table_specs(self.flat.tables)
+                self.copied = None
                 stats = _core.save_sparse_distributed(
                     comm, self.path, specs, self.flat.boxes, self.flat.values, self.meta_json,
                     tables, base=_base(base), concurrency=int(concurrency), **self.options)
@@ -107,7 +117,7 @@ def save_distributed(obj, path, process_group, *, base, concurrency, metadata, t
                     _torch_comm.forget_control_group(self.group.ranks, self.group.purpose)
                 raise
 
-    group = _distributed._Group(process_group, "sync")
+    group = _distributed._Group(process_group, "async" if async_ else "sync")
     job = Job(group, os.fspath(path), float(timeout), bool(verify_replicas), dict(
         overwrite=overwrite, create_parents=create_parents, chunk_bytes=chunk_bytes,
         io_threads=io_threads, direct_io=direct_io, timeout_s=float(timeout),
@@ -116,8 +126,13 @@ def save_distributed(obj, path, process_group, *, base, concurrency, metadata, t
         flattener = _distributed._ShardFlattener(group)
         flattener.allow_tables = True
         job.flat, job.meta_json = _write.flatten(obj, metadata, flattener)
+        if async_:
+            job.snapshot(copy_host=True)
+            job.copied = table_specs(job.flat.tables, copy=True)
     except Exception as e:  # noqa: BLE001 (told to the other ranks first, then raised)
         job.error = e
+    if async_:
+        return _distributed.DistributedSaveFuture(job)
     return job.run()
 
 

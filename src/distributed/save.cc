@@ -315,7 +315,9 @@ Status Write(const engine::WriteRequest& r) {
   const auto start = std::chrono::steady_clock::now();
   Communicator& comm = *r.topology.comm;
   RankSave mine(comm.rank(), comm.size());
-  Status s = Run(r, &mine);
+  Status s = r.late != nullptr && r.late->prepare ? r.late->prepare() : Status::OK();
+  if (!s.ok()) comm.Abort(s);  // the others' steps fail, naming this rank
+  if (s.ok()) s = Run(r, &mine);
   if (!s.ok()) {
     return s.WithContext(
         fmt::format("distributed save {} (rank {} of {})", r.path, comm.rank(), comm.size()));

@@ -57,6 +57,11 @@ struct SaveHandle::Shared final : engine::SnapshotSink {
   format::Manifest manifest;
   engine::ChunkSeal seal;                // encrypted saves (manifest.encryption.enabled)
   std::vector<engine::ChunkTask> tasks;  // point into `manifest` (and to `seal`)
+  // The request's late tensors (WriteRequest::late): written after the snapshot by WriteLate,
+  // from the memory that `hold` keeps alive until Finish.
+  std::vector<engine::ChunkTask> late_tasks;
+  std::function<Status()> late_prepare;
+  std::shared_ptr<const void> hold;
   engine::ExtentAllocator alloc;
   std::unique_ptr<WritableFile> file;
   engine::StagingPool* pool = nullptr;
@@ -132,6 +137,20 @@ struct SaveHandle::Shared final : engine::SnapshotSink {
       pool->Release(slab.data);
     }
   }
+  // Late tensors' thread body: once the snapshot has ended, prepares them and writes their chunks
+  // on `threads` threads (as a synchronous save writes, gathering rows into storage order).
+  void WriteLate(int threads) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return queue_closed; });
+    }
+    if (failed()) return;
+    Status s = late_prepare ? late_prepare() : Status::OK();
+    if (s.ok()) {
+      s = engine::WriteTasks(late_tasks, manifest.chunk_bytes, threads, file.get(), &alloc);
+    }
+    if (!s.ok()) Fail(std::move(s));
+  }
   void Finish() {
     Status s;
     {
@@ -151,6 +170,7 @@ struct SaveHandle::Shared final : engine::SnapshotSink {
       s = s.WithContext(fmt::format("save {}", target.path));
     }
     file.reset();
+    hold.reset();  // before `done`: a waiter may reuse what it held (sparse::CopyBuffers)
     {
       std::lock_guard<std::mutex> lock(mu);
       result = s;
@@ -259,9 +279,11 @@ class CheckpointerImpl final : public Checkpointer {
     std::thread thread;
   };
 
-  // Plans, snapshots and launches the save of `r` (its state, gathers, path and options; r.io is
-  // ignored: the Checkpointer's io_ writes).
-  Result<std::shared_ptr<SaveHandle::Shared>> Prepare(const WriteRequest& r);
+  // Plans, snapshots and launches the save of `r` (its state, gathers, late tensors, path and
+  // options; r.io is ignored: the Checkpointer's io_ writes). `hold` keeps what `r` points to
+  // alive until the save ends (its late tensors are written after Prepare returns).
+  Result<std::shared_ptr<SaveHandle::Shared>> Prepare(const WriteRequest& r,
+                                                      std::shared_ptr<const void> hold);
   // SaveAsync of either kind: `tables` null for a State without tables.
   Result<SaveHandle> Start(const State& state, const std::string& path, const SaveOptions& options,
                            const SparseSaveOptions* tables);
@@ -323,7 +345,25 @@ Status CheckAsyncSaveOptions(const SaveOptions& o, const CheckpointerOptions& c,
   return RefuseTopology(o.topology, "async save " + path, "SaveOptions");
 }
 
-Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const WriteRequest& r) {
+// Moves the tasks of `r`'s late tensors (the last ones: PlanSave) from job->tasks to
+// job->late_tasks; returns where the snapshot's layout ends (the late tensors' region starts).
+uint64_t SplitLate(const WriteRequest& r, SaveHandle::Shared* job) {
+  uint64_t end = job->manifest.files[0].bytes;
+  if (r.late == nullptr) return end;
+  auto first = std::find_if(job->tasks.begin(), job->tasks.end(), [&](const ChunkTask& t) {
+    return r.late->names.contains(t.tensor->name);
+  });
+  for (auto it = first; it != job->tasks.end(); ++it) {
+    if (it->stored == nullptr) end = std::min(end, it->file_offset);
+  }
+  job->late_tasks.assign(first, job->tasks.end());
+  job->tasks.erase(first, job->tasks.end());
+  job->late_prepare = r.late->prepare;
+  return end;
+}
+
+Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(
+    const WriteRequest& r, std::shared_ptr<const void> hold) {
   const State& state = *r.state;
   const std::string& path = r.path;
   SaveOptions o = r.options;
@@ -340,8 +380,9 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Writ
   job->overwrite = o.overwrite;
   SP_ASSIGN_OR_RETURN(job->target, BeginSave(path, o, io_));
   Result<std::unique_ptr<WritableFile>> file = Status();
-  Result<std::vector<ChunkTask>> tasks =
-      PlanSave(state, o.chunk_bytes, &job->manifest, o.compression, o.format_version, r.gathers);
+  job->hold = std::move(hold);
+  Result<std::vector<ChunkTask>> tasks = PlanSave(
+      state, o.chunk_bytes, &job->manifest, o.compression, o.format_version, r.gathers, r.late);
   if (tasks.ok() && keys) EnableSealing(std::move(*keys), 0, &job->manifest, &*tasks, &job->seal);
   if (tasks.ok()) file = CreateDataFile(job->target, job->manifest, io_.direct_io);
   if (!tasks.ok() || !file.ok()) {
@@ -358,11 +399,12 @@ Result<std::shared_ptr<SaveHandle::Shared>> CheckpointerImpl::Prepare(const Writ
   }
   job->stats.direct_io = job->file->direct();
   job->writers_held = !options_.persist_during_snapshot;
+  const uint64_t staged_end = SplitLate(r, job.get());
   Launch(job);
   auto t0 = Clock::now();
   engine::SnapshotPlan plan;
   plan.tasks = &job->tasks;
-  plan.data_file_bytes = job->manifest.files[0].bytes;
+  plan.data_file_bytes = staged_end;
   plan.pool = &pool_;
   plan.copier = options_.copier;
   plan.threads = options_.snapshot_threads > 0 ? options_.snapshot_threads
@@ -379,6 +421,9 @@ void CheckpointerImpl::Launch(std::shared_ptr<SaveHandle::Shared> job) {
   std::thread t([job, threads] {
     std::vector<std::thread> writers;
     for (int i = 1; i < threads; ++i) writers.emplace_back([&job] { job->Drain(); });
+    if (!job->late_tasks.empty()) {
+      writers.emplace_back([&job, threads] { job->WriteLate(threads); });
+    }
     job->Drain();
     for (auto& w : writers) w.join();
     job->Finish();
@@ -417,11 +462,13 @@ Result<SaveHandle> CheckpointerImpl::Start(const State& state, const std::string
   in.state = &state;
   in.options = options;
   in.io = io_;
-  std::shared_ptr<const WriteRequest> flat;  // the tables' tensors: alive until the snapshot ends
+  // The tables' tensors: alive until the snapshot ends, or the save's end with late tensors.
+  std::shared_ptr<const WriteRequest> flat;
   if (tables != nullptr) {  // (after the wait: a delta's base may be the save before)
     SP_ASSIGN_OR_RETURN(flat, flatten_(in, *tables));
   }
-  SP_ASSIGN_OR_RETURN(std::shared_ptr<SaveHandle::Shared> job, Prepare(flat ? *flat : in));
+  SP_ASSIGN_OR_RETURN(std::shared_ptr<SaveHandle::Shared> job,
+                      Prepare(flat ? *flat : in, flat && flat->late ? flat : nullptr));
   std::lock_guard<std::mutex> lock(job->mu);
   job->stats.blocked_seconds = Since(t0);
   return SaveHandle(job);

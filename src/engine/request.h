@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 
@@ -35,6 +36,16 @@ struct RowGather {
 // Tensor name -> how its rows are gathered.
 using RowGathers = std::map<std::string, RowGather, std::less<>>;
 
+// Tensors whose bytes, and whose row gathers' permutations, exist only once `prepare` has run:
+// an asynchronous save of a hash-ordered sparse table copies the rows as they lie while its caller
+// waits and sorts them afterwards (src/sparse/stage.h). The asynchronous saver stages every other
+// tensor, returns to its caller, then runs `prepare` and writes these on its background threads;
+// the synchronous writers run `prepare` first. PlanSave lays these tensors out after all others.
+struct LateTensors {
+  std::set<std::string, std::less<>> names;
+  std::function<Status()> prepare;  // called once, on any one thread; may be empty
+};
+
 // Who writes: one process (comm == nullptr), or every rank of `comm`, each with its own tensors
 // placed by `layout` (required with comm: the public Save puts an empty layout there when the
 // caller gave none). The public options' type; in a request, options.topology is always unset.
@@ -57,6 +68,8 @@ struct WriteRequest {
   // Tensors whose rows are gathered into storage order as they are written (each named tensor's
   // memory is its gather's base, at least kPackBelowBytes long, so never packed). Default: none.
   const RowGathers* gathers = nullptr;
+  // Tensors written after `late->prepare` has run (LateTensors). Default: none.
+  const LateTensors* late = nullptr;
   Topology topology;
   SaveOptions options;  // chunking, codec, key, overwrite, stats and progress of this call
   IoOptions io;         // file system, threads, O_DIRECT

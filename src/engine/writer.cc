@@ -509,7 +509,8 @@ void GatherRows(const RowGather& g, uint64_t offset, uint64_t len, std::byte* ds
 
 Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes,
                                         format::Manifest* m, const Compression& compression,
-                                        uint32_t version, const RowGathers* gathers) {
+                                        uint32_t version, const RowGathers* gathers,
+                                        const LateTensors* late) {
   m->version = version;
   m->checkpoint_id = RandomU64();
   m->created_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -527,26 +528,37 @@ Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes
   auto packed = [&](const format::ShardRecord& s) {
     return !s.compressed() && Packs(version, s.bytes);
   };
+  // Which of the three groups a tensor is in: packed, the others, then the late ones.
+  auto group = [&](const format::TensorRecord& t) {
+    if (late != nullptr && late->names.contains(t.name)) return 2;
+    return packed(t.shards[0]) ? 0 : 1;
+  };
   PackCursor pack(format::kDataHeaderBytes);
   for (auto& t : m->tensors) {
-    if (packed(t.shards[0])) t.shards[0].offset = pack.Place(t.shards[0].bytes);
+    if (group(t) == 2 && packed(t.shards[0])) {
+      return InternalError(
+          fmt::format("tensor {:?} of {} bytes is late but packed", t.name, t.shards[0].bytes));
+    }
+    if (group(t) == 0) t.shards[0].offset = pack.Place(t.shards[0].bytes);
   }
   uint64_t offset = AlignUp(pack.end());
-  for (auto& t : m->tensors) {
-    format::ShardRecord& s = t.shards[0];
-    if (s.compressed() || packed(s)) continue;
-    s.offset = offset;
-    offset = AlignUp(offset + s.bytes);
+  for (int g : {1, 2}) {
+    for (auto& t : m->tensors) {
+      format::ShardRecord& s = t.shards[0];
+      if (s.compressed() || group(t) != g) continue;
+      s.offset = offset;
+      offset = AlignUp(offset + s.bytes);
+    }
   }
   m->files.push_back({DataFileName(0, 0), offset});
   // Tasks in file order (the asynchronous snapshot stages them in that order): packed chunks
-  // first, then the others in name order.
+  // first, then the others in name order, then the late ones.
   std::vector<ChunkTask> tasks;
-  for (bool first : {true, false}) {
+  for (int g : {0, 1, 2}) {
     for (auto& t : m->tensors) {
-      if (packed(t.shards[0]) != first) continue;
+      if (group(t) != g) continue;
       AddChunkTasks(t, state.FindTensor(t.name)->data(), chunk_bytes, compression,
-                    first ? &pack : nullptr, &tasks);
+                    g == 0 ? &pack : nullptr, &tasks);
     }
   }
   SP_RETURN_IF_ERROR(AttachGathers(gathers, &tasks));
@@ -639,9 +651,10 @@ Status WriteAndCommit(const WriteRequest& r, const SaveTarget& target,
                       const format::CheckpointKeys* keys, bool* direct, uint64_t* stored_bytes) {
   const SaveOptions& o = r.options;
   format::Manifest m;
+  if (r.late != nullptr && r.late->prepare) SP_RETURN_IF_ERROR(r.late->prepare());
   SP_ASSIGN_OR_RETURN(
       std::vector<ChunkTask> tasks,
-      PlanSave(*r.state, o.chunk_bytes, &m, o.compression, o.format_version, r.gathers));
+      PlanSave(*r.state, o.chunk_bytes, &m, o.compression, o.format_version, r.gathers, r.late));
   ChunkSeal seal;
   if (keys != nullptr) EnableSealing(*keys, 0, &m, &tasks, &seal);
   SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f, CreateDataFile(target, m, r.io.direct_io));

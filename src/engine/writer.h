@@ -119,11 +119,13 @@ Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o,
 // the allocator's end() once every chunk is written.
 //
 // `gathers` (may be null): tensors whose rows are gathered into storage order as they are written
-// (WriteRequest::gathers); their tasks get the gather.
+// (WriteRequest::gathers); their tasks get the gather. `late` (may be null): tensors laid out, and
+// tasked, after every other one (WriteRequest::late; never packed: InternalError otherwise).
 Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes,
                                         format::Manifest* m, const Compression& compression = {},
                                         uint32_t version = format::kFormatVersion,
-                                        const RowGathers* gathers = nullptr);
+                                        const RowGathers* gathers = nullptr,
+                                        const LateTensors* late = nullptr);
 
 // Creates data file `file_index` of the manifest in the temporary directory, preallocates its
 // manifest size and writes its header.

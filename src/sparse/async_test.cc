@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <iostream>
 #include <map>
 #include <random>
 
+#include "io/fault_fs.h"
 #include "io/mem_fs.h"
 #include "savepoint/sparse.h"
 #include "testutil/testutil.h"
@@ -22,8 +24,11 @@ namespace {
 using ::savepoint::testing::StatusIs;
 
 // 20,000 rows of 16 floats: the embedding slot (1.25 MiB) is gathered into storage order by the
-// snapshot (sparse::kGatherSlotBytes), the count slot sorted into a copy first.
+// snapshot (sparse::kGatherSlotBytes), the count slot sorted into a copy first. Tables of
+// kStagedRows rows (ids of more than 1 MiB) are staged instead: copied as they lie, sorted later
+// (sparse/stage.h).
 constexpr int64_t kDim = 16;
+constexpr size_t kStagedRows = 140000;
 
 // id -> (embedding row, step counter).
 using Rows = std::map<int64_t, std::pair<std::vector<float>, int64_t>>;
@@ -89,11 +94,14 @@ class SparseAsync : public ::testing::Test {
     std::cout << "seed " << seed << "\n";
     rng_.seed(seed);
     // Random ids (in hash order, so the rows are sorted), spanning many 64 KiB slabs.
-    while (rows_.size() < 20000) {
+    Grow(20000);
+    ckpt_ = Checkpointer::Create({.staging_bytes = 8 << 20, .slab_bytes = 64 << 10}, Io()).value();
+  }
+  void Grow(size_t rows) {
+    while (rows_.size() < rows) {
       const int64_t id = static_cast<int64_t>(rng_());
       rows_[id] = RowFor(id, 0);
     }
-    ckpt_ = Checkpointer::Create({.staging_bytes = 8 << 20, .slab_bytes = 64 << 10}, Io()).value();
   }
   IoOptions Io() { return {.fs = &mem_, .io_threads = 2, .direct_io = false}; }
 
@@ -198,6 +206,97 @@ TEST_F(SparseAsync, CompressedAndEncrypted) {
     State back = LoadSparse(path, {.load = lo}, Io()).value();
     EXPECT_EQ(RowsOf(*back.FindTable("emb")), rows_) << path;
   }
+}
+
+// A large hash-ordered table is staged: the caller waits for copies of its rows as they lie,
+// the sort and the gather into storage order run afterwards. The checkpoint holds the snapshot's
+// rows, byte for byte what a synchronous save writes, beside dense tensors named before and
+// after the table's tensors; the staged copies serve the next save.
+TEST_F(SparseAsync, StagedTableIsSortedAfterTheCallerReturns) {
+  Grow(kStagedRows);
+  std::vector<float> dense_a(50000, 1.5f), dense_z(70000, -2.5f);
+  for (int round = 0; round < 2; ++round) {
+    OwnedTable table = TableOf(rows_, rng_);
+    State state;
+    SP_ASSERT_OK(state.PutTable("emb", table.View()));
+    SP_ASSERT_OK(state.PutView("a", TensorView(dense_a.data(), DType::kF32, {50000})));
+    SP_ASSERT_OK(state.PutView("z", TensorView(dense_z.data(), DType::kF32, {70000})));
+    const std::string path = fmt::format("/ck/staged{}", round);
+    SP_ASSERT_OK_AND_ASSIGN(SaveHandle h, ckpt_->SaveAsync(state, path));
+    table.Scribble();
+    std::fill(dense_a.begin(), dense_a.end(), 0.0f);
+    SP_ASSERT_OK(h.Wait());
+    EXPECT_EQ(Load(path), rows_);
+    SP_EXPECT_OK(VerifyCheckpoint(path, {}, Io()));
+    auto r = CheckpointReader::Open(path, {}, Io()).value();
+    SP_ASSERT_OK_AND_ASSIGN(Tensor a, r->ReadTensor("a"));
+    EXPECT_EQ(a.as<float>()[49999], round == 0 ? 1.5f : 0.0f);
+    SP_ASSERT_OK_AND_ASSIGN(Tensor z, r->ReadTensor("z"));
+    EXPECT_EQ(z.as<float>()[69999], -2.5f);
+  }
+  OwnedTable again = TableOf(rows_, rng_);
+  State sync;
+  SP_ASSERT_OK(sync.PutTable("emb", again.View()));
+  SP_ASSERT_OK(SaveSparse(sync, "/ck/sync", {}, Io()));
+  auto a = CheckpointReader::Open("/ck/staged1", {}, Io()).value();
+  auto b = CheckpointReader::Open("/ck/sync", {}, Io()).value();
+  for (const char* name :
+       {"savepoint.sparse/0.emb/ids", "savepoint.sparse/0.emb/slices",
+        "savepoint.sparse/0.emb/slot/embedding", "savepoint.sparse/0.emb/slot/count"}) {
+    SP_ASSERT_OK_AND_ASSIGN(Tensor x, a->ReadTensor(name));
+    SP_ASSERT_OK_AND_ASSIGN(Tensor y, b->ReadTensor(name));
+    ASSERT_EQ(x.nbytes(), y.nbytes()) << name;
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), x.nbytes()), 0) << name;
+  }
+}
+
+TEST_F(SparseAsync, StagedTableCompressedAndEncrypted) {
+  Grow(kStagedRows);
+  OwnedTable table = TableOf(rows_, rng_);
+  State state;
+  SP_ASSERT_OK(state.PutTable("emb", table.View()));
+  SaveOptions sealed;
+  sealed.key = EncryptionKey::FromBytes(std::string(32, 'k'));
+  SaveOptions zstd;
+  zstd.compression.codec = Compression::Codec::kZstd;
+  SaveOptions both = zstd;
+  both.key = sealed.key;
+  int i = 0;
+  for (const SaveOptions& o : {sealed, zstd, both}) {
+    const std::string path = fmt::format("/ck/staged{}", i++);
+    SP_ASSERT_OK_AND_ASSIGN(SaveHandle h, ckpt_->SaveAsync(state, path, o));
+    ASSERT_TRUE(h.Wait().ok()) << path;
+    LoadOptions lo;
+    lo.key = o.key;
+    State back = LoadSparse(path, {.load = lo}, Io()).value();
+    EXPECT_EQ(RowsOf(*back.FindTable("emb")), rows_) << path;
+  }
+}
+
+// Every write of the staged rows that fails fails the save: nothing is committed, and a save
+// after it succeeds.
+TEST_F(SparseAsync, StagedTableWriteFailureCommitsNothing) {
+  Grow(kStagedRows);
+  FaultInjectionFileSystem faulty(&mem_);
+  IoOptions io = Io();
+  io.fs = &faulty;
+  auto ckpt = Checkpointer::Create({.staging_bytes = 8 << 20, .slab_bytes = 64 << 10}, io).value();
+  OwnedTable table = TableOf(rows_, rng_);
+  State state;
+  SP_ASSERT_OK(state.PutTable("emb", table.View()));
+  SP_ASSERT_OK(ckpt->SaveAsync(state, "/ck/probe").value().Wait());
+  const uint64_t writes = faulty.count(FaultInjectionFileSystem::Op::kWrite);
+  for (uint64_t n : {writes / 2, writes - 2}) {
+    faulty.Reset();
+    faulty.FailNth(FaultInjectionFileSystem::Op::kWrite, n, ENOSPC);
+    const std::string path = fmt::format("/ck/fail{}", n);
+    SP_ASSERT_OK_AND_ASSIGN(SaveHandle h, ckpt->SaveAsync(state, path));
+    EXPECT_THAT(h.Wait(), StatusIs(StatusCode::kNoSpace)) << n;
+    EXPECT_FALSE(mem_.Exists(path));
+  }
+  faulty.Reset();
+  SP_ASSERT_OK(ckpt->SaveAsync(state, "/ck/after").value().Wait());
+  EXPECT_EQ(Load("/ck/after"), rows_);
 }
 
 TEST_F(SparseAsync, ErrorsBeforeTheSnapshot) {

@@ -124,7 +124,9 @@ Status AddTable(const std::string& name, size_t index, const std::vector<std::st
       flat->gathers[n.slots[k].second] = {s.slots[k].data(), s.perm.data(), s.perm.size(),
                                           SparseTable::RowBytes(s.slots[k])};
     }
+    if (s.late) flat->late.names.insert(n.slots[k].second);
   }
+  if (s.late) flat->late.names.insert(n.ids);
   if (flat->desc.delta()) {
     SP_RETURN_IF_ERROR(AddPart(n.deleted, s.deleted, p.offset[kDeleted], p.total[kDeleted], flat));
     SP_RETURN_IF_ERROR(AddPart(n.deleted_counts, s.deleted_slices.view(), p.offset[kDeletedSlices],
@@ -134,10 +136,16 @@ Status AddTable(const std::string& name, size_t index, const std::vector<std::st
   return Status::OK();
 }
 
-// Sorts every table of `state` (name order) into `flat->sorted`.
+// Sorts every table of `state` (name order) into `flat->sorted`, or stages it (flat->buffers).
 Status SortAll(const State& state, SliceRange range, int threads, Flat* flat) {
   for (const auto& [name, t] : state.tables()) {
-    Result<SortedTable> s = SortTable(*t, range, threads);
+    Result<SortedTable> s = Status();
+    if (flat->buffers != nullptr && ShouldStage(*t)) {
+      s = StageTable(*t, range, threads, flat->buffers.get(), &flat->leased,
+                     &flat->staged.emplace_back());
+    } else {
+      s = SortTable(*t, range, threads);
+    }
     if (!s.ok()) return s.status().WithContext(fmt::format("sparse table {:?}", name));
     flat->sorted.push_back(std::move(*s));
   }
@@ -178,6 +186,13 @@ void MakeRequest(const engine::WriteRequest& in, const SparseSaveOptions& o, Fla
   r = in;
   r.state = &flat->state;
   r.gathers = &flat->gathers;
+  if (!flat->late.names.empty()) {
+    flat->late.prepare = [flat]() -> Status {
+      for (const Staged& s : flat->staged) SP_RETURN_IF_ERROR(SortStaged(s));
+      return Status::OK();
+    };
+    r.late = &flat->late;
+  }
   if (in.topology.comm != nullptr) r.topology.layout = &flat->layout;
   if (o.concurrency > 0) r.io.io_threads = o.concurrency;
 }
@@ -321,6 +336,10 @@ Status FlattenDistributed(Communicator& comm, const State& local, const ShardLay
 
 }  // namespace
 
+Flat::~Flat() {
+  if (buffers != nullptr) buffers->Give(std::move(leased));
+}
+
 Status FlattenPart(const State& dense, std::vector<PartTable> tables, Rank rank, Flat* flat) {
   SP_RETURN_IF_ERROR(CheckDense(dense));
   SP_RETURN_IF_ERROR(engine::CopyValues(dense, &flat->state));
@@ -351,6 +370,9 @@ Status Flatten(const engine::WriteRequest& in, const SparseSaveOptions& o, Flat*
                                      comm->size())));
   }
   MakeRequest(in, o, flat);
+  // Buffers this save staged nothing into stay for the next (a delta between full saves);
+  // a save that staged frees those it left untaken (the tables' sizes changed).
+  if (!flat->staged.empty()) flat->buffers->Trim();
   return Status::OK();
 }
 

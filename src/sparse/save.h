@@ -2,11 +2,13 @@
 #ifndef SAVEPOINT_SPARSE_SAVE_H_
 #define SAVEPOINT_SPARSE_SAVE_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "engine/request.h"
 #include "savepoint/sparse.h"
+#include "sparse/stage.h"
 #include "sparse/stored.h"
 
 namespace savepoint::sparse {
@@ -17,6 +19,14 @@ struct Flat {
   Flat() = default;
   Flat(const Flat&) = delete;  // `request` points into this object
   Flat& operator=(const Flat&) = delete;
+  ~Flat();  // gives `leased` back to `buffers`
+
+  // Set before Flatten by asynchronous saves (api/async.cc): large hash-ordered tables are then
+  // staged (sparse/stage.h) into buffers from here, and sorted by request.late's prepare.
+  std::shared_ptr<CopyBuffers> buffers;
+  std::vector<Tensor> leased;  // the staged copies, from `buffers`
+  std::vector<Staged> staged;  // their sorts (request.late)
+  engine::LateTensors late;    // the staged tables' tensors and their sorts
 
   State state;                      // dense tensors, table tensors (views), values, metadata
   ShardLayout layout;               // distributed saves: the boxes of this rank's tensors

@@ -274,6 +274,8 @@ std::span<const int64_t> IdsOf(const TensorView& v) {
   return {reinterpret_cast<const int64_t*>(v.data()), static_cast<size_t>(v.shape()[0])};
 }
 
+}  // namespace
+
 Status CheckRange(std::span<const int64_t> ids, SliceRange range, std::string_view what) {
   for (int64_t id : ids) {
     if (!range.Contains(SliceOf(id))) {
@@ -285,11 +287,11 @@ Status CheckRange(std::span<const int64_t> ids, SliceRange range, std::string_vi
   return Status::OK();
 }
 
-// The permutation putting `ids` (all in `range`) in storage order, and the ids in that order
-// (`sorted`, I64 [n]): a counting sort by slice that moves (id, row) pairs, then each slice's
-// pairs sorted where they lie (a few rows each, for tables much larger than 65536 rows), so no
-// step reads the ids at random.
-Result<std::vector<int64_t>> Order(std::span<const int64_t> ids, SliceRange range, Tensor* sorted) {
+// A counting sort by slice that moves (id, row) pairs, then each slice's pairs sorted where they
+// lie (a few rows each, for tables much larger than 65536 rows), so no step reads the ids at
+// random.
+Status Order(std::span<const int64_t> ids, SliceRange range, std::span<int64_t> sorted,
+             std::span<int64_t> perm) {
   const size_t width = static_cast<size_t>(range.end - range.begin);
   std::vector<int64_t> start(width + 1, 0);
   for (int64_t id : ids) ++start[static_cast<size_t>(SliceOf(id) - range.begin) + 1];
@@ -304,18 +306,20 @@ Result<std::vector<int64_t>> Order(std::span<const int64_t> ids, SliceRange rang
     if (start[s + 1] - start[s] >= 2)
       std::sort(pairs.begin() + start[s], pairs.begin() + start[s + 1]);
   }
-  SP_ASSIGN_OR_RETURN(*sorted, Tensor::Empty(DType::kI64, {static_cast<int64_t>(ids.size())}));
-  std::span<int64_t> out = sorted->as<int64_t>();
-  std::vector<int64_t> perm(ids.size());
+  if (sorted.size() != ids.size() || perm.size() != ids.size()) {
+    return InternalError("sparse::Order: output lengths differ from the ids'");
+  }
   for (size_t i = 0; i < pairs.size(); ++i) {
-    out[i] = pairs[i].first;
+    sorted[i] = pairs[i].first;
     perm[i] = pairs[i].second;
   }
-  return perm;
+  return Status::OK();
 }
 
+namespace {
+
 // A copy of `v` with rows in the order `perm`, copied on `threads` threads.
-Result<Tensor> Gather(const TensorView& v, const std::vector<int64_t>& perm, int threads) {
+Result<Tensor> Gather(const TensorView& v, std::span<const int64_t> perm, int threads) {
   SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(v.dtype(), v.shape()));
   const uint64_t rb = SparseTable::RowBytes(v);
   constexpr size_t kBlock = 4096;
@@ -330,7 +334,8 @@ Result<Tensor> Gather(const TensorView& v, const std::vector<int64_t>& perm, int
   return t;
 }
 
-// `ids` in storage order: the view itself when already sorted, else a sorted copy in `owned`.
+}  // namespace
+
 Result<TensorView> SortedIds(const TensorView& v, std::span<const int64_t> ids,
                              std::vector<Tensor>* owned) {
   if (std::is_sorted(ids.begin(), ids.end(), KeyLess)) return v;
@@ -340,8 +345,6 @@ Result<TensorView> SortedIds(const TensorView& v, std::span<const int64_t> ids,
   owned->push_back(std::move(t));
   return owned->back().view();
 }
-
-}  // namespace
 
 Result<Tensor> PackSlices(std::span<const int64_t> ids) {
   std::vector<int64_t> packed;
@@ -373,8 +376,12 @@ Result<SortedTable> SortTable(const SparseTable& t, SliceRange range, int thread
     s.ids = t.ids_view();
     for (const SparseTable::Slot& slot : t.slots()) s.slots.push_back(slot.view);
   } else {
-    Tensor sorted;
-    SP_ASSIGN_OR_RETURN(s.perm, Order(ids, range, &sorted));
+    const int64_t n = static_cast<int64_t>(ids.size());
+    SP_ASSIGN_OR_RETURN(Tensor sorted, Tensor::Empty(DType::kI64, {n}));
+    SP_ASSIGN_OR_RETURN(Tensor perm, Tensor::Empty(DType::kI64, {n}));
+    SP_RETURN_IF_ERROR(Order(ids, range, sorted.as<int64_t>(), perm.as<int64_t>()));
+    s.perm = perm.as<int64_t>();
+    s.owned.push_back(std::move(perm));  // (a Tensor's memory stays put when it moves)
     s.owned.push_back(std::move(sorted));
     s.ids = s.owned.back().view();
     for (const SparseTable::Slot& slot : t.slots()) {

@@ -104,16 +104,34 @@ inline bool KeyLess(int64_t a, int64_t b) {
 // table when it is already in that order, else of the owned copies in `owned`, except for large
 // slots, which stay the caller's views and are gathered into storage order chunk by chunk while
 // they are written (`gathered`, `perm`; engine::RowGather), so that sorting them overlaps the I/O.
+//
+// An asynchronous save stages a large hash-ordered table instead (sparse/stage.h): `late` is then
+// true, the slots are copies of the caller's rows as they lay, all gathered, and `ids` and `perm`
+// are memory that the save's late step fills (SortStaged) before they are written.
 struct SortedTable {
   TensorView ids;
   std::vector<TensorView> slots;  // in the table's slot order
-  std::vector<bool> gathered;     // per slot: slots[k] is the caller's view, stored through perm
-  std::vector<int64_t> perm;      // storage row i is row perm[i] of the table (when unsorted)
+  std::vector<bool> gathered;     // per slot: slots[k] is stored through perm
+  std::span<const int64_t> perm;  // storage row i is row perm[i] of the table (when unsorted)
   TensorView deleted;             // I64 [n], storage order
   Tensor slices;                  // I64 [K]: PackSlice of the slices of the range with rows
   Tensor deleted_slices;          // I64 [K']: the same of the deleted ids
+  bool late = false;              // ids and perm are filled by the save's late step
   std::vector<Tensor> owned;
 };
+
+// InvalidArgument "{what} {id} (slice s) lies outside this shard's slices [b, e)" for the first of
+// `ids` outside `range`.
+Status CheckRange(std::span<const int64_t> ids, SliceRange range, std::string_view what);
+
+// The permutation putting `ids` (all in `range`) in storage order into `perm`, and the ids in that
+// order into `sorted` (both of ids.size()).
+Status Order(std::span<const int64_t> ids, SliceRange range, std::span<int64_t> sorted,
+             std::span<int64_t> perm);
+
+// `ids` in storage order: the view itself when already sorted, else a sorted copy in `owned`.
+Result<TensorView> SortedIds(const TensorView& v, std::span<const int64_t> ids,
+                             std::vector<Tensor>* owned);
 
 // The slice index of `ids` (in storage order): PackSlice of each slice that holds rows, as an I64
 // tensor. InvalidArgument for a slice of more than kMaxSliceRows rows.

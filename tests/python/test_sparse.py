@@ -303,6 +303,28 @@ def _dist_load(rank, n, path):
     return (_rows(got["emb"]), got["dense"].tolist(), got["step"], savepoint.gen_slice(rank, n))
 
 
+def _dist_async(rank, n, full, delta):
+    """An async full save, then an async delta on it while it may still run; the caller changes
+    its tables (numpy and torch) as soon as each save returns."""
+    import torch
+    import torch.distributed as dist
+
+    mine = _dist_table(ALL_IDS, 0).shard(rank, n)
+    ids, emb = mine.ids.copy(), np.ascontiguousarray(mine.slots["embedding"])
+    avg = torch.from_numpy(-emb)
+    world = dist.group.WORLD
+    f1 = savepoint.save({"emb": savepoint.SparseTable(ids, {"embedding": emb, "exp_avg": avg}),
+                         "step": 1}, full, process_group=world, async_=True, timeout=30)
+    ids[:] = np.arange(len(ids))  # training goes on: the checkpoint holds the rows saved
+    emb[:] = -7.0
+    touched = _dist_table(ALL_IDS[::5], 1).shard(rank, n)
+    f2 = savepoint.save({"emb": touched, "step": 2}, delta, process_group=world, async_=True,
+                        base=full, timeout=30)  # fmt: skip
+    touched.slots["embedding"][:] = -9.0
+    assert f1.wait(60) and f2.wait(60)
+    return type(f2).__name__
+
+
 def _dist_bad(rank, n, path, kind):
     import torch.distributed as dist
 
@@ -337,6 +359,28 @@ def _in_fresh_interpreter(tmp_path, scenario):
 
 def test_process_group_2_ranks_save_3_load_with_a_delta(tmp_path):
     _in_fresh_interpreter(tmp_path, "delta")
+
+
+def test_process_group_async_saves_of_tables(tmp_path):
+    _in_fresh_interpreter(tmp_path, "async")
+
+
+def scenario_async(tmp_path):
+    """2 ranks save tables asynchronously (a full save and a delta on it, both in flight); one
+    process loads the chain: the rows as they were when each save returned."""
+    from test_torch_distributed import run_ranks
+
+    full, delta = str(tmp_path / "full"), str(tmp_path / "delta")
+    kinds = _ok(run_ranks(tmp_path, 2, _dist_async, full, delta))
+    assert kinds == ["DistributedSaveFuture"] * 2
+    want = _rows(_dist_table(ALL_IDS, 0))
+    got = savepoint.load(full)
+    assert _rows(got["emb"]) == want and got["step"] == 1
+    assert _rows(got["emb"], "exp_avg") == {i: [-x for x in r] for i, r in want.items()}
+    want.update(_rows(_dist_table(ALL_IDS[::5], 1)))
+    got = savepoint.load(delta)
+    assert _rows(got["emb"]) == want and got["step"] == 2
+    assert len(savepoint.sparse.chain(delta)) == 2
 
 
 def test_process_group_dtensors_beside_tables(tmp_path):

@@ -1,0 +1,70 @@
+// Staging for asynchronous saves of hash-ordered tables (docs/SPARSE.md, "Asynchronous saves").
+//
+// Sorting a table into storage order takes longer than copying it (a counting sort whose scatter
+// misses the cache, then a gather that reads rows at random), so an asynchronous save does not
+// make its caller wait for either: StageTable copies the ids and slots as they lie, in pieces on
+// several threads, counting the rows per slice in the same pass (the slice index needs nothing
+// else), and the save's late step (engine::LateTensors) sorts the copied ids in the background
+// (SortStaged). The writer then gathers the copied slots into storage order chunk by chunk, as a
+// synchronous save gathers the caller's.
+//
+// The copies go into buffers that a Checkpointer keeps from one save to the next (CopyBuffers), so
+// that a training loop's saves copy into memory already faulted in, as its staging slabs are.
+#ifndef SAVEPOINT_SPARSE_STAGE_H_
+#define SAVEPOINT_SPARSE_STAGE_H_
+
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "savepoint/sparse.h"
+#include "sparse/stored.h"
+
+namespace savepoint::sparse {
+
+// Tables whose ids take at least this many bytes are staged (when not already in storage order);
+// smaller ones are sorted while the caller waits (their sort costs little).
+inline constexpr uint64_t kStageIdsBytes = kGatherSlotBytes;
+
+// Buffers for staged copies, reused across saves. Thread-safe.
+class CopyBuffers {
+ public:
+  // A buffer of at least `bytes` bytes (U8): a free one of at most twice that size, else new.
+  Result<Tensor> Take(uint64_t bytes);
+  // Returns buffers taken earlier (when the save that used them has ended).
+  void Give(std::vector<Tensor> buffers);
+  // Frees the buffers not taken since the last Trim (those a save of other sizes left behind).
+  void Trim();
+  // Bytes of the free buffers.
+  uint64_t free_bytes() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Tensor> free_;  // guarded by mu_
+};
+
+// A staged table's work for the late step: sort `ids` (the copy) into `sorted` and `perm`.
+struct Staged {
+  std::span<const int64_t> ids;
+  std::span<int64_t> sorted;
+  std::span<int64_t> perm;
+  SliceRange range;
+};
+
+// True when `t` is staged by an asynchronous save: large (kStageIdsBytes) and not in storage order.
+bool ShouldStage(const SparseTable& t);
+
+// Copies `t`'s ids and slots as they lie into buffers from `buffers` (appended to `leased`) on
+// `threads` threads and builds its slice index; sorts its deleted ids (few) at once. Returns the
+// table as SortedTable::late describes it, and in `staged` the sort the late step must run.
+// InvalidArgument naming the id when an id lies outside `range`.
+Result<SortedTable> StageTable(const SparseTable& t, SliceRange range, int threads,
+                               CopyBuffers* buffers, std::vector<Tensor>* leased, Staged* staged);
+
+// The late step of one staged table.
+Status SortStaged(const Staged& s);
+
+}  // namespace savepoint::sparse
+
+#endif  // SAVEPOINT_SPARSE_STAGE_H_
