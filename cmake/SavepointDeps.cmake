@@ -31,8 +31,15 @@ if(SAVEPOINT_BUILD_FAILOVER)
   pkg_check_modules(GRPCPP QUIET IMPORTED_TARGET grpc++)
   find_program(SAVEPOINT_GRPC_CPP_PLUGIN grpc_cpp_plugin)
 endif()
+# pip builds (pyproject.toml) require it: a wheel without the failover agent is not the product.
+option(SAVEPOINT_REQUIRE_FAILOVER "Fail the configure step when the failover build is impossible"
+       OFF)
 if(SAVEPOINT_BUILD_FAILOVER AND GRPCPP_FOUND AND SAVEPOINT_GRPC_CPP_PLUGIN)
   set(SAVEPOINT_HAVE_GRPC ON)
+elseif(SAVEPOINT_REQUIRE_FAILOVER)
+  message(FATAL_ERROR "the failover agent needs gRPC: install Debian's libgrpc++-dev and "
+                      "protobuf-compiler-grpc (scripts/deps), or build without "
+                      "SAVEPOINT_REQUIRE_FAILOVER")
 else()
   set(SAVEPOINT_HAVE_GRPC OFF)
   message(STATUS "gRPC not found (or SAVEPOINT_BUILD_FAILOVER=OFF): savepoint_failover and `savepoint controller` are not built")

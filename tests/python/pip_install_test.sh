@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Proves `pip install .` works: installs the package into the virtual environment of $1 (its
-# python) from the source tree $2, then imports the *installed* copy from a neutral directory
-# without PYTHONPATH and round-trips a small torch + numpy state through it.
+# Proves `pip install .` works and installs the whole product: installs the package into the
+# virtual environment of $1 (its python) from the source tree $2, then imports the *installed* copy
+# from a neutral directory without PYTHONPATH, round-trips a small torch + numpy state through it,
+# finds the failover agent, and runs the `savepoint` command from the environment's bin (the C++
+# CLI shipped in the package) on the checkpoint: ls, verify, inspect and an unknown subcommand.
 # The build directory (build-pip-<tag>, pyproject.toml) is kept, so repeated runs are incremental,
 # and ccache shares the library's objects with a Release build in build-release/ (.ci/run).
 set -euo pipefail
@@ -36,5 +38,18 @@ state = {"w": torch.arange(12, dtype=torch.float32).view(3, 4), "a": np.ones(5, 
 savepoint.save(state, "ckpt")
 back = savepoint.load("ckpt")
 assert torch.equal(back["w"], state["w"]) and (back["a"] == state["a"]).all() and back["step"] == 3
+import savepoint.failover
+assert savepoint.failover.available(), "the installed package has no failover agent"
 print("installed savepoint", savepoint.__version__, "from", os.path.dirname(savepoint.__file__), "OK")
 PYEOF
+# The console script, found on the environment's PATH as a user of the venv finds it.
+BIN=$(dirname "$PY")
+cli() { env -u PYTHONPATH PATH="$BIN:/usr/bin:/bin" savepoint "$@"; }
+[ "$(env PATH="$BIN:/usr/bin:/bin" sh -c 'command -v savepoint')" = "$BIN/savepoint" ]
+cli --version | grep -q '^savepoint '
+cli ls . | grep -q ckpt
+cli verify ckpt
+cli inspect ckpt | grep -q '\bw\b'
+cli controller --help | grep -qi 'dump'
+if cli no-such-subcommand 2>/dev/null; then echo "an unknown subcommand succeeded" >&2; exit 1; fi
+echo "savepoint command from $BIN: OK"
