@@ -9,6 +9,38 @@ import sys
 import time
 
 
+# One rank: numpy state updated between begin_update and end_update; stopped, it saves its own
+# state (as of its last finished step) to <out>/rank<r> and exits 75.
+NUMPY_RANK = r"""
+import sys, time
+import numpy as np
+import savepoint
+from savepoint import failover
+
+out, rank, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+w = np.zeros(1000, np.float32)
+m = np.zeros(1000, np.float32)
+agent = None
+state = lambda: {"w": w, "m": m, "step": agent.step, "loader": {"position": agent.step}}
+agent = failover.Agent(source=state)
+progress = open(f"{out}/progress{rank}", "w")
+try:
+    for step in range(1, steps + 1):
+        agent.begin_update(step)
+        m[:] = 0.9 * m + np.float32(step % 7)
+        w -= np.float32(0.01) * m
+        agent.end_update(step)
+        progress.write(f"{step}\n")
+        progress.flush()
+        time.sleep(0.01)
+except failover.JobStopped as e:
+    savepoint.save(state(), f"{out}/rank{rank}")
+    print("stopped:", e.reason, file=sys.stderr)
+    sys.exit(75)
+agent.close()
+"""
+
+
 def start_controller(cli, tmp_path, world, token, *extra, dump_dir=None):
     """Starts `cli controller` for `world` ranks dumping into `dump_dir` (default tmp_path/ckpt;
     its --json outcome on stdout); returns the process and the controller's address."""

@@ -9,15 +9,8 @@
 set -euo pipefail
 PY="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"  # absolute, symlinks kept (a venv)
 SRC=$2
-export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$(cd "$SRC/.." && pwd)}"
-# scikit-build-core runs the first `cmake` on PATH. The system's is the one .ci/run's Release build
-# uses; another (a PyPI cmake in a pyenv shim, say) orders flags differently and picks `g++` for
-# `c++`, so no compile line would match the Release build's and ccache would miss every object.
-if [ -x /usr/bin/cmake ]; then export PATH="/usr/bin:$PATH"; fi
-# Likewise the compilers: without CC / CXX, scikit-build-core passes Python's own (sysconfig's
-# "gcc" / "g++"), where a plain CMake build finds `cc` / `c++`: the same binaries under other
-# names, which ccache keys apart.
-export CC="${CC:-cc}" CXX="${CXX:-c++}"
+# shellcheck source=scripts/pip-env.sh
+. "$SRC/scripts/pip-env.sh"
 start=$(date +%s)
 "$PY" -m pip install --no-build-isolation --no-deps --force-reinstall --disable-pip-version-check \
   -q "$SRC"
