@@ -146,6 +146,7 @@ struct SaveHandle::Shared final : engine::SnapshotSink {
     }
     if (failed()) return;
     Status s = late_prepare ? late_prepare() : Status::OK();
+    if (failed()) return;  // (a write of the snapshot failed meanwhile)
     if (s.ok()) {
       s = engine::WriteTasks(late_tasks, manifest.chunk_bytes, threads, file.get(), &alloc);
     }

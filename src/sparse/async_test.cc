@@ -13,6 +13,7 @@
 #include <map>
 #include <random>
 
+#include "format/manifest.h"
 #include "io/fault_fs.h"
 #include "io/mem_fs.h"
 #include "savepoint/sparse.h"
@@ -52,10 +53,11 @@ struct OwnedTable {
     return SparseTable::FromViews(TensorView(ids.data(), DType::kI64, {n}), std::move(slots), del)
         .value();
   }
-  // Overwrites every row (what training does after the snapshot).
+  // Overwrites every row and id (what training does after the snapshot).
   void Scribble() {
     std::fill(emb.begin(), emb.end(), -1.0f);
     std::fill(count.begin(), count.end(), -1);
+    std::reverse(ids.begin(), ids.end());
   }
 };
 
@@ -228,6 +230,13 @@ TEST_F(SparseAsync, StagedTableIsSortedAfterTheCallerReturns) {
     SP_ASSERT_OK(h.Wait());
     EXPECT_EQ(Load(path), rows_);
     SP_EXPECT_OK(VerifyCheckpoint(path, {}, Io()));
+    // Staged: the table's tensors lie after "z" in the data file (name order puts them before).
+    SP_ASSERT_OK_AND_ASSIGN(std::string bytes, mem_.ReadFile(path + "/MANIFEST", 1 << 24));
+    SP_ASSERT_OK_AND_ASSIGN(format::Manifest m, format::DecodeManifest(bytes, path));
+    std::map<std::string, uint64_t> at;
+    for (const auto& t : m.tensors) at[t.name] = t.shards[0].offset;
+    EXPECT_GT(at.at("savepoint.sparse/0.emb/ids"), at.at("z"));
+    EXPECT_GT(at.at("savepoint.sparse/0.emb/slot/embedding"), at.at("z"));
     auto r = CheckpointReader::Open(path, {}, Io()).value();
     SP_ASSERT_OK_AND_ASSIGN(Tensor a, r->ReadTensor("a"));
     EXPECT_EQ(a.as<float>()[49999], round == 0 ? 1.5f : 0.0f);
@@ -273,8 +282,8 @@ TEST_F(SparseAsync, StagedTableCompressedAndEncrypted) {
   }
 }
 
-// Every write of the staged rows that fails fails the save: nothing is committed, and a save
-// after it succeeds.
+// A failing write, of the snapshot's slabs or of the staged rows, fails the save: nothing is
+// committed, and a save after it succeeds.
 TEST_F(SparseAsync, StagedTableWriteFailureCommitsNothing) {
   Grow(kStagedRows);
   FaultInjectionFileSystem faulty(&mem_);
@@ -286,7 +295,9 @@ TEST_F(SparseAsync, StagedTableWriteFailureCommitsNothing) {
   SP_ASSERT_OK(state.PutTable("emb", table.View()));
   SP_ASSERT_OK(ckpt->SaveAsync(state, "/ck/probe").value().Wait());
   const uint64_t writes = faulty.count(FaultInjectionFileSystem::Op::kWrite);
-  for (uint64_t n : {writes / 2, writes - 2}) {
+  // A write of the snapshot's slabs (the late thread then writes nothing), one of the staged rows,
+  // and one near the end.
+  for (uint64_t n : {uint64_t{2}, writes / 2, writes - 2}) {
     faulty.Reset();
     faulty.FailNth(FaultInjectionFileSystem::Op::kWrite, n, ENOSPC);
     const std::string path = fmt::format("/ck/fail{}", n);

@@ -370,9 +370,11 @@ Status Flatten(const engine::WriteRequest& in, const SparseSaveOptions& o, Flat*
                                      comm->size())));
   }
   MakeRequest(in, o, flat);
-  // Buffers this save staged nothing into stay for the next (a delta between full saves);
-  // a save that staged frees those it left untaken (the tables' sizes changed).
-  if (!flat->staged.empty()) flat->buffers->Trim();
+  if (flat->buffers != nullptr) {
+    uint64_t staged = 0;
+    for (const Tensor& t : flat->leased) staged += t.nbytes();
+    flat->buffers->Trim(staged);
+  }
   return Status::OK();
 }
 

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <iterator>
+#include <new>
 #include <utility>
 
 #include "format/manifest.h"
@@ -98,7 +100,7 @@ Result<Tensor> CopyBuffers::Take(uint64_t bytes) {
       return t;
     }
   }
-  return Tensor::Empty(DType::kU8, {static_cast<int64_t>(bytes)});
+  return Tensor::Empty(DType::kU8, {static_cast<int64_t>(bytes + (bytes >> kHeadroomShift))});
 }
 
 void CopyBuffers::Give(std::vector<Tensor> buffers) {
@@ -106,11 +108,18 @@ void CopyBuffers::Give(std::vector<Tensor> buffers) {
   for (Tensor& t : buffers) free_.push_back(std::move(t));
 }
 
-void CopyBuffers::Trim() {
+void CopyBuffers::Trim(uint64_t staged) {
   std::vector<Tensor> dropped;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    dropped.swap(free_);
+    most_staged_ = std::max(most_staged_, staged);
+    uint64_t total = 0;
+    for (const Tensor& t : free_) total += t.nbytes();
+    size_t n = 0;
+    while (n < free_.size() && total > 2 * most_staged_) total -= free_[n++].nbytes();
+    std::move(free_.begin(), free_.begin() + static_cast<ptrdiff_t>(n),
+              std::back_inserter(dropped));
+    free_.erase(free_.begin(), free_.begin() + static_cast<ptrdiff_t>(n));
   }
 }  // (freed here, outside the lock)
 
@@ -173,6 +182,13 @@ Result<SortedTable> StageTable(const SparseTable& t, SliceRange range, int threa
   return s;
 }
 
-Status SortStaged(const Staged& s) { return Order(s.ids, s.range, s.sorted, s.perm); }
+Status SortStaged(const Staged& s) {
+  try {  // (on a background thread: no allocation failure may escape it)
+    return Order(s.ids, s.range, s.sorted, s.perm);
+  } catch (const std::bad_alloc&) {
+    return ResourceExhaustedError(
+        fmt::format("sorting a staged table of {} rows: out of memory", s.ids.size()));
+  }
+}
 
 }  // namespace savepoint::sparse

@@ -27,21 +27,29 @@ namespace savepoint::sparse {
 // smaller ones are sorted while the caller waits (their sort costs little).
 inline constexpr uint64_t kStageIdsBytes = kGatherSlotBytes;
 
-// Buffers for staged copies, reused across saves. Thread-safe.
+// Buffers for staged copies, reused across saves. New buffers get kHeadroom more than asked
+// (a table that grew a little between saves reuses its buffers). The free ones are kept up to
+// twice the most that one save has staged (so a full save's buffers survive the deltas between
+// full saves), the oldest freed first beyond that. Thread-safe.
 class CopyBuffers {
  public:
-  // A buffer of at least `bytes` bytes (U8): a free one of at most twice that size, else new.
+  // New buffers are this much larger than asked (1/8).
+  static constexpr uint64_t kHeadroomShift = 3;
+  // A buffer of at least `bytes` bytes (U8): the smallest free one of at most twice that size,
+  // else a new one with headroom.
   Result<Tensor> Take(uint64_t bytes);
   // Returns buffers taken earlier (when the save that used them has ended).
   void Give(std::vector<Tensor> buffers);
-  // Frees the buffers not taken since the last Trim (those a save of other sizes left behind).
-  void Trim();
+  // Called after a save staged `staged` bytes: frees the oldest free buffers while the free bytes
+  // exceed twice the largest such amount seen.
+  void Trim(uint64_t staged);
   // Bytes of the free buffers.
   uint64_t free_bytes() const;
 
  private:
   mutable std::mutex mu_;
-  std::vector<Tensor> free_;  // guarded by mu_
+  std::vector<Tensor> free_;  // guarded by mu_; oldest first
+  uint64_t most_staged_ = 0;  // guarded by mu_
 };
 
 // A staged table's work for the late step: sort `ids` (the copy) into `sorted` and `perm`.

@@ -78,8 +78,12 @@ TEST_F(Stage, StagedThenSortedEqualsSortTable) {
   EXPECT_TRUE(std::equal(s.perm.begin(), s.perm.end(), want.perm.begin(), want.perm.end()));
   ASSERT_EQ(s.slices.nbytes(), want.slices.nbytes());
   EXPECT_EQ(std::memcmp(s.slices.data(), want.slices.data(), s.slices.nbytes()), 0);
-  ASSERT_EQ(s.deleted_slices.nbytes(), want.deleted_slices.nbytes());
+  ASSERT_EQ(s.deleted.nbytes(), want.deleted.nbytes());
   EXPECT_EQ(std::memcmp(s.deleted.data(), want.deleted.data(), s.deleted.nbytes()), 0);
+  ASSERT_EQ(s.deleted_slices.nbytes(), want.deleted_slices.nbytes());
+  EXPECT_EQ(
+      std::memcmp(s.deleted_slices.data(), want.deleted_slices.data(), s.deleted_slices.nbytes()),
+      0);
   // The slot copy gathered through perm is the slot in storage order.
   ASSERT_TRUE(s.gathered[0]);
   const float* copy = reinterpret_cast<const float*>(s.slots[0].data());
@@ -114,25 +118,43 @@ TEST_F(Stage, IdsOutsideTheRangeAreRefused) {
 TEST(CopyBuffersTest, ReusesFitsAndTrims) {
   CopyBuffers b;
   SP_ASSERT_OK_AND_ASSIGN(Tensor x, b.Take(1000));
+  EXPECT_EQ(x.nbytes(), 1125u);  // with headroom: a table grown by up to 1/8 reuses it
   std::byte* at = x.data();
   std::vector<Tensor> back;
   back.push_back(std::move(x));
   b.Give(std::move(back));
-  EXPECT_EQ(b.free_bytes(), 1000u);
+  EXPECT_EQ(b.free_bytes(), 1125u);
   SP_ASSERT_OK_AND_ASSIGN(Tensor too_big, b.Take(5000));  // more than it holds: new
   EXPECT_NE(too_big.data(), at);
-  SP_ASSERT_OK_AND_ASSIGN(Tensor fits, b.Take(600));  // at most twice the size: reused
-  EXPECT_EQ(fits.data(), at);
+  SP_ASSERT_OK_AND_ASSIGN(Tensor grown, b.Take(1100));  // the table grew: reused
+  EXPECT_EQ(grown.data(), at);
   EXPECT_EQ(b.free_bytes(), 0u);
   back.clear();
-  back.push_back(std::move(fits));
+  back.push_back(std::move(grown));
   back.push_back(std::move(too_big));
   b.Give(std::move(back));
   SP_ASSERT_OK_AND_ASSIGN(Tensor tiny, b.Take(100));  // each free one is over twice that: new
   EXPECT_NE(tiny.data(), at);
-  EXPECT_EQ(b.free_bytes(), 6000u);
-  b.Trim();
-  EXPECT_EQ(b.free_bytes(), 0u);
+  EXPECT_EQ(b.free_bytes(), 1125u + 5625u);
+  // Kept up to twice the most one save staged, the oldest freed first.
+  b.Trim(3400);
+  EXPECT_EQ(b.free_bytes(), 1125u + 5625u);
+  b.Trim(3000);  // (the most stays 3400)
+  EXPECT_EQ(b.free_bytes(), 1125u + 5625u);
+  CopyBuffers c;
+  back.clear();
+  back.push_back(std::move(tiny));  // 112 bytes
+  c.Give(std::move(back));
+  c.Trim(0);
+  EXPECT_EQ(c.free_bytes(), 0u);
+  SP_ASSERT_OK_AND_ASSIGN(Tensor y, c.Take(4000));
+  SP_ASSERT_OK_AND_ASSIGN(Tensor z, c.Take(4000));
+  back.clear();
+  back.push_back(std::move(y));  // older
+  back.push_back(std::move(z));
+  c.Give(std::move(back));
+  c.Trim(2500);  // keep 5000 of the 9000: the older one goes
+  EXPECT_EQ(c.free_bytes(), 4500u);
 }
 
 }  // namespace

@@ -292,6 +292,9 @@ Status CheckRange(std::span<const int64_t> ids, SliceRange range, std::string_vi
 // random.
 Status Order(std::span<const int64_t> ids, SliceRange range, std::span<int64_t> sorted,
              std::span<int64_t> perm) {
+  if (sorted.size() != ids.size() || perm.size() != ids.size()) {
+    return InternalError("sparse::Order: output lengths differ from the ids'");
+  }
   const size_t width = static_cast<size_t>(range.end - range.begin);
   std::vector<int64_t> start(width + 1, 0);
   for (int64_t id : ids) ++start[static_cast<size_t>(SliceOf(id) - range.begin) + 1];
@@ -305,9 +308,6 @@ Status Order(std::span<const int64_t> ids, SliceRange range, std::span<int64_t> 
   for (size_t s = 0; s < width; ++s) {
     if (start[s + 1] - start[s] >= 2)
       std::sort(pairs.begin() + start[s], pairs.begin() + start[s + 1]);
-  }
-  if (sorted.size() != ids.size() || perm.size() != ids.size()) {
-    return InternalError("sparse::Order: output lengths differ from the ids'");
   }
   for (size_t i = 0; i < pairs.size(); ++i) {
     sorted[i] = pairs[i].first;
