@@ -83,11 +83,22 @@ class SAVEPOINT_API SparseTable {
   SparseTable(SparseTable&&) noexcept = default;
   SparseTable& operator=(SparseTable&&) noexcept = default;
 
+  // When the uniqueness of a table's ids is checked.
+  enum class IdCheck {
+    kNow,  // by FromViews (Validate)
+    // By the save that sorts the table into storage order (SaveSparse, SaveSparseDistributed,
+    // Checkpointer::SaveAsync: InvalidArgument "ids: id X appears twice"; for an asynchronous
+    // save of a large hash-ordered table, from its SaveHandle), which finds duplicates as it
+    // sorts, so a table whose views are made anew for every save is not indexed twice. Other
+    // uses of the table (MakeDelta) take the caller's word. Every other check is made now.
+    kAtSave,
+  };
+
   // A table borrowing the caller's memory: `ids` (I64 [rows]), `slots` (dim 0 = rows) and, for a
   // delta, `deleted` (I64 [n]; an empty view = none). The caller keeps the memory alive and
-  // unchanged while the table is used. Fails as Validate does.
+  // unchanged while the table is used. Fails as Validate does (see `id_check`).
   static Result<SparseTable> FromViews(TensorView ids, std::vector<Slot> slots,
-                                       TensorView deleted = {});
+                                       TensorView deleted = {}, IdCheck id_check = IdCheck::kNow);
   // A table owning its tensors (slot names paired with tensors). Fails as Validate does.
   static Result<SparseTable> FromTensors(Tensor ids,
                                          std::vector<std::pair<std::string, Tensor>> slots,
@@ -107,13 +118,20 @@ class SAVEPOINT_API SparseTable {
   // OK when: ids is I64 of rank 1; deleted is I64 of rank 1 (or empty); every slot has a valid
   // name unique in the table, rank >= 1 and dim 0 equal to the number of ids; no id appears twice
   // in ids, nor in deleted, nor in both. InvalidArgument naming the slot or the id otherwise.
+  // Ids in ascending order (by value, or by (slice, id) as checkpoints store them) are checked in
+  // one pass; others through a hash index of them.
   Status Validate() const;
 
  private:
+  friend class State;
+  // Validate, the uniqueness of ids included or not.
+  Status Check(bool unique_ids) const;
+
   TensorView ids_;
   TensorView deleted_;
   std::vector<Slot> slots_;
   std::vector<Tensor> owned_;  // backing memory of an owning table
+  bool validated_ = false;     // made by a factory that validated it (State::PutTable skips it)
 };
 
 // Ids touched (inserted or updated) and deleted since the last save, for incremental saves: the

@@ -238,8 +238,9 @@ void AddTables(State& state, const std::vector<TableSpec>& tables, const std::st
       views.push_back({std::get<0>(s), ViewOf(s, where + " slot " + std::get<0>(s))});
     }
     TensorView del = deleted ? ViewOf(*deleted, where + " deleted") : TensorView();
-    Result<SparseTable> t =
-        SparseTable::FromViews(ViewOf(ids, where + " ids"), std::move(views), std::move(del));
+    // (the ids' uniqueness is checked by the save's sort: IdCheck::kAtSave)
+    Result<SparseTable> t = SparseTable::FromViews(ViewOf(ids, where + " ids"), std::move(views),
+                                                   std::move(del), SparseTable::IdCheck::kAtSave);
     if (!t.ok()) throw StatusError(t.status().WithContext(where));
     Check(state.PutTable(name, std::move(t).value()).WithContext(where));
   }

@@ -310,6 +310,26 @@ TEST_F(SparseAsync, StagedTableWriteFailureCommitsNothing) {
   EXPECT_EQ(Load("/ck/after"), rows_);
 }
 
+// A staged table built with IdCheck::kAtSave: the background sort finds the id that appears
+// twice; the handle reports it and nothing is committed.
+TEST_F(SparseAsync, StagedTableWithAnIdTwiceFailsItsHandle) {
+  Grow(kStagedRows);
+  OwnedTable table = TableOf(rows_, rng_);
+  table.ids[100] = table.ids[7];
+  const int64_t n = static_cast<int64_t>(table.ids.size());
+  auto t =
+      SparseTable::FromViews(TensorView(table.ids.data(), DType::kI64, {n}),
+                             {{"embedding", TensorView(table.emb.data(), DType::kF32, {n, kDim})}},
+                             {}, SparseTable::IdCheck::kAtSave);
+  SP_ASSERT_OK(t.status());
+  State state;
+  SP_ASSERT_OK(state.PutTable("emb", std::move(t).value()));
+  SP_ASSERT_OK_AND_ASSIGN(SaveHandle h, ckpt_->SaveAsync(state, "/ck/twice"));
+  EXPECT_THAT(h.Wait(), StatusIs(StatusCode::kInvalidArgument,
+                                 fmt::format("id {} appears twice", table.ids[7])));
+  EXPECT_FALSE(mem_.Exists("/ck/twice"));
+}
+
 TEST_F(SparseAsync, ErrorsBeforeTheSnapshot) {
   OwnedTable table = TableOf(rows_, rng_);
   table.deleted = {table.ids[0] + 1};  // an id that is not a row

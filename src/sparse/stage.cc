@@ -135,7 +135,7 @@ bool ShouldStage(const SparseTable& t) {
   for (const SparseTable::Slot& slot : t.slots()) {
     if (slot.view.nbytes() < format::kPackBelowBytes) return false;  // late tensors are not packed
   }
-  return !std::is_sorted(t.ids().begin(), t.ids().end(), KeyLess);
+  return !InStorageOrder(t.ids());
 }
 
 Result<SortedTable> StageTable(const SparseTable& t, SliceRange range, int threads,

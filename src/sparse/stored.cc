@@ -276,6 +276,11 @@ std::span<const int64_t> IdsOf(const TensorView& v) {
 
 }  // namespace
 
+bool InStorageOrder(std::span<const int64_t> ids) {
+  return std::adjacent_find(ids.begin(), ids.end(),
+                            [](int64_t a, int64_t b) { return !KeyLess(a, b); }) == ids.end();
+}
+
 Status CheckRange(std::span<const int64_t> ids, SliceRange range, std::string_view what) {
   for (int64_t id : ids) {
     if (!range.Contains(SliceOf(id))) {
@@ -306,8 +311,14 @@ Status Order(std::span<const int64_t> ids, SliceRange range, std::span<int64_t> 
                                                                          static_cast<int64_t>(i)};
   }
   for (size_t s = 0; s < width; ++s) {
-    if (start[s + 1] - start[s] >= 2)
-      std::sort(pairs.begin() + start[s], pairs.begin() + start[s + 1]);
+    if (start[s + 1] - start[s] < 2) continue;
+    const auto first = pairs.begin() + start[s], last = pairs.begin() + start[s + 1];
+    std::sort(first, last);
+    const auto twice = std::adjacent_find(
+        first, last, [](const auto& a, const auto& b) { return a.first == b.first; });
+    if (twice != last) {
+      return InvalidArgumentError(fmt::format("ids: id {} appears twice", twice->first));
+    }
   }
   for (size_t i = 0; i < pairs.size(); ++i) {
     sorted[i] = pairs[i].first;
@@ -372,7 +383,7 @@ Result<SortedTable> SortTable(const SparseTable& t, SliceRange range, int thread
   SP_RETURN_IF_ERROR(CheckRange(t.deleted(), range, "deleted id"));
   SortedTable s;
   std::span<const int64_t> ids = t.ids();
-  if (std::is_sorted(ids.begin(), ids.end(), KeyLess)) {  // no copy
+  if (InStorageOrder(ids)) {  // no copy
     s.ids = t.ids_view();
     for (const SparseTable::Slot& slot : t.slots()) s.slots.push_back(slot.view);
   } else {

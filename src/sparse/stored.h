@@ -100,6 +100,9 @@ inline bool KeyLess(int64_t a, int64_t b) {
   return sa != sb ? sa < sb : a < b;
 }
 
+// True when `ids` are strictly in storage order (so also unique).
+bool InStorageOrder(std::span<const int64_t> ids);
+
 // A table's rows in storage order, with their slice counts over `range`: views of the caller's
 // table when it is already in that order, else of the owned copies in `owned`, except for large
 // slots, which stay the caller's views and are gathered into storage order chunk by chunk while
@@ -125,7 +128,7 @@ struct SortedTable {
 Status CheckRange(std::span<const int64_t> ids, SliceRange range, std::string_view what);
 
 // The permutation putting `ids` (all in `range`) in storage order into `perm`, and the ids in that
-// order into `sorted` (both of ids.size()).
+// order into `sorted` (both of ids.size()). InvalidArgument "ids: id X appears twice".
 Status Order(std::span<const int64_t> ids, SliceRange range, std::span<int64_t> sorted,
              std::span<int64_t> perm);
 
@@ -141,7 +144,8 @@ Result<Tensor> PackSlices(std::span<const int64_t> ids);
 inline constexpr uint64_t kGatherSlotBytes = uint64_t{1} << 20;
 
 // Sorts `t` into storage order on `threads` threads and packs its slice index (`slices`).
-// InvalidArgument naming the id when an id or deleted id lies outside `range`.
+// InvalidArgument naming the id when an id or deleted id lies outside `range`, or an id appears
+// twice (sparse/access.h).
 Result<SortedTable> SortTable(const SparseTable& t, SliceRange range, int threads);
 
 }  // namespace savepoint::sparse

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "savepoint/sparse.h"
+#include "sparse/stored.h"
 
 namespace savepoint {
 
@@ -86,6 +87,19 @@ class IdIndex {
   std::vector<int64_t> pos_;  // -1 = empty
 };
 
+// InvalidArgument "{what}: id X appears twice" unless `ids` are unique: one pass when they
+// ascend by value or in storage order (slice, id), else a hash index.
+Status CheckUnique(std::span<const int64_t> ids, std::string_view what) {
+  if (std::adjacent_find(ids.begin(), ids.end(), [](int64_t a, int64_t b) { return a >= b; }) ==
+          ids.end() ||
+      std::adjacent_find(ids.begin(), ids.end(), [](int64_t a, int64_t b) {
+        return !sparse::KeyLess(a, b);
+      }) == ids.end()) {
+    return Status::OK();
+  }
+  return IdIndex::Of(ids, what).status();
+}
+
 }  // namespace
 
 std::span<const int64_t> SparseTable::ids() const { return I64Span(ids_); }
@@ -103,7 +117,9 @@ uint64_t SparseTable::RowBytes(const TensorView& s) {
   return rows > 0 ? s.nbytes() / static_cast<uint64_t>(rows) : 0;
 }
 
-Status SparseTable::Validate() const {
+Status SparseTable::Validate() const { return Check(true); }
+
+Status SparseTable::Check(bool unique_ids) const {
   SP_RETURN_IF_ERROR(CheckIdTensor(ids_, "ids"));
   if (deleted_.data() != nullptr || !deleted_.shape().empty()) {
     SP_RETURN_IF_ERROR(CheckIdTensor(deleted_, "deleted ids"));
@@ -121,11 +137,11 @@ Status SparseTable::Validate() const {
                                               what, ShapeToString(s.view.shape()), num_rows()));
     }
   }
-  if (deleted().empty()) return IdIndex::Of(ids(), "ids").status();
-  // Both lists indexed (each must be unique), then the ids probed against the deleted ones.
+  if (deleted().empty()) return unique_ids ? CheckUnique(ids(), "ids") : Status::OK();
+  // Both lists unique, then the ids probed against the deleted ones (or the other way round).
   SP_ASSIGN_OR_RETURN(IdIndex del, IdIndex::Of(deleted(), "deleted ids"));
   if (ids().size() > deleted().size()) {
-    SP_RETURN_IF_ERROR(IdIndex::Of(ids(), "ids").status());
+    if (unique_ids) SP_RETURN_IF_ERROR(CheckUnique(ids(), "ids"));
   } else {
     SP_ASSIGN_OR_RETURN(IdIndex rows, IdIndex::Of(ids(), "ids"));
     for (int64_t id : deleted()) {
@@ -144,12 +160,13 @@ Status SparseTable::Validate() const {
 }
 
 Result<SparseTable> SparseTable::FromViews(TensorView ids, std::vector<Slot> slots,
-                                           TensorView deleted) {
+                                           TensorView deleted, IdCheck id_check) {
   SparseTable t;
   t.ids_ = std::move(ids);
   t.slots_ = std::move(slots);
   t.deleted_ = std::move(deleted);
-  SP_RETURN_IF_ERROR(t.Validate());
+  SP_RETURN_IF_ERROR(t.Check(id_check == IdCheck::kNow));
+  t.validated_ = true;
   return t;
 }
 
@@ -166,6 +183,7 @@ Result<SparseTable> SparseTable::FromTensors(Tensor ids,
     t.owned_.push_back(std::move(tensor));
   }
   SP_RETURN_IF_ERROR(t.Validate());
+  t.validated_ = true;
   return t;
 }
 
@@ -270,7 +288,7 @@ Result<SparseTable> MakeDelta(const SparseTable& table, const DirtySet& dirty) {
 
 Status State::PutTable(std::string name, SparseTable table) {
   SP_RETURN_IF_ERROR(ValidateName(name));
-  Status s = table.Validate();
+  Status s = table.validated_ ? Status::OK() : table.Validate();  // (tables are immutable)
   if (!s.ok()) return s.WithContext(fmt::format("sparse table {:?}", name));
   if (entries_.count(name) > 0 || tables_.count(name) > 0) {
     return AlreadyExistsError(fmt::format("duplicate state entry or table {:?}", name));

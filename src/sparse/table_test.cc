@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "io/mem_fs.h"
 #include "savepoint/sparse.h"
 #include "testutil/testutil.h"
 
@@ -74,6 +75,44 @@ TEST(SparseTable, ValidatesIdsAndSlots) {
   auto twice = SparseTable::FromViews(idv, {{"a", TensorView(emb.data(), DType::kF32, {3, 4})},
                                             {"a", TensorView(emb.data(), DType::kF32, {3, 4})}});
   EXPECT_THAT(twice, StatusIs(StatusCode::kInvalidArgument));
+}
+
+// Ascending ids (by value or in storage order) are checked in one pass: duplicates among them are
+// found as well as among ids in any other order.
+TEST(SparseTable, DuplicatesInAnyOrderAreFound) {
+  for (std::vector<int64_t> ids :
+       {std::vector<int64_t>{1, 2, 2, 5}, std::vector<int64_t>{65536, 1, 65537, 65537},
+        std::vector<int64_t>{9, 4, 7, 4}}) {
+    auto t = SparseTable::FromViews(TensorView(ids.data(), DType::kI64, {4}), {});
+    EXPECT_THAT(t, StatusIs(StatusCode::kInvalidArgument, "appears twice")) << ids[1];
+  }
+}
+
+// IdCheck::kAtSave: the table is built without indexing its ids; the save's sort finds an id
+// that appears twice, whatever the order (a sorted table's too), and nothing is committed.
+TEST(SparseTable, IdsCheckedAtSaveAreCheckedByTheSave) {
+  MemFileSystem mem;
+  const IoOptions io{.fs = &mem, .direct_io = false};
+  std::vector<float> emb(4 * 2, 1.0f);
+  for (std::vector<int64_t> ids :
+       {std::vector<int64_t>{9, 4, 7, 4}, std::vector<int64_t>{1, 4, 4, 5}}) {
+    auto t = SparseTable::FromViews(TensorView(ids.data(), DType::kI64, {4}),
+                                    {{"e", TensorView(emb.data(), DType::kF32, {4, 2})}}, {},
+                                    SparseTable::IdCheck::kAtSave);
+    SP_ASSERT_OK(t.status());
+    State state;
+    SP_ASSERT_OK(state.PutTable("emb", std::move(t).value()));
+    EXPECT_THAT(SaveSparse(state, "/ck", {}, io),
+                StatusIs(StatusCode::kInvalidArgument, "id 4 appears twice"))
+        << ids[1];
+    EXPECT_FALSE(mem.Exists("/ck"));
+  }
+  // Other checks are made at once.
+  std::vector<int64_t> ids = {1, 2};
+  auto rows = SparseTable::FromViews(TensorView(ids.data(), DType::kI64, {2}),
+                                     {{"e", TensorView(emb.data(), DType::kF32, {4, 2})}}, {},
+                                     SparseTable::IdCheck::kAtSave);
+  EXPECT_THAT(rows, StatusIs(StatusCode::kInvalidArgument, "slot \"e\""));
 }
 
 TEST(SparseTable, LivesInAStateBesideEntries) {
