@@ -1,6 +1,7 @@
 """Asynchronous saves of sparse tables (docs/SPARSE.md, "Python"): savepoint.save(async_=True) and
 AsyncCheckpointer.save return once the tables' rows are staged, so the caller may change them
-right away; delta chains of async saves; what stays synchronous (process groups)."""
+right away (a large hash-ordered table copied as its rows lie, sorted in the background); delta
+chains of async saves; ids that appear twice. Process groups: tests/python/test_sparse.py."""
 
 import numpy as np
 import pytest
@@ -63,6 +64,31 @@ def test_async_delta_chain_through_a_checkpointer(tmp_path, rng):
         ckpt.wait()
     assert [link["depth"] for link in savepoint.sparse_chain(tmp_path / "3")] == [3, 2, 1, 0]
     assert _rows(savepoint.load(tmp_path / "3")["emb"]) == ref
+
+
+def test_large_hash_ordered_table_is_staged_and_sorted_after_save_returns(tmp_path, rng):
+    t = _table(rng, 140000)  # ids of 1.1 MB: copied as they lie, sorted in the background
+    want = _rows(t)
+    ck = savepoint.AsyncCheckpointer()
+    try:
+        fut = ck.save({"emb": t}, tmp_path / "a")
+        t.ids[:] = np.arange(len(t.ids))  # ids, rows: all changed while the save sorts its copy
+        t.slots["embedding"][:] = -1.0
+        fut.wait()
+    finally:
+        ck.close()
+    assert _rows(savepoint.load(tmp_path / "a")["emb"]) == want
+
+
+def test_an_id_twice_is_refused_by_save_or_its_future(tmp_path, rng):
+    for n, where in ((1000, "save"), (140000, "future")):  # sorted now / staged, sorted later
+        t = _table(rng, n)
+        t.ids[n - 1] = t.ids[3]
+        with pytest.raises(savepoint.InvalidArgumentError, match=f"id {t.ids[3]} appears twice"):
+            fut = savepoint.save({"emb": t}, tmp_path / where, async_=True)
+            assert where == "future", "the small table's duplicate is found before save() returns"
+            fut.wait()
+        assert not (tmp_path / where).exists()
 
 
 def test_async_errors(tmp_path, rng):
