@@ -64,8 +64,9 @@ class SparseTable:
     base; none of them in `ids`). torch tensors or numpy arrays.
 
     The constructor checks types, dtypes and row counts (InvalidArgumentError naming the slot);
-    duplicate ids are found when the table is saved (InvalidArgumentError naming the table and
-    the id). Loaded tables are SparseTables whose rows are in storage order, ascending by
+    duplicate ids are found when the table is saved, as the save sorts it (InvalidArgumentError
+    naming the table and the id; from the future's wait() for an asynchronous save of a large
+    table in hash order, which is sorted in the background). Loaded tables are SparseTables whose rows are in storage order, ascending by
     (id mod 65536, id)."""
 
     __slots__ = ("ids", "slots", "deleted")
