@@ -139,12 +139,15 @@ Status AddTable(const std::string& name, size_t index, const std::vector<std::st
 // Sorts every table of `state` (name order) into `flat->sorted`, or stages it (flat->buffers).
 Status SortAll(const State& state, SliceRange range, int threads, Flat* flat) {
   for (const auto& [name, t] : state.tables()) {
+    // (one pass over the ids decides both: staged, or rows already in order)
+    const bool large = flat->buffers != nullptr && Stageable(*t);
+    const bool in_order = large && InStorageOrder(t->ids());
     Result<SortedTable> s = Status();
-    if (flat->buffers != nullptr && ShouldStage(*t)) {
+    if (large && !in_order) {
       s = StageTable(*t, range, threads, flat->buffers.get(), &flat->leased,
                      &flat->staged.emplace_back());
     } else {
-      s = SortTable(*t, range, threads);
+      s = SortTable(*t, range, threads, in_order);
     }
     if (!s.ok()) return s.status().WithContext(fmt::format("sparse table {:?}", name));
     flat->sorted.push_back(std::move(*s));

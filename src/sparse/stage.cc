@@ -64,21 +64,14 @@ Result<std::vector<int64_t>> CopyCounting(const std::vector<Piece>& pieces, int 
 // a slice outside `range` (naming its first id in `ids`) or holding too many rows.
 Result<Tensor> IndexOf(const std::vector<int64_t>& counts, SliceRange range,
                        std::span<const int64_t> ids) {
-  std::vector<int64_t> packed;
+  std::vector<std::pair<int64_t, int64_t>> slice_rows;
   for (int64_t slice = 0; slice < kNumSlices; ++slice) {
     const int64_t rows = counts[static_cast<size_t>(slice)];
     if (rows == 0) continue;
     if (!range.Contains(slice)) return CheckRange(ids, range, "id");
-    if (rows > kMaxSliceRows) {
-      return InvalidArgumentError(
-          fmt::format("slice {} holds {} rows, more than the {} a slice of a checkpoint holds",
-                      slice, rows, kMaxSliceRows));
-    }
-    packed.push_back(PackSlice(slice, rows));
+    slice_rows.emplace_back(slice, rows);
   }
-  SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(packed.size())}));
-  if (!packed.empty()) std::memcpy(t.data(), packed.data(), packed.size() * sizeof(int64_t));
-  return t;
+  return PackedIndex(slice_rows);
 }
 
 }  // namespace
@@ -130,12 +123,12 @@ uint64_t CopyBuffers::free_bytes() const {
   return n;
 }
 
-bool ShouldStage(const SparseTable& t) {
+bool Stageable(const SparseTable& t) {
   if (t.ids_view().nbytes() < kStageIdsBytes) return false;
   for (const SparseTable::Slot& slot : t.slots()) {
     if (slot.view.nbytes() < format::kPackBelowBytes) return false;  // late tensors are not packed
   }
-  return !InStorageOrder(t.ids());
+  return true;
 }
 
 Result<SortedTable> StageTable(const SparseTable& t, SliceRange range, int threads,

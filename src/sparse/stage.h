@@ -60,8 +60,9 @@ struct Staged {
   SliceRange range;
 };
 
-// True when `t` is staged by an asynchronous save: large (kStageIdsBytes) and not in storage order.
-bool ShouldStage(const SparseTable& t);
+// True when `t` is large enough to be staged by an asynchronous save (kStageIdsBytes, and every
+// slot big enough not to be packed); it is staged when its ids are also not InStorageOrder.
+bool Stageable(const SparseTable& t);
 
 // Copies `t`'s ids and slots as they lie into buffers from `buffers` (appended to `leased`) on
 // `threads` threads and builds its slice index; sorts its deleted ids (few) at once. Returns the

@@ -357,33 +357,41 @@ Result<TensorView> SortedIds(const TensorView& v, std::span<const int64_t> ids,
   return owned->back().view();
 }
 
-Result<Tensor> PackSlices(std::span<const int64_t> ids) {
+Result<Tensor> PackedIndex(std::span<const std::pair<int64_t, int64_t>> slice_rows) {
   std::vector<int64_t> packed;
-  for (size_t i = 0; i < ids.size();) {
-    const int64_t slice = SliceOf(ids[i]);
-    size_t j = i + 1;
-    while (j < ids.size() && SliceOf(ids[j]) == slice) ++j;
-    const int64_t rows = static_cast<int64_t>(j - i);
+  packed.reserve(slice_rows.size());
+  for (const auto& [slice, rows] : slice_rows) {
     if (rows > kMaxSliceRows) {
       return InvalidArgumentError(
-          fmt::format("slice {} holds {} rows, more than the {} a slice "
-                      "of a checkpoint holds",
+          fmt::format("slice {} holds {} rows, more than the {} a slice of a checkpoint holds",
                       slice, rows, kMaxSliceRows));
     }
     packed.push_back(PackSlice(slice, rows));
-    i = j;
   }
   SP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(packed.size())}));
   if (!packed.empty()) std::memcpy(t.data(), packed.data(), packed.size() * sizeof(int64_t));
   return t;
 }
 
-Result<SortedTable> SortTable(const SparseTable& t, SliceRange range, int threads) {
+Result<Tensor> PackSlices(std::span<const int64_t> ids) {
+  std::vector<std::pair<int64_t, int64_t>> slice_rows;
+  for (size_t i = 0; i < ids.size();) {
+    const int64_t slice = SliceOf(ids[i]);
+    size_t j = i + 1;
+    while (j < ids.size() && SliceOf(ids[j]) == slice) ++j;
+    slice_rows.emplace_back(slice, static_cast<int64_t>(j - i));
+    i = j;
+  }
+  return PackedIndex(slice_rows);
+}
+
+Result<SortedTable> SortTable(const SparseTable& t, SliceRange range, int threads,
+                              bool known_in_order) {
   SP_RETURN_IF_ERROR(CheckRange(t.ids(), range, "id"));
   SP_RETURN_IF_ERROR(CheckRange(t.deleted(), range, "deleted id"));
   SortedTable s;
   std::span<const int64_t> ids = t.ids();
-  if (InStorageOrder(ids)) {  // no copy
+  if (known_in_order || InStorageOrder(ids)) {  // no copy
     s.ids = t.ids_view();
     for (const SparseTable::Slot& slot : t.slots()) s.slots.push_back(slot.view);
   } else {

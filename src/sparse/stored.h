@@ -139,6 +139,8 @@ Result<TensorView> SortedIds(const TensorView& v, std::span<const int64_t> ids,
 // The slice index of `ids` (in storage order): PackSlice of each slice that holds rows, as an I64
 // tensor. InvalidArgument for a slice of more than kMaxSliceRows rows.
 Result<Tensor> PackSlices(std::span<const int64_t> ids);
+// The same from (slice, rows) pairs, slices ascending, rows >= 1.
+Result<Tensor> PackedIndex(std::span<const std::pair<int64_t, int64_t>> slice_rows);
 
 // Slots of at least this many bytes are gathered while written rather than sorted into a copy.
 inline constexpr uint64_t kGatherSlotBytes = uint64_t{1} << 20;
@@ -146,7 +148,9 @@ inline constexpr uint64_t kGatherSlotBytes = uint64_t{1} << 20;
 // Sorts `t` into storage order on `threads` threads and packs its slice index (`slices`).
 // InvalidArgument naming the id when an id or deleted id lies outside `range`, or an id appears
 // twice (sparse/access.h).
-Result<SortedTable> SortTable(const SparseTable& t, SliceRange range, int threads);
+// `known_in_order`: the caller has found InStorageOrder(t.ids()) true (the pass is not repeated).
+Result<SortedTable> SortTable(const SparseTable& t, SliceRange range, int threads,
+                              bool known_in_order = false);
 
 }  // namespace savepoint::sparse
 
