@@ -1,10 +1,12 @@
 // `savepoint controller --world N --dir DIR [--listen HOST:PORT] [--prefix P] [--naming N]
 // [--heartbeat-ms MS] [--heartbeat-timeout-ms MS] [--snapshot-dir DIR [--snapshot-every N]]
-// [--port-file FILE] [--json]`: watches the ranks
+// [--max-restarts N] [--port-file FILE] [--json]`: watches the ranks
 // of one training job and, when one fails, has the survivors dump the last consistent step
-// (docs/FAILOVER.md). The job token comes from SAVEPOINT_JOB_TOKEN (never the command line, which
-// other users can read); the address defaults to SAVEPOINT_CONTROLLER. Exits when the job is over:
-// 0 when every rank finished or a failure dump was committed, 1 when a rank failed and no dump
+// (docs/FAILOVER.md); with --max-restarts it then serves the launcher's restarted job, up to N
+// times. The job token comes from SAVEPOINT_JOB_TOKEN (never the command line, which other users
+// can read); the address defaults to SAVEPOINT_CONTROLLER. Each generation's outcome is printed
+// as it ends (--json: one JSON object per line). Exits when the job is over: 0 when every rank
+// finished or the last failure's dump (or a preemption checkpoint) was committed, 1 when no dump
 // was allowed (the reason is printed).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -33,24 +35,34 @@ struct ControllerArgs {
 };
 
 Json OutcomeJson(const JobOutcome& o) {
-  return Json{{"failure", o.failure},
-              {"failed_rank", o.failed_rank},
-              {"reason", o.reason},
-              {"dead", o.dead},
-              {"dumped", o.dumped},
-              {"dump_path", o.dump_path},
-              {"dump_step", o.dump_step},
-              {"writers", o.writers},
-              {"snapshot_writers", o.snapshot_writers},
-              {"why_no_dump", o.failure && !o.dumped ? o.dump_status.ToString() : ""},
-              {"detected_unix_ns", o.detected_unix_ns},
-              {"detect_to_commit_ms", o.detect_to_commit_ms},
-              {"refused_calls", o.refused_calls},
-              {"late_messages", o.late_messages}};
+  return Json{
+      {"generation", o.generation},
+      {"failure", o.failure},
+      {"preempted", o.preempted},
+      {"preempted_by", o.preempted_by},
+      {"failed_rank", o.failed_rank},
+      {"reason", o.reason},
+      {"dead", o.dead},
+      {"dumped", o.dumped},
+      {"dump_path", o.dump_path},
+      {"dump_step", o.dump_step},
+      {"writers", o.writers},
+      {"snapshot_writers", o.snapshot_writers},
+      {"why_no_dump", (o.failure || o.preempted) && !o.dumped ? o.dump_status.ToString() : ""},
+      {"detected_unix_ns", o.detected_unix_ns},
+      {"detect_to_commit_ms", o.detect_to_commit_ms},
+      {"refused_calls", o.refused_calls},
+      {"late_messages", o.late_messages}};
 }
 
 void PrintOutcome(const JobOutcome& o) {
-  if (!o.failure) {
+  if (o.preempted && !o.failure) {
+    fmt::print(stderr, "savepoint controller: generation {}: preempted ({}); {}\n", o.generation,
+               o.reason,
+               o.dumped ? fmt::format("checkpoint of step {} committed at {} in {:.0f} ms",
+                                      o.dump_step, o.dump_path, o.detect_to_commit_ms)
+                        : o.dump_status.message());
+  } else if (!o.failure) {
     fmt::print(stderr, "savepoint controller: every rank finished\n");
   } else if (o.dumped) {
     fmt::print(stderr,
@@ -78,6 +90,11 @@ int RunController(ControllerArgs& a) {
                                                     : DumpNaming::kManager;
   a.options.heartbeat_interval = std::chrono::milliseconds(a.heartbeat_ms);
   a.options.heartbeat_timeout = std::chrono::milliseconds(a.timeout_ms);
+  const bool json = a.json;
+  a.options.on_generation_end = [json](const JobOutcome& o) {
+    if (json) PrintJson(OutcomeJson(o));
+    PrintOutcome(o);
+  };
   Result<std::unique_ptr<FailoverController>> c = FailoverController::Start(a.options);
   if (!c.ok()) return Fail(kCommand, c.status());
   fmt::print(stderr, "savepoint controller: listening on port {} for {} ranks\n", (*c)->port(),
@@ -88,9 +105,7 @@ int RunController(ControllerArgs& a) {
   }
   Result<JobOutcome> out = (*c)->Wait();
   if (!out.ok()) return Fail(kCommand, out.status());
-  if (a.json) PrintJson(OutcomeJson(*out));
-  PrintOutcome(*out);
-  return out->failure && !out->dumped ? kExitError : kExitOk;
+  return (out->failure || out->preempted) && !out->dumped ? kExitError : kExitOk;
 }
 
 }  // namespace
@@ -127,6 +142,11 @@ void RegisterController(CLI::App& app, int* exit_code) {
   sub->add_option("--snapshot-every", args->options.snapshot_every,
                   "Steps between two snapshots of a rank")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40))
+      ->capture_default_str();
+  sub->add_option("--max-restarts", args->options.max_restarts,
+                  "Serve the launcher's restarted job after a failure, up to N times (as "
+                  "torchrun's --max-restarts)")
+      ->check(CLI::Range(0, 1 << 20))
       ->capture_default_str();
   sub->add_option("--port-file", args->port_file, "Write the port listened on to this file");
   sub->add_flag("--json", args->json, "Print the outcome as one JSON object");

@@ -20,6 +20,8 @@
 //   SAVEPOINT_JOB_TOKEN    the shared job token (at least 16 characters)
 //   SAVEPOINT_RANK, SAVEPOINT_WORLD_SIZE   this rank and the job's size (else RANK / WORLD_SIZE,
 //                          else OMPI_COMM_WORLD_RANK / OMPI_COMM_WORLD_SIZE)
+//   SAVEPOINT_GENERATION   how many times the launcher restarted the job (else torchrun's
+//                          TORCHELASTIC_RESTART_COUNT, else 0): AgentOptions::generation
 #ifndef SAVEPOINT_FAILOVER_RPC_H_
 #define SAVEPOINT_FAILOVER_RPC_H_
 
@@ -48,6 +50,28 @@ struct SAVEPOINT_API DumpSource {
   // The tensors' layout (ShardLayout semantics; a tensor without an entry is replicated on every
   // rank). Default: empty (pure data parallel).
   ShardLayout layout;
+};
+
+// What SIGTERM and SIGINT do to a rank with an agent (docs/FAILOVER.md, "Launchers and signals").
+// Launchers answer one rank's death by sending SIGTERM to the others (SIGKILL a grace period
+// later): a survivor that writes the dump must outlive it.
+enum class SignalPolicy {
+  // The agent leaves both signals alone.
+  kUntouched,
+  // The default. From Connect until Finish / Abandon, the agent catches them (the first agent of
+  // a process; a signal the process ignores stays ignored). While the controller handles a
+  // failure (from its Stop until its Exit), a caught signal waits until this rank's part of the
+  // dump is written, at most signal_budget from its arrival; past the budget the rank gives up
+  // (one line on stderr; the dump then commits nothing, the newest checkpoint stays the newest).
+  // With no failure in sight for signal_settle, it acts at once. Then the signal is delivered
+  // as the process had it before: the default action ends the process by that signal (the exit
+  // the launcher expects), a handler (Python's KeyboardInterrupt) runs.
+  kDefer,
+  // As kDefer, but a signal with no failure in sight first asks the controller for a checkpoint
+  // of the job's current step (preemption: Slurm's --signal, Kubernetes' grace period, spot
+  // notices): the controller stops every rank at a step boundary, has the writers commit it as
+  // it commits a failure dump, and ends the job; then the signal acts (within signal_budget).
+  kCheckpoint,
 };
 
 struct SAVEPOINT_API AgentOptions {
@@ -79,6 +103,18 @@ struct SAVEPOINT_API AgentOptions {
   SaveOptions save;
   // File system and I/O threads of the dump's save. Default: IoOptions defaults.
   IoOptions io;
+  // SIGTERM / SIGINT handling (see SignalPolicy). Default: kDefer.
+  SignalPolicy signals = SignalPolicy::kDefer;
+  // Longest a caught signal waits for this rank's part of a dump (or the preemption checkpoint),
+  // from its arrival. Default: 25 s (inside torchrun's and Slurm's 30 s).
+  std::chrono::milliseconds signal_budget{25000};
+  // How long a signal with no failure in sight waits for the controller's Stop (a launcher may
+  // signal before the controller has seen the death) before it acts. Default: 500 ms.
+  std::chrono::milliseconds signal_settle{500};
+  // How many times the launcher restarted the job (torchrun's restart count): the controller
+  // serves generation after generation (ControllerOptions::max_restarts) and refuses ranks of an
+  // older one. Default: -1 = $SAVEPOINT_GENERATION, else $TORCHELASTIC_RESTART_COUNT, else 0.
+  int generation = -1;
 };
 
 // Options from the environment (see above): controller, token, rank, world. Other fields keep
@@ -133,6 +169,27 @@ enum class DumpNaming {
   kMindSporeCkpt,
 };
 
+// What happened to a job (to one generation of it, ControllerOptions::max_restarts).
+struct SAVEPOINT_API JobOutcome {
+  int generation = 0;                 // the generation this is about
+  bool failure = false;               // a rank failed
+  bool preempted = false;             // a rank asked for a checkpoint (SignalPolicy::kCheckpoint)
+  int preempted_by = -1;              // that rank
+  int failed_rank = -1;               // the first rank declared dead
+  std::string reason;                 // why it was declared dead
+  std::vector<int> dead;              // every rank declared dead
+  bool dumped = false;                // a dump was committed
+  std::string dump_path;              // its path (when dumped)
+  int64_t dump_step = -1;             // its step
+  std::vector<int> writers;           // ranks that wrote it from their live state
+  std::vector<int> snapshot_writers;  // ranks whose part came from their snapshot
+  Status dump_status;                 // why there is no dump (when failure && !dumped)
+  int64_t detected_unix_ns = 0;       // when the failure was detected (system clock)
+  double detect_to_commit_ms = 0;     // from detection to the committed dump (or to giving up)
+  int64_t refused_calls = 0;          // calls refused for a wrong or missing token
+  int64_t late_messages = 0;          // messages of ranks already declared dead, ignored
+};
+
 struct SAVEPOINT_API ControllerOptions {
   // Address to listen on, "host:port" (port 0: any free port, see FailoverController::port).
   // Default: "127.0.0.1:0".
@@ -172,24 +229,16 @@ struct SAVEPOINT_API ControllerOptions {
   // Options of the parts of a dump the controller writes from snapshots (format, compression,
   // key, as the agents' AgentOptions::save; overwrite is ignored). Default: {}.
   SaveOptions snapshot_save;
-};
-
-// What happened to a job.
-struct SAVEPOINT_API JobOutcome {
-  bool failure = false;               // a rank failed
-  int failed_rank = -1;               // the first rank declared dead
-  std::string reason;                 // why it was declared dead
-  std::vector<int> dead;              // every rank declared dead
-  bool dumped = false;                // a dump was committed
-  std::string dump_path;              // its path (when dumped)
-  int64_t dump_step = -1;             // its step
-  std::vector<int> writers;           // ranks that wrote it from their live state
-  std::vector<int> snapshot_writers;  // ranks whose part came from their snapshot
-  Status dump_status;                 // why there is no dump (when failure && !dumped)
-  int64_t detected_unix_ns = 0;       // when the failure was detected (system clock)
-  double detect_to_commit_ms = 0;     // from detection to the committed dump (or to giving up)
-  int64_t refused_calls = 0;          // calls refused for a wrong or missing token
-  int64_t late_messages = 0;          // messages of ranks already declared dead, ignored
+  // How many restarted generations of the job to serve (the launcher's restarts, as torchrun's
+  // --max-restarts). After a failure is handled, the controller waits register_timeout for the
+  // ranks of a newer generation (AgentOptions::generation; the same number when the launcher
+  // does not count) and protects them as the first. The job ends when every rank of a
+  // generation finished, a failure leaves no restart, a rank asked for a preemption checkpoint,
+  // or no new generation registers in time. Default: 0 (the job ends at its first failure).
+  int max_restarts = 0;
+  // Called on the controller's thread as each generation ends (with its outcome), before the
+  // next one is admitted. Default: none.
+  std::function<void(const JobOutcome&)> on_generation_end;
 };
 
 // The controller: a gRPC server watching one job.
@@ -202,8 +251,9 @@ class SAVEPOINT_API FailoverController {
   virtual ~FailoverController() = default;
   // The port listened on.
   virtual int port() const = 0;
-  // Blocks until the job is over: every rank finished, or a failure was handled (dump committed
-  // or refused), or the ranks did not all register in time (DeadlineExceeded).
+  // Blocks until the job is over (ControllerOptions::max_restarts says when) and returns the
+  // last generation's outcome; DeadlineExceeded when the first generation's ranks did not all
+  // register in time.
   virtual Result<JobOutcome> Wait() = 0;
 };
 

@@ -22,9 +22,36 @@ namespace {
 // (controller, token, rank, world): empty / -1 fields are taken from the environment
 // (AgentOptionsFromEnv).
 using AgentTarget = std::tuple<std::string, std::string, int, int>;
+// (policy: "defer", "checkpoint" or "untouched"; budget and settle in seconds): SignalPolicy,
+// AgentOptions::signal_budget, signal_settle.
+using AgentSignals = std::tuple<std::string, double, double>;
+
+std::chrono::milliseconds Seconds(double s, const char* what) {
+  if (!(s >= 0 && s <= 86400)) {
+    throw StatusError(InvalidArgumentError(std::string(what) + " must be in [0, 86400] seconds"));
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(s * 1000));
+}
+
+void SetSignals(AgentOptions& o, const AgentSignals& signals) {
+  const auto& [policy, budget_s, settle_s] = signals;
+  if (policy == "defer") {
+    o.signals = SignalPolicy::kDefer;
+  } else if (policy == "checkpoint") {
+    o.signals = SignalPolicy::kCheckpoint;
+  } else if (policy == "untouched") {
+    o.signals = SignalPolicy::kUntouched;
+  } else {
+    throw StatusError(InvalidArgumentError(
+        "signals must be 'defer', 'checkpoint' or 'untouched', not '" + policy + "'"));
+  }
+  o.signal_budget = Seconds(budget_s, "signal_budget");
+  o.signal_settle = Seconds(settle_s, "signal_settle");
+}
 
 AgentOptions MakeAgentOptions(const AgentTarget& target, const std::vector<ReplicaGroup>& groups,
-                              double connect_timeout_s, int io_threads, bool direct_io) {
+                              double connect_timeout_s, int io_threads, bool direct_io,
+                              const AgentSignals& signals) {
   const auto& [controller, token, rank, world] = target;
   AgentOptions o;
   if (controller.empty() || token.empty() || rank < 0 || world < 1) {
@@ -35,10 +62,8 @@ AgentOptions MakeAgentOptions(const AgentTarget& target, const std::vector<Repli
   if (rank >= 0) o.rank = rank;
   if (world >= 1) o.world = world;
   o.groups = groups;
-  if (!(connect_timeout_s >= 0)) {
-    throw StatusError(InvalidArgumentError("connect_timeout must be >= 0 seconds"));
-  }
-  o.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
+  o.connect_timeout = Seconds(connect_timeout_s, "connect_timeout");
+  SetSignals(o, signals);
   o.io.io_threads = io_threads;
   o.io.direct_io = direct_io;
   return o;
@@ -50,9 +75,10 @@ class PyFailoverAgent {
   // savepoint/failover.py builds them; `owner` keeps the tensors' memory alive.
   PyFailoverAgent(nb::object source, const AgentTarget& target,
                   const std::vector<ReplicaGroup>& groups, double connect_timeout_s, int io_threads,
-                  bool direct_io)
+                  bool direct_io, const AgentSignals& signals)
       : source_(std::move(source)) {
-    AgentOptions o = MakeAgentOptions(target, groups, connect_timeout_s, io_threads, direct_io);
+    AgentOptions o =
+        MakeAgentOptions(target, groups, connect_timeout_s, io_threads, direct_io, signals);
     rank_ = o.rank;
     world_ = o.world;
     if (!source_.is_none()) o.source = [this] { return CallSource(); };
@@ -174,11 +200,13 @@ class PyFailoverAgent {
 void BindFailover(nb::module_& m) {
   nb::class_<PyFailoverAgent>(m, "FailoverAgent")
       .def(nb::init<nb::object, const AgentTarget&, const std::vector<ReplicaGroup>&, double, int,
-                    bool>(),
+                    bool, const AgentSignals&>(),
            nb::arg("source").none(), nb::arg("target"), nb::arg("groups"),
            nb::arg("connect_timeout_s"), nb::arg("io_threads"), nb::arg("direct_io"),
+           nb::arg("signals"),
            "FailoverAgent::Connect (GIL released). target: (controller, token, rank, world); "
-           "empty / negative fields come from the environment.")
+           "empty / negative fields come from the environment. signals: (policy, budget s, "
+           "settle s).")
       .def("begin_update", &PyFailoverAgent::BeginUpdate, nb::arg("step"),
            "BeginUpdate (GIL released): '' to go on, else why the job stopped.")
       .def("end_update", &PyFailoverAgent::EndUpdate, nb::arg("step"), nb::arg("epoch") = 1,

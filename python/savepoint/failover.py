@@ -90,6 +90,27 @@ class Agent:
     connect_timeout: seconds to wait for the controller to answer (it may still be starting).
         Default 10. The constructor then waits until every rank of the job has registered.
     io_threads (4), direct_io (True): I/O of the dump's save.
+    signals: what SIGTERM and SIGINT do while the agent is open (docs/FAILOVER.md, "Launchers
+        and signals"). Launchers (torchrun, Slurm, Kubernetes) answer one rank's death by
+        sending SIGTERM to the others, SIGKILL a grace period later; a rank writing the dump
+        must outlive it.
+        "defer" (default): while the controller handles a failure, a caught signal waits until
+        this rank's part of the dump is written (at most signal_budget seconds), then acts as
+        it would have without the agent (Python's default for SIGTERM ends the process by it;
+        SIGINT raises KeyboardInterrupt); with no failure in sight for signal_settle seconds,
+        it acts at once.
+        "checkpoint": as "defer", but a signal with no failure in sight first has the
+        controller commit a checkpoint of the job's current step (preemption: Slurm's
+        --signal, Kubernetes' grace period, spot notices), then acts.
+        "untouched": the agent leaves both signals alone.
+        A handler installed with signal.signal() after the agent replaces the agent's.
+    signal_budget: seconds a caught signal may wait (default 25, inside torchrun's and Slurm's
+        30 s grace). Past it the rank gives up (one line on stderr): the dump commits nothing
+        and the newest checkpoint stays the newest.
+    signal_settle: seconds a signal with no failure in sight waits for the controller's stop
+        (a launcher may signal before the controller saw the death). Default 0.5.
+    The launcher's restart count ($TORCHELASTIC_RESTART_COUNT, or $SAVEPOINT_GENERATION) tells
+    a controller started with --max-restarts which generation of the job this rank belongs to.
 
     Raises InvalidArgumentError (a missing or malformed setting, naming the variable),
     AuthenticationError (a token the controller refuses), FailedPreconditionError (the
@@ -101,7 +122,8 @@ class Agent:
     """
 
     def __init__(self, source=None, *, groups=None, controller=None, token=None, rank=None,
-                 world=None, connect_timeout=10.0, io_threads=4, direct_io=True):  # fmt: skip
+                 world=None, connect_timeout=10.0, io_threads=4, direct_io=True,
+                 signals="defer", signal_budget=25.0, signal_settle=0.5):  # fmt: skip
         _require()
         if source is not None and not callable(source):
             raise TypeError("savepoint.failover.Agent: source must be callable (or None)")
@@ -110,7 +132,9 @@ class Agent:
         groups = [sorted(int(r) for r in g) for g in (groups or [])]
         src = None if source is None else _flat_source(source)
         self._a = _core.FailoverAgent(src, target, groups, float(connect_timeout),
-                                      int(io_threads), bool(direct_io))  # fmt: skip
+                                      int(io_threads), bool(direct_io),
+                                      (str(signals), float(signal_budget),
+                                       float(signal_settle)))  # fmt: skip
         self._step = None
 
     @property

@@ -29,9 +29,11 @@ struct Rank {
   int world = 0;
   std::vector<float> w = std::vector<float>(kElems);
   int64_t step = 0;
-  ShardLayout layout;                      // set by two-group tests
-  std::vector<ReplicaGroup> groups;        // empty: data parallel
-  std::string host;                        // AgentOptions::host (empty: this host)
+  ShardLayout layout;                // set by two-group tests
+  std::vector<ReplicaGroup> groups;  // empty: data parallel
+  std::string host;                  // AgentOptions::host (empty: this host)
+  int generation = -1;               // AgentOptions::generation
+  SignalPolicy signals = SignalPolicy::kDefer;
   std::function<bool(Rank&)> at_step_end;  // returns false to stop the loop (the rank "dies")
   std::function<bool(Rank&)> mid_update;   // between BeginUpdate and the update; false: "dies"
   std::function<Result<DumpSource>(Rank&)> source_hook;
@@ -73,6 +75,8 @@ inline void RunRank(Rank& r, int port, int64_t steps) {
   o.world = r.world;
   o.groups = r.groups;
   o.host = r.host;
+  o.generation = r.generation;
+  o.signals = r.signals;
   o.source = [&r]() -> Result<DumpSource> {
     return r.source_hook ? r.source_hook(r) : SourceOf(r);
   };

@@ -4,6 +4,11 @@
 //  - the reader takes the controller's commands (Stop, Dump, Exit);
 //  - the heartbeat thread sends the step state every heartbeat interval;
 //  - a dump thread, started by a Dump command, writes this rank's part of the dump;
+//  - unless SignalPolicy::kUntouched, a signal thread: it waits for SIGTERM / SIGINT caught by
+//    the process's SignalGate and decides when the signal acts (signals.h): held back from the
+//    controller's Stop until its Exit (the reader delivers it once the Exit arrived), at most
+//    signal_budget; with no failure in sight after signal_settle, at once (kDefer) or after the
+//    preemption checkpoint the controller is asked for (kCheckpoint);
 //  - when the controller's Welcome names a snapshot directory (and the rank has a source), a
 //    snapshot thread: after every snapshot_every-th EndUpdate it writes the state into that
 //    directory (snapshot.h) while the training thread computes the next step; the next
@@ -25,6 +30,7 @@
 #include "failover/rpc/common.h"
 #include "failover/rpc/dump_write.h"
 #include "failover/rpc/relay_comm.h"
+#include "failover/rpc/signals.h"
 #include "failover/rpc/snapshot.h"
 #include "savepoint/failover_rpc.h"
 
@@ -32,6 +38,7 @@ namespace savepoint {
 namespace {
 
 using failover::kTokenKey;
+using Clock = std::chrono::steady_clock;
 using Stream =
     grpc::ClientReaderWriter<failover::rpc::AgentMessage, failover::rpc::ControllerMessage>;
 
@@ -47,6 +54,16 @@ Result<int> EnvInt(std::initializer_list<const char*> names) {
     return static_cast<int>(n);
   }
   return InvalidArgumentError(fmt::format("{} is not set", *names.begin()));
+}
+
+// The launcher's restart count (AgentOptions::generation); 0 when it does not say.
+Result<int> EnvGeneration() {
+  const char* names[] = {"SAVEPOINT_GENERATION", "TORCHELASTIC_RESTART_COUNT"};
+  for (const char* name : names) {
+    const char* v = std::getenv(name);
+    if (v != nullptr && *v != '\0') return EnvInt({name});
+  }
+  return 0;
 }
 
 Result<std::string> EnvString(const char* name) {
@@ -117,6 +134,9 @@ class Agent final : public FailoverAgent {
   void HeartbeatLoop();
   void OnStop(const failover::rpc::Stop& stop);
   void OnExit(const failover::rpc::Exit& exit);
+  void SignalLoop();
+  // Lets a caught signal act (once); under the default action the process ends here.
+  void DeliverSignal(const std::string& why);
   Status Dump(const failover::rpc::Dump& d);
   void Join();
 
@@ -148,7 +168,14 @@ class Agent final : public FailoverAgent {
   std::vector<failover::StepInfo> snapshots_;  // committed, oldest first
   std::vector<int> parts_written_;             // ranks whose snapshot parts this agent wrote
 
-  std::thread reader_, heartbeat_thread_, dump_thread_, snapshot_thread_;
+  // Signals (SignalPolicy): the process's gate (null: untouched, or another agent holds it),
+  // when the first caught signal was seen, whether a preemption checkpoint was asked for.
+  std::unique_ptr<failover::SignalGate> gate_;
+  std::optional<Clock::time_point> signal_at_;
+  bool preempt_sent_ = false;
+  std::atomic<bool> signal_delivered_{false};
+
+  std::thread reader_, heartbeat_thread_, dump_thread_, snapshot_thread_, signal_thread_;
   std::vector<std::thread> part_threads_;
 };
 
@@ -174,6 +201,15 @@ Status Agent::Open() {
     snapshots_on_ = true;
     snapshot_thread_ = std::thread([this] { SnapshotLoop(); });
   }
+  if (o_.signals != SignalPolicy::kUntouched) {
+    gate_ = failover::SignalGate::Acquire();
+    if (gate_) {
+      signal_thread_ = std::thread([this] { SignalLoop(); });
+    } else {
+      failover::Log().debug(
+          "savepoint failover: rank {}: another agent of this process holds the signals", o_.rank);
+    }
+  }
   return Status::OK();
 }
 
@@ -186,6 +222,7 @@ Status Agent::Register() {
   h->set_rank(o_.rank);
   h->set_world(o_.world);
   h->set_pid(::getpid());
+  h->set_generation(o_.generation);
   char host[256] = {};
   if (!o_.host.empty()) {
     h->set_host(o_.host);
@@ -272,9 +309,66 @@ void Agent::OnExit(const failover::rpc::Exit& exit) {
     std::lock_guard lock(mu_);
     Status why = failover::FromWire(exit.code(), exit.reason());
     exit_ = why.ok() ? why : FailedPreconditionError("job stopped: " + exit.reason());
-    cv_.notify_all();
   }
   DropSnapshots();  // the dump is over
+  // The controller's decision is carried out: a signal held back acts now (the training thread,
+  // still parked, cannot exit first).
+  if (gate_ && gate_->caught() != 0) DeliverSignal("the dump is over");
+  std::lock_guard lock(mu_);
+  cv_.notify_all();
+}
+
+void Agent::DeliverSignal(const std::string& why) {
+  if (signal_delivered_.exchange(true)) return;
+  const int sig = gate_->caught();
+  failover::Log().warn("savepoint failover: rank {}: {}: acting on {}", o_.rank, why,
+                       failover::SignalName(sig));
+  gate_->Deliver(sig);
+}
+
+void Agent::SignalLoop() {
+  bool told = false;
+  for (;;) {
+    const int sig = gate_->Wait(std::chrono::milliseconds(20));
+    std::unique_lock lock(mu_);
+    if (closed_ || signal_delivered_) return;
+    if (sig == 0) continue;
+    const Clock::time_point now = Clock::now();
+    if (!signal_at_) signal_at_ = now;
+    const std::string name = failover::SignalName(sig);
+    const bool failure = stopping_ && !exit_;
+    const bool preempt = !stopping_ && o_.signals == SignalPolicy::kCheckpoint;
+    if (!told && (failure || preempt)) {
+      told = true;
+      failover::Log().warn("savepoint failover: rank {}: {} held back until {} (at most {} ms)",
+                           o_.rank, name,
+                           failure ? "this rank's part of the dump is written"
+                                   : "the preemption checkpoint is committed",
+                           o_.signal_budget.count());
+    }
+    if (preempt && !preempt_sent_ && controller_.ok()) {
+      preempt_sent_ = true;
+      lock.unlock();
+      failover::rpc::AgentMessage m;
+      m.set_preempt(sig);
+      Send(m);
+      continue;
+    }
+    std::string why;
+    if (exit_) {
+      why = "the job is over";
+    } else if ((failure || preempt_sent_) && now - *signal_at_ >= o_.signal_budget) {
+      why = fmt::format("gave up after {} ms: {} not finished, nothing of it committed",
+                        o_.signal_budget.count(), failure ? "the dump" : "the checkpoint");
+    } else if (!failure && !preempt_sent_ && now - *signal_at_ >= o_.signal_settle) {
+      why = "no failure in sight";
+    } else {
+      continue;
+    }
+    lock.unlock();
+    DeliverSignal(why);
+    return;  // a handler ran (the process lives on): the signals are the program's again
+  }
 }
 
 void Agent::WriteSnapshotPart(const failover::rpc::Dump& d) {
@@ -383,6 +477,8 @@ Status Agent::Finish() {
   }
   Join();
   DropSnapshots();
+  if (gate_ && gate_->caught() != 0) DeliverSignal("the agent finished");
+  gate_.reset();
   return sent ? Status::OK() : controller_status();
 }
 
@@ -395,6 +491,8 @@ void Agent::Abandon() {
   }
   if (session_) session_->TryCancel();
   Join();
+  if (gate_ && gate_->caught() != 0) DeliverSignal("the agent was closed");
+  gate_.reset();
 }
 
 void Agent::Join() {
@@ -403,6 +501,7 @@ void Agent::Join() {
   if (dump_thread_.joinable()) dump_thread_.join();
   for (std::thread& t : part_threads_) t.join();
   if (snapshot_thread_.joinable()) snapshot_thread_.join();
+  if (signal_thread_.joinable()) signal_thread_.join();
   std::lock_guard lock(write_mu_);
   if (stream_) stream_->Finish().ok();
   stream_.reset();
@@ -425,6 +524,12 @@ Result<std::unique_ptr<FailoverAgent>> FailoverAgent::Connect(AgentOptions optio
   if (options.controller.empty()) return InvalidArgumentError("no controller address");
   if (options.world < 1 || options.rank < 0 || options.rank >= options.world) {
     return InvalidArgumentError(fmt::format("rank {} of {}", options.rank, options.world));
+  }
+  if (options.generation < 0) {
+    SP_ASSIGN_OR_RETURN(options.generation, EnvGeneration());
+  }
+  if (options.signal_budget.count() < 0 || options.signal_settle.count() < 0) {
+    return InvalidArgumentError("signal_budget and signal_settle must be >= 0");
   }
   auto agent = std::make_unique<Agent>(std::move(options));
   SP_RETURN_IF_ERROR(agent->Open());

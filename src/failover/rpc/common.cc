@@ -23,6 +23,10 @@ Status CheckHello(const rpc::Hello& hello, int world) {
     return InvalidArgumentError(
         fmt::format("hello of rank {} of {} in a job of {}", rank, hello.world(), world));
   }
+  if (hello.generation() < 0) {
+    return InvalidArgumentError(
+        fmt::format("hello of rank {}: generation {}", rank, hello.generation()));
+  }
   if (hello.groups_size() > kMaxHelloGroups) {
     return InvalidArgumentError(fmt::format("hello of rank {}: {} replica groups (at most {})",
                                             rank, hello.groups_size(), kMaxHelloGroups));

@@ -42,7 +42,8 @@ void GroupsToProto(const std::vector<ReplicaGroup>& groups,
 // Most replica groups one Hello may list, and most snapshots one step state may list.
 inline constexpr int kMaxHelloGroups = 1 << 16;
 inline constexpr int kMaxReportedSnapshots = 64;
-// A Hello in a job of `world` ranks: its world is the job's, its rank in [0, world), each group
+// A Hello in a job of `world` ranks: its world is the job's, its rank in [0, world), its
+// generation >= 0, each group
 // non-empty with distinct ranks in [0, world), this rank among them.
 Status CheckHello(const rpc::Hello& hello, int world);
 // A step state (heartbeat or paused): step >= -1, epoch and step_in_epoch >= 0, snapshots of steps

@@ -10,6 +10,11 @@
 // writer has sent its k-th contribution; a dead writer, an abort or a deadline breaks the dump.
 // Everything shared is guarded by mu_; each slot's stream has its own write mutex, and the stream
 // pointer is cleared (under that mutex) when its Session returns.
+// Generations (ControllerOptions::max_restarts): after a failure is handled, the slots are
+// emptied and the ranks of the launcher's next generation register into them; a Session of an
+// earlier generation no longer owns its slot (its stream is not the slot's), so what it says
+// and its end are ignored. A rank's preemption request (AgentMessage::preempt) is handled as a
+// failure without a dead rank: stop, dump the current step, exit, and the job ends.
 // Snapshots (ControllerOptions::snapshot_dir): every rank writes them into the run directory on
 // its host. A dump part whose source is a snapshot is one more writer, on the snapshot's host:
 // here (a thread joining the dump's collectives through an in-process channel to this server)
@@ -29,6 +34,7 @@
 #include "failover/rpc/common.h"
 #include "failover/rpc/dump_write.h"
 #include "failover/rpc/relay_comm.h"
+#include "failover/rpc/signals.h"
 #include "failover/rpc/snapshot.h"
 #include "savepoint/failover_rpc.h"
 
@@ -92,7 +98,7 @@ class Controller final : public FailoverController, public failover::rpc::Failov
     std::unique_lock lock(mu_);
     cv_.wait(lock, [&] { return done_; });
     if (!ended_.ok()) return ended_;
-    return outcome_;
+    return outcome_;  // the last generation's (and what its ranks sent after its end)
   }
 
   grpc::Status Session(grpc::ServerContext* ctx, ServerStream* stream) override;
@@ -107,12 +113,18 @@ class Controller final : public FailoverController, public failover::rpc::Failov
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong or missing job token");
   }
   grpc::Status Admit(const failover::rpc::Hello& h, ServerStream* stream);
-  void Absorb(int rank, const AgentMessage& m);
-  void Detach(int rank);
+  grpc::Status AdmitGeneration(std::unique_lock<std::mutex>& lock, int64_t generation);
+  void Absorb(int rank, ServerStream* stream, const AgentMessage& m);
+  void Preempt(int rank, int sig);
+  void Detach(int rank, ServerStream* stream);
   void Send(int rank, const ControllerMessage& m);
   void DeclareDead(int rank, const std::string& why);
   void CheckHeartbeats();
   void Drive();
+  // Ends the generation: its outcome becomes the job's last and goes to on_generation_end.
+  void EndGeneration();
+  // After a handled failure with a restart left: empties the slots for the next generation.
+  bool NextGeneration();
   Status AwaitRegistration();
   bool AllFinished() const;
   void HandleFailure();
@@ -152,7 +164,14 @@ class Controller final : public FailoverController, public failover::rpc::Failov
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Slot> slots_;
-  bool failed_ = false;  // a rank was declared dead
+  bool failed_ = false;     // a rank was declared dead
+  bool preempt_ = false;    // a rank asked for a preemption checkpoint
+  bool gen_over_ = false;   // the generation's failure is handled: its ranks' exits are expected
+  int64_t generation_ = 0;  // the generation served
+  bool next_ok_ = true;     // registration of a (newer) generation is open
+  int restarts_ = 0;        // generations served after the first
+  JobOutcome last_;         // the outcome of the last generation that ended (while the next
+                            // one registers)
   std::optional<DumpRounds> dump_;
   std::string host_;     // this host's name
   std::string run_dir_;  // this job's snapshot directory ("" = no snapshots)
@@ -195,12 +214,14 @@ grpc::Status Controller::Session(grpc::ServerContext* ctx, ServerStream* stream)
   while (stream->Read(&m)) {
     if (Status bad = failover::CheckAgentMessage(m); !bad.ok()) {
       std::lock_guard lock(mu_);
-      DeclareDead(rank, "it sent a malformed message: " + bad.message());
+      if (slots_[rank].stream == stream) {
+        DeclareDead(rank, "it sent a malformed message: " + bad.message());
+      }
       break;  // Detach finds it dead already
     }
-    Absorb(rank, m);
+    Absorb(rank, stream, m);
   }
-  Detach(rank);
+  Detach(rank, stream);
   return grpc::Status::OK;
 }
 
@@ -210,6 +231,7 @@ grpc::Status Controller::Admit(const failover::rpc::Hello& h, ServerStream* stre
   if (Status bad = failover::CheckHello(h, o_.world); !bad.ok()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, bad.message());
   }
+  if (grpc::Status g = AdmitGeneration(lock, h.generation()); !g.ok()) return g;
   Slot& s = slots_[rank];
   if (s.registered) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -221,16 +243,47 @@ grpc::Status Controller::Admit(const failover::rpc::Hello& h, ServerStream* stre
   s.state.set_step(-1);
   s.groups = failover::GroupsFromProto(h.groups());
   s.host = h.host();
-  failover::Log().info("savepoint controller: rank {} registered (pid {})", rank, h.pid());
+  failover::Log().info("savepoint controller: rank {} of generation {} registered (pid {})", rank,
+                       generation_, h.pid());
   std::lock_guard wlock(*s.write_mu);
   s.stream = stream;  // the Welcome follows once every rank registered (AwaitRegistration)
   cv_.notify_all();
   return grpc::Status::OK;
 }
 
-void Controller::Absorb(int rank, const AgentMessage& m) {
+// Under mu_ (held by `lock`). A rank of `generation` may register: the one served, or once the
+// served one is over (next_ok_), any as new (the launcher's restart count, or the same number
+// when it does not count); a newer one waits until the served one is over.
+grpc::Status Controller::AdmitGeneration(std::unique_lock<std::mutex>& lock, int64_t generation) {
+  if (generation < generation_) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        fmt::format("generation {} is over: the job is at generation {}", generation, generation_));
+  }
+  if (generation > generation_ && !next_ok_) {
+    cv_.wait_for(lock, o_.register_timeout, [&] { return next_ok_ || done_ || shutdown_; });
+    if (!next_ok_) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          fmt::format("generation {}: the job's generation {} is still running, "
+                                      "or the controller has no restart left",
+                                      generation, generation_));
+    }
+  }
+  if (next_ok_) {
+    next_ok_ = false;
+    generation_ = generation;
+    outcome_.generation = static_cast<int>(generation);
+  }
+  return grpc::Status::OK;
+}
+
+void Controller::Absorb(int rank, ServerStream* stream, const AgentMessage& m) {
   std::lock_guard lock(mu_);
   Slot& s = slots_[rank];
+  if (s.stream != stream) {
+    ++outcome_.late_messages;  // a rank of an earlier generation
+    return;
+  }
   if (!s.healthy) {
     ++outcome_.late_messages;  // a rank declared dead stays dead
     return;
@@ -247,17 +300,35 @@ void Controller::Absorb(int rank, const AgentMessage& m) {
     dump_done_[w] = failover::FromWire(m.dump_done().code(), m.dump_done().message());
   }
   if (m.has_finished()) s.finished = true;
+  if (m.has_preempt()) Preempt(rank, m.preempt());
   cv_.notify_all();
 }
 
-void Controller::Detach(int rank) {
+// Under mu_.
+void Controller::Preempt(int rank, int sig) {
+  if (failed_ || preempt_ || gen_over_) return;  // already stopping
+  preempt_ = true;
+  outcome_.preempted = true;
+  outcome_.preempted_by = rank;
+  outcome_.reason = fmt::format("rank {} caught {}", rank, failover::SignalName(sig));
+  outcome_.detected_unix_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                  std::chrono::system_clock::now().time_since_epoch())
+                                  .count();
+  outcome_.dump_status = FailedPreconditionError("preempted: " + outcome_.reason);
+  failover::Log().warn(
+      "savepoint controller: {}: checkpointing the current step, then ending the job",
+      outcome_.reason);
+}
+
+void Controller::Detach(int rank, ServerStream* stream) {
   std::lock_guard lock(mu_);
   Slot& s = slots_[rank];
+  if (s.stream != stream) return;  // a rank of an earlier generation
   {
     std::lock_guard wlock(*s.write_mu);
     s.stream = nullptr;
   }
-  if (!s.finished && !done_) {
+  if (!s.finished && !done_ && !gen_over_) {
     DeclareDead(rank, "its connection dropped (the process exited or was killed)");
   }
 }
@@ -354,16 +425,60 @@ void Controller::Drive() {
     ExitAll(s);
     return End(s);
   }
-  {
-    std::unique_lock lock(mu_);
-    while (!failed_ && !AllFinished() && !shutdown_) {
-      CheckHeartbeats();
-      cv_.wait_for(lock, std::chrono::milliseconds(20));
+  for (;;) {
+    {
+      std::unique_lock lock(mu_);
+      while (!failed_ && !preempt_ && !AllFinished() && !shutdown_) {
+        CheckHeartbeats();
+        cv_.wait_for(lock, std::chrono::milliseconds(20));
+      }
+    }
+    if (failed_ || preempt_) HandleFailure();
+    EndGeneration();
+    if (!NextGeneration()) break;
+    if (Status s = AwaitRegistration(); !s.ok()) {
+      failover::Log().info("savepoint controller: no restarted generation: {}; the job is over",
+                           s.message());
+      std::lock_guard lock(mu_);
+      outcome_ = last_;
+      break;
     }
   }
-  if (failed_) HandleFailure();
   RemoveRunDir();  // the dump is over (or the job ended): the snapshots' memory goes back
   End(Status::OK());
+}
+
+void Controller::EndGeneration() {
+  JobOutcome out;
+  {
+    std::lock_guard lock(mu_);
+    gen_over_ = true;  // the survivors' exits that follow are no failure
+    last_ = outcome_;
+    out = outcome_;
+  }
+  if (o_.on_generation_end) o_.on_generation_end(out);
+}
+
+bool Controller::NextGeneration() {
+  std::lock_guard lock(mu_);
+  if (!failed_ || preempt_ || shutdown_ || restarts_ >= o_.max_restarts) return false;
+  ++restarts_;
+  for (Slot& s : slots_) {
+    std::unique_ptr<std::mutex> write_mu = std::move(s.write_mu);
+    std::lock_guard wlock(*write_mu);
+    s = Slot();
+    s.write_mu = std::move(write_mu);
+  }
+  failed_ = gen_over_ = false;
+  dump_.reset();
+  dump_done_.clear();
+  outcome_ = JobOutcome{};
+  next_ok_ = true;
+  failover::Log().info(
+      "savepoint controller: waiting for the ranks of the restarted job ({} of {})", restarts_,
+      o_.max_restarts);
+  cv_.notify_all();
+  return true;
 }
 
 std::vector<ReplicaGroup> Controller::Groups() const {
@@ -579,9 +694,12 @@ void Controller::HandleFailure() {
     std::lock_guard lock(mu_);
     outcome_.detect_to_commit_ms =
         std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    why = FailedPreconditionError(fmt::format("rank {} failed; {}", outcome_.failed_rank,
+    const std::string what = outcome_.failure ? fmt::format("rank {} failed", outcome_.failed_rank)
+                                              : fmt::format("preempted ({})", outcome_.reason);
+    const std::string done = outcome_.failure ? "dump" : "checkpoint";
+    why = FailedPreconditionError(fmt::format("{}; {}", what,
                                               outcome_.dumped
-                                                  ? "dump committed at " + outcome_.dump_path
+                                                  ? done + " committed at " + outcome_.dump_path
                                                   : outcome_.dump_status.message()));
   }
   failover::Log().info("savepoint controller: {}", why.message());
