@@ -3,11 +3,16 @@
     SAVEPOINT_CONTROLLER=host:port SAVEPOINT_JOB_TOKEN=... RANK=r WORLD_SIZE=4 \\
     MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \\
         python examples/failover_ddp.py --dir DIR [--steps 60] [--save-every 25] [--step-ms 10]
-                                        [--log FILE] [--timeout 30]
+                                        [--log FILE] [--timeout 30] [--state-mb N]
+                                        [--on-signal defer|checkpoint|untouched]
+                                        [--signal-budget S] [--dump-delay S]
 
-Started once per rank (torchrun works too: it sets RANK / WORLD_SIZE / MASTER_*) next to a
-`savepoint controller`; scripts/demo-failure --python runs 4 ranks, SIGKILLs one, and resumes
-(docs/FAILOVER.md, "Python and PyTorch"). The Python twin of examples/failover_train.cc.
+Started once per rank next to a `savepoint controller`, or by torchrun (it sets RANK /
+WORLD_SIZE / MASTER_* and TORCHELASTIC_RESTART_COUNT; with `--max-restarts` the controller's
+--max-restarts lets it protect every restarted generation). scripts/demo-failure --python runs 4
+ranks, SIGKILLs one, and resumes; scripts/demo-failure --launcher torchrun does the same under
+torchrun, twice in a row (docs/FAILOVER.md, "Python and PyTorch", "Launchers and signals"). The
+Python twin of examples/failover_train.cc.
 
 The model: a small MLP trained with DistributedDataParallel and Adam. The data loader is a pure
 function of its position: the batch of step s on rank r is generated from (s, r). Inside each
@@ -21,7 +26,15 @@ turns the error into JobStopped. A rank stopped by the controller exits with cod
 Checkpoints: rank 0 saves every --save-every steps through savepoint.CheckpointManager; a failure
 dump goes to the same directory ("ckpt-1_{n}_failover"). On start, every rank restores the newest
 checkpoint, periodic or dump, and continues at n+1. Each rank appends "step S loss HEX" per step
-to --log (HEX: float.hex of the loss), so a script can compare runs bit for bit.
+to --log (HEX: float.hex of the loss), so a script can compare runs bit for bit; "{rank}" and
+"{generation}" in --log are replaced (one command line serves every rank under torchrun), and
+the rank's pid is written to the log's path + ".pid".
+
+--state-mb N adds N MiB of state per rank (a float32 tensor changed inside every update, saved,
+dumped and restored with the rest), to measure and test dumps of a realistic size. --on-signal and
+--signal-budget are the agent's signals= and signal_budget= (savepoint.failover.Agent).
+--dump-delay S makes the dump source
+sleep S seconds first: a dump slower than the signal budget (the grace-exceeded trial).
 """
 
 import argparse
@@ -47,8 +60,14 @@ def parse_args():
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--save-every", type=int, default=25, help="periodic checkpoints (0: none)")
     p.add_argument("--step-ms", type=int, default=10, help="sleep after each step")
-    p.add_argument("--log", default="", help="append 'step S loss HEX' per step")
+    # --loss-log under torchrun, whose own parser would take --log for a prefix of --log-dir.
+    p.add_argument("--log", "--loss-log", dest="log", default="",
+                   help="append 'step S loss HEX' per step")  # fmt: skip
     p.add_argument("--timeout", type=float, default=30.0, help="gloo collective timeout, s")
+    p.add_argument("--state-mb", type=int, default=0, help="MiB of extra state per rank")
+    p.add_argument("--on-signal", default="defer", choices=["defer", "checkpoint", "untouched"])
+    p.add_argument("--signal-budget", type=float, default=25.0, help="seconds")
+    p.add_argument("--dump-delay", type=float, default=0.0, help="seconds the dump source sleeps")
     return p.parse_args()
 
 
@@ -67,8 +86,10 @@ def batch(position, rank):
 
 
 class Trainer:
-    def __init__(self):
+    def __init__(self, state_mb=0):
         torch.manual_seed(0)
+        # Extra state (--state-mb): distinct values, one element changed inside each update.
+        self.ballast = torch.arange(state_mb * (1 << 18), dtype=torch.float32)
         self.model = torch.nn.Sequential(torch.nn.Linear(DIM, 32), torch.nn.Tanh(),
                                          torch.nn.Linear(32, 1))  # fmt: skip
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-2)
@@ -78,19 +99,22 @@ class Trainer:
     def state(self, step):
         """What a checkpoint holds: the live tensors at `step` (no copies)."""
         return {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                "rng": {"noise": self.noise.get_state()},
+                "rng": {"noise": self.noise.get_state()}, "ballast": self.ballast,
                 "train": {"step": step, "loader_position": step}}  # fmt: skip
 
     def load(self, s):
         self.model.load_state_dict(s["model"])
         self.opt.load_state_dict(s["optimizer"])
         self.noise.set_state(s["rng"]["noise"])
+        self.ballast.copy_(torch.as_tensor(s["ballast"]))
         self.step = int(s["train"]["step"])
 
     def add_noise(self, optimizer, args, kwargs):
         """A step pre-hook: gradient noise, drawn inside the update (so the RNG is part of it)."""
         for p in self.model.parameters():
             p.grad.add_(torch.randn(p.grad.shape, generator=self.noise), alpha=1e-4)
+        if self.ballast.numel():
+            self.ballast[(self.step * 7919) % self.ballast.numel()] += 1
 
 
 def ordered_allreduce(world):
@@ -177,11 +201,24 @@ def main():
     torch.set_num_threads(1)
     rank = env_int("SAVEPOINT_RANK", "RANK")
     world = env_int("SAVEPOINT_WORLD_SIZE", "WORLD_SIZE")
-    t = Trainer()
+    if args.log:
+        generation = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        args.log = args.log.replace("{rank}", str(rank)).replace("{generation}", generation)
+        with open(args.log + ".pid", "w") as f:
+            f.write(f"{os.getpid()}\n")
+    t = Trainer(args.state_mb)
     resume(args.dir, t)
-    # The dump source: the live state at the agent's last finished step (the training thread is
-    # parked while it runs; the noise generator only moves inside updates).
-    agent = failover.Agent(source=lambda: t.state(agent.step), rank=rank, world=world)
+    agent = None
+
+    def source():
+        """The dump source: the live state at the agent's last finished step (the training
+        thread is parked while it runs; the noise generator and the ballast only change inside
+        updates)."""
+        time.sleep(args.dump_delay)
+        return t.state(agent.step)
+
+    agent = failover.Agent(source=source, rank=rank, world=world, signals=args.on_signal,
+                           signal_budget=args.signal_budget)  # fmt: skip
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=timedelta(seconds=args.timeout))  # fmt: skip
     code = train(args, t, agent, rank)
