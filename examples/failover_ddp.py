@@ -154,7 +154,7 @@ def resume(directory, t):
     try:
         if m.latest_step() is not None:
             name = max(m.checkpoints(), key=lambda c: c["step"])["name"]
-            t.load(m.restore())
+            t.load(m.restore(mmap=True))  # copied into the live tensors
             print(f"resumed from {name} at step {t.step}", file=sys.stderr)
     finally:
         m.close()

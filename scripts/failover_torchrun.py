@@ -18,6 +18,9 @@ an uninterrupted run of the same launcher:
             by SIGTERM, nothing is committed (every checkpoint still verifies), and torchrun's
             restart resumes from the newest periodic checkpoint.
 
+  measure   one kill per trial, timed from the kill to the committed dump; no resume and no
+            reference run (the table in docs/FAILOVER.md; use --save-every 0 for big states).
+
 `--launcher plain` starts the ranks as plain processes instead (no restart: one failure, and the
 job is resumed by starting it again). Every failure prints one line with the time from the kill
 to the committed dump:
@@ -332,7 +335,39 @@ def trial_grace(opts, work, t, ref, rng):
     return 0, verify_all(opts, job.ckpt)
 
 
-TRIALS = {"failures": trial_failures, "preempt": trial_preempt, "grace": trial_grace}
+def dd_reference(opts, work):
+    """The physical reference of a dump: dd writing one rank's state with O_DIRECT and fsync
+    into the same file system."""
+    path = os.path.join(work, "dd.out")
+    t0 = time.monotonic()
+    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=4M",
+                    f"count={max(1, opts.state_mb // 4)}", "oflag=direct", "conv=fsync"],
+                   check=True, capture_output=True)  # fmt: skip
+    print(f"dd: {opts.state_mb} MiB written in {(time.monotonic() - t0) * 1000:.0f} ms",
+          flush=True)  # fmt: skip
+    os.remove(path)
+
+
+def trial_measure(opts, work, t, ref, rng):
+    """One kill, timed to the committed dump; the job is then ended (no resume, no reference)."""
+    job = Job(opts, os.path.join(work, f"measure{t}"), 0)
+    try:
+        job.start()
+        victim, after = rng.randrange(opts.world), rng.randint(5, 15)
+        killed = job.kill_rank(0, victim, after)
+        job.wait_until("the outcome", lambda: len(job.outcomes()) > 0)
+        out = job.outcomes()[0]
+        if not out["dumped"]:
+            raise TrialError(f"no dump: {out['why_no_dump']}")
+        report_kill(t, 0, victim, after, killed, out, opts)
+        job.finish()
+    finally:
+        job.kill_all()
+    return 1, verify_all(opts, job.ckpt)
+
+
+TRIALS = {"failures": trial_failures, "preempt": trial_preempt, "grace": trial_grace,
+          "measure": trial_measure}  # fmt: skip
 
 
 def main(argv=None):
@@ -342,7 +377,8 @@ def main(argv=None):
     p.add_argument("--pythonpath", default="", help="where the savepoint package is")
     p.add_argument("--launcher", choices=["torchrun", "plain"], default="torchrun")
     p.add_argument("--trials", type=int, default=1)
-    p.add_argument("--kinds", default="failures", help="comma-separated: failures,preempt,grace")
+    p.add_argument("--kinds", default="failures",
+                   help="comma-separated: failures,preempt,grace; or measure (kill timings only)")
     p.add_argument("--state-mb", type=int, default=16)
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--save-every", type=int, default=25)
@@ -359,13 +395,15 @@ def main(argv=None):
     kinds = opts.kinds.split(",")
     dumps = exact = torn = failed = 0
     try:
-        ref = reference(opts, work)
+        ref = None if kinds == ["measure"] else reference(opts, work)
+        if "measure" in kinds:
+            dd_reference(opts, work)
         for t in range(1, opts.trials + 1):
             for kind in kinds:
                 try:
                     d, bad = TRIALS[kind](opts, work, t, ref, rng)
                     dumps, torn = dumps + d, torn + bad
-                    exact += 1
+                    exact += kind != "measure"  # (measure resumes nothing)
                 except TrialError as e:
                     failed += 1
                     print(f"{kind} trial {t} FAILED: {e}", flush=True)

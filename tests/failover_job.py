@@ -10,9 +10,11 @@ import time
 
 
 # One rank: numpy state updated between begin_update and end_update; stopped, it saves its own
-# state (as of its last finished step) to <out>/rank<r> and exits 75.
+# state (as of its last finished step) to <out>/rank<r> and exits 75. Environment: SIGNALS and
+# BUDGET (the agent's signals= and signal_budget=), SLOW_SOURCE (seconds the dump source sleeps
+# first). A KeyboardInterrupt (SIGINT acting) exits 130.
 NUMPY_RANK = r"""
-import sys, time
+import os, sys, time
 import numpy as np
 import savepoint
 from savepoint import failover
@@ -22,7 +24,14 @@ w = np.zeros(1000, np.float32)
 m = np.zeros(1000, np.float32)
 agent = None
 state = lambda: {"w": w, "m": m, "step": agent.step, "loader": {"position": agent.step}}
-agent = failover.Agent(source=state)
+slow = float(os.environ.get("SLOW_SOURCE", "0"))
+
+def source():
+    time.sleep(slow)
+    return state()
+
+agent = failover.Agent(source=source, signals=os.environ.get("SIGNALS", "defer"),
+                       signal_budget=float(os.environ.get("BUDGET", "25")))
 progress = open(f"{out}/progress{rank}", "w")
 try:
     for step in range(1, steps + 1):
@@ -37,6 +46,9 @@ except failover.JobStopped as e:
     savepoint.save(state(), f"{out}/rank{rank}")
     print("stopped:", e.reason, file=sys.stderr)
     sys.exit(75)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt at step", agent.step, file=sys.stderr)
+    sys.exit(130)
 agent.close()
 """
 

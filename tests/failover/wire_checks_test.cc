@@ -32,6 +32,9 @@ TEST(WireChecksTest, HelloGroupsMustNameRanksOfTheJobIncludingTheSender) {
       {HelloOf(3, 4, {{}}), "replica group []"},           {HelloOf(1, 4, {{1, 1}}), "distinct"},
       {HelloOf(4, 4, {}), "hello of rank 4 of 4"},         {HelloOf(0, 8, {}), "in a job of 4"},
   };
+  failover::rpc::Hello negative = HelloOf(0, 4, {});
+  negative.set_generation(-1);
+  EXPECT_THAT(failover::CheckHello(negative, 4).message(), HasSubstr("generation -1"));
   for (const auto& [hello, why] : bad) {
     SCOPED_TRACE(why);
     Status s = failover::CheckHello(hello, 4);

@@ -44,5 +44,17 @@ cli ls . | grep -q ckpt
 cli verify ckpt
 cli inspect ckpt | grep -q '\bw\b'
 cli controller --help | grep -qi 'dump'
+cli launch --help | grep -q 'torchrun'
+# `savepoint launch`: the packaged controller, then torchrun, one rank whose agent finds them.
+cat >rank.py <<'PYEOF'
+from savepoint import failover
+agent = failover.Agent()
+agent.begin_update(1)
+agent.end_update(1)
+agent.close()
+print("launched rank", agent.rank, "of", agent.world, "OK")
+PYEOF
+cli launch --dump-dir dumps --standalone --nproc-per-node 2 rank.py | grep -c 'launched rank' |
+  grep -qx 2
 if cli no-such-subcommand 2>/dev/null; then echo "an unknown subcommand succeeded" >&2; exit 1; fi
 echo "savepoint command from $BIN: OK"

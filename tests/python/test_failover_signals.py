@@ -29,44 +29,9 @@ pytestmark = pytest.mark.skipif(
     not failover.available() or find_cli() is None,
     reason="no failover agent (gRPC) or no savepoint CLI in this build")
 
-# One rank: numpy state updated inside begin_update / end_update. Environment: SIGNALS (the
-# agent's policy), BUDGET (seconds), SLOW_SOURCE (seconds the dump source sleeps). Stopped, it
-# exits 75; a signal that acts ends it by that signal.
-RANK = r"""
-import os, sys, time
-import numpy as np
-from savepoint import failover
-
-out, rank, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-w = np.zeros(1000, np.float32)
-m = np.zeros(1000, np.float32)
-slow = float(os.environ.get("SLOW_SOURCE", "0"))
-agent = None
-
-def state():
-    time.sleep(slow)
-    return {"w": w, "m": m, "step": agent.step}
-
-agent = failover.Agent(source=state, signals=os.environ.get("SIGNALS", "defer"),
-                       signal_budget=float(os.environ.get("BUDGET", "25")))
-progress = open(f"{out}/progress{rank}", "w")
-try:
-    for step in range(1, steps + 1):
-        agent.begin_update(step)
-        m[:] = 0.9 * m + np.float32(step % 7)
-        w -= np.float32(0.01) * m
-        agent.end_update(step)
-        progress.write(f"{step}\n")
-        progress.flush()
-        time.sleep(0.01)
-except failover.JobStopped as e:
-    print("stopped:", e.reason, file=sys.stderr)
-    sys.exit(75)
-except KeyboardInterrupt:
-    print("KeyboardInterrupt at step", agent.step, file=sys.stderr)
-    sys.exit(130)
-agent.close()
-"""
+# The numpy rank of the failover tests, whose environment sets the agent's signals= and
+# signal_budget= (SIGNALS, BUDGET) and a slow dump source (SLOW_SOURCE).
+RANK = failover_job.NUMPY_RANK
 
 
 def expected_state(n):
@@ -142,6 +107,20 @@ def test_survivors_sigtermed_with_the_kill_still_dump(tmp_path):
     np.testing.assert_array_equal(got["m"], m)
 
 
+def test_untouched_signals_lose_the_race(tmp_path):
+    """The same as above with the agent leaving the signals alone: nothing to dump from."""
+    world, victim = 3, 1
+    ctl, ranks = run_job(tmp_path, world, {"SIGNALS": "untouched"})
+    wait_steps(tmp_path, ranks, world)
+    ranks[victim].send_signal(signal.SIGKILL)
+    for r, p in enumerate(ranks):
+        if r != victim:
+            p.send_signal(signal.SIGTERM)
+    (outcome,), err, errs = finish(ctl, ranks)
+    assert not outcome["dumped"], outcome
+    assert [p.returncode for p in ranks] == [-signal.SIGTERM, -signal.SIGKILL, -signal.SIGTERM]
+
+
 def test_sigterm_with_no_failure_acts_as_before(tmp_path):
     world = 2
     ctl, ranks = run_job(tmp_path, world, {})
@@ -205,7 +184,7 @@ def test_dump_past_the_budget_gives_up_and_commits_nothing(tmp_path):
     (outcome,), err, errs = finish(ctl, ranks)
     assert ranks[0].returncode == -signal.SIGTERM, errs[0]
     assert 0.9 < gone_after < 4, gone_after
-    assert "gave up after 1000 ms" in errs[0], errs[0]
+    assert "gave up after 1000 ms: the dump is not written" in errs[0], errs[0]
     assert not outcome["dumped"], outcome
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["ckpt-1_1"]
     assert savepoint.verify(str(before))

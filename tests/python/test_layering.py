@@ -21,10 +21,11 @@ LAYERS = [
     ("framework plug-ins", {"lightning", "hf", "accelerate", "torchtitan"}),
     # What users import and call: savepoint.save / load / info / verify / convert /
     # CheckpointManager / save_safetensors ..., and the submodules savepoint.sparse / torch / mindspore / recis /
-    # failover; and _cli, the `savepoint` console script of an installed package.
+    # failover; _cli, the `savepoint` console script of an installed package, and launch (its
+    # `savepoint launch`, torchrun with a failover controller).
     ("entry points", {"__init__", "_save", "_load", "_convert", "_manager", "_safetensors",
                       "_recis_import", "failover", "mindspore", "recis", "sparse", "torch",
-                      "_cli"}),
+                      "_cli", "launch"}),
     # What save / load hand a process group or sparse tables to (PerRank, DistributedSaveFuture,
     # load_tables, compact, ... live here and are re-exported above).
     ("distributed and sparse I/O", {"_distributed", "_sparse_io"}),

@@ -358,8 +358,10 @@ void Agent::SignalLoop() {
     if (exit_) {
       why = "the job is over";
     } else if ((failure || preempt_sent_) && now - *signal_at_ >= o_.signal_budget) {
-      why = fmt::format("gave up after {} ms: {} not finished, nothing of it committed",
-                        o_.signal_budget.count(), failure ? "the dump" : "the checkpoint");
+      why = fmt::format(
+          "gave up after {} ms: {} is not written, so nothing of it is committed and the newest "
+          "checkpoint stays the newest",
+          o_.signal_budget.count(), failure ? "the dump" : "the checkpoint");
     } else if (!failure && !preempt_sent_ && now - *signal_at_ >= o_.signal_settle) {
       why = "no failure in sight";
     } else {
