@@ -10,8 +10,11 @@ It starts `savepoint controller` for the job (world = nnodes x nproc-per-node, -
 torchrun's, dumps into --dump-dir), then torchrun's elastic agent with the same arguments and
 SAVEPOINT_CONTROLLER / SAVEPOINT_JOB_TOKEN in the ranks' environment, so every rank's
 savepoint.failover.Agent() finds it. A SIGTERM or SIGINT to this process goes to torchrun (which
-passes it to the ranks: with signals="checkpoint" they commit the current step first). It exits
-with torchrun's status once torchrun and the controller are done.
+passes it to the ranks: with signals="checkpoint" they commit the current step first); the
+controller and torchrun run in sessions of their own, so a Ctrl-C at the terminal reaches them
+only through this process. It exits with torchrun's status (128 + N when torchrun ended by
+signal N) once torchrun and the controller are done; a controller still waiting 10 s after
+torchrun ended (torchrun gave up first) is ended.
 
 The options of savepoint launch come first; everything from the first other argument on is
 torchrun's. --dump-dir defaults to $SAVEPOINT_DUMP_DIR, else ./checkpoints.
@@ -99,10 +102,12 @@ def start_controller(opts, world, max_restarts, nnodes, env):
         cmd += ["--snapshot-dir", opts["snapshot_dir"]]
     if "heartbeat_timeout_ms" in opts:
         cmd += ["--heartbeat-timeout-ms", opts["heartbeat_timeout_ms"]]
-    proc = subprocess.Popen(cmd, env=env)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     deadline = time.monotonic() + 30
     while not (os.path.exists(port_file) and open(port_file).read().strip()):
         if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
             raise LaunchError("the failover controller did not start")
         time.sleep(0.01)
     port = open(port_file).read().strip()
@@ -130,31 +135,52 @@ def run(argv):
             raise LaunchError("several nodes: set the same SAVEPOINT_JOB_TOKEN (16+ characters) "
                               "on every node")  # fmt: skip
         env["SAVEPOINT_JOB_TOKEN"] = "launch-" + secrets.token_hex(16)
-    controller = None
-    if "controller" in opts:
-        env["SAVEPOINT_CONTROLLER"] = opts["controller"]
-    else:
-        controller, env["SAVEPOINT_CONTROLLER"] = start_controller(opts, world, max_restarts,
-                                                                   nnodes, env)  # fmt: skip
-    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *torchrun_args],
-                             env=env)  # fmt: skip
+    # The controller and torchrun run in sessions of their own, so that a Ctrl-C at the terminal
+    # reaches this process only: it passes SIGINT / SIGTERM to torchrun (which passes them to the
+    # ranks), and ends the controller itself once torchrun is done.
+    procs = {"controller": None, "torchrun": None}
+    caught = []
 
     def forward(sig, _frame):
-        agent.send_signal(sig)
+        caught.append(sig)
+        if procs["torchrun"] is not None:
+            procs["torchrun"].send_signal(sig)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        code = agent.wait()
+        if "controller" in opts:
+            env["SAVEPOINT_CONTROLLER"] = opts["controller"]
+        else:
+            procs["controller"], env["SAVEPOINT_CONTROLLER"] = start_controller(
+                opts, world, max_restarts, nnodes, env)
+        if caught:
+            return 128 + caught[0]
+        procs["torchrun"] = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", *torchrun_args], env=env,
+            start_new_session=True)  # fmt: skip
+        if caught:  # a signal while torchrun started
+            procs["torchrun"].send_signal(caught[0])
+        code = procs["torchrun"].wait()
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    if controller is not None:
+        end(procs["torchrun"], 0)
+        end(procs["controller"], 10)  # it ends with the job; else torchrun gave up first
+    return 128 - code if code < 0 else code
+
+
+def end(proc, wait_s):
+    """Waits up to `wait_s` for `proc` to end, then ends it (SIGTERM, then SIGKILL)."""
+    if proc is None:
+        return
+    for stop in (None, proc.terminate, proc.kill):
+        if stop is not None:
+            stop()
         try:
-            controller.wait(timeout=10)  # it ends with the job; else torchrun gave up first
+            proc.wait(timeout=wait_s if stop is None else 5)
+            return
         except subprocess.TimeoutExpired:
-            controller.terminate()
-            controller.wait()
-    return code
+            pass
 
 
 def main(argv=None) -> int:

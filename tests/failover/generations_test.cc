@@ -89,18 +89,21 @@ TEST(FailoverGenerationsTest, ProtectsEachRestartedGenerationUntilTheJobEnds) {
   EXPECT_GT(two.dump_step, one.dump_step);
   ExpectDumpOf(two);
 
-  // A rank of an older generation is refused while the third runs to its end.
+  // A rank of an older generation is refused while the third runs to its end (asked from the
+  // third's rank 0, whose Connect returned: every rank of the third has registered).
   std::vector<Rank> third(3);
-  std::thread late([&] {
-    std::this_thread::sleep_for(200ms);
+  Status stale_result;
+  third[0].at_step_end = [&, port = c->port(), at = two.dump_step + 2](Rank& me) {
+    if (me.step != at) return true;
     Rank stale;
     stale.world = 3;
     stale.generation = 1;
-    RunRank(stale, c->port(), 1);
-    EXPECT_THAT(stale.result, StatusIs(StatusCode::kFailedPrecondition));
-  });
+    RunRank(stale, port, 1);
+    stale_result = stale.result;
+    return true;
+  };
   RunGeneration(third, c->port(), 2, two.dump_step, two.dump_step + 60);
-  late.join();
+  EXPECT_THAT(stale_result, StatusIs(StatusCode::kFailedPrecondition));
   for (const Rank& r : third) SP_EXPECT_OK(r.result);
   SP_ASSERT_OK_AND_ASSIGN(JobOutcome last, c->Wait());
   EXPECT_EQ(last.generation, 2);
@@ -108,11 +111,43 @@ TEST(FailoverGenerationsTest, ProtectsEachRestartedGenerationUntilTheJobEnds) {
   EXPECT_EQ(outcomes.WaitFor(3).generation, 2);
 }
 
+TEST(FailoverGenerationsTest, RanksOfTheRestartArrivingDuringTheDumpWaitForIt) {
+  testing::TempDir dir;
+  Outcomes outcomes;
+  ControllerOptions co = Options(3, dir.path());
+  co.max_restarts = 1;
+  co.on_generation_end = [&](const JobOutcome& o) { outcomes.Add(o); };
+  SP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<FailoverController> c, FailoverController::Start(co));
+  std::atomic<bool> died{false};
+  std::vector<Rank> first(3);
+  first[2].at_step_end = [&, die = DieAfter(4)](Rank& r) {
+    const bool go_on = die(r);
+    if (!go_on) died = true;
+    return go_on;
+  };
+  for (Rank& r : first) {
+    r.source_hook = [](Rank& me) -> Result<DumpSource> {
+      std::this_thread::sleep_for(600ms);  // a slow dump: the launcher restarts meanwhile
+      return SourceOf(me);
+    };
+  }
+  std::thread old([&] { RunGeneration(first, c->port(), 0, 0, 1000); });
+  while (!died) std::this_thread::sleep_for(1ms);
+  std::vector<Rank> second(3);  // every rank of generation 1 says hello during the dump
+  RunGeneration(second, c->port(), 1, 0, 20);
+  old.join();
+  for (const Rank& r : second) SP_EXPECT_OK(r.result);
+  EXPECT_TRUE(outcomes.WaitFor(1).dumped) << outcomes.WaitFor(1).dump_status.ToString();
+  SP_ASSERT_OK_AND_ASSIGN(JobOutcome last, c->Wait());
+  EXPECT_EQ(last.generation, 1);
+  EXPECT_FALSE(last.failure);
+}
+
 TEST(FailoverGenerationsTest, NoRestartedGenerationEndsTheJobWithTheLastOutcome) {
   testing::TempDir dir;
   ControllerOptions co = Options(2, dir.path());
   co.max_restarts = 1;
-  co.register_timeout = 300ms;
+  co.register_timeout = 2s;
   SP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<FailoverController> c, FailoverController::Start(co));
   std::vector<Rank> ranks(2);
   ranks[0].at_step_end = DieAfter(3);

@@ -97,7 +97,10 @@ def test_survivors_sigtermed_with_the_kill_still_dump(tmp_path):
         want = -signal.SIGKILL if r == victim else -signal.SIGTERM
         assert p.returncode == want, (r, p.returncode, errs[r])
         if r != victim:
-            assert "SIGTERM held back" in errs[r] and "acting on SIGTERM" in errs[r], errs[r]
+            # Acted on after the dump ("held back" is logged when the signal thread saw the
+            # signal during the dump; a dump this small may be over first).
+            assert "acting on SIGTERM" in errs[r], errs[r]
+            assert "no failure in sight" not in errs[r], errs[r]
     assert time.monotonic() - t0 < 20
     n = outcome["dump_step"]
     got = savepoint.load(outcome["dump_path"])

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <csignal>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
@@ -137,6 +138,8 @@ class Agent final : public FailoverAgent {
   void SignalLoop();
   // Lets a caught signal act (once); under the default action the process ends here.
   void DeliverSignal(const std::string& why);
+  // Finish / Abandon, after the threads: gives the signals back, and lets one caught act.
+  void ReleaseSignals(const std::string& why);
   Status Dump(const failover::rpc::Dump& d);
   void Join();
 
@@ -195,21 +198,21 @@ Status Agent::Open() {
     if (s.ok() || s.code() != StatusCode::kIOError) break;
   } while (std::chrono::system_clock::now() < give_up);
   if (!s.ok()) return s;
+  // The gate first: the reader (OnExit) and Finish read gate_ without a lock.
+  if (o_.signals != SignalPolicy::kUntouched) {
+    gate_ = failover::SignalGate::Acquire();
+    if (!gate_) {
+      failover::Log().debug(
+          "savepoint failover: rank {}: another agent of this process holds the signals", o_.rank);
+    }
+  }
   reader_ = std::thread([this] { ReadLoop(); });
   heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
   if (!snapshot_dir_.empty() && o_.source) {
     snapshots_on_ = true;
     snapshot_thread_ = std::thread([this] { SnapshotLoop(); });
   }
-  if (o_.signals != SignalPolicy::kUntouched) {
-    gate_ = failover::SignalGate::Acquire();
-    if (gate_) {
-      signal_thread_ = std::thread([this] { SignalLoop(); });
-    } else {
-      failover::Log().debug(
-          "savepoint failover: rank {}: another agent of this process holds the signals", o_.rank);
-    }
-  }
+  if (gate_) signal_thread_ = std::thread([this] { SignalLoop(); });
   return Status::OK();
 }
 
@@ -326,6 +329,17 @@ void Agent::DeliverSignal(const std::string& why) {
   gate_->Deliver(sig);
 }
 
+void Agent::ReleaseSignals(const std::string& why) {
+  if (!gate_) return;
+  const int sig = gate_->Release();
+  if (sig != 0 && !signal_delivered_.exchange(true)) {
+    failover::Log().warn("savepoint failover: rank {}: {}: acting on {}", o_.rank, why,
+                         failover::SignalName(sig));
+    ::raise(sig);
+  }
+  gate_.reset();
+}
+
 void Agent::SignalLoop() {
   bool told = false;
   for (;;) {
@@ -337,7 +351,10 @@ void Agent::SignalLoop() {
     if (!signal_at_) signal_at_ = now;
     const std::string name = failover::SignalName(sig);
     const bool failure = stopping_ && !exit_;
-    const bool preempt = !stopping_ && o_.signals == SignalPolicy::kCheckpoint;
+    // A launcher that saw a rank die signals the survivors at once: a failure's Stop may still
+    // be on its way, so a preemption is asked for only after signal_settle.
+    const bool settled = now - *signal_at_ >= o_.signal_settle;
+    const bool preempt = !stopping_ && o_.signals == SignalPolicy::kCheckpoint && settled;
     if (!told && (failure || preempt)) {
       told = true;
       failover::Log().warn("savepoint failover: rank {}: {} held back until {} (at most {} ms)",
@@ -362,7 +379,8 @@ void Agent::SignalLoop() {
           "gave up after {} ms: {} is not written, so nothing of it is committed and the newest "
           "checkpoint stays the newest",
           o_.signal_budget.count(), failure ? "the dump" : "the checkpoint");
-    } else if (!failure && !preempt_sent_ && now - *signal_at_ >= o_.signal_settle) {
+    } else if (!failure && !preempt_sent_ && settled &&
+               (o_.signals != SignalPolicy::kCheckpoint || !controller_.ok())) {
       why = "no failure in sight";
     } else {
       continue;
@@ -479,8 +497,7 @@ Status Agent::Finish() {
   }
   Join();
   DropSnapshots();
-  if (gate_ && gate_->caught() != 0) DeliverSignal("the agent finished");
-  gate_.reset();
+  ReleaseSignals("the agent finished");
   return sent ? Status::OK() : controller_status();
 }
 
@@ -493,8 +510,7 @@ void Agent::Abandon() {
   }
   if (session_) session_->TryCancel();
   Join();
-  if (gate_ && gate_->caught() != 0) DeliverSignal("the agent was closed");
-  gate_.reset();
+  ReleaseSignals("the agent was closed");
 }
 
 void Agent::Join() {

@@ -172,7 +172,9 @@ class Controller final : public FailoverController, public failover::rpc::Failov
   int restarts_ = 0;        // generations served after the first
   JobOutcome last_;         // the outcome of the last generation that ended (while the next
                             // one registers)
-  std::optional<DumpRounds> dump_;
+  // The dump under way; shared with the Collective calls waiting in it, which may outlive it
+  // (a writer declared dead while it waits, then the next generation).
+  std::shared_ptr<DumpRounds> dump_;
   std::string host_;     // this host's name
   std::string run_dir_;  // this job's snapshot directory ("" = no snapshots)
   std::vector<std::optional<Status>> dump_done_;  // per writer of the dump: its DumpDone
@@ -251,30 +253,34 @@ grpc::Status Controller::Admit(const failover::rpc::Hello& h, ServerStream* stre
   return grpc::Status::OK;
 }
 
-// Under mu_ (held by `lock`). A rank of `generation` may register: the one served, or once the
-// served one is over (next_ok_), any as new (the launcher's restart count, or the same number
-// when it does not count); a newer one waits until the served one is over.
+// Under mu_ (held by `lock`). A rank of `generation` may register into the generation served
+// while it runs, and once the served one is over (next_ok_) as the first rank of the next (the
+// launcher's restart count, or the same number when it does not count). A rank that comes while
+// the served generation's failure is still being handled waits for it, at most register_timeout.
 grpc::Status Controller::AdmitGeneration(std::unique_lock<std::mutex>& lock, int64_t generation) {
-  if (generation < generation_) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        fmt::format("generation {} is over: the job is at generation {}", generation, generation_));
-  }
-  if (generation > generation_ && !next_ok_) {
-    cv_.wait_for(lock, o_.register_timeout, [&] { return next_ok_ || done_ || shutdown_; });
-    if (!next_ok_) {
+  const Clock::time_point give_up = Clock::now() + o_.register_timeout;
+  for (;;) {
+    if (generation < generation_) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          fmt::format("generation {}: the job's generation {} is still running, "
+                          fmt::format("generation {} is over: the job is at generation {}",
+                                      generation, generation_));
+    }
+    if (next_ok_) {
+      next_ok_ = false;
+      generation_ = generation;
+      outcome_.generation = static_cast<int>(generation);
+      return grpc::Status::OK;
+    }
+    const bool ending = failed_ || preempt_ || gen_over_;
+    if (generation == generation_ && !ending) return grpc::Status::OK;
+    if (done_ || shutdown_ || Clock::now() >= give_up) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          fmt::format("generation {}: the job's generation {} is still ending, "
                                       "or the controller has no restart left",
                                       generation, generation_));
     }
+    cv_.wait_until(lock, give_up);
   }
-  if (next_ok_) {
-    next_ok_ = false;
-    generation_ = generation;
-    outcome_.generation = static_cast<int>(generation);
-  }
-  return grpc::Status::OK;
 }
 
 void Controller::Absorb(int rank, ServerStream* stream, const AgentMessage& m) {
@@ -426,19 +432,22 @@ void Controller::Drive() {
     return End(s);
   }
   for (;;) {
+    bool stopped = false;
     {
       std::unique_lock lock(mu_);
       while (!failed_ && !preempt_ && !AllFinished() && !shutdown_) {
         CheckHeartbeats();
         cv_.wait_for(lock, std::chrono::milliseconds(20));
       }
+      stopped = failed_ || preempt_;
     }
-    if (failed_ || preempt_) HandleFailure();
+    if (stopped) HandleFailure();
     EndGeneration();
     if (!NextGeneration()) break;
     if (Status s = AwaitRegistration(); !s.ok()) {
       failover::Log().info("savepoint controller: no restarted generation: {}; the job is over",
                            s.message());
+      ExitAll(s);  // those that did register
       std::lock_guard lock(mu_);
       outcome_ = last_;
       break;
@@ -461,7 +470,8 @@ void Controller::EndGeneration() {
 
 bool Controller::NextGeneration() {
   std::lock_guard lock(mu_);
-  if (!failed_ || preempt_ || shutdown_ || restarts_ >= o_.max_restarts) return false;
+  // A preemption ends the job, unless a rank also died (the launcher restarts for that).
+  if (!failed_ || shutdown_ || restarts_ >= o_.max_restarts) return false;
   ++restarts_;
   for (Slot& s : slots_) {
     std::unique_ptr<std::mutex> write_mu = std::move(s.write_mu);
@@ -620,7 +630,7 @@ void Controller::RunDump(const DumpPlan& plan) {
   const std::string path = DumpPath(at);
   std::vector<int> writers = plan.dumpers;  // where each writer runs
   for (int r : plan.snapshot_dumpers) writers.push_back(SnapshotReader(r));
-  dump_ = DumpRounds{RandomId(), writers, Status::OK(), {}};
+  dump_ = std::make_shared<DumpRounds>(DumpRounds{RandomId(), writers, Status::OK(), {}});
   dump_done_.assign(writers.size(), std::nullopt);
   std::vector<std::thread> here;
   for (size_t w = 0; w < writers.size(); ++w) {
@@ -708,6 +718,7 @@ void Controller::HandleFailure() {
 
 void Controller::ExitAll(Status why) {
   std::lock_guard lock(mu_);
+  gen_over_ = true;  // the exits that follow are no failure
   ControllerMessage m;
   m.mutable_exit()->set_code(static_cast<int32_t>(why.code()));
   m.mutable_exit()->set_reason(why.message());
@@ -724,22 +735,23 @@ grpc::Status Controller::Collective(grpc::ServerContext* ctx,
     reply->set_message(s.message());
     return grpc::Status::OK;
   };
-  if (!dump_ || dump_->id != req->dump_id()) return fail(FailedPreconditionError("no such dump"));
-  const int n = static_cast<int>(dump_->writers.size());
+  const std::shared_ptr<DumpRounds> dump = dump_;  // alive while this call waits in it
+  if (!dump || dump->id != req->dump_id()) return fail(FailedPreconditionError("no such dump"));
+  const int n = static_cast<int>(dump->writers.size());
   if (Status bad = failover::CheckCollective(*req, n); !bad.ok()) return fail(bad);
   if (req->abort()) {
-    if (dump_->broken.ok()) {
-      dump_->broken = FailedPreconditionError(
+    if (dump->broken.ok()) {
+      dump->broken = FailedPreconditionError(
           fmt::format("writer {} aborted the dump: {}", req->writer(), req->abort_reason()));
     }
     cv_.notify_all();
-    return fail(dump_->broken);
+    return fail(dump->broken);
   }
-  if (!dump_->rounds.contains(req->seq()) && dump_->rounds.size() >= failover::kMaxOpenRounds) {
+  if (!dump->rounds.contains(req->seq()) && dump->rounds.size() >= failover::kMaxOpenRounds) {
     return fail(InvalidArgumentError(fmt::format(
-        "dump collective {}: {} collectives are open already", req->seq(), dump_->rounds.size())));
+        "dump collective {}: {} collectives are open already", req->seq(), dump->rounds.size())));
   }
-  DumpRounds::Round& round = dump_->rounds[req->seq()];
+  DumpRounds::Round& round = dump->rounds[req->seq()];
   if (round.in.empty()) round.in.resize(n), round.sent.resize(n);
   if (round.sent[req->writer()]) {
     return fail(InvalidArgumentError(
@@ -750,15 +762,15 @@ grpc::Status Controller::Collective(grpc::ServerContext* ctx,
   ++round.arrived;
   cv_.notify_all();
   const Clock::time_point give_up = Clock::now() + std::chrono::milliseconds(req->timeout_ms());
-  cv_.wait_until(lock, give_up, [&] { return round.arrived == n || !dump_->broken.ok(); });
-  if (dump_->broken.ok() && round.arrived < n) {
-    dump_->broken = DeadlineExceededError(
+  cv_.wait_until(lock, give_up, [&] { return round.arrived == n || !dump->broken.ok(); });
+  if (dump->broken.ok() && round.arrived < n) {
+    dump->broken = DeadlineExceededError(
         fmt::format("dump collective {}: {} of {} writers arrived", req->seq(), round.arrived, n));
     cv_.notify_all();
   }
-  if (!dump_->broken.ok()) return fail(dump_->broken);
+  if (!dump->broken.ok()) return fail(dump->broken);
   for (const std::string& b : round.in) reply->add_data(b);
-  if (++round.left == n) dump_->rounds.erase(req->seq());
+  if (++round.left == n) dump->rounds.erase(req->seq());
   return grpc::Status::OK;
 }
 

@@ -33,11 +33,16 @@ void OnSignal(int sig) {
   errno = saved;
 }
 
-// Gives every caught signal its previous disposition (once).
+// Gives every caught signal its previous disposition (once), unless the program has installed a
+// handler of its own since (which then stays).
 void Restore() {
   if (g_restored.exchange(true)) return;
   for (int i = 0; i < kCount; ++i) {
-    if (g_installed[i]) ::sigaction(kSignals[i], &g_previous[i], nullptr);
+    struct sigaction now;
+    if (!g_installed[i] || ::sigaction(kSignals[i], nullptr, &now) != 0) continue;
+    if (!(now.sa_flags & SA_SIGINFO) && now.sa_handler == OnSignal) {
+      ::sigaction(kSignals[i], &g_previous[i], nullptr);
+    }
   }
 }
 
@@ -74,10 +79,8 @@ SignalGate::~SignalGate() {
 }
 
 int SignalGate::Wait(std::chrono::milliseconds timeout) {
-  if (g_caught.load() == 0) {
-    pollfd p{g_pipe[0], POLLIN, 0};
-    ::poll(&p, 1, static_cast<int>(timeout.count()));
-  }
+  pollfd p{g_pipe[0], POLLIN, 0};
+  ::poll(&p, 1, static_cast<int>(timeout.count()));
   char drain[64];
   while (::read(g_pipe[0], drain, sizeof(drain)) > 0) {
   }
@@ -89,6 +92,11 @@ int SignalGate::caught() const { return g_caught.load(); }
 void SignalGate::Deliver(int sig) {
   Restore();
   ::raise(sig);
+}
+
+int SignalGate::Release() {
+  Restore();
+  return g_caught.load();  // read after: a signal that came meanwhile is not lost
 }
 
 std::string SignalName(int sig) {

@@ -25,21 +25,26 @@ class SignalGate {
   // Catches SIGTERM and SIGINT (a signal the process ignores stays ignored). nullptr when another
   // gate of this process holds them, or the pipe cannot be made.
   static std::unique_ptr<SignalGate> Acquire();
-  // Gives the signals back their previous disposition. A signal still caught is not delivered:
-  // call Deliver first for that.
+  // Gives the signals back their previous disposition (Release). A signal caught is not
+  // delivered: call Release and Deliver for that.
   ~SignalGate();
   SignalGate(const SignalGate&) = delete;
   SignalGate& operator=(const SignalGate&) = delete;
 
-  // Waits up to `timeout` for a signal; returns the first one caught so far (0: none). Thread
-  // safety: one waiting thread.
+  // Waits up to `timeout` for a signal (the whole timeout once one was seen: a pacing for the
+  // caller's loop); returns the first one caught so far (0: none). Thread safety: one waiting
+  // thread.
   int Wait(std::chrono::milliseconds timeout);
   // The first signal caught so far (0: none). Any thread.
   int caught() const;
   // Gives both signals back their previous disposition and raises `sig` on the calling thread:
   // under the default action the process ends here. Returns when the previous disposition was
   // a handler (which has run). Later signals take their previous disposition. Any thread, once.
+  // A signal whose handler the program replaced since Acquire keeps the program's.
   void Deliver(int sig);
+  // Gives both signals back their previous disposition, then returns the first signal caught
+  // (0: none), which the caller should Deliver: no signal that came before is lost.
+  int Release();
 
  private:
   SignalGate() = default;
