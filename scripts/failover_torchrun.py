@@ -400,15 +400,22 @@ def main(argv=None):
             dd_reference(opts, work)
         for t in range(1, opts.trials + 1):
             for kind in kinds:
+                before = set(os.listdir(work))
                 try:
                     d, bad = TRIALS[kind](opts, work, t, ref, rng)
                     dumps, torn = dumps + d, torn + bad
                     exact += kind != "measure"  # (measure resumes nothing)
+                    passed = bad == 0
                 except TrialError as e:
                     failed += 1
+                    passed = False
                     print(f"{kind} trial {t} FAILED: {e}", flush=True)
+                if not opts.keep:  # a trial's checkpoints take GiBs: a failed one keeps its logs
+                    for name in set(os.listdir(work)) - before:
+                        sub = os.path.join(work, name, "ckpt") if not passed else ""
+                        subprocess.run(["rm", "-rf", sub or os.path.join(work, name)])
     finally:
-        if opts.keep:
+        if opts.keep or failed:
             print("work directory:", work)
         else:
             subprocess.run(["rm", "-rf", work])
