@@ -275,7 +275,10 @@ def trial_failures(opts, work, t, ref, rng):
 
 def trial_preempt(opts, work, t, ref, rng):
     """SIGTERM to the launcher: a checkpoint of the current step, then a resumed run."""
-    job = Job(opts, os.path.join(work, f"preempt{t}"), 0, ["--on-signal", "checkpoint"])
+    # 50 ms steps (the losses do not depend on them): the ranks ask for the checkpoint after the
+    # agents' 0.5 s settle time, and the job must still be running then.
+    job = Job(opts, os.path.join(work, f"preempt{t}"), 0,
+              ["--on-signal", "checkpoint", "--step-ms", "50"])  # fmt: skip
     try:
         job.start()
         after = rng.randint(5, opts.steps // 2)

@@ -55,6 +55,15 @@ void RunGeneration(std::vector<Rank>& ranks, int port, int generation, int64_t f
   for (std::thread& t : threads) t.join();
 }
 
+// A controller of `world` ranks serving `max_restarts` restarts, reporting into `outcomes`.
+Result<std::unique_ptr<FailoverController>> StartServing(int world, const std::string& dir,
+                                                         int max_restarts, Outcomes& outcomes) {
+  ControllerOptions co = Options(world, dir);
+  co.max_restarts = max_restarts;
+  co.on_generation_end = [&outcomes](const JobOutcome& o) { outcomes.Add(o); };
+  return FailoverController::Start(co);
+}
+
 void ExpectDumpOf(const JobOutcome& o) {
   ASSERT_TRUE(o.dumped) << o.dump_status.ToString();
   SP_ASSERT_OK_AND_ASSIGN(State loaded, Load(o.dump_path));
@@ -65,10 +74,8 @@ void ExpectDumpOf(const JobOutcome& o) {
 TEST(FailoverGenerationsTest, ProtectsEachRestartedGenerationUntilTheJobEnds) {
   testing::TempDir dir;
   Outcomes outcomes;
-  ControllerOptions co = Options(3, dir.path());
-  co.max_restarts = 2;
-  co.on_generation_end = [&](const JobOutcome& o) { outcomes.Add(o); };
-  SP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<FailoverController> c, FailoverController::Start(co));
+  SP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<FailoverController> c,
+                          StartServing(3, dir.path(), 2, outcomes));
 
   std::vector<Rank> first(3);
   first[1].at_step_end = DieAfter(4);
@@ -114,10 +121,8 @@ TEST(FailoverGenerationsTest, ProtectsEachRestartedGenerationUntilTheJobEnds) {
 TEST(FailoverGenerationsTest, RanksOfTheRestartArrivingDuringTheDumpWaitForIt) {
   testing::TempDir dir;
   Outcomes outcomes;
-  ControllerOptions co = Options(3, dir.path());
-  co.max_restarts = 1;
-  co.on_generation_end = [&](const JobOutcome& o) { outcomes.Add(o); };
-  SP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<FailoverController> c, FailoverController::Start(co));
+  SP_ASSERT_OK_AND_ASSIGN(std::unique_ptr<FailoverController> c,
+                          StartServing(3, dir.path(), 1, outcomes));
   std::atomic<bool> died{false};
   std::vector<Rank> first(3);
   first[2].at_step_end = [&, die = DieAfter(4)](Rank& r) {
@@ -171,6 +176,26 @@ TEST(FailoverGenerationsTest, NoRestartsLeftRefusesANewGeneration) {
   again.generation = 1;
   RunRank(again, c->port(), 1);
   EXPECT_FALSE(again.result.ok());
+}
+
+TEST(FailoverGenerationsTest, BadSignalAndRestartOptionsAreRefused) {
+  testing::TempDir dir;
+  ControllerOptions co = Options(2, dir.path());
+  co.max_restarts = -1;
+  EXPECT_THAT(FailoverController::Start(co).status(),
+              StatusIs(StatusCode::kInvalidArgument, "max_restarts -1"));
+  AgentOptions o;
+  o.controller = "127.0.0.1:1";
+  o.token = kToken;
+  o.rank = 0;
+  o.world = 1;
+  o.signal_budget = std::chrono::milliseconds(-1);
+  EXPECT_THAT(FailoverAgent::Connect(o).status(),
+              StatusIs(StatusCode::kInvalidArgument, "signal_budget"));
+  o.signal_budget = 1s;
+  o.signal_settle = std::chrono::milliseconds(-5);
+  EXPECT_THAT(FailoverAgent::Connect(o).status(),
+              StatusIs(StatusCode::kInvalidArgument, "signal_settle"));
 }
 
 std::atomic<int> g_terms{0};

@@ -191,3 +191,11 @@ def test_dump_past_the_budget_gives_up_and_commits_nothing(tmp_path):
     assert not outcome["dumped"], outcome
     assert sorted(os.listdir(tmp_path / "ckpt")) == ["ckpt-1_1"]
     assert savepoint.verify(str(before))
+
+
+@pytest.mark.parametrize("kwargs, what", [({"signals": "sometimes"}, "signals must be"),
+                                          ({"signal_budget": -1}, "signal_budget"),
+                                          ({"signal_settle": float("nan")}, "signal_settle")])
+def test_bad_signal_options_are_refused_before_connecting(kwargs, what):
+    with pytest.raises(savepoint.InvalidArgumentError, match=what):
+        failover.Agent(controller="127.0.0.1:1", token=TOKEN, rank=0, world=1, **kwargs)

@@ -43,7 +43,10 @@ using Clock = std::chrono::steady_clock;
 using Stream =
     grpc::ClientReaderWriter<failover::rpc::AgentMessage, failover::rpc::ControllerMessage>;
 
-Result<int> EnvInt(std::initializer_list<const char*> names) {
+// The first of `names` that is set, as a rank or size; `otherwise` when none is (else
+// InvalidArgument naming the first).
+Result<int> EnvInt(std::initializer_list<const char*> names,
+                   std::optional<int> otherwise = std::nullopt) {
   for (const char* name : names) {
     const char* v = std::getenv(name);
     if (v == nullptr || *v == '\0') continue;
@@ -54,17 +57,8 @@ Result<int> EnvInt(std::initializer_list<const char*> names) {
     }
     return static_cast<int>(n);
   }
+  if (otherwise) return *otherwise;
   return InvalidArgumentError(fmt::format("{} is not set", *names.begin()));
-}
-
-// The launcher's restart count (AgentOptions::generation); 0 when it does not say.
-Result<int> EnvGeneration() {
-  const char* names[] = {"SAVEPOINT_GENERATION", "TORCHELASTIC_RESTART_COUNT"};
-  for (const char* name : names) {
-    const char* v = std::getenv(name);
-    if (v != nullptr && *v != '\0') return EnvInt({name});
-  }
-  return 0;
 }
 
 Result<std::string> EnvString(const char* name) {
@@ -331,12 +325,7 @@ void Agent::DeliverSignal(const std::string& why) {
 
 void Agent::ReleaseSignals(const std::string& why) {
   if (!gate_) return;
-  const int sig = gate_->Release();
-  if (sig != 0 && !signal_delivered_.exchange(true)) {
-    failover::Log().warn("savepoint failover: rank {}: {}: acting on {}", o_.rank, why,
-                         failover::SignalName(sig));
-    ::raise(sig);
-  }
+  if (gate_->Release() != 0) DeliverSignal(why);  // (its restore is done already)
   gate_.reset();
 }
 
@@ -544,7 +533,9 @@ Result<std::unique_ptr<FailoverAgent>> FailoverAgent::Connect(AgentOptions optio
     return InvalidArgumentError(fmt::format("rank {} of {}", options.rank, options.world));
   }
   if (options.generation < 0) {
-    SP_ASSIGN_OR_RETURN(options.generation, EnvGeneration());
+    // The launcher's restart count; 0 when it does not say.
+    SP_ASSIGN_OR_RETURN(options.generation,
+                        EnvInt({"SAVEPOINT_GENERATION", "TORCHELASTIC_RESTART_COUNT"}, 0));
   }
   if (options.signal_budget.count() < 0 || options.signal_settle.count() < 0) {
     return InvalidArgumentError("signal_budget and signal_settle must be >= 0");

@@ -73,6 +73,12 @@ struct DumpRounds {
   std::map<uint64_t, Round> rounds;
 };
 
+int64_t UnixNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 std::string RandomId() {
   std::random_device rd;
   return fmt::format("{:08x}{:08x}", rd(), rd());
@@ -317,9 +323,7 @@ void Controller::Preempt(int rank, int sig) {
   outcome_.preempted = true;
   outcome_.preempted_by = rank;
   outcome_.reason = fmt::format("rank {} caught {}", rank, failover::SignalName(sig));
-  outcome_.detected_unix_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                  std::chrono::system_clock::now().time_since_epoch())
-                                  .count();
+  outcome_.detected_unix_ns = UnixNowNs();
   outcome_.dump_status = FailedPreconditionError("preempted: " + outcome_.reason);
   failover::Log().warn(
       "savepoint controller: {}: checkpointing the current step, then ending the job",
@@ -356,9 +360,7 @@ void Controller::DeclareDead(int rank, const std::string& why) {
     failed_ = true;
     outcome_.failure = true;
     outcome_.failed_rank = rank;
-    outcome_.detected_unix_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                    std::chrono::system_clock::now().time_since_epoch())
-                                    .count();
+    outcome_.detected_unix_ns = UnixNowNs();
     outcome_.reason = why;
     outcome_.dump_status = FailedPreconditionError(fmt::format("rank {} failed: {}", rank, why));
   }
@@ -462,8 +464,7 @@ void Controller::EndGeneration() {
   {
     std::lock_guard lock(mu_);
     gen_over_ = true;  // the survivors' exits that follow are no failure
-    last_ = outcome_;
-    out = outcome_;
+    out = last_ = outcome_;
   }
   if (o_.on_generation_end) o_.on_generation_end(out);
 }
@@ -789,6 +790,9 @@ Result<std::unique_ptr<FailoverController>> FailoverController::Start(Controller
   }
   if (o.heartbeat_interval.count() <= 0 || o.heartbeat_timeout <= o.heartbeat_interval) {
     return InvalidArgumentError("heartbeat_timeout must exceed heartbeat_interval (> 0)");
+  }
+  if (o.max_restarts < 0) {
+    return InvalidArgumentError(fmt::format("max_restarts {}: must be >= 0", o.max_restarts));
   }
   if (o.snapshot_every < 1) {
     return InvalidArgumentError(fmt::format("snapshot_every {}: must be >= 1", o.snapshot_every));
