@@ -44,7 +44,8 @@ cli ls . | grep -q ckpt
 cli verify ckpt
 cli inspect ckpt | grep -q '\bw\b'
 cli controller --help | grep -qi 'dump'
-cli launch --help | grep -q 'torchrun'
+cli launch --help >launch-help.txt  # (not into grep -q, which may close the pipe first)
+grep -q 'torchrun' launch-help.txt
 # `savepoint launch`: the packaged controller, then torchrun, one rank whose agent finds them.
 cat >rank.py <<'PYEOF'
 from savepoint import failover
