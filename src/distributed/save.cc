@@ -32,6 +32,7 @@
 #include <optional>
 
 #include "distributed/descriptor.h"
+#include "distributed/save_access.h"
 #include "distributed/shard.h"
 #include "distributed/write.h"
 #include "engine/paths.h"
@@ -42,18 +43,6 @@
 #include "savepoint/distributed.h"
 #include "util/progress.h"
 #include "util/random.h"
-
-namespace savepoint {
-
-// RankSave's planning with the row gathers of a WriteRequest (sparse tables), which the public
-// RankSave::Plan does not take.
-struct RankSaveAccess {
-  static std::string Plan(RankSave& save, const State& local, const ShardLayout& layout,
-                          const SaveOptions& o, const IoOptions& io,
-                          const engine::RowGathers* gathers);
-};
-
-}  // namespace savepoint
 
 namespace savepoint::dist {
 namespace {
@@ -210,6 +199,17 @@ std::string RankSaveAccess::Plan(RankSave& save, const State& local, const Shard
   }
   if (i.planned.ok() && i.rank == dist::kRoot) i.planned = save.AddValues(local);
   return dist::EncodePlan(i.planned, i.p.m, i.p.key.has_value());
+}
+
+std::string RankSaveAccess::DryReport(RankSave& save) {
+  dist::RankPlan& p = save.impl_->p;
+  if (save.impl_->planned.ok()) {
+    for (format::TensorRecord& t : p.m.tensors) {
+      format::ShardRecord& s = t.shards[0];
+      s.crc32c.assign(format::NumChunks(s.bytes, p.m.chunk_bytes), 0);
+    }
+  }
+  return dist::EncodeCrcs(save.impl_->planned, p.m);
 }
 
 Status RankSave::AddValues(const State& values) {

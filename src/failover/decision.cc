@@ -56,6 +56,17 @@ Result<std::vector<ReplicaGroup>> CompleteGroups(const std::vector<ReplicaGroup>
 
 bool Live(const RankReport& rep) { return rep.healthy && !rep.updating && rep.step >= 0; }
 
+// The first items of `items` joined by ", ", then how many more: a message about a group of
+// thousands of ranks stays one short line.
+template <typename T>
+std::string Abridged(const std::vector<T>& items) {
+  constexpr size_t kShown = 8;
+  const size_t shown = std::min(items.size(), kShown);
+  std::string s = fmt::format("{}", fmt::join(items.begin(), items.begin() + shown, ", "));
+  if (items.size() > shown) s += fmt::format(", ... and {} more", items.size() - shown);
+  return s;
+}
+
 // Why no member of `g` can be a source at all, or empty when some can.
 std::string Unavailable(const ReplicaGroup& g, const std::vector<const RankReport*>& by_rank) {
   std::vector<std::string> why;
@@ -76,8 +87,8 @@ std::string Unavailable(const ReplicaGroup& g, const std::vector<const RankRepor
   const bool all_dead =
       std::none_of(g.begin(), g.end(), [&](int r) { return by_rank[r]->healthy; });
   return fmt::format(
-      "replica group {} has no healthy member at a finished step and no snapshot ({}){}", g,
-      fmt::join(why, ", "),
+      "replica group [{}] has no healthy member at a finished step and no snapshot ({}){}",
+      Abridged(g), Abridged(why),
       all_dead ? (g.size() == 1 ? ": state incomplete (no replica: data parallel = 1)"
                                 : ": state incomplete")
                : "");

@@ -67,6 +67,18 @@ TEST(DecideDumpTest, NoCommonStepIsRefusedListingSteps) {
   EXPECT_HAS(why, "[2, 3] at steps {5}");
 }
 
+TEST(DecideDumpTest, ReasonAboutAThousandRanksStaysShort) {
+  std::vector<int64_t> steps(1000, -1);  // no rank finished a step
+  auto reports = AtSteps(steps);
+  reports[500].healthy = false;
+  ReplicaGroup all(1000);
+  for (int r = 0; r < 1000; ++r) all[r] = r;
+  std::string why = Why(DecideDump(reports, {all}));
+  EXPECT_HAS(why, "replica group [0, 1, 2, 3, 4, 5, 6, 7, ... and 992 more]");
+  EXPECT_HAS(why, "rank 7 finished no step, ... and 992 more)");
+  EXPECT_LT(why.size(), 400u) << why;
+}
+
 TEST(DecideDumpTest, TwoMembersOfOneGroupDead) {
   auto reports = AtSteps({3, 3, 3, 3});
   reports[1].healthy = false;

@@ -183,6 +183,46 @@ def test_process_group_subgroup_of_the_world(tmp_path):
     assert torch.equal(savepoint.load(path)["w"], reference("w", (6, 4)))
 
 
+# 16 ranks on a (dp 4, tp 4) mesh: weights split over tp and replicated over dp, optimizer-like
+# state split over both (ZeRO), a tensor replicated everywhere, uneven splits; loaded by 8 ranks on
+# a (2, 4) mesh with other placements. Small state: correctness beyond 8 processes (issue 33).
+LAYOUT_4x4 = {
+    "w": ((32, 24), (Replicate(), Shard(0))),
+    "o": ((24, 32), (Replicate(), Shard(1))),
+    "m": ((32, 24), (Shard(1), Shard(0))),
+    "n": ((24,), (Replicate(), Replicate())),
+    "u": ((13, 5), (Shard(0), Shard(1))),
+}
+
+
+def _save_4x4(rank, n, path):
+    mesh = init_device_mesh("cpu", (4, 4))
+    state = {k: distribute_tensor(reference(k, s), mesh, p) for k, (s, p) in LAYOUT_4x4.items()}
+    state["step"] = 7
+    return savepoint.save(state, path, process_group=dist.group.WORLD, timeout=60)["bytes"]
+
+
+def _load_2x4(rank, n, path):
+    mesh = init_device_mesh("cpu", (2, 4))
+    like = {k: distribute_tensor(torch.zeros(s), mesh, [Shard(len(s) - 1), Shard(0)])
+            for k, (s, _) in LAYOUT_4x4.items()}  # fmt: skip
+    out = savepoint.load(path, like=like, process_group=dist.group.WORLD, timeout=60)
+    same = [k for k, (s, _) in LAYOUT_4x4.items() if torch.equal(like[k].full_tensor(),
+                                                                  reference(k, s))]  # fmt: skip
+    return out["step"], same
+
+
+def test_sixteen_ranks_save_once_and_reshard_to_eight(tmp_path):
+    path = str(tmp_path / "ckpt")
+    written = values(run_ranks(tmp_path, 16, _save_4x4, path, deadline=180))
+    assert sum(written) == sum(4 * np.prod(s) for s, _ in LAYOUT_4x4.values())  # each byte once
+    whole = savepoint.load(path)
+    for k, (s, _) in LAYOUT_4x4.items():
+        assert torch.equal(whole[k], reference(k, s)), k
+    got = values(run_ranks(tmp_path, 8, _load_2x4, path, deadline=120))
+    assert got == [(7, list(LAYOUT_4x4))] * 8
+
+
 # ---------------------------------------------------------------------- optimizer state (FSDP2)
 
 

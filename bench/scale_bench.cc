@@ -1,0 +1,229 @@
+// scale_bench: the coordination of a distributed save and the planning of a resharded load at
+// 64 .. 16,384 simulated ranks in one process, through the real code (docs/PERFORMANCE.md,
+// "Scale").
+//
+//   scale_bench [--ranks 64,1024,4096,16384] [--dir DIR] [--tp 8] [--pp 8] [--load-tp 4]
+//               [--samples 3]
+//
+// Per world size N, on the layout of bench/scale_layout.h (70B, TP x PP x DP):
+//  1. every simulated rank runs RankSave::Plan on its own tensors (views of one PROT_NONE
+//     mapping: planning never touches data) and hands over its plan bytes and the report bytes a
+//     write would send (RankSaveAccess::DryReport: nothing written, CRC32Cs zero);
+//  2. the coordinator runs SaveCoordinator::Decide on the N plans and Commit on the N reports,
+//     which writes the real MANIFEST into DIR; timed, with the process's peak memory over it;
+//  3. a few ranks of a load into another layout (TP --load-tp, N / 2 ranks) run
+//     PlanDistributedLoad (open and decode the manifest, plan the reads), timed one by one.
+// Prints one JSON object per N (bench/scale_report.py makes the tables, plot and summary).
+#include <fmt/format.h>
+#include <malloc.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "distributed/save_access.h"
+#include "savepoint/distributed.h"
+#include "savepoint/savepoint.h"
+#include "scale_layout.h"
+
+namespace {
+
+using namespace savepoint;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  std::vector<int> ranks = {64, 1024, 4096, 16384};
+  std::string dir = "/tmp";
+  int tp = 8, pp = 8, load_tp = 4, samples = 3;
+};
+
+double Seconds(Clock::time_point since) {
+  return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+// VmRSS or VmHWM of this process, in bytes.
+uint64_t ProcBytes(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field, 0) == 0) return std::stoull(line.substr(line.find(':') + 1)) << 10;
+  }
+  return 0;
+}
+
+// Starts a new peak: the kernel's high-water mark is reset to the current RSS.
+void ResetPeak() {
+  malloc_trim(0);
+  std::ofstream("/proc/self/clear_refs") << "5";
+}
+
+double MiB(uint64_t b) { return static_cast<double>(b) / (1 << 20); }
+
+// One address range, never readable, that every tensor view points into.
+const void* NoData() {
+  static void* p = mmap(nullptr, size_t{1} << 31, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p;
+}
+
+void Must(const Status& s, const char* what) {
+  if (s.ok()) return;
+  fmt::print(stderr, "scale_bench: {}: {}\n", what, s.ToString());
+  std::exit(1);
+}
+
+struct Layout {
+  State state;
+  ShardLayout layout;
+};
+
+Layout RankState(const scale::Grid& g, int rank, int64_t rows) {
+  Layout out;
+  for (scale::Entry& e : scale::RankEntries(g, rank, rows)) {
+    Must(out.state.PutView(e.name, TensorView(NoData(), e.dtype, e.spec.sizes)), "view");
+    out.layout.emplace(std::move(e.name), std::move(e.spec));
+  }
+  return out;
+}
+
+struct Row {
+  int ranks = 0;
+  uint64_t entries = 0, plan_bytes = 0, report_bytes = 0, manifest_bytes = 0;
+  double rank_plan_ms_max = 0, rank_plan_ms_mean = 0, decide_s = 0, commit_s = 0;
+  double peak_mib = 0, load_plan_ms = 0, load_peak_mib = 0;
+  std::string error;
+};
+
+// Steps 1 and 2. Returns the checkpoint's path (empty when the commit failed: row->error).
+std::string Save(const Args& a, int n, Row* row) {
+  const scale::Grid g{n, a.tp, a.pp};
+  const std::string path = fmt::format("{}/scale-bench-{}", a.dir, n);
+  std::filesystem::remove_all(path);
+  ResetPeak();
+  const uint64_t base = ProcBytes("VmRSS");
+  std::vector<std::string> plans(n), reports(n);
+  std::unique_ptr<RankSave> own;
+  for (int r = 0; r < n; ++r) {
+    Layout l = RankState(g, r, n);
+    row->entries += l.layout.size();
+    auto save = std::make_unique<RankSave>(r, n);
+    const auto t0 = Clock::now();
+    plans[r] = save->Plan(l.state, l.layout, {}, {});
+    const double ms = Seconds(t0) * 1e3;
+    row->rank_plan_ms_max = std::max(row->rank_plan_ms_max, ms);
+    row->rank_plan_ms_mean += ms / n;
+    Must(save->planned(), "plan");
+    reports[r] = RankSaveAccess::DryReport(*save);
+    row->plan_bytes += plans[r].size();
+    row->report_bytes += reports[r].size();
+    if (r == 0) own = std::move(save);
+  }
+  ResetPeak();
+  auto t0 = Clock::now();
+  SaveCoordinator c(path, n, {}, {});
+  std::string verdict = c.Decide(plans);
+  row->decide_s = Seconds(t0);
+  Must(c.decided(), "decide");
+  t0 = Clock::now();
+  Status s = c.Commit(reports, *own);
+  row->commit_s = Seconds(t0);
+  row->peak_mib = MiB(ProcBytes("VmHWM") - base);
+  if (!s.ok()) {
+    row->error = s.ToString();
+    return "";
+  }
+  row->manifest_bytes = std::filesystem::file_size(path + "/MANIFEST");
+  return path;
+}
+
+// Step 3: the median over --samples loading ranks, spread over the pipeline stages.
+void PlanLoads(const Args& a, int n, const std::string& path, Row* row) {
+  const scale::Grid g{n / 2, a.load_tp, a.pp};
+  std::vector<double> ms;
+  for (int i = 0; i < a.samples; ++i) {
+    const int rank = static_cast<int>(int64_t{g.world - 1} * i / std::max(1, a.samples - 1));
+    Layout l = RankState(g, rank, n);
+    ResetPeak();
+    const uint64_t base = ProcBytes("VmRSS");
+    const auto t0 = Clock::now();
+    Result<ReadPlanSummary> plan = PlanDistributedLoad(path, l.layout);
+    ms.push_back(Seconds(t0) * 1e3);
+    Must(plan.status(), "load plan");
+    row->load_peak_mib = std::max(row->load_peak_mib, MiB(ProcBytes("VmHWM") - base));
+  }
+  std::sort(ms.begin(), ms.end());
+  row->load_plan_ms = ms[ms.size() / 2];
+}
+
+void Print(const Row& r) {
+  fmt::print(
+      "{{\"ranks\": {}, \"entries\": {}, \"plan_bytes\": {}, \"report_bytes\": {}, "
+      "\"rank_plan_ms_mean\": {:.3f}, \"rank_plan_ms_max\": {:.3f}, \"decide_s\": {:.3f}, "
+      "\"commit_s\": {:.3f}, \"coordinate_s\": {:.3f}, \"coordinator_peak_mib\": {:.0f}, "
+      "\"manifest_bytes\": {}, \"load_plan_ms\": {:.1f}, \"load_peak_mib\": {:.0f}, "
+      "\"error\": \"{}\"}}\n",
+      r.ranks, r.entries, r.plan_bytes, r.report_bytes, r.rank_plan_ms_mean, r.rank_plan_ms_max,
+      r.decide_s, r.commit_s, r.decide_s + r.commit_s, r.peak_mib, r.manifest_bytes, r.load_plan_ms,
+      r.load_peak_mib, r.error);
+  std::fflush(stdout);
+}
+
+std::vector<int> ParseList(const std::string& s) {
+  std::vector<int> out;
+  for (size_t at = 0; at <= s.size();) {
+    size_t end = std::min(s.find(',', at), s.size());
+    out.push_back(std::stoi(s.substr(at, end - at)));
+    at = end + 1;
+  }
+  return out;
+}
+
+Args ParseArgs(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--ranks")
+      a.ranks = ParseList(v);
+    else if (k == "--dir")
+      a.dir = v;
+    else if (k == "--tp")
+      a.tp = std::stoi(v);
+    else if (k == "--pp")
+      a.pp = std::stoi(v);
+    else if (k == "--load-tp")
+      a.load_tp = std::stoi(v);
+    else if (k == "--samples")
+      a.samples = std::stoi(v);
+    else {
+      fmt::print(stderr, "scale_bench: unknown option {} (see the comment at the top)\n", k);
+      std::exit(64);
+    }
+  }
+  for (int n : a.ranks) {
+    if (n % (a.tp * a.pp) != 0 || (n / 2) % (a.load_tp * a.pp) != 0) {
+      fmt::print(stderr, "scale_bench: {} ranks do not fill TP x PP for the save and the load\n",
+                 n);
+      std::exit(64);
+    }
+  }
+  return a;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = ParseArgs(argc, argv);
+  for (int n : a.ranks) {
+    Row row;
+    row.ranks = n;
+    std::string path = Save(a, n, &row);
+    if (!path.empty()) PlanLoads(a, n, path, &row);
+    std::filesystem::remove_all(fmt::format("{}/scale-bench-{}", a.dir, n));
+    Print(row);
+  }
+  return 0;
+}
