@@ -115,7 +115,7 @@ SAVEPOINT_API Status SaveDistributed(Communicator& comm, const State& local,
 // A failed step's bytes carry its error, naming the rank, to the coordinator. The bytes are
 // opaque and valid only between these calls of one save by one build of the library.
 // Thread safety: an object is used by one thread at a time.
-struct RankSaveAccess;  // internal (src/distributed/save.cc)
+struct RankSaveAccess;  // internal (src/distributed/save_access.h)
 
 class SAVEPOINT_API RankSave {
  public:
@@ -151,7 +151,7 @@ class SAVEPOINT_API RankSave {
 
  private:
   friend class SaveCoordinator;
-  friend struct RankSaveAccess;  // src/distributed/save.cc: plans with sparse row gathers
+  friend struct RankSaveAccess;  // src/distributed/save_access.h: sparse row gathers, dry reports
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
