@@ -3,7 +3,7 @@
 // "Scale").
 //
 //   scale_bench [--ranks 64,1024,4096,16384] [--dir DIR] [--tp 8] [--pp 8] [--load-tp 4]
-//               [--samples 3]
+//               [--samples 3] [--format-version 3]
 //
 // Per world size N, on the layout of bench/scale_layout.h (70B, TP x PP x DP):
 //  1. every simulated rank runs RankSave::Plan on its own tensors (views of one PROT_NONE
@@ -13,6 +13,9 @@
 //     which writes the real MANIFEST into DIR; timed, with the process's peak memory over it;
 //  3. a few ranks of a load into another layout (TP --load-tp, N / 2 ranks) run
 //     PlanDistributedLoad (open and decode the manifest, plan the reads), timed one by one.
+// --format-version 2 writes the JSON manifest (docs/FORMAT.md §3), 3 the indexed one (§15), which
+// a loading rank reads in parts. DIR/scale-bench-N must not exist; the checkpoint is deleted with
+// DeleteCheckpoint after each N.
 // Prints one JSON object per N (bench/scale_report.py makes the tables, plot and summary).
 #include <fmt/format.h>
 #include <malloc.h>
@@ -40,6 +43,7 @@ struct Args {
   std::vector<int> ranks = {64, 1024, 4096, 16384};
   std::string dir = "/tmp";
   int tp = 8, pp = 8, load_tp = 4, samples = 3;
+  uint32_t format_version = 3;
 };
 
 double Seconds(Clock::time_point since) {
@@ -102,7 +106,11 @@ struct Row {
 std::string Save(const Args& a, int n, Row* row) {
   const scale::Grid g{n, a.tp, a.pp};
   const std::string path = fmt::format("{}/scale-bench-{}", a.dir, n);
-  std::filesystem::remove_all(path);
+  if (std::filesystem::exists(path)) {
+    fmt::print(stderr, "scale_bench: {} exists: remove it or choose another --dir\n", path);
+    std::exit(1);
+  }
+  const SaveOptions o{.format_version = a.format_version};
   ResetPeak();
   const uint64_t base = ProcBytes("VmRSS");
   std::vector<std::string> plans(n), reports(n);
@@ -112,7 +120,7 @@ std::string Save(const Args& a, int n, Row* row) {
     row->entries += l.layout.size();
     auto save = std::make_unique<RankSave>(r, n);
     const auto t0 = Clock::now();
-    plans[r] = save->Plan(l.state, l.layout, {}, {});
+    plans[r] = save->Plan(l.state, l.layout, o, {});
     const double ms = Seconds(t0) * 1e3;
     row->rank_plan_ms_max = std::max(row->rank_plan_ms_max, ms);
     row->rank_plan_ms_mean += ms / n;
@@ -124,7 +132,7 @@ std::string Save(const Args& a, int n, Row* row) {
   }
   ResetPeak();
   auto t0 = Clock::now();
-  SaveCoordinator c(path, n, {}, {});
+  SaveCoordinator c(path, n, o, {});
   std::string verdict = c.Decide(plans);
   row->decide_s = Seconds(t0);
   Must(c.decided(), "decide");
@@ -198,6 +206,8 @@ Args ParseArgs(int argc, char** argv) {
       a.load_tp = std::stoi(v);
     else if (k == "--samples")
       a.samples = std::stoi(v);
+    else if (k == "--format-version")
+      a.format_version = static_cast<uint32_t>(std::stoul(v));
     else {
       fmt::print(stderr, "scale_bench: unknown option {} (see the comment at the top)\n", k);
       std::exit(64);
@@ -221,8 +231,10 @@ int main(int argc, char** argv) {
     Row row;
     row.ranks = n;
     std::string path = Save(a, n, &row);
-    if (!path.empty()) PlanLoads(a, n, path, &row);
-    std::filesystem::remove_all(fmt::format("{}/scale-bench-{}", a.dir, n));
+    if (!path.empty()) {
+      PlanLoads(a, n, path, &row);
+      Must(DeleteCheckpoint(path), "delete the checkpoint");
+    }
     Print(row);
   }
   return 0;

@@ -2,8 +2,10 @@
 // parses from an untrusted checkpoint. Two modes per input:
 //  - the input as a whole MANIFEST file (header + body), and
 //  - the input as a JSON body, re-framed with a valid header and CRCs (checkpoint id 42, i.e.
-//    "000000000000002a" in the body) as format version 1 and as version 2, so mutations reach the
-//    validator of each version's rules instead of stopping at the checksum.
+//    "000000000000002a" in the body) as format versions 1, 2 and 3 (for version 3 the input is the
+//    head, with no sections after it), so mutations reach the validator of each version's rules
+//    instead of stopping at the checksum. Whole version 3 files (corpus/manifest/v3_*) reach the
+//    binary sections (src/format/manifest_index.cc).
 // Any input must give OK or a clean error: no crash, no sanitizer report, no huge allocation.
 // A decoded manifest is re-encoded and must decode again to the same JSON.
 #include <cstddef>
@@ -45,7 +47,7 @@ void Check(std::string_view bytes) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view input(reinterpret_cast<const char*>(data), size);
   Check(input);
-  for (uint32_t v = format::kMinFormatVersion; v <= format::kFormatVersion; ++v) {
+  for (uint32_t v = format::kMinFormatVersion; v <= format::kMaxFormatVersion; ++v) {
     Check(Frame(input, v));
   }
   return 0;

@@ -227,7 +227,7 @@ TEST_F(CorruptionTest, CorruptedDataHeader) {
   }
   // A well-formed header of a newer version: unimplemented, not corruption.
   std::string d = data_;
-  format::PutU32(&d, 8, format::kFormatVersion + 1);
+  format::PutU32(&d, 8, format::kMaxFormatVersion + 1);
   format::PutU32(&d, 4092, Crc32c(std::string_view(d).substr(0, 4092)));
   Write(DataPath(), d);
   EXPECT_THAT(VerifyCheckpoint("/ck", lo_, io_), StatusIs(StatusCode::kUnimplemented));

@@ -69,7 +69,7 @@ void ExpectAIntact(World& w) {
 
 TEST(FaultInjection, EveryFailingCallReturnsErrorAndKeepsOldCheckpoint) {
   int scenarios = 0;
-  for (uint32_t version : {1u, 2u}) {
+  for (uint32_t version : {1u, 2u, 3u}) {
     for (Op op : kMutatingOps) {
       uint64_t n_calls = CountOps(op, false, version);
       for (uint64_t n = 1; n <= n_calls; ++n) {
@@ -104,7 +104,7 @@ TEST(FaultInjection, EveryFailingCallReturnsErrorAndKeepsOldCheckpoint) {
 }
 
 TEST(FaultInjection, ShortWritesAreErrors) {
-  for (uint32_t version : {1u, 2u}) {
+  for (uint32_t version : {1u, 2u, 3u}) {
     uint64_t writes = CountOps(Op::kWrite, false, version);
     ASSERT_GT(writes, version == 1 ? 5u : 2u);
     for (uint64_t n = 1; n <= writes; ++n) {

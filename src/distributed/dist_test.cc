@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <filesystem>
@@ -153,7 +154,8 @@ TEST(DistributedTest, RandomLayoutsSaveNLoadM) {
     auto save_layouts = job.Layouts(n, rng);
     CountingFs fs(&mem);
     DistributedSaveOptions o;
-    const uint32_t version = iter % 2 == 0 ? 2 : 1;  // packed small shards, and the classic layout
+    // Packed small shards, the classic layout, and the indexed manifest.
+    const uint32_t version = std::array<uint32_t, 3>{2, 1, 3}[iter % 3];
     o.save = SaveOptions{.chunk_bytes = 4096, .format_version = version};
     SCOPED_TRACE(
         fmt::format("iteration {}: {} ranks -> {} ranks, format version {}", iter, n, m, version));
@@ -234,6 +236,43 @@ TEST(DistributedTest, ReadPlanNamesOnlyNeededFiles) {
   plan = PlanDistributedLoad("/ckpt", cols[1], &mem);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->source_ranks, (std::vector<int>{0, 1, 2, 3}));
+  ExpectLoadsMatch(job, cols, "/ckpt", &mem);
+}
+
+// A version 3 manifest is read in parts: a load's reader holds only the shards that overlap its
+// boxes, and only of the tensors it loads; the load and the plan are those of a whole read.
+TEST(DistributedTest, IndexedManifestIsReadInParts) {
+  MemFileSystem mem;
+  Job job;
+  for (const char* name : {"w", "v"}) {
+    Tensor t = Tensor::Empty(DType::kF32, {64, 1024}).value();
+    testing::FillPattern(t.view(), name[0]);
+    job.global.emplace(name, std::move(t));
+  }
+  std::vector<ShardLayout> save(8);
+  for (int r = 0; r < 8; ++r) {
+    for (const char* name : {"w", "v"}) save[r][name] = SplitDim({64, 1024}, 0, 8, r).value();
+  }
+  DistributedSaveOptions o;
+  o.save = SaveOptions{.chunk_bytes = 4096, .format_version = 3};
+  SP_ASSERT_OK(SaveJob(job, save, "/ckpt", o, {.fs = &mem, .direct_io = false}));
+  // Rows 20..30 of "w": the shards of ranks 2 (16..24) and 3 (24..32).
+  ShardLayout want{{"w", ShardSpec{{64, 1024}, {20, 0}, {10, 1024}, {}}}};
+  const engine::ShardFilter only = {{"w", {{{20, 0}, {10, 1024}}}}};
+  auto reader = engine::Reader::OpenImpl("/ckpt", {}, Io(&mem), &only).value();
+  ASSERT_EQ(reader->manifest().tensors.size(), 2u);  // every tensor is listed
+  for (const auto& t : reader->manifest().tensors) {
+    EXPECT_EQ(t.shards.size(), t.name == "w" ? 2u : 0u) << t.name;
+  }
+  auto whole = engine::Reader::OpenImpl("/ckpt", {}, Io(&mem)).value();
+  EXPECT_EQ(whole->manifest().tensors[1].shards.size(), 8u);
+  auto plan = PlanDistributedLoad("/ckpt", want, &mem);
+  SP_ASSERT_OK(plan.status());
+  EXPECT_EQ(plan->source_ranks, (std::vector<int>{2, 3}));
+  EXPECT_EQ(plan->bytes, 10u * 4096);
+  std::vector<ShardLayout> cols(3);
+  for (int r = 0; r < 3; ++r) cols[r]["v"] = SplitDim({64, 1024}, 1, 3, r).value();
+  for (int r = 0; r < 3; ++r) cols[r]["w"] = SplitDim({64, 1024}, 0, 3, r).value();
   ExpectLoadsMatch(job, cols, "/ckpt", &mem);
 }
 

@@ -172,6 +172,41 @@ TargetViews TensorsOf(const State& targets) {
   return out;
 }
 
+// What a load reads of the checkpoint: per stored tensor, the boxes of its targets (empty: the
+// whole tensor), so that a version 3 manifest is read only in those parts.
+engine::ShardFilter FilterOf(const std::vector<std::string>& names, const ShardLayout& layout) {
+  engine::ShardFilter f;
+  std::set<std::string> whole;
+  for (const std::string& name : names) {
+    auto it = layout.find(name);
+    if (it == layout.end()) {
+      whole.insert(name);
+      continue;
+    }
+    f[StoredName(name, it->second)].push_back({it->second.offsets, it->second.sizes});
+  }
+  for (const std::string& name : whole) f[name].clear();
+  return f;
+}
+
+engine::ShardFilter FilterOf(const TargetViews& targets, const ShardLayout& layout) {
+  std::vector<std::string> names;
+  for (const auto& [name, view] : targets) names.push_back(name);
+  return FilterOf(names, layout);
+}
+
+engine::ShardFilter FilterOf(const ShardLayout& layout) {
+  std::vector<std::string> names;
+  for (const auto& [name, spec] : layout) names.push_back(name);
+  return FilterOf(names, layout);
+}
+
+engine::ShardFilter FilterOf(const std::vector<BoxTarget>& boxes) {
+  engine::ShardFilter f;
+  for (const BoxTarget& b : boxes) f[b.name].push_back({b.offsets, b.view.shape()});
+  return f;
+}
+
 Result<Plan> MakePlan(const engine::Reader& r, const TargetViews& targets,
                       const ShardLayout& layout) {
   Plan plan;
@@ -380,8 +415,10 @@ Status LoadDistributed(const std::string& path, State& targets, const ShardLayou
         "the targets): leave them at their defaults",
         path));
   }
-  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
-  SP_ASSIGN_OR_RETURN(dist::Plan plan, dist::MakePlan(*reader, dist::TensorsOf(targets), layout));
+  const dist::TargetViews views = dist::TensorsOf(targets);
+  const engine::ShardFilter only = dist::FilterOf(views, layout);
+  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io, &only));
+  SP_ASSIGN_OR_RETURN(dist::Plan plan, dist::MakePlan(*reader, views, layout));
   LoadStats stats;
   SP_RETURN_IF_ERROR(dist::Execute(*reader, plan, options, io, &stats));
   SP_RETURN_IF_ERROR(engine::CopyValues(reader->values(), &targets));
@@ -401,7 +438,8 @@ Status LoadBoxes(const std::string& path, const std::vector<BoxTarget>& boxes,
         "box load {}: LoadOptions.mmap and map_mode do not apply: leave them at their defaults",
         path));
   }
-  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
+  const engine::ShardFilter only = dist::FilterOf(boxes);
+  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io, &only));
   SP_ASSIGN_OR_RETURN(dist::Plan plan, dist::MakeBoxPlan(*reader, boxes));
   LoadStats stats;
   SP_RETURN_IF_ERROR(dist::Execute(*reader, plan, options, io, &stats));
@@ -414,7 +452,8 @@ Status LoadBoxes(const std::string& path, const std::vector<BoxTarget>& boxes,
 
 Result<State> LoadDistributedAlloc(const std::string& path, const ShardLayout& layout,
                                    const LoadOptions& options, const IoOptions& io) {
-  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io));
+  const engine::ShardFilter only = dist::FilterOf(layout);
+  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, options, io, &only));
   State state;
   for (const auto& [name, spec] : layout) {
     const TensorInfo* info = reader->FindTensor(dist::StoredName(name, spec));
@@ -432,7 +471,8 @@ Result<State> LoadDistributedAlloc(const std::string& path, const ShardLayout& l
 
 Result<ReadPlanSummary> PlanDistributedLoad(const std::string& path, const ShardLayout& layout,
                                             FileSystem* fs) {
-  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, {}, {.fs = fs}));
+  const engine::ShardFilter only = dist::FilterOf(layout);
+  SP_ASSIGN_OR_RETURN(auto reader, engine::Reader::OpenImpl(path, {}, {.fs = fs}, &only));
   dist::TargetViews targets;  // views without memory: planning never touches data
   for (const auto& [name, spec] : layout) {
     const TensorInfo* info = reader->FindTensor(dist::StoredName(name, spec));

@@ -54,10 +54,57 @@ TensorInfo Describe(const format::TensorRecord& t) {
   return info;
 }
 
+std::span<std::byte> Writable(std::string& s) {
+  return std::as_writable_bytes(std::span<char>(s.data(), s.size()));
+}
+
+// The manifest of a version 3 checkpoint in parts (format/manifest_index.h): its header, its head,
+// and the sections of the tensors `only` names, in one batch. nullopt when it must be read whole
+// (an older version, encrypted, or unreadable here: the whole read reports why).
+Result<std::optional<format::Manifest>> ReadManifestParts(FileSystem* fs, const std::string& mpath,
+                                                          const ShardFilter& only,
+                                                          uint64_t* file_bytes) {
+  Result<std::unique_ptr<RandomAccessFile>> f =
+      fs->NewRandomAccessFile(mpath, {.random_access = true});
+  if (!f.ok() || (*f)->size() < format::kManifestHeaderBytes)
+    return std::optional<format::Manifest>();
+  const RandomAccessFile& file = **f;
+  std::string head(format::kManifestHeaderBytes, '\0');
+  SP_RETURN_IF_ERROR(file.ReadAt(0, Writable(head)));
+  SP_ASSIGN_OR_RETURN(uint64_t head_bytes, format::IndexedHeadBytes(head, mpath));
+  if (head_bytes == 0 || head_bytes > file.size()) return std::optional<format::Manifest>();
+  head.resize(head_bytes);
+  SP_RETURN_IF_ERROR(file.ReadAt(0, Writable(head)));
+  SP_ASSIGN_OR_RETURN(format::ManifestHead h, format::DecodeManifestHead(head, file.size(), mpath));
+  std::vector<std::pair<size_t, const std::vector<format::Box>*>> wanted;
+  std::vector<std::string> sections;
+  std::vector<ReadOp> ops;
+  const auto& tensors = h.manifest.tensors;
+  for (const auto& [name, boxes] : only) {
+    auto it = std::lower_bound(
+        tensors.begin(), tensors.end(), name,
+        [](const format::TensorRecord& t, const std::string& n) { return t.name < n; });
+    if (it == tensors.end() || it->name != name) continue;  // the caller names what is missing
+    const size_t i = static_cast<size_t>(it - tensors.begin());
+    wanted.emplace_back(i, boxes.empty() ? nullptr : &boxes);
+    sections.emplace_back(h.sections[i].bytes, '\0');
+  }
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    ops.push_back({h.sections[wanted[k].first].offset, Writable(sections[k])});
+  }
+  SP_RETURN_IF_ERROR(file.ReadAtMany(ops));
+  for (size_t k = 0; k < wanted.size(); ++k) {
+    SP_RETURN_IF_ERROR(
+        format::DecodeTensorSection(sections[k], &h, wanted[k].first, wanted[k].second, mpath));
+  }
+  *file_bytes = file.size();
+  return std::optional<format::Manifest>(std::move(h.manifest));
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const LoadOptions& o,
-                                                 const IoOptions& io) {
+                                                 const IoOptions& io, const ShardFilter* only) {
   SP_RETURN_IF_ERROR(ValidateIoOptions(io, fmt::format("open checkpoint {}", path)));
   SP_RETURN_IF_ERROR(RefuseTopology(o.topology, "open checkpoint " + path, "LoadOptions"));
   if (o.format != Format::kAuto && o.format != Format::kNative) {
@@ -72,8 +119,18 @@ Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const 
   r->io_ = io;
   r->path_ = path;
   std::string mpath = JoinPath(path, format::kManifestFileName);
-  Result<std::string> bytes =
-      r->fs_->ReadFile(mpath, format::kMaxManifestBodyBytes + format::kManifestHeaderBytes);
+  if (only != nullptr) {
+    uint64_t file_bytes = 0;
+    SP_ASSIGN_OR_RETURN(std::optional<format::Manifest> m,
+                        ReadManifestParts(r->fs_, mpath, *only, &file_bytes));
+    if (m.has_value()) {
+      r->m_ = std::move(*m);
+      SP_RETURN_IF_ERROR(r->Unlock({}, mpath));  // (not encrypted: refuses a key)
+      r->Index(file_bytes);
+      return r;
+    }
+  }
+  Result<std::string> bytes = r->fs_->ReadFile(mpath, format::kMaxManifestFileBytes);
   if (!bytes.ok()) {
     if (bytes.status().code() == StatusCode::kNotFound) {
       return NotFoundError(
@@ -83,12 +140,16 @@ Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const 
   }
   SP_ASSIGN_OR_RETURN(r->m_, format::DecodeManifest(*bytes, mpath));
   SP_RETURN_IF_ERROR(r->Unlock(*bytes, mpath));
-  r->total_bytes_ = bytes->size();
-  for (const auto& f : r->m_.files) r->total_bytes_ += f.bytes;
-  for (const auto& t : r->m_.tensors) r->infos_.push_back(Describe(t));
-  r->files_.resize(r->m_.files.size());
-  r->maps_.resize(r->m_.files.size());
+  r->Index(bytes->size());
   return r;
+}
+
+void Reader::Index(uint64_t manifest_bytes) {
+  total_bytes_ = manifest_bytes;
+  for (const auto& f : m_.files) total_bytes_ += f.bytes;
+  for (const auto& t : m_.tensors) infos_.push_back(Describe(t));
+  files_.resize(m_.files.size());
+  maps_.resize(m_.files.size());
 }
 
 Status Reader::Unlock(std::string_view bytes, const std::string& mpath) {

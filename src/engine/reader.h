@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "format/manifest.h"
+#include "format/manifest_index.h"
 #include "savepoint/checkpoint.h"
 
 namespace savepoint {
@@ -50,10 +51,19 @@ inline uint64_t ReadBatchChunks(uint64_t chunk_bytes) {
 inline constexpr uint64_t kRegionBytes = uint64_t{1} << 20;
 inline constexpr uint64_t kRegionGapBytes = uint64_t{64} << 10;
 
+// The part of a checkpoint a reader needs, by stored tensor name: the boxes it will read (empty:
+// the whole tensor).
+using ShardFilter = std::map<std::string, std::vector<format::Box>>;
+
 class Reader final : public CheckpointReader {
  public:
+  // Opens the checkpoint at `path`. With `only`, and a manifest of version 3 that is not encrypted,
+  // reads just the manifest's head and the sections of the tensors `only` names, and keeps only
+  // their shards that overlap its boxes: the manifest() of such a reader lists every tensor, the
+  // others without shards, so it serves only reads of what `only` names (the distributed load).
   static Result<std::unique_ptr<Reader>> OpenImpl(const std::string& path, const LoadOptions& o,
-                                                  const IoOptions& io);
+                                                  const IoOptions& io,
+                                                  const ShardFilter* only = nullptr);
 
   const std::string& path() const override { return path_; }
   uint32_t format_version() const override { return m_.version; }
@@ -179,6 +189,8 @@ class Reader final : public CheckpointReader {
   // Open: checks LoadOptions::key against the manifest (`bytes`, the MANIFEST file) and, for an
   // encrypted checkpoint with a key, authenticates the manifest and keeps the keys.
   Status Unlock(std::string_view bytes, const std::string& mpath);
+  // Fills the per-tensor and per-file tables once m_ is set (`manifest_bytes`: MANIFEST's size).
+  void Index(uint64_t manifest_bytes);
   Status AddTasks(size_t tensor, Destination dst, std::vector<Task>* tasks,
                   std::vector<Scatter>* scatter);
 

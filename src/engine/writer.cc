@@ -30,6 +30,8 @@
 #include "engine/request.h"
 #include "engine/seal.h"
 #include "engine/select.h"
+#include "format/endian.h"
+#include "format/manifest_index.h"
 #include "io/commit.h"
 #include "util/crc32c.h"
 #include "util/parallel.h"
@@ -101,10 +103,11 @@ Status CheckSaveOptions(const SaveOptions& o) {
         fmt::format("SaveOptions.chunk_bytes = {}: must be a multiple of 4096 in [4 KiB, 1 GiB]",
                     o.chunk_bytes));
   }
-  if (o.format_version < format::kMinFormatVersion || o.format_version > format::kFormatVersion) {
-    return InvalidArgumentError(fmt::format("SaveOptions.format_version = {}: must be {} or {}",
+  if (o.format_version < format::kMinFormatVersion ||
+      o.format_version > format::kMaxFormatVersion) {
+    return InvalidArgumentError(fmt::format("SaveOptions.format_version = {}: must be {} to {}",
                                             o.format_version, format::kMinFormatVersion,
-                                            format::kFormatVersion));
+                                            format::kMaxFormatVersion));
   }
   return CheckCompression(o.compression);
 }
@@ -601,6 +604,31 @@ Status CheckDataObjects(const SaveTarget& t, const format::Manifest& m) {
 
 }  // namespace
 
+// ResourceExhausted unless readers accept the size of `manifest` (the encoding of `m`): its JSON
+// body (version 3: the head and each section) within kMaxManifestBodyBytes, a version 3 file
+// within kMaxManifestFileBytes.
+Status CheckManifestSize(const format::Manifest& m, const std::string& manifest) {
+  const uint64_t body = format::GetU64(manifest, 16), section = format::LargestSection(m);
+  if (body > format::kMaxManifestBodyBytes || section > format::kMaxManifestBodyBytes) {
+    return ResourceExhaustedError(fmt::format(
+        "manifest of {} bytes exceeds the cap of {} (its JSON is {} bytes{}){}", manifest.size(),
+        format::kMaxManifestBodyBytes, body,
+        m.version >= format::kIndexedFormatVersion
+            ? fmt::format(", its largest section {}", section)
+            : "",
+        m.version < format::kIndexedFormatVersion
+            ? fmt::format(": format version {} (SaveOptions.format_version = {}) keeps the "
+                          "shards out of the JSON",
+                          format::kIndexedFormatVersion, format::kIndexedFormatVersion)
+            : ""));
+  }
+  if (manifest.size() > format::kMaxManifestFileBytes) {
+    return ResourceExhaustedError(fmt::format("manifest of {} bytes exceeds the cap of {}",
+                                              manifest.size(), format::kMaxManifestFileBytes));
+  }
+  return Status::OK();
+}
+
 Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manifest& m,
                    const format::CheckpointKeys* keys) {
   if (data != nullptr) {
@@ -611,10 +639,7 @@ Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manife
     return InternalError("an encrypted manifest is written without its keys");
   }
   std::string manifest = format::EncodeManifest(m, keys);
-  if (manifest.size() - format::kManifestHeaderBytes > format::kMaxManifestBodyBytes) {
-    return ResourceExhaustedError(fmt::format("manifest of {} bytes exceeds the cap of {}",
-                                              manifest.size(), format::kMaxManifestBodyBytes));
-  }
+  SP_RETURN_IF_ERROR(CheckManifestSize(m, manifest));
   // Exclusive: in object storage this write is the commit point (docs/FORMAT.md §5.1), and it
   // must not replace a MANIFEST another save published meanwhile.
   const bool objects = t.fs->IsObjectStore(t.tmp);

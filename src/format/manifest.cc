@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "format/endian.h"
+#include "format/manifest_index.h"
 #include "util/base64.h"
 #include "util/crc32c.h"
 
@@ -247,9 +248,30 @@ void AppendTensors(std::string* out, const std::vector<TensorRecord>& tensors, b
   out->push_back(']');
 }
 
+// Version 3: the head's "tensors" array (each entry locates its section) and, in `sections`, the
+// tensors' sections in the same order.
+void AppendTensorHeads(std::string* out, const Manifest& m, std::string* sections) {
+  out->push_back('[');
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const TensorRecord& t = m.tensors[i];
+    const SectionRef r = AppendSection(t, m, sections);
+    if (i > 0) out->push_back(',');
+    fmt::format_to(std::back_inserter(*out), "{{\"chunks\":{},\"dtype\":\"{}\",\"name\":", r.chunks,
+                   DTypeName(t.dtype));
+    *out += Dump(Json(t.name));
+    fmt::format_to(std::back_inserter(*out),
+                   ",\"section_bytes\":{},\"section_crc32c\":{},\"shape\":", r.bytes, r.crc32c);
+    AppendNumbers(out, t.shape);
+    fmt::format_to(std::back_inserter(*out), ",\"shards\":{},\"stored\":{}}}", r.shards,
+                   r.stored ? "true" : "false");
+  }
+  out->push_back(']');
+}
+
 // Dump(ManifestToJson(m)), byte for byte (manifest_version_test checks), with the tensors written
-// directly and only the small parts built as JSON documents.
-std::string EncodeBody(const Manifest& m) {
+// directly and only the small parts built as JSON documents. Version 3: the head, with the
+// sections in `sections`.
+std::string EncodeBody(const Manifest& m, std::string* sections) {
   std::string body;
   body.reserve(256 + 160 * m.tensors.size());
   fmt::format_to(std::back_inserter(body),
@@ -260,7 +282,11 @@ std::string EncodeBody(const Manifest& m) {
                  std::max<int64_t>(m.created_ns, 0),
                  m.encryption.enabled ? "\"encryption\":" + Dump(EncryptionToJson(m)) + "," : "",
                  Dump(FilesToJson(m)), Dump(m.values.metadata()), Dump(FeaturesToJson(m)));
-  AppendTensors(&body, m.tensors, m.encryption.enabled);
+  if (m.version >= kIndexedFormatVersion) {
+    AppendTensorHeads(&body, m, sections);
+  } else {
+    AppendTensors(&body, m.tensors, m.encryption.enabled);
+  }
   fmt::format_to(std::back_inserter(body), ",\"values\":{},\"version\":{},\"writer\":{}}}",
                  Dump(ValuesToJson(m)), m.version, Dump(Json(m.writer)));
   return body;
@@ -269,7 +295,10 @@ std::string EncodeBody(const Manifest& m) {
 }  // namespace
 
 std::string EncodeManifest(const Manifest& m, const CheckpointKeys* keys) {
-  std::string body = EncodeBody(m);
+  // Version 3 (docs/FORMAT.md §12): header | head (the "body" of the header's size and CRC) |
+  // sections; the MAC covers everything after the header.
+  std::string sections;
+  std::string body = EncodeBody(m, &sections);
   std::string header(kManifestHeaderBytes, '\0');
   header.replace(0, 8, kManifestMagic);
   PutU32(&header, 8, m.version);
@@ -279,11 +308,12 @@ std::string EncodeManifest(const Manifest& m, const CheckpointKeys* keys) {
   PutU32(&header, 32, Crc32c(body));
   PutU32(&header, 36, m.encryption.enabled ? kManifestFlagEncrypted : 0);  // flags
   if (m.encryption.enabled && keys != nullptr) {
-    const ManifestMac mac = keys->Mac(std::string_view(header).substr(0, kManifestMacOffset), body);
+    const ManifestMac mac =
+        keys->Mac(std::string_view(header).substr(0, kManifestMacOffset), body + sections);
     std::memcpy(header.data() + kManifestMacOffset, mac.data(), mac.size());
   }
   PutU32(&header, 60, Crc32c(std::string_view(header).substr(0, 60)));
-  return header + body;
+  return header + body + sections;
 }
 
 std::string EncodeDataHeader(uint64_t checkpoint_id, uint32_t file_index, uint32_t version) {
@@ -312,10 +342,10 @@ Status CheckDataHeader(std::string_view h, uint64_t checkpoint_id, uint32_t file
     return CorruptionError(fmt::format("{}: data file header checksum mismatch", where));
   }
   const uint32_t stored_version = GetU32(h, 8);
-  if (stored_version < kMinFormatVersion || stored_version > kFormatVersion) {
+  if (stored_version < kMinFormatVersion || stored_version > kMaxFormatVersion) {
     return UnimplementedError(
         fmt::format("{}: data file format version {} (this build reads versions {} to {})", where,
-                    stored_version, kMinFormatVersion, kFormatVersion));
+                    stored_version, kMinFormatVersion, kMaxFormatVersion));
   }
   if (stored_version != version) {
     return CorruptionError(fmt::format("{}: data file format version {}, the manifest's is {}",

@@ -1,4 +1,4 @@
-// The native on-disk format (versions 1 and 2, with the optional features compression and
+// The native on-disk format (versions 1, 2 and 3, with the optional features compression and
 // encryption): constants, the manifest model, and its encoder and validating decoder.
 // docs/FORMAT.md is the specification; this file implements it.
 //
@@ -24,11 +24,15 @@ namespace savepoint::format {
 
 inline constexpr std::string_view kManifestMagic = "SVPTMNFT";  // 8 bytes
 inline constexpr std::string_view kDataMagic = "SVPTDATA";      // 8 bytes
-// The version this build writes by default, and the oldest it reads. Version 2 (docs/FORMAT.md §8)
-// differs from version 1 only in the alignment of uncompressed extents: 64 bytes instead of 4096,
-// so that small tensors can be packed back to back.
+// The version this build writes by default, the oldest and the newest it reads. Version 2
+// (docs/FORMAT.md §8) differs from version 1 only in the alignment of uncompressed extents: 64
+// bytes instead of 4096, so that small tensors can be packed back to back. Version 3 (§12, the
+// indexed manifest: format/manifest_index.h) stores each tensor's shard records as a binary section
+// after the JSON head, so that a reader can read the head and then only the tensors it needs.
 inline constexpr uint32_t kFormatVersion = 2;
 inline constexpr uint32_t kMinFormatVersion = 1;
+inline constexpr uint32_t kMaxFormatVersion = 3;
+inline constexpr uint32_t kIndexedFormatVersion = 3;
 inline constexpr std::string_view kManifestFileName = "MANIFEST";
 
 inline constexpr uint64_t kManifestHeaderBytes = 64;
@@ -45,7 +49,10 @@ inline constexpr uint64_t kPackBelowBytes = uint64_t{64} << 10;
 inline constexpr uint64_t kPackSpanBytes = uint64_t{1} << 20;
 
 // Caps (a file exceeding one is rejected as corrupt or hostile).
+// The JSON body (version 3: the head; each binary section has the same cap).
 inline constexpr uint64_t kMaxManifestBodyBytes = uint64_t{256} << 20;
+// A whole MANIFEST file of version 3 (head and sections).
+inline constexpr uint64_t kMaxManifestFileBytes = uint64_t{4} << 30;
 inline constexpr uint64_t kMinChunkBytes = 4096;
 inline constexpr uint64_t kMaxChunkBytes = uint64_t{1} << 30;
 inline constexpr size_t kMaxFiles = size_t{1} << 20;

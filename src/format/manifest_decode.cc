@@ -12,19 +12,23 @@
 
 #include "format/endian.h"
 #include "format/manifest.h"
+#include "format/manifest_checks.h"
+#include "format/manifest_index.h"
 #include "util/base64.h"
 #include "util/crc32c.h"
 
 namespace savepoint::format {
+
+Status internal::Ctx::Bad(std::string_view what) const {
+  return CorruptionError(fmt::format("{}: {}", where, what));
+}
+
 namespace {
 
-// Context for error messages: "<file>: <path in manifest>: ...".
-struct Ctx {
-  std::string_view where;
-  Status Bad(std::string_view what) const {
-    return CorruptionError(fmt::format("{}: {}", where, what));
-  }
-};
+using internal::CheckHeader;
+using internal::CheckShardRange;
+using internal::CheckTiling;
+using internal::Ctx;
 
 Result<const Json*> Field(const Json& obj, const char* key, const Ctx& ctx, std::string_view in) {
   if (!obj.is_object()) return ctx.Bad(fmt::format("{} is not an object", in));
@@ -124,8 +128,10 @@ Status CheckStoredChunks(const ShardRecord& s, const Manifest& m, const Ctx& ctx
   return Status::OK();
 }
 
-Status CheckShardRange(const TensorRecord& t, const ShardRecord& s, const Manifest& m,
-                       const Ctx& ctx, const std::string& in) {
+}  // namespace
+
+Status internal::CheckShardRange(const TensorRecord& t, const ShardRecord& s, const Manifest& m,
+                                 const Ctx& ctx, const std::string& in) {
   if (s.offsets.size() != t.shape.size() || s.sizes.size() != t.shape.size()) {
     return ctx.Bad(
         fmt::format("{}: rank of offsets/sizes differs from shape {}", in, ShapeToString(t.shape)));
@@ -160,6 +166,8 @@ Status CheckShardRange(const TensorRecord& t, const ShardRecord& s, const Manife
   }
   return Status::OK();
 }
+
+namespace {
 
 // An array of at most `max` unsigned integers, each at most `limit`.
 Result<std::vector<uint64_t>> U64Array(const Json& obj, const char* key, uint64_t max,
@@ -272,10 +280,13 @@ bool BoxInShape(const ShardRecord& s, const Shape& shape) {
   return true;
 }
 
+}  // namespace
+
 // Shards must cover the tensor exactly: no two overlap and their volumes add up to the whole.
 // The shape and the boxes are checked here too (DecodeManifest has checked them; the DCP import
 // has not).
-Status CheckTiling(const TensorRecord& t, const Ctx& ctx, const std::string& in) {
+Status internal::CheckTiling(const TensorRecord& t, const Ctx& ctx, const std::string& in,
+                             bool cover) {
   Result<int64_t> total = NumElements(t.shape);
   if (!total.ok()) {
     return ctx.Bad(fmt::format("{}: shape {} is invalid ({})", in, ShapeToString(t.shape),
@@ -325,25 +336,62 @@ Status CheckTiling(const TensorRecord& t, const Ctx& ctx, const std::string& in)
       }
     }
   }
-  if (covered != *total) {
+  if (cover && covered != *total) {
     return ctx.Bad(fmt::format("{}: shards cover {} of {} elements", in, covered, *total));
   }
   return Status::OK();
 }
 
-Result<TensorRecord> DecodeTensor(const Json& j, const Manifest& m, const Ctx& ctx, size_t i) {
-  std::string in = fmt::format("tensors[{}]", i);
-  TensorRecord t;
-  SP_ASSIGN_OR_RETURN(t.name, Str(j, "name", ctx, in));
-  Status s = ValidateName(t.name);
-  if (!s.ok()) return CorruptionError(fmt::format("{}: {}.name: {}", ctx.where, in, s.message()));
-  in = fmt::format("tensor {:?}", t.name);
-  SP_ASSIGN_OR_RETURN(std::string dtype, Str(j, "dtype", ctx, in));
+namespace {
+
+// The name, dtype and shape of tensors[i]; `in` becomes its name in messages.
+Status DecodeTensorHead(const Json& j, const Ctx& ctx, size_t i, TensorRecord* t, std::string* in) {
+  *in = fmt::format("tensors[{}]", i);
+  SP_ASSIGN_OR_RETURN(t->name, Str(j, "name", ctx, *in));
+  Status s = ValidateName(t->name);
+  if (!s.ok()) return CorruptionError(fmt::format("{}: {}.name: {}", ctx.where, *in, s.message()));
+  *in = fmt::format("tensor {:?}", t->name);
+  SP_ASSIGN_OR_RETURN(std::string dtype, Str(j, "dtype", ctx, *in));
   std::optional<DType> dt = DTypeFromName(dtype);
-  if (!dt) return ctx.Bad(fmt::format("{}: unknown dtype {:?}", in, dtype.substr(0, 32)));
-  t.dtype = *dt;
-  SP_ASSIGN_OR_RETURN(t.shape, Dims(j, "shape", ctx, in));
-  if (!NumBytes(t.dtype, t.shape).ok()) return ctx.Bad(fmt::format("{}: shape too large", in));
+  if (!dt) return ctx.Bad(fmt::format("{}: unknown dtype {:?}", *in, dtype.substr(0, 32)));
+  t->dtype = *dt;
+  SP_ASSIGN_OR_RETURN(t->shape, Dims(j, "shape", ctx, *in));
+  if (!NumBytes(t->dtype, t->shape).ok()) return ctx.Bad(fmt::format("{}: shape too large", *in));
+  return Status::OK();
+}
+
+// Version 3: the place of tensor `t`'s section, as its head entry `j` describes it (offset not yet
+// set). Its size must be what its counts need.
+Result<SectionRef> DecodeSectionRef(const Json& j, const TensorRecord& t, const Manifest& m,
+                                    const Ctx& ctx, const std::string& in) {
+  SectionRef r;
+  SP_ASSIGN_OR_RETURN(r.shards, U64(j, "shards", ctx, in));
+  SP_ASSIGN_OR_RETURN(r.chunks, U64(j, "chunks", ctx, in));
+  SP_ASSIGN_OR_RETURN(r.bytes, U64(j, "section_bytes", ctx, in));
+  SP_ASSIGN_OR_RETURN(uint64_t crc, U64(j, "section_crc32c", ctx, in));
+  SP_ASSIGN_OR_RETURN(const Json* stored, Field(j, "stored", ctx, in));
+  if (!stored->is_boolean()) return ctx.Bad(fmt::format("{}.stored is not a boolean", in));
+  if (crc > 0xffffffffu) return ctx.Bad(fmt::format("{}.section_crc32c is not a u32", in));
+  r.crc32c = static_cast<uint32_t>(crc);
+  r.stored = stored->get<bool>();
+  if (r.shards > kMaxShardsPerTensor || r.bytes > kMaxManifestBodyBytes) {
+    return ctx.Bad(fmt::format("{}: section of {} shards and {} bytes exceeds the caps ({}, {})",
+                               in, r.shards, r.bytes, kMaxShardsPerTensor, kMaxManifestBodyBytes));
+  }
+  const unsigned __int128 need =
+      static_cast<unsigned __int128>(r.shards) * ShardRecordBytes(t.shape.size()) +
+      static_cast<unsigned __int128>(r.chunks) * ChunkEntryBytes(r.stored, m.encryption.enabled);
+  if (need != r.bytes) {
+    return ctx.Bad(fmt::format("{}: section of {} bytes cannot hold {} shards and {} chunks", in,
+                               r.bytes, r.shards, r.chunks));
+  }
+  return r;
+}
+
+Result<TensorRecord> DecodeTensor(const Json& j, const Manifest& m, const Ctx& ctx, size_t i) {
+  TensorRecord t;
+  std::string in;
+  SP_RETURN_IF_ERROR(DecodeTensorHead(j, ctx, i, &t, &in));
   SP_ASSIGN_OR_RETURN(const Json* shards, Array(j, "shards", kMaxShardsPerTensor, ctx, in));
   for (size_t k = 0; k < shards->size(); ++k) {
     SP_ASSIGN_OR_RETURN(ShardRecord sh,
@@ -510,16 +558,38 @@ Status DecodeTop(const Json& root, const Ctx& ctx, Manifest* m, bool* compressio
   return Status::OK();
 }
 
-Status DecodeBody(std::string_view body, const Ctx& ctx, Manifest* m) {
-  SP_RETURN_IF_ERROR(CheckJsonDepth(body, kMaxJsonDepth, ctx.where));
-  Json root = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return ctx.Bad("manifest body is not valid JSON");
-  bool compression = false, sparse = false;
-  SP_RETURN_IF_ERROR(DecodeTop(root, ctx, m, &compression, &sparse));
-  SP_RETURN_IF_ERROR(DecodeFiles(root, ctx, m));
-  SP_ASSIGN_OR_RETURN(const Json* tensors, Array(root, "tensors", kMaxTensors, ctx, "manifest"));
-  for (size_t i = 0; i < tensors->size(); ++i) {
-    SP_ASSIGN_OR_RETURN(TensorRecord t, DecodeTensor((*tensors)[i], *m, ctx, i));
+// Version 3: the head's tensor entries (no shards) and their sections, in the head's order, which
+// must be by name.
+Status DecodeTensorHeads(const Json& tensors, const Ctx& ctx, bool compression, Manifest* m,
+                         std::vector<SectionRef>* sections) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TensorRecord t;
+    std::string in;
+    SP_RETURN_IF_ERROR(DecodeTensorHead(tensors[i], ctx, i, &t, &in));
+    SP_ASSIGN_OR_RETURN(SectionRef r, DecodeSectionRef(tensors[i], t, *m, ctx, in));
+    if (r.stored && !compression) {
+      return ctx.Bad(
+          fmt::format("{}: stored chunk entries without \"compression\" in "
+                      "required_features",
+                      in));
+    }
+    if (!m->tensors.empty() && m->tensors.back().name == t.name) {
+      return ctx.Bad(fmt::format("tensor {:?} appears twice", t.name));
+    }
+    if (!m->tensors.empty() && m->tensors.back().name > t.name) {
+      return ctx.Bad(
+          fmt::format("tensor {:?} is out of order (version 3 lists them by name)", t.name));
+    }
+    m->tensors.push_back(std::move(t));
+    sections->push_back(r);
+  }
+  return Status::OK();
+}
+
+// The tensors of a version 1 or 2 body, with their shards, sorted by name.
+Status DecodeTensors(const Json& tensors, const Ctx& ctx, bool compression, Manifest* m) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    SP_ASSIGN_OR_RETURN(TensorRecord t, DecodeTensor(tensors[i], *m, ctx, i));
     m->tensors.push_back(std::move(t));
   }
   std::sort(m->tensors.begin(), m->tensors.end(),
@@ -532,7 +602,22 @@ Status DecodeBody(std::string_view body, const Ctx& ctx, Manifest* m) {
   if (!compression && UsesCompression(*m)) {
     return ctx.Bad("compressed shards without \"compression\" in required_features");
   }
-  SP_RETURN_IF_ERROR(CheckExtents(*m, ctx));
+  return CheckExtents(*m, ctx);
+}
+
+// The JSON body (version 3: the head, with `sections` receiving the tensors' sections).
+Status DecodeBody(std::string_view body, const Ctx& ctx, Manifest* m,
+                  std::vector<SectionRef>* sections) {
+  SP_RETURN_IF_ERROR(CheckJsonDepth(body, kMaxJsonDepth, ctx.where));
+  Json root = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return ctx.Bad("manifest body is not valid JSON");
+  bool compression = false, sparse = false;
+  SP_RETURN_IF_ERROR(DecodeTop(root, ctx, m, &compression, &sparse));
+  SP_RETURN_IF_ERROR(DecodeFiles(root, ctx, m));
+  SP_ASSIGN_OR_RETURN(const Json* tensors, Array(root, "tensors", kMaxTensors, ctx, "manifest"));
+  SP_RETURN_IF_ERROR(sections != nullptr
+                         ? DecodeTensorHeads(*tensors, ctx, compression, m, sections)
+                         : DecodeTensors(*tensors, ctx, compression, m));
   SP_RETURN_IF_ERROR(DecodeValues(root, ctx, m));
   const Value* tables = m->values.FindValue(kSparseValueName);
   if (sparse != (tables != nullptr && tables->kind() == ValueKind::kJson)) {
@@ -547,7 +632,9 @@ Status DecodeBody(std::string_view body, const Ctx& ctx, Manifest* m) {
   return Status::OK();
 }
 
-Status CheckHeader(std::string_view bytes, const Ctx& ctx, Manifest* m) {
+}  // namespace
+
+Status internal::CheckHeader(std::string_view bytes, const Ctx& ctx, Manifest* m) {
   if (bytes.size() < kManifestHeaderBytes) {
     return ctx.Bad(
         fmt::format("truncated: {} bytes, header needs {}", bytes.size(), kManifestHeaderBytes));
@@ -555,23 +642,25 @@ Status CheckHeader(std::string_view bytes, const Ctx& ctx, Manifest* m) {
   if (bytes.substr(0, 8) != kManifestMagic) return ctx.Bad("not a savepoint manifest (bad magic)");
   if (GetU32(bytes, 60) != Crc32c(bytes.substr(0, 60))) return ctx.Bad("header checksum mismatch");
   m->version = GetU32(bytes, 8);
-  if (m->version < kMinFormatVersion || m->version > kFormatVersion) {
+  if (m->version < kMinFormatVersion || m->version > kMaxFormatVersion) {
     return UnimplementedError(
         fmt::format("{}: format version {} (this build reads versions {} to {})", ctx.where,
-                    m->version, kMinFormatVersion, kFormatVersion));
+                    m->version, kMinFormatVersion, kMaxFormatVersion));
   }
   if (GetU32(bytes, 12) != kManifestHeaderBytes) return ctx.Bad("bad header size");
+  // Version 3: the body is the JSON head, followed by the sections.
   uint64_t body = GetU64(bytes, 16);
   if (body > kMaxManifestBodyBytes) {
     return ctx.Bad(
         fmt::format("body of {} bytes exceeds the cap of {}", body, kMaxManifestBodyBytes));
   }
-  if (body != bytes.size() - kManifestHeaderBytes) {
-    return ctx.Bad(fmt::format("body is {} bytes, header says {} (truncated or padded)",
-                               bytes.size() - kManifestHeaderBytes, body));
+  const uint64_t after = bytes.size() - kManifestHeaderBytes;
+  if (m->version >= kIndexedFormatVersion ? body > after : body != after) {
+    return ctx.Bad(
+        fmt::format("body is {} bytes, header says {} (truncated or padded)", after, body));
   }
   m->checkpoint_id = GetU64(bytes, 24);
-  if (GetU32(bytes, 32) != Crc32c(bytes.substr(kManifestHeaderBytes))) {
+  if (GetU32(bytes, 32) != Crc32c(bytes.substr(kManifestHeaderBytes, body))) {
     return ctx.Bad("body checksum mismatch");
   }
   // Flags: bit 0 says the manifest is encrypted and its MAC is in bytes [40, 60) (§10). Writers
@@ -587,8 +676,6 @@ Status CheckHeader(std::string_view bytes, const Ctx& ctx, Manifest* m) {
   }
   return Status::OK();
 }
-
-}  // namespace
 
 Status CheckJsonDepth(std::string_view body, size_t max_depth, std::string_view where) {
   size_t depth = 0;
@@ -622,12 +709,48 @@ Status ValuesFromJson(const Json& values, std::string_view where, State* out) {
   return DecodeValueArray(values, ctx, out);
 }
 
+namespace {
+
+// A whole version 3 MANIFEST: the head, then every section.
+Status DecodeIndexed(std::string_view bytes, const Ctx& ctx, Manifest* m) {
+  ManifestHead h;
+  h.manifest = std::move(*m);  // what CheckHeader read
+  const uint64_t head = GetU64(bytes, 16);
+  SP_RETURN_IF_ERROR(
+      DecodeBody(bytes.substr(kManifestHeaderBytes, head), ctx, &h.manifest, &h.sections));
+  SP_RETURN_IF_ERROR(
+      internal::PlaceSections(kManifestHeaderBytes + head, bytes.size(), ctx, &h.sections));
+  for (size_t i = 0; i < h.sections.size(); ++i) {
+    const SectionRef& r = h.sections[i];
+    SP_RETURN_IF_ERROR(
+        DecodeTensorSection(bytes.substr(r.offset, r.bytes), &h, i, nullptr, ctx.where));
+  }
+  SP_RETURN_IF_ERROR(CheckExtents(h.manifest, ctx));
+  *m = std::move(h.manifest);
+  return Status::OK();
+}
+
+}  // namespace
+
+Status internal::DecodeHeadBody(std::string_view head, const Ctx& ctx, Manifest* m,
+                                std::vector<SectionRef>* sections) {
+  try {
+    return DecodeBody(head, ctx, m, sections);
+  } catch (const std::exception& e) {
+    return ctx.Bad(fmt::format("malformed manifest ({})", e.what()));
+  }
+}
+
 Result<Manifest> DecodeManifest(std::string_view bytes, std::string_view where) {
   Ctx ctx{where};
   Manifest m;
   try {
     SP_RETURN_IF_ERROR(CheckHeader(bytes, ctx, &m));
-    SP_RETURN_IF_ERROR(DecodeBody(bytes.substr(kManifestHeaderBytes), ctx, &m));
+    if (m.version >= kIndexedFormatVersion) {
+      SP_RETURN_IF_ERROR(DecodeIndexed(bytes, ctx, &m));
+    } else {
+      SP_RETURN_IF_ERROR(DecodeBody(bytes.substr(kManifestHeaderBytes), ctx, &m, nullptr));
+    }
   } catch (const std::exception& e) {
     return ctx.Bad(fmt::format("malformed manifest ({})", e.what()));
   }

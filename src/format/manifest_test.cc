@@ -219,7 +219,7 @@ TEST(Manifest, HeaderFields) {
   EXPECT_TRUE(Rejected(DecodeManifest(magic, kWhere), StatusCode::kCorruption, "bad magic"));
 
   EXPECT_TRUE(
-      Rejected(DecodeManifest(Frame(body, 3), kWhere), StatusCode::kUnimplemented, "version 3"));
+      Rejected(DecodeManifest(Frame(body, 4), kWhere), StatusCode::kUnimplemented, "version 4"));
   EXPECT_TRUE(
       Rejected(DecodeManifest(Frame(body, 0), kWhere), StatusCode::kUnimplemented, "version 0"));
   EXPECT_TRUE(Rejected(DecodeManifest(Frame(body, 1, uint64_t{1} << 63), kWhere),
@@ -559,10 +559,10 @@ TEST(Manifest, DataHeader) {
     EXPECT_EQ(CheckDataHeader(bad, kId, 3, kFormatVersion, "f").code(), kC) << "bit " << bit;
   }
   // A version this build does not know, and a known one that differs from the manifest's.
-  std::string v3 = h;
-  PutU32(&v3, 8, 3);
-  PutU32(&v3, kDataHeaderBytes - 4, Crc32c(std::string_view(v3).substr(0, kDataHeaderBytes - 4)));
-  EXPECT_THAT(CheckDataHeader(v3, kId, 3, kFormatVersion, "f"),
+  std::string v4 = h;
+  PutU32(&v4, 8, 4);
+  PutU32(&v4, kDataHeaderBytes - 4, Crc32c(std::string_view(v4).substr(0, kDataHeaderBytes - 4)));
+  EXPECT_THAT(CheckDataHeader(v4, kId, 3, kFormatVersion, "f"),
               StatusIs(StatusCode::kUnimplemented));
   std::string v1 = EncodeDataHeader(kId, 3, 1);
   SP_EXPECT_OK(CheckDataHeader(v1, kId, 3, 1, "f"));

@@ -1,0 +1,46 @@
+// Checks shared by the manifest decoders: the JSON body (manifest_decode.cc) and the binary
+// sections of version 3 (manifest_index.cc). Internal to src/format/.
+#ifndef SAVEPOINT_FORMAT_MANIFEST_CHECKS_H_
+#define SAVEPOINT_FORMAT_MANIFEST_CHECKS_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "format/manifest.h"
+#include "format/manifest_index.h"
+
+namespace savepoint::format::internal {
+
+// Context for error messages: "<file>: <path in manifest>: ...".
+struct Ctx {
+  std::string_view where;
+  Status Bad(std::string_view what) const;
+};
+
+// `s` (of tensor `t`, named `in` in messages) has t's rank, lies within its shape, has the bytes of
+// its box, a file of `m`, and an extent (or stored chunks) within that file with one checksum per
+// chunk.
+Status CheckShardRange(const TensorRecord& t, const ShardRecord& s, const Manifest& m,
+                       const Ctx& ctx, const std::string& in);
+
+// The shards of `t` lie within its shape and do not overlap; with `cover`, they also cover it.
+Status CheckTiling(const TensorRecord& t, const Ctx& ctx, const std::string& in, bool cover = true);
+
+// Checks the 64-byte header of MANIFEST `bytes` (all of it, or for version 3 at least header and
+// head) and reads its version, id, encryption flag and MAC into `m`.
+Status CheckHeader(std::string_view bytes, const Ctx& ctx, Manifest* m);
+
+// Version 3: sets the sections' offsets, back to back from `head_end`; they must end the file of
+// `file_bytes` bytes exactly.
+Status PlaceSections(uint64_t head_end, uint64_t file_bytes, const Ctx& ctx,
+                     std::vector<SectionRef>* sections);
+
+// Decodes the JSON head of a version 3 manifest (after CheckHeader) into `m` and `sections`
+// (offsets not yet placed).
+Status DecodeHeadBody(std::string_view head, const Ctx& ctx, Manifest* m,
+                      std::vector<SectionRef>* sections);
+
+}  // namespace savepoint::format::internal
+
+#endif  // SAVEPOINT_FORMAT_MANIFEST_CHECKS_H_

@@ -1,0 +1,274 @@
+// Version 3 of the native format: the binary sections of the indexed manifest (docs/FORMAT.md
+// §12), and reading a manifest in parts. The JSON head is decoded by manifest_decode.cc.
+#include "format/manifest_index.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "format/endian.h"
+#include "format/manifest_checks.h"
+#include "util/crc32c.h"
+
+namespace savepoint::format {
+namespace {
+
+using internal::Ctx;
+
+void Append32(std::string* out, uint32_t v) {
+  char b[4];
+  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+  out->append(b, 4);
+}
+
+void Append64(std::string* out, uint64_t v) {
+  Append32(out, static_cast<uint32_t>(v));
+  Append32(out, static_cast<uint32_t>(v >> 32));
+}
+
+// Bit 0 of a stored chunk entry's flags: the chunk is compressed.
+constexpr uint32_t kChunkCompressed = 1;
+
+// Appends the chunk entries of `s` (one per checksum).
+void AppendChunkEntries(const ShardRecord& s, bool stored, bool encrypted, std::string* out) {
+  for (size_t c = 0; c < s.crc32c.size(); ++c) {
+    Append32(out, s.crc32c[c]);
+    if (stored) {
+      const StoredChunk none;
+      const StoredChunk& sc = s.compressed() ? s.stored[c] : none;
+      Append32(out, sc.compressed ? kChunkCompressed : 0);
+      Append64(out, sc.offset);
+      Append64(out, sc.bytes);
+    }
+    if (encrypted) {
+      crypto::GcmTag tag{};
+      if (c < s.tags.size()) tag = s.tags[c];
+      out->append(reinterpret_cast<const char*>(tag.data()), tag.size());
+    }
+  }
+}
+
+// Whether the box of record `b` (ndim `nd`) overlaps `box`. A box that is not one (another rank,
+// a value outside [0, 2^62]) overlaps everything: the reader's own checks name what is wrong.
+bool Overlaps(std::string_view b, size_t nd, const Box& box) {
+  if (box.offsets.size() != nd || box.sizes.size() != nd) return true;
+  bool overlap = true;
+  for (size_t d = 0; d < nd; ++d) {
+    const int64_t bo = box.offsets[d], bs = box.sizes[d];
+    if (bo < 0 || bs < 0 || bo > kMaxDimension || bs > kMaxDimension) return true;
+    const uint64_t off = GetU64(b, 8 * d), size = GetU64(b, 8 * (nd + d));
+    if (off > uint64_t{kMaxDimension} || size > uint64_t{kMaxDimension}) return true;
+    const uint64_t lo = static_cast<uint64_t>(bo), hi = lo + static_cast<uint64_t>(bs);
+    overlap = overlap && off < hi && lo < off + size;
+  }
+  return overlap;
+}
+
+// Whether record `b` is to be decoded: always without `keep`; with it, when its box overlaps one
+// of keep's. Read straight from the bytes: a rank that loads a few boxes skips most records.
+bool Wanted(std::string_view b, size_t nd, const std::vector<Box>* keep) {
+  if (keep == nullptr) return true;
+  for (const Box& box : *keep) {
+    if (Overlaps(b, nd, box)) return true;
+  }
+  return false;
+}
+
+// The fixed part of record `b` (ndim `nd`) into `s`; chunk entries are read later.
+Status ReadRecord(std::string_view b, size_t nd, const Ctx& ctx, const std::string& in,
+                  ShardRecord* s) {
+  s->offsets.resize(nd);
+  s->sizes.resize(nd);
+  for (size_t d = 0; d < nd; ++d) {
+    const uint64_t off = GetU64(b, 8 * d), size = GetU64(b, 8 * (nd + d));
+    if (off > uint64_t{kMaxDimension} || size > uint64_t{kMaxDimension}) {
+      return ctx.Bad(fmt::format("{}: offsets or sizes hold a negative or huge value", in));
+    }
+    s->offsets[d] = static_cast<int64_t>(off);
+    s->sizes[d] = static_cast<int64_t>(size);
+  }
+  const size_t at = 16 * nd;
+  s->offset = GetU64(b, at);
+  s->bytes = GetU64(b, at + 8);
+  s->file = GetU32(b, at + 16);
+  const uint8_t codec = static_cast<uint8_t>(b[at + 20]), filter = static_cast<uint8_t>(b[at + 21]);
+  if (codec > static_cast<uint8_t>(codec::Codec::kLz4) ||
+      filter > static_cast<uint8_t>(codec::Filter::kShuffle) || b[at + 22] != 0 ||
+      b[at + 23] != 0 || (codec == 0 && filter != 0)) {
+    return ctx.Bad(
+        fmt::format("{}: codec {}, filter {} or reserved bytes are invalid", in, codec, filter));
+  }
+  s->codec = static_cast<codec::Codec>(codec);
+  s->filter = static_cast<codec::Filter>(filter);
+  return Status::OK();
+}
+
+// Chunk entries [first, first + n) of `entries` into `s`.
+Status ReadChunkEntries(std::string_view entries, uint64_t first, uint64_t n, const SectionRef& r,
+                        bool encrypted, const Ctx& ctx, const std::string& in, ShardRecord* s) {
+  const uint64_t size = ChunkEntryBytes(r.stored, encrypted);
+  s->crc32c.resize(n);
+  if (s->compressed()) s->stored.resize(n);
+  if (encrypted) s->tags.resize(n);
+  for (uint64_t c = 0; c < n; ++c) {
+    const std::string_view e = entries.substr((first + c) * size, size);
+    s->crc32c[c] = GetU32(e, 0);
+    if (r.stored) {
+      const uint32_t flags = GetU32(e, 4);
+      const uint64_t offset = GetU64(e, 8), bytes = GetU64(e, 16);
+      if ((flags & ~kChunkCompressed) != 0 ||
+          (!s->compressed() && (flags != 0 || offset != 0 || bytes != 0))) {
+        return ctx.Bad(fmt::format("{} chunk {}: invalid stored entry", in, c));
+      }
+      if (s->compressed()) s->stored[c] = {offset, bytes, (flags & kChunkCompressed) != 0};
+    }
+    if (encrypted) std::memcpy(s->tags[c].data(), e.data() + (r.stored ? 24 : 4), 16);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+SectionRef AppendSection(const TensorRecord& t, const Manifest& m, std::string* out) {
+  SectionRef r;
+  const size_t start = out->size();
+  r.shards = t.shards.size();
+  for (const ShardRecord& s : t.shards) r.stored = r.stored || s.compressed();
+  for (const ShardRecord& s : t.shards) {
+    for (int64_t v : s.offsets) Append64(out, static_cast<uint64_t>(v));
+    for (int64_t v : s.sizes) Append64(out, static_cast<uint64_t>(v));
+    Append64(out, s.offset);
+    Append64(out, s.bytes);
+    Append32(out, s.file);
+    out->push_back(static_cast<char>(s.codec));
+    out->push_back(static_cast<char>(s.compressed() ? s.filter : codec::Filter::kNone));
+    out->append(2, '\0');
+  }
+  for (const ShardRecord& s : t.shards) {
+    AppendChunkEntries(s, r.stored, m.encryption.enabled, out);
+    r.chunks += s.crc32c.size();
+  }
+  r.offset = start;
+  r.bytes = out->size() - start;
+  r.crc32c = Crc32c(std::string_view(*out).substr(start));
+  return r;
+}
+
+uint64_t LargestSection(const Manifest& m) {
+  if (m.version < kIndexedFormatVersion) return 0;
+  unsigned __int128 largest = 0;
+  for (const TensorRecord& t : m.tensors) {
+    bool stored = false;
+    unsigned __int128 chunks = 0;
+    for (const ShardRecord& s : t.shards) {
+      stored = stored || s.compressed();
+      chunks += s.crc32c.size();
+    }
+    const unsigned __int128 bytes =
+        static_cast<unsigned __int128>(t.shards.size()) * ShardRecordBytes(t.shape.size()) +
+        chunks * ChunkEntryBytes(stored, m.encryption.enabled);
+    largest = std::max(largest, bytes);
+  }
+  return largest > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(largest);
+}
+
+Status internal::PlaceSections(uint64_t head_end, uint64_t file_bytes, const Ctx& ctx,
+                               std::vector<SectionRef>* sections) {
+  uint64_t at = head_end;  // (each section <= 2^28 bytes, at most 2^24 of them: no overflow)
+  for (SectionRef& r : *sections) {
+    r.offset = at;
+    at += r.bytes;
+  }
+  if (at != file_bytes) {
+    return ctx.Bad(fmt::format("the sections end at byte {}, the file has {} (truncated or padded)",
+                               at, file_bytes));
+  }
+  return Status::OK();
+}
+
+Status DecodeTensorSection(std::string_view section, ManifestHead* head, size_t i,
+                           const std::vector<Box>* keep, std::string_view where) {
+  const Ctx ctx{where};
+  const Manifest& m = head->manifest;
+  TensorRecord& t = head->manifest.tensors[i];
+  const SectionRef& r = head->sections[i];
+  const std::string in = fmt::format("tensor {:?}", t.name);
+  if (section.size() != r.bytes) {
+    return ctx.Bad(
+        fmt::format("{}: section of {} bytes, the head says {}", in, section.size(), r.bytes));
+  }
+  if (Crc32c(section) != r.crc32c) return ctx.Bad(fmt::format("{}: section checksum mismatch", in));
+  const size_t nd = t.shape.size();
+  const uint64_t rec = ShardRecordBytes(nd);
+  const std::string_view entries = section.substr(r.shards * rec);
+  t.shards.clear();
+  uint64_t chunk = 0;  // the first chunk entry of shard k
+  for (uint64_t k = 0; k < r.shards; ++k) {
+    const std::string_view b = section.substr(k * rec, rec);
+    const uint64_t bytes = GetU64(b, 16 * nd + 8);
+    const uint64_t n = NumChunks(std::min<uint64_t>(bytes, uint64_t{1} << 62), m.chunk_bytes);
+    if (n > r.chunks - chunk) {
+      return ctx.Bad(
+          fmt::format("{} shard {}: more chunks than the section's {}", in, k, r.chunks));
+    }
+    if (Wanted(b, nd, keep)) {
+      const std::string sin = fmt::format("{} shard {}", in, k);
+      ShardRecord s;
+      SP_RETURN_IF_ERROR(ReadRecord(b, nd, ctx, sin, &s));
+      if (s.compressed() && !r.stored) {
+        return ctx.Bad(fmt::format("{}: compressed, but the section has no stored entries", sin));
+      }
+      SP_RETURN_IF_ERROR(
+          ReadChunkEntries(entries, chunk, n, r, m.encryption.enabled, ctx, sin, &s));
+      SP_RETURN_IF_ERROR(internal::CheckShardRange(t, s, m, ctx, sin));
+      t.shards.push_back(std::move(s));
+    }
+    chunk += n;
+  }
+  if (chunk != r.chunks) {
+    return ctx.Bad(
+        fmt::format("{}: its shards have {} chunks, the section {}", in, chunk, r.chunks));
+  }
+  return internal::CheckTiling(t, ctx, in, /*cover=*/keep == nullptr);
+}
+
+Result<uint64_t> IndexedHeadBytes(std::string_view header, std::string_view where) {
+  const Ctx ctx{where};
+  if (header.size() < kManifestHeaderBytes) {
+    return ctx.Bad(
+        fmt::format("truncated: {} bytes, header needs {}", header.size(), kManifestHeaderBytes));
+  }
+  if (header.substr(0, 8) != kManifestMagic) return ctx.Bad("not a savepoint manifest (bad magic)");
+  if (GetU32(header, 60) != Crc32c(header.substr(0, 60))) {
+    return ctx.Bad("header checksum mismatch");
+  }
+  const uint32_t version = GetU32(header, 8);
+  if (version < kIndexedFormatVersion || version > kMaxFormatVersion ||
+      (GetU32(header, 36) & kManifestFlagEncrypted) != 0 ||
+      GetU64(header, 16) > kMaxManifestBodyBytes) {
+    return uint64_t{0};  // read it whole: DecodeManifest reports what is wrong, if anything
+  }
+  return kManifestHeaderBytes + GetU64(header, 16);
+}
+
+Result<ManifestHead> DecodeManifestHead(std::string_view head, uint64_t file_bytes,
+                                        std::string_view where) {
+  const Ctx ctx{where};
+  ManifestHead h;
+  SP_RETURN_IF_ERROR(internal::CheckHeader(head, ctx, &h.manifest));
+  if (h.manifest.version < kIndexedFormatVersion) {
+    return ctx.Bad(fmt::format("format version {} has no head", h.manifest.version));
+  }
+  if (file_bytes > kMaxManifestFileBytes) {
+    return ctx.Bad(
+        fmt::format("file of {} bytes exceeds the cap of {}", file_bytes, kMaxManifestFileBytes));
+  }
+  SP_RETURN_IF_ERROR(
+      internal::DecodeHeadBody(head.substr(kManifestHeaderBytes), ctx, &h.manifest, &h.sections));
+  SP_RETURN_IF_ERROR(internal::PlaceSections(head.size(), file_bytes, ctx, &h.sections));
+  return h;
+}
+
+}  // namespace savepoint::format

@@ -1,0 +1,83 @@
+// Version 3 of the native format, the indexed manifest (docs/FORMAT.md §12).
+//
+// MANIFEST = the 64-byte header | the JSON head | one binary section per tensor, in the head's
+// order. The head is the version 2 body with each tensor's "shards" array replaced by the size,
+// CRC32C and counts of its section; a section holds the tensor's shard records (fixed size) and
+// then their chunk entries (checksums, stored extents, tags). A reader that needs a few tensors
+// reads the header, the head and their sections only: a rank of a 16,384-rank job plans its load
+// from a few megabytes of a manifest of hundreds.
+//
+// DecodeManifest (format/manifest.h) reads whole version 3 files like the others; this header is
+// for readers that read parts. Input is untrusted, as everywhere in format/.
+#ifndef SAVEPOINT_FORMAT_MANIFEST_INDEX_H_
+#define SAVEPOINT_FORMAT_MANIFEST_INDEX_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "format/manifest.h"
+
+namespace savepoint::format {
+
+// Where one tensor's shard records lie in MANIFEST (version 3).
+struct SectionRef {
+  uint64_t offset = 0;  // from the start of MANIFEST
+  uint64_t bytes = 0;   // section length
+  uint32_t crc32c = 0;  // CRC32C of the section's bytes
+  uint64_t shards = 0;  // shard records
+  uint64_t chunks = 0;  // chunk entries (the shards' chunks, in record order)
+  bool stored = false;  // chunk entries carry stored extents (the tensor has compressed shards)
+};
+
+// A box of a tensor in global coordinates.
+struct Box {
+  Shape offsets;
+  Shape sizes;
+};
+
+// A decoded header and head: `manifest` lists every tensor (name, dtype, shape) with no shards;
+// sections[i] locates the shards of manifest.tensors[i] (tensors sorted by name).
+struct ManifestHead {
+  Manifest manifest;
+  std::vector<SectionRef> sections;
+};
+
+// Bytes of one shard record of a tensor of `ndim` dimensions, and of one chunk entry.
+inline uint64_t ShardRecordBytes(size_t ndim) { return 16 * uint64_t{ndim} + 24; }
+inline uint64_t ChunkEntryBytes(bool stored, bool encrypted) {
+  return 4 + (stored ? 20 : 0) + (encrypted ? 16 : 0);
+}
+
+// From the first kManifestHeaderBytes of MANIFEST: the length of header + head when the manifest
+// is of version 3 and not encrypted (then DecodeManifestHead and DecodeTensorSection can read it
+// in parts), else 0 (read and decode it whole; an encrypted manifest is authenticated whole).
+// Corruption for a damaged header, Unimplemented for an unknown version.
+Result<uint64_t> IndexedHeadBytes(std::string_view header, std::string_view where);
+
+// Decodes and validates header + head (the first IndexedHeadBytes bytes) of a version 3 MANIFEST
+// of `file_bytes` bytes: everything but the shards, and the sections' places, which must fill the
+// file after the head exactly.
+Result<ManifestHead> DecodeManifestHead(std::string_view head, uint64_t file_bytes,
+                                        std::string_view where);
+
+// Decodes `section` (the bytes at head->sections[i]) into head->manifest.tensors[i].shards:
+// checks its CRC32C and every record (box, extent in its file, chunk entries). With `keep`, only
+// shards whose box overlaps one of its boxes are kept, and they are checked not to overlap each
+// other (that they cover the boxes is the reader's check); without, every shard is kept and must
+// tile the tensor.
+Status DecodeTensorSection(std::string_view section, ManifestHead* head, size_t i,
+                           const std::vector<Box>* keep, std::string_view where);
+
+// The size of the largest section EncodeManifest writes for `m` (0 below version 3), so that a
+// writer can refuse a manifest that readers would (each section <= kMaxManifestBodyBytes).
+uint64_t LargestSection(const Manifest& m);
+
+// Encoder side (format/manifest.cc): appends the section of `t` to `out` and returns its place
+// (offset relative to the start of `out` before the call).
+SectionRef AppendSection(const TensorRecord& t, const Manifest& m, std::string* out);
+
+}  // namespace savepoint::format
+
+#endif  // SAVEPOINT_FORMAT_MANIFEST_INDEX_H_

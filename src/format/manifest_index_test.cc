@@ -1,0 +1,290 @@
+// Format version 3, the indexed manifest (docs/FORMAT.md §12): whole round trips (sharded,
+// compressed, encrypted, scalar and empty tensors), reading in parts (head, then the sections of
+// some tensors with only the shards overlapping a box), and hostile heads and sections.
+#include "format/manifest_index.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "format/endian.h"
+#include "format/manifest.h"
+#include "testutil/testutil.h"
+#include "util/crc32c.h"
+
+namespace savepoint::format {
+namespace {
+
+using ::savepoint::testing::StatusIs;
+
+constexpr std::string_view kWhere = "/ck/MANIFEST";
+
+ShardRecord Box2(int64_t row, int64_t col, int64_t rows, int64_t cols, uint64_t offset) {
+  ShardRecord s;
+  s.offsets = {row, col};
+  s.sizes = {rows, cols};
+  s.offset = offset;
+  s.bytes = static_cast<uint64_t>(rows * cols) * 4;
+  s.crc32c.assign(NumChunks(s.bytes, 4096), static_cast<uint32_t>(offset * 7 + 1));
+  return s;
+}
+
+// "w" (F32 [64, 32]) in 4 row blocks x 2 column blocks of 16 x 16 (1024 bytes each, in file 0 or
+// 1), "z" (F32 [2048], one compressed shard of two chunks), "s" (a scalar) and "e" (empty).
+Manifest Sharded() {
+  Manifest m;
+  m.version = kIndexedFormatVersion;
+  m.checkpoint_id = 0xfeedfacecafebeefULL;
+  m.writer = "test";
+  m.chunk_bytes = 4096;
+  m.files = {{"data-00000-00000.spd", 65536}, {"data-00001-00000.spd", 65536}};
+  TensorRecord w{"w", DType::kF32, {64, 32}, {}};
+  for (int r = 0; r < 4; ++r) {
+    for (int c = 0; c < 2; ++c) {
+      w.shards.push_back(Box2(16 * r, 16 * c, 16, 16, 4096 + 1024 * (2 * r + c)));
+      w.shards.back().file = static_cast<uint32_t>(c);
+    }
+  }
+  TensorRecord z{"z", DType::kF32, {2048}, {}};
+  ShardRecord zs;
+  zs.offsets = {0};
+  zs.sizes = {2048};
+  zs.bytes = 8192;
+  zs.crc32c = {11, 22};
+  zs.codec = codec::Codec::kZstd;
+  zs.filter = codec::Filter::kShuffle;
+  zs.stored = {{16384, 100, true}, {20480, 4096, false}};
+  z.shards.push_back(zs);
+  TensorRecord s{"s", DType::kI64, {}, {}};
+  ShardRecord ss;
+  ss.offset = 32768;
+  ss.bytes = 8;
+  ss.crc32c = {5};
+  s.shards.push_back(ss);
+  TensorRecord e{"e", DType::kBF16, {0, 4}, {Box2(0, 0, 0, 4, 32832)}};
+  m.tensors = {e, s, w, z};  // by name
+  EXPECT_TRUE(m.values.PutValue("step", int64_t{7}).ok());
+  m.values.metadata() = Json{{"k", "v"}};
+  return m;
+}
+
+::testing::AssertionResult Corrupt(const Result<Manifest>& r, std::string_view needle) {
+  if (r.ok()) return ::testing::AssertionFailure() << "accepted";
+  if (r.status().code() != StatusCode::kCorruption ||
+      r.status().message().find(needle) == std::string::npos ||
+      r.status().message().find(kWhere) == std::string::npos) {
+    return ::testing::AssertionFailure() << r.status().ToString();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+TEST(ManifestIndex, WholeRoundTrip) {
+  const Manifest m = Sharded();
+  const std::string bytes = EncodeManifest(m);
+  EXPECT_EQ(GetU32(bytes, 8), 3u);
+  // The shards are not in the JSON head.
+  const uint64_t head = GetU64(bytes, 16);
+  EXPECT_EQ(bytes.substr(kManifestHeaderBytes, head).find("offsets"), std::string::npos);
+  EXPECT_LT(kManifestHeaderBytes + head, bytes.size());
+  Result<Manifest> back = DecodeManifest(bytes, kWhere);
+  SP_ASSERT_OK(back.status());
+  EXPECT_EQ(back->version, 3u);
+  EXPECT_EQ(ManifestToJson(*back), ManifestToJson(m));
+}
+
+TEST(ManifestIndex, EncryptedRoundTripKeepsTags) {
+  Manifest m = Sharded();
+  m.encryption.enabled = true;
+  m.encryption.salt.fill(std::byte{3});
+  m.encryption.key_check.fill(std::byte{4});
+  uint8_t n = 0;
+  for (TensorRecord& t : m.tensors) {
+    for (ShardRecord& s : t.shards) {
+      s.tags.resize(s.crc32c.size());
+      for (crypto::GcmTag& tag : s.tags) tag.fill(std::byte{++n});
+    }
+  }
+  const std::string bytes = EncodeManifest(m);
+  Result<Manifest> back = DecodeManifest(bytes, kWhere);
+  SP_ASSERT_OK(back.status());
+  EXPECT_EQ(ManifestToJson(*back), ManifestToJson(m));
+  // Encrypted manifests are authenticated whole: never read in parts.
+  Result<uint64_t> head = IndexedHeadBytes(bytes, kWhere);
+  SP_ASSERT_OK(head.status());
+  EXPECT_EQ(*head, 0u);
+}
+
+TEST(ManifestIndex, OlderVersionsAreReadWhole) {
+  Manifest m = Sharded();
+  m.version = 2;
+  m.tensors.pop_back();  // (z's stored chunks at 4096 multiples would do; keep it simple)
+  const std::string bytes = EncodeManifest(m);
+  Result<uint64_t> head = IndexedHeadBytes(bytes, kWhere);
+  SP_ASSERT_OK(head.status());
+  EXPECT_EQ(*head, 0u);
+  SP_EXPECT_OK(DecodeManifest(bytes, kWhere).status());
+}
+
+// Reads header and head, then only the section of "w" with the shards overlapping one box.
+TEST(ManifestIndex, PartsKeepOnlyOverlappingShards) {
+  const std::string bytes = EncodeManifest(Sharded());
+  Result<uint64_t> head_bytes = IndexedHeadBytes(bytes.substr(0, kManifestHeaderBytes), kWhere);
+  SP_ASSERT_OK(head_bytes.status());
+  ASSERT_GT(*head_bytes, kManifestHeaderBytes);
+  Result<ManifestHead> h = DecodeManifestHead(bytes.substr(0, *head_bytes), bytes.size(), kWhere);
+  SP_ASSERT_OK(h.status());
+  ASSERT_EQ(h->manifest.tensors.size(), 4u);
+  EXPECT_EQ(h->manifest.tensors[2].name, "w");
+  EXPECT_EQ(h->sections[2].shards, 8u);
+  for (const TensorRecord& t : h->manifest.tensors) EXPECT_TRUE(t.shards.empty());
+  EXPECT_EQ(h->manifest.values.FindValue("step")->as_int(), 7);
+  // Rows [8, 24) of columns [10, 20): row blocks 0 and 1, both column blocks.
+  const std::vector<Box> keep = {{{8, 10}, {16, 10}}};
+  const SectionRef& r = h->sections[2];
+  SP_ASSERT_OK(DecodeTensorSection(bytes.substr(r.offset, r.bytes), &*h, 2, &keep, kWhere));
+  const auto& shards = h->manifest.tensors[2].shards;
+  ASSERT_EQ(shards.size(), 4u);
+  for (const ShardRecord& s : shards) {
+    EXPECT_LT(s.offsets[0], 32);
+    EXPECT_EQ(s.file, s.offsets[1] == 0 ? 0u : 1u);
+    EXPECT_EQ(s.crc32c, std::vector<uint32_t>{static_cast<uint32_t>(s.offset * 7 + 1)});
+  }
+  // Without a box: every shard, and they must tile the tensor.
+  SP_ASSERT_OK(DecodeTensorSection(bytes.substr(r.offset, r.bytes), &*h, 2, nullptr, kWhere));
+  EXPECT_EQ(h->manifest.tensors[2].shards.size(), 8u);
+}
+
+// MANIFEST `bytes` with its JSON head edited by `edit`, framed again with correct CRCs.
+std::string EditHeadOf(const std::string& bytes, const std::function<void(Json&)>& edit) {
+  const uint64_t head = GetU64(bytes, 16);
+  Json j = Json::parse(bytes.substr(kManifestHeaderBytes, head));
+  edit(j);
+  const std::string body = j.dump();
+  std::string h = bytes.substr(0, kManifestHeaderBytes);
+  PutU64(&h, 16, body.size());
+  PutU32(&h, 32, Crc32c(body));
+  PutU32(&h, 60, Crc32c(std::string_view(h).substr(0, 60)));
+  return h + body + bytes.substr(kManifestHeaderBytes + head);
+}
+
+std::string EditHead(const Manifest& m, const std::function<void(Json&)>& edit) {
+  return EditHeadOf(EncodeManifest(m), edit);
+}
+
+// `m` encoded, with section `i` edited by `edit` and its CRC in the head fixed.
+std::string EditSection(const Manifest& m, size_t i,
+                        const std::function<void(std::string&)>& edit) {
+  std::string bytes = EncodeManifest(m);
+  Result<ManifestHead> h = DecodeManifestHead(
+      bytes.substr(0, kManifestHeaderBytes + GetU64(bytes, 16)), bytes.size(), kWhere);
+  EXPECT_TRUE(h.ok());
+  std::string section = bytes.substr(h->sections[i].offset, h->sections[i].bytes);
+  edit(section);
+  bytes.replace(h->sections[i].offset, h->sections[i].bytes, section);
+  const uint32_t crc = Crc32c(section);
+  return EditHeadOf(bytes, [&](Json& j) { j["tensors"][i]["section_crc32c"] = crc; });
+}
+
+TEST(ManifestIndex, HostileHeadsAreCorruption) {
+  const Manifest m = Sharded();
+  EXPECT_TRUE(Corrupt(
+      DecodeManifest(EditHead(m, [](Json& j) { j["tensors"][2]["section_bytes"] = 1u << 20; }),
+                     kWhere),
+      "cannot hold"));
+  EXPECT_TRUE(
+      Corrupt(DecodeManifest(EditHead(m, [](Json& j) { j["tensors"][2]["shards"] = 9; }), kWhere),
+              "cannot hold"));
+  EXPECT_TRUE(Corrupt(
+      DecodeManifest(EditHead(m, [](Json& j) { std::swap(j["tensors"][0], j["tensors"][1]); }),
+                     kWhere),
+      "out of order"));
+  EXPECT_TRUE(Corrupt(
+      DecodeManifest(EditHead(m, [](Json& j) { j["required_features"] = Json::array(); }), kWhere),
+      "without \"compression\""));
+  EXPECT_TRUE(
+      Corrupt(DecodeManifest(EditHead(m, [](Json& j) { j["tensors"][1]["stored"] = 1; }), kWhere),
+              "stored is not a boolean"));
+  const std::string bytes = EncodeManifest(m);
+  EXPECT_TRUE(Corrupt(DecodeManifest(bytes + "x", kWhere), "sections end at"));
+  // Every truncation is refused.
+  for (size_t n = 0; n < bytes.size(); n += 7) {
+    Result<Manifest> r = DecodeManifest(bytes.substr(0, n), kWhere);
+    EXPECT_EQ(r.status().code(), StatusCode::kCorruption) << n;
+  }
+}
+
+TEST(ManifestIndex, HostileSectionsAreCorruption) {
+  const Manifest m = Sharded();
+  std::string flipped = EncodeManifest(m);
+  flipped.back() ^= 1;
+  EXPECT_TRUE(Corrupt(DecodeManifest(flipped, kWhere), "section checksum mismatch"));
+  // Shard 1 of "w" (ndim 2: 56-byte records) moved onto shard 0: they overlap.
+  EXPECT_TRUE(Corrupt(DecodeManifest(EditSection(m, 2,
+                                                 [](std::string& s) {
+                                                   for (int b = 0; b < 16; ++b) s[56 + b] = s[b];
+                                                 }),
+                                     kWhere),
+                      "shards overlap"));
+  // A negative offset, an unknown codec, a nonzero reserved byte, a file out of range.
+  EXPECT_TRUE(
+      Corrupt(DecodeManifest(EditSection(m, 2, [](std::string& s) { s[7] = char(0x80); }), kWhere),
+              "negative or huge"));
+  EXPECT_TRUE(Corrupt(
+      DecodeManifest(EditSection(m, 2, [](std::string& s) { s[32 + 20] = 9; }), kWhere), "codec"));
+  EXPECT_TRUE(
+      Corrupt(DecodeManifest(EditSection(m, 2, [](std::string& s) { s[32 + 23] = 1; }), kWhere),
+              "reserved"));
+  EXPECT_TRUE(
+      Corrupt(DecodeManifest(EditSection(m, 2, [](std::string& s) { s[32 + 16] = 2; }), kWhere),
+              "file index 2 out of range"));
+  // Bytes that do not match the box; an extent outside its file.
+  EXPECT_TRUE(
+      Corrupt(DecodeManifest(EditSection(m, 2, [](std::string& s) { s[32 + 9] = 0; }), kWhere),
+              "do not match its box"));
+  EXPECT_TRUE(
+      Corrupt(DecodeManifest(EditSection(m, 2, [](std::string& s) { s[32 + 6] = 1; }), kWhere),
+              "outside file"));
+  // An uncompressed shard's stored entry must be empty (z is compressed; its entries are real).
+  Manifest mixed = Sharded();
+  mixed.tensors[3].shards.push_back(mixed.tensors[3].shards[0]);
+  mixed.tensors[3].shape = {4096};
+  ShardRecord& plain = mixed.tensors[3].shards[1];
+  plain.offsets = {2048};
+  plain.codec = codec::Codec::kNone;
+  plain.filter = codec::Filter::kNone;
+  plain.stored.clear();
+  plain.offset = 24576;
+  SP_ASSERT_OK(DecodeManifest(EncodeManifest(mixed), kWhere).status());
+  // (records: 2 x 40 bytes; entries of 24: z's two, then plain's two; plain's first flags at 132)
+  EXPECT_TRUE(
+      Corrupt(DecodeManifest(EditSection(mixed, 3, [](std::string& s) { s[132] = 1; }), kWhere),
+              "invalid stored entry"));
+}
+
+TEST(ManifestIndex, UnknownVersionsStayUnimplemented) {
+  std::string bytes = EncodeManifest(Sharded());
+  PutU32(&bytes, 8, kMaxFormatVersion + 1);
+  PutU32(&bytes, 60, Crc32c(std::string_view(bytes).substr(0, 60)));
+  EXPECT_THAT(DecodeManifest(bytes, kWhere), StatusIs(StatusCode::kUnimplemented));
+  Result<uint64_t> head = IndexedHeadBytes(bytes, kWhere);
+  SP_ASSERT_OK(head.status());
+  EXPECT_EQ(*head, 0u);  // read whole, where DecodeManifest names the version
+}
+
+TEST(ManifestIndex, LargestSectionIsWhatIsWritten) {
+  const Manifest m = Sharded();
+  const std::string bytes = EncodeManifest(m);
+  Result<ManifestHead> h = DecodeManifestHead(
+      bytes.substr(0, kManifestHeaderBytes + GetU64(bytes, 16)), bytes.size(), kWhere);
+  SP_ASSERT_OK(h.status());
+  uint64_t largest = 0;
+  for (const SectionRef& r : h->sections) largest = std::max(largest, r.bytes);
+  EXPECT_EQ(LargestSection(m), largest);
+  Manifest v2 = Sharded();
+  v2.version = 2;
+  EXPECT_EQ(LargestSection(v2), 0u);
+}
+
+}  // namespace
+}  // namespace savepoint::format
