@@ -1,11 +1,12 @@
 """Tables, plot and summary line of `scripts/bench --scale` (docs/PERFORMANCE.md, "Scale").
 
-    scale_report.py SAVEPOINT_JSONL DCP_JSONL CONTROLLER_JSONL PNG
+    scale_report.py SAVEPOINT_JSONL DCP_JSONL CONTROLLER_JSONL PNG [SAVEPOINT_V2_JSONL]
 
-Reads the JSON lines of bench/scale_bench.cc, bench/scale_dcp.py and
-bench/controller_scale_bench.cc (any may be empty), prints one table each, writes the curves
-(coordination time, coordinator memory, manifest size, one rank's load planning against the rank
-count, savepoint and DCP) as a PNG, and ends with the `scale:` line of the largest savepoint run.
+Reads the JSON lines of bench/scale_bench.cc (format version 3, and optionally version 2),
+bench/scale_dcp.py and bench/controller_scale_bench.cc (any may be empty), prints one table each,
+writes the curves (coordination time, coordinator memory, manifest size, one rank's load planning
+against the rank count: savepoint with each manifest, and DCP) as a PNG, and ends with the
+`scale:` line of the largest version 3 run.
 """
 
 import json
@@ -28,7 +29,7 @@ def table(title, data, cols):
         print("  ".join(cells))
 
 
-def plot(sp, dcp, png):
+def plot(sp, sp2, dcp, png):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,17 +37,22 @@ def plot(sp, dcp, png):
 
     fig, ax = plt.subplots(2, 2, figsize=(11, 8))
     ok = [r for r in sp if not r.get("error")]
+    ok2 = [r for r in sp2 if not r.get("error")]
+    v3, v2 = "savepoint (format 3)", "savepoint (format 2, JSON)"
     panels = [
-        (ax[0][0], "coordination of one save (s)", [("savepoint", ok, "coordinate_s", 1),
+        (ax[0][0], "coordination of one save (s)", [(v3, ok, "coordinate_s", 1),
+                                                    (v2, ok2, "coordinate_s", 1),
                                                     ("DCP", dcp, "coordinate_s", 1)]),
-        (ax[0][1], "coordinator memory (MiB)", [("savepoint peak", sp, "coordinator_peak_mib", 1),
+        (ax[0][1], "coordinator memory (MiB)", [(v3 + " peak", sp, "coordinator_peak_mib", 1),
+                                                (v2 + " peak", sp2, "coordinator_peak_mib", 1),
                                                 ("DCP peak growth", dcp,
                                                  "coordinator_peak_growth_mib", 1)]),
-        (ax[1][0], "manifest / metadata (MiB)", [("savepoint MANIFEST", ok, "manifest_bytes",
-                                                  1 / 2**20),
+        (ax[1][0], "manifest / metadata (MiB)", [(v3, ok, "manifest_bytes", 1 / 2**20),
+                                                 (v2, ok2, "manifest_bytes", 1 / 2**20),
                                                  ("DCP .metadata", dcp, "metadata_bytes",
                                                   1 / 2**20)]),
-        (ax[1][1], "one rank's load planning (ms)", [("savepoint", ok, "load_plan_ms", 1),
+        (ax[1][1], "one rank's load planning (ms)", [(v3, ok, "load_plan_ms", 1),
+                                                     (v2, ok2, "load_plan_ms", 1),
                                                      ("DCP", dcp, "load_plan_ms", 1)]),
     ]
     for a, title, series in panels:
@@ -68,11 +74,14 @@ def plot(sp, dcp, png):
 
 def main(argv):
     sp, dcp, ctl = rows(argv[1]), rows(argv[2]), rows(argv[3])
-    table("savepoint (bench/scale_bench)", sp, [
-        ("ranks", 6, "d"), ("entries", 9, "d"), ("plan_bytes", 11, "d"),
-        ("rank_plan_ms_mean", 9, ".2f"), ("decide_s", 8, ".2f"), ("commit_s", 8, ".2f"),
-        ("coordinate_s", 12, ".2f"), ("coordinator_peak_mib", 8, ".0f"),
-        ("manifest_bytes", 12, "d"), ("load_plan_ms", 10, ".1f"), ("error", 5, "")])
+    sp2 = rows(argv[5]) if len(argv) > 5 else []
+    cols = [("ranks", 6, "d"), ("entries", 9, "d"), ("plan_bytes", 11, "d"),
+            ("rank_plan_ms_mean", 9, ".2f"), ("decide_s", 8, ".2f"), ("commit_s", 8, ".2f"),
+            ("coordinate_s", 12, ".2f"), ("coordinator_peak_mib", 8, ".0f"),
+            ("manifest_bytes", 12, "d"), ("load_plan_ms", 10, ".1f"), ("error", 5, "")]
+    table("savepoint, format version 3 (bench/scale_bench)", sp, cols)
+    if sp2:
+        table("savepoint, format version 2 (bench/scale_bench --format-version 2)", sp2, cols)
     table("PyTorch DCP default planners (bench/scale_dcp.py)", dcp, [
         ("ranks", 6, "d"), ("plan_bytes", 11, "d"), ("rank_plan_ms_mean", 9, ".2f"),
         ("coordinate_s", 12, ".2f"), ("coordinator_peak_growth_mib", 8, ".0f"),
@@ -83,7 +92,7 @@ def main(argv):
         ("stopped_ranks", 7, "d")])
     if sp or dcp:
         try:
-            plot(sp, dcp, argv[4])
+            plot(sp, sp2, dcp, argv[4])
         except ImportError:
             print("\nplot: matplotlib is missing (scripts/bench --scale installs it)")
     if sp:

@@ -6,7 +6,8 @@
 #                         [--agents 64,256,1024] [--out DIR] [--build-dir B]
 #
 #   --ranks      world sizes of bench/scale_bench (savepoint's save coordination and load planning,
-#                through the real code; ~6 GiB of memory at 16,384)
+#                through the real code; ~6 GiB of memory at 16,384), run with the indexed manifest
+#                (format version 3) and with the JSON one (version 2)
 #   --dcp-ranks  world sizes of bench/scale_dcp.py, PyTorch DCP's default planners on the same
 #                layout (minutes per point beyond 1,024 ranks: DCP's planning is pure Python);
 #                "none" skips it
@@ -38,10 +39,15 @@ python=$(scripts/venv)
 NINJA_TARGETS="scale_bench controller_scale_bench savepoint_cli" scripts/build "$build_dir" \
   -DSAVEPOINT_BUILD_PYTHON=ON -DPython_EXECUTABLE="$python" -DSAVEPOINT_PYTHON="$python" >&2
 mkdir -p "$out"
-: > "$out/savepoint.jsonl"; : > "$out/dcp.jsonl"; : > "$out/controller.jsonl"
+: > "$out/savepoint.jsonl"; : > "$out/savepoint-v2.jsonl"; : > "$out/dcp.jsonl"
+: > "$out/controller.jsonl"
 echo "== machine: $(nproc) cpus, $(awk '/MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)"
-echo "== savepoint: bench/scale_bench --ranks $ranks"
-"$build_dir/bench/scale_bench" --ranks "$ranks" --dir "$out" | tee "$out/savepoint.jsonl"
+echo "== savepoint: bench/scale_bench --ranks $ranks --format-version 3"
+"$build_dir/bench/scale_bench" --ranks "$ranks" --dir "$out" --format-version 3 |
+  tee "$out/savepoint.jsonl"
+echo "== savepoint: bench/scale_bench --ranks $ranks --format-version 2"
+"$build_dir/bench/scale_bench" --ranks "$ranks" --dir "$out" --format-version 2 |
+  tee "$out/savepoint-v2.jsonl"
 if [ "$dcp_ranks" != none ]; then
   echo "== DCP: bench/scale_dcp.py --ranks $dcp_ranks"
   "$python" bench/scale_dcp.py --ranks "$dcp_ranks" | tee "$out/dcp.jsonl"
@@ -52,4 +58,4 @@ if [ "$agents" != none ]; then
     --agents "$agents" | tee "$out/controller.jsonl"
 fi
 "$python" bench/scale_report.py "$out/savepoint.jsonl" "$out/dcp.jsonl" "$out/controller.jsonl" \
-  "$out/scale.png"
+  "$out/scale.png" "$out/savepoint-v2.jsonl"
