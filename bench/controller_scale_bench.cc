@@ -23,6 +23,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -157,9 +158,13 @@ int64_t DetectedNs(const std::string& file) {
 }
 
 void RunOne(const Args& a, int n, const std::string& kill) {
-  const std::string dir = fmt::format("/tmp/savepoint-controller-scale-{}", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  // A directory of our own (mkdtemp: new, unique), removed with what the controller wrote in it.
+  std::string made = "/tmp/savepoint-controller-scale-XXXXXX";
+  if (mkdtemp(made.data()) == nullptr) {
+    std::perror("controller_scale_bench: mkdtemp");
+    std::exit(1);
+  }
+  const std::string dir = made;
   Controller c = Spawn(a, n, dir);
   std::atomic<bool> stop{false};
   std::atomic<int> stopped{0};

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "distributed/shard.h"
 #include "savepoint/distributed.h"
 
 namespace scale {
@@ -61,10 +62,8 @@ inline std::vector<Param> StageParams(int pp, int stages) {
   return out;
 }
 
-// Part i of n of [0, s): (offset, size), as savepoint's SplitDim cuts.
-inline std::pair<int64_t, int64_t> Part(int64_t s, int64_t n, int64_t i) {
-  return {i * s / n, (i + 1) * s / n - i * s / n};
-}
+// Part i of n of [0, s) as (offset, size): the cut of SplitDim, which the layout follows.
+using savepoint::dist::SplitRange;
 
 struct Grid {
   int world, tp, pp;
@@ -86,7 +85,7 @@ inline std::vector<Entry> RankEntries(const Grid& g, int rank, int64_t rows) {
   for (const Param& prm : StageParams(p, g.pp)) {
     ShardSpec w{prm.shape, Shape(prm.shape.size(), 0), prm.shape, {}};
     if (prm.split >= 0) {
-      auto [o, s] = Part(prm.shape[prm.split], g.tp, t);
+      auto [o, s] = SplitRange(prm.shape[prm.split], g.tp, t);
       w.offsets[prm.split] = o, w.sizes[prm.split] = s;
     }
     for (int dd = 0; dd < g.dp(); ++dd) {
@@ -97,7 +96,7 @@ inline std::vector<Entry> RankEntries(const Grid& g, int rank, int64_t rows) {
     ShardSpec o = w;  // the optimizer's box: the TP box cut over DP along its longest dim
     o.replicas.clear();
     const size_t dim = std::max_element(w.sizes.begin(), w.sizes.end()) - w.sizes.begin();
-    auto [off, size] = Part(w.sizes[dim], g.dp(), d);
+    auto [off, size] = SplitRange(w.sizes[dim], g.dp(), d);
     o.offsets[dim] += off, o.sizes[dim] = size;
     if (prm.split < 0) {
       for (int tt = 0; tt < g.tp; ++tt) o.replicas.push_back(g.Rank(p, d, tt));
