@@ -5,7 +5,8 @@
 //    "000000000000002a" in the body) as format versions 1, 2 and 3 (for version 3 the input is the
 //    head, with no sections after it), so mutations reach the validator of each version's rules
 //    instead of stopping at the checksum. Whole version 3 files (corpus/manifest/v3_*) reach the
-//    binary sections (src/format/manifest_index.cc).
+//    binary sections (src/format/manifest_index.cc), whole and read in parts as a distributed
+//    load reads them (the head, then each section keeping the shards that meet a box).
 // Any input must give OK or a clean error: no crash, no sanitizer report, no huge allocation.
 // A decoded manifest is re-encoded and must decode again to the same JSON.
 #include <cstddef>
@@ -16,6 +17,7 @@
 
 #include "format/endian.h"
 #include "format/manifest.h"
+#include "format/manifest_index.h"
 #include "util/crc32c.h"
 
 namespace {
@@ -42,11 +44,32 @@ void Check(std::string_view bytes) {
   if (!m2.ok() || format::ManifestToJson(*m2) != format::ManifestToJson(*m)) std::abort();
 }
 
+// A version 3 input read in parts: the head, then each section with a box made of input bytes.
+void CheckParts(std::string_view bytes) {
+  Result<uint64_t> head = format::IndexedHeadBytes(bytes, "fuzz");
+  if (!head.ok() || *head == 0 || *head > bytes.size()) return;
+  Result<format::ManifestHead> h =
+      format::DecodeManifestHead(bytes.substr(0, *head), bytes.size(), "fuzz");
+  if (!h.ok()) return;
+  for (size_t i = 0; i < h->sections.size(); ++i) {
+    const size_t nd = h->manifest.tensors[i].shape.size();
+    format::Box box{Shape(nd), Shape(nd)};
+    for (size_t d = 0; d < nd; ++d) {
+      box.offsets[d] = static_cast<uint8_t>(bytes[d % bytes.size()]);
+      box.sizes[d] = 1 + static_cast<uint8_t>(bytes[(d + 1) % bytes.size()]);
+    }
+    const std::vector<format::Box> keep{box};
+    const format::SectionRef& r = h->sections[i];
+    (void)format::DecodeTensorSection(bytes.substr(r.offset, r.bytes), &*h, i, &keep, "fuzz");
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view input(reinterpret_cast<const char*>(data), size);
   Check(input);
+  CheckParts(input);
   for (uint32_t v = format::kMinFormatVersion; v <= format::kMaxFormatVersion; ++v) {
     Check(Frame(input, v));
   }

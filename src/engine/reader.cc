@@ -10,6 +10,7 @@
 
 #include "engine/box.h"
 #include "engine/request.h"
+#include "format/endian.h"
 #include "util/crc32c.h"
 #include "util/parallel.h"
 #include "util/progress.h"
@@ -101,6 +102,20 @@ Result<std::optional<format::Manifest>> ReadManifestParts(FileSystem* fs, const 
   return std::optional<format::Manifest>(std::move(h.manifest));
 }
 
+// MANIFEST whole: at most what versions 1 and 2 allow (header and a 256 MiB body), unless its
+// header says version 3 or later, which may be larger (kMaxManifestFileBytes). The header is
+// checked by the decoder.
+Result<std::string> ReadManifestWhole(FileSystem* fs, const std::string& mpath) {
+  Result<std::string> bytes =
+      fs->ReadFile(mpath, format::kManifestHeaderBytes + format::kMaxManifestBodyBytes);
+  if (bytes.ok() || bytes.status().code() != StatusCode::kResourceExhausted) return bytes;
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f, fs->NewRandomAccessFile(mpath, {}));
+  std::string header(format::kManifestHeaderBytes, '\0');
+  SP_RETURN_IF_ERROR(f->ReadAt(0, Writable(header)));
+  if (format::GetU32(header, 8) < format::kIndexedFormatVersion) return bytes;
+  return fs->ReadFile(mpath, format::kMaxManifestFileBytes);
+}
+
 }  // namespace
 
 Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const LoadOptions& o,
@@ -130,7 +145,7 @@ Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const 
       return r;
     }
   }
-  Result<std::string> bytes = r->fs_->ReadFile(mpath, format::kMaxManifestFileBytes);
+  Result<std::string> bytes = ReadManifestWhole(r->fs_, mpath);
   if (!bytes.ok()) {
     if (bytes.status().code() == StatusCode::kNotFound) {
       return NotFoundError(

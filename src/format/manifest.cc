@@ -295,7 +295,7 @@ std::string EncodeBody(const Manifest& m, std::string* sections) {
 }  // namespace
 
 std::string EncodeManifest(const Manifest& m, const CheckpointKeys* keys) {
-  // Version 3 (docs/FORMAT.md §12): header | head (the "body" of the header's size and CRC) |
+  // Version 3 (docs/FORMAT.md §15): header | head (the "body" of the header's size and CRC) |
   // sections; the MAC covers everything after the header.
   std::string sections;
   std::string body = EncodeBody(m, &sections);

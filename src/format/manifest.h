@@ -26,7 +26,7 @@ inline constexpr std::string_view kManifestMagic = "SVPTMNFT";  // 8 bytes
 inline constexpr std::string_view kDataMagic = "SVPTDATA";      // 8 bytes
 // The version this build writes by default, the oldest and the newest it reads. Version 2
 // (docs/FORMAT.md §8) differs from version 1 only in the alignment of uncompressed extents: 64
-// bytes instead of 4096, so that small tensors can be packed back to back. Version 3 (§12, the
+// bytes instead of 4096, so that small tensors can be packed back to back. Version 3 (§15, the
 // indexed manifest: format/manifest_index.h) stores each tensor's shard records as a binary section
 // after the JSON head, so that a reader can read the head and then only the tensors it needs.
 inline constexpr uint32_t kFormatVersion = 2;

@@ -1,5 +1,5 @@
 // Version 3 of the native format: the binary sections of the indexed manifest (docs/FORMAT.md
-// §12), and reading a manifest in parts. The JSON head is decoded by manifest_decode.cc.
+// §15), and reading a manifest in parts. The JSON head is decoded by manifest_decode.cc.
 #include "format/manifest_index.h"
 
 #include <fmt/format.h>
@@ -260,6 +260,10 @@ Result<ManifestHead> DecodeManifestHead(std::string_view head, uint64_t file_byt
   SP_RETURN_IF_ERROR(internal::CheckHeader(head, ctx, &h.manifest));
   if (h.manifest.version < kIndexedFormatVersion) {
     return ctx.Bad(fmt::format("format version {} has no head", h.manifest.version));
+  }
+  // Exactly header and head (all that the CRC covers), and not encrypted (read whole: the MAC).
+  if (GetU64(head, 16) != head.size() - kManifestHeaderBytes || h.manifest.encryption.enabled) {
+    return ctx.Bad("not the head of an unencrypted manifest of version 3");
   }
   if (file_bytes > kMaxManifestFileBytes) {
     return ctx.Bad(

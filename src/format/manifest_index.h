@@ -1,4 +1,4 @@
-// Version 3 of the native format, the indexed manifest (docs/FORMAT.md §12).
+// Version 3 of the native format, the indexed manifest (docs/FORMAT.md §15).
 //
 // MANIFEST = the 64-byte header | the JSON head | one binary section per tensor, in the head's
 // order. The head is the version 2 body with each tensor's "shards" array replaced by the size,
@@ -52,8 +52,9 @@ inline uint64_t ChunkEntryBytes(bool stored, bool encrypted) {
 
 // From the first kManifestHeaderBytes of MANIFEST: the length of header + head when the manifest
 // is of version 3 and not encrypted (then DecodeManifestHead and DecodeTensorSection can read it
-// in parts), else 0 (read and decode it whole; an encrypted manifest is authenticated whole).
-// Corruption for a damaged header, Unimplemented for an unknown version.
+// in parts), else 0 (read and decode it whole: versions 1 and 2, an unknown version, which
+// DecodeManifest names, and an encrypted manifest, which is authenticated whole). Corruption for a
+// damaged header.
 Result<uint64_t> IndexedHeadBytes(std::string_view header, std::string_view where);
 
 // Decodes and validates header + head (the first IndexedHeadBytes bytes) of a version 3 MANIFEST

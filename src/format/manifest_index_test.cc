@@ -1,4 +1,4 @@
-// Format version 3, the indexed manifest (docs/FORMAT.md §12): whole round trips (sharded,
+// Format version 3, the indexed manifest (docs/FORMAT.md §15): whole round trips (sharded,
 // compressed, encrypted, scalar and empty tensors), reading in parts (head, then the sections of
 // some tensors with only the shards overlapping a box), and hostile heads and sections.
 #include "format/manifest_index.h"
@@ -260,6 +260,24 @@ TEST(ManifestIndex, HostileSectionsAreCorruption) {
   EXPECT_TRUE(
       Corrupt(DecodeManifest(EditSection(mixed, 3, [](std::string& s) { s[132] = 1; }), kWhere),
               "invalid stored entry"));
+}
+
+// A head is exactly header + head (what the CRC covers) of an unencrypted manifest.
+TEST(ManifestIndex, HeadMustBeExactlyAnUnencryptedHead) {
+  Manifest m = Sharded();
+  std::string bytes = EncodeManifest(m);
+  const uint64_t head = kManifestHeaderBytes + GetU64(bytes, 16);
+  SP_EXPECT_OK(DecodeManifestHead(bytes.substr(0, head), bytes.size(), kWhere).status());
+  EXPECT_THAT(DecodeManifestHead(bytes.substr(0, head + 8), bytes.size(), kWhere),
+              StatusIs(StatusCode::kCorruption));
+  m.encryption.enabled = true;
+  for (TensorRecord& t : m.tensors) {
+    for (ShardRecord& s : t.shards) s.tags.resize(s.crc32c.size());
+  }
+  bytes = EncodeManifest(m);
+  EXPECT_THAT(DecodeManifestHead(bytes.substr(0, kManifestHeaderBytes + GetU64(bytes, 16)),
+                                 bytes.size(), kWhere),
+              StatusIs(StatusCode::kCorruption));
 }
 
 TEST(ManifestIndex, UnknownVersionsStayUnimplemented) {
