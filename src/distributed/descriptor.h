@@ -9,9 +9,10 @@
 #ifndef SAVEPOINT_DISTRIBUTED_DESCRIPTOR_H_
 #define SAVEPOINT_DISTRIBUTED_DESCRIPTOR_H_
 
-#include <map>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "format/manifest.h"
@@ -41,13 +42,15 @@ struct Verdict {
 std::string EncodeVerdict(const Verdict& v);
 Result<Verdict> DecodeVerdict(std::string_view bytes, int world);
 
-// Merges per-rank descriptors (coordinator only).
+// Merges per-rank descriptors (coordinator only; merge.cc). The shards are held compactly (boxes
+// flat, extents and checksums in arrays: a 16,384-rank save has millions), and a version 3
+// manifest's sections are written straight from them (EncodeIndexed).
 class ManifestMerger {
  public:
   explicit ManifestMerger(int world) : world_(world), ranks_(world) {}
   // Adds rank `rank`'s plan. Returns the status that rank reported (with its rank named), or an
-  // error when the descriptor is malformed or contradicts earlier ones (dtype, global shape,
-  // format version, whether the save is encrypted).
+  // error when the descriptor is malformed or contradicts earlier ones (dtype, global shape, box
+  // rank, format version, whether the save is encrypted).
   Status AddPlan(int rank, std::string_view bytes);
   // Whether the ranks' plans are encrypted (after every AddPlan succeeded).
   bool encrypted() const { return encrypted_; }
@@ -59,20 +62,56 @@ class ManifestMerger {
   // InvalidArgument when the rank was given another key).
   Status AddCrcs(int rank, std::string_view bytes, uint64_t chunk_bytes,
                  const format::KeyCheck* key_check = nullptr);
-  // Moves the merged files and tensors into `m` (tensors sorted by name, shards by box).
+  // After every AddCrcs: moves the merged files and tensors into `m` (tensors sorted by name,
+  // shards by box).
   void TakeInto(format::Manifest* m);
+  // After every AddCrcs, for a manifest of version 3: sets m's files and tensors (without shards)
+  // and returns the whole MANIFEST (authenticated with `keys` when encrypted), its sections written
+  // from the merged shards; *largest_section receives the largest section's size.
+  std::string EncodeIndexed(format::Manifest* m, const format::CheckpointKeys* keys,
+                            uint64_t* largest_section);
 
  private:
+  struct Extent {
+    uint64_t offset = 0, bytes = 0;  // in the rank's data file
+    uint64_t crc_at = 0;             // first checksum (and tag) in crcs_ (tags_)
+    uint32_t rank = 0;
+    uint32_t chunks = 0;
+  };
+  struct Merged {  // one tensor
+    std::string name;
+    DType dtype = DType::kU8;
+    Shape shape;
+    std::vector<int64_t> boxes;  // 2 * ndim values per shard: the offsets, then the sizes
+    std::vector<Extent> extents;
+  };
   struct RankInfo {
     uint64_t file_bytes = 0;
-    std::vector<std::pair<format::TensorRecord*, size_t>> shards;  // where each shard went
+    std::vector<std::pair<uint32_t, uint32_t>> shards;  // (tensor, shard) of each, in plan order
   };
+  struct NameHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  // The tensor of the i-th shard of rank `rank`'s plan, added when new; InvalidArgument when its
+  // dtype or shape differs from another rank's.
+  Result<Merged*> TensorOf(int rank, size_t i, std::string_view name, std::string_view dtype,
+                           const int64_t* shape, size_t ndim);
+  // The shards of `t` in box order.
+  std::vector<uint32_t> BoxOrder(const Merged& t) const;
+  // Tensors in name order.
+  std::vector<uint32_t> NameOrder() const;
+
   int world_;
   uint64_t version_ = 0;  // the format version of the first plan added, and its rank
   int version_rank_ = 0;
   bool encrypted_ = false;  // whether that plan is encrypted
   std::vector<RankInfo> ranks_;
-  std::map<std::string, format::TensorRecord, std::less<>> tensors_;
+  std::vector<Merged> tensors_;
+  std::unordered_map<std::string, uint32_t, NameHash, std::equal_to<>> index_;
+  std::vector<uint32_t> hints_;  // the tensor of the previous plan's i-th shard
+  std::vector<uint32_t> crcs_;
+  std::vector<crypto::GcmTag> tags_;  // encrypted saves: one per checksum
   std::vector<int64_t> file_index_;
   std::vector<format::FileRecord> files_;
 };

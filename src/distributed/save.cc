@@ -40,6 +40,7 @@
 #include "engine/seal.h"
 #include "engine/select.h"
 #include "engine/writer.h"
+#include "format/manifest_index.h"
 #include "savepoint/distributed.h"
 #include "util/progress.h"
 #include "util/random.h"
@@ -138,13 +139,16 @@ Status Run(const engine::WriteRequest& r, RankSave* mine) {
   Communicator& comm = *r.topology.comm;
   const Timeout timeout = r.topology.timeout;
   const bool root = comm.rank() == kRoot;
-  SP_ASSIGN_OR_RETURN(std::vector<std::string> plans,
-                      comm.Gather(RankSaveAccess::Plan(*mine, *r.state, *r.topology.layout,
-                                                       r.options, r.io, r.gathers),
-                                  kRoot, timeout));
   std::unique_ptr<SaveCoordinator> c =
       root ? std::make_unique<SaveCoordinator>(r.path, comm.size(), r.options, r.io) : nullptr;
-  std::string msg = root ? c->Decide(plans) : "";
+  std::string msg;
+  {  // the plans are freed once decided: at scale they are hundreds of megabytes
+    SP_ASSIGN_OR_RETURN(std::vector<std::string> plans,
+                        comm.Gather(RankSaveAccess::Plan(*mine, *r.state, *r.topology.layout,
+                                                         r.options, r.io, r.gathers),
+                                    kRoot, timeout));
+    if (root) msg = c->Decide(plans);
+  }
   SP_RETURN_IF_ERROR(comm.Broadcast(&msg, kRoot, AnswerWait(timeout, root)));
   SP_ASSIGN_OR_RETURN(std::string report, mine->Write(msg, r.options, r.io));
   SP_ASSIGN_OR_RETURN(std::vector<std::string> reports, comm.Gather(report, kRoot, timeout));
@@ -299,9 +303,15 @@ Status SaveCoordinator::Commit(const std::vector<std::string>& reports, RankSave
     }
     format::Manifest m = std::move(p->m);  // keeps the id stamp, time, writer, chunk size, salt
     m.checkpoint_id = c.verdict.checkpoint_id;
-    c.merger.TakeInto(&m);
-    SP_RETURN_IF_ERROR(
-        engine::FinishFiles(c.target, nullptr, m, encrypted ? &p->seal.keys : nullptr));
+    const format::CheckpointKeys* keys = encrypted ? &p->seal.keys : nullptr;
+    if (m.version >= format::kIndexedFormatVersion) {  // sections straight from the merge
+      uint64_t largest = 0;
+      const std::string manifest = c.merger.EncodeIndexed(&m, keys, &largest);
+      SP_RETURN_IF_ERROR(engine::FinishEncoded(c.target, nullptr, m, manifest, largest));
+    } else {
+      c.merger.TakeInto(&m);
+      SP_RETURN_IF_ERROR(engine::FinishFiles(c.target, nullptr, m, keys));
+    }
     return engine::CommitSave(c.target, c.o.overwrite);
   }();
   c.committed = s.ok();

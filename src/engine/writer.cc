@@ -604,11 +604,11 @@ Status CheckDataObjects(const SaveTarget& t, const format::Manifest& m) {
 
 }  // namespace
 
-// ResourceExhausted unless readers accept the size of `manifest` (the encoding of `m`): its JSON
-// body (version 3: the head and each section) within kMaxManifestBodyBytes, a version 3 file
-// within kMaxManifestFileBytes.
-Status CheckManifestSize(const format::Manifest& m, const std::string& manifest) {
-  const uint64_t body = format::GetU64(manifest, 16), section = format::LargestSection(m);
+// ResourceExhausted unless readers accept the size of `manifest` (the encoding of `m`, whose
+// largest version 3 section is `section` bytes): its JSON body (version 3: the head and each
+// section) within kMaxManifestBodyBytes, a version 3 file within kMaxManifestFileBytes.
+Status CheckManifestSize(const format::Manifest& m, const std::string& manifest, uint64_t section) {
+  const uint64_t body = format::GetU64(manifest, 16);
   if (body > format::kMaxManifestBodyBytes || section > format::kMaxManifestBodyBytes) {
     return ResourceExhaustedError(fmt::format(
         "manifest of {} bytes exceeds the cap of {} (its JSON is {} bytes{}){}", manifest.size(),
@@ -631,15 +631,19 @@ Status CheckManifestSize(const format::Manifest& m, const std::string& manifest)
 
 Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manifest& m,
                    const format::CheckpointKeys* keys) {
+  if (m.encryption.enabled && keys == nullptr) {
+    return InternalError("an encrypted manifest is written without its keys");
+  }
+  return FinishEncoded(t, data, m, format::EncodeManifest(m, keys), format::LargestSection(m));
+}
+
+Status FinishEncoded(const SaveTarget& t, WritableFile* data, const format::Manifest& m,
+                     const std::string& manifest, uint64_t largest_section) {
   if (data != nullptr) {
     SP_RETURN_IF_ERROR(data->Sync());
     SP_RETURN_IF_ERROR(data->Close());
   }
-  if (m.encryption.enabled && keys == nullptr) {
-    return InternalError("an encrypted manifest is written without its keys");
-  }
-  std::string manifest = format::EncodeManifest(m, keys);
-  SP_RETURN_IF_ERROR(CheckManifestSize(m, manifest));
+  SP_RETURN_IF_ERROR(CheckManifestSize(m, manifest, largest_section));
   // Exclusive: in object storage this write is the commit point (docs/FORMAT.md §5.1), and it
   // must not replace a MANIFEST another save published meanwhile.
   const bool objects = t.fs->IsObjectStore(t.tmp);

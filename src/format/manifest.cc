@@ -248,13 +248,12 @@ void AppendTensors(std::string* out, const std::vector<TensorRecord>& tensors, b
   out->push_back(']');
 }
 
-// Version 3: the head's "tensors" array (each entry locates its section) and, in `sections`, the
-// tensors' sections in the same order.
-void AppendTensorHeads(std::string* out, const Manifest& m, std::string* sections) {
+// Version 3: the head's "tensors" array; refs[i] locates the section of m.tensors[i].
+void AppendTensorHeads(std::string* out, const Manifest& m, const std::vector<SectionRef>& refs) {
   out->push_back('[');
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const TensorRecord& t = m.tensors[i];
-    const SectionRef r = AppendSection(t, m, sections);
+    const SectionRef& r = refs[i];
     if (i > 0) out->push_back(',');
     fmt::format_to(std::back_inserter(*out), "{{\"chunks\":{},\"dtype\":\"{}\",\"name\":", r.chunks,
                    DTypeName(t.dtype));
@@ -269,9 +268,9 @@ void AppendTensorHeads(std::string* out, const Manifest& m, std::string* section
 }
 
 // Dump(ManifestToJson(m)), byte for byte (manifest_version_test checks), with the tensors written
-// directly and only the small parts built as JSON documents. Version 3: the head, with the
-// sections in `sections`.
-std::string EncodeBody(const Manifest& m, std::string* sections) {
+// directly and only the small parts built as JSON documents. Version 3: the head, whose tensors
+// locate their sections by `refs`.
+std::string EncodeBody(const Manifest& m, const std::vector<SectionRef>* refs) {
   std::string body;
   body.reserve(256 + 160 * m.tensors.size());
   fmt::format_to(std::back_inserter(body),
@@ -282,8 +281,8 @@ std::string EncodeBody(const Manifest& m, std::string* sections) {
                  std::max<int64_t>(m.created_ns, 0),
                  m.encryption.enabled ? "\"encryption\":" + Dump(EncryptionToJson(m)) + "," : "",
                  Dump(FilesToJson(m)), Dump(m.values.metadata()), Dump(FeaturesToJson(m)));
-  if (m.version >= kIndexedFormatVersion) {
-    AppendTensorHeads(&body, m, sections);
+  if (refs != nullptr) {
+    AppendTensorHeads(&body, m, *refs);
   } else {
     AppendTensors(&body, m.tensors, m.encryption.enabled);
   }
@@ -292,28 +291,45 @@ std::string EncodeBody(const Manifest& m, std::string* sections) {
   return body;
 }
 
+// Header | body | sections (version 3; else empty). The header's body size and CRC are the body's;
+// the MAC of an encrypted manifest covers everything after the header. Header and body go in front
+// of the sections in their own buffer (no copy of them when it has room).
+std::string Frame(const Manifest& m, std::string_view body, std::string sections,
+                  const CheckpointKeys* keys) {
+  std::string front(kManifestHeaderBytes, '\0');
+  front.replace(0, 8, kManifestMagic);
+  PutU32(&front, 8, m.version);
+  PutU32(&front, 12, static_cast<uint32_t>(kManifestHeaderBytes));
+  PutU64(&front, 16, body.size());
+  PutU64(&front, 24, m.checkpoint_id);
+  PutU32(&front, 32, Crc32c(body));
+  PutU32(&front, 36, m.encryption.enabled ? kManifestFlagEncrypted : 0);  // flags
+  front.append(body);
+  std::string out = std::move(sections);
+  out.insert(0, front);
+  if (m.encryption.enabled && keys != nullptr) {
+    const ManifestMac mac = keys->Mac(std::string_view(out).substr(0, kManifestMacOffset),
+                                      std::string_view(out).substr(kManifestHeaderBytes));
+    std::memcpy(out.data() + kManifestMacOffset, mac.data(), mac.size());
+  }
+  PutU32(&out, 60, Crc32c(std::string_view(out).substr(0, 60)));
+  return out;
+}
+
 }  // namespace
 
 std::string EncodeManifest(const Manifest& m, const CheckpointKeys* keys) {
-  // Version 3 (docs/FORMAT.md §15): header | head (the "body" of the header's size and CRC) |
-  // sections; the MAC covers everything after the header.
-  std::string sections;
-  std::string body = EncodeBody(m, &sections);
-  std::string header(kManifestHeaderBytes, '\0');
-  header.replace(0, 8, kManifestMagic);
-  PutU32(&header, 8, m.version);
-  PutU32(&header, 12, static_cast<uint32_t>(kManifestHeaderBytes));
-  PutU64(&header, 16, body.size());
-  PutU64(&header, 24, m.checkpoint_id);
-  PutU32(&header, 32, Crc32c(body));
-  PutU32(&header, 36, m.encryption.enabled ? kManifestFlagEncrypted : 0);  // flags
-  if (m.encryption.enabled && keys != nullptr) {
-    const ManifestMac mac =
-        keys->Mac(std::string_view(header).substr(0, kManifestMacOffset), body + sections);
-    std::memcpy(header.data() + kManifestMacOffset, mac.data(), mac.size());
-  }
-  PutU32(&header, 60, Crc32c(std::string_view(header).substr(0, 60)));
-  return header + body + sections;
+  if (m.version < kIndexedFormatVersion) return Frame(m, EncodeBody(m, nullptr), {}, keys);
+  std::string sections;  // docs/FORMAT.md §15
+  std::vector<SectionRef> refs;
+  refs.reserve(m.tensors.size());
+  for (const TensorRecord& t : m.tensors) refs.push_back(AppendSection(t, m, &sections));
+  return EncodeIndexedManifest(m, refs, std::move(sections), keys);
+}
+
+std::string EncodeIndexedManifest(const Manifest& m, const std::vector<SectionRef>& refs,
+                                  std::string sections, const CheckpointKeys* keys) {
+  return Frame(m, EncodeBody(m, &refs), std::move(sections), keys);
 }
 
 std::string EncodeDataHeader(uint64_t checkpoint_id, uint32_t file_index, uint32_t version) {

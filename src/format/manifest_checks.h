@@ -25,7 +25,13 @@ Status CheckShardRange(const TensorRecord& t, const ShardRecord& s, const Manife
                        const Ctx& ctx, const std::string& in);
 
 // The shards of `t` lie within its shape and do not overlap; with `cover`, they also cover it.
+// (tiling.cc, as the next.)
 Status CheckTiling(const TensorRecord& t, const Ctx& ctx, const std::string& in, bool cover = true);
+
+// The same for `count` boxes held flat in `boxes`: 2 * shape.size() values each, the offsets then
+// the sizes.
+Status CheckBoxTiling(const Shape& shape, const int64_t* boxes, size_t count, const Ctx& ctx,
+                      const std::string& in, bool cover = true);
 
 // Checks the 64-byte header of MANIFEST `bytes` (all of it, or for version 3 at least header and
 // head) and reads its version, id, encryption flag and MAC into `m`.

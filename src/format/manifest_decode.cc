@@ -259,91 +259,6 @@ Result<ShardRecord> DecodeShard(const Json& j, const TensorRecord& t, const Mani
   return s;
 }
 
-bool BoxesOverlap(const ShardRecord& a, const ShardRecord& b) {
-  for (size_t d = 0; d < a.offsets.size(); ++d) {
-    if (a.offsets[d] + a.sizes[d] <= b.offsets[d] || b.offsets[d] + b.sizes[d] <= a.offsets[d]) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// Whether the box of `s` has the rank of `shape` and lies within it (no sum that can overflow).
-bool BoxInShape(const ShardRecord& s, const Shape& shape) {
-  if (s.offsets.size() != shape.size() || s.sizes.size() != shape.size()) return false;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (s.offsets[d] < 0 || s.sizes[d] < 0 || s.offsets[d] > shape[d] ||
-        s.sizes[d] > shape[d] - s.offsets[d]) {
-      return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
-
-// Shards must cover the tensor exactly: no two overlap and their volumes add up to the whole.
-// The shape and the boxes are checked here too (DecodeManifest has checked them; the DCP import
-// has not).
-Status internal::CheckTiling(const TensorRecord& t, const Ctx& ctx, const std::string& in,
-                             bool cover) {
-  Result<int64_t> total = NumElements(t.shape);
-  if (!total.ok()) {
-    return ctx.Bad(fmt::format("{}: shape {} is invalid ({})", in, ShapeToString(t.shape),
-                               total.status().message()));
-  }
-  std::vector<const ShardRecord*> boxes;
-  int64_t covered = 0;
-  for (size_t k = 0; k < t.shards.size(); ++k) {
-    const ShardRecord& s = t.shards[k];
-    // (A box within a valid shape has a valid element count: its dims are at most the shape's.)
-    const Result<int64_t> n = NumElements(s.sizes);
-    if (!BoxInShape(s, t.shape) || !n.ok()) {
-      return ctx.Bad(fmt::format("{} shard {}: box at {} of {} exceeds shape {}", in, k,
-                                 ShapeToString(s.offsets), ShapeToString(s.sizes),
-                                 ShapeToString(t.shape)));
-    }
-    if (*n == 0) continue;
-    // Boxes that do not overlap add up to at most the shape's count: past 2^63, some overlap.
-    if (__builtin_add_overflow(covered, *n, &covered)) {
-      return ctx.Bad(fmt::format("{}: shards overlap (their elements add up past 2^63)", in));
-    }
-    boxes.push_back(&s);
-  }
-  // Sweep along the dimension in which the shards' offsets take the most distinct values (so
-  // shards side by side in any one dimension are not compared pairwise), with a cap on the pairs
-  // compared so that a hostile layout cannot make validation quadratic.
-  size_t sweep = 0, most = 0;
-  for (size_t d = 0; d < t.shape.size(); ++d) {
-    std::set<int64_t> distinct;
-    for (const ShardRecord* b : boxes) distinct.insert(b->offsets[d]);
-    if (distinct.size() > most) most = distinct.size(), sweep = d;
-  }
-  std::sort(boxes.begin(), boxes.end(), [&](auto* a, auto* b) {
-    return t.shape.empty() ? false : a->offsets[sweep] < b->offsets[sweep];
-  });
-  uint64_t budget = (uint64_t{1} << 24) + 64 * uint64_t{boxes.size()};
-  for (size_t i = 0; i < boxes.size(); ++i) {
-    for (size_t k = i + 1; k < boxes.size(); ++k) {
-      if (!t.shape.empty() &&
-          boxes[k]->offsets[sweep] >= boxes[i]->offsets[sweep] + boxes[i]->sizes[sweep]) {
-        break;
-      }
-      if (BoxesOverlap(*boxes[i], *boxes[k])) return ctx.Bad(fmt::format("{}: shards overlap", in));
-      if (--budget == 0) {
-        return ctx.Bad(
-            fmt::format("{}: layout of {} shards is too complex to validate", in, boxes.size()));
-      }
-    }
-  }
-  if (cover && covered != *total) {
-    return ctx.Bad(fmt::format("{}: shards cover {} of {} elements", in, covered, *total));
-  }
-  return Status::OK();
-}
-
-namespace {
-
 // The name, dtype and shape of tensors[i]; `in` becomes its name in messages.
 Status DecodeTensorHead(const Json& j, const Ctx& ctx, size_t i, TensorRecord* t, std::string* in) {
   *in = fmt::format("tensors[{}]", i);
@@ -755,14 +670,6 @@ Result<Manifest> DecodeManifest(std::string_view bytes, std::string_view where) 
     return ctx.Bad(fmt::format("malformed manifest ({})", e.what()));
   }
   return m;
-}
-
-}  // namespace savepoint::format
-
-namespace savepoint::format {
-
-Status CheckTensorTiling(const TensorRecord& t, std::string_view where) {
-  return CheckTiling(t, Ctx{where}, fmt::format("tensor {:?}", t.name));
 }
 
 }  // namespace savepoint::format

@@ -17,38 +17,12 @@ namespace {
 
 using internal::Ctx;
 
-void Append32(std::string* out, uint32_t v) {
-  char b[4];
-  for (int i = 0; i < 4; ++i) b[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-  out->append(b, 4);
-}
-
-void Append64(std::string* out, uint64_t v) {
-  Append32(out, static_cast<uint32_t>(v));
-  Append32(out, static_cast<uint32_t>(v >> 32));
-}
+// Little-endian stores (format/endian.h: savepoint's hosts are little-endian).
+void PutLe32(char* p, uint32_t v) { std::memcpy(p, &v, 4); }
+void PutLe64(char* p, uint64_t v) { std::memcpy(p, &v, 8); }
 
 // Bit 0 of a stored chunk entry's flags: the chunk is compressed.
 constexpr uint32_t kChunkCompressed = 1;
-
-// Appends the chunk entries of `s` (one per checksum).
-void AppendChunkEntries(const ShardRecord& s, bool stored, bool encrypted, std::string* out) {
-  for (size_t c = 0; c < s.crc32c.size(); ++c) {
-    Append32(out, s.crc32c[c]);
-    if (stored) {
-      const StoredChunk none;
-      const StoredChunk& sc = s.compressed() ? s.stored[c] : none;
-      Append32(out, sc.compressed ? kChunkCompressed : 0);
-      Append64(out, sc.offset);
-      Append64(out, sc.bytes);
-    }
-    if (encrypted) {
-      crypto::GcmTag tag{};
-      if (c < s.tags.size()) tag = s.tags[c];
-      out->append(reinterpret_cast<const char*>(tag.data()), tag.size());
-    }
-  }
-}
 
 // Whether the box of record `b` (ndim `nd`) overlaps `box`. A box that is not one (another rank,
 // a value outside [0, 2^62]) overlaps everything: the reader's own checks name what is wrong.
@@ -131,29 +105,74 @@ Status ReadChunkEntries(std::string_view entries, uint64_t first, uint64_t n, co
 
 }  // namespace
 
-SectionRef AppendSection(const TensorRecord& t, const Manifest& m, std::string* out) {
+void AppendShardRecord(const RecordFields& r, std::string* out) {
+  char b[16 * kMaxRank + 24];  // built here and appended once: a big save has millions
+  char* p = b;
+  for (size_t d = 0; d < r.ndim; ++d, p += 8) PutLe64(p, static_cast<uint64_t>(r.offsets[d]));
+  for (size_t d = 0; d < r.ndim; ++d, p += 8) PutLe64(p, static_cast<uint64_t>(r.sizes[d]));
+  PutLe64(p, r.offset);
+  PutLe64(p + 8, r.bytes);
+  PutLe32(p + 16, r.file);
+  p[20] = static_cast<char>(r.codec);
+  p[21] = static_cast<char>(r.codec != codec::Codec::kNone ? r.filter : codec::Filter::kNone);
+  p[22] = p[23] = 0;
+  out->append(b, static_cast<size_t>(p + 24 - b));
+}
+
+void AppendChunkEntry(uint32_t crc32c, bool stored, const StoredChunk* chunk,
+                      const crypto::GcmTag* tag, std::string* out) {
+  char b[40];
+  char* p = b;
+  PutLe32(p, crc32c);
+  p += 4;
+  if (stored) {
+    const StoredChunk none;
+    const StoredChunk& sc = chunk != nullptr ? *chunk : none;
+    PutLe32(p, sc.compressed ? kChunkCompressed : 0);
+    PutLe64(p + 4, sc.offset);
+    PutLe64(p + 12, sc.bytes);
+    p += 20;
+  }
+  if (tag != nullptr) {
+    std::memcpy(p, tag->data(), tag->size());
+    p += tag->size();
+  }
+  out->append(b, static_cast<size_t>(p - b));
+}
+
+SectionRef CloseSection(std::string_view sections, size_t start, uint64_t shards, uint64_t chunks,
+                        bool stored) {
   SectionRef r;
-  const size_t start = out->size();
-  r.shards = t.shards.size();
-  for (const ShardRecord& s : t.shards) r.stored = r.stored || s.compressed();
-  for (const ShardRecord& s : t.shards) {
-    for (int64_t v : s.offsets) Append64(out, static_cast<uint64_t>(v));
-    for (int64_t v : s.sizes) Append64(out, static_cast<uint64_t>(v));
-    Append64(out, s.offset);
-    Append64(out, s.bytes);
-    Append32(out, s.file);
-    out->push_back(static_cast<char>(s.codec));
-    out->push_back(static_cast<char>(s.compressed() ? s.filter : codec::Filter::kNone));
-    out->append(2, '\0');
-  }
-  for (const ShardRecord& s : t.shards) {
-    AppendChunkEntries(s, r.stored, m.encryption.enabled, out);
-    r.chunks += s.crc32c.size();
-  }
   r.offset = start;
-  r.bytes = out->size() - start;
-  r.crc32c = Crc32c(std::string_view(*out).substr(start));
+  r.bytes = sections.size() - start;
+  r.crc32c = Crc32c(sections.substr(start));
+  r.shards = shards;
+  r.chunks = chunks;
+  r.stored = stored;
   return r;
+}
+
+SectionRef AppendSection(const TensorRecord& t, const Manifest& m, std::string* out) {
+  const size_t start = out->size();
+  bool stored = false;
+  for (const ShardRecord& s : t.shards) stored = stored || s.compressed();
+  for (const ShardRecord& s : t.shards) {
+    AppendShardRecord({s.offsets.data(), s.sizes.data(), s.offsets.size(), s.offset, s.bytes,
+                       s.file, s.codec, s.filter},
+                      out);
+  }
+  uint64_t chunks = 0;
+  const crypto::GcmTag zero{};  // (an encrypted manifest has one tag per chunk: DecodeTags)
+  for (const ShardRecord& s : t.shards) {
+    for (size_t c = 0; c < s.crc32c.size(); ++c) {
+      const crypto::GcmTag* tag = !m.encryption.enabled ? nullptr
+                                  : c < s.tags.size()   ? &s.tags[c]
+                                                        : &zero;
+      AppendChunkEntry(s.crc32c[c], stored, s.compressed() ? &s.stored[c] : nullptr, tag, out);
+    }
+    chunks += s.crc32c.size();
+  }
+  return CloseSection(*out, start, t.shards.size(), chunks, stored);
 }
 
 uint64_t LargestSection(const Manifest& m) {

@@ -75,9 +75,47 @@ Status DecodeTensorSection(std::string_view section, ManifestHead* head, size_t 
 // writer can refuse a manifest that readers would (each section <= kMaxManifestBodyBytes).
 uint64_t LargestSection(const Manifest& m);
 
-// Encoder side (format/manifest.cc): appends the section of `t` to `out` and returns its place
-// (offset relative to the start of `out` before the call).
+// Encoder side: appends the section of `t` to `out` and returns its place (offset relative to the
+// start of `out` before the call). Built from the pieces below.
 SectionRef AppendSection(const TensorRecord& t, const Manifest& m, std::string* out);
+
+// Encoder pieces, for writers that hold their shards in a form of their own (the distributed
+// coordinator keeps boxes flat). A section is the records of its shards, then their chunk entries.
+struct RecordFields {
+  const int64_t* offsets = nullptr;  // `ndim` values
+  const int64_t* sizes = nullptr;    // `ndim` values
+  size_t ndim = 0;
+  uint64_t offset = 0;  // extent in the data file
+  uint64_t bytes = 0;
+  uint32_t file = 0;
+  codec::Codec codec = codec::Codec::kNone;
+  codec::Filter filter = codec::Filter::kNone;  // written as kNone when `codec` is kNone
+};
+// Appends one shard record (ShardRecordBytes(ndim) bytes).
+void AppendShardRecord(const RecordFields& r, std::string* out);
+// Appends one chunk entry: the chunk's CRC32C; when the section is `stored`, the chunk's stored
+// extent (`chunk`, or zeros when null: a chunk of an uncompressed shard); when the manifest is
+// encrypted (`tag` not null), its GCM tag.
+void AppendChunkEntry(uint32_t crc32c, bool stored, const StoredChunk* chunk,
+                      const crypto::GcmTag* tag, std::string* out);
+// The place of the section of `shards` records and `chunks` entries that began at byte `start` of
+// `sections` and ends at its end.
+SectionRef CloseSection(std::string_view sections, size_t start, uint64_t shards, uint64_t chunks,
+                        bool stored);
+
+// A whole version 3 MANIFEST (m.version >= kIndexedFormatVersion): the header and head of `m`,
+// whose tensors' shards are not looked at, then `sections`, which holds the section of
+// m.tensors[i] at refs[i] (back to back, in order). Authenticated with `keys` when encrypted.
+// Built in the buffer of `sections` (no copy of them when its capacity has room for the header
+// and head). EncodeManifest (format/manifest.h) is this with the sections built from the shards.
+std::string EncodeIndexedManifest(const Manifest& m, const std::vector<SectionRef>& refs,
+                                  std::string sections, const CheckpointKeys* keys);
+
+// The tiling check of CheckTensorTiling (format/manifest.h) for `count` boxes held flat in
+// `boxes`, 2 * shape.size() values each: the offsets, then the sizes. Corruption naming `where`
+// and `in` (the tensor) when a box leaves the shape, two overlap or they do not cover it.
+Status CheckFlatTiling(const Shape& shape, const int64_t* boxes, size_t count,
+                       std::string_view where, const std::string& in);
 
 }  // namespace savepoint::format
 

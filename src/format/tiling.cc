@@ -1,0 +1,139 @@
+// Whether the shards of a tensor tile it: the check of every decoder (JSON bodies, version 3
+// sections), of the DCP import, and of the distributed coordinator, which holds its boxes flat.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "format/manifest.h"
+#include "format/manifest_checks.h"
+#include "format/manifest_index.h"
+
+namespace savepoint::format {
+namespace {
+
+// Box `k` of the flat array: its offsets, then its sizes (nd values each).
+struct Flat {
+  const int64_t* data;
+  size_t nd;
+  const int64_t* offsets(size_t k) const { return data + 2 * nd * k; }
+  const int64_t* sizes(size_t k) const { return data + 2 * nd * k + nd; }
+};
+
+bool Overlap(const Flat& f, size_t a, size_t b) {
+  const int64_t *ao = f.offsets(a), *as = f.sizes(a), *bo = f.offsets(b), *bs = f.sizes(b);
+  for (size_t d = 0; d < f.nd; ++d) {
+    if (ao[d] + as[d] <= bo[d] || bo[d] + bs[d] <= ao[d]) return false;
+  }
+  return true;
+}
+
+// The element count of box `k` when it lies within `shape` (no sum that can overflow), else -1.
+// (A box within a valid shape has a valid element count: its dims are at most the shape's.)
+int64_t CountInShape(const Flat& f, size_t k, const Shape& shape) {
+  int64_t n = 1;
+  for (size_t d = 0; d < f.nd; ++d) {
+    const int64_t o = f.offsets(k)[d], s = f.sizes(k)[d];
+    if (o < 0 || s < 0 || o > shape[d] || s > shape[d] - o) return -1;
+    n *= s;
+  }
+  return n;
+}
+
+// The dimension in which the boxes' offsets take the most distinct values.
+size_t SweepDimension(const Flat& f, const std::vector<uint32_t>& live) {
+  size_t sweep = 0, most = 0;
+  std::vector<int64_t> values(live.size());
+  for (size_t d = 0; d < f.nd; ++d) {
+    for (size_t i = 0; i < live.size(); ++i) values[i] = f.offsets(live[i])[d];
+    std::sort(values.begin(), values.end());
+    const size_t distinct =
+        static_cast<size_t>(std::unique(values.begin(), values.end()) - values.begin());
+    if (distinct > most) most = distinct, sweep = d;
+  }
+  return sweep;
+}
+
+}  // namespace
+
+Status internal::CheckBoxTiling(const Shape& shape, const int64_t* boxes, size_t count,
+                                const Ctx& ctx, const std::string& in, bool cover) {
+  Result<int64_t> total = NumElements(shape);
+  if (!total.ok()) {
+    return ctx.Bad(fmt::format("{}: shape {} is invalid ({})", in, ShapeToString(shape),
+                               total.status().message()));
+  }
+  if (count > UINT32_MAX) return ctx.Bad(fmt::format("{}: {} shards", in, count));
+  const Flat f{boxes, shape.size()};
+  std::vector<uint32_t> live;  // boxes that hold elements
+  live.reserve(count);
+  int64_t covered = 0;
+  for (size_t k = 0; k < count; ++k) {
+    const int64_t n = CountInShape(f, k, shape);
+    if (n < 0) {
+      const Shape o(f.offsets(k), f.offsets(k) + f.nd), s(f.sizes(k), f.sizes(k) + f.nd);
+      return ctx.Bad(fmt::format("{} shard {}: box at {} of {} exceeds shape {}", in, k,
+                                 ShapeToString(o), ShapeToString(s), ShapeToString(shape)));
+    }
+    if (n == 0) continue;
+    // Boxes that do not overlap add up to at most the shape's count: past 2^63, some overlap.
+    if (__builtin_add_overflow(covered, n, &covered)) {
+      return ctx.Bad(fmt::format("{}: shards overlap (their elements add up past 2^63)", in));
+    }
+    live.push_back(static_cast<uint32_t>(k));
+  }
+  // Sweep along the dimension in which the offsets take the most distinct values (so shards side
+  // by side in any one dimension are not compared pairwise), with a cap on the pairs compared so
+  // that a hostile layout cannot make validation quadratic.
+  const size_t sweep = SweepDimension(f, live);
+  if (f.nd > 0) {
+    std::sort(live.begin(), live.end(),
+              [&](uint32_t a, uint32_t b) { return f.offsets(a)[sweep] < f.offsets(b)[sweep]; });
+  }
+  uint64_t budget = (uint64_t{1} << 24) + 64 * uint64_t{live.size()};
+  for (size_t i = 0; i < live.size(); ++i) {
+    const int64_t end = f.nd > 0 ? f.offsets(live[i])[sweep] + f.sizes(live[i])[sweep] : 0;
+    for (size_t k = i + 1; k < live.size(); ++k) {
+      if (f.nd > 0 && f.offsets(live[k])[sweep] >= end) break;
+      if (Overlap(f, live[i], live[k])) return ctx.Bad(fmt::format("{}: shards overlap", in));
+      if (--budget == 0) {
+        return ctx.Bad(
+            fmt::format("{}: layout of {} shards is too complex to validate", in, live.size()));
+      }
+    }
+  }
+  if (cover && covered != *total) {
+    return ctx.Bad(fmt::format("{}: shards cover {} of {} elements", in, covered, *total));
+  }
+  return Status::OK();
+}
+
+// The boxes of `t` flat, for CheckBoxTiling; Corruption when one's rank is not the shape's.
+Status internal::CheckTiling(const TensorRecord& t, const Ctx& ctx, const std::string& in,
+                             bool cover) {
+  const size_t nd = t.shape.size();
+  std::vector<int64_t> flat;
+  flat.reserve(2 * nd * t.shards.size());
+  for (size_t k = 0; k < t.shards.size(); ++k) {
+    const ShardRecord& s = t.shards[k];
+    if (s.offsets.size() != nd || s.sizes.size() != nd) {
+      return ctx.Bad(fmt::format("{} shard {}: box at {} of {} exceeds shape {}", in, k,
+                                 ShapeToString(s.offsets), ShapeToString(s.sizes),
+                                 ShapeToString(t.shape)));
+    }
+    flat.insert(flat.end(), s.offsets.begin(), s.offsets.end());
+    flat.insert(flat.end(), s.sizes.begin(), s.sizes.end());
+  }
+  return CheckBoxTiling(t.shape, flat.data(), t.shards.size(), ctx, in, cover);
+}
+
+Status CheckTensorTiling(const TensorRecord& t, std::string_view where) {
+  return internal::CheckTiling(t, internal::Ctx{where}, fmt::format("tensor {:?}", t.name));
+}
+
+Status CheckFlatTiling(const Shape& shape, const int64_t* boxes, size_t count,
+                       std::string_view where, const std::string& in) {
+  return internal::CheckBoxTiling(shape, boxes, count, internal::Ctx{where}, in);
+}
+
+}  // namespace savepoint::format
