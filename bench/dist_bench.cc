@@ -43,6 +43,7 @@
 #include <thread>
 
 #include "distributed/descriptor.h"
+#include "distributed/merge.h"
 #include "savepoint/distributed.h"
 #include "savepoint/mpi.h"
 #include "savepoint/savepoint.h"
@@ -361,11 +362,13 @@ int RunMerge(const Args& a) {
   auto t0 = Clock::now();
   dist::ManifestMerger merger(a.ranks);
   for (int r = 0; r < a.ranks; ++r) Must(merger.AddPlan(r, plans[r]), "plan");
-  Must(merger.Finish().status(), "finish");
+  Result<std::shared_ptr<const dist::MergedPlan>> plan = merger.Finish();
+  Must(plan.status(), "finish");
   auto t1 = Clock::now();
-  for (int r = 0; r < a.ranks; ++r) Must(merger.AddCrcs(r, crcs[r], uint64_t{8} << 20), "crcs");
+  dist::SaveChecksums sums(*plan);
+  for (int r = 0; r < a.ranks; ++r) Must(sums.Add(r, crcs[r]), "crcs");
   format::Manifest m;
-  merger.TakeInto(&m);
+  sums.TakeInto(&m);
   auto t2 = Clock::now();
   std::string encoded = format::EncodeManifest(m);
   auto t3 = Clock::now();

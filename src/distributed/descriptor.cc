@@ -8,6 +8,7 @@
 
 #include "distributed/wire.h"
 #include "engine/paths.h"
+#include "format/endian.h"
 
 namespace savepoint::dist {
 
@@ -32,6 +33,7 @@ std::string EncodePlan(const Status& status, const format::Manifest& lm, bool en
   bool has = status.ok() && !lm.tensors.empty();
   w.U64(lm.version);
   w.U64(encrypted ? 1 : 0);
+  w.U64(lm.chunk_bytes);
   w.U64(has ? lm.files[0].bytes : 0);
   w.U64(has ? lm.tensors.size() : 0);
   for (size_t i = 0; has && i < lm.tensors.size(); ++i) {
@@ -69,10 +71,36 @@ std::string EncodeCrcs(const Status& status, const format::Manifest& lm) {
   return out + w.bytes();
 }
 
+namespace {
+
+// The first u64 of a digest message: above every status code, which a plan starts with.
+constexpr uint64_t kDigestMagic = 0x5453454749445053;  // "SPDIGEST", little-endian
+
+crypto::Bytes AsBytes(std::string_view s) { return std::as_bytes(std::span(s)); }
+
+}  // namespace
+
+std::string EncodePlanDigest(std::string_view plan) {
+  WireWriter w;
+  w.U64(kDigestMagic);
+  const crypto::Sha256 d = crypto::Sha256Of(AsBytes(plan));
+  w.Raw({reinterpret_cast<const char*>(d.data()), d.size()});
+  return w.bytes();
+}
+
+crypto::Sha256 PlanDigest(std::string_view message, bool* digest_only) {
+  crypto::Sha256 d;
+  *digest_only = message.size() == 8 + d.size() && format::GetU64(message, 0) == kDigestMagic;
+  if (!*digest_only) return crypto::Sha256Of(AsBytes(message));
+  std::memcpy(d.data(), message.data() + 8, d.size());
+  return d;
+}
+
 std::string EncodeVerdict(const Verdict& v) {
   std::string out;
   EncodeStatus(v.status, &out);
   WireWriter w;
+  w.U64(v.need_plans ? 1 : 0);
   w.Str(v.tmp);
   w.U64(v.checkpoint_id);
   w.U64(v.file_index.size());
@@ -85,10 +113,12 @@ Result<Verdict> DecodeVerdict(std::string_view bytes, int world) {
   WireReader r(bytes, "save verdict");
   Verdict v;
   SP_RETURN_IF_ERROR(ReadStatus(r, &v.status));
+  SP_ASSIGN_OR_RETURN(uint64_t need, r.U64());
+  v.need_plans = need != 0;
   SP_ASSIGN_OR_RETURN(v.tmp, r.Str());
   SP_ASSIGN_OR_RETURN(v.checkpoint_id, r.U64());
   SP_ASSIGN_OR_RETURN(uint64_t n, r.Count(8));
-  if (n != static_cast<uint64_t>(world) && v.status.ok()) {
+  if (n != static_cast<uint64_t>(world) && v.status.ok() && !v.need_plans) {
     return InternalError(fmt::format("save verdict: {} file indices for {} ranks", n, world));
   }
   v.file_index.resize(n);

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "distributed/descriptor.h"
+#include "distributed/merge.h"
 #include "engine/box.h"
 #include "engine/reader.h"
 #include "format/manifest.h"

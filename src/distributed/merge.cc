@@ -1,18 +1,19 @@
-// The coordinator's merge of per-rank descriptors into one global manifest (see descriptor.h).
-//
-// At 16,384 ranks a save has millions of shards, so they are held compactly: per tensor its boxes
-// flat and its extents in one array, every checksum (and tag) in one array. The version 3 sections
-// are written straight from them; versions 1 and 2 build the manifest's shard records.
+// The coordinator's merge of per-rank plans, each save's checksums, and the plan cache (see
+// merge.h).
+#include "distributed/merge.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <optional>
 
 #include "distributed/descriptor.h"
 #include "distributed/wire.h"
 #include "engine/paths.h"
+#include "format/endian.h"
 #include "format/manifest_index.h"
 
 namespace savepoint::dist {
@@ -60,7 +61,17 @@ Status ManifestMerger::AddPlan(int rank, std::string_view bytes) {
   Status s = [&]() -> Status {
     SP_ASSIGN_OR_RETURN(uint64_t version, r.U64());
     SP_ASSIGN_OR_RETURN(uint64_t encrypted, r.U64());
-    if (version_ == 0) version_ = version, version_rank_ = rank, encrypted_ = encrypted != 0;
+    SP_ASSIGN_OR_RETURN(uint64_t chunk_bytes, r.U64());
+    if (version_ == 0) {
+      version_ = version, version_rank_ = rank, encrypted_ = encrypted != 0;
+      chunk_bytes_ = chunk_bytes;
+    }
+    if (chunk_bytes != chunk_bytes_) {
+      return InvalidArgumentError(fmt::format(
+          "rank {} writes chunks of {} bytes, rank {} of {} (SaveOptions.chunk_bytes must be the "
+          "same on every rank)",
+          rank, chunk_bytes, version_rank_, chunk_bytes_));
+    }
     if (version != version_) {
       return InvalidArgumentError(fmt::format(
           "rank {} writes format version {}, rank {} version {} (SaveOptions.format_version must "
@@ -73,53 +84,128 @@ Status ManifestMerger::AddPlan(int rank, std::string_view bytes) {
                       "the same key)",
                       encrypted_ ? version_rank_ : rank, encrypted_ ? rank : version_rank_));
     }
-    RankInfo& info = ranks_[rank];
-    SP_ASSIGN_OR_RETURN(info.file_bytes, r.U64());
+    SP_ASSIGN_OR_RETURN(ranks_[rank].file_bytes, r.U64());
     SP_ASSIGN_OR_RETURN(uint64_t n, r.Count(7));  // (a shard takes 7 bytes or more)
-    info.shards.reserve(n);
-    int64_t shape[kMaxRank], box[2 * kMaxRank];
-    for (uint64_t i = 0; i < n; ++i) {
-      std::string_view name, dtype;
-      size_t nd, no, ns;
-      Extent e{.rank = static_cast<uint32_t>(rank)};
-      if (!r.NextView(&name) || !r.NextView(&dtype) || !r.NextDims(shape, &nd) ||
-          !r.NextDims(box, &no) || !r.NextDims(box + no, &ns) || !r.Next(&e.offset) ||
-          !r.Next(&e.bytes)) {
-        return r.Truncated();
-      }
-      SP_ASSIGN_OR_RETURN(Merged * t, TensorOf(rank, i, name, dtype, shape, nd));
-      if (no != nd || ns != nd) {
-        return InvalidArgumentError(fmt::format("tensor {:?}: box rank differs from shape {}", name,
-                                                ShapeToString(t->shape)));
-      }
-      const uint32_t k = static_cast<uint32_t>(t->extents.size());
-      t->boxes.insert(t->boxes.end(), box, box + 2 * nd);
-      t->extents.push_back(e);
-      info.shards.emplace_back(static_cast<uint32_t>(t - tensors_.data()), k);
-    }
+    SP_RETURN_IF_ERROR(AddShards(rank, n, r));
     return r.done() ? Status::OK() : InternalError("trailing bytes");
   }();
   if (s.code() == StatusCode::kInternal) return Malformed("plan", rank, s);
   return s;
 }
 
-Result<std::vector<int64_t>> ManifestMerger::Finish() {
+Status ManifestMerger::AddShards(int rank, uint64_t n, WireReader& r) {
+  RankInfo& info = ranks_[rank];
+  info.shards.reserve(n);
+  int64_t shape[kMaxRank], box[2 * kMaxRank];
+  for (uint64_t i = 0; i < n; ++i) {
+    std::string_view name, dtype;
+    size_t nd, no, ns;
+    Extent e{.rank = static_cast<uint32_t>(rank)};
+    if (!r.NextView(&name) || !r.NextView(&dtype) || !r.NextDims(shape, &nd) ||
+        !r.NextDims(box, &no) || !r.NextDims(box + no, &ns) || !r.Next(&e.offset) ||
+        !r.Next(&e.bytes)) {
+      return r.Truncated();
+    }
+    SP_ASSIGN_OR_RETURN(Merged * t, TensorOf(rank, i, name, dtype, shape, nd));
+    if (no != nd || ns != nd) {
+      return InvalidArgumentError(fmt::format("tensor {:?}: box rank differs from shape {}", name,
+                                              ShapeToString(t->shape)));
+    }
+    // The extent lies in the rank's file (its size bounds the checksums the save will take).
+    if (e.offset > info.file_bytes || e.bytes > info.file_bytes - e.offset) {
+      return InvalidArgumentError(
+          fmt::format("tensor {:?}: rank {} places a shard of {} bytes at {} in a file of {}", name,
+                      rank, e.bytes, e.offset, info.file_bytes));
+    }
+    const uint32_t k = static_cast<uint32_t>(t->extents.size());
+    t->boxes.insert(t->boxes.end(), box, box + 2 * nd);
+    t->extents.push_back(e);
+    info.shards.emplace_back(static_cast<uint32_t>(t - tensors_.data()), k);
+  }
+  return Status::OK();
+}
+
+Result<std::shared_ptr<const MergedPlan>> ManifestMerger::Finish() {
+  if (chunk_bytes_ == 0) return InvalidArgumentError("SaveOptions.chunk_bytes is 0");
   for (const Merged& t : tensors_) {
     Status s = format::CheckFlatTiling(t.shape, t.boxes.data(), t.extents.size(), "sharded save",
                                        fmt::format("tensor {:?}", t.name));
     if (!s.ok()) return InvalidArgumentError(s.message());
   }
-  file_index_.assign(world_, -1);
+  auto plan = std::make_shared<MergedPlan>();
+  plan->world_ = world_;
+  plan->version_ = static_cast<uint32_t>(version_);
+  plan->encrypted_ = encrypted_;
+  plan->chunk_bytes_ = chunk_bytes_;
+  plan->file_index_.assign(world_, -1);
   for (int r = 0; r < world_; ++r) {
     if (ranks_[r].shards.empty()) continue;
-    file_index_[r] = static_cast<int64_t>(files_.size());
-    files_.push_back({engine::DataFileName(r, 0), ranks_[r].file_bytes});
+    plan->file_index_[r] = static_cast<int64_t>(plan->files_.size());
+    plan->files_.push_back({engine::DataFileName(r, 0), ranks_[r].file_bytes});
   }
-  return file_index_;
+  SP_RETURN_IF_ERROR(Lay(plan.get()));
+  *this = ManifestMerger(0);
+  return std::shared_ptr<const MergedPlan>(std::move(plan));
 }
 
-Status ManifestMerger::AddCrcs(int rank, std::string_view bytes, uint64_t chunk_bytes,
-                               const format::KeyCheck* key_check) {
+Status ManifestMerger::Lay(MergedPlan* plan) {
+  // A manifest holds at most kMaxManifestFileBytes: more chunk entries cannot be written (and are
+  // not allocated).
+  constexpr uint64_t kMaxEntries = format::kMaxManifestFileBytes / 4;
+  uint64_t shards = 0, record_bytes = 0;
+  for (const Merged& t : tensors_) {
+    shards += t.extents.size();
+    record_bytes += t.extents.size() * format::ShardRecordBytes(t.shape.size());
+  }
+  if (shards >= UINT32_MAX) return ResourceExhaustedError(fmt::format("{} shards", shards));
+  std::vector<uint32_t> names(tensors_.size());
+  std::iota(names.begin(), names.end(), 0u);
+  std::sort(names.begin(), names.end(),
+            [&](uint32_t x, uint32_t y) { return tensors_[x].name < tensors_[y].name; });
+  std::vector<std::vector<uint32_t>> id(tensors_.size());  // (tensor, shard) -> shard in the plan
+  plan->records_.reserve(record_bytes);
+  plan->chunk_at_.reserve(shards + 1);
+  uint64_t chunks = 0;
+  for (uint32_t ti : names) {
+    Merged& t = tensors_[ti];
+    const size_t nd = t.shape.size();
+    plan->tensors_.push_back({std::move(t.name), t.dtype, std::move(t.shape),
+                              plan->chunk_at_.size(), t.extents.size(), plan->records_.size()});
+    id[ti].resize(t.extents.size());
+    for (uint32_t k : BoxOrder(t)) {
+      const Extent& e = t.extents[k];
+      const int64_t* b = t.boxes.data() + 2 * nd * k;
+      id[ti][k] = static_cast<uint32_t>(plan->chunk_at_.size());
+      plan->chunk_at_.push_back(chunks);
+      if (__builtin_add_overflow(chunks, format::NumChunks(e.bytes, plan->chunk_bytes_), &chunks) ||
+          chunks > kMaxEntries) {
+        return ResourceExhaustedError(fmt::format(
+            "over {} chunks: the manifest would exceed {} bytes (raise SaveOptions.chunk_bytes)",
+            kMaxEntries, format::kMaxManifestFileBytes));
+      }
+      format::AppendShardRecord(
+          {b, b + nd, nd, e.offset, e.bytes, static_cast<uint32_t>(plan->file_index_[e.rank])},
+          &plan->records_);
+    }
+    t = Merged();
+  }
+  plan->chunk_at_.push_back(chunks);
+  plan->rank_first_.reserve(world_ + 1);
+  plan->rank_shards_.reserve(shards);
+  for (const RankInfo& info : ranks_) {
+    plan->rank_first_.push_back(plan->rank_shards_.size());
+    for (auto [t, k] : info.shards) plan->rank_shards_.push_back(id[t][k]);
+  }
+  plan->rank_first_.push_back(plan->rank_shards_.size());
+  return Status::OK();
+}
+
+SaveChecksums::SaveChecksums(std::shared_ptr<const MergedPlan> plan) : plan_(std::move(plan)) {
+  crcs_.resize(plan_->chunk_at_.back());
+  if (plan_->encrypted_) tags_.resize(crcs_.size());
+}
+
+Status SaveChecksums::Add(int rank, std::string_view bytes, const format::KeyCheck* key_check) {
   WireReader r(bytes, fmt::format("checksums of rank {}", rank));
   Status st;
   Status wf = ReadStatus(r, &st);
@@ -136,27 +222,26 @@ Status ManifestMerger::AddCrcs(int rank, std::string_view bytes, uint64_t chunk_
         "rank {}: SaveOptions.key differs from rank 0's (every rank must pass the same key)",
         rank));
   }
+  const MergedPlan& p = *plan_;
   Status s = [&]() -> Status {
     SP_ASSIGN_OR_RETURN(uint64_t n, r.Count(2));  // (a shard takes 2 bytes or more)
-    if (n != ranks_[rank].shards.size()) return InternalError("shard count differs from plan");
-    for (auto [t, i] : ranks_[rank].shards) {
-      Extent& e = tensors_[t].extents[i];
+    const uint64_t first = p.rank_first_[rank], last = p.rank_first_[rank + 1];
+    if (n != last - first) return InternalError("shard count differs from plan");
+    for (uint64_t i = first; i < last; ++i) {
+      const uint32_t id = p.rank_shards_[i];
+      const uint64_t at = p.chunk_at_[id], chunks = p.chunk_at_[id + 1] - at;
       SP_ASSIGN_OR_RETURN(uint64_t k, r.VCount(4));
-      if (k != format::NumChunks(e.bytes, chunk_bytes) || k > UINT32_MAX) {
-        return InternalError("bad chunk count");
-      }
-      e.crc_at = crcs_.size();
-      e.chunks = static_cast<uint32_t>(k);
-      crcs_.resize(crcs_.size() + k);
+      if (k != chunks) return InternalError("bad chunk count");
       for (uint64_t c = 0; c < k; ++c) {
-        if (!r.Next32(&crcs_[e.crc_at + c])) return r.Truncated();
+        if (!r.Next32(&crcs_[at + c])) return r.Truncated();
       }
       SP_ASSIGN_OR_RETURN(uint64_t tags, r.VCount(16));
-      if (tags != (key_check != nullptr ? k : 0)) return InternalError("bad tag count");
+      if (tags != (key_check != nullptr && p.encrypted_ ? k : 0)) {
+        return InternalError("bad tag count");
+      }
       for (uint64_t c = 0; c < tags; ++c) {
-        crypto::GcmTag& to = tags_.emplace_back();
-        SP_ASSIGN_OR_RETURN(std::string_view tag, r.Raw(to.size()));
-        std::memcpy(to.data(), tag.data(), to.size());
+        SP_ASSIGN_OR_RETURN(std::string_view tag, r.Raw(tags_[at + c].size()));
+        std::memcpy(tags_[at + c].data(), tag.data(), tag.size());
       }
     }
     return r.done() ? Status::OK() : InternalError("trailing bytes");
@@ -175,94 +260,107 @@ std::vector<uint32_t> ManifestMerger::BoxOrder(const Merged& t) const {
   return order;
 }
 
-std::vector<uint32_t> ManifestMerger::NameOrder() const {
-  std::vector<uint32_t> order(tensors_.size());
-  std::iota(order.begin(), order.end(), 0u);
-  std::sort(order.begin(), order.end(),
-            [&](uint32_t x, uint32_t y) { return tensors_[x].name < tensors_[y].name; });
-  return order;
-}
-
-void ManifestMerger::TakeInto(format::Manifest* m) {
-  m->files = std::move(files_);
+void SaveChecksums::TakeInto(format::Manifest* m) const {
+  const MergedPlan& p = *plan_;
+  m->files = p.files_;
   m->tensors.clear();
-  m->tensors.reserve(tensors_.size());
-  for (uint32_t ti : NameOrder()) {
-    Merged& t = tensors_[ti];
+  m->tensors.reserve(p.tensors_.size());
+  for (const MergedPlan::Tensor& t : p.tensors_) {
     format::TensorRecord& rec = m->tensors.emplace_back();
-    rec.name = std::move(t.name);
+    rec.name = t.name;
     rec.dtype = t.dtype;
-    const size_t nd = t.shape.size();
-    rec.shards.reserve(t.extents.size());
-    for (uint32_t k : BoxOrder(t)) {
-      const Extent& e = t.extents[k];
-      const int64_t* b = t.boxes.data() + 2 * nd * k;
+    rec.shape = t.shape;
+    const size_t nd = t.shape.size(), size = format::ShardRecordBytes(nd);
+    for (uint64_t k = 0; k < t.shards; ++k) {  // back from the records (written by Lay)
+      const std::string_view b = std::string_view(p.records_).substr(t.record_at + k * size, size);
       format::ShardRecord& s = rec.shards.emplace_back();
-      s.offsets.assign(b, b + nd);
-      s.sizes.assign(b + nd, b + 2 * nd);
-      s.file = static_cast<uint32_t>(file_index_[e.rank]);
-      s.offset = e.offset;
-      s.bytes = e.bytes;
-      s.crc32c.assign(crcs_.begin() + e.crc_at, crcs_.begin() + e.crc_at + e.chunks);
-      if (!tags_.empty()) {
-        s.tags.assign(tags_.begin() + e.crc_at, tags_.begin() + e.crc_at + e.chunks);
+      for (size_t d = 0; d < nd; ++d) {
+        s.offsets.push_back(static_cast<int64_t>(format::GetU64(b, 8 * d)));
+        s.sizes.push_back(static_cast<int64_t>(format::GetU64(b, 8 * (nd + d))));
       }
+      s.offset = format::GetU64(b, 16 * nd);
+      s.bytes = format::GetU64(b, 16 * nd + 8);
+      s.file = format::GetU32(b, 16 * nd + 16);
+      const uint64_t at = p.chunk_at_[t.first_shard + k], end = p.chunk_at_[t.first_shard + k + 1];
+      s.crc32c.assign(crcs_.begin() + at, crcs_.begin() + end);
+      if (p.encrypted_) s.tags.assign(tags_.begin() + at, tags_.begin() + end);
     }
-    rec.shape = std::move(t.shape);
   }
-  *this = ManifestMerger(0);
 }
 
-std::string ManifestMerger::EncodeIndexed(format::Manifest* m, const format::CheckpointKeys* keys,
-                                          uint64_t* largest_section) {
-  const bool encrypted = m->encryption.enabled;  // (then AddCrcs took one tag per checksum)
+std::string SaveChecksums::EncodeIndexed(format::Manifest* m, const format::CheckpointKeys* keys,
+                                         uint64_t* largest_section) const {
+  const MergedPlan& p = *plan_;
+  const bool encrypted = m->encryption.enabled;  // (then Add took one tag per checksum)
   const crypto::GcmTag none{};
-  const std::vector<uint32_t> names = NameOrder();
-  uint64_t total = 0;
-  for (const Merged& t : tensors_) {
-    total += t.extents.size() * format::ShardRecordBytes(t.shape.size());
-  }
-  total += crcs_.size() * format::ChunkEntryBytes(false, encrypted);
   uint64_t head = 1 << 20;  // room for header and head in front (EncodeIndexedManifest)
-  for (const Merged& t : tensors_) head += 256 + t.name.size() + 24 * t.shape.size();
+  for (const MergedPlan::Tensor& t : p.tensors_) head += 256 + t.name.size() + 24 * t.shape.size();
   std::string sections;
-  sections.reserve(total + head);
+  sections.reserve(p.records_.size() + crcs_.size() * format::ChunkEntryBytes(false, encrypted) +
+                   head);
   std::vector<format::SectionRef> refs;
-  refs.reserve(tensors_.size());
-  m->files = std::move(files_);
+  refs.reserve(p.tensors_.size());
+  m->files = p.files_;
   m->tensors.clear();
-  m->tensors.reserve(tensors_.size());
+  m->tensors.reserve(p.tensors_.size());
   *largest_section = 0;
-  for (uint32_t ti : names) {
-    Merged& t = tensors_[ti];
-    const size_t nd = t.shape.size(), start = sections.size();
-    const std::vector<uint32_t> order = BoxOrder(t);
-    for (uint32_t k : order) {
-      const Extent& e = t.extents[k];
-      const int64_t* b = t.boxes.data() + 2 * nd * k;
-      format::AppendShardRecord(
-          {b, b + nd, nd, e.offset, e.bytes, static_cast<uint32_t>(file_index_[e.rank])},
-          &sections);
+  for (const MergedPlan::Tensor& t : p.tensors_) {
+    const size_t start = sections.size();
+    sections.append(p.records_, t.record_at, t.shards * format::ShardRecordBytes(t.shape.size()));
+    const uint64_t first = p.chunk_at_[t.first_shard], end = p.chunk_at_[t.first_shard + t.shards];
+    if (!encrypted) {  // an entry is its CRC32C, little-endian (the hosts' order: format/endian.h)
+      sections.append(reinterpret_cast<const char*>(crcs_.data() + first), 4 * (end - first));
     }
-    uint64_t chunks = 0;
-    for (uint32_t k : order) {
-      const Extent& e = t.extents[k];
-      for (uint64_t c = e.crc_at; c < e.crc_at + e.chunks; ++c) {
-        const crypto::GcmTag* tag = !encrypted ? nullptr : c < tags_.size() ? &tags_[c] : &none;
-        format::AppendChunkEntry(crcs_[c], false, nullptr, tag, &sections);
-      }
-      chunks += e.chunks;
+    for (uint64_t c = first; encrypted && c < end; ++c) {
+      format::AppendChunkEntry(crcs_[c], false, nullptr, c < tags_.size() ? &tags_[c] : &none,
+                               &sections);
     }
-    refs.push_back(format::CloseSection(sections, start, order.size(), chunks, false));
+    refs.push_back(format::CloseSection(sections, start, t.shards, end - first, false));
     *largest_section = std::max(*largest_section, refs.back().bytes);
-    format::TensorRecord& rec = m->tensors.emplace_back();
-    rec.name = std::move(t.name);
-    rec.dtype = t.dtype;
-    rec.shape = std::move(t.shape);
-    t = Merged();  // frees the tensor's shards as its section is written
+    m->tensors.push_back({.name = t.name, .dtype = t.dtype, .shape = t.shape, .shards = {}});
   }
-  *this = ManifestMerger(0);
   return format::EncodeIndexedManifest(*m, refs, std::move(sections), keys);
+}
+
+namespace {
+
+struct Cache {
+  std::mutex mu;
+  crypto::Sha256 key{};
+  std::shared_ptr<const MergedPlan> plan;
+};
+
+Cache& TheCache() {
+  static Cache* cache = new Cache();  // never destroyed: saves may run at exit
+  return *cache;
+}
+
+}  // namespace
+
+std::shared_ptr<const MergedPlan> CachedPlan(const crypto::Sha256& key) {
+  Cache& c = TheCache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.plan != nullptr && c.key == key ? c.plan : nullptr;
+}
+
+void CachePlan(const crypto::Sha256& key, std::shared_ptr<const MergedPlan> plan) {
+  Cache& c = TheCache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.key = key;
+  c.plan = std::move(plan);
+}
+
+crypto::Sha256 PlanKey(const std::vector<std::string>& plans, bool* any_digest) {
+  *any_digest = false;
+  WireWriter w;
+  w.U64(plans.size());
+  for (const std::string& plan : plans) {
+    bool digest = false;
+    const crypto::Sha256 d = PlanDigest(plan, &digest);
+    *any_digest = *any_digest || digest;
+    w.Raw({reinterpret_cast<const char*>(d.data()), d.size()});
+  }
+  return crypto::Sha256Of(std::as_bytes(std::span(w.bytes())));
 }
 
 }  // namespace savepoint::dist

@@ -32,6 +32,7 @@
 #include <optional>
 
 #include "distributed/descriptor.h"
+#include "distributed/merge.h"
 #include "distributed/save_access.h"
 #include "distributed/shard.h"
 #include "distributed/write.h"
@@ -134,6 +135,18 @@ Status SealPlan(const Verdict& v, uint32_t file_index, RankPlan* p) {
   return Status::OK();
 }
 
+// Steps 2 and 3: gathers `mine` (a plan or its digest) to the coordinator `c` (null on the other
+// ranks), whose verdict *msg every rank receives. (The plans are freed once decided: at scale
+// they are hundreds of megabytes.)
+Status Decided(Communicator& comm, const std::string& mine, SaveCoordinator* c, Timeout timeout,
+               std::string* msg) {
+  {
+    SP_ASSIGN_OR_RETURN(std::vector<std::string> plans, comm.Gather(mine, kRoot, timeout));
+    if (c != nullptr) *msg = c->Decide(plans);
+  }
+  return comm.Broadcast(msg, kRoot, AnswerWait(timeout, c != nullptr));
+}
+
 // The steps joined by the communicator's collectives.
 Status Run(const engine::WriteRequest& r, RankSave* mine) {
   Communicator& comm = *r.topology.comm;
@@ -141,15 +154,14 @@ Status Run(const engine::WriteRequest& r, RankSave* mine) {
   const bool root = comm.rank() == kRoot;
   std::unique_ptr<SaveCoordinator> c =
       root ? std::make_unique<SaveCoordinator>(r.path, comm.size(), r.options, r.io) : nullptr;
+  const std::string plan =
+      RankSaveAccess::Plan(*mine, *r.state, *r.topology.layout, r.options, r.io, r.gathers);
+  // The plans' digests first: a coordinator that merged the same plans before decides from them
+  // (the plan cache); otherwise its verdict asks for the plans themselves.
   std::string msg;
-  {  // the plans are freed once decided: at scale they are hundreds of megabytes
-    SP_ASSIGN_OR_RETURN(std::vector<std::string> plans,
-                        comm.Gather(RankSaveAccess::Plan(*mine, *r.state, *r.topology.layout,
-                                                         r.options, r.io, r.gathers),
-                                    kRoot, timeout));
-    if (root) msg = c->Decide(plans);
-  }
-  SP_RETURN_IF_ERROR(comm.Broadcast(&msg, kRoot, AnswerWait(timeout, root)));
+  SP_RETURN_IF_ERROR(Decided(comm, EncodePlanDigest(plan), c.get(), timeout, &msg));
+  SP_ASSIGN_OR_RETURN(Verdict first, DecodeVerdict(msg, comm.size()));
+  if (first.need_plans) SP_RETURN_IF_ERROR(Decided(comm, plan, c.get(), timeout, &msg));
   SP_ASSIGN_OR_RETURN(std::string report, mine->Write(msg, r.options, r.io));
   SP_ASSIGN_OR_RETURN(std::vector<std::string> reports, comm.Gather(report, kRoot, timeout));
   msg.clear();
@@ -230,6 +242,9 @@ Result<std::string> RankSave::Write(std::string_view verdict, const SaveOptions&
   SP_RETURN_IF_ERROR(engine::RefuseTopology(o.topology, "distributed save write", "SaveOptions"));
   SP_ASSIGN_OR_RETURN(i.verdict, dist::DecodeVerdict(verdict, i.world));
   SP_RETURN_IF_ERROR(i.verdict.status);
+  if (i.verdict.need_plans) {
+    return FailedPreconditionError("RankSave::Write: the verdict asks for the plans, not a write");
+  }
   i.p.m.checkpoint_id = i.verdict.checkpoint_id;
   engine::SaveTarget target{FileSystemOf(io), "", i.verdict.tmp};
   // A rank that writes no file still derives the keys: the coordinator writes the manifest, and
@@ -243,11 +258,13 @@ Result<std::string> RankSave::Write(std::string_view verdict, const SaveOptions&
 }
 
 struct SaveCoordinator::Impl {
-  explicit Impl(int world) : merger(world) {}
+  explicit Impl(int world) : world(world) {}
+  int world;
   std::string path;
   SaveOptions o;
   IoOptions io;
-  dist::ManifestMerger merger;
+  std::shared_ptr<const dist::MergedPlan> plan;
+  std::optional<crypto::Sha256> asked;  // the key of the digests whose plans the verdict asked for
   engine::SaveTarget target;
   dist::Verdict verdict;
   bool began = false, committed = false;
@@ -271,17 +288,39 @@ const Status& SaveCoordinator::decided() const { return impl_->verdict.status; }
 
 std::string SaveCoordinator::Decide(const std::vector<std::string>& plans) {
   Impl& c = *impl_;
+  c.verdict = dist::Verdict();
   dist::Verdict& v = c.verdict;
   v.status = [&]() -> Status {
-    for (size_t r = 0; r < plans.size(); ++r) {
-      SP_RETURN_IF_ERROR(c.merger.AddPlan(static_cast<int>(r), plans[r]));
+    if (c.began) return FailedPreconditionError("SaveCoordinator::Decide: already decided");
+    // The plan cache: the same plans as an earlier save (or their digests) are not merged again.
+    // The plans that follow digests are those digested (SaveDistributed sends both from the same
+    // bytes), so their key is the digests'.
+    bool digests = false;
+    const crypto::Sha256 key = c.asked ? *c.asked : dist::PlanKey(plans, &digests);
+    c.asked.reset();
+    c.plan = dist::CachedPlan(key);
+    if (c.plan == nullptr && digests) {
+      v.need_plans = true;  // (SaveDistributed's first round: the ranks send their plans)
+      c.asked = key;
+      return Status::OK();
     }
-    SP_ASSIGN_OR_RETURN(v.file_index, c.merger.Finish());
+    if (c.plan == nullptr) {
+      if (plans.size() != static_cast<size_t>(c.world)) {
+        return InternalError(fmt::format("{} plans for {} ranks", plans.size(), c.world));
+      }
+      dist::ManifestMerger merger(c.world);
+      for (size_t r = 0; r < plans.size(); ++r) {
+        SP_RETURN_IF_ERROR(merger.AddPlan(static_cast<int>(r), plans[r]));
+      }
+      SP_ASSIGN_OR_RETURN(c.plan, merger.Finish());
+      dist::CachePlan(key, c.plan);
+    }
+    v.file_index = c.plan->file_index();
     SP_ASSIGN_OR_RETURN(c.target, engine::BeginSave(c.path, c.o, c.io));
     c.began = true;
     v.tmp = c.target.tmp;
     v.checkpoint_id = RandomU64();
-    if (c.merger.encrypted()) {
+    if (c.plan->encrypted()) {
       SP_ASSIGN_OR_RETURN(format::Salt salt, format::RandomSalt());
       v.salt.assign(reinterpret_cast<const char*>(salt.data()), salt.size());
     }
@@ -297,19 +336,24 @@ Status SaveCoordinator::Commit(const std::vector<std::string>& reports, RankSave
     if (!c.began) return FailedPreconditionError("SaveCoordinator::Commit before Decide");
     dist::RankPlan* p = &own.impl_->p;
     const bool encrypted = p->m.encryption.enabled;
+    if (p->m.chunk_bytes != c.plan->chunk_bytes() ||
+        reports.size() != c.plan->file_index().size()) {
+      return InternalError("SaveCoordinator::Commit: the reports do not match the plan");
+    }
+    dist::SaveChecksums sums(c.plan);
     for (size_t r = 0; r < reports.size(); ++r) {
-      SP_RETURN_IF_ERROR(c.merger.AddCrcs(static_cast<int>(r), reports[r], p->m.chunk_bytes,
-                                          encrypted ? &p->m.encryption.key_check : nullptr));
+      SP_RETURN_IF_ERROR(sums.Add(static_cast<int>(r), reports[r],
+                                  encrypted ? &p->m.encryption.key_check : nullptr));
     }
     format::Manifest m = std::move(p->m);  // keeps the id stamp, time, writer, chunk size, salt
     m.checkpoint_id = c.verdict.checkpoint_id;
     const format::CheckpointKeys* keys = encrypted ? &p->seal.keys : nullptr;
-    if (m.version >= format::kIndexedFormatVersion) {  // sections straight from the merge
+    if (m.version >= format::kIndexedFormatVersion) {  // sections from the plan's records
       uint64_t largest = 0;
-      const std::string manifest = c.merger.EncodeIndexed(&m, keys, &largest);
+      const std::string manifest = sums.EncodeIndexed(&m, keys, &largest);
       SP_RETURN_IF_ERROR(engine::FinishEncoded(c.target, nullptr, m, manifest, largest));
     } else {
-      c.merger.TakeInto(&m);
+      sums.TakeInto(&m);
       SP_RETURN_IF_ERROR(engine::FinishFiles(c.target, nullptr, m, keys));
     }
     return engine::CommitSave(c.target, c.o.overwrite);

@@ -1,0 +1,152 @@
+// The coordinator's side of a distributed save: merging the ranks' plans into one plan of the
+// manifest (ManifestMerger -> MergedPlan), adding each save's checksums to it (SaveChecksums), and
+// the plan cache, so that a save whose plans are those of an earlier one does not merge again.
+//
+// At 16,384 ranks a save has millions of shards, so a MergedPlan holds them compactly: the shard
+// records of the version 3 sections (docs/FORMAT.md §15) already encoded, tensors in name order and
+// shards in box order, plus where each shard's chunk entries go. A save then only places the
+// checksums it gathers and copies records.
+#ifndef SAVEPOINT_DISTRIBUTED_MERGE_H_
+#define SAVEPOINT_DISTRIBUTED_MERGE_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "crypto/aead.h"
+#include "format/manifest.h"
+
+namespace savepoint::dist {
+
+class WireReader;  // distributed/wire.h
+
+// The merged plans of one save's ranks; immutable, so shared by the saves that reuse it.
+class MergedPlan {
+ public:
+  int world() const { return world_; }
+  uint32_t version() const { return version_; }
+  bool encrypted() const { return encrypted_; }
+  uint64_t chunk_bytes() const { return chunk_bytes_; }
+  // Per rank: the index of its data file in the manifest, -1 when it writes none.
+  const std::vector<int64_t>& file_index() const { return file_index_; }
+
+ private:
+  friend class ManifestMerger;
+  friend class SaveChecksums;
+  struct Tensor {
+    std::string name;
+    DType dtype = DType::kU8;
+    Shape shape;
+    uint64_t first_shard = 0;  // its shards are [first_shard, first_shard + shards)
+    uint64_t shards = 0;
+    uint64_t record_at = 0;  // where its records begin in records_
+  };
+  int world_ = 0;
+  uint32_t version_ = 0;
+  bool encrypted_ = false;
+  uint64_t chunk_bytes_ = 0;
+  std::vector<Tensor> tensors_;        // in name order
+  std::string records_;                // every shard's record, in tensor order then box order
+  std::vector<uint64_t> chunk_at_;     // per shard (and one past the last): its first chunk entry
+  std::vector<uint64_t> rank_first_;   // per rank (and one past the last): into rank_shards_
+  std::vector<uint32_t> rank_shards_;  // each rank's shards, in the order of its plan
+  std::vector<int64_t> file_index_;
+  std::vector<format::FileRecord> files_;
+};
+
+// Merges per-rank plans (EncodePlan) into a MergedPlan.
+class ManifestMerger {
+ public:
+  explicit ManifestMerger(int world) : world_(world), ranks_(world) {}
+  // Adds rank `rank`'s plan. Returns the status that rank reported (with its rank named), or an
+  // error when the descriptor is malformed or contradicts earlier ones (dtype, global shape, box
+  // rank, format version, whether the save is encrypted).
+  Status AddPlan(int rank, std::string_view bytes);
+  // After every plan: checks that the shards of every tensor tile it exactly (InvalidArgument
+  // naming the tensor otherwise), numbers the data files and lays out the shards' records and
+  // chunk entries (ResourceExhausted when the manifest would exceed
+  // format::kMaxManifestFileBytes). The merger is spent.
+  Result<std::shared_ptr<const MergedPlan>> Finish();
+
+ private:
+  struct Extent {
+    uint64_t offset = 0, bytes = 0;  // in the rank's data file
+    uint32_t rank = 0;
+  };
+  struct Merged {  // one tensor
+    std::string name;
+    DType dtype = DType::kU8;
+    Shape shape;
+    std::vector<int64_t> boxes;  // 2 * ndim values per shard: the offsets, then the sizes
+    std::vector<Extent> extents;
+  };
+  struct RankInfo {
+    uint64_t file_bytes = 0;
+    std::vector<std::pair<uint32_t, uint32_t>> shards;  // (tensor, shard) of each, in plan order
+  };
+  struct NameHash {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+  // The tensor of the i-th shard of rank `rank`'s plan, added when new; InvalidArgument when its
+  // dtype or shape differs from another rank's.
+  Result<Merged*> TensorOf(int rank, size_t i, std::string_view name, std::string_view dtype,
+                           const int64_t* shape, size_t ndim);
+  Status AddShards(int rank, uint64_t n, WireReader& r);
+  // The shards of `t` in box order.
+  std::vector<uint32_t> BoxOrder(const Merged& t) const;
+  // Lays out the records and chunk entries of `plan` (Finish).
+  Status Lay(MergedPlan* plan);
+
+  int world_;
+  uint64_t version_ = 0;  // the format version of the first plan added, and its rank
+  int version_rank_ = 0;
+  bool encrypted_ = false;    // whether that plan is encrypted
+  uint64_t chunk_bytes_ = 0;  // and its chunk size
+  std::vector<RankInfo> ranks_;
+  std::vector<Merged> tensors_;
+  std::unordered_map<std::string, uint32_t, NameHash, std::equal_to<>> index_;
+  std::vector<uint32_t> hints_;  // the tensor of the previous plan's i-th shard
+};
+
+// One save's checksums (EncodeCrcs reports) on its MergedPlan, and the manifest they make.
+class SaveChecksums {
+ public:
+  explicit SaveChecksums(std::shared_ptr<const MergedPlan> plan);
+  // Adds rank `rank`'s report: checks its shard and chunk counts against the plan, and for an
+  // encrypted save takes its GCM tags and checks that its key check is `key_check` (the
+  // coordinator's: InvalidArgument when the rank was given another key).
+  Status Add(int rank, std::string_view bytes, const format::KeyCheck* key_check = nullptr);
+  // After every Add: sets m's files and tensors, with their shards (tensors sorted by name, shards
+  // by box). For manifests of versions 1 and 2.
+  void TakeInto(format::Manifest* m) const;
+  // After every Add, for a manifest of version 3: sets m's files and tensors (without shards) and
+  // returns the whole MANIFEST (authenticated with `keys` when encrypted), its sections made of the
+  // plan's records and this save's chunk entries; *largest_section receives the largest section's
+  // size.
+  std::string EncodeIndexed(format::Manifest* m, const format::CheckpointKeys* keys,
+                            uint64_t* largest_section) const;
+
+ private:
+  std::shared_ptr<const MergedPlan> plan_;
+  std::vector<uint32_t> crcs_;        // per chunk entry (MergedPlan::chunk_at_)
+  std::vector<crypto::GcmTag> tags_;  // encrypted saves: the same
+};
+
+// The plan cache: the MergedPlan of the last plans merged in this process, by their key
+// (PlanKey); null when `key` is not it. Thread-safe. It holds one plan, so its memory is that of
+// one merge (a few hundred megabytes at 16,384 ranks, on the coordinator only).
+std::shared_ptr<const MergedPlan> CachedPlan(const crypto::Sha256& key);
+void CachePlan(const crypto::Sha256& key, std::shared_ptr<const MergedPlan> plan);
+// The key of a save's plans (or their digests, EncodePlanDigest): SHA-256 over the world size and
+// each plan's SHA-256 (a plan holds its format version, chunk size, file size and shards).
+// *any_digest: whether a message was a digest.
+crypto::Sha256 PlanKey(const std::vector<std::string>& plans, bool* any_digest);
+
+}  // namespace savepoint::dist
+
+#endif  // SAVEPOINT_DISTRIBUTED_MERGE_H_

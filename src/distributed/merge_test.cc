@@ -1,0 +1,215 @@
+// The coordinator's merge (ManifestMerger, SaveChecksums) and the plan cache.
+#include "distributed/merge.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "distributed/descriptor.h"
+#include "io/mem_fs.h"
+#include "savepoint/distributed.h"
+#include "testutil/ranks.h"
+#include "testutil/testutil.h"
+
+namespace savepoint {
+namespace {
+
+using ::savepoint::testing::StatusIs;
+using testing::OnRanks;
+
+constexpr int kRanks = 4;
+
+IoOptions Io(FileSystem* fs) { return IoOptions{.fs = fs, .io_threads = 2, .direct_io = false}; }
+
+// Two tensors over kRanks ranks: "w" split along `dim` in kRanks parts, "b" whole on every rank
+// (written once). Filled with distinct bytes.
+struct Job {
+  Tensor w = Tensor::Empty(DType::kF32, {8, 12}).value();
+  Tensor b = Tensor::Empty(DType::kU8, {40}).value();
+  Job() {
+    for (uint64_t i = 0; i < w.nbytes(); ++i) w.data()[i] = static_cast<std::byte>(i * 7 + 1);
+    for (uint64_t i = 0; i < b.nbytes(); ++i) b.data()[i] = static_cast<std::byte>(i + 3);
+  }
+  ShardLayout Layout(int rank, int dim) const {
+    return {{"w", SplitDim(w.shape(), dim, kRanks, rank).value()}};
+  }
+  State Local(int rank, int dim) const {
+    const ShardSpec spec = SplitDim(w.shape(), dim, kRanks, rank).value();
+    Tensor part = Tensor::Empty(DType::kF32, spec.sizes).value();
+    auto* out = reinterpret_cast<float*>(part.data());
+    const auto* in = reinterpret_cast<const float*>(w.data());
+    for (int64_t i = 0; i < spec.sizes[0]; ++i) {
+      for (int64_t j = 0; j < spec.sizes[1]; ++j) {
+        out[i * spec.sizes[1] + j] = in[(spec.offsets[0] + i) * 12 + spec.offsets[1] + j];
+      }
+    }
+    State s;
+    EXPECT_TRUE(s.Put("w", std::move(part)).ok());
+    EXPECT_TRUE(s.Put("b", Tensor::CopyOf(b.view()).value()).ok());
+    return s;
+  }
+  // The plans' key, as the coordinator computes it from the ranks' digests.
+  crypto::Sha256 Key(int dim, const SaveOptions& o) const {
+    std::vector<std::string> digests;
+    for (int r = 0; r < kRanks; ++r) {
+      RankSave save(r, kRanks);
+      digests.push_back(dist::EncodePlanDigest(save.Plan(Local(r, dim), Layout(r, dim), o, {})));
+    }
+    bool any = false;
+    crypto::Sha256 key = dist::PlanKey(digests, &any);
+    EXPECT_TRUE(any);
+    return key;
+  }
+};
+
+Status SaveOn(const Job& job, int dim, const std::string& path, const SaveOptions& o,
+              FileSystem* fs, int failing = -1) {
+  std::vector<Status> st = OnRanks(kRanks, [&](Communicator& c) {
+    ShardLayout layout = job.Layout(c.rank(), dim);
+    if (c.rank() == failing) layout["w"].offsets[0] = 1000;  // outside the tensor: its plan fails
+    DistributedSaveOptions d;
+    d.save = o;
+    return SaveDistributed(c, job.Local(c.rank(), dim), layout, path, d, Io(fs));
+  });
+  for (const Status& s : st) {
+    if (!s.ok()) return s;
+  }
+  return Status::OK();
+}
+
+void ExpectWhole(const Job& job, const std::string& path, FileSystem* fs) {
+  State got = Load(path, {}, Io(fs)).value();
+  ASSERT_NE(got.FindTensor("w"), nullptr);
+  ASSERT_NE(got.FindTensor("b"), nullptr);
+  EXPECT_EQ(0, std::memcmp(got.FindTensor("w")->data(), job.w.data(), job.w.nbytes()));
+  EXPECT_EQ(0, std::memcmp(got.FindTensor("b")->data(), job.b.data(), job.b.nbytes()));
+}
+
+class PlanCache : public ::testing::TestWithParam<uint32_t> {};
+
+TEST_P(PlanCache, RepeatedLayoutIsNotMergedAgain) {
+  MemFileSystem mem;
+  Job job;
+  const SaveOptions o{.chunk_bytes = 4096, .format_version = GetParam()};
+  const crypto::Sha256 rows = job.Key(0, o), cols = job.Key(1, o);
+  ASSERT_NE(rows, cols);
+  dist::CachePlan({}, nullptr);  // empty
+  SP_ASSERT_OK(SaveOn(job, 0, "/a", o, &mem));
+  std::shared_ptr<const dist::MergedPlan> first = dist::CachedPlan(rows);
+  ASSERT_NE(first, nullptr) << "the merged plan was not cached";
+  // The same layout: decided from the digests, with the cached plan (not merged again).
+  SP_ASSERT_OK(SaveOn(job, 0, "/b", o, &mem));
+  EXPECT_EQ(dist::CachedPlan(rows), first);
+  // Another layout is merged (and cached in its place); then the first one again.
+  SP_ASSERT_OK(SaveOn(job, 1, "/c", o, &mem));
+  EXPECT_EQ(dist::CachedPlan(rows), nullptr);
+  EXPECT_NE(dist::CachedPlan(cols), nullptr);
+  SP_ASSERT_OK(SaveOn(job, 0, "/d", o, &mem));
+  // Another chunk size is another key.
+  SP_ASSERT_OK(
+      SaveOn(job, 0, "/e", SaveOptions{.chunk_bytes = 8192, .format_version = GetParam()}, &mem));
+  EXPECT_EQ(dist::CachedPlan(rows), nullptr);
+  for (const char* path : {"/a", "/b", "/c", "/d", "/e"}) {
+    SCOPED_TRACE(path);
+    ExpectWhole(job, path, &mem);
+    auto reader = CheckpointReader::Open(path, {}, Io(&mem)).value();
+    EXPECT_EQ(reader->format_version(), GetParam());
+  }
+}
+
+TEST_P(PlanCache, FailingRankOfACachedLayoutIsReported) {
+  MemFileSystem mem;
+  Job job;
+  const SaveOptions o{.chunk_bytes = 4096, .format_version = GetParam()};
+  SP_ASSERT_OK(SaveOn(job, 0, "/a", o, &mem));
+  // Rank 2's plan differs (it carries its error), so the coordinator asks for the plans.
+  EXPECT_THAT(SaveOn(job, 0, "/b", o, &mem, /*failing=*/2),
+              StatusIs(StatusCode::kInvalidArgument, "rank 2"));
+  EXPECT_FALSE(mem.Exists("/b"));
+  SP_ASSERT_OK(SaveOn(job, 0, "/c", o, &mem));
+  ExpectWhole(job, "/c", &mem);
+}
+
+INSTANTIATE_TEST_SUITE_P(Versions, PlanCache, ::testing::Values(1u, 2u, 3u));
+
+TEST(PlanCacheKey, PlansAndTheirDigestsHaveOneKey) {
+  const std::vector<std::string> plans = {"plan of rank 0", "plan of rank 1"};
+  std::vector<std::string> digests;
+  for (const std::string& p : plans) digests.push_back(dist::EncodePlanDigest(p));
+  bool any = true;
+  const crypto::Sha256 key = dist::PlanKey(plans, &any);
+  EXPECT_FALSE(any);
+  EXPECT_EQ(dist::PlanKey(digests, &any), key);
+  EXPECT_TRUE(any);
+  EXPECT_NE(dist::PlanKey({plans[1], plans[0]}, &any), key);
+  EXPECT_NE(dist::PlanKey({plans[0]}, &any), key);
+}
+
+// A one-shard plan of rank 0: tensor "t" of `shape` (U8), the whole box, at `offset` in a file of
+// `file_bytes`.
+std::string OneShardPlan(int64_t elements, uint64_t offset, uint64_t file_bytes,
+                         uint64_t chunk_bytes = 64) {
+  format::Manifest m;
+  m.chunk_bytes = chunk_bytes;
+  m.files.push_back({"data-00000-00000.spd", file_bytes});
+  format::ShardRecord s;
+  s.offsets = {0};
+  s.sizes = {elements};
+  s.offset = offset;
+  s.bytes = static_cast<uint64_t>(elements);
+  m.tensors.push_back({"t", DType::kU8, {elements}, {s}});
+  return dist::EncodePlan(Status::OK(), m);
+}
+
+TEST(ManifestMergerTest, ExtentOutsideItsFileIsRejected) {
+  dist::ManifestMerger ok(1);
+  SP_EXPECT_OK(ok.AddPlan(0, OneShardPlan(100, 4096, 4196)));
+  dist::ManifestMerger past(1);
+  EXPECT_THAT(past.AddPlan(0, OneShardPlan(100, 4096, 4195)),
+              StatusIs(StatusCode::kInvalidArgument, "in a file of 4195"));
+  dist::ManifestMerger wraps(1);
+  EXPECT_THAT(wraps.AddPlan(0, OneShardPlan(100, UINT64_MAX - 10, UINT64_MAX)),
+              StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST(ManifestMergerTest, ManifestBeyondItsCapIsRefusedBeforeAnyAllocation) {
+  // 2^40 one-byte chunks: more entries than a manifest of 4 GiB holds.
+  const int64_t n = int64_t{1} << 40;
+  dist::ManifestMerger m(1);
+  SP_ASSERT_OK(m.AddPlan(0, OneShardPlan(n, 4096, 4096 + uint64_t(n), 1)));
+  EXPECT_THAT(m.Finish().status(), StatusIs(StatusCode::kResourceExhausted, "chunk_bytes"));
+  dist::ManifestMerger fine(1);
+  SP_ASSERT_OK(fine.AddPlan(0, OneShardPlan(n, 4096, 4096 + uint64_t(n), uint64_t{1} << 30)));
+  Result<std::shared_ptr<const dist::MergedPlan>> plan = fine.Finish();
+  SP_ASSERT_OK(plan.status());
+  EXPECT_EQ((*plan)->file_index(), std::vector<int64_t>{0});
+}
+
+TEST(ManifestMergerTest, ChecksumReportsMustMatchThePlan) {
+  dist::ManifestMerger merger(1);
+  SP_ASSERT_OK(merger.AddPlan(0, OneShardPlan(100, 4096, 4196)));
+  auto plan = merger.Finish().value();  // two chunks of 64 bytes
+  format::Manifest m;
+  format::ShardRecord s;
+  s.crc32c = {1, 2};
+  m.tensors.push_back({"t", DType::kU8, {100}, {s}});
+  const std::string good = dist::EncodeCrcs(Status::OK(), m);
+  SP_EXPECT_OK(dist::SaveChecksums(plan).Add(0, good));
+  m.tensors[0].shards[0].crc32c = {1};
+  EXPECT_THAT(dist::SaveChecksums(plan).Add(0, dist::EncodeCrcs(Status::OK(), m)),
+              StatusIs(StatusCode::kInternal, "bad chunk count"));
+  for (size_t cut = 0; cut + 1 < good.size(); ++cut) {
+    EXPECT_FALSE(dist::SaveChecksums(plan).Add(0, good.substr(0, cut)).ok()) << cut;
+  }
+  dist::SaveChecksums sums(plan);
+  SP_ASSERT_OK(sums.Add(0, good));
+  format::Manifest out;
+  sums.TakeInto(&out);
+  ASSERT_EQ(out.tensors.size(), 1u);
+  EXPECT_EQ(out.tensors[0].shards[0].crc32c, (std::vector<uint32_t>{1, 2}));
+  EXPECT_EQ(out.tensors[0].shards[0].offset, 4096u);
+  EXPECT_EQ(out.tensors[0].shards[0].sizes, Shape{100});
+}
+
+}  // namespace
+}  // namespace savepoint
