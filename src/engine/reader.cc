@@ -59,12 +59,24 @@ std::span<std::byte> Writable(std::string& s) {
   return std::as_writable_bytes(std::span<char>(s.data(), s.size()));
 }
 
-// The manifest of a version 3 checkpoint in parts (format/manifest_index.h): its header, its head,
-// and the sections of the tensors `only` names, in one batch. nullopt when it must be read whole
-// (an older version, encrypted, or unreadable here: the whole read reports why).
+// The most MANIFEST bytes read whole: what versions 1 and 2 allow (header and a 256 MiB body),
+// unless its header says version 3 or later, which may be larger (kMaxManifestFileBytes). The
+// header is checked by the decoder.
+uint64_t WholeCap(std::string_view header) {
+  const bool indexed = header.size() >= format::kManifestHeaderBytes &&
+                       format::GetU32(header, 8) >= format::kIndexedFormatVersion;
+  return indexed ? format::kMaxManifestFileBytes
+                 : format::kManifestHeaderBytes + format::kMaxManifestBodyBytes;
+}
+
+// MANIFEST through one open (format/manifest_index.h): the header, then for an unencrypted version
+// 3 file the head and the sections of the tensors `only` names, in one batch (the manifest
+// returned); for any other the whole file (*whole; nullopt returned). nullopt and *whole empty
+// when it cannot be opened here (the whole read reports why).
 Result<std::optional<format::Manifest>> ReadManifestParts(FileSystem* fs, const std::string& mpath,
                                                           const ShardFilter& only,
-                                                          uint64_t* file_bytes) {
+                                                          uint64_t* file_bytes,
+                                                          std::string* whole) {
   Result<std::unique_ptr<RandomAccessFile>> f =
       fs->NewRandomAccessFile(mpath, {.random_access = true});
   if (!f.ok() || (*f)->size() < format::kManifestHeaderBytes)
@@ -73,9 +85,19 @@ Result<std::optional<format::Manifest>> ReadManifestParts(FileSystem* fs, const 
   std::string head(format::kManifestHeaderBytes, '\0');
   SP_RETURN_IF_ERROR(file.ReadAt(0, Writable(head)));
   SP_ASSIGN_OR_RETURN(uint64_t head_bytes, format::IndexedHeadBytes(head, mpath));
-  if (head_bytes == 0 || head_bytes > file.size()) return std::optional<format::Manifest>();
-  head.resize(head_bytes);
-  SP_RETURN_IF_ERROR(file.ReadAt(0, Writable(head)));
+  if (head_bytes == 0 || head_bytes > file.size()) {
+    if (file.size() > WholeCap(head)) {
+      return ResourceExhaustedError(
+          fmt::format("read {}: file is {} bytes, larger than the limit of {} bytes", mpath,
+                      file.size(), WholeCap(head)));
+    }
+    whole->assign(file.size(), '\0');
+    SP_RETURN_IF_ERROR(file.ReadAt(0, Writable(*whole)));
+    return std::optional<format::Manifest>();
+  }
+  head.resize(head_bytes);  // the head after the header
+  SP_RETURN_IF_ERROR(file.ReadAt(format::kManifestHeaderBytes,
+                                 Writable(head).subspan(format::kManifestHeaderBytes)));
   SP_ASSIGN_OR_RETURN(format::ManifestHead h, format::DecodeManifestHead(head, file.size(), mpath));
   std::vector<std::pair<size_t, const std::vector<format::Box>*>> wanted;
   std::vector<std::string> sections;
@@ -102,18 +124,15 @@ Result<std::optional<format::Manifest>> ReadManifestParts(FileSystem* fs, const 
   return std::optional<format::Manifest>(std::move(h.manifest));
 }
 
-// MANIFEST whole: at most what versions 1 and 2 allow (header and a 256 MiB body), unless its
-// header says version 3 or later, which may be larger (kMaxManifestFileBytes). The header is
-// checked by the decoder.
+// MANIFEST whole, at most WholeCap bytes (a larger file's header is read to find its version).
 Result<std::string> ReadManifestWhole(FileSystem* fs, const std::string& mpath) {
-  Result<std::string> bytes =
-      fs->ReadFile(mpath, format::kManifestHeaderBytes + format::kMaxManifestBodyBytes);
+  Result<std::string> bytes = fs->ReadFile(mpath, WholeCap({}));
   if (bytes.ok() || bytes.status().code() != StatusCode::kResourceExhausted) return bytes;
   SP_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f, fs->NewRandomAccessFile(mpath, {}));
   std::string header(format::kManifestHeaderBytes, '\0');
   SP_RETURN_IF_ERROR(f->ReadAt(0, Writable(header)));
-  if (format::GetU32(header, 8) < format::kIndexedFormatVersion) return bytes;
-  return fs->ReadFile(mpath, format::kMaxManifestFileBytes);
+  if (WholeCap(header) == WholeCap({})) return bytes;
+  return fs->ReadFile(mpath, WholeCap(header));
 }
 
 }  // namespace
@@ -134,10 +153,11 @@ Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const 
   r->io_ = io;
   r->path_ = path;
   std::string mpath = JoinPath(path, format::kManifestFileName);
+  std::string whole;
   if (only != nullptr) {
     uint64_t file_bytes = 0;
     SP_ASSIGN_OR_RETURN(std::optional<format::Manifest> m,
-                        ReadManifestParts(r->fs_, mpath, *only, &file_bytes));
+                        ReadManifestParts(r->fs_, mpath, *only, &file_bytes, &whole));
     if (m.has_value()) {
       r->m_ = std::move(*m);
       SP_RETURN_IF_ERROR(r->Unlock({}, mpath));  // (not encrypted: refuses a key)
@@ -145,7 +165,8 @@ Result<std::unique_ptr<Reader>> Reader::OpenImpl(const std::string& path, const 
       return r;
     }
   }
-  Result<std::string> bytes = ReadManifestWhole(r->fs_, mpath);
+  Result<std::string> bytes =
+      whole.empty() ? ReadManifestWhole(r->fs_, mpath) : Result<std::string>(std::move(whole));
   if (!bytes.ok()) {
     if (bytes.status().code() == StatusCode::kNotFound) {
       return NotFoundError(

@@ -10,6 +10,7 @@
 
 #include "format/endian.h"
 #include "format/manifest.h"
+#include "testutil/corruption.h"
 #include "testutil/testutil.h"
 #include "util/crc32c.h"
 
@@ -61,14 +62,9 @@ Result<Manifest> DecodeEdited(const Manifest& m, const std::function<void(Json&)
   return DecodeManifest(h + body, kWhere);
 }
 
+// Corruption naming `needle` and the file.
 ::testing::AssertionResult Corrupt(const Result<Manifest>& r, std::string_view needle) {
-  if (r.ok()) return ::testing::AssertionFailure() << "accepted";
-  if (r.status().code() != StatusCode::kCorruption ||
-      r.status().message().find(needle) == std::string::npos ||
-      r.status().message().find(kWhere) == std::string::npos) {
-    return ::testing::AssertionFailure() << r.status().ToString();
-  }
-  return ::testing::AssertionSuccess();
+  return testing::IsCorruption(r.status(), {needle, kWhere});
 }
 
 TEST(ManifestVersion, Version2AcceptsPackedExtents) {
