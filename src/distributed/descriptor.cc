@@ -103,8 +103,13 @@ std::string EncodeVerdict(const Verdict& v) {
   w.U64(v.need_plans ? 1 : 0);
   w.Str(v.tmp);
   w.U64(v.checkpoint_id);
+  // One bit per rank, whether it writes a file: the files are numbered in rank order.
+  std::string bits((v.file_index.size() + 7) / 8, '\0');
+  for (size_t r = 0; r < v.file_index.size(); ++r) {
+    if (v.file_index[r] >= 0) bits[r / 8] = static_cast<char>(bits[r / 8] | (1 << (r % 8)));
+  }
   w.U64(v.file_index.size());
-  for (int64_t i : v.file_index) w.I64(i);
+  w.Raw(bits);
   w.Str(v.salt);
   return out + w.bytes();
 }
@@ -117,13 +122,15 @@ Result<Verdict> DecodeVerdict(std::string_view bytes, int world) {
   v.need_plans = need != 0;
   SP_ASSIGN_OR_RETURN(v.tmp, r.Str());
   SP_ASSIGN_OR_RETURN(v.checkpoint_id, r.U64());
-  SP_ASSIGN_OR_RETURN(uint64_t n, r.Count(8));
-  if (n != static_cast<uint64_t>(world) && v.status.ok() && !v.need_plans) {
-    return InternalError(fmt::format("save verdict: {} file indices for {} ranks", n, world));
+  SP_ASSIGN_OR_RETURN(uint64_t n, r.U64());
+  if (n != static_cast<uint64_t>(world) && (v.status.ok() && !v.need_plans ? true : n != 0)) {
+    return InternalError(fmt::format("save verdict: {} ranks' files for {} ranks", n, world));
   }
-  v.file_index.resize(n);
-  for (auto& i : v.file_index) {
-    SP_ASSIGN_OR_RETURN(i, r.I64());
+  SP_ASSIGN_OR_RETURN(std::string_view bits, r.Raw((n + 7) / 8));
+  v.file_index.assign(n, -1);
+  int64_t files = 0;
+  for (uint64_t i = 0; i < n; ++i) {
+    if ((static_cast<uint8_t>(bits[i / 8]) >> (i % 8)) & 1) v.file_index[i] = files++;
   }
   SP_ASSIGN_OR_RETURN(v.salt, r.Str());
   return v;

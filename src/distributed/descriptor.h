@@ -44,7 +44,9 @@ struct Verdict {
   bool need_plans = false;  // the coordinator got digests it has no merge for: send the plans
   std::string tmp;          // temporary directory of the save
   uint64_t checkpoint_id = 0;
-  std::vector<int64_t> file_index;  // per rank: index of its data file, -1 when it writes none
+  // Per rank: the index of its data file, -1 when it writes none. The files are numbered in rank
+  // order, so the message carries one bit per rank.
+  std::vector<int64_t> file_index;
   std::string salt;                 // encrypted saves: the checkpoint's salt (else empty)
 };
 std::string EncodeVerdict(const Verdict& v);
