@@ -4,9 +4,10 @@
 
 Reads the JSON lines of bench/scale_bench.cc (format version 3, and optionally version 2),
 bench/scale_dcp.py and bench/controller_scale_bench.cc (any may be empty), prints one table each,
-writes the curves (coordination time, coordinator memory, manifest size, one rank's load planning
-against the rank count: savepoint with each manifest, and DCP) as a PNG, and ends with the
-`scale:` line of the largest version 3 run.
+writes the curves (coordination time, of a first save and of a save of the same layout again,
+coordinator memory, manifest size, one rank's load planning against the rank count: savepoint with
+each manifest, and DCP) as a PNG, and ends with the `scale:` line of the largest version 3 run
+(its first save).
 """
 
 import json
@@ -41,6 +42,8 @@ def plot(sp, sp2, dcp, png):
     v3, v2 = "savepoint (format 3)", "savepoint (format 2, JSON)"
     panels = [
         (ax[0][0], "coordination of one save (s)", [(v3, ok, "coordinate_s", 1),
+                                                    (v3 + ", same layout again", ok,
+                                                     "repeat_coordinate_s", 1),
                                                     (v2, ok2, "coordinate_s", 1),
                                                     ("DCP", dcp, "coordinate_s", 1)]),
         (ax[0][1], "coordinator memory (MiB)", [(v3 + " peak", sp, "coordinator_peak_mib", 1),
@@ -77,8 +80,9 @@ def main(argv):
     sp2 = rows(argv[5]) if len(argv) > 5 else []
     cols = [("ranks", 6, "d"), ("entries", 9, "d"), ("plan_bytes", 11, "d"),
             ("rank_plan_ms_mean", 9, ".2f"), ("decide_s", 8, ".2f"), ("commit_s", 8, ".2f"),
-            ("coordinate_s", 12, ".2f"), ("coordinator_peak_mib", 8, ".0f"),
-            ("manifest_bytes", 12, "d"), ("load_plan_ms", 10, ".1f"), ("error", 5, "")]
+            ("coordinate_s", 12, ".2f"), ("repeat_coordinate_s", 12, ".2f"),
+            ("coordinator_peak_mib", 8, ".0f"), ("manifest_bytes", 12, "d"),
+            ("load_plan_ms", 10, ".1f"), ("error", 5, "")]
     table("savepoint, format version 3 (bench/scale_bench)", sp, cols)
     if sp2:
         table("savepoint, format version 2 (bench/scale_bench --format-version 2)", sp2, cols)

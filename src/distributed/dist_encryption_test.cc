@@ -89,13 +89,23 @@ void ExpectWhole(const State& s, const Global& g) {
   }
 }
 
-TEST(DistributedEncryption, SaveAndLoadIntoAnyLayout) {
+class DistributedEncryptionVersions : public ::testing::TestWithParam<uint32_t> {};
+
+// Format version 2 (the JSON manifest) and 3 (the indexed one, its sections written from the
+// coordinator's merged plan with the ranks' tags).
+TEST_P(DistributedEncryptionVersions, SaveAndLoadIntoAnyLayout) {
   MemFileSystem fs;
   const IoOptions io{.fs = &fs, .io_threads = 2, .direct_io = false};
   const Global g;
-  for (const Status& s : SaveAll(g, "/ckpt", io, [](int) { return EncSave(kKeyA); })) {
+  const auto options = [](int) {
+    SaveOptions o = EncSave(kKeyA);
+    o.format_version = GetParam();
+    return o;
+  };
+  for (const Status& s : SaveAll(g, "/ckpt", io, options)) {
     SP_ASSERT_OK(s);
   }
+  EXPECT_EQ(testing::ReadManifest(&fs, "/ckpt").version, GetParam());
   Result<State> whole = Load("/ckpt", EncLoad(kKeyA), io);
   ASSERT_TRUE(whole.ok()) << whole.status().ToString();
   ExpectWhole(*whole, g);
@@ -150,6 +160,8 @@ TEST(DistributedEncryption, SaveAndLoadIntoAnyLayout) {
   ExpectWhole(*whole, g);
   EXPECT_EQ(testing::ReadManifest(&fs, "/merged").files.size(), 1u);
 }
+
+INSTANTIATE_TEST_SUITE_P(Versions, DistributedEncryptionVersions, ::testing::Values(2u, 3u));
 
 TEST(DistributedEncryption, RanksMustAgreeOnTheKey) {
   MemFileSystem fs;

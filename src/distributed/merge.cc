@@ -15,6 +15,7 @@
 #include "engine/paths.h"
 #include "format/endian.h"
 #include "format/manifest_index.h"
+#include "util/crc32c.h"
 
 namespace savepoint::dist {
 
@@ -53,6 +54,9 @@ Result<ManifestMerger::Merged*> ManifestMerger::TensorOf(int rank, size_t i, std
 }
 
 Status ManifestMerger::AddPlan(int rank, std::string_view bytes) {
+  if (rank < 0 || rank >= world_) {
+    return InternalError(fmt::format("plan of rank {} in a save of {} ranks", rank, world_));
+  }
   WireReader r(bytes, fmt::format("plan of rank {}", rank));
   Status st;
   Status wf = ReadStatus(r, &st);
@@ -169,8 +173,9 @@ Status ManifestMerger::Lay(MergedPlan* plan) {
   for (uint32_t ti : names) {
     Merged& t = tensors_[ti];
     const size_t nd = t.shape.size();
+    const size_t records_at = plan->records_.size();
     plan->tensors_.push_back({std::move(t.name), t.dtype, std::move(t.shape),
-                              plan->chunk_at_.size(), t.extents.size(), plan->records_.size()});
+                              plan->chunk_at_.size(), t.extents.size(), records_at, 0});
     id[ti].resize(t.extents.size());
     for (uint32_t k : BoxOrder(t)) {
       const Extent& e = t.extents[k];
@@ -187,6 +192,7 @@ Status ManifestMerger::Lay(MergedPlan* plan) {
           {b, b + nd, nd, e.offset, e.bytes, static_cast<uint32_t>(plan->file_index_[e.rank])},
           &plan->records_);
     }
+    plan->tensors_.back().records_crc = Crc32c(std::string_view(plan->records_).substr(records_at));
     t = Merged();
   }
   plan->chunk_at_.push_back(chunks);
@@ -206,6 +212,10 @@ SaveChecksums::SaveChecksums(std::shared_ptr<const MergedPlan> plan) : plan_(std
 }
 
 Status SaveChecksums::Add(int rank, std::string_view bytes, const format::KeyCheck* key_check) {
+  if (rank < 0 || rank >= plan_->world_) {
+    return InternalError(
+        fmt::format("checksums of rank {} in a save of {} ranks", rank, plan_->world_));
+  }
   WireReader r(bytes, fmt::format("checksums of rank {}", rank));
   Status st;
   Status wf = ReadStatus(r, &st);
@@ -288,16 +298,15 @@ void SaveChecksums::TakeInto(format::Manifest* m) const {
   }
 }
 
-std::string SaveChecksums::EncodeIndexed(format::Manifest* m, const format::CheckpointKeys* keys,
-                                         uint64_t* largest_section) const {
+std::vector<std::string_view> SaveChecksums::EncodeIndexed(format::Manifest* m,
+                                                           const format::CheckpointKeys* keys,
+                                                           std::string* front,
+                                                           uint64_t* largest_section) const {
   const MergedPlan& p = *plan_;
   const bool encrypted = m->encryption.enabled;  // (then Add took one tag per checksum)
   const crypto::GcmTag none{};
-  uint64_t head = 1 << 20;  // room for header and head in front (EncodeIndexedManifest)
-  for (const MergedPlan::Tensor& t : p.tensors_) head += 256 + t.name.size() + 24 * t.shape.size();
-  std::string sections;
-  sections.reserve(p.records_.size() + crcs_.size() * format::ChunkEntryBytes(false, encrypted) +
-                   head);
+  std::string sections;  // encrypted: the sections, which the MAC covers with the head
+  std::vector<std::string_view> pieces(1);  // [0]: *front
   std::vector<format::SectionRef> refs;
   refs.reserve(p.tensors_.size());
   m->files = p.files_;
@@ -305,21 +314,38 @@ std::string SaveChecksums::EncodeIndexed(format::Manifest* m, const format::Chec
   m->tensors.reserve(p.tensors_.size());
   *largest_section = 0;
   for (const MergedPlan::Tensor& t : p.tensors_) {
-    const size_t start = sections.size();
-    sections.append(p.records_, t.record_at, t.shards * format::ShardRecordBytes(t.shape.size()));
+    const std::string_view records =
+        std::string_view(p.records_)
+            .substr(t.record_at, t.shards * format::ShardRecordBytes(t.shape.size()));
     const uint64_t first = p.chunk_at_[t.first_shard], end = p.chunk_at_[t.first_shard + t.shards];
     if (!encrypted) {  // an entry is its CRC32C, little-endian (the hosts' order: format/endian.h)
-      sections.append(reinterpret_cast<const char*>(crcs_.data() + first), 4 * (end - first));
+      const std::string_view entries(reinterpret_cast<const char*>(crcs_.data() + first),
+                                     4 * (end - first));
+      format::SectionRef r;
+      r.bytes = records.size() + entries.size();
+      r.crc32c = Crc32cExtend(t.records_crc, std::as_bytes(std::span(entries)));
+      r.shards = t.shards;
+      r.chunks = end - first;
+      refs.push_back(r);
+      pieces.push_back(records);
+      pieces.push_back(entries);
+    } else {
+      const size_t start = sections.size();
+      sections.append(records);
+      for (uint64_t c = first; c < end; ++c) {
+        format::AppendChunkEntry(crcs_[c], false, nullptr, c < tags_.size() ? &tags_[c] : &none,
+                                 &sections);
+      }
+      refs.push_back(format::CloseSection(sections, start, t.shards, end - first, false));
     }
-    for (uint64_t c = first; encrypted && c < end; ++c) {
-      format::AppendChunkEntry(crcs_[c], false, nullptr, c < tags_.size() ? &tags_[c] : &none,
-                               &sections);
-    }
-    refs.push_back(format::CloseSection(sections, start, t.shards, end - first, false));
     *largest_section = std::max(*largest_section, refs.back().bytes);
     m->tensors.push_back({.name = t.name, .dtype = t.dtype, .shape = t.shape, .shards = {}});
   }
-  return format::EncodeIndexedManifest(*m, refs, std::move(sections), keys);
+  // Unencrypted: the encoding with no sections is exactly the header and head.
+  *front = format::EncodeIndexedManifest(*m, refs, std::move(sections), keys);
+  pieces[0] = *front;
+  if (encrypted) pieces.resize(1);
+  return pieces;
 }
 
 namespace {

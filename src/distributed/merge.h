@@ -43,7 +43,8 @@ class MergedPlan {
     Shape shape;
     uint64_t first_shard = 0;  // its shards are [first_shard, first_shard + shards)
     uint64_t shards = 0;
-    uint64_t record_at = 0;  // where its records begin in records_
+    uint64_t record_at = 0;    // where its records begin in records_
+    uint32_t records_crc = 0;  // CRC32C of its records
   };
   int world_ = 0;
   uint32_t version_ = 0;
@@ -125,11 +126,13 @@ class SaveChecksums {
   // by box). For manifests of versions 1 and 2.
   void TakeInto(format::Manifest* m) const;
   // After every Add, for a manifest of version 3: sets m's files and tensors (without shards) and
-  // returns the whole MANIFEST (authenticated with `keys` when encrypted), its sections made of the
-  // plan's records and this save's chunk entries; *largest_section receives the largest section's
-  // size.
-  std::string EncodeIndexed(format::Manifest* m, const format::CheckpointKeys* keys,
-                            uint64_t* largest_section) const;
+  // returns the whole MANIFEST as pieces to write back to back (authenticated with `keys` when
+  // encrypted): header and head in *front, then each section as the plan's records and this
+  // save's chunk entries, not copied (views of *front, the plan and this object). An encrypted
+  // manifest is built whole in *front. *largest_section receives the largest section's size.
+  std::vector<std::string_view> EncodeIndexed(format::Manifest* m,
+                                              const format::CheckpointKeys* keys,
+                                              std::string* front, uint64_t* largest_section) const;
 
  private:
   std::shared_ptr<const MergedPlan> plan_;

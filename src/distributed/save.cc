@@ -350,7 +350,8 @@ Status SaveCoordinator::Commit(const std::vector<std::string>& reports, RankSave
     const format::CheckpointKeys* keys = encrypted ? &p->seal.keys : nullptr;
     if (m.version >= format::kIndexedFormatVersion) {  // sections from the plan's records
       uint64_t largest = 0;
-      const std::string manifest = sums.EncodeIndexed(&m, keys, &largest);
+      std::string front;
+      const std::vector<std::string_view> manifest = sums.EncodeIndexed(&m, keys, &front, &largest);
       SP_RETURN_IF_ERROR(engine::FinishEncoded(c.target, nullptr, m, manifest, largest));
     } else {
       sums.TakeInto(&m);

@@ -607,11 +607,12 @@ Status CheckDataObjects(const SaveTarget& t, const format::Manifest& m) {
 // ResourceExhausted unless readers accept the size of `manifest` (the encoding of `m`, whose
 // largest version 3 section is `section` bytes): its JSON body (version 3: the head and each
 // section) within kMaxManifestBodyBytes, a version 3 file within kMaxManifestFileBytes.
-Status CheckManifestSize(const format::Manifest& m, const std::string& manifest, uint64_t section) {
-  const uint64_t body = format::GetU64(manifest, 16);
+Status CheckManifestSize(const format::Manifest& m, std::string_view header, uint64_t size,
+                         uint64_t section) {
+  const uint64_t body = format::GetU64(header, 16);
   if (body > format::kMaxManifestBodyBytes || section > format::kMaxManifestBodyBytes) {
     return ResourceExhaustedError(fmt::format(
-        "manifest of {} bytes exceeds the cap of {} (its JSON is {} bytes{}){}", manifest.size(),
+        "manifest of {} bytes exceeds the cap of {} (its JSON is {} bytes{}){}", size,
         format::kMaxManifestBodyBytes, body,
         m.version >= format::kIndexedFormatVersion
             ? fmt::format(", its largest section {}", section)
@@ -622,9 +623,9 @@ Status CheckManifestSize(const format::Manifest& m, const std::string& manifest,
                           format::kIndexedFormatVersion, format::kIndexedFormatVersion)
             : ""));
   }
-  if (manifest.size() > format::kMaxManifestFileBytes) {
-    return ResourceExhaustedError(fmt::format("manifest of {} bytes exceeds the cap of {}",
-                                              manifest.size(), format::kMaxManifestFileBytes));
+  if (size > format::kMaxManifestFileBytes) {
+    return ResourceExhaustedError(fmt::format("manifest of {} bytes exceeds the cap of {}", size,
+                                              format::kMaxManifestFileBytes));
   }
   return Status::OK();
 }
@@ -634,16 +635,50 @@ Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manife
   if (m.encryption.enabled && keys == nullptr) {
     return InternalError("an encrypted manifest is written without its keys");
   }
-  return FinishEncoded(t, data, m, format::EncodeManifest(m, keys), format::LargestSection(m));
+  const std::string manifest = format::EncodeManifest(m, keys);
+  const std::string_view whole[] = {manifest};
+  return FinishEncoded(t, data, m, whole, format::LargestSection(m));
 }
 
+namespace {
+
+// Writes `pieces` back to back into `f` from offset 0: one piece as it is, more through a buffer
+// of a few MiB (a version 3 manifest of a 16,384-rank save is thousands of pieces).
+Status WritePieces(WritableFile* f, std::span<const std::string_view> pieces) {
+  if (pieces.size() == 1) return f->WriteAt(0, std::as_bytes(std::span(pieces[0])));
+  constexpr size_t kBuffer = size_t{8} << 20;
+  std::string buffer;
+  buffer.reserve(kBuffer);
+  uint64_t at = 0;
+  for (std::string_view p : pieces) {
+    while (!p.empty()) {
+      const size_t n = std::min(p.size(), kBuffer - buffer.size());
+      buffer.append(p.substr(0, n));
+      p.remove_prefix(n);
+      if (buffer.size() == kBuffer) {
+        SP_RETURN_IF_ERROR(f->WriteAt(at, std::as_bytes(std::span(buffer))));
+        at += buffer.size();
+        buffer.clear();
+      }
+    }
+  }
+  return buffer.empty() ? Status::OK() : f->WriteAt(at, std::as_bytes(std::span(buffer)));
+}
+
+}  // namespace
+
 Status FinishEncoded(const SaveTarget& t, WritableFile* data, const format::Manifest& m,
-                     const std::string& manifest, uint64_t largest_section) {
+                     std::span<const std::string_view> manifest, uint64_t largest_section) {
   if (data != nullptr) {
     SP_RETURN_IF_ERROR(data->Sync());
     SP_RETURN_IF_ERROR(data->Close());
   }
-  SP_RETURN_IF_ERROR(CheckManifestSize(m, manifest, largest_section));
+  uint64_t size = 0;
+  for (std::string_view p : manifest) size += p.size();
+  if (manifest.empty() || manifest[0].size() < format::kManifestHeaderBytes) {
+    return InternalError("a manifest is written without its header");
+  }
+  SP_RETURN_IF_ERROR(CheckManifestSize(m, manifest[0], size, largest_section));
   // Exclusive: in object storage this write is the commit point (docs/FORMAT.md §5.1), and it
   // must not replace a MANIFEST another save published meanwhile.
   const bool objects = t.fs->IsObjectStore(t.tmp);
@@ -651,7 +686,7 @@ Status FinishEncoded(const SaveTarget& t, WritableFile* data, const format::Mani
   const std::string path = JoinPath(t.tmp, format::kManifestFileName);
   SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
                       t.fs->NewWritableFile(path, FileOptions{.exclusive = true}));
-  SP_RETURN_IF_ERROR(f->WriteAt(0, std::as_bytes(std::span(manifest))));
+  SP_RETURN_IF_ERROR(WritePieces(f.get(), manifest));
   SP_RETURN_IF_ERROR(f->Sync());
   SP_RETURN_IF_ERROR(f->Close());
   if (!objects) return Status::OK();

@@ -10,7 +10,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "codec/codec.h"
@@ -167,11 +169,12 @@ Status StoreRawChunk(const ChunkTask& t, std::byte* staged, uint32_t staged_crc,
 Status FinishFiles(const SaveTarget& t, WritableFile* data, const format::Manifest& m,
                    const format::CheckpointKeys* keys = nullptr);
 
-// FinishFiles with MANIFEST already encoded: `manifest` is the encoding of `m` (whose files it
-// uses), and `largest_section` its largest version 3 section (format::LargestSection), which the
-// size check needs when `m` does not hold the shards.
+// FinishFiles with MANIFEST already encoded: the encoding of `m` (whose files it uses) is the
+// concatenation of `manifest`, its first piece holding at least the header; `largest_section` is
+// its largest version 3 section (format::LargestSection), which the size check needs when `m`
+// does not hold the shards.
 Status FinishEncoded(const SaveTarget& t, WritableFile* data, const format::Manifest& m,
-                     const std::string& manifest, uint64_t largest_section);
+                     std::span<const std::string_view> manifest, uint64_t largest_section);
 
 // Steps 4-8 of the commit protocol (io::DurableCommit::Commit): syncs the temporary directory,
 // renames it into place (setting an old checkpoint aside when overwriting) and syncs the parent.
