@@ -168,6 +168,7 @@ std::string Save(const Args& a, int n, Row* row) {
     (first ? row->commit_s : row->repeat_commit_s) = Seconds(t0);
     if (!s.ok()) {
       row->error = s.ToString();
+      row->peak_mib = MiB(ProcBytes("VmHWM") - base);
       return "";
     }
     if (first) {

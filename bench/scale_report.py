@@ -60,7 +60,7 @@ def plot(sp, sp2, dcp, png):
     ]
     for a, title, series in panels:
         for label, data, key, scale in series:
-            pts = [(r["ranks"], r[key] * scale) for r in data if r.get(key) is not None]
+            pts = [(r["ranks"], r[key] * scale) for r in data if r.get(key)]  # (log axes)
             if pts:
                 a.plot(*zip(*pts), marker="o", label=label)
         a.set_xscale("log", base=2)
