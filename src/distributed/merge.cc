@@ -115,7 +115,15 @@ Status ManifestMerger::AddShards(int rank, uint64_t n, WireReader& r) {
       return InvalidArgumentError(fmt::format("tensor {:?}: box rank differs from shape {}", name,
                                               ShapeToString(t->shape)));
     }
-    // The extent lies in the rank's file (its size bounds the checksums the save will take).
+    // The extent holds the box's bytes (distributed saves do not compress) and lies in the
+    // rank's file.
+    const Shape sizes(box + nd, box + 2 * nd);
+    Result<uint64_t> bytes = NumBytes(t->dtype, sizes);
+    if (!bytes.ok() || *bytes != e.bytes) {
+      return InvalidArgumentError(
+          fmt::format("tensor {:?}: rank {} writes {} bytes for a box of {}", name, rank, e.bytes,
+                      ShapeToString(sizes)));
+    }
     if (e.offset > info.file_bytes || e.bytes > info.file_bytes - e.offset) {
       return InvalidArgumentError(
           fmt::format("tensor {:?}: rank {} places a shard of {} bytes at {} in a file of {}", name,
@@ -153,15 +161,19 @@ Result<std::shared_ptr<const MergedPlan>> ManifestMerger::Finish() {
 }
 
 Status ManifestMerger::Lay(MergedPlan* plan) {
-  // A manifest holds at most kMaxManifestFileBytes: more chunk entries cannot be written (and are
-  // not allocated).
-  constexpr uint64_t kMaxEntries = format::kMaxManifestFileBytes / 4;
   uint64_t shards = 0, record_bytes = 0;
   for (const Merged& t : tensors_) {
     shards += t.extents.size();
     record_bytes += t.extents.size() * format::ShardRecordBytes(t.shape.size());
   }
-  if (shards >= UINT32_MAX) return ResourceExhaustedError(fmt::format("{} shards", shards));
+  // A manifest holds at most kMaxManifestFileBytes: more records and chunk entries cannot be
+  // written (and are not allocated).
+  const uint64_t entry = format::ChunkEntryBytes(false, encrypted_);
+  if (shards >= UINT32_MAX || record_bytes > format::kMaxManifestFileBytes) {
+    return ResourceExhaustedError(fmt::format("{} shards: the manifest would exceed {} bytes",
+                                              shards, format::kMaxManifestFileBytes));
+  }
+  const uint64_t kMaxEntries = (format::kMaxManifestFileBytes - record_bytes) / entry;
   std::vector<uint32_t> names(tensors_.size());
   std::iota(names.begin(), names.end(), 0u);
   std::sort(names.begin(), names.end(),
@@ -174,10 +186,11 @@ Status ManifestMerger::Lay(MergedPlan* plan) {
     Merged& t = tensors_[ti];
     const size_t nd = t.shape.size();
     const size_t records_at = plan->records_.size();
+    const std::vector<uint32_t> order = BoxOrder(t);  // (before t's shape moves)
     plan->tensors_.push_back({std::move(t.name), t.dtype, std::move(t.shape),
                               plan->chunk_at_.size(), t.extents.size(), records_at, 0});
     id[ti].resize(t.extents.size());
-    for (uint32_t k : BoxOrder(t)) {
+    for (uint32_t k : order) {
       const Extent& e = t.extents[k];
       const int64_t* b = t.boxes.data() + 2 * nd * k;
       id[ti][k] = static_cast<uint32_t>(plan->chunk_at_.size());
@@ -192,7 +205,18 @@ Status ManifestMerger::Lay(MergedPlan* plan) {
           {b, b + nd, nd, e.offset, e.bytes, static_cast<uint32_t>(plan->file_index_[e.rank])},
           &plan->records_);
     }
-    plan->tensors_.back().records_crc = Crc32c(std::string_view(plan->records_).substr(records_at));
+    const std::string_view records = std::string_view(plan->records_).substr(records_at);
+    plan->tensors_.back().records_crc = Crc32c(records);
+    // Each section is at most kMaxManifestBodyBytes, as readers require (refused here, at the
+    // decision, before any rank writes).
+    const uint64_t section =
+        records.size() + (chunks - plan->chunk_at_[plan->tensors_.back().first_shard]) * entry;
+    if (section > format::kMaxManifestBodyBytes) {
+      return ResourceExhaustedError(fmt::format(
+          "tensor {:?}: its manifest section would be {} bytes, over the cap of {} (raise "
+          "SaveOptions.chunk_bytes)",
+          plan->tensors_.back().name, section, format::kMaxManifestBodyBytes));
+    }
     t = Merged();
   }
   plan->chunk_at_.push_back(chunks);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "distributed/descriptor.h"
+#include "format/manifest_index.h"
 #include "io/mem_fs.h"
 #include "savepoint/distributed.h"
 #include "testutil/ranks.h"
@@ -183,6 +184,81 @@ TEST(ManifestMergerTest, ManifestBeyondItsCapIsRefusedBeforeAnyAllocation) {
   Result<std::shared_ptr<const dist::MergedPlan>> plan = fine.Finish();
   SP_ASSERT_OK(plan.status());
   EXPECT_EQ((*plan)->file_index(), std::vector<int64_t>{0});
+}
+
+TEST(ManifestMergerTest, ExtentMustHoldItsBox) {
+  format::Manifest m;
+  m.files.push_back({"data-00000-00000.spd", 8192});
+  format::ShardRecord s{{0}, {100}, 0, 4096, 99, {}};
+  m.tensors.push_back({"t", DType::kU8, {100}, {s}});
+  EXPECT_THAT(dist::ManifestMerger(1).AddPlan(0, dist::EncodePlan(Status::OK(), m)),
+              StatusIs(StatusCode::kInvalidArgument, "writes 99 bytes for a box of [100]"));
+}
+
+// 40 shards planned in reverse box order, one chunk each: the manifest lists them in box order,
+// each with its own checksum, whatever the order of the plan.
+TEST(ManifestMergerTest, ShardsAreInBoxOrder) {
+  constexpr int kShards = 40;
+  format::Manifest plan, report;
+  plan.chunk_bytes = 4096;
+  plan.files.push_back({"data-00000-00000.spd", 4096 + kShards * 64});
+  for (int i = kShards - 1; i >= 0; --i) {
+    format::ShardRecord s{{i}, {1}, 0, 4096 + uint64_t(i) * 64, 4, {}};
+    plan.tensors.push_back({"t", DType::kF32, {kShards}, {s}});
+    s.crc32c = {1000u + static_cast<uint32_t>(i)};
+    report.tensors.push_back({"t", DType::kF32, {kShards}, {s}});
+  }
+  dist::ManifestMerger merger(1);
+  SP_ASSERT_OK(merger.AddPlan(0, dist::EncodePlan(Status::OK(), plan)));
+  auto merged = merger.Finish().value();
+  dist::SaveChecksums sums(merged);
+  SP_ASSERT_OK(sums.Add(0, dist::EncodeCrcs(Status::OK(), report)));
+  auto expect_ordered = [](const format::Manifest& m) {
+    ASSERT_EQ(m.tensors.size(), 1u);
+    ASSERT_EQ(m.tensors[0].shards.size(), size_t{kShards});
+    for (int i = 0; i < kShards; ++i) {
+      const format::ShardRecord& s = m.tensors[0].shards[i];
+      EXPECT_EQ(s.offsets, Shape{i});
+      EXPECT_EQ(s.offset, 4096 + uint64_t(i) * 64);
+      EXPECT_EQ(s.crc32c, std::vector<uint32_t>{1000u + static_cast<uint32_t>(i)});
+    }
+  };
+  format::Manifest v2;
+  v2.version = 2;
+  sums.TakeInto(&v2);
+  expect_ordered(v2);
+  // Version 3: the pieces make the manifest EncodeManifest writes for the same shards.
+  format::Manifest v3;
+  v3.version = 3;
+  v3.chunk_bytes = 4096;
+  std::string front;
+  uint64_t largest = 0;
+  std::string whole;
+  for (std::string_view p : sums.EncodeIndexed(&v3, nullptr, &front, &largest)) whole += p;
+  Result<format::Manifest> decoded = format::DecodeManifest(whole, "test");
+  SP_ASSERT_OK(decoded.status());
+  expect_ordered(*decoded);
+  v3.tensors = decoded->tensors;
+  EXPECT_EQ(format::EncodeManifest(v3), whole);
+  EXPECT_EQ(largest, kShards * format::ShardRecordBytes(1) + kShards * 4);
+}
+
+TEST(PlanCacheKey, SecondDecisionLeavesTheFirst) {
+  MemFileSystem mem;
+  State s;
+  float w[4] = {1, 2, 3, 4};
+  SP_ASSERT_OK(s.PutView("w", TensorView(w, DType::kF32, {4})));
+  RankSave rank(0, 1);
+  const std::string plan = rank.Plan(s, {}, {}, Io(&mem));
+  SaveCoordinator c("/ckpt", 1, {}, Io(&mem));
+  SP_ASSERT_OK(dist::DecodeVerdict(c.Decide({plan}), 1)->status);
+  EXPECT_THAT(dist::DecodeVerdict(c.Decide({plan}), 1)->status,
+              StatusIs(StatusCode::kFailedPrecondition, "already decided"));
+  SP_EXPECT_OK(c.decided());
+  // Plans of the wrong number of ranks.
+  SaveCoordinator two("/two", 2, {}, Io(&mem));
+  EXPECT_THAT(dist::DecodeVerdict(two.Decide({plan}), 2)->status,
+              StatusIs(StatusCode::kInternal, "1 plans for 2 ranks"));
 }
 
 TEST(ManifestMergerTest, ChecksumReportsMustMatchThePlan) {

@@ -264,7 +264,6 @@ struct SaveCoordinator::Impl {
   SaveOptions o;
   IoOptions io;
   std::shared_ptr<const dist::MergedPlan> plan;
-  std::optional<crypto::Sha256> asked;  // the key of the digests whose plans the verdict asked for
   engine::SaveTarget target;
   dist::Verdict verdict;
   bool began = false, committed = false;
@@ -288,26 +287,29 @@ const Status& SaveCoordinator::decided() const { return impl_->verdict.status; }
 
 std::string SaveCoordinator::Decide(const std::vector<std::string>& plans) {
   Impl& c = *impl_;
+  if (c.began) {  // (the first decision stands: its save is under way)
+    dist::Verdict again;
+    again.status = FailedPreconditionError("SaveCoordinator::Decide: already decided");
+    return dist::EncodeVerdict(again);
+  }
   c.verdict = dist::Verdict();
   dist::Verdict& v = c.verdict;
   v.status = [&]() -> Status {
-    if (c.began) return FailedPreconditionError("SaveCoordinator::Decide: already decided");
+    if (plans.size() != static_cast<size_t>(c.world)) {
+      return InternalError(fmt::format("{} plans for {} ranks", plans.size(), c.world));
+    }
     // The plan cache: the same plans as an earlier save (or their digests) are not merged again.
-    // The plans that follow digests are those digested (SaveDistributed sends both from the same
-    // bytes), so their key is the digests'.
+    // The key is always that of the messages at hand, so that what is cached is the merge of the
+    // plans it names.
     bool digests = false;
-    const crypto::Sha256 key = c.asked ? *c.asked : dist::PlanKey(plans, &digests);
-    c.asked.reset();
+    const crypto::Sha256 key = dist::PlanKey(plans, &digests);
     c.plan = dist::CachedPlan(key);
+    if (c.plan != nullptr && c.plan->world() != c.world) c.plan = nullptr;
     if (c.plan == nullptr && digests) {
       v.need_plans = true;  // (SaveDistributed's first round: the ranks send their plans)
-      c.asked = key;
       return Status::OK();
     }
     if (c.plan == nullptr) {
-      if (plans.size() != static_cast<size_t>(c.world)) {
-        return InternalError(fmt::format("{} plans for {} ranks", plans.size(), c.world));
-      }
       dist::ManifestMerger merger(c.world);
       for (size_t r = 0; r < plans.size(); ++r) {
         SP_RETURN_IF_ERROR(merger.AddPlan(static_cast<int>(r), plans[r]));
