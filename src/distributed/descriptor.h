@@ -47,7 +47,7 @@ struct Verdict {
   // Per rank: the index of its data file, -1 when it writes none. The files are numbered in rank
   // order, so the message carries one bit per rank.
   std::vector<int64_t> file_index;
-  std::string salt;                 // encrypted saves: the checkpoint's salt (else empty)
+  std::string salt;  // encrypted saves: the checkpoint's salt (else empty)
 };
 std::string EncodeVerdict(const Verdict& v);
 Result<Verdict> DecodeVerdict(std::string_view bytes, int world);
