@@ -7,7 +7,6 @@
 #include <cstring>
 
 #include "distributed/wire.h"
-#include "engine/paths.h"
 #include "format/endian.h"
 
 namespace savepoint::dist {

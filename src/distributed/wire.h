@@ -35,7 +35,6 @@ class WireWriter {
     b[n++] = static_cast<char>(v);
     out_.append(b, n);
   }
-  void I64(int64_t v) { U64(static_cast<uint64_t>(v)); }
   void Raw(std::string_view s) { out_.append(s); }
   void Str(std::string_view s) {
     U64(s.size());
@@ -95,10 +94,6 @@ class WireReader {
     }
     return false;
   }
-  Result<int64_t> I64() {
-    SP_ASSIGN_OR_RETURN(uint64_t v, U64());
-    return static_cast<int64_t>(v);
-  }
   // A count (fixed, or a varint) of items of at least `min_item_bytes` each: capped by what
   // remains.
   Result<uint64_t> Count(uint64_t min_item_bytes) {
@@ -128,12 +123,7 @@ class WireReader {
     SP_ASSIGN_OR_RETURN(std::string_view s, View());
     return std::string(s);
   }
-  // Dims (WireWriter::Dims) into out[0..n), at most kMaxRank of them; returns n.
-  Result<size_t> DimsInto(int64_t* out) {
-    size_t n;
-    if (!NextDims(out, &n)) return Truncated();
-    return n;
-  }
+  // Dims (WireWriter::Dims) into out[0..*n), at most kMaxRank of them; false when malformed.
   bool NextDims(int64_t* out, size_t* n) {
     uint64_t count, v;
     if (!Next(&count) || count > kMaxRank) return false;
