@@ -3,18 +3,20 @@
 // "Scale").
 //
 //   scale_bench [--ranks 64,1024,4096,16384] [--dir DIR] [--tp 8] [--pp 8] [--load-tp 4]
-//               [--samples 3] [--format-version 3]
+//               [--samples 3] [--format-version 3] [--repeats 3]
 //
 // Per world size N, on the layout of bench/scale_layout.h (70B, TP x PP x DP):
 //  1. every simulated rank runs RankSave::Plan on its own tensors (views of one PROT_NONE
 //     mapping: planning never touches data) and hands over its plan bytes and the report bytes a
 //     write would send (RankSaveAccess::DryReport: nothing written, CRC32Cs zero);
 //  2. the coordinator decides as SaveDistributed's does: SaveCoordinator::Decide on the N plans'
-//     digests (a miss in the plan cache, so its verdict asks for the plans), Decide on the N
-//     plans, and Commit on the N reports, which writes the real MANIFEST into DIR; timed, with the
-//     process's peak memory over it;
-//  2b. a repeated save of the same layout (DIR/scale-bench-N-again): Decide on the digests finds
-//     the merged plan in the cache; Decide and Commit timed;
+//     digests (a miss in the plan cache, emptied first, so its verdict asks for the plans),
+//     Decide on the N plans, and Commit on the N reports, which writes the real MANIFEST into
+//     DIR; timed --repeats times (the median is printed), with the process's peak memory over
+//     them; then `dd` writes and syncs as many bytes as the MANIFEST has, the physical reference
+//     of Commit's write (manifest_dd_s);
+//  2b. a repeated save of the same layout (DIR/scale-bench-N-again...): Decide on the digests
+//     finds the merged plan in the cache; Decide and Commit timed, --repeats times;
 //  3. a few ranks of a load into another layout (TP --load-tp, N / 2 ranks) run
 //     PlanDistributedLoad (open and decode the manifest, plan the reads), timed one by one.
 // --format-version 2 writes the JSON manifest (docs/FORMAT.md §3), 3 the indexed one (§15), which
@@ -28,12 +30,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "distributed/descriptor.h"
+#include "distributed/merge.h"
 #include "distributed/save_access.h"
 #include "savepoint/distributed.h"
 #include "savepoint/savepoint.h"
@@ -47,7 +51,7 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   std::vector<int> ranks = {64, 1024, 4096, 16384};
   std::string dir = "/tmp";
-  int tp = 8, pp = 8, load_tp = 4, samples = 3;
+  int tp = 8, pp = 8, load_tp = 4, samples = 3, repeats = 3;
   uint32_t format_version = 3;
 };
 
@@ -103,34 +107,64 @@ struct Row {
   int ranks = 0;
   uint64_t entries = 0, plan_bytes = 0, report_bytes = 0, manifest_bytes = 0;
   double rank_plan_ms_max = 0, rank_plan_ms_mean = 0, decide_s = 0, commit_s = 0;
-  double repeat_decide_s = 0, repeat_commit_s = 0;
+  double repeat_decide_s = 0, repeat_commit_s = 0, manifest_dd_s = 0;
   double peak_mib = 0, load_plan_ms = 0, load_peak_mib = 0;
   std::string error;
 };
 
 // Step 2's decision (and 2b's): the digests, then the plans when the verdict asks for them (as
-// dist::Write does). The plans are freed once decided.
+// dist::Write does).
 void Decide(SaveCoordinator& c, int n, const std::vector<std::string>& digests,
-            std::vector<std::string>* plans) {
+            const std::vector<std::string>& plans) {
   std::string verdict = c.Decide(digests);
   Must(c.decided(), "decide");
   Result<dist::Verdict> v = dist::DecodeVerdict(verdict, n);
   Must(v.status(), "verdict");
   if (v->need_plans) {
-    if (plans->empty()) Must(InternalError("the plan cache missed a repeated layout"), "decide");
-    c.Decide(*plans);
+    c.Decide(plans);
     Must(c.decided(), "decide");
   }
-  std::vector<std::string>().swap(*plans);
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Seconds `dd` takes to write and sync `bytes` (in 8 MiB blocks) into `dir`.
+double DdSeconds(const std::string& dir, uint64_t bytes) {
+  const std::string file = dir + "/scale-bench-dd";
+  const std::string cmd = fmt::format("dd if=/dev/zero of={} bs=8M count={} conv=fsync status=none",
+                                      file, (bytes + (8 << 20) - 1) / (8 << 20));
+  const auto t0 = Clock::now();
+  const int rc = std::system(cmd.c_str());
+  const double s = Seconds(t0);
+  std::filesystem::remove(file);
+  if (rc != 0) Must(InternalError(fmt::format("{} failed", cmd)), "dd");
+  return s;
+}
+
+// Rank `r`'s plan (and its RankSave); *entries += its tensors.
+std::unique_ptr<RankSave> PlanRank(const scale::Grid& g, int r, int n, const SaveOptions& o,
+                                   std::string* plan, uint64_t* entries) {
+  Layout l = RankState(g, r, n);
+  *entries += l.layout.size();
+  auto save = std::make_unique<RankSave>(r, n);
+  *plan = save->Plan(l.state, l.layout, o, {});
+  Must(save->planned(), "plan");
+  return save;
 }
 
 // Steps 1, 2 and 2b. Returns the checkpoint's path (empty when the commit failed: row->error).
 std::string Save(const Args& a, int n, Row* row) {
   const scale::Grid g{n, a.tp, a.pp};
-  const std::string path = fmt::format("{}/scale-bench-{}", a.dir, n), again = path + "-again";
-  for (const std::string& p : {path, again}) {
-    if (std::filesystem::exists(p)) {
-      fmt::print(stderr, "scale_bench: {} exists: remove it or choose another --dir\n", p);
+  const std::string path = fmt::format("{}/scale-bench-{}", a.dir, n);
+  std::vector<std::string> paths;  // the first save's, then the repeats'
+  for (int i = 0; i < 2 * a.repeats; ++i) {
+    paths.push_back(i == 0 ? path : fmt::format("{}-again{}", path, i));
+    if (std::filesystem::exists(paths.back())) {
+      fmt::print(stderr, "scale_bench: {} exists: remove it or choose another --dir\n",
+                 paths.back());
       std::exit(1);
     }
   }
@@ -140,47 +174,44 @@ std::string Save(const Args& a, int n, Row* row) {
   std::vector<std::string> plans(n), digests(n), reports(n);
   std::unique_ptr<RankSave> own;
   for (int r = 0; r < n; ++r) {
-    Layout l = RankState(g, r, n);
-    row->entries += l.layout.size();
-    auto save = std::make_unique<RankSave>(r, n);
     const auto t0 = Clock::now();
-    plans[r] = save->Plan(l.state, l.layout, o, {});
+    std::unique_ptr<RankSave> save = PlanRank(g, r, n, o, &plans[r], &row->entries);
     digests[r] = dist::EncodePlanDigest(plans[r]);
     const double ms = Seconds(t0) * 1e3;
     row->rank_plan_ms_max = std::max(row->rank_plan_ms_max, ms);
     row->rank_plan_ms_mean += ms / n;
-    Must(save->planned(), "plan");
     reports[r] = RankSaveAccess::DryReport(*save);
     row->plan_bytes += plans[r].size();
     row->report_bytes += reports[r].size();
     if (r == 0) own = std::move(save);
   }
   ResetPeak();
-  for (const std::string& p : {path, again}) {
-    const bool first = p == path;
+  std::vector<double> decide[2], commit[2];  // [0]: first saves, [1]: repeats
+  for (size_t i = 0; i < paths.size(); ++i) {
+    const bool first = i < static_cast<size_t>(a.repeats);
+    if (first) dist::CachePlan({}, nullptr);  // (no earlier merge: a first save)
     auto t0 = Clock::now();
-    SaveCoordinator c(p, n, o, {});
-    Decide(c, n, digests, &plans);
-    (first ? row->decide_s : row->repeat_decide_s) = Seconds(t0);
+    SaveCoordinator c(paths[i], n, o, {});
+    Decide(c, n, digests, plans);
+    decide[!first].push_back(Seconds(t0));
     t0 = Clock::now();
-    RankSave* rank0 = own.get();
-    Status s = c.Commit(reports, *rank0);
-    (first ? row->commit_s : row->repeat_commit_s) = Seconds(t0);
+    Status s = c.Commit(reports, *own);
+    commit[!first].push_back(Seconds(t0));
     if (!s.ok()) {
       row->error = s.ToString();
       row->peak_mib = MiB(ProcBytes("VmHWM") - base);
       return "";
     }
-    if (first) {
-      row->manifest_bytes = std::filesystem::file_size(path + "/MANIFEST");
-      // Commit consumed rank 0's manifest: plan rank 0 again for the repeated save.
-      Layout l = RankState(g, 0, n);
-      own = std::make_unique<RankSave>(0, n);
-      own->Plan(l.state, l.layout, o, {});
-    }
+    if (i == 0) row->manifest_bytes = std::filesystem::file_size(path + "/MANIFEST");
+    if (i > 0) Must(DeleteCheckpoint(paths[i]), "delete a repeated checkpoint");
+    std::string plan;  // (Commit consumed rank 0's manifest: it plans again for the next save)
+    uint64_t entries = 0;
+    own = PlanRank(g, 0, n, o, &plan, &entries);
   }
   row->peak_mib = MiB(ProcBytes("VmHWM") - base);
-  Must(DeleteCheckpoint(again), "delete the repeated checkpoint");
+  row->decide_s = Median(decide[0]), row->commit_s = Median(commit[0]);
+  row->repeat_decide_s = Median(decide[1]), row->repeat_commit_s = Median(commit[1]);
+  row->manifest_dd_s = DdSeconds(a.dir, row->manifest_bytes);
   return path;
 }
 
@@ -208,14 +239,14 @@ void Print(const Row& r) {
       "{{\"ranks\": {}, \"entries\": {}, \"plan_bytes\": {}, \"report_bytes\": {}, "
       "\"rank_plan_ms_mean\": {:.3f}, \"rank_plan_ms_max\": {:.3f}, \"decide_s\": {:.3f}, "
       "\"commit_s\": {:.3f}, \"coordinate_s\": {:.3f}, \"repeat_decide_s\": {:.3f}, "
-      "\"repeat_commit_s\": {:.3f}, \"repeat_coordinate_s\": {:.3f}, "
+      "\"repeat_commit_s\": {:.3f}, \"repeat_coordinate_s\": {:.3f}, \"manifest_dd_s\": {:.3f}, "
       "\"coordinator_peak_mib\": {:.0f}, "
       "\"manifest_bytes\": {}, \"load_plan_ms\": {:.1f}, \"load_peak_mib\": {:.0f}, "
       "\"error\": \"{}\"}}\n",
       r.ranks, r.entries, r.plan_bytes, r.report_bytes, r.rank_plan_ms_mean, r.rank_plan_ms_max,
       r.decide_s, r.commit_s, r.decide_s + r.commit_s, r.repeat_decide_s, r.repeat_commit_s,
-      r.repeat_decide_s + r.repeat_commit_s, r.peak_mib, r.manifest_bytes, r.load_plan_ms,
-      r.load_peak_mib, r.error);
+      r.repeat_decide_s + r.repeat_commit_s, r.manifest_dd_s, r.peak_mib, r.manifest_bytes,
+      r.load_plan_ms, r.load_peak_mib, r.error);
   std::fflush(stdout);
 }
 
@@ -245,6 +276,8 @@ Args ParseArgs(int argc, char** argv) {
       a.load_tp = std::stoi(v);
     else if (k == "--samples")
       a.samples = std::stoi(v);
+    else if (k == "--repeats")
+      a.repeats = std::max(1, std::stoi(v));
     else if (k == "--format-version")
       a.format_version = static_cast<uint32_t>(std::stoul(v));
     else {

@@ -31,9 +31,13 @@ void EncodeStatus(const Status& s, std::string* out);
 Status DecodeStatus(std::string_view bytes, std::string_view where);
 
 // The plan cache's first round (SaveDistributed): instead of its plan, each rank sends the plan's
-// digest (a u64 magic that no status code takes, then SHA-256(plan)); a coordinator that merged
-// the same plans before decides from them, else its verdict asks for the plans (need_plans).
+// digest (a u64 magic that no status code takes, SHA-256(plan), the plan's size and CRC32C); a
+// coordinator that merged the same plans before decides from them, else its verdict asks for the
+// plans (need_plans).
 std::string EncodePlanDigest(std::string_view plan);
+// Whether `plan` has the size and CRC32C that `digest` (EncodePlanDigest) carries: the second
+// round's check that a rank sent the plan it digested (the cache key is the first round's).
+bool PlanMatchesDigest(std::string_view plan, std::string_view digest);
 // The digest a message carries: its SHA-256 for a digest message, else SHA-256 of the plan itself.
 // *digest_only says which.
 crypto::Sha256 PlanDigest(std::string_view message, bool* digest_only);

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <numeric>
 #include <optional>
+#include <thread>
 
 #include "distributed/descriptor.h"
 #include "distributed/wire.h"
@@ -16,8 +17,59 @@
 #include "format/endian.h"
 #include "format/manifest_index.h"
 #include "util/crc32c.h"
+#include "util/parallel.h"
 
 namespace savepoint::dist {
+namespace {
+
+// The bytes of a box of `sizes` (nd values) of `dtype`; false on overflow or a negative size.
+bool BoxBytes(DType dtype, const int64_t* sizes, size_t nd, uint64_t* bytes) {
+  uint64_t n = DTypeSize(dtype);
+  for (size_t d = 0; d < nd; ++d) {
+    if (sizes[d] < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(sizes[d]), &n)) {
+      return false;
+    }
+  }
+  *bytes = n;
+  return n <= static_cast<uint64_t>(INT64_MAX);  // (NumBytes' limit)
+}
+
+// The order of `count` flat boxes (2 * nd values each: offsets, then sizes) by their offsets,
+// then sizes. Ranks usually send them in that order already, which is checked first.
+std::vector<uint32_t> BoxOrder(const int64_t* b, size_t count, size_t nd) {
+  std::vector<uint32_t> order(count);
+  std::iota(order.begin(), order.end(), 0u);
+  const size_t w = 2 * nd;
+  auto less = [&](uint32_t x, uint32_t y) {
+    return std::lexicographical_compare(b + w * x, b + w * (x + 1), b + w * y, b + w * (y + 1));
+  };
+  if (!std::is_sorted(order.begin(), order.end(), less)) {
+    std::sort(order.begin(), order.end(), less);
+  }
+  return order;
+}
+
+void AppendVarint(uint64_t v, std::string* out) {
+  for (; v >= 0x80; v >>= 7) out->push_back(static_cast<char>(v | 0x80));
+  out->push_back(static_cast<char>(v));
+}
+
+// A varint of Merged::boxes (AppendVarint, or a plan's, decoded once and checked), again.
+uint64_t DecodeVarint(const char** p) {
+  uint64_t v = 0;
+  for (int shift = 0;; shift += 7) {
+    const auto b = static_cast<uint8_t>(*(*p)++);
+    v |= uint64_t{b & 0x7fu} << shift;
+    if (b < 0x80) return v;
+  }
+}
+
+}  // namespace
+
+int CoordinatorThreads(size_t world) {
+  if (world < 512) return 1;
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
+}
 
 Result<ManifestMerger::Merged*> ManifestMerger::TensorOf(int rank, size_t i, std::string_view name,
                                                          std::string_view dtype,
@@ -66,28 +118,7 @@ Status ManifestMerger::AddPlan(int rank, std::string_view bytes) {
     SP_ASSIGN_OR_RETURN(uint64_t version, r.U64());
     SP_ASSIGN_OR_RETURN(uint64_t encrypted, r.U64());
     SP_ASSIGN_OR_RETURN(uint64_t chunk_bytes, r.U64());
-    if (version_ == 0) {
-      version_ = version, version_rank_ = rank, encrypted_ = encrypted != 0;
-      chunk_bytes_ = chunk_bytes;
-    }
-    if (chunk_bytes != chunk_bytes_) {
-      return InvalidArgumentError(fmt::format(
-          "rank {} writes chunks of {} bytes, rank {} of {} (SaveOptions.chunk_bytes must be the "
-          "same on every rank)",
-          rank, chunk_bytes, version_rank_, chunk_bytes_));
-    }
-    if (version != version_) {
-      return InvalidArgumentError(fmt::format(
-          "rank {} writes format version {}, rank {} version {} (SaveOptions.format_version must "
-          "be the same on every rank)",
-          rank, version, version_rank_, version_));
-    }
-    if ((encrypted != 0) != encrypted_) {
-      return InvalidArgumentError(
-          fmt::format("SaveOptions.key is set on rank {} but not on rank {} (every rank must pass "
-                      "the same key)",
-                      encrypted_ ? version_rank_ : rank, encrypted_ ? rank : version_rank_));
-    }
+    SP_RETURN_IF_ERROR(SameSettings(rank, version, encrypted != 0, chunk_bytes));
     SP_ASSIGN_OR_RETURN(ranks_[rank].file_bytes, r.U64());
     SP_ASSIGN_OR_RETURN(uint64_t n, r.Count(7));  // (a shard takes 7 bytes or more)
     SP_RETURN_IF_ERROR(AddShards(rank, n, r));
@@ -97,6 +128,34 @@ Status ManifestMerger::AddPlan(int rank, std::string_view bytes) {
   return s;
 }
 
+Status ManifestMerger::SameSettings(int rank, uint64_t version, bool encrypted,
+                                    uint64_t chunk_bytes) {
+  if (chunk_bytes == 0) return InternalError("chunk size 0");  // (a rank checks its options)
+  if (version_ == 0) {
+    version_ = version, version_rank_ = rank, encrypted_ = encrypted;
+    chunk_bytes_ = chunk_bytes;
+  }
+  if (chunk_bytes != chunk_bytes_) {
+    return InvalidArgumentError(fmt::format(
+        "rank {} writes chunks of {} bytes, rank {} of {} (SaveOptions.chunk_bytes must be the "
+        "same on every rank)",
+        rank, chunk_bytes, version_rank_, chunk_bytes_));
+  }
+  if (version != version_) {
+    return InvalidArgumentError(fmt::format(
+        "rank {} writes format version {}, rank {} version {} (SaveOptions.format_version must "
+        "be the same on every rank)",
+        rank, version, version_rank_, version_));
+  }
+  if (encrypted != encrypted_) {
+    return InvalidArgumentError(
+        fmt::format("SaveOptions.key is set on rank {} but not on rank {} (every rank must pass "
+                    "the same key)",
+                    encrypted_ ? version_rank_ : rank, encrypted_ ? rank : version_rank_));
+  }
+  return Status::OK();
+}
+
 Status ManifestMerger::AddShards(int rank, uint64_t n, WireReader& r) {
   RankInfo& info = ranks_[rank];
   info.shards.reserve(n);
@@ -104,10 +163,13 @@ Status ManifestMerger::AddShards(int rank, uint64_t n, WireReader& r) {
   for (uint64_t i = 0; i < n; ++i) {
     std::string_view name, dtype;
     size_t nd, no, ns;
-    Extent e{.rank = static_cast<uint32_t>(rank)};
-    if (!r.NextView(&name) || !r.NextView(&dtype) || !r.NextDims(shape, &nd) ||
-        !r.NextDims(box, &no) || !r.NextDims(box + no, &ns) || !r.Next(&e.offset) ||
-        !r.Next(&e.bytes)) {
+    uint64_t offset = 0, bytes = 0;
+    if (!r.NextView(&name) || !r.NextView(&dtype) || !r.NextDims(shape, &nd)) {
+      return r.Truncated();
+    }
+    const char* from = r.at();
+    if (!r.NextDims(box, &no) || !r.NextDims(box + no, &ns) || !r.Next(&offset) ||
+        !r.Next(&bytes)) {
       return r.Truncated();
     }
     SP_ASSIGN_OR_RETURN(Merged * t, TensorOf(rank, i, name, dtype, shape, nd));
@@ -117,33 +179,72 @@ Status ManifestMerger::AddShards(int rank, uint64_t n, WireReader& r) {
     }
     // The extent holds the box's bytes (distributed saves do not compress) and lies in the
     // rank's file.
-    const Shape sizes(box + nd, box + 2 * nd);
-    Result<uint64_t> bytes = NumBytes(t->dtype, sizes);
-    if (!bytes.ok() || *bytes != e.bytes) {
+    uint64_t box_bytes = 0;
+    if (!BoxBytes(t->dtype, box + nd, nd, &box_bytes) || box_bytes != bytes) {
       return InvalidArgumentError(
-          fmt::format("tensor {:?}: rank {} writes {} bytes for a box of {}", name, rank, e.bytes,
-                      ShapeToString(sizes)));
+          fmt::format("tensor {:?}: rank {} writes {} bytes for a box of {}", name, rank, bytes,
+                      ShapeToString(Shape(box + nd, box + 2 * nd))));
     }
-    if (e.offset > info.file_bytes || e.bytes > info.file_bytes - e.offset) {
+    if (offset > info.file_bytes || bytes > info.file_bytes - offset) {
       return InvalidArgumentError(
           fmt::format("tensor {:?}: rank {} places a shard of {} bytes at {} in a file of {}", name,
-                      rank, e.bytes, e.offset, info.file_bytes));
+                      rank, bytes, offset, info.file_bytes));
     }
-    const uint32_t k = static_cast<uint32_t>(t->extents.size());
-    t->boxes.insert(t->boxes.end(), box, box + 2 * nd);
-    t->extents.push_back(e);
-    info.shards.emplace_back(static_cast<uint32_t>(t - tensors_.data()), k);
+    if (t->shards >= UINT32_MAX - 1) return InternalError("too many shards");
+    // (at most 2^32 shards of at most 2^51 chunks each: no overflow)
+    t->chunks += format::NumChunks(bytes, chunk_bytes_);
+    info.shards.emplace_back(static_cast<uint32_t>(t - tensors_.data()),
+                             static_cast<uint32_t>(t->shards++));
+    AppendVarint(static_cast<uint64_t>(rank), &t->boxes);
+    t->boxes.append(from, r.at());
   }
   return Status::OK();
 }
 
-Result<std::shared_ptr<const MergedPlan>> ManifestMerger::Finish() {
-  if (chunk_bytes_ == 0) return InvalidArgumentError("SaveOptions.chunk_bytes is 0");
-  for (const Merged& t : tensors_) {
-    Status s = format::CheckFlatTiling(t.shape, t.boxes.data(), t.extents.size(), "sharded save",
-                                       fmt::format("tensor {:?}", t.name));
-    if (!s.ok()) return InvalidArgumentError(s.message());
+Status ManifestMerger::Absorb(ManifestMerger&& later) {
+  if (later.version_ == 0) return Status::OK();  // (no plan)
+  SP_RETURN_IF_ERROR(
+      SameSettings(later.version_rank_, later.version_, later.encrypted_, later.chunk_bytes_));
+  // later's tensor i is this one's tensor at[i], whose shards it extends from base[i].
+  std::vector<uint32_t> at(later.tensors_.size()), base(later.tensors_.size());
+  for (size_t i = 0; i < later.tensors_.size(); ++i) {
+    Merged& t = later.tensors_[i];
+    auto it = index_.find(t.name);
+    if (it == index_.end()) {
+      if (tensors_.size() >= UINT32_MAX - 1) return InternalError("too many tensors");
+      it = index_.emplace(t.name, static_cast<uint32_t>(tensors_.size())).first;
+      Merged& added = tensors_.emplace_back();
+      added.name = t.name, added.dtype = t.dtype, added.shape = t.shape;
+    }
+    Merged& mine = tensors_[it->second];
+    if (mine.dtype != t.dtype || mine.shape != t.shape) {
+      const char* first = (t.boxes.empty() ? t.later.front() : t.boxes).data();
+      return InvalidArgumentError(
+          fmt::format("tensor {:?}: rank {} has {} {} but another rank has {} {}", mine.name,
+                      DecodeVarint(&first), DTypeName(t.dtype), ShapeToString(t.shape),
+                      DTypeName(mine.dtype), ShapeToString(mine.shape)));
+    }
+    if (mine.shards + t.shards >= UINT32_MAX - 1) return InternalError("too many shards");
+    at[i] = it->second;
+    base[i] = static_cast<uint32_t>(mine.shards);
+    mine.shards += t.shards;
+    mine.chunks += t.chunks;  // (at most 2^32 shards of at most 2^51 chunks each)
+    if (!t.boxes.empty()) mine.later.push_back(std::move(t.boxes));
+    for (std::string& more : t.later) mine.later.push_back(std::move(more));
+    t = Merged();
   }
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    RankInfo& info = later.ranks_[r];
+    if (info.shards.empty() && info.file_bytes == 0) continue;
+    for (auto& [t, k] : info.shards) k += base[t], t = at[t];
+    ranks_[r] = std::move(info);
+  }
+  later = ManifestMerger(0);
+  return Status::OK();
+}
+
+Result<std::shared_ptr<const MergedPlan>> ManifestMerger::Finish(int threads) {
+  if (chunk_bytes_ == 0) return InvalidArgumentError("SaveOptions.chunk_bytes is 0");
   auto plan = std::make_shared<MergedPlan>();
   plan->world_ = world_;
   plan->version_ = static_cast<uint32_t>(version_);
@@ -155,16 +256,28 @@ Result<std::shared_ptr<const MergedPlan>> ManifestMerger::Finish() {
     plan->file_index_[r] = static_cast<int64_t>(plan->files_.size());
     plan->files_.push_back({engine::DataFileName(r, 0), ranks_[r].file_bytes});
   }
-  SP_RETURN_IF_ERROR(Lay(plan.get()));
+  SP_ASSIGN_OR_RETURN(std::vector<Place> places, PlaceTensors(plan.get()));
+  std::vector<uint32_t> ids(plan->chunk_at_.size() - 1);  // merger's order of shards -> plan's
+  std::vector<Scratch> scratch(std::max(threads, 1));
+  SP_RETURN_IF_ERROR(ParallelFor(tensors_.size(), threads, [&](size_t ti, int w) {
+    return LayTensor(static_cast<uint32_t>(ti), places[ti], scratch[w], plan.get(), &ids);
+  }));
+  plan->rank_first_.reserve(world_ + 1);
+  plan->rank_shards_.reserve(ids.size());
+  for (const RankInfo& info : ranks_) {
+    plan->rank_first_.push_back(plan->rank_shards_.size());
+    for (auto [t, k] : info.shards) plan->rank_shards_.push_back(ids[places[t].id + k]);
+  }
+  plan->rank_first_.push_back(plan->rank_shards_.size());
   *this = ManifestMerger(0);
   return std::shared_ptr<const MergedPlan>(std::move(plan));
 }
 
-Status ManifestMerger::Lay(MergedPlan* plan) {
+Result<std::vector<ManifestMerger::Place>> ManifestMerger::PlaceTensors(MergedPlan* plan) {
   uint64_t shards = 0, record_bytes = 0;
   for (const Merged& t : tensors_) {
-    shards += t.extents.size();
-    record_bytes += t.extents.size() * format::ShardRecordBytes(t.shape.size());
+    shards += t.shards;
+    record_bytes += t.shards * format::ShardRecordBytes(t.shape.size());
   }
   // A manifest holds at most kMaxManifestFileBytes: more records and chunk entries cannot be
   // written (and are not allocated).
@@ -178,55 +291,89 @@ Status ManifestMerger::Lay(MergedPlan* plan) {
   std::iota(names.begin(), names.end(), 0u);
   std::sort(names.begin(), names.end(),
             [&](uint32_t x, uint32_t y) { return tensors_[x].name < tensors_[y].name; });
-  std::vector<std::vector<uint32_t>> id(tensors_.size());  // (tensor, shard) -> shard in the plan
-  plan->records_.reserve(record_bytes);
-  plan->chunk_at_.reserve(shards + 1);
-  uint64_t chunks = 0;
+  std::vector<Place> places(tensors_.size());
+  for (size_t i = 1; i < tensors_.size(); ++i) {
+    places[i].id = places[i - 1].id + tensors_[i - 1].shards;
+  }
+  Place next;
   for (uint32_t ti : names) {
-    Merged& t = tensors_[ti];
-    const size_t nd = t.shape.size();
-    const size_t records_at = plan->records_.size();
-    const std::vector<uint32_t> order = BoxOrder(t);  // (before t's shape moves)
-    plan->tensors_.push_back({std::move(t.name), t.dtype, std::move(t.shape),
-                              plan->chunk_at_.size(), t.extents.size(), records_at, 0});
-    id[ti].resize(t.extents.size());
-    for (uint32_t k : order) {
-      const Extent& e = t.extents[k];
-      const int64_t* b = t.boxes.data() + 2 * nd * k;
-      id[ti][k] = static_cast<uint32_t>(plan->chunk_at_.size());
-      plan->chunk_at_.push_back(chunks);
-      if (__builtin_add_overflow(chunks, format::NumChunks(e.bytes, plan->chunk_bytes_), &chunks) ||
-          chunks > kMaxEntries) {
-        return ResourceExhaustedError(fmt::format(
-            "over {} chunks: the manifest would exceed {} bytes (raise SaveOptions.chunk_bytes)",
-            kMaxEntries, format::kMaxManifestFileBytes));
-      }
-      format::AppendShardRecord(
-          {b, b + nd, nd, e.offset, e.bytes, static_cast<uint32_t>(plan->file_index_[e.rank])},
-          &plan->records_);
+    const Merged& t = tensors_[ti];
+    if (t.chunks > kMaxEntries - next.chunk) {
+      return ResourceExhaustedError(fmt::format(
+          "over {} chunks: the manifest would exceed {} bytes (raise SaveOptions.chunk_bytes)",
+          kMaxEntries, format::kMaxManifestFileBytes));
     }
-    const std::string_view records = std::string_view(plan->records_).substr(records_at);
-    plan->tensors_.back().records_crc = Crc32c(records);
+    const uint64_t records = t.shards * format::ShardRecordBytes(t.shape.size());
     // Each section is at most kMaxManifestBodyBytes, as readers require (refused here, at the
     // decision, before any rank writes).
-    const uint64_t section =
-        records.size() + (chunks - plan->chunk_at_[plan->tensors_.back().first_shard]) * entry;
-    if (section > format::kMaxManifestBodyBytes) {
+    if (records + t.chunks * entry > format::kMaxManifestBodyBytes) {
       return ResourceExhaustedError(fmt::format(
           "tensor {:?}: its manifest section would be {} bytes, over the cap of {} (raise "
           "SaveOptions.chunk_bytes)",
-          plan->tensors_.back().name, section, format::kMaxManifestBodyBytes));
+          t.name, records + t.chunks * entry, format::kMaxManifestBodyBytes));
     }
-    t = Merged();
+    next.index = plan->tensors_.size();
+    next.id = places[ti].id;
+    places[ti] = next;
+    plan->tensors_.push_back({t.name, t.dtype, t.shape, next.shard, t.shards, next.record, 0});
+    next.shard += t.shards;
+    next.record += records;
+    next.chunk += t.chunks;
   }
-  plan->chunk_at_.push_back(chunks);
-  plan->rank_first_.reserve(world_ + 1);
-  plan->rank_shards_.reserve(shards);
-  for (const RankInfo& info : ranks_) {
-    plan->rank_first_.push_back(plan->rank_shards_.size());
-    for (auto [t, k] : info.shards) plan->rank_shards_.push_back(id[t][k]);
+  plan->records_ = std::make_unique_for_overwrite<char[]>(next.record);
+  plan->record_bytes_ = next.record;
+  plan->chunk_at_.resize(next.shard + 1);
+  plan->chunk_at_.back() = next.chunk;
+  return places;
+}
+
+struct ManifestMerger::Scratch {
+  std::vector<int64_t> boxes;
+  std::vector<uint32_t> ranks;
+  std::vector<std::pair<uint64_t, uint64_t>> extents;  // (offset, bytes)
+};
+
+Status ManifestMerger::LayTensor(uint32_t ti, const Place& at, Scratch& scratch, MergedPlan* plan,
+                                 std::vector<uint32_t>* ids) {
+  Merged& t = tensors_[ti];
+  const size_t nd = t.shape.size(), n = t.shards;
+  scratch.boxes.resize(2 * nd * n);
+  scratch.ranks.resize(n);
+  scratch.extents.resize(n);
+  size_t k = 0;
+  int64_t* b = scratch.boxes.data();
+  auto decode = [&](const std::string& part) {  // (the fields AddShards decoded and checked)
+    for (const char* p = part.data(); p < part.data() + part.size(); ++k) {
+      scratch.ranks[k] = static_cast<uint32_t>(DecodeVarint(&p));
+      for (int half = 0; half < 2; ++half) {
+        DecodeVarint(&p);  // (the count: nd)
+        for (size_t d = 0; d < nd; ++d) *b++ = static_cast<int64_t>(DecodeVarint(&p));
+      }
+      scratch.extents[k].first = DecodeVarint(&p);
+      scratch.extents[k].second = DecodeVarint(&p);
+    }
+  };
+  decode(t.boxes);
+  for (const std::string& part : t.later) decode(part);
+  std::string().swap(t.boxes);
+  std::vector<std::string>().swap(t.later);
+  Status s = format::CheckFlatTiling(t.shape, scratch.boxes.data(), n, "sharded save",
+                                     fmt::format("tensor {:?}", t.name));
+  if (!s.ok()) return InvalidArgumentError(s.message());
+  char* out = plan->records_.get() + at.record;
+  uint64_t shard = at.shard, chunk = at.chunk;
+  for (uint32_t k : BoxOrder(scratch.boxes.data(), n, nd)) {
+    const auto [offset, bytes] = scratch.extents[k];
+    const int64_t* b = scratch.boxes.data() + 2 * nd * k;
+    (*ids)[at.id + k] = static_cast<uint32_t>(shard);
+    plan->chunk_at_[shard++] = chunk;
+    chunk += format::NumChunks(bytes, chunk_bytes_);
+    const auto file = static_cast<uint32_t>(plan->file_index_[scratch.ranks[k]]);
+    out = format::WriteShardRecord({b, b + nd, nd, offset, bytes, file}, out);
   }
-  plan->rank_first_.push_back(plan->rank_shards_.size());
+  MergedPlan::Tensor& laid = plan->tensors_[at.index];
+  laid.records_crc =
+      Crc32c(plan->records().substr(at.record, out - plan->records_.get() - at.record));
   return Status::OK();
 }
 
@@ -266,9 +413,8 @@ Status SaveChecksums::Add(int rank, std::string_view bytes, const format::KeyChe
       const uint64_t at = p.chunk_at_[id], chunks = p.chunk_at_[id + 1] - at;
       SP_ASSIGN_OR_RETURN(uint64_t k, r.VCount(4));
       if (k != chunks) return InternalError("bad chunk count");
-      for (uint64_t c = 0; c < k; ++c) {
-        if (!r.Next32(&crcs_[at + c])) return r.Truncated();
-      }
+      SP_ASSIGN_OR_RETURN(std::string_view crcs, r.Raw(4 * k));  // (little-endian: wire.h)
+      std::memcpy(crcs_.data() + at, crcs.data(), crcs.size());
       SP_ASSIGN_OR_RETURN(uint64_t tags, r.VCount(16));
       if (tags != (key_check != nullptr && p.encrypted_ ? k : 0)) {
         return InternalError("bad tag count");
@@ -283,15 +429,20 @@ Status SaveChecksums::Add(int rank, std::string_view bytes, const format::KeyChe
   return s.ok() ? s : Malformed("checksums", rank, s);
 }
 
-std::vector<uint32_t> ManifestMerger::BoxOrder(const Merged& t) const {
-  std::vector<uint32_t> order(t.extents.size());
-  std::iota(order.begin(), order.end(), 0u);
-  const size_t w = 2 * t.shape.size();
-  const int64_t* b = t.boxes.data();
-  std::sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
-    return std::lexicographical_compare(b + w * x, b + w * (x + 1), b + w * y, b + w * (y + 1));
+Status SaveChecksums::AddAll(const std::vector<std::string>& reports,
+                             const format::KeyCheck* key_check, int threads) {
+  if (reports.size() != static_cast<size_t>(plan_->world_)) {
+    return InternalError(
+        fmt::format("{} checksum reports for {} ranks", reports.size(), plan_->world_));
+  }
+  const size_t blocks = static_cast<size_t>(std::max(threads, 1)) * 8;
+  return ParallelFor(blocks, threads, [&](size_t b, int) -> Status {
+    const size_t n = reports.size(), first = n * b / blocks, last = n * (b + 1) / blocks;
+    for (size_t r = first; r < last; ++r) {
+      SP_RETURN_IF_ERROR(Add(static_cast<int>(r), reports[r], key_check));
+    }
+    return Status::OK();
   });
-  return order;
 }
 
 void SaveChecksums::TakeInto(format::Manifest* m) const {
@@ -306,7 +457,7 @@ void SaveChecksums::TakeInto(format::Manifest* m) const {
     rec.shape = t.shape;
     const size_t nd = t.shape.size(), size = format::ShardRecordBytes(nd);
     for (uint64_t k = 0; k < t.shards; ++k) {  // back from the records (written by Lay)
-      const std::string_view b = std::string_view(p.records_).substr(t.record_at + k * size, size);
+      const std::string_view b = p.records().substr(t.record_at + k * size, size);
       format::ShardRecord& s = rec.shards.emplace_back();
       for (size_t d = 0; d < nd; ++d) {
         s.offsets.push_back(static_cast<int64_t>(format::GetU64(b, 8 * d)));
@@ -339,8 +490,7 @@ std::vector<std::string_view> SaveChecksums::EncodeIndexed(format::Manifest* m,
   *largest_section = 0;
   for (const MergedPlan::Tensor& t : p.tensors_) {
     const std::string_view records =
-        std::string_view(p.records_)
-            .substr(t.record_at, t.shards * format::ShardRecordBytes(t.shape.size()));
+        p.records().substr(t.record_at, t.shards * format::ShardRecordBytes(t.shape.size()));
     const uint64_t first = p.chunk_at_[t.first_shard], end = p.chunk_at_[t.first_shard + t.shards];
     if (!encrypted) {  // an entry is its CRC32C, little-endian (the hosts' order: format/endian.h)
       const std::string_view entries(reinterpret_cast<const char*>(crcs_.data() + first),
@@ -400,17 +550,62 @@ void CachePlan(const crypto::Sha256& key, std::shared_ptr<const MergedPlan> plan
   c.plan = std::move(plan);
 }
 
-crypto::Sha256 PlanKey(const std::vector<std::string>& plans, bool* any_digest) {
-  *any_digest = false;
+crypto::Sha256 PlanKey(const std::vector<std::string>& plans, bool* any_digest, int threads) {
+  std::vector<crypto::Sha256> digests(plans.size());
+  std::vector<char> digest(plans.size());
+  const size_t blocks = static_cast<size_t>(std::max(threads, 1)) * 8;
+  ParallelFor(blocks, threads, [&](size_t b, int) {
+    const size_t n = plans.size();
+    for (size_t i = n * b / blocks; i < n * (b + 1) / blocks; ++i) {
+      bool d = false;
+      digests[i] = PlanDigest(plans[i], &d);
+      digest[i] = d;
+    }
+    return Status::OK();
+  }).IgnoreError();
+  *any_digest = std::find(digest.begin(), digest.end(), 1) != digest.end();
   WireWriter w;
   w.U64(plans.size());
-  for (const std::string& plan : plans) {
-    bool digest = false;
-    const crypto::Sha256 d = PlanDigest(plan, &digest);
-    *any_digest = *any_digest || digest;
+  for (const crypto::Sha256& d : digests) {
     w.Raw({reinterpret_cast<const char*>(d.data()), d.size()});
   }
   return crypto::Sha256Of(std::as_bytes(std::span(w.bytes())));
+}
+
+Status CheckPlansAgainstDigests(const std::vector<std::string>& plans,
+                                const std::vector<std::string>& digests, int threads) {
+  if (plans.size() != digests.size()) {
+    return InvalidArgumentError(
+        fmt::format("{} plans for {} digests", plans.size(), digests.size()));
+  }
+  const size_t blocks = static_cast<size_t>(std::max(threads, 1)) * 8;
+  return ParallelFor(blocks, threads, [&](size_t b, int) -> Status {
+    const size_t n = plans.size();
+    for (size_t r = n * b / blocks; r < n * (b + 1) / blocks; ++r) {
+      if (!PlanMatchesDigest(plans[r], digests[r]) && plans[r] != digests[r]) {
+        return InvalidArgumentError(fmt::format(
+            "rank {} sent a plan other than the one it sent the digest of (the second round of "
+            "SaveCoordinator::Decide must carry the plans of the first's digests)",
+            r));
+      }
+    }
+    return Status::OK();
+  });
+}
+
+Result<std::shared_ptr<const MergedPlan>> MergePlans(const std::vector<std::string>& plans,
+                                                     int threads) {
+  const int world = static_cast<int>(plans.size());
+  const size_t parts = static_cast<size_t>(std::clamp(threads, 1, std::max(world, 1)));
+  std::vector<ManifestMerger> mergers(parts, ManifestMerger(world));
+  SP_RETURN_IF_ERROR(ParallelFor(parts, threads, [&](size_t p, int) -> Status {
+    for (size_t r = plans.size() * p / parts; r < plans.size() * (p + 1) / parts; ++r) {
+      SP_RETURN_IF_ERROR(mergers[p].AddPlan(static_cast<int>(r), plans[r]));
+    }
+    return Status::OK();
+  }));
+  for (size_t p = 1; p < parts; ++p) SP_RETURN_IF_ERROR(mergers[0].Absorb(std::move(mergers[p])));
+  return mergers[0].Finish(threads);
 }
 
 }  // namespace savepoint::dist

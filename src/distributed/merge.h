@@ -50,8 +50,13 @@ class MergedPlan {
   uint32_t version_ = 0;
   bool encrypted_ = false;
   uint64_t chunk_bytes_ = 0;
-  std::vector<Tensor> tensors_;        // in name order
-  std::string records_;                // every shard's record, in tensor order then box order
+  std::string_view records() const { return {records_.get(), record_bytes_}; }
+
+  std::vector<Tensor> tensors_;  // in name order
+  // Every shard's record, in tensor order then box order (record_bytes_ of them; not initialised
+  // before the records are laid, in parallel).
+  std::unique_ptr<char[]> records_;
+  uint64_t record_bytes_ = 0;
   std::vector<uint64_t> chunk_at_;     // per shard (and one past the last): its first chunk entry
   std::vector<uint64_t> rank_first_;   // per rank (and one past the last): into rank_shards_
   std::vector<uint32_t> rank_shards_;  // each rank's shards, in the order of its plan
@@ -59,7 +64,12 @@ class MergedPlan {
   std::vector<format::FileRecord> files_;
 };
 
-// Merges per-rank plans (EncodePlan) into a MergedPlan.
+// How many threads the coordinator merges and checks a save of `world` ranks on: 1 below 512
+// ranks (a small save is done in milliseconds), else the host's hardware threads, at most 8.
+int CoordinatorThreads(size_t world);
+
+// Merges per-rank plans (EncodePlan) into a MergedPlan. One merger is used by one thread at a
+// time; MergePlans runs several on ranges of ranks and joins them (Absorb).
 class ManifestMerger {
  public:
   explicit ManifestMerger(int world) : world_(world), ranks_(world) {}
@@ -67,23 +77,27 @@ class ManifestMerger {
   // error when the descriptor is malformed or contradicts earlier ones (dtype, global shape, box
   // rank, format version, whether the save is encrypted).
   Status AddPlan(int rank, std::string_view bytes);
-  // After every plan: checks that the shards of every tensor tile it exactly (InvalidArgument
-  // naming the tensor otherwise), numbers the data files and lays out the shards' records and
-  // chunk entries (ResourceExhausted when the manifest would exceed
-  // format::kMaxManifestFileBytes). The merger is spent.
-  Result<std::shared_ptr<const MergedPlan>> Finish();
+  // Adds the plans `later` holds (of ranks it alone was given, all after those of this merger's),
+  // with the checks of AddPlan across the two; `later` is spent.
+  Status Absorb(ManifestMerger&& later);
+  // After every plan: numbers the data files, places the tensors (ResourceExhausted when the
+  // manifest would exceed format::kMaxManifestFileBytes or a section its cap), then per tensor,
+  // on up to `threads` threads, checks that its shards tile it exactly (InvalidArgument naming
+  // the tensor otherwise) and lays out their records and chunk entries. The merger is spent.
+  Result<std::shared_ptr<const MergedPlan>> Finish(int threads = 1);
 
  private:
-  struct Extent {
-    uint64_t offset = 0, bytes = 0;  // in the rank's data file
-    uint32_t rank = 0;
-  };
   struct Merged {  // one tensor
     std::string name;
     DType dtype = DType::kU8;
     Shape shape;
-    std::vector<int64_t> boxes;  // 2 * ndim values per shard: the offsets, then the sizes
-    std::vector<Extent> extents;
+    // Its shards, in the order added, as their plans encode them (checked once): per shard its
+    // rank, the box's offsets and sizes (each with its count) and the extent's offset and bytes,
+    // all varints. More absorbed from later ranks follow in `later` (Absorb).
+    std::string boxes;
+    std::vector<std::string> later;
+    uint64_t shards = 0;  // in boxes and later
+    uint64_t chunks = 0;  // the chunk entries of its shards
   };
   struct RankInfo {
     uint64_t file_bytes = 0;
@@ -93,15 +107,29 @@ class ManifestMerger {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
   };
+  // Where a tensor goes in the MergedPlan (Lay).
+  struct Place {
+    uint64_t index = 0;   // in MergedPlan::tensors_ (name order)
+    uint64_t shard = 0;   // its first shard's index in the plan
+    uint64_t record = 0;  // its records' offset in MergedPlan::records_
+    uint64_t chunk = 0;   // its first chunk entry
+    uint64_t id = 0;      // its first shard's index in the merger's order of all shards
+  };
+  struct Scratch;  // one thread's buffers (LayTensor)
   // The tensor of the i-th shard of rank `rank`'s plan, added when new; InvalidArgument when its
   // dtype or shape differs from another rank's.
   Result<Merged*> TensorOf(int rank, size_t i, std::string_view name, std::string_view dtype,
                            const int64_t* shape, size_t ndim);
   Status AddShards(int rank, uint64_t n, WireReader& r);
-  // The shards of `t` in box order.
-  std::vector<uint32_t> BoxOrder(const Merged& t) const;
-  // Lays out the records and chunk entries of `plan` (Finish).
-  Status Lay(MergedPlan* plan);
+  // Checks that `version`, `encrypted` and `chunk_bytes` of rank `rank`'s plan are the first
+  // plan's (adopted when this is the first).
+  Status SameSettings(int rank, uint64_t version, bool encrypted, uint64_t chunk_bytes);
+  // Places every tensor in name order and sizes the plan's arrays (Finish's first pass).
+  Result<std::vector<Place>> PlaceTensors(MergedPlan* plan);
+  // Checks tensor `ti`'s tiling, then writes its records and chunk offsets at `at` and its shards'
+  // indexes in the plan into `ids` (Finish's second pass, one task per tensor).
+  Status LayTensor(uint32_t ti, const Place& at, Scratch& scratch, MergedPlan* plan,
+                   std::vector<uint32_t>* ids);
 
   int world_;
   uint64_t version_ = 0;  // the format version of the first plan added, and its rank
@@ -114,6 +142,12 @@ class ManifestMerger {
   std::vector<uint32_t> hints_;  // the tensor of the previous plan's i-th shard
 };
 
+// Merges the plans of a save (plans[r] is rank r's): on `threads` threads, each merging a range
+// of ranks, then joined in rank order. The error is that of the first rank (in rank order) whose
+// plan fails or contradicts an earlier rank's.
+Result<std::shared_ptr<const MergedPlan>> MergePlans(const std::vector<std::string>& plans,
+                                                     int threads);
+
 // One save's checksums (EncodeCrcs reports) on its MergedPlan, and the manifest they make.
 class SaveChecksums {
  public:
@@ -122,6 +156,10 @@ class SaveChecksums {
   // encrypted save takes its GCM tags and checks that its key check is `key_check` (the
   // coordinator's: InvalidArgument when the rank was given another key).
   Status Add(int rank, std::string_view bytes, const format::KeyCheck* key_check = nullptr);
+  // Add for every rank (reports[r] is rank r's), on `threads` threads (ranks fill disjoint
+  // entries). The error is the first rank's, in rank order.
+  Status AddAll(const std::vector<std::string>& reports, const format::KeyCheck* key_check,
+                int threads);
   // After every Add: sets m's files and tensors, with their shards (tensors sorted by name, shards
   // by box). For manifests of versions 1 and 2.
   void TakeInto(format::Manifest* m) const;
@@ -146,9 +184,14 @@ class SaveChecksums {
 std::shared_ptr<const MergedPlan> CachedPlan(const crypto::Sha256& key);
 void CachePlan(const crypto::Sha256& key, std::shared_ptr<const MergedPlan> plan);
 // The key of a save's plans (or their digests, EncodePlanDigest): SHA-256 over the world size and
-// each plan's SHA-256 (a plan holds its format version, chunk size, file size and shards).
-// *any_digest: whether a message was a digest.
-crypto::Sha256 PlanKey(const std::vector<std::string>& plans, bool* any_digest);
+// each plan's SHA-256 (a plan holds its format version, chunk size, file size and shards), hashed
+// on `threads` threads. *any_digest: whether a message was a digest.
+crypto::Sha256 PlanKey(const std::vector<std::string>& plans, bool* any_digest, int threads = 1);
+// Checks (on `threads` threads) that plans[r] is the plan digests[r] was made of (by size and
+// CRC32C: PlanMatchesDigest), so that the merge of the plans may be cached under the digests' key.
+// InvalidArgument naming the first rank whose plan is another.
+Status CheckPlansAgainstDigests(const std::vector<std::string>& plans,
+                                const std::vector<std::string>& digests, int threads);
 
 }  // namespace savepoint::dist
 

@@ -1,6 +1,7 @@
 // The coordinator's merge (ManifestMerger, SaveChecksums) and the plan cache.
 #include "distributed/merge.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -285,6 +286,164 @@ TEST(ManifestMergerTest, ChecksumReportsMustMatchThePlan) {
   EXPECT_EQ(out.tensors[0].shards[0].crc32c, (std::vector<uint32_t>{1, 2}));
   EXPECT_EQ(out.tensors[0].shards[0].offset, 4096u);
   EXPECT_EQ(out.tensors[0].shards[0].sizes, Shape{100});
+}
+
+// Rank `r`'s plan (or, with `crcs`, its checksum report) in a job of `world` ranks: "w" [2W, 6]
+// F32 split by rows in reverse rank order, "b" [W] U8 one element per rank, "rng.<r>" of its own,
+// and "half" [3 * floor(W/2)] I16 on the upper floor(W/2) ranks only. `w_dtype` replaces w's dtype.
+format::Manifest JobPlan(int r, int world, bool crcs, DType w_dtype = DType::kF32) {
+  format::Manifest m;
+  m.chunk_bytes = 4096;
+  uint64_t at = 4096;
+  uint32_t crc = static_cast<uint32_t>(r) * 1000;
+  auto add = [&](std::string name, DType dt, Shape shape, Shape offsets, Shape sizes) {
+    format::ShardRecord s;
+    s.offsets = std::move(offsets);
+    s.sizes = std::move(sizes);
+    s.offset = at;
+    s.bytes = NumBytes(dt, s.sizes).value();
+    at += (s.bytes + 63) / 64 * 64;  // (version 3 extents are 64-byte aligned)
+    if (crcs) s.crc32c = {crc++};
+    m.tensors.push_back({std::move(name), dt, std::move(shape), {s}});
+  };
+  add("b", DType::kU8, {world}, {r}, {1});
+  add(fmt::format("rng.{}", r), DType::kU8, {4}, {0}, {4});
+  const int upper = world - world / 2;  // (the first rank of the upper half)
+  if (r >= upper) add("half", DType::kI16, {3 * (world / 2)}, {(r - upper) * 3}, {3});
+  add("w", w_dtype, {2 * world, 6}, {2 * (world - 1 - r), 0}, {2, 6});
+  m.files.push_back({"data", at});
+  return m;
+}
+
+std::vector<std::string> JobPlans(int world, int bad = -1, DType bad_dtype = DType::kF32) {
+  std::vector<std::string> plans;
+  for (int r = 0; r < world; ++r) {
+    plans.push_back(dist::EncodePlan(
+        Status::OK(), JobPlan(r, world, false, r >= bad && bad >= 0 ? bad_dtype : DType::kF32)));
+  }
+  return plans;
+}
+
+// The version 3 MANIFEST of the merge of `plans` on `threads` threads, with each rank's checksums.
+std::string MergedManifest(const std::vector<std::string>& plans, int threads) {
+  const int world = static_cast<int>(plans.size());
+  auto merged = dist::MergePlans(plans, threads);
+  EXPECT_TRUE(merged.ok()) << merged.status().ToString();
+  if (!merged.ok()) return "";
+  std::vector<std::string> reports;
+  for (int r = 0; r < world; ++r) {
+    reports.push_back(dist::EncodeCrcs(Status::OK(), JobPlan(r, world, true)));
+  }
+  dist::SaveChecksums sums(*merged);
+  SP_EXPECT_OK(sums.AddAll(reports, nullptr, threads));
+  format::Manifest m;
+  m.version = 3;
+  m.chunk_bytes = 4096;
+  std::string front, whole;
+  uint64_t largest = 0;
+  for (std::string_view p : sums.EncodeIndexed(&m, nullptr, &front, &largest)) whole += p;
+  return whole;
+}
+
+// Ranges of ranks merged on several threads and joined make the manifest one merger makes.
+TEST(MergePlansTest, RangesJoinedMakeTheSameManifest) {
+  for (int world : {1, 2, 7, 24}) {
+    SCOPED_TRACE(world);
+    const std::vector<std::string> plans = JobPlans(world);
+    const std::string one = MergedManifest(plans, 1);
+    Result<format::Manifest> m = format::DecodeManifest(one, "test");
+    SP_ASSERT_OK(m.status());
+    ASSERT_EQ(m->files.size(), static_cast<size_t>(world));
+    const format::TensorRecord* w = nullptr;
+    for (const format::TensorRecord& t : m->tensors) w = t.name == "w" ? &t : w;
+    ASSERT_NE(w, nullptr);
+    for (int k = 0; k < world; ++k) {  // in box order: rank world-1-k's shard, its checksum
+      EXPECT_EQ(w->shards[k].offsets, (Shape{2 * k, 0}));
+      EXPECT_EQ(w->shards[k].file, static_cast<uint32_t>(world - 1 - k));
+      const uint32_t before = (world - 1 - k) >= world - world / 2 ? 3 : 2;  // (b, rng, half)
+      EXPECT_EQ(w->shards[k].crc32c, std::vector<uint32_t>{(world - 1 - k) * 1000u + before});
+    }
+    for (int threads : {2, 3, 5, 8}) EXPECT_EQ(MergedManifest(plans, threads), one) << threads;
+  }
+}
+
+TEST(MergePlansTest, TheErrorIsTheFirstRanksWhateverTheThreads) {
+  constexpr int kWorld = 12;
+  for (int threads : {1, 4}) {
+    SCOPED_TRACE(threads);
+    // Ranks 6..11 disagree with 0..5 on w's dtype: with 4 threads, found when ranges are joined.
+    EXPECT_THAT(dist::MergePlans(JobPlans(kWorld, 6, DType::kF16), threads).status(),
+                StatusIs(StatusCode::kInvalidArgument,
+                         "tensor \"w\": rank 6 has F16 [24, 6] but another rank has F32"));
+    // A rank's own error, and a malformed plan: the first in rank order.
+    std::vector<std::string> plans = JobPlans(kWorld);
+    plans[10] = dist::EncodePlan(InvalidArgumentError("rank ten's own error"), {});
+    plans[4] = plans[4].substr(0, plans[4].size() / 2);
+    EXPECT_THAT(dist::MergePlans(plans, threads).status(),
+                StatusIs(StatusCode::kInternal, "plan of rank 4"));
+    plans[4] = JobPlans(kWorld)[4];
+    EXPECT_THAT(dist::MergePlans(plans, threads).status(),
+                StatusIs(StatusCode::kInvalidArgument, "rank 10: rank ten's own error"));
+    // Boxes that overlap across ranges.
+    plans = JobPlans(kWorld);
+    format::Manifest m = JobPlan(9, kWorld, false);
+    m.tensors.back().shards[0].offsets = {2 * (kWorld - 1), 0};  // rank 0's rows
+    plans[9] = dist::EncodePlan(Status::OK(), m);
+    EXPECT_THAT(dist::MergePlans(plans, threads).status(),
+                StatusIs(StatusCode::kInvalidArgument, "tensor \"w\""));
+  }
+}
+
+TEST(MergePlansTest, ChecksumReportsOfManyRanksNameTheFirstBadOne) {
+  constexpr int kWorld = 16;
+  auto merged = dist::MergePlans(JobPlans(kWorld), 4).value();
+  std::vector<std::string> reports;
+  for (int r = 0; r < kWorld; ++r) {
+    reports.push_back(dist::EncodeCrcs(Status::OK(), JobPlan(r, kWorld, true)));
+  }
+  reports[13] = "x";
+  reports[5] = reports[5].substr(0, 9);
+  EXPECT_THAT(dist::SaveChecksums(merged).AddAll(reports, nullptr, 4),
+              StatusIs(StatusCode::kInternal, "checksums of rank 5"));
+  reports.pop_back();
+  EXPECT_THAT(dist::SaveChecksums(merged).AddAll(reports, nullptr, 4),
+              StatusIs(StatusCode::kInternal, "15 checksum reports for 16 ranks"));
+}
+
+// The second round of a decision must carry the plans whose digests the first carried: its
+// merge is cached under the digests' key.
+TEST(PlanCacheKey, SecondRoundMustCarryTheDigestedPlans) {
+  MemFileSystem mem;
+  State s;
+  float w[4] = {1, 2, 3, 4};
+  SP_ASSERT_OK(s.PutView("w", TensorView(w, DType::kF32, {4})));
+  RankSave rank(0, 1);
+  const std::string plan = rank.Plan(s, {}, {}, Io(&mem));
+  const std::string digest = dist::EncodePlanDigest(plan);
+  EXPECT_TRUE(dist::PlanMatchesDigest(plan, digest));
+  EXPECT_FALSE(dist::PlanMatchesDigest(plan + "x", digest));
+  EXPECT_FALSE(dist::PlanMatchesDigest(plan, plan));
+  for (const bool same : {false, true}) {
+    dist::CachePlan({}, nullptr);  // empty
+    SaveCoordinator c(same ? "/same" : "/other", 1, {}, Io(&mem));
+    Result<dist::Verdict> v = dist::DecodeVerdict(c.Decide({digest}), 1);
+    SP_ASSERT_OK(v.status());
+    ASSERT_TRUE(v->need_plans);
+    std::string other = plan;
+    other.back() ^= 1;
+    v = dist::DecodeVerdict(c.Decide({same ? plan : other}), 1);
+    SP_ASSERT_OK(v.status());
+    if (same) {
+      SP_EXPECT_OK(v->status);
+      bool any = false;
+      EXPECT_NE(dist::CachedPlan(dist::PlanKey({digest}, &any)), nullptr);
+    } else {
+      EXPECT_THAT(v->status, StatusIs(StatusCode::kInvalidArgument,
+                                      "rank 0 sent a plan other than the one it sent the digest"));
+      bool any = false;
+      EXPECT_EQ(dist::CachedPlan(dist::PlanKey({digest}, &any)), nullptr);
+    }
+  }
 }
 
 }  // namespace

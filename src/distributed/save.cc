@@ -267,6 +267,9 @@ struct SaveCoordinator::Impl {
   engine::SaveTarget target;
   dist::Verdict verdict;
   bool began = false, committed = false;
+  // After a verdict that asked for the plans: the digests it had and their key.
+  std::vector<std::string> digests;
+  crypto::Sha256 digests_key{};
 };
 
 SaveCoordinator::SaveCoordinator(std::string path, int world, SaveOptions o, IoOptions io)
@@ -302,19 +305,25 @@ std::string SaveCoordinator::Decide(const std::vector<std::string>& plans) {
     // The key is always that of the messages at hand, so that what is cached is the merge of the
     // plans it names.
     bool digests = false;
-    const crypto::Sha256 key = dist::PlanKey(plans, &digests);
-    c.plan = dist::CachedPlan(key);
-    if (c.plan != nullptr && c.plan->world() != c.world) c.plan = nullptr;
+    const int threads = dist::CoordinatorThreads(plans.size());
+    crypto::Sha256 key;
+    if (!c.digests.empty()) {  // the plans the last verdict asked for: the key is the digests'
+      SP_RETURN_IF_ERROR(dist::CheckPlansAgainstDigests(plans, c.digests, threads));
+      key = c.digests_key;
+      std::vector<std::string>().swap(c.digests);
+    } else {
+      key = dist::PlanKey(plans, &digests, threads);
+      c.plan = dist::CachedPlan(key);
+      if (c.plan != nullptr && c.plan->world() != c.world) c.plan = nullptr;
+    }
     if (c.plan == nullptr && digests) {
       v.need_plans = true;  // (SaveDistributed's first round: the ranks send their plans)
+      c.digests = plans;
+      c.digests_key = key;
       return Status::OK();
     }
     if (c.plan == nullptr) {
-      dist::ManifestMerger merger(c.world);
-      for (size_t r = 0; r < plans.size(); ++r) {
-        SP_RETURN_IF_ERROR(merger.AddPlan(static_cast<int>(r), plans[r]));
-      }
-      SP_ASSIGN_OR_RETURN(c.plan, merger.Finish());
+      SP_ASSIGN_OR_RETURN(c.plan, dist::MergePlans(plans, threads));
       dist::CachePlan(key, c.plan);
     }
     v.file_index = c.plan->file_index();
@@ -343,10 +352,8 @@ Status SaveCoordinator::Commit(const std::vector<std::string>& reports, RankSave
       return InternalError("SaveCoordinator::Commit: the reports do not match the plan");
     }
     dist::SaveChecksums sums(c.plan);
-    for (size_t r = 0; r < reports.size(); ++r) {
-      SP_RETURN_IF_ERROR(sums.Add(static_cast<int>(r), reports[r],
-                                  encrypted ? &p->m.encryption.key_check : nullptr));
-    }
+    SP_RETURN_IF_ERROR(sums.AddAll(reports, encrypted ? &p->m.encryption.key_check : nullptr,
+                                   dist::CoordinatorThreads(reports.size())));
     format::Manifest m = std::move(p->m);  // keeps the id stamp, time, writer, chunk size, salt
     m.checkpoint_id = c.verdict.checkpoint_id;
     const format::CheckpointKeys* keys = encrypted ? &p->seal.keys : nullptr;

@@ -81,6 +81,11 @@ class WireReader {
   // V64 without a Result, for the per-shard fields: false when the bytes end or the varint is
   // malformed (then Truncated() is the error to return).
   bool Next(uint64_t* out) {
+    if (!in_.empty() && static_cast<uint8_t>(in_[0]) < 0x80) {  // (most are one byte)
+      *out = static_cast<uint8_t>(in_[0]);
+      in_.remove_prefix(1);
+      return true;
+    }
     uint64_t v = 0;
     for (size_t i = 0; i < 10 && i < in_.size(); ++i) {
       const uint8_t b = static_cast<uint8_t>(in_[i]);
@@ -150,6 +155,8 @@ class WireReader {
     return true;
   }
   bool done() const { return in_.empty(); }
+  // Where the next field begins.
+  const char* at() const { return in_.data(); }
   Status Truncated() const { return InternalError(where_ + ": message truncated or malformed"); }
 
  private:

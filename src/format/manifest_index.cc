@@ -105,9 +105,8 @@ Status ReadChunkEntries(std::string_view entries, uint64_t first, uint64_t n, co
 
 }  // namespace
 
-void AppendShardRecord(const RecordFields& r, std::string* out) {
-  char b[16 * kMaxRank + 24];  // built here and appended once: a big save has millions
-  char* p = b;
+char* WriteShardRecord(const RecordFields& r, char* out) {
+  char* p = out;
   for (size_t d = 0; d < r.ndim; ++d, p += 8) PutLe64(p, static_cast<uint64_t>(r.offsets[d]));
   for (size_t d = 0; d < r.ndim; ++d, p += 8) PutLe64(p, static_cast<uint64_t>(r.sizes[d]));
   PutLe64(p, r.offset);
@@ -116,7 +115,12 @@ void AppendShardRecord(const RecordFields& r, std::string* out) {
   p[20] = static_cast<char>(r.codec);
   p[21] = static_cast<char>(r.codec != codec::Codec::kNone ? r.filter : codec::Filter::kNone);
   p[22] = p[23] = 0;
-  out->append(b, static_cast<size_t>(p + 24 - b));
+  return p + 24;
+}
+
+void AppendShardRecord(const RecordFields& r, std::string* out) {
+  char b[16 * kMaxRank + 24];  // built here and appended once: a big save has millions
+  out->append(b, static_cast<size_t>(WriteShardRecord(r, b) - b));
 }
 
 void AppendChunkEntry(uint32_t crc32c, bool stored, const StoredChunk* chunk,

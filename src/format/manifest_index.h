@@ -93,6 +93,8 @@ struct RecordFields {
 };
 // Appends one shard record (ShardRecordBytes(ndim) bytes).
 void AppendShardRecord(const RecordFields& r, std::string* out);
+// Writes one shard record at `out` (ShardRecordBytes(r.ndim) bytes); returns its end.
+char* WriteShardRecord(const RecordFields& r, char* out);
 // Appends one chunk entry: the chunk's CRC32C; when the section is `stored`, the chunk's stored
 // extent (`chunk`, or zeros when null: a chunk of an uncompressed shard); when the manifest is
 // encrypted (`tag` not null), its GCM tag.
