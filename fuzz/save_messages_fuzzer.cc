@@ -1,9 +1,11 @@
 // Fuzz target for the messages of a distributed save (src/distributed/descriptor.h, merge.h,
 // docs/FORMAT.md §16): what the coordinator decodes from other ranks. The first byte picks the
 // message and how the input makes it:
-//   bits 0-1: 0 a plan (ManifestMerger::AddPlan as rank 1 of 2, rank 0's plan real, then Finish),
+//   bits 0-1: 0 a plan (ManifestMerger::AddPlan as rank 1 of 2, rank 0's plan real, then Finish;
+//               and MergePlans on 2 threads, which must agree),
 //             1 a checksum report (SaveChecksums::Add on the merged plan of two real plans),
-//             2 a verdict (DecodeVerdict for 2 ranks), 3 a plan or digest (PlanKey, PlanDigest);
+//             2 a verdict (DecodeVerdict for 2 ranks), 3 a plan or digest (PlanKey, PlanDigest,
+//               PlanMatchesDigest);
 //   bit 2:    0 the rest of the input is the message; 1 it edits the real message of that kind:
 //             3-byte patches (position low, high, value), the message cut at the length the first
 //             two bytes give (mod its length + 1).
@@ -85,13 +87,19 @@ std::string Message(const uint8_t* data, size_t size, const std::string& real) {
   return m;
 }
 
+// Merged by one merger, and by two joined (MergePlans on 2 threads): both accept it or neither.
 void Plan(const std::string& msg) {
   const Real& real = Messages();
   dist::ManifestMerger merger(2);
   if (!merger.AddPlan(0, real.plans[0]).ok()) std::abort();
-  if (!merger.AddPlan(1, msg).ok()) return;
-  Result<std::shared_ptr<const dist::MergedPlan>> plan = merger.Finish();
+  Status added = merger.AddPlan(1, msg);
+  Result<std::shared_ptr<const dist::MergedPlan>> plan =
+      added.ok() ? merger.Finish() : Result<std::shared_ptr<const dist::MergedPlan>>(added);
+  Result<std::shared_ptr<const dist::MergedPlan>> joined =
+      dist::MergePlans({real.plans[0], msg}, 2);
+  if (plan.ok() != joined.ok()) std::abort();
   if (!plan.ok()) return;
+  if ((*plan)->file_index() != (*joined)->file_index()) std::abort();
   if ((*plan)->file_index().size() != 2) std::abort();
 }
 
@@ -123,8 +131,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     default: {
       bool any = false;
-      dist::PlanKey({Message(data, size, dist::EncodePlanDigest(real.plans[0])), real.plans[1]},
-                    &any);
+      const std::string msg = Message(data, size, dist::EncodePlanDigest(real.plans[0]));
+      dist::PlanKey({msg, real.plans[1]}, &any);
+      dist::PlanMatchesDigest(real.plans[0], msg);
       break;
     }
   }

@@ -243,6 +243,12 @@ Status ManifestMerger::Absorb(ManifestMerger&& later) {
   return Status::OK();
 }
 
+struct ManifestMerger::Scratch {
+  std::vector<int64_t> boxes;
+  std::vector<uint32_t> ranks;
+  std::vector<std::pair<uint64_t, uint64_t>> extents;  // (offset, bytes)
+};
+
 Result<std::shared_ptr<const MergedPlan>> ManifestMerger::Finish(int threads) {
   if (chunk_bytes_ == 0) return InvalidArgumentError("SaveOptions.chunk_bytes is 0");
   auto plan = std::make_shared<MergedPlan>();
@@ -326,12 +332,6 @@ Result<std::vector<ManifestMerger::Place>> ManifestMerger::PlaceTensors(MergedPl
   plan->chunk_at_.back() = next.chunk;
   return places;
 }
-
-struct ManifestMerger::Scratch {
-  std::vector<int64_t> boxes;
-  std::vector<uint32_t> ranks;
-  std::vector<std::pair<uint64_t, uint64_t>> extents;  // (offset, bytes)
-};
 
 Status ManifestMerger::LayTensor(uint32_t ti, const Place& at, Scratch& scratch, MergedPlan* plan,
                                  std::vector<uint32_t>* ids) {
