@@ -44,6 +44,8 @@ def plot(sp, sp2, dcp, png):
         (ax[0][0], "coordination of one save (s)", [(v3, ok, "coordinate_s", 1),
                                                     (v3 + ", same layout again", ok,
                                                      "repeat_coordinate_s", 1),
+                                                    ("dd of the v3 MANIFEST's bytes", ok,
+                                                     "manifest_dd_s", 1),
                                                     (v2, ok2, "coordinate_s", 1),
                                                     ("DCP", dcp, "coordinate_s", 1)]),
         (ax[0][1], "coordinator memory (MiB)", [(v3 + " peak", sp, "coordinator_peak_mib", 1),
@@ -81,7 +83,8 @@ def main(argv):
     cols = [("ranks", 6, "d"), ("entries", 9, "d"), ("plan_bytes", 11, "d"),
             ("rank_plan_ms_mean", 9, ".2f"), ("decide_s", 8, ".2f"), ("commit_s", 8, ".2f"),
             ("coordinate_s", 12, ".2f"), ("repeat_coordinate_s", 12, ".2f"),
-            ("coordinator_peak_mib", 8, ".0f"), ("manifest_bytes", 12, "d"),
+            ("manifest_dd_s", 13, ".2f"), ("coordinator_peak_mib", 8, ".0f"),
+            ("manifest_bytes", 12, "d"),
             ("load_plan_ms", 10, ".1f"), ("error", 5, "")]
     table("savepoint, format version 3 (bench/scale_bench)", sp, cols)
     if sp2:
