@@ -3,7 +3,7 @@
 // "Scale").
 //
 //   scale_bench [--ranks 64,1024,4096,16384] [--dir DIR] [--tp 8] [--pp 8] [--load-tp 4]
-//               [--samples 3] [--format-version 3] [--repeats 3]
+//               [--samples 5] [--format-version 3] [--repeats 3]
 //
 // Per world size N, on the layout of bench/scale_layout.h (70B, TP x PP x DP):
 //  1. every simulated rank runs RankSave::Plan on its own tensors (views of one PROT_NONE
@@ -51,7 +51,7 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   std::vector<int> ranks = {64, 1024, 4096, 16384};
   std::string dir = "/tmp";
-  int tp = 8, pp = 8, load_tp = 4, samples = 3, repeats = 3;
+  int tp = 8, pp = 8, load_tp = 4, samples = 5, repeats = 3;
   uint32_t format_version = 3;
 };
 

@@ -244,13 +244,18 @@ TEST(ManifestMergerTest, ShardsAreInBoxOrder) {
   EXPECT_EQ(largest, kShards * format::ShardRecordBytes(1) + kShards * 4);
 }
 
+// The plan of the one rank of a job saving a 4-element tensor.
+std::string OneRankPlan(FileSystem* fs) {
+  State s;
+  static float w[4] = {1, 2, 3, 4};
+  EXPECT_TRUE(s.PutView("w", TensorView(w, DType::kF32, {4})).ok());
+  RankSave rank(0, 1);
+  return rank.Plan(s, {}, {}, Io(fs));
+}
+
 TEST(PlanCacheKey, SecondDecisionLeavesTheFirst) {
   MemFileSystem mem;
-  State s;
-  float w[4] = {1, 2, 3, 4};
-  SP_ASSERT_OK(s.PutView("w", TensorView(w, DType::kF32, {4})));
-  RankSave rank(0, 1);
-  const std::string plan = rank.Plan(s, {}, {}, Io(&mem));
+  const std::string plan = OneRankPlan(&mem);
   SaveCoordinator c("/ckpt", 1, {}, Io(&mem));
   SP_ASSERT_OK(dist::DecodeVerdict(c.Decide({plan}), 1)->status);
   EXPECT_THAT(dist::DecodeVerdict(c.Decide({plan}), 1)->status,
@@ -414,11 +419,7 @@ TEST(MergePlansTest, ChecksumReportsOfManyRanksNameTheFirstBadOne) {
 // merge is cached under the digests' key.
 TEST(PlanCacheKey, SecondRoundMustCarryTheDigestedPlans) {
   MemFileSystem mem;
-  State s;
-  float w[4] = {1, 2, 3, 4};
-  SP_ASSERT_OK(s.PutView("w", TensorView(w, DType::kF32, {4})));
-  RankSave rank(0, 1);
-  const std::string plan = rank.Plan(s, {}, {}, Io(&mem));
+  const std::string plan = OneRankPlan(&mem);
   const std::string digest = dist::EncodePlanDigest(plan);
   EXPECT_TRUE(dist::PlanMatchesDigest(plan, digest));
   EXPECT_FALSE(dist::PlanMatchesDigest(plan + "x", digest));
