@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -525,10 +526,14 @@ double SecondsToDecodeShards(int n, bool side_by_side) {
   }
   m.tensors.push_back(std::move(t));
   std::string bytes = EncodeManifest(m);
-  auto start = std::chrono::steady_clock::now();
-  Result<Manifest> r = DecodeManifest(bytes, kWhere);
-  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  double seconds = 1e9;  // the fastest of 3 (a busy machine slows one run, not the shape's cost)
+  for (int run = 0; run < 3; ++run) {
+    auto start = std::chrono::steady_clock::now();
+    Result<Manifest> r = DecodeManifest(bytes, kWhere);
+    seconds = std::min(
+        seconds, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+  }
   return seconds;
 }
 
