@@ -93,9 +93,9 @@ std::string EncodePlanDigest(std::string_view plan) {
 
 bool PlanMatchesDigest(std::string_view plan, std::string_view digest) {
   bool digest_only = false;
-  PlanDigest(digest, &digest_only);
+  const crypto::Sha256 d = PlanDigest(digest, &digest_only);
   return digest_only && format::GetU64(digest, 40) == plan.size() &&
-         format::GetU32(digest, 48) == Crc32c(plan);
+         format::GetU32(digest, 48) == Crc32c(plan) && crypto::Sha256Of(AsBytes(plan)) == d;
 }
 
 crypto::Sha256 PlanDigest(std::string_view message, bool* digest_only) {

@@ -35,8 +35,9 @@ Status DecodeStatus(std::string_view bytes, std::string_view where);
 // coordinator that merged the same plans before decides from them, else its verdict asks for the
 // plans (need_plans).
 std::string EncodePlanDigest(std::string_view plan);
-// Whether `plan` has the size and CRC32C that `digest` (EncodePlanDigest) carries: the second
-// round's check that a rank sent the plan it digested (the cache key is the first round's).
+// Whether `plan` is the plan `digest` (EncodePlanDigest) was made of: its size and CRC32C (cheap
+// checks first), then its SHA-256. The second round's check that a rank sent the plan it
+// digested, so that the merge may be cached under the first round's key.
 bool PlanMatchesDigest(std::string_view plan, std::string_view digest);
 // The digest a message carries: its SHA-256 for a digest message, else SHA-256 of the plan itself.
 // *digest_only says which.

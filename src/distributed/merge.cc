@@ -24,6 +24,13 @@ namespace {
 
 // The bytes of a box of `sizes` (nd values) of `dtype`; false on overflow or a negative size.
 bool BoxBytes(DType dtype, const int64_t* sizes, size_t nd, uint64_t* bytes) {
+  for (size_t d = 0; d < nd; ++d) {
+    if (sizes[d] < 0) return false;
+  }
+  if (std::find(sizes, sizes + nd, 0) != sizes + nd) {  // (as NumBytes: no elements, no bytes)
+    *bytes = 0;
+    return true;
+  }
   uint64_t n = DTypeSize(dtype);
   for (size_t d = 0; d < nd; ++d) {
     if (sizes[d] < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(sizes[d]), &n)) {
@@ -47,6 +54,13 @@ std::vector<uint32_t> BoxOrder(const int64_t* b, size_t count, size_t nd) {
     std::sort(order.begin(), order.end(), less);
   }
   return order;
+}
+
+// (Boxes that tile a tensor hold at most 2^63 bytes; the chunks of boxes that overlap, which
+// Finish refuses, may add up past 2^64.)
+uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
+  uint64_t sum;
+  return __builtin_add_overflow(a, b, &sum) ? UINT64_MAX : sum;
 }
 
 void AppendVarint(uint64_t v, std::string* out) {
@@ -130,7 +144,10 @@ Status ManifestMerger::AddPlan(int rank, std::string_view bytes) {
 
 Status ManifestMerger::SameSettings(int rank, uint64_t version, bool encrypted,
                                     uint64_t chunk_bytes) {
-  if (chunk_bytes == 0) return InternalError("chunk size 0");  // (a rank checks its options)
+  if (chunk_bytes < format::kMinChunkBytes || chunk_bytes > format::kMaxChunkBytes ||
+      chunk_bytes % format::kMinChunkBytes != 0) {  // (a rank checks its options)
+    return InternalError(fmt::format("chunk size {}", chunk_bytes));
+  }
   if (version_ == 0) {
     version_ = version, version_rank_ = rank, encrypted_ = encrypted;
     chunk_bytes_ = chunk_bytes;
@@ -191,8 +208,7 @@ Status ManifestMerger::AddShards(int rank, uint64_t n, WireReader& r) {
                       rank, bytes, offset, info.file_bytes));
     }
     if (t->shards >= UINT32_MAX - 1) return InternalError("too many shards");
-    // (at most 2^32 shards of at most 2^51 chunks each: no overflow)
-    t->chunks += format::NumChunks(bytes, chunk_bytes_);
+    t->chunks = SaturatingAdd(t->chunks, format::NumChunks(bytes, chunk_bytes_));
     info.shards.emplace_back(static_cast<uint32_t>(t - tensors_.data()),
                              static_cast<uint32_t>(t->shards++));
     AppendVarint(static_cast<uint64_t>(rank), &t->boxes);
@@ -228,7 +244,7 @@ Status ManifestMerger::Absorb(ManifestMerger&& later) {
     at[i] = it->second;
     base[i] = static_cast<uint32_t>(mine.shards);
     mine.shards += t.shards;
-    mine.chunks += t.chunks;  // (at most 2^32 shards of at most 2^51 chunks each)
+    mine.chunks = SaturatingAdd(mine.chunks, t.chunks);
     if (!t.boxes.empty()) mine.later.push_back(std::move(t.boxes));
     for (std::string& more : t.later) mine.later.push_back(std::move(more));
     t = Merged();
@@ -262,12 +278,14 @@ Result<std::shared_ptr<const MergedPlan>> ManifestMerger::Finish(int threads) {
     plan->file_index_[r] = static_cast<int64_t>(plan->files_.size());
     plan->files_.push_back({engine::DataFileName(r, 0), ranks_[r].file_bytes});
   }
-  SP_ASSIGN_OR_RETURN(std::vector<Place> places, PlaceTensors(plan.get()));
+  Status over_cap;  // (reported after the tiling: a layout that overlaps is named as such)
+  SP_ASSIGN_OR_RETURN(std::vector<Place> places, PlaceTensors(plan.get(), &over_cap));
   std::vector<uint32_t> ids(plan->chunk_at_.size() - 1);  // merger's order of shards -> plan's
   std::vector<Scratch> scratch(std::max(threads, 1));
   SP_RETURN_IF_ERROR(ParallelFor(tensors_.size(), threads, [&](size_t ti, int w) {
     return LayTensor(static_cast<uint32_t>(ti), places[ti], scratch[w], plan.get(), &ids);
   }));
+  SP_RETURN_IF_ERROR(over_cap);
   plan->rank_first_.reserve(world_ + 1);
   plan->rank_shards_.reserve(ids.size());
   for (const RankInfo& info : ranks_) {
@@ -279,7 +297,8 @@ Result<std::shared_ptr<const MergedPlan>> ManifestMerger::Finish(int threads) {
   return std::shared_ptr<const MergedPlan>(std::move(plan));
 }
 
-Result<std::vector<ManifestMerger::Place>> ManifestMerger::PlaceTensors(MergedPlan* plan) {
+Result<std::vector<ManifestMerger::Place>> ManifestMerger::PlaceTensors(MergedPlan* plan,
+                                                                        Status* over_cap) {
   uint64_t shards = 0, record_bytes = 0;
   for (const Merged& t : tensors_) {
     shards += t.shards;
@@ -304,16 +323,18 @@ Result<std::vector<ManifestMerger::Place>> ManifestMerger::PlaceTensors(MergedPl
   Place next;
   for (uint32_t ti : names) {
     const Merged& t = tensors_[ti];
-    if (t.chunks > kMaxEntries - next.chunk) {
-      return ResourceExhaustedError(fmt::format(
+    if (t.chunks > kMaxEntries - std::min(next.chunk, kMaxEntries) && over_cap->ok()) {
+      *over_cap = ResourceExhaustedError(fmt::format(
           "over {} chunks: the manifest would exceed {} bytes (raise SaveOptions.chunk_bytes)",
           kMaxEntries, format::kMaxManifestFileBytes));
     }
     const uint64_t records = t.shards * format::ShardRecordBytes(t.shape.size());
     // Each section is at most kMaxManifestBodyBytes, as readers require (refused here, at the
     // decision, before any rank writes).
-    if (records + t.chunks * entry > format::kMaxManifestBodyBytes) {
-      return ResourceExhaustedError(fmt::format(
+    if (SaturatingAdd(records, t.chunks > UINT64_MAX / entry ? UINT64_MAX : t.chunks * entry) >
+            format::kMaxManifestBodyBytes &&
+        over_cap->ok()) {
+      *over_cap = ResourceExhaustedError(fmt::format(
           "tensor {:?}: its manifest section would be {} bytes, over the cap of {} (raise "
           "SaveOptions.chunk_bytes)",
           t.name, records + t.chunks * entry, format::kMaxManifestBodyBytes));
@@ -324,7 +345,7 @@ Result<std::vector<ManifestMerger::Place>> ManifestMerger::PlaceTensors(MergedPl
     plan->tensors_.push_back({t.name, t.dtype, t.shape, next.shard, t.shards, next.record, 0});
     next.shard += t.shards;
     next.record += records;
-    next.chunk += t.chunks;
+    next.chunk = SaturatingAdd(next.chunk, t.chunks);
   }
   plan->records_ = std::make_unique_for_overwrite<char[]>(next.record);
   plan->record_bytes_ = next.record;
@@ -582,7 +603,7 @@ Status CheckPlansAgainstDigests(const std::vector<std::string>& plans,
   return ParallelFor(blocks, threads, [&](size_t b, int) -> Status {
     const size_t n = plans.size();
     for (size_t r = n * b / blocks; r < n * (b + 1) / blocks; ++r) {
-      if (!PlanMatchesDigest(plans[r], digests[r]) && plans[r] != digests[r]) {
+      if (!PlanMatchesDigest(plans[r], digests[r])) {
         return InvalidArgumentError(fmt::format(
             "rank {} sent a plan other than the one it sent the digest of (the second round of "
             "SaveCoordinator::Decide must carry the plans of the first's digests)",
@@ -598,14 +619,23 @@ Result<std::shared_ptr<const MergedPlan>> MergePlans(const std::vector<std::stri
   const int world = static_cast<int>(plans.size());
   const size_t parts = static_cast<size_t>(std::clamp(threads, 1, std::max(world, 1)));
   std::vector<ManifestMerger> mergers(parts, ManifestMerger(world));
-  SP_RETURN_IF_ERROR(ParallelFor(parts, threads, [&](size_t p, int) -> Status {
+  const Status parts_added = ParallelFor(parts, threads, [&](size_t p, int) -> Status {
     for (size_t r = plans.size() * p / parts; r < plans.size() * (p + 1) / parts; ++r) {
       SP_RETURN_IF_ERROR(mergers[p].AddPlan(static_cast<int>(r), plans[r]));
     }
     return Status::OK();
-  }));
-  for (size_t p = 1; p < parts; ++p) SP_RETURN_IF_ERROR(mergers[0].Absorb(std::move(mergers[p])));
-  return mergers[0].Finish(threads);
+  });
+  Status joined = parts_added;
+  for (size_t p = 1; p < parts && joined.ok(); ++p)
+    joined = mergers[0].Absorb(std::move(mergers[p]));
+  if (joined.ok()) return mergers[0].Finish(threads);
+  // An error: the one a single merger finds first (a conflict between ranges is found only when
+  // they are joined, after the ranges' own errors).
+  ManifestMerger one(world);
+  for (size_t r = 0; r < plans.size(); ++r) {
+    SP_RETURN_IF_ERROR(one.AddPlan(static_cast<int>(r), plans[r]));
+  }
+  return joined;
 }
 
 }  // namespace savepoint::dist

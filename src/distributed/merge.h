@@ -125,7 +125,8 @@ class ManifestMerger {
   // plan's (adopted when this is the first).
   Status SameSettings(int rank, uint64_t version, bool encrypted, uint64_t chunk_bytes);
   // Places every tensor in name order and sizes the plan's arrays (Finish's first pass).
-  Result<std::vector<Place>> PlaceTensors(MergedPlan* plan);
+  // *over_cap: the first tensor whose chunk entries or section exceed the manifest's caps.
+  Result<std::vector<Place>> PlaceTensors(MergedPlan* plan, Status* over_cap);
   // Checks tensor `ti`'s tiling, then writes its records and chunk offsets at `at` and its shards'
   // indexes in the plan into `ids` (Finish's second pass, one task per tensor).
   Status LayTensor(uint32_t ti, const Place& at, Scratch& scratch, MergedPlan* plan,

@@ -150,7 +150,7 @@ TEST(PlanCacheKey, PlansAndTheirDigestsHaveOneKey) {
 // A one-shard plan of rank 0: tensor "t" of `shape` (U8), the whole box, at `offset` in a file of
 // `file_bytes`.
 std::string OneShardPlan(int64_t elements, uint64_t offset, uint64_t file_bytes,
-                         uint64_t chunk_bytes = 64) {
+                         uint64_t chunk_bytes = 4096) {
   format::Manifest m;
   m.chunk_bytes = chunk_bytes;
   m.files.push_back({"data-00000-00000.spd", file_bytes});
@@ -175,10 +175,10 @@ TEST(ManifestMergerTest, ExtentOutsideItsFileIsRejected) {
 }
 
 TEST(ManifestMergerTest, ManifestBeyondItsCapIsRefusedBeforeAnyAllocation) {
-  // 2^40 one-byte chunks: more entries than a manifest of 4 GiB holds.
-  const int64_t n = int64_t{1} << 40;
+  // 2^42 chunks of 4 KiB: more entries than a manifest of 4 GiB holds.
+  const int64_t n = int64_t{1} << 54;
   dist::ManifestMerger m(1);
-  SP_ASSERT_OK(m.AddPlan(0, OneShardPlan(n, 4096, 4096 + uint64_t(n), 1)));
+  SP_ASSERT_OK(m.AddPlan(0, OneShardPlan(n, 4096, 4096 + uint64_t(n), 4096)));
   EXPECT_THAT(m.Finish().status(), StatusIs(StatusCode::kResourceExhausted, "chunk_bytes"));
   dist::ManifestMerger fine(1);
   SP_ASSERT_OK(fine.AddPlan(0, OneShardPlan(n, 4096, 4096 + uint64_t(n), uint64_t{1} << 30)));
@@ -269,12 +269,12 @@ TEST(PlanCacheKey, SecondDecisionLeavesTheFirst) {
 
 TEST(ManifestMergerTest, ChecksumReportsMustMatchThePlan) {
   dist::ManifestMerger merger(1);
-  SP_ASSERT_OK(merger.AddPlan(0, OneShardPlan(100, 4096, 4196)));
-  auto plan = merger.Finish().value();  // two chunks of 64 bytes
+  SP_ASSERT_OK(merger.AddPlan(0, OneShardPlan(5000, 4096, 9096)));
+  auto plan = merger.Finish().value();  // two chunks of 4096 bytes
   format::Manifest m;
   format::ShardRecord s;
   s.crc32c = {1, 2};
-  m.tensors.push_back({"t", DType::kU8, {100}, {s}});
+  m.tensors.push_back({"t", DType::kU8, {5000}, {s}});
   const std::string good = dist::EncodeCrcs(Status::OK(), m);
   SP_EXPECT_OK(dist::SaveChecksums(plan).Add(0, good));
   m.tensors[0].shards[0].crc32c = {1};
@@ -290,7 +290,7 @@ TEST(ManifestMergerTest, ChecksumReportsMustMatchThePlan) {
   ASSERT_EQ(out.tensors.size(), 1u);
   EXPECT_EQ(out.tensors[0].shards[0].crc32c, (std::vector<uint32_t>{1, 2}));
   EXPECT_EQ(out.tensors[0].shards[0].offset, 4096u);
-  EXPECT_EQ(out.tensors[0].shards[0].sizes, Shape{100});
+  EXPECT_EQ(out.tensors[0].shards[0].sizes, Shape{5000});
 }
 
 // Rank `r`'s plan (or, with `crcs`, its checksum report) in a job of `world` ranks: "w" [2W, 6]
@@ -389,6 +389,17 @@ TEST(MergePlansTest, TheErrorIsTheFirstRanksWhateverTheThreads) {
     plans[4] = JobPlans(kWorld)[4];
     EXPECT_THAT(dist::MergePlans(plans, threads).status(),
                 StatusIs(StatusCode::kInvalidArgument, "rank 10: rank ten's own error"));
+    // Ranks 9..11 write another format version and rank 10 fails on its own: rank 9's version is
+    // the first error in rank order (with 4 threads, found only when ranges are joined).
+    plans = JobPlans(kWorld);
+    for (int r = 9; r < kWorld; ++r) {
+      format::Manifest v1 = JobPlan(r, kWorld, false);
+      v1.version = 1;
+      plans[r] = dist::EncodePlan(Status::OK(), v1);
+    }
+    plans[10] = dist::EncodePlan(InvalidArgumentError("rank ten's own error"), {});
+    EXPECT_THAT(dist::MergePlans(plans, threads).status(),
+                StatusIs(StatusCode::kInvalidArgument, "rank 9 writes format version 1"));
     // Boxes that overlap across ranges.
     plans = JobPlans(kWorld);
     format::Manifest m = JobPlan(9, kWorld, false);

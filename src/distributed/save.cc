@@ -308,9 +308,10 @@ std::string SaveCoordinator::Decide(const std::vector<std::string>& plans) {
     const int threads = dist::CoordinatorThreads(plans.size());
     crypto::Sha256 key;
     if (!c.digests.empty()) {  // the plans the last verdict asked for: the key is the digests'
-      SP_RETURN_IF_ERROR(dist::CheckPlansAgainstDigests(plans, c.digests, threads));
+      const std::vector<std::string> digests_asked = std::move(c.digests);
+      c.digests.clear();  // (a failed second round starts over)
+      SP_RETURN_IF_ERROR(dist::CheckPlansAgainstDigests(plans, digests_asked, threads));
       key = c.digests_key;
-      std::vector<std::string>().swap(c.digests);
     } else {
       key = dist::PlanKey(plans, &digests, threads);
       c.plan = dist::CachedPlan(key);

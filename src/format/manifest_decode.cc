@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <unordered_set>
 
 #include "format/endian.h"
 #include "format/manifest.h"
@@ -72,7 +73,22 @@ Result<Shape> Dims(const Json& obj, const char* key, const Ctx& ctx, std::string
   return out;
 }
 
-// One entry of "files" (an object with exactly a string "name" and an integer "bytes", checked
+// Corruption naming the first entry of `files` (in their order) whose name an earlier one has.
+// Found by sorting the names; the entries are then scanned in order only when one repeats.
+Status CheckRepeats(const std::vector<FileRecord>& files, const Ctx& ctx) {
+  std::vector<std::string_view> names(files.size());
+  for (size_t i = 0; i < names.size(); ++i) names[i] = files[i].name;
+  std::sort(names.begin(), names.end());
+  if (std::adjacent_find(names.begin(), names.end()) == names.end()) return Status::OK();
+  std::unordered_set<std::string_view> seen;
+  for (size_t i = 0;; ++i) {
+    if (!seen.insert(files[i].name).second) {
+      return ctx.Bad(fmt::format("files[{}] repeats {:?}", i, files[i].name));
+    }
+  }
+}
+
+// One entry of "files" (an object with a string "name" and an integer "bytes", checked
 // without building a message unless it is bad: a job of 16,384 ranks has as many).
 bool PlainFileEntry(const Json& j, FileRecord* f) {
   if (!j.is_object()) return false;
@@ -101,28 +117,20 @@ Status DecodeFiles(const Json& root, const Ctx& ctx, Manifest* m) {
   m->files.reserve(files->size());
   for (size_t i = 0; i < files->size(); ++i) {
     FileRecord f;
-    if (!PlainFileEntry((*files)[i], &f)) {  // the first of these fails, saying why
+    if (!PlainFileEntry((*files)[i], &f)) {             // the first of these fails, saying why
+      SP_RETURN_IF_ERROR(CheckRepeats(m->files, ctx));  // (an earlier entry's error first)
       const std::string in = fmt::format("files[{}]", i);
       SP_ASSIGN_OR_RETURN(f.name, Str((*files)[i], "name", ctx, in));
       Status s = ValidateFileName(f.name);
       if (!s.ok()) return s.WithContext(fmt::format("{}: {}", ctx.where, in));
+      for (const FileRecord& earlier : m->files) {
+        if (earlier.name == f.name) return ctx.Bad(fmt::format("{} repeats {:?}", in, f.name));
+      }
       SP_ASSIGN_OR_RETURN(f.bytes, U64((*files)[i], "bytes", ctx, in));
     }
     m->files.push_back(std::move(f));
   }
-  std::vector<std::string_view> names(m->files.size());
-  for (size_t i = 0; i < names.size(); ++i) names[i] = m->files[i].name;
-  std::sort(names.begin(), names.end());
-  auto twice = std::adjacent_find(names.begin(), names.end());
-  if (twice != names.end()) {  // (named at its second entry)
-    const std::string name(*twice);
-    for (size_t i = 0, seen = 0; i < m->files.size(); ++i) {
-      if (m->files[i].name == name && seen++ > 0) {
-        return ctx.Bad(fmt::format("files[{}] repeats {:?}", i, name));
-      }
-    }
-  }
-  return Status::OK();
+  return CheckRepeats(m->files, ctx);
 }
 
 // A stored extent [offset, offset + bytes) must start 4 KiB-aligned after the header and end inside
