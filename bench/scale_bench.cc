@@ -134,6 +134,10 @@ double Median(std::vector<double> v) {
 // Seconds `dd` takes to write and sync `bytes` (in 8 MiB blocks) into `dir`.
 double DdSeconds(const std::string& dir, uint64_t bytes) {
   const std::string file = dir + "/scale-bench-dd";
+  if (std::filesystem::exists(file)) {  // (it is removed afterwards: never someone else's file)
+    fmt::print(stderr, "scale_bench: {} exists: remove it or choose another --dir\n", file);
+    std::exit(1);
+  }
   const std::string cmd = fmt::format("dd if=/dev/zero of={} bs=8M count={} conv=fsync status=none",
                                       file, (bytes + (8 << 20) - 1) / (8 << 20));
   const auto t0 = Clock::now();

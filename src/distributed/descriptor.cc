@@ -8,7 +8,6 @@
 
 #include "distributed/wire.h"
 #include "format/endian.h"
-#include "util/crc32c.h"
 
 namespace savepoint::dist {
 
@@ -75,7 +74,7 @@ namespace {
 
 // The first u64 of a digest message: above every status code, which a plan starts with.
 constexpr uint64_t kDigestMagic = 0x5453454749445053;  // "SPDIGEST", little-endian
-constexpr size_t kDigestBytes = 8 + 32 + 8 + 4;        // magic, SHA-256, size, CRC32C
+constexpr size_t kDigestBytes = 8 + 32;                // magic, SHA-256
 
 crypto::Bytes AsBytes(std::string_view s) { return std::as_bytes(std::span(s)); }
 
@@ -86,16 +85,13 @@ std::string EncodePlanDigest(std::string_view plan) {
   w.U64(kDigestMagic);
   const crypto::Sha256 d = crypto::Sha256Of(AsBytes(plan));
   w.Raw({reinterpret_cast<const char*>(d.data()), d.size()});
-  w.U64(plan.size());
-  w.U32(Crc32c(plan));
   return w.bytes();
 }
 
 bool PlanMatchesDigest(std::string_view plan, std::string_view digest) {
   bool digest_only = false;
   const crypto::Sha256 d = PlanDigest(digest, &digest_only);
-  return digest_only && format::GetU64(digest, 40) == plan.size() &&
-         format::GetU32(digest, 48) == Crc32c(plan) && crypto::Sha256Of(AsBytes(plan)) == d;
+  return digest_only && crypto::Sha256Of(AsBytes(plan)) == d;
 }
 
 crypto::Sha256 PlanDigest(std::string_view message, bool* digest_only) {

@@ -31,13 +31,12 @@ void EncodeStatus(const Status& s, std::string* out);
 Status DecodeStatus(std::string_view bytes, std::string_view where);
 
 // The plan cache's first round (SaveDistributed): instead of its plan, each rank sends the plan's
-// digest (a u64 magic that no status code takes, SHA-256(plan), the plan's size and CRC32C); a
-// coordinator that merged the same plans before decides from them, else its verdict asks for the
-// plans (need_plans).
+// digest (a u64 magic that no status code takes, then SHA-256(plan)); a coordinator that merged
+// the same plans before decides from them, else its verdict asks for the plans (need_plans).
 std::string EncodePlanDigest(std::string_view plan);
-// Whether `plan` is the plan `digest` (EncodePlanDigest) was made of: its size and CRC32C (cheap
-// checks first), then its SHA-256. The second round's check that a rank sent the plan it
-// digested, so that the merge may be cached under the first round's key.
+// Whether `plan` is the plan `digest` (EncodePlanDigest) was made of, by SHA-256: the second
+// round's check that a rank sent the plan it digested, so that the merge may be cached under the
+// first round's key.
 bool PlanMatchesDigest(std::string_view plan, std::string_view digest);
 // The digest a message carries: its SHA-256 for a digest message, else SHA-256 of the plan itself.
 // *digest_only says which.

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -24,21 +25,23 @@ namespace {
 
 // The bytes of a box of `sizes` (nd values) of `dtype`; false on overflow or a negative size.
 bool BoxBytes(DType dtype, const int64_t* sizes, size_t nd, uint64_t* bytes) {
-  for (size_t d = 0; d < nd; ++d) {
-    if (sizes[d] < 0) return false;
-  }
-  if (std::find(sizes, sizes + nd, 0) != sizes + nd) {  // (as NumBytes: no elements, no bytes)
-    *bytes = 0;
-    return true;
-  }
+  if (std::any_of(sizes, sizes + nd, [](int64_t s) { return s < 0; })) return false;
+  *bytes = 0;
+  if (std::find(sizes, sizes + nd, 0) != sizes + nd) return true;  // (as NumBytes: no elements)
   uint64_t n = DTypeSize(dtype);
   for (size_t d = 0; d < nd; ++d) {
-    if (sizes[d] < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(sizes[d]), &n)) {
-      return false;
-    }
+    if (__builtin_mul_overflow(n, static_cast<uint64_t>(sizes[d]), &n)) return false;
   }
   *bytes = n;
   return n <= static_cast<uint64_t>(INT64_MAX);  // (NumBytes' limit)
+}
+
+// Runs fn(first, last) on ranges of [0, n) on `threads` threads (8 ranges per thread, so that an
+// uneven range does not hold the others up); the error of the lowest failing range.
+Status ForRanges(size_t n, int threads, const std::function<Status(size_t, size_t)>& fn) {
+  const size_t ranges = static_cast<size_t>(std::max(threads, 1)) * 8;
+  return ParallelFor(ranges, threads,
+                     [&](size_t b, int) { return fn(n * b / ranges, n * (b + 1) / ranges); });
 }
 
 // The order of `count` flat boxes (2 * nd values each: offsets, then sizes) by their offsets,
@@ -456,9 +459,7 @@ Status SaveChecksums::AddAll(const std::vector<std::string>& reports,
     return InternalError(
         fmt::format("{} checksum reports for {} ranks", reports.size(), plan_->world_));
   }
-  const size_t blocks = static_cast<size_t>(std::max(threads, 1)) * 8;
-  return ParallelFor(blocks, threads, [&](size_t b, int) -> Status {
-    const size_t n = reports.size(), first = n * b / blocks, last = n * (b + 1) / blocks;
+  return ForRanges(reports.size(), threads, [&](size_t first, size_t last) -> Status {
     for (size_t r = first; r < last; ++r) {
       SP_RETURN_IF_ERROR(Add(static_cast<int>(r), reports[r], key_check));
     }
@@ -574,10 +575,8 @@ void CachePlan(const crypto::Sha256& key, std::shared_ptr<const MergedPlan> plan
 crypto::Sha256 PlanKey(const std::vector<std::string>& plans, bool* any_digest, int threads) {
   std::vector<crypto::Sha256> digests(plans.size());
   std::vector<char> digest(plans.size());
-  const size_t blocks = static_cast<size_t>(std::max(threads, 1)) * 8;
-  ParallelFor(blocks, threads, [&](size_t b, int) {
-    const size_t n = plans.size();
-    for (size_t i = n * b / blocks; i < n * (b + 1) / blocks; ++i) {
+  ForRanges(plans.size(), threads, [&](size_t first, size_t last) {
+    for (size_t i = first; i < last; ++i) {
       bool d = false;
       digests[i] = PlanDigest(plans[i], &d);
       digest[i] = d;
@@ -599,10 +598,8 @@ Status CheckPlansAgainstDigests(const std::vector<std::string>& plans,
     return InvalidArgumentError(
         fmt::format("{} plans for {} digests", plans.size(), digests.size()));
   }
-  const size_t blocks = static_cast<size_t>(std::max(threads, 1)) * 8;
-  return ParallelFor(blocks, threads, [&](size_t b, int) -> Status {
-    const size_t n = plans.size();
-    for (size_t r = n * b / blocks; r < n * (b + 1) / blocks; ++r) {
+  return ForRanges(plans.size(), threads, [&](size_t first, size_t last) -> Status {
+    for (size_t r = first; r < last; ++r) {
       if (!PlanMatchesDigest(plans[r], digests[r])) {
         return InvalidArgumentError(fmt::format(
             "rank {} sent a plan other than the one it sent the digest of (the second round of "

@@ -188,8 +188,8 @@ void CachePlan(const crypto::Sha256& key, std::shared_ptr<const MergedPlan> plan
 // each plan's SHA-256 (a plan holds its format version, chunk size, file size and shards), hashed
 // on `threads` threads. *any_digest: whether a message was a digest.
 crypto::Sha256 PlanKey(const std::vector<std::string>& plans, bool* any_digest, int threads = 1);
-// Checks (on `threads` threads) that plans[r] is the plan digests[r] was made of (by size and
-// CRC32C: PlanMatchesDigest), so that the merge of the plans may be cached under the digests' key.
+// Checks (on `threads` threads) that plans[r] is the plan digests[r] was made of
+// (PlanMatchesDigest), so that the merge of the plans may be cached under the digests' key.
 // InvalidArgument naming the first rank whose plan is another.
 Status CheckPlansAgainstDigests(const std::vector<std::string>& plans,
                                 const std::vector<std::string>& digests, int threads);

@@ -194,6 +194,11 @@ TEST(ManifestMergerTest, ExtentMustHoldItsBox) {
   m.tensors.push_back({"t", DType::kU8, {100}, {s}});
   EXPECT_THAT(dist::ManifestMerger(1).AddPlan(0, dist::EncodePlan(Status::OK(), m)),
               StatusIs(StatusCode::kInvalidArgument, "writes 99 bytes for a box of [100]"));
+  // An empty box holds no bytes (whatever its other dimensions), as NumBytes says.
+  SP_EXPECT_OK(dist::ManifestMerger(1).AddPlan(0, OneShardPlan(0, 4096, 4096)));
+  // A chunk size no rank can have (its options are checked) is a malformed plan.
+  EXPECT_THAT(dist::ManifestMerger(1).AddPlan(0, OneShardPlan(100, 4096, 4196, 64)),
+              StatusIs(StatusCode::kInternal, "chunk size 64"));
 }
 
 // 40 shards planned in reverse box order, one chunk each: the manifest lists them in box order,

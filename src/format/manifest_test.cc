@@ -327,6 +327,12 @@ std::vector<Mutation> Mutations() {
       {"FileNameTooLong", [](Json& j) { j["files"][0]["name"] = std::string(256, 'a'); }, kC,
        "file name"},
       {"FileNameDuplicate", [](Json& j) { j["files"].push_back(j["files"][0]); }, kC, "repeats"},
+      {"FileNameDuplicateBeforeABadEntry",
+       [](Json& j) {
+         j["files"].push_back(j["files"][0]);
+         j["files"].push_back(Json{{"name", 7}});
+       },
+       kC, "repeats"},
       {"FileBytesNegative", [](Json& j) { j["files"][0]["bytes"] = -4096; }, kC, "bytes"},
       {"DimHuge", [](Json& j) { TensorAt(j, 1)["shape"] = {k2p62 + 1}; }, kC, "dimension"},
       {"DimNegative", [](Json& j) { TensorAt(j, 1)["shape"] = {-1}; }, kC, "dimension"},
