@@ -3,7 +3,7 @@
 // "Scale").
 //
 //   scale_bench [--ranks 64,1024,4096,16384] [--dir DIR] [--tp 8] [--pp 8] [--load-tp 4]
-//               [--samples 5] [--format-version 3] [--repeats 3]
+//               [--samples 5] [--format-version 4] [--repeats 3]
 //
 // Per world size N, on the layout of bench/scale_layout.h (70B, TP x PP x DP):
 //  1. every simulated rank runs RankSave::Plan on its own tensors (views of one PROT_NONE
@@ -19,9 +19,9 @@
 //     finds the merged plan in the cache; Decide and Commit timed, --repeats times;
 //  3. a few ranks of a load into another layout (TP --load-tp, N / 2 ranks) run
 //     PlanDistributedLoad (open and decode the manifest, plan the reads), timed one by one.
-// --format-version 2 writes the JSON manifest (docs/FORMAT.md §3), 3 the indexed one (§15), which
-// a loading rank reads in parts. DIR/scale-bench-N must not exist; the checkpoint is deleted with
-// DeleteCheckpoint after each N.
+// --format-version 2 writes the JSON manifest (docs/FORMAT.md §3), 3 the indexed one (§15) and 4
+// (the default) the indexed one with compact records (§17), which a loading rank reads in parts.
+// DIR/scale-bench-N must not exist; the checkpoint is deleted with DeleteCheckpoint after each N.
 // Prints one JSON object per N (bench/scale_report.py makes the tables, plot and summary).
 #include <fmt/format.h>
 #include <malloc.h>
@@ -52,7 +52,7 @@ struct Args {
   std::vector<int> ranks = {64, 1024, 4096, 16384};
   std::string dir = "/tmp";
   int tp = 8, pp = 8, load_tp = 4, samples = 5, repeats = 3;
-  uint32_t format_version = 3;
+  uint32_t format_version = 4;
 };
 
 double Seconds(Clock::time_point since) {
@@ -105,6 +105,7 @@ Layout RankState(const scale::Grid& g, int rank, int64_t rows) {
 
 struct Row {
   int ranks = 0;
+  uint32_t format_version = 0;
   uint64_t entries = 0, plan_bytes = 0, report_bytes = 0, manifest_bytes = 0;
   double rank_plan_ms_max = 0, rank_plan_ms_mean = 0, decide_s = 0, commit_s = 0;
   double repeat_decide_s = 0, repeat_commit_s = 0, manifest_dd_s = 0;
@@ -240,17 +241,18 @@ void PlanLoads(const Args& a, int n, const std::string& path, Row* row) {
 
 void Print(const Row& r) {
   fmt::print(
-      "{{\"ranks\": {}, \"entries\": {}, \"plan_bytes\": {}, \"report_bytes\": {}, "
+      "{{\"ranks\": {}, \"format_version\": {}, \"entries\": {}, \"plan_bytes\": {}, "
+      "\"report_bytes\": {}, "
       "\"rank_plan_ms_mean\": {:.3f}, \"rank_plan_ms_max\": {:.3f}, \"decide_s\": {:.3f}, "
       "\"commit_s\": {:.3f}, \"coordinate_s\": {:.3f}, \"repeat_decide_s\": {:.3f}, "
       "\"repeat_commit_s\": {:.3f}, \"repeat_coordinate_s\": {:.3f}, \"manifest_dd_s\": {:.3f}, "
       "\"coordinator_peak_mib\": {:.0f}, "
       "\"manifest_bytes\": {}, \"load_plan_ms\": {:.1f}, \"load_peak_mib\": {:.0f}, "
       "\"error\": \"{}\"}}\n",
-      r.ranks, r.entries, r.plan_bytes, r.report_bytes, r.rank_plan_ms_mean, r.rank_plan_ms_max,
-      r.decide_s, r.commit_s, r.decide_s + r.commit_s, r.repeat_decide_s, r.repeat_commit_s,
-      r.repeat_decide_s + r.repeat_commit_s, r.manifest_dd_s, r.peak_mib, r.manifest_bytes,
-      r.load_plan_ms, r.load_peak_mib, r.error);
+      r.ranks, r.format_version, r.entries, r.plan_bytes, r.report_bytes, r.rank_plan_ms_mean,
+      r.rank_plan_ms_max, r.decide_s, r.commit_s, r.decide_s + r.commit_s, r.repeat_decide_s,
+      r.repeat_commit_s, r.repeat_decide_s + r.repeat_commit_s, r.manifest_dd_s, r.peak_mib,
+      r.manifest_bytes, r.load_plan_ms, r.load_peak_mib, r.error);
   std::fflush(stdout);
 }
 
@@ -306,6 +308,7 @@ int main(int argc, char** argv) {
   for (int n : a.ranks) {
     Row row;
     row.ranks = n;
+    row.format_version = a.format_version;
     std::string path = Save(a, n, &row);
     if (!path.empty()) {
       PlanLoads(a, n, path, &row);

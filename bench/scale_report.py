@@ -1,12 +1,13 @@
 """Tables, plot and summary line of `scripts/bench --scale` (docs/PERFORMANCE.md, "Scale").
 
-    scale_report.py SAVEPOINT_JSONL DCP_JSONL CONTROLLER_JSONL PNG [SAVEPOINT_V2_JSONL]
+    scale_report.py SAVEPOINT_JSONL DCP_JSONL CONTROLLER_JSONL PNG [SAVEPOINT_V2_JSONL
+                    [SAVEPOINT_V3_JSONL]]
 
-Reads the JSON lines of bench/scale_bench.cc (format version 3, and optionally version 2),
+Reads the JSON lines of bench/scale_bench.cc (format version 4, and optionally versions 2 and 3),
 bench/scale_dcp.py and bench/controller_scale_bench.cc (any may be empty), prints one table each,
 writes the curves (coordination time, of a first save and of a save of the same layout again,
 coordinator memory, manifest size, one rank's load planning against the rank count: savepoint with
-each manifest, and DCP) as a PNG, and ends with the `scale:` line of the largest version 3 run
+each manifest, and DCP) as a PNG, and ends with the `scale:` line of the largest version 4 run
 (its first save).
 """
 
@@ -30,7 +31,7 @@ def table(title, data, cols):
         print("  ".join(cells))
 
 
-def plot(sp, sp2, dcp, png):
+def plot(sp, sp2, sp3, dcp, png):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,24 +40,30 @@ def plot(sp, sp2, dcp, png):
     fig, ax = plt.subplots(2, 2, figsize=(11, 8))
     ok = [r for r in sp if not r.get("error")]
     ok2 = [r for r in sp2 if not r.get("error")]
-    v3, v2 = "savepoint (format 3)", "savepoint (format 2, JSON)"
+    ok3 = [r for r in sp3 if not r.get("error")]
+    v4, v3 = "savepoint (format 4)", "savepoint (format 3)"
+    v2 = "savepoint (format 2, JSON)"
     panels = [
-        (ax[0][0], "coordination of one save (s)", [(v3, ok, "coordinate_s", 1),
-                                                    (v3 + ", same layout again", ok,
+        (ax[0][0], "coordination of one save (s)", [(v4, ok, "coordinate_s", 1),
+                                                    (v4 + ", same layout again", ok,
                                                      "repeat_coordinate_s", 1),
-                                                    ("dd of the v3 MANIFEST's bytes", ok,
+                                                    ("dd of the v4 MANIFEST's bytes", ok,
                                                      "manifest_dd_s", 1),
+                                                    (v3, ok3, "coordinate_s", 1),
                                                     (v2, ok2, "coordinate_s", 1),
                                                     ("DCP", dcp, "coordinate_s", 1)]),
-        (ax[0][1], "coordinator memory (MiB)", [(v3 + " peak", sp, "coordinator_peak_mib", 1),
+        (ax[0][1], "coordinator memory (MiB)", [(v4 + " peak", sp, "coordinator_peak_mib", 1),
+                                                (v3 + " peak", sp3, "coordinator_peak_mib", 1),
                                                 (v2 + " peak", sp2, "coordinator_peak_mib", 1),
                                                 ("DCP peak growth", dcp,
                                                  "coordinator_peak_growth_mib", 1)]),
-        (ax[1][0], "manifest / metadata (MiB)", [(v3, ok, "manifest_bytes", 1 / 2**20),
+        (ax[1][0], "manifest / metadata (MiB)", [(v4, ok, "manifest_bytes", 1 / 2**20),
+                                                 (v3, ok3, "manifest_bytes", 1 / 2**20),
                                                  (v2, ok2, "manifest_bytes", 1 / 2**20),
                                                  ("DCP .metadata", dcp, "metadata_bytes",
                                                   1 / 2**20)]),
-        (ax[1][1], "one rank's load planning (ms)", [(v3, ok, "load_plan_ms", 1),
+        (ax[1][1], "one rank's load planning (ms)", [(v4, ok, "load_plan_ms", 1),
+                                                     (v3, ok3, "load_plan_ms", 1),
                                                      (v2, ok2, "load_plan_ms", 1),
                                                      ("DCP", dcp, "load_plan_ms", 1)]),
     ]
@@ -80,13 +87,16 @@ def plot(sp, sp2, dcp, png):
 def main(argv):
     sp, dcp, ctl = rows(argv[1]), rows(argv[2]), rows(argv[3])
     sp2 = rows(argv[5]) if len(argv) > 5 else []
+    sp3 = rows(argv[6]) if len(argv) > 6 else []
     cols = [("ranks", 6, "d"), ("entries", 9, "d"), ("plan_bytes", 11, "d"),
             ("rank_plan_ms_mean", 9, ".2f"), ("decide_s", 8, ".2f"), ("commit_s", 8, ".2f"),
             ("coordinate_s", 12, ".2f"), ("repeat_coordinate_s", 12, ".2f"),
             ("manifest_dd_s", 13, ".2f"), ("coordinator_peak_mib", 8, ".0f"),
             ("manifest_bytes", 12, "d"),
             ("load_plan_ms", 10, ".1f"), ("error", 5, "")]
-    table("savepoint, format version 3 (bench/scale_bench)", sp, cols)
+    table("savepoint, format version 4 (bench/scale_bench)", sp, cols)
+    if sp3:
+        table("savepoint, format version 3 (bench/scale_bench --format-version 3)", sp3, cols)
     if sp2:
         table("savepoint, format version 2 (bench/scale_bench --format-version 2)", sp2, cols)
     table("PyTorch DCP default planners (bench/scale_dcp.py)", dcp, [
@@ -99,7 +109,7 @@ def main(argv):
         ("stopped_ranks", 7, "d")])
     if sp or dcp:
         try:
-            plot(sp, sp2, dcp, argv[4])
+            plot(sp, sp2, sp3, dcp, argv[4])
         except ImportError:
             print("\nplot: matplotlib is missing (scripts/bench --scale installs it)")
     if sp:

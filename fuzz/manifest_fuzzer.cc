@@ -2,11 +2,13 @@
 // parses from an untrusted checkpoint. Two modes per input:
 //  - the input as a whole MANIFEST file (header + body), and
 //  - the input as a JSON body, re-framed with a valid header and CRCs (checkpoint id 42, i.e.
-//    "000000000000002a" in the body) as format versions 1, 2 and 3 (for version 3 the input is the
-//    head, with no sections after it), so mutations reach the validator of each version's rules
-//    instead of stopping at the checksum. Whole version 3 files (corpus/manifest/v3_*) reach the
-//    binary sections (src/format/manifest_index.cc), whole and read in parts as a distributed
-//    load reads them (the head, then each section keeping the shards that meet a box).
+//    "000000000000002a" in the body) as format versions 1 to 4 (for versions 3 and 4 the input is
+//    the head, with no sections after it), so mutations reach the validator of each version's
+//    rules instead of stopping at the checksum. Whole indexed files (corpus/manifest/v3_*, v4_*)
+//    reach the binary sections (src/format/manifest_index.cc), whole and read in parts as a
+//    distributed load reads them (the head, then each section keeping the shards that meet a
+//    box); read in parts a second time with every checksum made right, so that mutated records
+//    (version 4's varints) reach the record decoder.
 // Any input must give OK or a clean error: no crash, no sanitizer report, no huge allocation.
 // A decoded manifest is re-encoded and must decode again to the same JSON.
 #include <cstddef>
@@ -44,8 +46,9 @@ void Check(std::string_view bytes) {
   if (!m2.ok() || format::ManifestToJson(*m2) != format::ManifestToJson(*m)) std::abort();
 }
 
-// A version 3 input read in parts: the head, then each section with a box made of input bytes.
-void CheckParts(std::string_view bytes) {
+// An indexed input read in parts: the head, then each section with a box made of input bytes
+// (with `refit`: the header's and head's CRC32Cs set right first, and each section's in the head).
+void CheckParts(std::string_view bytes, bool refit) {
   Result<uint64_t> head = format::IndexedHeadBytes(bytes, "fuzz");
   if (!head.ok() || *head == 0 || *head > bytes.size()) return;
   Result<format::ManifestHead> h =
@@ -59,9 +62,26 @@ void CheckParts(std::string_view bytes) {
       box.sizes[d] = 1 + static_cast<uint8_t>(bytes[(d + 1) % bytes.size()]);
     }
     const std::vector<format::Box> keep{box};
-    const format::SectionRef& r = h->sections[i];
-    (void)format::DecodeTensorSection(bytes.substr(r.offset, r.bytes), &*h, i, &keep, "fuzz");
+    format::SectionRef& r = h->sections[i];
+    const std::string_view section = bytes.substr(r.offset, r.bytes);
+    if (refit) r.crc32c = Crc32c(section);
+    (void)format::DecodeTensorSection(section, &*h, i, &keep, "fuzz");
+    if (refit) (void)format::DecodeTensorSection(section, &*h, i, nullptr, "fuzz");
   }
+}
+
+// `bytes` with the header's body CRC (of the head, when the header's body size fits) and the
+// header's own CRC recomputed.
+std::string Refit(std::string_view bytes) {
+  std::string out(bytes);
+  if (out.size() < format::kManifestHeaderBytes) return out;
+  const uint64_t body = format::GetU64(out, 16);
+  if (body <= out.size() - format::kManifestHeaderBytes) {
+    format::PutU32(&out, 32,
+                   Crc32c(std::string_view(out).substr(format::kManifestHeaderBytes, body)));
+  }
+  format::PutU32(&out, 60, Crc32c(std::string_view(out).substr(0, 60)));
+  return out;
 }
 
 }  // namespace
@@ -69,7 +89,8 @@ void CheckParts(std::string_view bytes) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view input(reinterpret_cast<const char*>(data), size);
   Check(input);
-  CheckParts(input);
+  CheckParts(input, false);
+  CheckParts(Refit(input), true);
   for (uint32_t v = format::kMinFormatVersion; v <= format::kMaxFormatVersion; ++v) {
     Check(Frame(input, v));
   }

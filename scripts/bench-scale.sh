@@ -7,7 +7,7 @@
 #
 #   --ranks      world sizes of bench/scale_bench (savepoint's save coordination and load planning,
 #                through the real code; ~6 GiB of memory at 16,384), run with the indexed manifest
-#                (format version 3) and with the JSON one (version 2)
+#                of compact records (format version 4), of fixed ones (3) and with the JSON one (2)
 #   --dcp-ranks  world sizes of bench/scale_dcp.py, PyTorch DCP's default planners on the same
 #                layout (minutes per point beyond 1,024 ranks: DCP's planning is pure Python);
 #                "none" skips it
@@ -39,12 +39,16 @@ python=$(scripts/venv)
 NINJA_TARGETS="scale_bench controller_scale_bench savepoint_cli" scripts/build "$build_dir" \
   -DSAVEPOINT_BUILD_PYTHON=ON -DPython_EXECUTABLE="$python" -DSAVEPOINT_PYTHON="$python" >&2
 mkdir -p "$out"
-: > "$out/savepoint.jsonl"; : > "$out/savepoint-v2.jsonl"; : > "$out/dcp.jsonl"
+: > "$out/savepoint.jsonl"; : > "$out/savepoint-v2.jsonl"; : > "$out/savepoint-v3.jsonl"
+: > "$out/dcp.jsonl"
 : > "$out/controller.jsonl"
 echo "== machine: $(nproc) cpus, $(awk '/MemTotal/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)"
+echo "== savepoint: bench/scale_bench --ranks $ranks --format-version 4"
+"$build_dir/bench/scale_bench" --ranks "$ranks" --dir "$out" --format-version 4 |
+  tee "$out/savepoint.jsonl"
 echo "== savepoint: bench/scale_bench --ranks $ranks --format-version 3"
 "$build_dir/bench/scale_bench" --ranks "$ranks" --dir "$out" --format-version 3 |
-  tee "$out/savepoint.jsonl"
+  tee "$out/savepoint-v3.jsonl"
 echo "== savepoint: bench/scale_bench --ranks $ranks --format-version 2"
 "$build_dir/bench/scale_bench" --ranks "$ranks" --dir "$out" --format-version 2 |
   tee "$out/savepoint-v2.jsonl"
@@ -58,4 +62,4 @@ if [ "$agents" != none ]; then
     --agents "$agents" | tee "$out/controller.jsonl"
 fi
 "$python" bench/scale_report.py "$out/savepoint.jsonl" "$out/dcp.jsonl" "$out/controller.jsonl" \
-  "$out/scale.png" "$out/savepoint-v2.jsonl"
+  "$out/scale.png" "$out/savepoint-v2.jsonl" "$out/savepoint-v3.jsonl"

@@ -46,11 +46,12 @@ SaveOptions MakeSaveOptions(bool overwrite, bool create_parents, const Compressi
 nb::dict SaveSync(const std::string& path, const std::vector<TensorSpec>& tensors,
                   const std::vector<ValueSpec>& values, const std::string& metadata, bool overwrite,
                   bool create_parents, bool direct_io, int io_threads, uint64_t chunk_bytes,
-                  const CompressionSpec& compression, nb::handle key) {
+                  const CompressionSpec& compression, nb::handle key, uint32_t format_version) {
   State state = MakeState(tensors, values, metadata);
   SaveStats stats;
   SaveOptions o = MakeSaveOptions(overwrite, create_parents, compression, key);
   o.chunk_bytes = chunk_bytes;
+  o.format_version = format_version;
   o.stats = &stats;
   Status s;
   {
@@ -144,7 +145,7 @@ void BindSave(nb::module_& m) {
         nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"), nb::arg("direct_io"),
         nb::arg("io_threads"), nb::arg("chunk_bytes"),
         nb::arg("compression") = CompressionSpec("none", "auto", 1),
-        nb::arg("key").none() = nb::none(),
+        nb::arg("key").none() = nb::none(), nb::arg("format_version") = SaveOptions{}.format_version,
         "Saves borrowed tensors + values (GIL released); returns SaveStats as a dict. key: None, "
         "bytes, a key file path or a callable (SaveOptions::key).");
 

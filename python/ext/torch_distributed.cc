@@ -128,7 +128,8 @@ nb::dict SaveDistributedPy(nb::object comm, const std::string& path,
                            const std::map<std::string, BoxSpec>& boxes,
                            const std::vector<ValueSpec>& values, const std::string& metadata,
                            bool overwrite, bool create_parents, uint64_t chunk_bytes,
-                           int io_threads, bool direct_io, double timeout_s, nb::handle key) {
+                           int io_threads, bool direct_io, double timeout_s, nb::handle key,
+                           uint32_t format_version) {
   State state = MakeState(tensors, values, metadata);
   ShardLayout layout = MakeLayout(boxes);
   SaveStats stats;
@@ -136,6 +137,7 @@ nb::dict SaveDistributedPy(nb::object comm, const std::string& path,
   o.save.overwrite = overwrite;
   o.save.create_parents = create_parents;
   o.save.chunk_bytes = chunk_bytes;
+  o.save.format_version = format_version;
   o.save.key = KeyFromPython(key, "savepoint.save key");
   o.save.stats = &stats;
   o.timeout = TimeoutFromSeconds(timeout_s);
@@ -202,7 +204,7 @@ void BindTorchDistributed(nb::module_& m) {
         nb::arg("tensors"), nb::arg("boxes"), nb::arg("values"), nb::arg("metadata"),
         nb::arg("overwrite"), nb::arg("create_parents"), nb::arg("chunk_bytes"),
         nb::arg("io_threads"), nb::arg("direct_io"), nb::arg("timeout_s"),
-        nb::arg("key").none() = nb::none(),
+        nb::arg("key").none() = nb::none(), nb::arg("format_version") = SaveOptions{}.format_version,
         "SaveDistributed of borrowed tensors (GIL released; the communicator `comm` takes it "
         "back for each collective); boxes: {name: (global_shape, offsets, sizes, replicas)}. "
         "Returns this rank's SaveStats.");

@@ -290,13 +290,15 @@ def _describe_difference(signatures):
 
 
 def save(obj, path, process_group, *, async_, overwrite, metadata, io_threads, chunk_bytes,
-         direct_io, create_parents, key, timeout, verify_replicas=True):  # fmt: skip
+         direct_io, create_parents, key, timeout, verify_replicas=True,
+         format_version=2):  # fmt: skip
     """savepoint.save(..., process_group=pg): see savepoint.save."""
     group = _Group(process_group, "async" if async_ else "sync")
     job = _SaveJob(group, os.fspath(path), float(timeout), bool(verify_replicas), dict(
         overwrite=overwrite, create_parents=create_parents, chunk_bytes=chunk_bytes,
         io_threads=io_threads, direct_io=direct_io, timeout_s=float(timeout),
-        key=_keys.normalize(key, "savepoint.save: key")))  # fmt: skip
+        key=_keys.normalize(key, "savepoint.save: key"),
+        format_version=int(format_version)))  # fmt: skip
     try:
         flattener = _ShardFlattener(group)
         flattener.cuda_in_place = True  # CUDA shards: copied through pinned memory (snapshot)

@@ -155,8 +155,8 @@ TEST(DistributedTest, RandomLayoutsSaveNLoadM) {
     auto save_layouts = job.Layouts(n, rng);
     CountingFs fs(&mem);
     DistributedSaveOptions o;
-    // Packed small shards, the classic layout, and the indexed manifest.
-    const uint32_t version = std::array<uint32_t, 3>{2, 1, 3}[iter % 3];
+    // Packed small shards, the classic layout, and the indexed manifest (fixed and compact).
+    const uint32_t version = std::array<uint32_t, 4>{2, 1, 3, 4}[iter % 4];
     o.save = SaveOptions{.chunk_bytes = 4096, .format_version = version};
     SCOPED_TRACE(
         fmt::format("iteration {}: {} ranks -> {} ranks, format version {}", iter, n, m, version));
@@ -242,7 +242,11 @@ TEST(DistributedTest, ReadPlanNamesOnlyNeededFiles) {
 
 // A version 3 manifest is read in parts: a load's reader holds only the shards that overlap its
 // boxes, and only of the tensors it loads; the load and the plan are those of a whole read.
-TEST(DistributedTest, IndexedManifestIsReadInParts) {
+class IndexedManifest : public ::testing::TestWithParam<uint32_t> {};
+
+INSTANTIATE_TEST_SUITE_P(Versions, IndexedManifest, ::testing::Values(3u, 4u));
+
+TEST_P(IndexedManifest, IsReadInParts) {
   MemFileSystem mem;
   Job job;
   for (const char* name : {"w", "v"}) {
@@ -255,7 +259,7 @@ TEST(DistributedTest, IndexedManifestIsReadInParts) {
     for (const char* name : {"w", "v"}) save[r][name] = SplitDim({64, 1024}, 0, 8, r).value();
   }
   DistributedSaveOptions o;
-  o.save = SaveOptions{.chunk_bytes = 4096, .format_version = 3};
+  o.save = SaveOptions{.chunk_bytes = 4096, .format_version = GetParam()};
   SP_ASSERT_OK(SaveJob(job, save, "/ckpt", o, {.fs = &mem, .direct_io = false}));
   // Rows 20..30 of "w": the shards of ranks 2 (16..24) and 3 (24..32).
   ShardLayout want{{"w", ShardSpec{{64, 1024}, {20, 0}, {10, 1024}, {}}}};

@@ -36,6 +36,14 @@ bool BoxBytes(DType dtype, const int64_t* sizes, size_t nd, uint64_t* bytes) {
   return n <= static_cast<uint64_t>(INT64_MAX);  // (NumBytes' limit)
 }
 
+// The error for a tensor whose manifest section would be `bytes` bytes, over the readers' cap.
+Status SectionOverCap(const std::string& tensor, uint64_t bytes) {
+  return ResourceExhaustedError(
+      fmt::format("tensor {:?}: its manifest section would be {} bytes, over the cap of {} (raise "
+                  "SaveOptions.chunk_bytes)",
+                  tensor, bytes, format::kMaxManifestBodyBytes));
+}
+
 // Runs fn(first, last) on ranges of [0, n) on `threads` threads (8 ranges per thread, so that an
 // uneven range does not hold the others up); the error of the lowest failing range.
 Status ForRanges(size_t n, int threads, const std::function<Status(size_t, size_t)>& fn) {
@@ -45,7 +53,9 @@ Status ForRanges(size_t n, int threads, const std::function<Status(size_t, size_
 }
 
 // The order of `count` flat boxes (2 * nd values each: offsets, then sizes) by their offsets,
-// then sizes. Ranks usually send them in that order already, which is checked first.
+// then sizes. Ranks usually send them in that order already, which is checked first. Boxes of one
+// or two dimensions whose offsets fit a 64-bit key (the offsets, 32 bits each for two) are sorted
+// by that key, ties by the whole box; others by the whole box.
 std::vector<uint32_t> BoxOrder(const int64_t* b, size_t count, size_t nd) {
   std::vector<uint32_t> order(count);
   std::iota(order.begin(), order.end(), 0u);
@@ -53,9 +63,25 @@ std::vector<uint32_t> BoxOrder(const int64_t* b, size_t count, size_t nd) {
   auto less = [&](uint32_t x, uint32_t y) {
     return std::lexicographical_compare(b + w * x, b + w * (x + 1), b + w * y, b + w * (y + 1));
   };
-  if (!std::is_sorted(order.begin(), order.end(), less)) {
-    std::sort(order.begin(), order.end(), less);
+  if (std::is_sorted(order.begin(), order.end(), less)) return order;
+  const int64_t limit = nd == 1 ? INT64_MAX : INT64_C(0xffffffff);
+  bool keyed = nd == 1 || nd == 2;
+  for (size_t k = 0; k < count && keyed; ++k) {
+    for (size_t d = 0; d < nd; ++d) keyed = keyed && b[w * k + d] >= 0 && b[w * k + d] <= limit;
   }
+  if (!keyed) {
+    std::sort(order.begin(), order.end(), less);
+    return order;
+  }
+  std::vector<std::pair<uint64_t, uint32_t>> keys(count);
+  for (uint32_t k = 0; k < count; ++k) {
+    const auto o0 = static_cast<uint64_t>(b[w * k]);
+    keys[k] = {nd == 1 ? o0 : (o0 << 32 | static_cast<uint64_t>(b[w * k + 1])), k};
+  }
+  std::sort(keys.begin(), keys.end(), [&](const auto& x, const auto& y) {
+    return x.first != y.first ? x.first < y.first : less(x.second, y.second);
+  });
+  for (size_t i = 0; i < count; ++i) order[i] = keys[i].second;
   return order;
 }
 
@@ -266,6 +292,8 @@ struct ManifestMerger::Scratch {
   std::vector<int64_t> boxes;
   std::vector<uint32_t> ranks;
   std::vector<std::pair<uint64_t, uint64_t>> extents;  // (offset, bytes)
+  std::unique_ptr<char[]> out;  // records as encoded, before they are copied to their tensor
+  uint64_t out_bytes = 0;
 };
 
 Result<std::shared_ptr<const MergedPlan>> ManifestMerger::Finish(int threads) {
@@ -283,29 +311,40 @@ Result<std::shared_ptr<const MergedPlan>> ManifestMerger::Finish(int threads) {
   }
   Status over_cap;  // (reported after the tiling: a layout that overlaps is named as such)
   SP_ASSIGN_OR_RETURN(std::vector<Place> places, PlaceTensors(plan.get(), &over_cap));
-  std::vector<uint32_t> ids(plan->chunk_at_.size() - 1);  // merger's order of shards -> plan's
+  // Per shard, in the merger's order: its chunk entries (first, count) in the plan.
+  std::vector<ChunkSpan> spans(plan->chunk_at_.size() - 1);
   std::vector<Scratch> scratch(std::max(threads, 1));
+  const bool lay = over_cap.ok();  // (else only the tiling is checked: the error comes first)
   SP_RETURN_IF_ERROR(ParallelFor(tensors_.size(), threads, [&](size_t ti, int w) {
-    return LayTensor(static_cast<uint32_t>(ti), places[ti], scratch[w], plan.get(), &ids);
+    return LayTensor(static_cast<uint32_t>(ti), places[ti], lay, scratch[w], plan.get(), &spans);
   }));
   SP_RETURN_IF_ERROR(over_cap);
+  SP_RETURN_IF_ERROR(CheckSections(*plan));
   plan->rank_first_.reserve(world_ + 1);
-  plan->rank_shards_.reserve(ids.size());
+  plan->rank_chunks_.reserve(spans.size());
   for (const RankInfo& info : ranks_) {
-    plan->rank_first_.push_back(plan->rank_shards_.size());
-    for (auto [t, k] : info.shards) plan->rank_shards_.push_back(ids[places[t].id + k]);
+    plan->rank_first_.push_back(plan->rank_chunks_.size());
+    for (auto [t, k] : info.shards) plan->rank_chunks_.push_back(spans[places[t].id + k]);
   }
-  plan->rank_first_.push_back(plan->rank_shards_.size());
+  plan->rank_first_.push_back(plan->rank_chunks_.size());
   *this = ManifestMerger(0);
   return std::shared_ptr<const MergedPlan>(std::move(plan));
 }
 
+// The fewest bytes the records of `shards` shards of `ndim` dimensions take in format `version`
+// (exact below version 4).
+uint64_t LeastRecordBytes(uint32_t version, uint64_t shards, size_t ndim) {
+  return shards * (version >= format::kCompactFormatVersion ? format::MinCompactRecordBytes(ndim)
+                                                            : format::ShardRecordBytes(ndim));
+}
+
 Result<std::vector<ManifestMerger::Place>> ManifestMerger::PlaceTensors(MergedPlan* plan,
                                                                         Status* over_cap) {
+  const auto version = static_cast<uint32_t>(version_);
   uint64_t shards = 0, record_bytes = 0;
   for (const Merged& t : tensors_) {
     shards += t.shards;
-    record_bytes += t.shards * format::ShardRecordBytes(t.shape.size());
+    record_bytes += LeastRecordBytes(version, t.shards, t.shape.size());
   }
   // A manifest holds at most kMaxManifestFileBytes: more records and chunk entries cannot be
   // written (and are not allocated).
@@ -323,6 +362,7 @@ Result<std::vector<ManifestMerger::Place>> ManifestMerger::PlaceTensors(MergedPl
   for (size_t i = 1; i < tensors_.size(); ++i) {
     places[i].id = places[i - 1].id + tensors_[i - 1].shards;
   }
+  plan->tensors_.reserve(tensors_.size());
   Place next;
   for (uint32_t ti : names) {
     const Merged& t = tensors_[ti];
@@ -331,34 +371,31 @@ Result<std::vector<ManifestMerger::Place>> ManifestMerger::PlaceTensors(MergedPl
           "over {} chunks: the manifest would exceed {} bytes (raise SaveOptions.chunk_bytes)",
           kMaxEntries, format::kMaxManifestFileBytes));
     }
-    const uint64_t records = t.shards * format::ShardRecordBytes(t.shape.size());
-    // Each section is at most kMaxManifestBodyBytes, as readers require (refused here, at the
-    // decision, before any rank writes).
-    if (SaturatingAdd(records, t.chunks > UINT64_MAX / entry ? UINT64_MAX : t.chunks * entry) >
-            format::kMaxManifestBodyBytes &&
-        over_cap->ok()) {
-      *over_cap = ResourceExhaustedError(fmt::format(
-          "tensor {:?}: its manifest section would be {} bytes, over the cap of {} (raise "
-          "SaveOptions.chunk_bytes)",
-          t.name, records + t.chunks * entry, format::kMaxManifestBodyBytes));
+    const uint64_t section =
+        SaturatingAdd(LeastRecordBytes(version, t.shards, t.shape.size()),
+                      t.chunks > UINT64_MAX / entry ? UINT64_MAX : t.chunks * entry);
+    if (section > format::kMaxManifestBodyBytes && over_cap->ok()) {
+      *over_cap = SectionOverCap(t.name, section);
     }
     next.index = plan->tensors_.size();
     next.id = places[ti].id;
     places[ti] = next;
-    plan->tensors_.push_back({t.name, t.dtype, t.shape, next.shard, t.shards, next.record, 0});
+    MergedPlan::Tensor& laid = plan->tensors_.emplace_back();
+    laid.name = t.name;
+    laid.dtype = t.dtype;
+    laid.shape = t.shape;
+    laid.first_shard = next.shard;
+    laid.shards = t.shards;
     next.shard += t.shards;
-    next.record += records;
     next.chunk = SaturatingAdd(next.chunk, t.chunks);
   }
-  plan->records_ = std::make_unique_for_overwrite<char[]>(next.record);
-  plan->record_bytes_ = next.record;
   plan->chunk_at_.resize(next.shard + 1);
   plan->chunk_at_.back() = next.chunk;
   return places;
 }
 
-Status ManifestMerger::LayTensor(uint32_t ti, const Place& at, Scratch& scratch, MergedPlan* plan,
-                                 std::vector<uint32_t>* ids) {
+Status ManifestMerger::LayTensor(uint32_t ti, const Place& at, bool lay, Scratch& scratch,
+                                 MergedPlan* plan, std::vector<ChunkSpan>* spans) {
   Merged& t = tensors_[ti];
   const size_t nd = t.shape.size(), n = t.shards;
   scratch.boxes.resize(2 * nd * n);
@@ -384,20 +421,49 @@ Status ManifestMerger::LayTensor(uint32_t ti, const Place& at, Scratch& scratch,
   Status s = format::CheckFlatTiling(t.shape, scratch.boxes.data(), n, "sharded save",
                                      fmt::format("tensor {:?}", t.name));
   if (!s.ok()) return InvalidArgumentError(s.message());
-  char* out = plan->records_.get() + at.record;
+  if (!lay) return Status::OK();
+  format::RecordEncoder encoder(plan->version_, nd);
+  if (const uint64_t most = n * encoder.MaxBytes(); most > scratch.out_bytes) {
+    scratch.out = std::make_unique_for_overwrite<char[]>(most);
+    scratch.out_bytes = most;
+  }
+  char* out = scratch.out.get();
   uint64_t shard = at.shard, chunk = at.chunk;
   for (uint32_t k : BoxOrder(scratch.boxes.data(), n, nd)) {
     const auto [offset, bytes] = scratch.extents[k];
     const int64_t* b = scratch.boxes.data() + 2 * nd * k;
-    (*ids)[at.id + k] = static_cast<uint32_t>(shard);
+    const uint64_t chunks = format::NumChunks(bytes, chunk_bytes_);
+    // (Laid only within the caps: fewer than 2^30 chunk entries in all.)
+    (*spans)[at.id + k] = {static_cast<uint32_t>(chunk), static_cast<uint32_t>(chunks)};
     plan->chunk_at_[shard++] = chunk;
-    chunk += format::NumChunks(bytes, chunk_bytes_);
+    chunk += chunks;
     const auto file = static_cast<uint32_t>(plan->file_index_[scratch.ranks[k]]);
-    out = format::WriteShardRecord({b, b + nd, nd, offset, bytes, file}, out);
+    out = encoder.Write({b, b + nd, nd, offset, bytes, file}, out);
   }
   MergedPlan::Tensor& laid = plan->tensors_[at.index];
-  laid.records_crc =
-      Crc32c(plan->records().substr(at.record, out - plan->records_.get() - at.record));
+  laid.record_bytes = static_cast<uint64_t>(out - scratch.out.get());
+  laid.records = std::make_unique_for_overwrite<char[]>(laid.record_bytes);
+  std::memcpy(laid.records.get(), scratch.out.get(), laid.record_bytes);
+  laid.records_crc = Crc32c(laid.view());
+  return Status::OK();
+}
+
+Status ManifestMerger::CheckSections(const MergedPlan& plan) {
+  const uint64_t entry = format::ChunkEntryBytes(false, plan.encrypted_);
+  uint64_t total = 0;  // (each section <= 256 MiB, at most 2^24 tensors: no overflow)
+  for (const MergedPlan::Tensor& t : plan.tensors_) {
+    const uint64_t chunks =
+        plan.chunk_at_[t.first_shard + t.shards] - plan.chunk_at_[t.first_shard];
+    const uint64_t section = t.record_bytes + chunks * entry;  // (PlaceTensors capped chunks)
+    if (section > format::kMaxManifestBodyBytes) return SectionOverCap(t.name, section);
+    total += section;
+  }
+  if (total > format::kMaxManifestFileBytes) {
+    return ResourceExhaustedError(
+        fmt::format("the manifest's sections would be {} bytes, over the cap of {} (raise "
+                    "SaveOptions.chunk_bytes)",
+                    total, format::kMaxManifestFileBytes));
+  }
   return Status::OK();
 }
 
@@ -433,8 +499,7 @@ Status SaveChecksums::Add(int rank, std::string_view bytes, const format::KeyChe
     const uint64_t first = p.rank_first_[rank], last = p.rank_first_[rank + 1];
     if (n != last - first) return InternalError("shard count differs from plan");
     for (uint64_t i = first; i < last; ++i) {
-      const uint32_t id = p.rank_shards_[i];
-      const uint64_t at = p.chunk_at_[id], chunks = p.chunk_at_[id + 1] - at;
+      const auto [at, chunks] = p.rank_chunks_[i];
       SP_ASSIGN_OR_RETURN(uint64_t k, r.VCount(4));
       if (k != chunks) return InternalError("bad chunk count");
       SP_ASSIGN_OR_RETURN(std::string_view crcs, r.Raw(4 * k));  // (little-endian: wire.h)
@@ -478,8 +543,8 @@ void SaveChecksums::TakeInto(format::Manifest* m) const {
     rec.dtype = t.dtype;
     rec.shape = t.shape;
     const size_t nd = t.shape.size(), size = format::ShardRecordBytes(nd);
-    for (uint64_t k = 0; k < t.shards; ++k) {  // back from the records (written by Lay)
-      const std::string_view b = p.records().substr(t.record_at + k * size, size);
+    for (uint64_t k = 0; k < t.shards; ++k) {  // back from the records (of version 3: LayTensor)
+      const std::string_view b = t.view().substr(k * size, size);
       format::ShardRecord& s = rec.shards.emplace_back();
       for (size_t d = 0; d < nd; ++d) {
         s.offsets.push_back(static_cast<int64_t>(format::GetU64(b, 8 * d)));
@@ -511,8 +576,7 @@ std::vector<std::string_view> SaveChecksums::EncodeIndexed(format::Manifest* m,
   m->tensors.reserve(p.tensors_.size());
   *largest_section = 0;
   for (const MergedPlan::Tensor& t : p.tensors_) {
-    const std::string_view records =
-        p.records().substr(t.record_at, t.shards * format::ShardRecordBytes(t.shape.size()));
+    const std::string_view records = t.view();
     const uint64_t first = p.chunk_at_[t.first_shard], end = p.chunk_at_[t.first_shard + t.shards];
     if (!encrypted) {  // an entry is its CRC32C, little-endian (the hosts' order: format/endian.h)
       const std::string_view entries(reinterpret_cast<const char*>(crcs_.data() + first),

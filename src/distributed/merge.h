@@ -3,8 +3,9 @@
 // the plan cache, so that a save whose plans are those of an earlier one does not merge again.
 //
 // At 16,384 ranks a save has millions of shards, so a MergedPlan holds them compactly: the shard
-// records of the version 3 sections (docs/FORMAT.md §15) already encoded, tensors in name order and
-// shards in box order, plus where each shard's chunk entries go. A save then only places the
+// records of the sections (docs/FORMAT.md §15, §17; version 3's for a save of version 1 or 2)
+// already encoded, tensors in name order and shards in box order, plus where each shard's chunk
+// entries go. A save then only places the
 // checksums it gathers and copies records.
 #ifndef SAVEPOINT_DISTRIBUTED_MERGE_H_
 #define SAVEPOINT_DISTRIBUTED_MERGE_H_
@@ -23,6 +24,13 @@
 namespace savepoint::dist {
 
 class WireReader;  // distributed/wire.h
+
+// A shard's chunk entries in a MergedPlan: the first one's index and their count (a manifest has
+// fewer than 2^30).
+struct ChunkSpan {
+  uint32_t first = 0;
+  uint32_t count = 0;
+};
 
 // The merged plans of one save's ranks; immutable, so shared by the saves that reuse it.
 class MergedPlan {
@@ -43,23 +51,21 @@ class MergedPlan {
     Shape shape;
     uint64_t first_shard = 0;  // its shards are [first_shard, first_shard + shards)
     uint64_t shards = 0;
-    uint64_t record_at = 0;    // where its records begin in records_
+    std::unique_ptr<char[]> records;  // its shards' records, in box order
+    uint64_t record_bytes = 0;
     uint32_t records_crc = 0;  // CRC32C of its records
+    std::string_view view() const { return {records.get(), record_bytes}; }
   };
   int world_ = 0;
   uint32_t version_ = 0;
   bool encrypted_ = false;
   uint64_t chunk_bytes_ = 0;
-  std::string_view records() const { return {records_.get(), record_bytes_}; }
 
-  std::vector<Tensor> tensors_;  // in name order
-  // Every shard's record, in tensor order then box order (record_bytes_ of them; not initialised
-  // before the records are laid, in parallel).
-  std::unique_ptr<char[]> records_;
-  uint64_t record_bytes_ = 0;
-  std::vector<uint64_t> chunk_at_;     // per shard (and one past the last): its first chunk entry
-  std::vector<uint64_t> rank_first_;   // per rank (and one past the last): into rank_shards_
-  std::vector<uint32_t> rank_shards_;  // each rank's shards, in the order of its plan
+  std::vector<Tensor> tensors_;       // in name order
+  std::vector<uint64_t> chunk_at_;    // per shard (and one past the last): its first chunk entry
+  std::vector<uint64_t> rank_first_;  // per rank (and one past the last): into rank_chunks_
+  // Each rank's shards, in the order of its plan: their chunk entries (first, count).
+  std::vector<ChunkSpan> rank_chunks_;
   std::vector<int64_t> file_index_;
   std::vector<format::FileRecord> files_;
 };
@@ -109,11 +115,10 @@ class ManifestMerger {
   };
   // Where a tensor goes in the MergedPlan (Lay).
   struct Place {
-    uint64_t index = 0;   // in MergedPlan::tensors_ (name order)
-    uint64_t shard = 0;   // its first shard's index in the plan
-    uint64_t record = 0;  // its records' offset in MergedPlan::records_
-    uint64_t chunk = 0;   // its first chunk entry
-    uint64_t id = 0;      // its first shard's index in the merger's order of all shards
+    uint64_t index = 0;  // in MergedPlan::tensors_ (name order)
+    uint64_t shard = 0;  // its first shard's index in the plan
+    uint64_t chunk = 0;  // its first chunk entry
+    uint64_t id = 0;     // its first shard's index in the merger's order of all shards
   };
   struct Scratch;  // one thread's buffers (LayTensor)
   // The tensor of the i-th shard of rank `rank`'s plan, added when new; InvalidArgument when its
@@ -125,12 +130,17 @@ class ManifestMerger {
   // plan's (adopted when this is the first).
   Status SameSettings(int rank, uint64_t version, bool encrypted, uint64_t chunk_bytes);
   // Places every tensor in name order and sizes the plan's arrays (Finish's first pass).
-  // *over_cap: the first tensor whose chunk entries or section exceed the manifest's caps.
+  // *over_cap: the first tensor whose chunk entries or section exceed the manifest's caps even
+  // with its records at their smallest.
   Result<std::vector<Place>> PlaceTensors(MergedPlan* plan, Status* over_cap);
-  // Checks tensor `ti`'s tiling, then writes its records and chunk offsets at `at` and its shards'
-  // indexes in the plan into `ids` (Finish's second pass, one task per tensor).
-  Status LayTensor(uint32_t ti, const Place& at, Scratch& scratch, MergedPlan* plan,
-                   std::vector<uint32_t>* ids);
+  // Checks tensor `ti`'s tiling, then (when `lay`) encodes its records and writes its chunk
+  // offsets at `at` and its shards' chunk entries into `spans` (Finish's second pass, one
+  // task per tensor).
+  Status LayTensor(uint32_t ti, const Place& at, bool lay, Scratch& scratch, MergedPlan* plan,
+                   std::vector<ChunkSpan>* spans);
+  // The caps on the laid records (Finish's third pass): each section within
+  // format::kMaxManifestBodyBytes, the whole manifest within kMaxManifestFileBytes.
+  static Status CheckSections(const MergedPlan& plan);
 
   int world_;
   uint64_t version_ = 0;  // the format version of the first plan added, and its rank
@@ -164,8 +174,8 @@ class SaveChecksums {
   // After every Add: sets m's files and tensors, with their shards (tensors sorted by name, shards
   // by box). For manifests of versions 1 and 2.
   void TakeInto(format::Manifest* m) const;
-  // After every Add, for a manifest of version 3: sets m's files and tensors (without shards) and
-  // returns the whole MANIFEST as pieces to write back to back (authenticated with `keys` when
+  // After every Add, for a manifest of version 3 or 4: sets m's files and tensors (without shards)
+  // and returns the whole MANIFEST as pieces to write back to back (authenticated with `keys` when
   // encrypted): header and head in *front, then each section as the plan's records and this
   // save's chunk entries, not copied (views of *front, the plan and this object). An encrypted
   // manifest is built whole in *front. *largest_section receives the largest section's size.

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "distributed/descriptor.h"
+#include "format/endian.h"
 #include "format/manifest_index.h"
 #include "io/mem_fs.h"
 #include "savepoint/distributed.h"
@@ -132,7 +133,7 @@ TEST_P(PlanCache, FailingRankOfACachedLayoutIsReported) {
   ExpectWhole(job, "/c", &mem);
 }
 
-INSTANTIATE_TEST_SUITE_P(Versions, PlanCache, ::testing::Values(1u, 2u, 3u));
+INSTANTIATE_TEST_SUITE_P(Versions, PlanCache, ::testing::Values(1u, 2u, 3u, 4u));
 
 TEST(PlanCacheKey, PlansAndTheirDigestsHaveOneKey) {
   const std::vector<std::string> plans = {"plan of rank 0", "plan of rank 1"};
@@ -148,10 +149,11 @@ TEST(PlanCacheKey, PlansAndTheirDigestsHaveOneKey) {
 }
 
 // A one-shard plan of rank 0: tensor "t" of `shape` (U8), the whole box, at `offset` in a file of
-// `file_bytes`.
+// `file_bytes`, in format `version`.
 std::string OneShardPlan(int64_t elements, uint64_t offset, uint64_t file_bytes,
-                         uint64_t chunk_bytes = 4096) {
+                         uint64_t chunk_bytes = 4096, uint32_t version = format::kFormatVersion) {
   format::Manifest m;
+  m.version = version;
   m.chunk_bytes = chunk_bytes;
   m.files.push_back({"data-00000-00000.spd", file_bytes});
   format::ShardRecord s;
@@ -185,6 +187,20 @@ TEST(ManifestMergerTest, ManifestBeyondItsCapIsRefusedBeforeAnyAllocation) {
   Result<std::shared_ptr<const dist::MergedPlan>> plan = fine.Finish();
   SP_ASSERT_OK(plan.status());
   EXPECT_EQ((*plan)->file_index(), std::vector<int64_t>{0});
+}
+
+// Version 4's records vary in size: a section that fits with its records at their smallest but
+// not as laid is refused after the lay, naming the tensor.
+TEST(ManifestMergerTest, CompactSectionBeyondItsCapIsRefusedAsLaid) {
+  // 2^26 - 2 chunk entries of 4 bytes: 8 bytes under the cap, and the record takes more than 8.
+  const int64_t n = ((int64_t{1} << 26) - 2) * 4096;
+  for (uint32_t version : {3u, 4u}) {
+    dist::ManifestMerger m(1);
+    SP_ASSERT_OK(m.AddPlan(0, OneShardPlan(n, 4096, 4096 + uint64_t(n), 4096, version)));
+    EXPECT_THAT(m.Finish().status(),
+                StatusIs(StatusCode::kResourceExhausted, "tensor \"t\": its manifest section"))
+        << version;
+  }
 }
 
 TEST(ManifestMergerTest, ExtentMustHoldItsBox) {
@@ -301,8 +317,10 @@ TEST(ManifestMergerTest, ChecksumReportsMustMatchThePlan) {
 // Rank `r`'s plan (or, with `crcs`, its checksum report) in a job of `world` ranks: "w" [2W, 6]
 // F32 split by rows in reverse rank order, "b" [W] U8 one element per rank, "rng.<r>" of its own,
 // and "half" [3 * floor(W/2)] I16 on the upper floor(W/2) ranks only. `w_dtype` replaces w's dtype.
-format::Manifest JobPlan(int r, int world, bool crcs, DType w_dtype = DType::kF32) {
+format::Manifest JobPlan(int r, int world, bool crcs, DType w_dtype = DType::kF32,
+                         uint32_t version = format::kFormatVersion) {
   format::Manifest m;
+  m.version = version;
   m.chunk_bytes = 4096;
   uint64_t at = 4096;
   uint32_t crc = static_cast<uint32_t>(r) * 1000;
@@ -325,17 +343,21 @@ format::Manifest JobPlan(int r, int world, bool crcs, DType w_dtype = DType::kF3
   return m;
 }
 
-std::vector<std::string> JobPlans(int world, int bad = -1, DType bad_dtype = DType::kF32) {
+std::vector<std::string> JobPlans(int world, int bad = -1, DType bad_dtype = DType::kF32,
+                                  uint32_t version = format::kFormatVersion) {
   std::vector<std::string> plans;
   for (int r = 0; r < world; ++r) {
     plans.push_back(dist::EncodePlan(
-        Status::OK(), JobPlan(r, world, false, r >= bad && bad >= 0 ? bad_dtype : DType::kF32)));
+        Status::OK(),
+        JobPlan(r, world, false, r >= bad && bad >= 0 ? bad_dtype : DType::kF32, version)));
   }
   return plans;
 }
 
-// The version 3 MANIFEST of the merge of `plans` on `threads` threads, with each rank's checksums.
-std::string MergedManifest(const std::vector<std::string>& plans, int threads) {
+// The MANIFEST (of version 3, or 4 when the plans are) of the merge of `plans` on `threads`
+// threads, with each rank's checksums.
+std::string MergedManifest(const std::vector<std::string>& plans, int threads,
+                           uint32_t version = format::kIndexedFormatVersion) {
   const int world = static_cast<int>(plans.size());
   auto merged = dist::MergePlans(plans, threads);
   EXPECT_TRUE(merged.ok()) << merged.status().ToString();
@@ -347,7 +369,7 @@ std::string MergedManifest(const std::vector<std::string>& plans, int threads) {
   dist::SaveChecksums sums(*merged);
   SP_EXPECT_OK(sums.AddAll(reports, nullptr, threads));
   format::Manifest m;
-  m.version = 3;
+  m.version = version;
   m.chunk_bytes = 4096;
   std::string front, whole;
   uint64_t largest = 0;
@@ -357,10 +379,12 @@ std::string MergedManifest(const std::vector<std::string>& plans, int threads) {
 
 // Ranges of ranks merged on several threads and joined make the manifest one merger makes.
 TEST(MergePlansTest, RangesJoinedMakeTheSameManifest) {
-  for (int world : {1, 2, 7, 24}) {
-    SCOPED_TRACE(world);
-    const std::vector<std::string> plans = JobPlans(world);
-    const std::string one = MergedManifest(plans, 1);
+  for (auto [world, version] : {std::pair{1, 3u}, {2, 3u}, {7, 3u}, {24, 3u}, {7, 4u}, {24, 4u}}) {
+    SCOPED_TRACE(fmt::format("{} ranks, version {}", world, version));
+    const std::vector<std::string> plans =
+        JobPlans(world, -1, DType::kF32, version == 4 ? 4 : format::kFormatVersion);
+    const std::string one = MergedManifest(plans, 1, version);
+    EXPECT_EQ(format::GetU32(one, 8), version);
     Result<format::Manifest> m = format::DecodeManifest(one, "test");
     SP_ASSERT_OK(m.status());
     ASSERT_EQ(m->files.size(), static_cast<size_t>(world));
@@ -373,7 +397,9 @@ TEST(MergePlansTest, RangesJoinedMakeTheSameManifest) {
       const uint32_t before = (world - 1 - k) >= world - world / 2 ? 3 : 2;  // (b, rng, half)
       EXPECT_EQ(w->shards[k].crc32c, std::vector<uint32_t>{(world - 1 - k) * 1000u + before});
     }
-    for (int threads : {2, 3, 5, 8}) EXPECT_EQ(MergedManifest(plans, threads), one) << threads;
+    for (int threads : {2, 3, 5, 8}) {
+      EXPECT_EQ(MergedManifest(plans, threads, version), one) << threads;
+    }
   }
 }
 

@@ -605,8 +605,8 @@ Status CheckDataObjects(const SaveTarget& t, const format::Manifest& m) {
 }  // namespace
 
 // ResourceExhausted unless readers accept the size of `manifest` (the encoding of `m`, whose
-// largest version 3 section is `section` bytes): its JSON body (version 3: the head and each
-// section) within kMaxManifestBodyBytes, a version 3 file within kMaxManifestFileBytes.
+// largest section (versions 3 and 4) is `section` bytes): its JSON body (indexed: the head and
+// each section) within kMaxManifestBodyBytes, an indexed file within kMaxManifestFileBytes.
 Status CheckManifestSize(const format::Manifest& m, std::string_view header, uint64_t size,
                          uint64_t section) {
   const uint64_t body = format::GetU64(header, 16);
@@ -618,9 +618,10 @@ Status CheckManifestSize(const format::Manifest& m, std::string_view header, uin
             ? fmt::format(", its largest section {}", section)
             : "",
         m.version < format::kIndexedFormatVersion
-            ? fmt::format(": format version {} (SaveOptions.format_version = {}) keeps the "
-                          "shards out of the JSON",
-                          format::kIndexedFormatVersion, format::kIndexedFormatVersion)
+            ? fmt::format(": format versions {} and {} (SaveOptions.format_version = {}) keep "
+                          "the shards out of the JSON",
+                          format::kIndexedFormatVersion, format::kCompactFormatVersion,
+                          format::kCompactFormatVersion)
             : ""));
   }
   if (size > format::kMaxManifestFileBytes) {

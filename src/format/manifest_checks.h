@@ -33,6 +33,11 @@ Status CheckTiling(const TensorRecord& t, const Ctx& ctx, const std::string& in,
 Status CheckBoxTiling(const Shape& shape, const int64_t* boxes, size_t count, const Ctx& ctx,
                       const std::string& in, bool cover = true);
 
+// The number of distinct values among `values` (each >= 0; reordered): a scan when they are
+// sorted, else a hash set, falling back to a sort when values collide too much (hostile input),
+// so it stays O(n log n) at worst. `table` is scratch. (tiling.cc: the sweep of CheckBoxTiling.)
+size_t DistinctCount(std::vector<int64_t>& values, std::vector<int64_t>& table);
+
 // Checks the 64-byte header of MANIFEST `bytes` (all of it, or for version 3 at least header and
 // head) and reads its version, id, encryption flag and MAC into `m`.
 Status CheckHeader(std::string_view bytes, const Ctx& ctx, Manifest* m);

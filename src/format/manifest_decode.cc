@@ -319,8 +319,8 @@ Status DecodeTensorHead(const Json& j, const Ctx& ctx, size_t i, TensorRecord* t
   return Status::OK();
 }
 
-// Version 3: the place of tensor `t`'s section, as its head entry `j` describes it (offset not yet
-// set). Its size must be what its counts need.
+// Versions 3 and 4: the place of tensor `t`'s section, as its head entry `j` describes it (offset
+// not yet set). Its size must be what its counts need.
 Result<SectionRef> DecodeSectionRef(const Json& j, const TensorRecord& t, const Manifest& m,
                                     const Ctx& ctx, const std::string& in) {
   SectionRef r;
@@ -337,10 +337,18 @@ Result<SectionRef> DecodeSectionRef(const Json& j, const TensorRecord& t, const 
     return ctx.Bad(fmt::format("{}: section of {} shards and {} bytes exceeds the caps ({}, {})",
                                in, r.shards, r.bytes, kMaxShardsPerTensor, kMaxManifestBodyBytes));
   }
-  const unsigned __int128 need =
-      static_cast<unsigned __int128>(r.shards) * ShardRecordBytes(t.shape.size()) +
+  // Version 3's records have a fixed size; version 4's take from MinCompactRecordBytes to
+  // MaxCompactRecordBytes each.
+  const size_t nd = t.shape.size();
+  const bool compact = m.version >= kCompactFormatVersion;
+  const auto shards = static_cast<unsigned __int128>(r.shards);
+  const unsigned __int128 entries =
       static_cast<unsigned __int128>(r.chunks) * ChunkEntryBytes(r.stored, m.encryption.enabled);
-  if (need != r.bytes) {
+  const unsigned __int128 least =
+      entries + shards * (compact ? MinCompactRecordBytes(nd) : ShardRecordBytes(nd));
+  const unsigned __int128 most =
+      entries + shards * (compact ? MaxCompactRecordBytes(nd) : ShardRecordBytes(nd));
+  if (r.bytes < least || r.bytes > most) {
     return ctx.Bad(fmt::format("{}: section of {} bytes cannot hold {} shards and {} chunks", in,
                                r.bytes, r.shards, r.chunks));
   }

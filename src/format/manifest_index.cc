@@ -24,15 +24,113 @@ void PutLe64(char* p, uint64_t v) { std::memcpy(p, &v, 8); }
 // Bit 0 of a stored chunk entry's flags: the chunk is compressed.
 constexpr uint32_t kChunkCompressed = 1;
 
-// Whether the box of record `b` (ndim `nd`) overlaps `box`. A box that is not one (another rank,
+// A shard record as stored, before its values are checked.
+struct RawRecord {
+  uint64_t offsets[kMaxRank];
+  uint64_t sizes[kMaxRank];
+  uint64_t offset = 0, bytes = 0, file = 0;
+  uint8_t codec = 0, filter = 0;
+  bool reserved_zero = true;  // version 3's reserved bytes (version 4 has none)
+};
+
+uint64_t ZigZag(uint64_t delta) {
+  return (delta << 1) ^ static_cast<uint64_t>(static_cast<int64_t>(delta) >> 63);
+}
+uint64_t UnZigZag(uint64_t z) { return (z >> 1) ^ (0 - (z & 1)); }
+
+char* PutVarint(uint64_t v, char* p) {
+  for (; v >= 0x80; v >>= 7) *p++ = static_cast<char>(v | 0x80);
+  *p++ = static_cast<char>(v);
+  return p;
+}
+
+// Reads the records of one section in order (version 3: fixed size; 4: compact). Each Next
+// consumes one record; false when the bytes end inside it or a varint is malformed.
+class RecordDecoder {
+ public:
+  RecordDecoder(uint32_t version, size_t ndim, std::string_view records)
+      : compact_(version >= kCompactFormatVersion), nd_(ndim), b_(records) {}
+
+  bool Next(RawRecord* r) { return compact_ ? NextCompact(r) : NextFixed(r); }
+  // The bytes not consumed.
+  size_t left() const { return b_.size() - at_; }
+
+ private:
+  bool NextFixed(RawRecord* r) {
+    const uint64_t size = ShardRecordBytes(nd_);
+    if (left() < size) return false;
+    const std::string_view b = b_.substr(at_, size);
+    at_ += size;
+    for (size_t d = 0; d < nd_; ++d) {
+      r->offsets[d] = GetU64(b, 8 * d);
+      r->sizes[d] = GetU64(b, 8 * (nd_ + d));
+    }
+    const size_t at = 16 * nd_;
+    r->offset = GetU64(b, at);
+    r->bytes = GetU64(b, at + 8);
+    r->file = GetU32(b, at + 16);
+    r->codec = static_cast<uint8_t>(b[at + 20]);
+    r->filter = static_cast<uint8_t>(b[at + 21]);
+    r->reserved_zero = b[at + 22] == 0 && b[at + 23] == 0;
+    return true;
+  }
+
+  bool NextCompact(RawRecord* r) {
+    for (size_t d = 0; d < nd_; ++d) {
+      if (!Delta(&r->offsets[d], &prev_[d])) return false;
+    }
+    for (size_t d = 0; d < nd_; ++d) {
+      if (!Delta(&r->sizes[d], &prev_[nd_ + d])) return false;
+    }
+    if (!Varint(&r->offset) || !Delta(&r->bytes, &prev_[2 * nd_]) ||
+        !Delta(&r->file, &prev_[2 * nd_ + 1]) || left() < 1) {
+      return false;
+    }
+    const auto c = static_cast<uint8_t>(b_[at_++]);
+    r->codec = c & 0xf;
+    r->filter = c >> 4;
+    return true;
+  }
+
+  // One LEB128 varint of at most 10 bytes whose value fits in 64 bits.
+  bool Varint(uint64_t* v) {
+    uint64_t x = 0;
+    for (int shift = 0; shift < 70 && at_ < b_.size(); shift += 7) {
+      const auto byte = static_cast<uint8_t>(b_[at_++]);
+      if (shift == 63 && byte > 1) return false;
+      x |= uint64_t{byte & 0x7fu} << shift;
+      if (byte < 0x80) {
+        *v = x;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // A zigzag-coded difference from *prev (wrapping), which becomes the new *prev.
+  bool Delta(uint64_t* v, uint64_t* prev) {
+    uint64_t z = 0;
+    if (!Varint(&z)) return false;
+    *v = *prev = *prev + UnZigZag(z);
+    return true;
+  }
+
+  bool compact_;
+  size_t nd_;
+  std::string_view b_;
+  size_t at_ = 0;
+  uint64_t prev_[2 * kMaxRank + 2] = {};
+};
+
+// Whether the box of record `r` (ndim `nd`) overlaps `box`. A box that is not one (another rank,
 // a value outside [0, 2^62]) overlaps everything: the reader's own checks name what is wrong.
-bool Overlaps(std::string_view b, size_t nd, const Box& box) {
+bool Overlaps(const RawRecord& r, size_t nd, const Box& box) {
   if (box.offsets.size() != nd || box.sizes.size() != nd) return true;
   bool overlap = true;
   for (size_t d = 0; d < nd; ++d) {
     const int64_t bo = box.offsets[d], bs = box.sizes[d];
     if (bo < 0 || bs < 0 || bo > kMaxDimension || bs > kMaxDimension) return true;
-    const uint64_t off = GetU64(b, 8 * d), size = GetU64(b, 8 * (nd + d));
+    const uint64_t off = r.offsets[d], size = r.sizes[d];
     if (off > uint64_t{kMaxDimension} || size > uint64_t{kMaxDimension}) return true;
     const uint64_t lo = static_cast<uint64_t>(bo), hi = lo + static_cast<uint64_t>(bs);
     overlap = overlap && off < hi && lo < off + size;
@@ -40,37 +138,37 @@ bool Overlaps(std::string_view b, size_t nd, const Box& box) {
   return overlap;
 }
 
-// Whether record `b` is to be decoded: always without `keep`; with it, when its box overlaps one
-// of keep's. Read straight from the bytes: a rank that loads a few boxes skips most records.
-bool Wanted(std::string_view b, size_t nd, const std::vector<Box>* keep) {
+// Whether record `r` is to be decoded: always without `keep`; with it, when its box overlaps one
+// of keep's. A rank that loads a few boxes skips most records.
+bool Wanted(const RawRecord& r, size_t nd, const std::vector<Box>* keep) {
   if (keep == nullptr) return true;
   for (const Box& box : *keep) {
-    if (Overlaps(b, nd, box)) return true;
+    if (Overlaps(r, nd, box)) return true;
   }
   return false;
 }
 
-// The fixed part of record `b` (ndim `nd`) into `s`; chunk entries are read later.
-Status ReadRecord(std::string_view b, size_t nd, const Ctx& ctx, const std::string& in,
+// Record `r` (ndim `nd`) into `s`, checked; chunk entries are read later.
+Status ReadRecord(const RawRecord& r, size_t nd, const Ctx& ctx, const std::string& in,
                   ShardRecord* s) {
   s->offsets.resize(nd);
   s->sizes.resize(nd);
   for (size_t d = 0; d < nd; ++d) {
-    const uint64_t off = GetU64(b, 8 * d), size = GetU64(b, 8 * (nd + d));
+    const uint64_t off = r.offsets[d], size = r.sizes[d];
     if (off > uint64_t{kMaxDimension} || size > uint64_t{kMaxDimension}) {
       return ctx.Bad(fmt::format("{}: offsets or sizes hold a negative or huge value", in));
     }
     s->offsets[d] = static_cast<int64_t>(off);
     s->sizes[d] = static_cast<int64_t>(size);
   }
-  const size_t at = 16 * nd;
-  s->offset = GetU64(b, at);
-  s->bytes = GetU64(b, at + 8);
-  s->file = GetU32(b, at + 16);
-  const uint8_t codec = static_cast<uint8_t>(b[at + 20]), filter = static_cast<uint8_t>(b[at + 21]);
+  if (r.file > UINT32_MAX) return ctx.Bad(fmt::format("{}: file {} is not a u32", in, r.file));
+  s->offset = r.offset;
+  s->bytes = r.bytes;
+  s->file = static_cast<uint32_t>(r.file);
+  const uint8_t codec = r.codec, filter = r.filter;
   if (codec > static_cast<uint8_t>(codec::Codec::kLz4) ||
-      filter > static_cast<uint8_t>(codec::Filter::kShuffle) || b[at + 22] != 0 ||
-      b[at + 23] != 0 || (codec == 0 && filter != 0)) {
+      filter > static_cast<uint8_t>(codec::Filter::kShuffle) || !r.reserved_zero ||
+      (codec == 0 && filter != 0)) {
     return ctx.Bad(
         fmt::format("{}: codec {}, filter {} or reserved bytes are invalid", in, codec, filter));
   }
@@ -103,24 +201,52 @@ Status ReadChunkEntries(std::string_view entries, uint64_t first, uint64_t n, co
   return Status::OK();
 }
 
+// The fields of a record of `s` (whose offsets and sizes have one value per dimension).
+RecordFields Fields(const ShardRecord& s) {
+  return {s.offsets.data(), s.sizes.data(), s.offsets.size(), s.offset,
+          s.bytes,          s.file,         s.codec,          s.filter};
+}
+
 }  // namespace
 
-char* WriteShardRecord(const RecordFields& r, char* out) {
+RecordEncoder::RecordEncoder(uint32_t version, size_t ndim)
+    : compact_(version >= kCompactFormatVersion), ndim_(ndim) {}
+
+uint64_t RecordEncoder::MaxBytes() const {
+  return compact_ ? MaxCompactRecordBytes(ndim_) : ShardRecordBytes(ndim_);
+}
+
+char* RecordEncoder::Write(const RecordFields& r, char* out) {
+  const char filter =
+      static_cast<char>(r.codec != codec::Codec::kNone ? r.filter : codec::Filter::kNone);
   char* p = out;
-  for (size_t d = 0; d < r.ndim; ++d, p += 8) PutLe64(p, static_cast<uint64_t>(r.offsets[d]));
-  for (size_t d = 0; d < r.ndim; ++d, p += 8) PutLe64(p, static_cast<uint64_t>(r.sizes[d]));
+  if (compact_) {
+    auto delta = [&](uint64_t v, uint64_t* prev) {
+      p = PutVarint(ZigZag(v - *prev), p);
+      *prev = v;
+    };
+    for (size_t d = 0; d < ndim_; ++d) delta(static_cast<uint64_t>(r.offsets[d]), &prev_[d]);
+    for (size_t d = 0; d < ndim_; ++d) delta(static_cast<uint64_t>(r.sizes[d]), &prev_[ndim_ + d]);
+    p = PutVarint(r.offset, p);
+    delta(r.bytes, &prev_[2 * ndim_]);
+    delta(r.file, &prev_[2 * ndim_ + 1]);
+    *p++ = static_cast<char>(static_cast<char>(r.codec) | static_cast<char>(filter << 4));
+    return p;
+  }
+  for (size_t d = 0; d < ndim_; ++d, p += 8) PutLe64(p, static_cast<uint64_t>(r.offsets[d]));
+  for (size_t d = 0; d < ndim_; ++d, p += 8) PutLe64(p, static_cast<uint64_t>(r.sizes[d]));
   PutLe64(p, r.offset);
   PutLe64(p + 8, r.bytes);
   PutLe32(p + 16, r.file);
   p[20] = static_cast<char>(r.codec);
-  p[21] = static_cast<char>(r.codec != codec::Codec::kNone ? r.filter : codec::Filter::kNone);
+  p[21] = filter;
   p[22] = p[23] = 0;
   return p + 24;
 }
 
-void AppendShardRecord(const RecordFields& r, std::string* out) {
-  char b[16 * kMaxRank + 24];  // built here and appended once: a big save has millions
-  out->append(b, static_cast<size_t>(WriteShardRecord(r, b) - b));
+void RecordEncoder::Append(const RecordFields& r, std::string* out) {
+  char b[MaxCompactRecordBytes(kMaxRank)];  // built here and appended once: a save has millions
+  out->append(b, static_cast<size_t>(Write(r, b) - b));
 }
 
 void AppendChunkEntry(uint32_t crc32c, bool stored, const StoredChunk* chunk,
@@ -160,11 +286,8 @@ SectionRef AppendSection(const TensorRecord& t, const Manifest& m, std::string* 
   const size_t start = out->size();
   bool stored = false;
   for (const ShardRecord& s : t.shards) stored = stored || s.compressed();
-  for (const ShardRecord& s : t.shards) {
-    AppendShardRecord({s.offsets.data(), s.sizes.data(), s.offsets.size(), s.offset, s.bytes,
-                       s.file, s.codec, s.filter},
-                      out);
-  }
+  RecordEncoder records(m.version, t.shape.size());
+  for (const ShardRecord& s : t.shards) records.Append(Fields(s), out);
   uint64_t chunks = 0;
   const crypto::GcmTag zero{};  // (an encrypted manifest has one tag per chunk: DecodeTags)
   for (const ShardRecord& s : t.shards) {
@@ -189,9 +312,10 @@ uint64_t LargestSection(const Manifest& m) {
       stored = stored || s.compressed();
       chunks += s.crc32c.size();
     }
-    const unsigned __int128 bytes =
-        static_cast<unsigned __int128>(t.shards.size()) * ShardRecordBytes(t.shape.size()) +
-        chunks * ChunkEntryBytes(stored, m.encryption.enabled);
+    unsigned __int128 bytes = chunks * ChunkEntryBytes(stored, m.encryption.enabled);
+    RecordEncoder records(m.version, t.shape.size());
+    char b[MaxCompactRecordBytes(kMaxRank)];
+    for (const ShardRecord& s : t.shards) bytes += records.Write(Fields(s), b) - b;
     largest = std::max(largest, bytes);
   }
   return largest > UINT64_MAX ? UINT64_MAX : static_cast<uint64_t>(largest);
@@ -224,22 +348,29 @@ Status DecodeTensorSection(std::string_view section, ManifestHead* head, size_t 
   }
   if (Crc32c(section) != r.crc32c) return ctx.Bad(fmt::format("{}: section checksum mismatch", in));
   const size_t nd = t.shape.size();
-  const uint64_t rec = ShardRecordBytes(nd);
-  const std::string_view entries = section.substr(r.shards * rec);
+  const uint64_t entry = ChunkEntryBytes(r.stored, m.encryption.enabled);
+  if (r.chunks > section.size() / entry) {  // (the head's check; this function is public)
+    return ctx.Bad(fmt::format("{}: {} chunk entries exceed its section", in, r.chunks));
+  }
+  const uint64_t entries_bytes = r.chunks * entry;
+  const std::string_view entries = section.substr(section.size() - entries_bytes);
+  RecordDecoder records(m.version, nd, section.substr(0, section.size() - entries_bytes));
   t.shards.clear();
   uint64_t chunk = 0;  // the first chunk entry of shard k
+  RawRecord raw;
   for (uint64_t k = 0; k < r.shards; ++k) {
-    const std::string_view b = section.substr(k * rec, rec);
-    const uint64_t bytes = GetU64(b, 16 * nd + 8);
-    const uint64_t n = NumChunks(std::min<uint64_t>(bytes, uint64_t{1} << 62), m.chunk_bytes);
+    if (!records.Next(&raw)) {
+      return ctx.Bad(fmt::format("{} shard {}: its record is truncated or malformed", in, k));
+    }
+    const uint64_t n = NumChunks(std::min<uint64_t>(raw.bytes, uint64_t{1} << 62), m.chunk_bytes);
     if (n > r.chunks - chunk) {
       return ctx.Bad(
           fmt::format("{} shard {}: more chunks than the section's {}", in, k, r.chunks));
     }
-    if (Wanted(b, nd, keep)) {
+    if (Wanted(raw, nd, keep)) {
       const std::string sin = fmt::format("{} shard {}", in, k);
       ShardRecord s;
-      SP_RETURN_IF_ERROR(ReadRecord(b, nd, ctx, sin, &s));
+      SP_RETURN_IF_ERROR(ReadRecord(raw, nd, ctx, sin, &s));
       if (s.compressed() && !r.stored) {
         return ctx.Bad(fmt::format("{}: compressed, but the section has no stored entries", sin));
       }
@@ -249,6 +380,9 @@ Status DecodeTensorSection(std::string_view section, ManifestHead* head, size_t 
       t.shards.push_back(std::move(s));
     }
     chunk += n;
+  }
+  if (records.left() != 0) {
+    return ctx.Bad(fmt::format("{}: {} bytes after its last record", in, records.left()));
   }
   if (chunk != r.chunks) {
     return ctx.Bad(

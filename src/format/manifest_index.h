@@ -1,13 +1,13 @@
-// Version 3 of the native format, the indexed manifest (docs/FORMAT.md §15).
+// Versions 3 and 4 of the native format, the indexed manifest (docs/FORMAT.md §15, §17).
 //
 // MANIFEST = the 64-byte header | the JSON head | one binary section per tensor, in the head's
 // order. The head is the version 2 body with each tensor's "shards" array replaced by the size,
-// CRC32C and counts of its section; a section holds the tensor's shard records (fixed size) and
-// then their chunk entries (checksums, stored extents, tags). A reader that needs a few tensors
-// reads the header, the head and their sections only: a rank of a 16,384-rank job plans its load
-// from a few megabytes of a manifest of hundreds.
+// CRC32C and counts of its section; a section holds the tensor's shard records (fixed size in
+// version 3, compact in version 4) and then their chunk entries (checksums, stored extents, tags).
+// A reader that needs a few tensors reads the header, the head and their sections only: a rank of a
+// 16,384-rank job plans its load from a few megabytes of a manifest of hundreds.
 //
-// DecodeManifest (format/manifest.h) reads whole version 3 files like the others; this header is
+// DecodeManifest (format/manifest.h) reads whole indexed files like the others; this header is
 // for readers that read parts. Input is untrusted, as everywhere in format/.
 #ifndef SAVEPOINT_FORMAT_MANIFEST_INDEX_H_
 #define SAVEPOINT_FORMAT_MANIFEST_INDEX_H_
@@ -21,7 +21,7 @@
 
 namespace savepoint::format {
 
-// Where one tensor's shard records lie in MANIFEST (version 3).
+// Where one tensor's shard records lie in MANIFEST (version 3 or 4).
 struct SectionRef {
   uint64_t offset = 0;  // from the start of MANIFEST
   uint64_t bytes = 0;   // section length
@@ -44,20 +44,23 @@ struct ManifestHead {
   std::vector<SectionRef> sections;
 };
 
-// Bytes of one shard record of a tensor of `ndim` dimensions, and of one chunk entry.
-inline uint64_t ShardRecordBytes(size_t ndim) { return 16 * uint64_t{ndim} + 24; }
+// Bytes of one version 3 shard record of a tensor of `ndim` dimensions (fixed), the fewest and
+// the most of one version 4 record (compact: a varint per field), and of one chunk entry.
+constexpr uint64_t ShardRecordBytes(size_t ndim) { return 16 * uint64_t{ndim} + 24; }
+constexpr uint64_t MinCompactRecordBytes(size_t ndim) { return 2 * uint64_t{ndim} + 4; }
+constexpr uint64_t MaxCompactRecordBytes(size_t ndim) { return 20 * uint64_t{ndim} + 31; }
 inline uint64_t ChunkEntryBytes(bool stored, bool encrypted) {
   return 4 + (stored ? 20 : 0) + (encrypted ? 16 : 0);
 }
 
 // From the first kManifestHeaderBytes of MANIFEST: the length of header + head when the manifest
-// is of version 3 and not encrypted (then DecodeManifestHead and DecodeTensorSection can read it
-// in parts), else 0 (read and decode it whole: versions 1 and 2, an unknown version, which
+// is of version 3 or later and not encrypted (then DecodeManifestHead and DecodeTensorSection can
+// read it in parts), else 0 (read and decode it whole: versions 1 and 2, an unknown version, which
 // DecodeManifest names, and an encrypted manifest, which is authenticated whole). Corruption for a
 // damaged header.
 Result<uint64_t> IndexedHeadBytes(std::string_view header, std::string_view where);
 
-// Decodes and validates header + head (the first IndexedHeadBytes bytes) of a version 3 MANIFEST
+// Decodes and validates header + head (the first IndexedHeadBytes bytes) of an indexed MANIFEST
 // of `file_bytes` bytes: everything but the shards, and the sections' places, which must fill the
 // file after the head exactly.
 Result<ManifestHead> DecodeManifestHead(std::string_view head, uint64_t file_bytes,
@@ -75,8 +78,8 @@ Status DecodeTensorSection(std::string_view section, ManifestHead* head, size_t 
 // writer can refuse a manifest that readers would (each section <= kMaxManifestBodyBytes).
 uint64_t LargestSection(const Manifest& m);
 
-// Encoder side: appends the section of `t` to `out` and returns its place (offset relative to the
-// start of `out` before the call). Built from the pieces below.
+// Encoder side: appends the section of `t` (in the encoding of m.version) to `out` and returns its
+// place (offset relative to the start of `out` before the call). Built from the pieces below.
 SectionRef AppendSection(const TensorRecord& t, const Manifest& m, std::string* out);
 
 // Encoder pieces, for writers that hold their shards in a form of their own (the distributed
@@ -91,10 +94,24 @@ struct RecordFields {
   codec::Codec codec = codec::Codec::kNone;
   codec::Filter filter = codec::Filter::kNone;  // written as kNone when `codec` is kNone
 };
-// Appends one shard record (ShardRecordBytes(ndim) bytes).
-void AppendShardRecord(const RecordFields& r, std::string* out);
-// Writes one shard record at `out` (ShardRecordBytes(r.ndim) bytes); returns its end.
-char* WriteShardRecord(const RecordFields& r, char* out);
+// Writes the shard records of one section, in order, in the encoding of format `version`: fixed
+// size (3), or compact (4: each field a varint, the box, `bytes` and `file` as the zigzag-coded
+// difference from the previous record's). One encoder per section; not thread-safe.
+class RecordEncoder {
+ public:
+  RecordEncoder(uint32_t version, size_t ndim);
+  // The most bytes one record takes.
+  uint64_t MaxBytes() const;
+  // Writes the record of `r` (r.ndim == ndim) at `out`, at most MaxBytes() bytes; returns its end.
+  char* Write(const RecordFields& r, char* out);
+  // Appends the record of `r` to `out`.
+  void Append(const RecordFields& r, std::string* out);
+
+ private:
+  bool compact_;
+  size_t ndim_;
+  uint64_t prev_[2 * kMaxRank + 2] = {};  // the previous record's offsets, sizes, bytes, file
+};
 // Appends one chunk entry: the chunk's CRC32C; when the section is `stored`, the chunk's stored
 // extent (`chunk`, or zeros when null: a chunk of an uncompressed shard); when the manifest is
 // encrypted (`tag` not null), its GCM tag.
@@ -105,7 +122,7 @@ void AppendChunkEntry(uint32_t crc32c, bool stored, const StoredChunk* chunk,
 SectionRef CloseSection(std::string_view sections, size_t start, uint64_t shards, uint64_t chunks,
                         bool stored);
 
-// A whole version 3 MANIFEST (m.version >= kIndexedFormatVersion): the header and head of `m`,
+// A whole indexed MANIFEST (m.version >= kIndexedFormatVersion): the header and head of `m`,
 // whose tensors' shards are not looked at, then `sections`, which holds the section of
 // m.tensors[i] at refs[i] (back to back, in order). Authenticated with `keys` when encrypted.
 // Built in the buffer of `sections` (no copy of them when its capacity has room for the header

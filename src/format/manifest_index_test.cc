@@ -1,6 +1,7 @@
-// Format version 3, the indexed manifest (docs/FORMAT.md §15): whole round trips (sharded,
-// compressed, encrypted, scalar and empty tensors), reading in parts (head, then the sections of
-// some tensors with only the shards overlapping a box), and hostile heads and sections.
+// Format versions 3 and 4, the indexed manifest (docs/FORMAT.md §15, §17): whole round trips
+// (sharded, compressed, encrypted, scalar and empty tensors), reading in parts (head, then the
+// sections of some tensors with only the shards overlapping a box), and hostile heads and
+// sections (version 3's fixed records and version 4's compact ones).
 #include "format/manifest_index.h"
 
 #include <gtest/gtest.h>
@@ -33,9 +34,9 @@ ShardRecord Box2(int64_t row, int64_t col, int64_t rows, int64_t cols, uint64_t 
 
 // "w" (F32 [64, 32]) in 4 row blocks x 2 column blocks of 16 x 16 (1024 bytes each, in file 0 or
 // 1), "z" (F32 [2048], one compressed shard of two chunks), "s" (a scalar) and "e" (empty).
-Manifest Sharded() {
+Manifest Sharded(uint32_t version = kIndexedFormatVersion) {
   Manifest m;
-  m.version = kIndexedFormatVersion;
+  m.version = version;
   m.checkpoint_id = 0xfeedfacecafebeefULL;
   m.writer = "test";
   m.chunk_bytes = 4096;
@@ -75,21 +76,30 @@ Manifest Sharded() {
   return testing::IsCorruption(r.status(), {needle, kWhere});
 }
 
-TEST(ManifestIndex, WholeRoundTrip) {
+// Each test runs on both indexed versions.
+class ManifestIndex : public ::testing::TestWithParam<uint32_t> {
+ protected:
+  Manifest Sharded() const { return format::Sharded(GetParam()); }
+};
+
+INSTANTIATE_TEST_SUITE_P(Versions, ManifestIndex,
+                         ::testing::Values(kIndexedFormatVersion, kCompactFormatVersion));
+
+TEST_P(ManifestIndex, WholeRoundTrip) {
   const Manifest m = Sharded();
   const std::string bytes = EncodeManifest(m);
-  EXPECT_EQ(GetU32(bytes, 8), 3u);
+  EXPECT_EQ(GetU32(bytes, 8), GetParam());
   // The shards are not in the JSON head.
   const uint64_t head = GetU64(bytes, 16);
   EXPECT_EQ(bytes.substr(kManifestHeaderBytes, head).find("offsets"), std::string::npos);
   EXPECT_LT(kManifestHeaderBytes + head, bytes.size());
   Result<Manifest> back = DecodeManifest(bytes, kWhere);
   SP_ASSERT_OK(back.status());
-  EXPECT_EQ(back->version, 3u);
+  EXPECT_EQ(back->version, GetParam());
   EXPECT_EQ(ManifestToJson(*back), ManifestToJson(m));
 }
 
-TEST(ManifestIndex, EncryptedRoundTripKeepsTags) {
+TEST_P(ManifestIndex, EncryptedRoundTripKeepsTags) {
   Manifest m = Sharded();
   m.encryption.enabled = true;
   m.encryption.salt.fill(std::byte{3});
@@ -111,7 +121,7 @@ TEST(ManifestIndex, EncryptedRoundTripKeepsTags) {
   EXPECT_EQ(*head, 0u);
 }
 
-TEST(ManifestIndex, OlderVersionsAreReadWhole) {
+TEST(ManifestIndexOlder, OlderVersionsAreReadWhole) {
   Manifest m = Sharded();
   m.version = 2;
   m.tensors.pop_back();  // (z's stored chunks at 4096 multiples would do; keep it simple)
@@ -123,7 +133,7 @@ TEST(ManifestIndex, OlderVersionsAreReadWhole) {
 }
 
 // Reads header and head, then only the section of "w" with the shards overlapping one box.
-TEST(ManifestIndex, PartsKeepOnlyOverlappingShards) {
+TEST_P(ManifestIndex, PartsKeepOnlyOverlappingShards) {
   const std::string bytes = EncodeManifest(Sharded());
   Result<uint64_t> head_bytes = IndexedHeadBytes(bytes.substr(0, kManifestHeaderBytes), kWhere);
   SP_ASSERT_OK(head_bytes.status());
@@ -168,7 +178,7 @@ std::string EditHead(const Manifest& m, const std::function<void(Json&)>& edit) 
   return EditHeadOf(EncodeManifest(m), edit);
 }
 
-// `m` encoded, with section `i` edited by `edit` and its CRC in the head fixed.
+// `m` encoded, with section `i` edited by `edit` and its CRC and size in the head fixed.
 std::string EditSection(const Manifest& m, size_t i,
                         const std::function<void(std::string&)>& edit) {
   std::string bytes = EncodeManifest(m);
@@ -179,17 +189,20 @@ std::string EditSection(const Manifest& m, size_t i,
   edit(section);
   bytes.replace(h->sections[i].offset, h->sections[i].bytes, section);
   const uint32_t crc = Crc32c(section);
-  return EditHeadOf(bytes, [&](Json& j) { j["tensors"][i]["section_crc32c"] = crc; });
+  return EditHeadOf(bytes, [&](Json& j) {
+    j["tensors"][i]["section_crc32c"] = crc;
+    j["tensors"][i]["section_bytes"] = section.size();
+  });
 }
 
-TEST(ManifestIndex, HostileHeadsAreCorruption) {
+TEST_P(ManifestIndex, HostileHeadsAreCorruption) {
   const Manifest m = Sharded();
   EXPECT_TRUE(Corrupt(
       DecodeManifest(EditHead(m, [](Json& j) { j["tensors"][2]["section_bytes"] = 1u << 20; }),
                      kWhere),
       "cannot hold"));
   EXPECT_TRUE(
-      Corrupt(DecodeManifest(EditHead(m, [](Json& j) { j["tensors"][2]["shards"] = 9; }), kWhere),
+      Corrupt(DecodeManifest(EditHead(m, [](Json& j) { j["tensors"][2]["shards"] = 90; }), kWhere),
               "cannot hold"));
   EXPECT_TRUE(Corrupt(
       DecodeManifest(EditHead(m, [](Json& j) { std::swap(j["tensors"][0], j["tensors"][1]); }),
@@ -210,8 +223,8 @@ TEST(ManifestIndex, HostileHeadsAreCorruption) {
   }
 }
 
-TEST(ManifestIndex, HostileSectionsAreCorruption) {
-  const Manifest m = Sharded();
+TEST(ManifestIndexFixed, HostileSectionsAreCorruption) {
+  const Manifest m = Sharded(kIndexedFormatVersion);
   std::string flipped = EncodeManifest(m);
   flipped.back() ^= 1;
   EXPECT_TRUE(Corrupt(DecodeManifest(flipped, kWhere), "section checksum mismatch"));
@@ -242,7 +255,7 @@ TEST(ManifestIndex, HostileSectionsAreCorruption) {
       Corrupt(DecodeManifest(EditSection(m, 2, [](std::string& s) { s[32 + 6] = 1; }), kWhere),
               "outside file"));
   // An uncompressed shard's stored entry must be empty (z is compressed; its entries are real).
-  Manifest mixed = Sharded();
+  Manifest mixed = Sharded(kIndexedFormatVersion);
   mixed.tensors[3].shards.push_back(mixed.tensors[3].shards[0]);
   mixed.tensors[3].shape = {4096};
   ShardRecord& plain = mixed.tensors[3].shards[1];
@@ -259,7 +272,7 @@ TEST(ManifestIndex, HostileSectionsAreCorruption) {
 }
 
 // A head is exactly header + head (what the CRC covers) of an unencrypted manifest.
-TEST(ManifestIndex, HeadMustBeExactlyAnUnencryptedHead) {
+TEST_P(ManifestIndex, HeadMustBeExactlyAnUnencryptedHead) {
   Manifest m = Sharded();
   std::string bytes = EncodeManifest(m);
   const uint64_t head = kManifestHeaderBytes + GetU64(bytes, 16);
@@ -276,7 +289,7 @@ TEST(ManifestIndex, HeadMustBeExactlyAnUnencryptedHead) {
               StatusIs(StatusCode::kCorruption));
 }
 
-TEST(ManifestIndex, UnknownVersionsStayUnimplemented) {
+TEST_P(ManifestIndex, UnknownVersionsStayUnimplemented) {
   std::string bytes = EncodeManifest(Sharded());
   PutU32(&bytes, 8, kMaxFormatVersion + 1);
   PutU32(&bytes, 60, Crc32c(std::string_view(bytes).substr(0, 60)));
@@ -286,7 +299,7 @@ TEST(ManifestIndex, UnknownVersionsStayUnimplemented) {
   EXPECT_EQ(*head, 0u);  // read whole, where DecodeManifest names the version
 }
 
-TEST(ManifestIndex, LargestSectionIsWhatIsWritten) {
+TEST_P(ManifestIndex, LargestSectionIsWhatIsWritten) {
   const Manifest m = Sharded();
   const std::string bytes = EncodeManifest(m);
   Result<ManifestHead> h = DecodeManifestHead(
@@ -298,6 +311,47 @@ TEST(ManifestIndex, LargestSectionIsWhatIsWritten) {
   Manifest v2 = Sharded();
   v2.version = 2;
   EXPECT_EQ(LargestSection(v2), 0u);
+}
+
+// Version 4's records: a third of version 3's here, and every malformed one refused.
+TEST(ManifestIndexCompact, RecordsAreCompactAndHostileOnesAreCorruption) {
+  const Manifest m = Sharded(kCompactFormatVersion);
+  EXPECT_LT(EncodeManifest(m).size(), EncodeManifest(Sharded(kIndexedFormatVersion)).size());
+  // "w": 8 records of 2 dims. Record 0 is its deltas from zeros: offsets 0, 0 (1 byte each),
+  // sizes 16, 16 (zigzag 32: 1 byte each), offset 4096 (2 bytes), bytes 1024 (zigzag 2048: 2
+  // bytes), file 0, codec 0: 10 bytes.
+  const std::string bytes = EncodeManifest(m);
+  Result<ManifestHead> h = DecodeManifestHead(
+      bytes.substr(0, kManifestHeaderBytes + GetU64(bytes, 16)), bytes.size(), kWhere);
+  SP_ASSERT_OK(h.status());
+  const SectionRef& w = h->sections[2];
+  EXPECT_LT(w.bytes, 8 * ShardRecordBytes(2) / 3 + 8 * 4);
+  const std::string section = bytes.substr(w.offset, w.bytes);
+  EXPECT_EQ(section.substr(0, 4), std::string("\0\0\x20\x20", 4));
+  // Record 0's first offset made -1 (zigzag 1), then 2^62 (out of range): negative or huge.
+  EXPECT_TRUE(
+      Corrupt(DecodeManifest(EditSection(m, 2, [](std::string& s) { s[0] = 1; }), kWhere), "huge"));
+  // A varint that never ends, and one of 11 bytes: malformed.
+  auto endless = [](std::string& s) {
+    for (size_t i = 0; i + 32 < s.size(); ++i) s[i] = static_cast<char>(0x80);
+  };
+  EXPECT_TRUE(Corrupt(DecodeManifest(EditSection(m, 2, endless), kWhere), "malformed"));
+  // An unknown codec or filter in record 0's last byte.
+  EXPECT_TRUE(Corrupt(DecodeManifest(EditSection(m, 2, [](std::string& s) { s[9] = 3; }), kWhere),
+                      "codec 3"));
+  EXPECT_TRUE(Corrupt(
+      DecodeManifest(EditSection(m, 2, [](std::string& s) { s[9] = 0x10; }), kWhere), "filter 1"));
+  // Bytes that do not match the box (record 0's size 16 -> 17: zigzag 34).
+  EXPECT_TRUE(
+      Corrupt(DecodeManifest(EditSection(m, 2, [](std::string& s) { s[2] = 34; }), kWhere), "box"));
+  // A file delta of -1 (to 2^64 - 1): not a u32.
+  EXPECT_TRUE(Corrupt(DecodeManifest(EditSection(m, 2, [](std::string& s) { s[8] = 1; }), kWhere),
+                      "not a u32"));
+  // Records that end early leave bytes; a head that claims a byte more is refused.
+  EXPECT_TRUE(Corrupt(
+      DecodeManifest(EditSection(m, 2, [](std::string& s) { s.insert(s.size() - 32, 1, '\0'); }),
+                     kWhere),
+      "after its last record"));
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "format/endian.h"
+#include "format/manifest_checks.h"
 #include "testutil/testutil.h"
 #include "util/crc32c.h"
 
@@ -220,7 +221,7 @@ TEST(Manifest, HeaderFields) {
   EXPECT_TRUE(Rejected(DecodeManifest(magic, kWhere), StatusCode::kCorruption, "bad magic"));
 
   EXPECT_TRUE(
-      Rejected(DecodeManifest(Frame(body, 4), kWhere), StatusCode::kUnimplemented, "version 4"));
+      Rejected(DecodeManifest(Frame(body, 5), kWhere), StatusCode::kUnimplemented, "version 5"));
   EXPECT_TRUE(
       Rejected(DecodeManifest(Frame(body, 0), kWhere), StatusCode::kUnimplemented, "version 0"));
   EXPECT_TRUE(Rejected(DecodeManifest(Frame(body, 1, uint64_t{1} << 63), kWhere),
@@ -546,6 +547,22 @@ double SecondsToDecodeShards(int n, bool side_by_side) {
 // Validation time must not grow quadratically with the number of shards (the cap allows 2^20 per
 // tensor): 2^15 shards side by side in dimension 1 must not take much longer to validate than
 // the same number stacked in dimension 0.
+// The tiling check's count of distinct offsets: sorted, unsorted, and values that all hash to one
+// slot (found by search), which make the hash set fall back to sorting; each count exact.
+TEST(Manifest, DistinctCountIsExactWhateverTheValues) {
+  std::vector<int64_t> table, sorted = {0, 0, 3, 3, 3, 7, 9};
+  EXPECT_EQ(internal::DistinctCount(sorted, table), 4u);
+  std::vector<int64_t> shuffled = {9, 3, 0, 7, 3, 0, 3};
+  EXPECT_EQ(internal::DistinctCount(shuffled, table), 4u);
+  std::vector<int64_t> colliding;  // 65 values -> a table of 256 slots (8 bits)
+  for (int64_t v = 1 << 20; colliding.size() < 64; ++v) {
+    if ((static_cast<uint64_t>(v) * 0x9e3779b97f4a7c15u) >> 56 == 5) colliding.push_back(v);
+  }
+  std::reverse(colliding.begin(), colliding.end());
+  colliding.push_back(colliding[3]);
+  EXPECT_EQ(internal::DistinctCount(colliding, table), 64u);
+}
+
 TEST(Manifest, ManyShardsValidateInSubquadraticTime) {
   constexpr int kShards = 1 << 15;
   double stacked = SecondsToDecodeShards(kShards, false);
@@ -570,10 +587,10 @@ TEST(Manifest, DataHeader) {
     EXPECT_EQ(CheckDataHeader(bad, kId, 3, kFormatVersion, "f").code(), kC) << "bit " << bit;
   }
   // A version this build does not know, and a known one that differs from the manifest's.
-  std::string v4 = h;
-  PutU32(&v4, 8, 4);
-  PutU32(&v4, kDataHeaderBytes - 4, Crc32c(std::string_view(v4).substr(0, kDataHeaderBytes - 4)));
-  EXPECT_THAT(CheckDataHeader(v4, kId, 3, kFormatVersion, "f"),
+  std::string v5 = h;
+  PutU32(&v5, 8, kMaxFormatVersion + 1);
+  PutU32(&v5, kDataHeaderBytes - 4, Crc32c(std::string_view(v5).substr(0, kDataHeaderBytes - 4)));
+  EXPECT_THAT(CheckDataHeader(v5, kId, 3, kFormatVersion, "f"),
               StatusIs(StatusCode::kUnimplemented));
   std::string v1 = EncodeDataHeader(kId, 3, 1);
   SP_EXPECT_OK(CheckDataHeader(v1, kId, 3, 1, "f"));

@@ -42,19 +42,40 @@ int64_t CountInShape(const Flat& f, size_t k, const Shape& shape) {
 
 // The dimension in which the boxes' offsets take the most distinct values.
 size_t SweepDimension(const Flat& f, const std::vector<uint32_t>& live) {
+  if (f.nd <= 1) return 0;
   size_t sweep = 0, most = 0;
-  std::vector<int64_t> values(live.size());
+  std::vector<int64_t> values(live.size()), table;
   for (size_t d = 0; d < f.nd; ++d) {
     for (size_t i = 0; i < live.size(); ++i) values[i] = f.offsets(live[i])[d];
-    std::sort(values.begin(), values.end());
-    const size_t distinct =
-        static_cast<size_t>(std::unique(values.begin(), values.end()) - values.begin());
+    const size_t distinct = internal::DistinctCount(values, table);
     if (distinct > most) most = distinct, sweep = d;
   }
   return sweep;
 }
 
 }  // namespace
+
+size_t internal::DistinctCount(std::vector<int64_t>& values, std::vector<int64_t>& table) {
+  if (std::is_sorted(values.begin(), values.end())) {
+    return static_cast<size_t>(std::unique(values.begin(), values.end()) - values.begin());
+  }
+  int bits = 4;
+  while ((size_t{1} << bits) < 2 * values.size()) ++bits;
+  const size_t mask = (size_t{1} << bits) - 1;
+  table.assign(mask + 1, -1);
+  size_t distinct = 0, probes = 0;
+  for (const int64_t v : values) {
+    size_t h = static_cast<size_t>((static_cast<uint64_t>(v) * 0x9e3779b97f4a7c15u) >> (64 - bits));
+    for (; table[h] != -1 && table[h] != v; h = (h + 1) & mask) ++probes;
+    if (probes > 16 * values.size()) {
+      std::sort(values.begin(), values.end());
+      return static_cast<size_t>(std::unique(values.begin(), values.end()) - values.begin());
+    }
+    distinct += table[h] == -1;
+    table[h] = v;
+  }
+  return distinct;
+}
 
 Status internal::CheckBoxTiling(const Shape& shape, const int64_t* boxes, size_t count,
                                 const Ctx& ctx, const std::string& in, bool cover) {
@@ -85,17 +106,20 @@ Status internal::CheckBoxTiling(const Shape& shape, const int64_t* boxes, size_t
   // Sweep along the dimension in which the offsets take the most distinct values (so shards side
   // by side in any one dimension are not compared pairwise), with a cap on the pairs compared so
   // that a hostile layout cannot make validation quadratic.
+  // (value, box) by the boxes' offsets in the sweep dimension: sorted flat, not through an index.
   const size_t sweep = SweepDimension(f, live);
-  if (f.nd > 0) {
-    std::sort(live.begin(), live.end(),
-              [&](uint32_t a, uint32_t b) { return f.offsets(a)[sweep] < f.offsets(b)[sweep]; });
-  }
-  uint64_t budget = (uint64_t{1} << 24) + 64 * uint64_t{live.size()};
+  std::vector<std::pair<int64_t, uint32_t>> order(live.size());
   for (size_t i = 0; i < live.size(); ++i) {
-    const int64_t end = f.nd > 0 ? f.offsets(live[i])[sweep] + f.sizes(live[i])[sweep] : 0;
-    for (size_t k = i + 1; k < live.size(); ++k) {
-      if (f.nd > 0 && f.offsets(live[k])[sweep] >= end) break;
-      if (Overlap(f, live[i], live[k])) return ctx.Bad(fmt::format("{}: shards overlap", in));
+    order[i] = {f.nd > 0 ? f.offsets(live[i])[sweep] : 0, live[i]};
+  }
+  if (!std::is_sorted(order.begin(), order.end())) std::sort(order.begin(), order.end());
+  uint64_t budget = (uint64_t{1} << 24) + 64 * uint64_t{live.size()};
+  for (size_t i = 0; i < order.size(); ++i) {
+    const auto [start, box] = order[i];
+    const int64_t end = f.nd > 0 ? start + f.sizes(box)[sweep] : 0;
+    for (size_t k = i + 1; k < order.size(); ++k) {
+      if (f.nd > 0 && order[k].first >= end) break;
+      if (Overlap(f, box, order[k].second)) return ctx.Bad(fmt::format("{}: shards overlap", in));
       if (--budget == 0) {
         return ctx.Bad(
             fmt::format("{}: layout of {} shards is too complex to validate", in, live.size()));
