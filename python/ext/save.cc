@@ -145,7 +145,8 @@ void BindSave(nb::module_& m) {
         nb::arg("metadata"), nb::arg("overwrite"), nb::arg("create_parents"), nb::arg("direct_io"),
         nb::arg("io_threads"), nb::arg("chunk_bytes"),
         nb::arg("compression") = CompressionSpec("none", "auto", 1),
-        nb::arg("key").none() = nb::none(), nb::arg("format_version") = SaveOptions{}.format_version,
+        nb::arg("key").none() = nb::none(),
+        nb::arg("format_version") = SaveOptions{}.format_version,
         "Saves borrowed tensors + values (GIL released); returns SaveStats as a dict. key: None, "
         "bytes, a key file path or a callable (SaveOptions::key).");
 

@@ -204,7 +204,8 @@ void BindTorchDistributed(nb::module_& m) {
         nb::arg("tensors"), nb::arg("boxes"), nb::arg("values"), nb::arg("metadata"),
         nb::arg("overwrite"), nb::arg("create_parents"), nb::arg("chunk_bytes"),
         nb::arg("io_threads"), nb::arg("direct_io"), nb::arg("timeout_s"),
-        nb::arg("key").none() = nb::none(), nb::arg("format_version") = SaveOptions{}.format_version,
+        nb::arg("key").none() = nb::none(),
+        nb::arg("format_version") = SaveOptions{}.format_version,
         "SaveDistributed of borrowed tensors (GIL released; the communicator `comm` takes it "
         "back for each collective); boxes: {name: (global_shape, offsets, sizes, replicas)}. "
         "Returns this rank's SaveStats.");
