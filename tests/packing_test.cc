@@ -180,7 +180,7 @@ TEST(Packing, FormatVersion1WritesTheClassicLayout) {
       JoinPath(path, kDataFile), 0, [&](std::string* b) { header = *b; }, header.size());
   EXPECT_EQ(format::GetU32(header, 8), 1u);  // the data file header's version
   ExpectAllReadersAgree(path, state);
-  for (uint32_t bad : {0u, 4u}) {
+  for (uint32_t bad : {0u, format::kMaxFormatVersion + 1}) {
     o.format_version = bad;
     Status s = Save(state, dir.Sub(fmt::format("bad{}", bad)), o);
     EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument, "SaveOptions.format_version"));
@@ -296,7 +296,7 @@ TEST(Packing, DataHeaderVersionMustMatchTheManifest) {
   const std::string path = dir.Sub("ckpt");
   SP_ASSERT_OK(Save(MixedState(), path));
   const std::string data = JoinPath(path, kDataFile);
-  for (uint32_t version : {1u, 3u, 4u}) {
+  for (uint32_t version : {1u, 3u, 4u, format::kMaxFormatVersion + 1}) {
     PatchFile(
         data, 0,
         [&](std::string* h) {
@@ -306,7 +306,8 @@ TEST(Packing, DataHeaderVersionMustMatchTheManifest) {
         },
         format::kDataHeaderBytes);
     Status s = Load(path).status();
-    EXPECT_EQ(s.code(), version < 4 ? StatusCode::kCorruption : StatusCode::kUnimplemented)
+    EXPECT_EQ(s.code(), version <= format::kMaxFormatVersion ? StatusCode::kCorruption
+                                                             : StatusCode::kUnimplemented)
         << s.ToString();
     EXPECT_NE(s.message().find(fmt::format("data file format version {}", version)),
               std::string::npos)
