@@ -36,6 +36,14 @@ bool BoxBytes(DType dtype, const int64_t* sizes, size_t nd, uint64_t* bytes) {
   return n <= static_cast<uint64_t>(INT64_MAX);  // (NumBytes' limit)
 }
 
+// The error for rank `r`'s plan when it is not the one the rank sent the digest of.
+Status PlanNotDigested(size_t r) {
+  return InvalidArgumentError(fmt::format(
+      "rank {} sent a plan other than the one it sent the digest of (the second round of "
+      "SaveCoordinator::Decide must carry the plans of the first's digests)",
+      r));
+}
+
 // The error for a tensor whose manifest section would be `bytes` bytes, over the readers' cap.
 Status SectionOverCap(const std::string& tensor, uint64_t bytes) {
   return ResourceExhaustedError(
@@ -664,24 +672,27 @@ Status CheckPlansAgainstDigests(const std::vector<std::string>& plans,
   }
   return ForRanges(plans.size(), threads, [&](size_t first, size_t last) -> Status {
     for (size_t r = first; r < last; ++r) {
-      if (!PlanMatchesDigest(plans[r], digests[r])) {
-        return InvalidArgumentError(fmt::format(
-            "rank {} sent a plan other than the one it sent the digest of (the second round of "
-            "SaveCoordinator::Decide must carry the plans of the first's digests)",
-            r));
-      }
+      if (!PlanMatchesDigest(plans[r], digests[r])) return PlanNotDigested(r);
     }
     return Status::OK();
   });
 }
 
 Result<std::shared_ptr<const MergedPlan>> MergePlans(const std::vector<std::string>& plans,
-                                                     int threads) {
+                                                     int threads,
+                                                     const std::vector<std::string>* digests) {
+  if (digests != nullptr && digests->size() != plans.size()) {
+    return CheckPlansAgainstDigests(plans, *digests, threads);  // (names the mismatch)
+  }
   const int world = static_cast<int>(plans.size());
   const size_t parts = static_cast<size_t>(std::clamp(threads, 1, std::max(world, 1)));
   std::vector<ManifestMerger> mergers(parts, ManifestMerger(world));
   const Status parts_added = ParallelFor(parts, threads, [&](size_t p, int) -> Status {
     for (size_t r = plans.size() * p / parts; r < plans.size() * (p + 1) / parts; ++r) {
+      // (Hashed just before it is decoded, a plan is read from memory once.)
+      if (digests != nullptr && !PlanMatchesDigest(plans[r], (*digests)[r])) {
+        return PlanNotDigested(r);
+      }
       SP_RETURN_IF_ERROR(mergers[p].AddPlan(static_cast<int>(r), plans[r]));
     }
     return Status::OK();
@@ -690,8 +701,9 @@ Result<std::shared_ptr<const MergedPlan>> MergePlans(const std::vector<std::stri
   for (size_t p = 1; p < parts && joined.ok(); ++p)
     joined = mergers[0].Absorb(std::move(mergers[p]));
   if (joined.ok()) return mergers[0].Finish(threads);
-  // An error: the one a single merger finds first (a conflict between ranges is found only when
-  // they are joined, after the ranges' own errors).
+  // An error: a plan that is not its digest's first, then the one a single merger finds first (a
+  // conflict between ranges is found only when they are joined, after the ranges' own errors).
+  if (digests != nullptr) SP_RETURN_IF_ERROR(CheckPlansAgainstDigests(plans, *digests, threads));
   ManifestMerger one(world);
   for (size_t r = 0; r < plans.size(); ++r) {
     SP_RETURN_IF_ERROR(one.AddPlan(static_cast<int>(r), plans[r]));

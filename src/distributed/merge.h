@@ -154,10 +154,13 @@ class ManifestMerger {
 };
 
 // Merges the plans of a save (plans[r] is rank r's): on `threads` threads, each merging a range
-// of ranks, then joined in rank order. The error is that of the first rank (in rank order) whose
-// plan fails or contradicts an earlier rank's.
-Result<std::shared_ptr<const MergedPlan>> MergePlans(const std::vector<std::string>& plans,
-                                                     int threads);
+// of ranks, then joined in rank order. With `digests` (the first round's, SaveCoordinator::Decide),
+// each plan is checked to be its digest's (CheckPlansAgainstDigests) just before it is decoded.
+// The error is that of the first rank (in rank order) whose plan is not its digest's, else of the
+// first whose plan fails or contradicts an earlier rank's.
+Result<std::shared_ptr<const MergedPlan>> MergePlans(
+    const std::vector<std::string>& plans, int threads,
+    const std::vector<std::string>* digests = nullptr);
 
 // One save's checksums (EncodeCrcs reports) on its MergedPlan, and the manifest they make.
 class SaveChecksums {

@@ -403,6 +403,30 @@ TEST(MergePlansTest, RangesJoinedMakeTheSameManifest) {
   }
 }
 
+// With the first round's digests each plan is checked as it is merged: a plan that is not its
+// digest's is named before any merge error (rank 2's dtype conflict here), whatever the threads.
+TEST(MergePlansTest, PlansAreCheckedAgainstTheirDigestsAsTheyAreMerged) {
+  const std::vector<std::string> plans = JobPlans(24), bad = JobPlans(24, 2, DType::kF16);
+  std::vector<std::string> digests, bad_digests;
+  for (int r = 0; r < 24; ++r) {
+    digests.push_back(dist::EncodePlanDigest(plans[r]));
+    bad_digests.push_back(dist::EncodePlanDigest(bad[r]));
+  }
+  for (int threads : {1, 4}) {
+    SCOPED_TRACE(threads);
+    SP_EXPECT_OK(dist::MergePlans(plans, threads, &digests).status());
+    EXPECT_THAT(dist::MergePlans(bad, threads, &bad_digests),
+                StatusIs(StatusCode::kInvalidArgument, "rank 2 has F16"));
+    std::vector<std::string> swapped = bad_digests;
+    swapped[20] = digests[20];  // rank 20 sends a plan other than its digest's
+    EXPECT_THAT(dist::MergePlans(bad, threads, &swapped),
+                StatusIs(StatusCode::kInvalidArgument, "rank 20 sent a plan other than"));
+    const std::vector<std::string> fewer(digests.begin(), digests.end() - 1);
+    EXPECT_THAT(dist::MergePlans(plans, threads, &fewer),
+                StatusIs(StatusCode::kInvalidArgument, "24 plans for 23 digests"));
+  }
+}
+
 TEST(MergePlansTest, TheErrorIsTheFirstRanksWhateverTheThreads) {
   constexpr int kWorld = 12;
   for (int threads : {1, 4}) {

@@ -307,10 +307,11 @@ std::string SaveCoordinator::Decide(const std::vector<std::string>& plans) {
     bool digests = false;
     const int threads = dist::CoordinatorThreads(plans.size());
     crypto::Sha256 key;
+    std::vector<std::string> digests_asked;  // the plans must be these digests' (checked by merge)
     if (!c.digests.empty()) {  // the plans the last verdict asked for: the key is the digests'
-      const std::vector<std::string> digests_asked = std::move(c.digests);
+      digests_asked = std::move(c.digests);
       c.digests.clear();  // (a failed second round starts over)
-      SP_RETURN_IF_ERROR(dist::CheckPlansAgainstDigests(plans, digests_asked, threads));
+      c.plan = nullptr;
       key = c.digests_key;
     } else {
       key = dist::PlanKey(plans, &digests, threads);
@@ -324,7 +325,9 @@ std::string SaveCoordinator::Decide(const std::vector<std::string>& plans) {
       return Status::OK();
     }
     if (c.plan == nullptr) {
-      SP_ASSIGN_OR_RETURN(c.plan, dist::MergePlans(plans, threads));
+      SP_ASSIGN_OR_RETURN(
+          c.plan,
+          dist::MergePlans(plans, threads, digests_asked.empty() ? nullptr : &digests_asked));
       dist::CachePlan(key, c.plan);
     }
     v.file_index = c.plan->file_index();

@@ -94,6 +94,10 @@ class RecordDecoder {
 
   // One LEB128 varint of at most 10 bytes whose value fits in 64 bits.
   bool Varint(uint64_t* v) {
+    if (at_ < b_.size() && static_cast<uint8_t>(b_[at_]) < 0x80) {  // (most take one byte)
+      *v = static_cast<uint8_t>(b_[at_++]);
+      return true;
+    }
     uint64_t x = 0;
     for (int shift = 0; shift < 70 && at_ < b_.size(); shift += 7) {
       const auto byte = static_cast<uint8_t>(b_[at_++]);
@@ -362,7 +366,10 @@ Status DecodeTensorSection(std::string_view section, ManifestHead* head, size_t 
     if (!records.Next(&raw)) {
       return ctx.Bad(fmt::format("{} shard {}: its record is truncated or malformed", in, k));
     }
-    const uint64_t n = NumChunks(std::min<uint64_t>(raw.bytes, uint64_t{1} << 62), m.chunk_bytes);
+    const uint64_t n =
+        raw.bytes <= m.chunk_bytes  // (most shards: no division)
+            ? uint64_t{raw.bytes != 0}
+            : NumChunks(std::min<uint64_t>(raw.bytes, uint64_t{1} << 62), m.chunk_bytes);
     if (n > r.chunks - chunk) {
       return ctx.Bad(
           fmt::format("{} shard {}: more chunks than the section's {}", in, k, r.chunks));
