@@ -385,6 +385,11 @@ Result<std::vector<ManifestMerger::Place>> ManifestMerger::PlaceTensors(MergedPl
     if (section > format::kMaxManifestBodyBytes && over_cap->ok()) {
       *over_cap = SectionOverCap(t.name, section);
     }
+    if (t.shards > format::kMaxShardsPerTensor && over_cap->ok()) {
+      *over_cap = ResourceExhaustedError(
+          fmt::format("tensor {:?}: {} shards, over the {} a manifest reader accepts", t.name,
+                      t.shards, format::kMaxShardsPerTensor));
+    }
     next.index = plan->tensors_.size();
     next.id = places[ti].id;
     places[ti] = next;

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "distributed/descriptor.h"
+#include "distributed/wire.h"
 #include "format/endian.h"
 #include "format/manifest_index.h"
 #include "io/mem_fs.h"
@@ -187,6 +188,36 @@ TEST(ManifestMergerTest, ManifestBeyondItsCapIsRefusedBeforeAnyAllocation) {
   Result<std::shared_ptr<const dist::MergedPlan>> plan = fine.Finish();
   SP_ASSERT_OK(plan.status());
   EXPECT_EQ((*plan)->file_index(), std::vector<int64_t>{0});
+}
+
+// A tensor of more shards than a manifest reader accepts (format::kMaxShardsPerTensor) is refused
+// at the decision, naming it.
+TEST(ManifestMergerTest, MoreShardsThanReadersAcceptAreRefused) {
+  // One rank's plan (docs/FORMAT.md §16), written here: one element of "t" per shard.
+  const int64_t n = int64_t{format::kMaxShardsPerTensor} + 1;
+  const std::string head = dist::EncodePlan(Status::OK(), format::Manifest{});
+  dist::WireWriter w;
+  w.U64(format::kCompactFormatVersion);
+  w.U64(0);     // not encrypted
+  w.U64(4096);  // chunk size
+  w.U64(4096 + static_cast<uint64_t>(n));
+  w.U64(static_cast<uint64_t>(n));
+  const int64_t one = 1;
+  for (int64_t k = 0; k < n; ++k) {
+    w.VStr("t");
+    w.VStr("U8");
+    w.Dims(&n, 1);
+    w.Dims(&k, 1);
+    w.Dims(&one, 1);
+    w.V64(4096 + static_cast<uint64_t>(k));
+    w.V64(1);
+  }
+  // (the status of EncodePlan's empty plan, then this plan's fields)
+  const std::string plan = head.substr(0, head.size() - 40) + w.bytes();
+  dist::ManifestMerger merger(1);
+  SP_ASSERT_OK(merger.AddPlan(0, plan));
+  EXPECT_THAT(merger.Finish().status(),
+              StatusIs(StatusCode::kResourceExhausted, "tensor \"t\": 1048577 shards"));
 }
 
 // Version 4's records vary in size: a section that fits with its records at their smallest but
