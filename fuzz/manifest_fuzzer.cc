@@ -7,8 +7,9 @@
 //    rules instead of stopping at the checksum. Whole indexed files (corpus/manifest/v3_*, v4_*)
 //    reach the binary sections (src/format/manifest_index.cc), whole and read in parts as a
 //    distributed load reads them (the head, then each section keeping the shards that meet a
-//    box); read in parts a second time with every checksum made right, so that mutated records
-//    (version 4's varints) reach the record decoder.
+//    box); read in parts a second time with every checksum made right, and whole with the
+//    sections' checksums in the head made right too, so that mutated records (version 4's varints)
+//    reach the record decoder and the re-encoding check.
 // Any input must give OK or a clean error: no crash, no sanitizer report, no huge allocation.
 // A decoded manifest is re-encoded and must decode again to the same JSON.
 #include <cstddef>
@@ -84,13 +85,37 @@ std::string Refit(std::string_view bytes) {
   return out;
 }
 
+// An indexed input (already Refit) with each section's CRC32C in its head set to the section's,
+// so that a whole decode reaches the records (and the re-encoding check covers them); empty when
+// its head does not decode.
+std::string RefitSections(std::string_view bytes) {
+  Result<uint64_t> head = format::IndexedHeadBytes(bytes, "fuzz");
+  if (!head.ok() || *head == 0 || *head > bytes.size()) return {};
+  Result<format::ManifestHead> h =
+      format::DecodeManifestHead(bytes.substr(0, *head), bytes.size(), "fuzz");
+  if (!h.ok()) return {};
+  const uint64_t header = format::kManifestHeaderBytes;
+  Json j = Json::parse(bytes.substr(header, *head - header), nullptr, false);
+  if (j.is_discarded() || !j.contains("tensors")) return {};
+  for (size_t i = 0; i < h->sections.size() && i < j["tensors"].size(); ++i) {
+    const format::SectionRef& r = h->sections[i];
+    j["tensors"][i]["section_crc32c"] = Crc32c(bytes.substr(r.offset, r.bytes));
+  }
+  const std::string body = j.dump();
+  std::string out(bytes.substr(0, header));
+  format::PutU64(&out, 16, body.size());
+  return Refit(out + body + std::string(bytes.substr(*head)));
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view input(reinterpret_cast<const char*>(data), size);
   Check(input);
   CheckParts(input, false);
-  CheckParts(Refit(input), true);
+  const std::string refit = Refit(input);
+  CheckParts(refit, true);
+  if (const std::string whole = RefitSections(refit); !whole.empty()) Check(whole);
   for (uint32_t v = format::kMinFormatVersion; v <= format::kMaxFormatVersion; ++v) {
     Check(Frame(input, v));
   }

@@ -93,6 +93,10 @@ def save(obj: Any, path: StrPath, *, async_: bool = False, compression: Compress
     Returns a dict of statistics (bytes, chunks, seconds, direct_io) for a synchronous save, a
     SaveFuture for an asynchronous one. Errors are SavepointError subclasses (the C++ message).
     """
+    if isinstance(format_version, bool) or not isinstance(format_version, int) or \
+            not 0 <= format_version < 2**32:
+        raise _errors.InvalidArgumentError(
+            f"savepoint.save: format_version must be an int (1 to 4), not {format_version!r}")
     sparse = base is not None or _tree.contains_table(obj)
     if format_version != 2 and (sparse or (async_ and process_group is None)):
         raise _errors.InvalidArgumentError(

@@ -357,9 +357,11 @@ Result<std::vector<ManifestMerger::Place>> ManifestMerger::PlaceTensors(MergedPl
   // A manifest holds at most kMaxManifestFileBytes: more records and chunk entries cannot be
   // written (and are not allocated).
   const uint64_t entry = format::ChunkEntryBytes(false, encrypted_);
-  if (shards >= UINT32_MAX || record_bytes > format::kMaxManifestFileBytes) {
-    return ResourceExhaustedError(fmt::format("{} shards: the manifest would exceed {} bytes",
-                                              shards, format::kMaxManifestFileBytes));
+  if (shards >= UINT32_MAX || record_bytes > format::kMaxManifestFileBytes ||
+      (version >= format::kIndexedFormatVersion && shards > format::kMaxIndexedShards)) {
+    return ResourceExhaustedError(
+        fmt::format("{} shards: over what a manifest holds ({} bytes, {} shards)", shards,
+                    format::kMaxManifestFileBytes, format::kMaxIndexedShards));
   }
   const uint64_t kMaxEntries = (format::kMaxManifestFileBytes - record_bytes) / entry;
   std::vector<uint32_t> names(tensors_.size());

@@ -30,7 +30,7 @@ inline constexpr std::string_view kDataMagic = "SVPTDATA";      // 8 bytes
 // indexed manifest: format/manifest_index.h) stores each tensor's shard records as a binary section
 // after the JSON head, so that a reader can read the head and then only the tensors it needs.
 // Version 4 (§17) is version 3 with compact shard records: varints, most of them differences from
-// the previous record's fields, about a third of version 3's bytes.
+// the previous record's fields, about a quarter of version 3's bytes.
 inline constexpr uint32_t kFormatVersion = 2;
 inline constexpr uint32_t kMinFormatVersion = 1;
 inline constexpr uint32_t kMaxFormatVersion = 4;

@@ -529,6 +529,7 @@ Status DecodeTop(const Json& root, const Ctx& ctx, Manifest* m, bool* compressio
 // must be by name.
 Status DecodeTensorHeads(const Json& tensors, const Ctx& ctx, bool compression, Manifest* m,
                          std::vector<SectionRef>* sections) {
+  uint64_t shards = 0;  // (each tensor's at most kMaxShardsPerTensor: no overflow)
   for (size_t i = 0; i < tensors.size(); ++i) {
     TensorRecord t;
     std::string in;
@@ -540,12 +541,16 @@ Status DecodeTensorHeads(const Json& tensors, const Ctx& ctx, bool compression, 
                       "required_features",
                       in));
     }
+    if ((shards += r.shards) > kMaxIndexedShards) {
+      return ctx.Bad(
+          fmt::format("{}: the sections hold over {} shards in all", in, kMaxIndexedShards));
+    }
     if (!m->tensors.empty() && m->tensors.back().name == t.name) {
       return ctx.Bad(fmt::format("tensor {:?} appears twice", t.name));
     }
     if (!m->tensors.empty() && m->tensors.back().name > t.name) {
       return ctx.Bad(
-          fmt::format("tensor {:?} is out of order (version 3 lists them by name)", t.name));
+          fmt::format("tensor {:?} is out of order (an indexed head lists them by name)", t.name));
     }
     m->tensors.push_back(std::move(t));
     sections->push_back(r);

@@ -427,7 +427,7 @@ Result<ManifestHead> DecodeManifestHead(std::string_view head, uint64_t file_byt
   }
   // Exactly header and head (all that the CRC covers), and not encrypted (read whole: the MAC).
   if (GetU64(head, 16) != head.size() - kManifestHeaderBytes || h.manifest.encryption.enabled) {
-    return ctx.Bad("not the head of an unencrypted manifest of version 3");
+    return ctx.Bad("not the head of an unencrypted indexed manifest");
   }
   if (file_bytes > kMaxManifestFileBytes) {
     return ctx.Bad(

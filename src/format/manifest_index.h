@@ -46,6 +46,11 @@ struct ManifestHead {
 
 // Bytes of one version 3 shard record of a tensor of `ndim` dimensions (fixed), the fewest and
 // the most of one version 4 record (compact: a varint per field), and of one chunk entry.
+// The most shards the sections of one indexed manifest hold in all: version 4's records take a
+// few bytes each, and a whole read makes a ShardRecord of each (a version 3 file of 4 GiB holds
+// fewer anyway).
+inline constexpr uint64_t kMaxIndexedShards = uint64_t{1} << 27;
+
 constexpr uint64_t ShardRecordBytes(size_t ndim) { return 16 * uint64_t{ndim} + 24; }
 constexpr uint64_t MinCompactRecordBytes(size_t ndim) { return 2 * uint64_t{ndim} + 4; }
 constexpr uint64_t MaxCompactRecordBytes(size_t ndim) { return 20 * uint64_t{ndim} + 31; }

@@ -4,6 +4,7 @@
 // sections (version 3's fixed records and version 4's compact ones).
 #include "format/manifest_index.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -313,7 +314,28 @@ TEST_P(ManifestIndex, LargestSectionIsWhatIsWritten) {
   EXPECT_EQ(LargestSection(v2), 0u);
 }
 
-// Version 4's records: a third of version 3's here, and every malformed one refused.
+// A head whose sections would hold more than kMaxIndexedShards in all is refused before any
+// section is read (129 tensors of 2^20 one-byte shards, with no section bytes behind them).
+TEST(ManifestIndexCompact, HeadOfTooManyShardsInAllIsCorruption) {
+  const std::string bytes = EditHead(Sharded(kCompactFormatVersion), [](Json& j) {
+    Json tensors = Json::array();
+    const uint64_t n = kMaxShardsPerTensor;
+    for (int i = 0; i < 129; ++i) {
+      tensors.push_back({{"name", fmt::format("t{:03}", i)},
+                         {"dtype", "U8"},
+                         {"shape", {n}},
+                         {"shards", n},
+                         {"chunks", n},
+                         {"stored", false},
+                         {"section_bytes", n * MinCompactRecordBytes(1) + n * 4},
+                         {"section_crc32c", 0}});
+    }
+    j["tensors"] = tensors;
+  });
+  EXPECT_TRUE(Corrupt(DecodeManifest(bytes, kWhere), "over 134217728 shards in all"));
+}
+
+// Version 4's records: a quarter of version 3's here, and every malformed one refused.
 TEST(ManifestIndexCompact, RecordsAreCompactAndHostileOnesAreCorruption) {
   const Manifest m = Sharded(kCompactFormatVersion);
   EXPECT_LT(EncodeManifest(m).size(), EncodeManifest(Sharded(kIndexedFormatVersion)).size());

@@ -89,8 +89,9 @@ def test_format_versions_round_trip(tmp_path, version):
     back = savepoint.load(path)
     assert torch.equal(back["w"], state["w"]) and torch.equal(back["b"], state["b"])
     assert back["step"] == 5
-    with pytest.raises(savepoint.InvalidArgumentError, match="format_version"):
-        savepoint.save(state, tmp_path / "bad", format_version=version + 4)
+    for bad in (version + 4, True, 4.0, "4", -1, 2**32):
+        with pytest.raises(savepoint.InvalidArgumentError, match="format_version"):
+            savepoint.save(state, tmp_path / "bad", format_version=bad)
     if version != 2:
         with pytest.raises(savepoint.InvalidArgumentError, match="format_version"):
             savepoint.save(state, tmp_path / "async", async_=True, format_version=version)
