@@ -101,8 +101,8 @@ uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
 }
 
 void AppendVarint(uint64_t v, std::string* out) {
-  for (; v >= 0x80; v >>= 7) out->push_back(static_cast<char>(v | 0x80));
-  out->push_back(static_cast<char>(v));
+  char b[kMaxVarintBytes];
+  out->append(b, static_cast<size_t>(PutVarint(v, b) - b));
 }
 
 // A varint of Merged::boxes (AppendVarint, or a plan's, decoded once and checked), again.

@@ -12,11 +12,12 @@
 
 #include "savepoint/status.h"
 #include "savepoint/tensor.h"
+#include "util/varint.h"
 
 namespace savepoint::dist {
 
-// Fixed-size integers are little-endian; V64 is an unsigned LEB128 varint (7 bits a byte, low
-// first, at most 10 bytes), which the per-shard fields use: a 16,384-rank save sends millions.
+// Fixed-size integers are little-endian; V64 is an unsigned LEB128 varint (util/varint.h), which
+// the per-shard fields use: a 16,384-rank save sends millions.
 class WireWriter {
  public:
   void U32(uint32_t v) {
@@ -29,11 +30,8 @@ class WireWriter {
     U32(static_cast<uint32_t>(v >> 32));
   }
   void V64(uint64_t v) {
-    char b[10];
-    size_t n = 0;
-    for (; v >= 0x80; v >>= 7) b[n++] = static_cast<char>((v & 0x7f) | 0x80);
-    b[n++] = static_cast<char>(v);
-    out_.append(b, n);
+    char b[kMaxVarintBytes];
+    out_.append(b, static_cast<size_t>(PutVarint(v, b) - b));
   }
   void Raw(std::string_view s) { out_.append(s); }
   void Str(std::string_view s) {
@@ -81,23 +79,10 @@ class WireReader {
   // V64 without a Result, for the per-shard fields: false when the bytes end or the varint is
   // malformed (then Truncated() is the error to return).
   bool Next(uint64_t* out) {
-    if (!in_.empty() && static_cast<uint8_t>(in_[0]) < 0x80) {  // (most are one byte)
-      *out = static_cast<uint8_t>(in_[0]);
-      in_.remove_prefix(1);
-      return true;
-    }
-    uint64_t v = 0;
-    for (size_t i = 0; i < 10 && i < in_.size(); ++i) {
-      const uint8_t b = static_cast<uint8_t>(in_[i]);
-      if (i == 9 && b > 1) break;  // past 64 bits
-      v |= uint64_t{b & 0x7fu} << (7 * i);
-      if (b < 0x80) {
-        in_.remove_prefix(i + 1);
-        *out = v;
-        return true;
-      }
-    }
-    return false;
+    size_t at = 0;
+    if (!GetVarint(in_, &at, out)) return false;
+    in_.remove_prefix(at);
+    return true;
   }
   // A count (fixed, or a varint) of items of at least `min_item_bytes` each: capped by what
   // remains.

@@ -11,6 +11,7 @@
 #include "format/endian.h"
 #include "format/manifest_checks.h"
 #include "util/crc32c.h"
+#include "util/varint.h"
 
 namespace savepoint::format {
 namespace {
@@ -37,12 +38,6 @@ uint64_t ZigZag(uint64_t delta) {
   return (delta << 1) ^ static_cast<uint64_t>(static_cast<int64_t>(delta) >> 63);
 }
 uint64_t UnZigZag(uint64_t z) { return (z >> 1) ^ (0 - (z & 1)); }
-
-char* PutVarint(uint64_t v, char* p) {
-  for (; v >= 0x80; v >>= 7) *p++ = static_cast<char>(v | 0x80);
-  *p++ = static_cast<char>(v);
-  return p;
-}
 
 // Reads the records of one section in order (version 3: fixed size; 4: compact). Each Next
 // consumes one record; false when the bytes end inside it or a varint is malformed.
@@ -92,24 +87,7 @@ class RecordDecoder {
     return true;
   }
 
-  // One LEB128 varint of at most 10 bytes whose value fits in 64 bits.
-  bool Varint(uint64_t* v) {
-    if (at_ < b_.size() && static_cast<uint8_t>(b_[at_]) < 0x80) {  // (most take one byte)
-      *v = static_cast<uint8_t>(b_[at_++]);
-      return true;
-    }
-    uint64_t x = 0;
-    for (int shift = 0; shift < 70 && at_ < b_.size(); shift += 7) {
-      const auto byte = static_cast<uint8_t>(b_[at_++]);
-      if (shift == 63 && byte > 1) return false;
-      x |= uint64_t{byte & 0x7fu} << shift;
-      if (byte < 0x80) {
-        *v = x;
-        return true;
-      }
-    }
-    return false;
-  }
+  bool Varint(uint64_t* v) { return GetVarint(b_, &at_, v); }
 
   // A zigzag-coded difference from *prev (wrapping), which becomes the new *prev.
   bool Delta(uint64_t* v, uint64_t* prev) {

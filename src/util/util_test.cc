@@ -14,6 +14,7 @@
 #include "testutil/testutil.h"
 #include "util/base64.h"
 #include "util/parallel.h"
+#include "util/varint.h"
 
 namespace savepoint {
 namespace {
@@ -227,6 +228,32 @@ TEST(Base64, RejectsMisplacedPaddingAndWhitespace) {
     EXPECT_FALSE(r.ok()) << ::testing::PrintToString(bad) << " decoded to "
                          << (r.ok() ? r->size() : 0) << " bytes";
   }
+}
+
+// Varints round-trip at every length's boundary; truncated ones, 11-byte ones and values past
+// 64 bits are refused.
+TEST(Varint, RoundTripsAndRefusesMalformedBytes) {
+  for (uint64_t v : {uint64_t{0}, uint64_t{127}, uint64_t{128}, uint64_t{16383}, uint64_t{16384},
+                     uint64_t{1} << 63, UINT64_MAX}) {
+    char b[kMaxVarintBytes];
+    const std::string_view in(b, static_cast<size_t>(PutVarint(v, b) - b));
+    size_t at = 0;
+    uint64_t got = 0;
+    ASSERT_TRUE(GetVarint(in, &at, &got)) << v;
+    EXPECT_EQ(got, v);
+    EXPECT_EQ(at, in.size());
+    size_t short_at = 0;
+    if (in.size() > 1) {
+      EXPECT_FALSE(GetVarint(in.substr(0, in.size() - 1), &short_at, &got)) << v;
+    }
+  }
+  size_t at = 0;
+  uint64_t v = 0;
+  EXPECT_FALSE(GetVarint(std::string(10, '\x80') + '\x01', &at, &v));  // 11 bytes
+  at = 0;
+  EXPECT_FALSE(GetVarint(std::string(9, '\xff') + '\x02', &at, &v));  // past 64 bits
+  at = 0;
+  EXPECT_FALSE(GetVarint("", &at, &v));
 }
 
 }  // namespace
