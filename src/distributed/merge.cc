@@ -61,9 +61,10 @@ Status ForRanges(size_t n, int threads, const std::function<Status(size_t, size_
 }
 
 // The order of `count` flat boxes (2 * nd values each: offsets, then sizes) by their offsets,
-// then sizes. Ranks usually send them in that order already, which is checked first. Boxes of one
-// or two dimensions whose offsets fit a 64-bit key (the offsets, 32 bits each for two) are sorted
-// by that key, ties by the whole box; others by the whole box.
+// then sizes (for layouts that are not grids: GridOrder orders those). Ranks usually send them in
+// that order already, which is checked first. Boxes of one or two dimensions whose offsets fit a
+// 64-bit key (the offsets, 32 bits each for two) are sorted by that key, ties by the whole box;
+// others by the whole box.
 std::vector<uint32_t> BoxOrder(const int64_t* b, size_t count, size_t nd) {
   std::vector<uint32_t> order(count);
   std::iota(order.begin(), order.end(), 0u);
@@ -125,9 +126,9 @@ int CoordinatorThreads(size_t world) {
 Result<ManifestMerger::Merged*> ManifestMerger::TensorOf(int rank, size_t i, std::string_view name,
                                                          std::string_view dtype,
                                                          const int64_t* shape, size_t ndim) {
-  // Ranks of one replica group list the same tensors: the i-th shard of the previous plan is
-  // likely of the same tensor as this one.
-  uint32_t at = i < hints_.size() ? hints_[i] : UINT32_MAX;
+  // Ranks list their tensors in one order, some of them fewer (replicas that do not write): the
+  // tensor that followed the previous shard's in the last plan that had it is likely this one.
+  uint32_t at = i == 0 ? first_hint_ : tensors_[prev_].next;
   if (at >= tensors_.size() || tensors_[at].name != name) {
     auto it = index_.find(name);
     if (it == index_.end()) {
@@ -142,8 +143,8 @@ Result<ManifestMerger::Merged*> ManifestMerger::TensorOf(int rank, size_t i, std
     }
     at = it->second;
   }
-  if (i >= hints_.size()) hints_.resize(i + 1, UINT32_MAX);
-  hints_[i] = at;
+  (i == 0 ? first_hint_ : tensors_[prev_].next) = at;
+  prev_ = at;
   Merged& t = tensors_[at];
   if (DTypeName(t.dtype) != dtype ||
       !std::equal(shape, shape + ndim, t.shape.begin(), t.shape.end())) {
@@ -300,6 +301,7 @@ struct ManifestMerger::Scratch {
   std::vector<int64_t> boxes;
   std::vector<uint32_t> ranks;
   std::vector<std::pair<uint64_t, uint64_t>> extents;  // (offset, bytes)
+  std::vector<uint32_t> order;                         // the boxes' order in the records
   std::unique_ptr<char[]> out;  // records as encoded, before they are copied to their tensor
   uint64_t out_bytes = 0;
 };
@@ -433,9 +435,14 @@ Status ManifestMerger::LayTensor(uint32_t ti, const Place& at, bool lay, Scratch
   for (const std::string& part : t.later) decode(part);
   std::string().swap(t.boxes);
   std::vector<std::string>().swap(t.later);
-  Status s = format::CheckFlatTiling(t.shape, scratch.boxes.data(), n, "sharded save",
-                                     fmt::format("tensor {:?}", t.name));
-  if (!s.ok()) return InvalidArgumentError(s.message());
+  // A grid (the usual layout) is checked and ordered at once; other layouts are swept, then sorted.
+  std::vector<uint32_t>& order = scratch.order;
+  if (!format::GridOrder(t.shape, scratch.boxes.data(), n, &order)) {
+    Status s = format::CheckFlatTiling(t.shape, scratch.boxes.data(), n, "sharded save",
+                                       fmt::format("tensor {:?}", t.name));
+    if (!s.ok()) return InvalidArgumentError(s.message());
+    if (lay) order = BoxOrder(scratch.boxes.data(), n, nd);
+  }
   if (!lay) return Status::OK();
   format::RecordEncoder encoder(plan->version_, nd);
   if (const uint64_t most = n * encoder.MaxBytes(); most > scratch.out_bytes) {
@@ -444,7 +451,7 @@ Status ManifestMerger::LayTensor(uint32_t ti, const Place& at, bool lay, Scratch
   }
   char* out = scratch.out.get();
   uint64_t shard = at.shard, chunk = at.chunk;
-  for (uint32_t k : BoxOrder(scratch.boxes.data(), n, nd)) {
+  for (uint32_t k : order) {
     const auto [offset, bytes] = scratch.extents[k];
     const int64_t* b = scratch.boxes.data() + 2 * nd * k;
     const uint64_t chunks = format::NumChunks(bytes, chunk_bytes_);
@@ -515,11 +522,12 @@ Status SaveChecksums::Add(int rank, std::string_view bytes, const format::KeyChe
     if (n != last - first) return InternalError("shard count differs from plan");
     for (uint64_t i = first; i < last; ++i) {
       const auto [at, chunks] = p.rank_chunks_[i];
-      SP_ASSIGN_OR_RETURN(uint64_t k, r.VCount(4));
+      uint64_t k = 0, tags = 0;  // (each checked against the plan, which caps them)
+      if (!r.Next(&k)) return r.Truncated();
       if (k != chunks) return InternalError("bad chunk count");
       SP_ASSIGN_OR_RETURN(std::string_view crcs, r.Raw(4 * k));  // (little-endian: wire.h)
       std::memcpy(crcs_.data() + at, crcs.data(), crcs.size());
-      SP_ASSIGN_OR_RETURN(uint64_t tags, r.VCount(16));
+      if (!r.Next(&tags)) return r.Truncated();
       if (tags != (key_check != nullptr && p.encrypted_ ? k : 0)) {
         return InternalError("bad tag count");
       }

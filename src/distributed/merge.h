@@ -102,8 +102,9 @@ class ManifestMerger {
     // all varints. More absorbed from later ranks follow in `later` (Absorb).
     std::string boxes;
     std::vector<std::string> later;
-    uint64_t shards = 0;  // in boxes and later
-    uint64_t chunks = 0;  // the chunk entries of its shards
+    uint64_t shards = 0;         // in boxes and later
+    uint64_t chunks = 0;         // the chunk entries of its shards
+    uint32_t next = UINT32_MAX;  // the tensor after it in the last plan that had it (a hint)
   };
   struct RankInfo {
     uint64_t file_bytes = 0;
@@ -150,7 +151,8 @@ class ManifestMerger {
   std::vector<RankInfo> ranks_;
   std::vector<Merged> tensors_;
   std::unordered_map<std::string, uint32_t, NameHash, std::equal_to<>> index_;
-  std::vector<uint32_t> hints_;  // the tensor of the previous plan's i-th shard
+  uint32_t first_hint_ = UINT32_MAX;  // the tensor of the previous plan's first shard
+  uint32_t prev_ = UINT32_MAX;        // the tensor of the shard before (AddShards)
 };
 
 // Merges the plans of a save (plans[r] is rank r's): on `threads` threads, each merging a range

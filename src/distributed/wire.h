@@ -117,10 +117,12 @@ class WireReader {
   bool NextDims(int64_t* out, size_t* n) {
     uint64_t count, v;
     if (!Next(&count) || count > kMaxRank) return false;
+    size_t at = 0;  // (read in place: the view is moved on once)
     for (uint64_t d = 0; d < count; ++d) {
-      if (!Next(&v)) return false;
+      if (!GetVarint(in_, &at, &v)) return false;
       out[d] = static_cast<int64_t>(v);
     }
+    in_.remove_prefix(at);
     *n = static_cast<size_t>(count);
     return true;
   }

@@ -29,9 +29,10 @@ Status CheckShardRange(const TensorRecord& t, const ShardRecord& s, const Manife
 Status CheckTiling(const TensorRecord& t, const Ctx& ctx, const std::string& in, bool cover = true);
 
 // The same for `count` boxes held flat in `boxes`: 2 * shape.size() values each, the offsets then
-// the sizes.
+// the sizes. With `grid`, a grid (GridOrder) passes at once; other layouts, or all without it, are
+// swept along one dimension.
 Status CheckBoxTiling(const Shape& shape, const int64_t* boxes, size_t count, const Ctx& ctx,
-                      const std::string& in, bool cover = true);
+                      const std::string& in, bool cover = true, bool grid = true);
 
 // The number of distinct values among `values` (each >= 0; reordered): a scan when they are
 // sorted, else a hash set, falling back to a sort when values collide too much (hostile input),

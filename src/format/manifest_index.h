@@ -137,9 +137,18 @@ std::string EncodeIndexedManifest(const Manifest& m, const std::vector<SectionRe
 
 // The tiling check of CheckTensorTiling (format/manifest.h) for `count` boxes held flat in
 // `boxes`, 2 * shape.size() values each: the offsets, then the sizes. Corruption naming `where`
-// and `in` (the tensor) when a box leaves the shape, two overlap or they do not cover it.
+// and `in` (the tensor) when a box leaves the shape, two overlap or they do not cover it. (It
+// sweeps: callers that hold many boxes try GridOrder first.)
 Status CheckFlatTiling(const Shape& shape, const int64_t* boxes, size_t count,
                        std::string_view where, const std::string& in);
+
+// Whether `count` flat boxes (as above) are a grid of `shape`: in each dimension their offsets
+// cut it into intervals, and each cell of those cuts is exactly one box (so they tile it). Then
+// *order holds the boxes by their offsets (the cells in row-major order) and true is returned.
+// False says only that the boxes are not such a grid (or that offsets collide in its hash table,
+// a hostile layout): CheckFlatTiling decides. O(count * ndim) expected.
+bool GridOrder(const Shape& shape, const int64_t* boxes, size_t count,
+               std::vector<uint32_t>* order);
 
 }  // namespace savepoint::format
 

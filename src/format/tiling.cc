@@ -1,5 +1,7 @@
 // Whether the shards of a tensor tile it: the check of every decoder (JSON bodies, version 3
 // sections), of the DCP import, and of the distributed coordinator, which holds its boxes flat.
+// Grids (the layouts of tensor, pipeline and data parallelism) are recognised in linear time;
+// other layouts are swept.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -53,7 +55,93 @@ size_t SweepDimension(const Flat& f, const std::vector<uint32_t>& live) {
   return sweep;
 }
 
+// The distinct values of one dimension's offsets, each with its place among them in ascending
+// order: an open-addressed table (empty slots -1). Values that collide on more than kProbes slots
+// in a row are given up on (a hostile layout): GridOrder then says no, and the sweep decides.
+class Cuts {
+ public:
+  // From the offsets in dimension `d` of `count` boxes. False when one is negative, when more than
+  // `most` are distinct, or when values collide as above.
+  bool Build(const Flat& f, size_t count, size_t d, size_t most) {
+    int bits = 4;
+    while ((size_t{1} << bits) < 2 * count) ++bits;
+    shift_ = 64 - bits;
+    mask_ = (size_t{1} << bits) - 1;
+    keys_.assign(mask_ + 1, -1);
+    sorted_.clear();
+    for (size_t k = 0; k < count; ++k) {
+      const int64_t v = f.offsets(k)[d];
+      if (v < 0) return false;
+      size_t h = Hash(v);
+      for (int p = 0; keys_[h] != -1 && keys_[h] != v; h = (h + 1) & mask_) {
+        if (++p > kProbes) return false;
+      }
+      if (keys_[h] == -1) {
+        if (sorted_.size() == most) return false;
+        keys_[h] = v;
+        sorted_.push_back(v);
+      }
+    }
+    std::sort(sorted_.begin(), sorted_.end());
+    places_.resize(keys_.size());
+    for (size_t h = 0; h <= mask_; ++h) {
+      if (keys_[h] == -1) continue;
+      places_[h] = static_cast<uint32_t>(
+          std::lower_bound(sorted_.begin(), sorted_.end(), keys_[h]) - sorted_.begin());
+    }
+    return true;
+  }
+  // The place of `v` (one of the values built from) among the sorted values.
+  uint32_t Place(int64_t v) const {
+    size_t h = Hash(v);
+    while (keys_[h] != v) h = (h + 1) & mask_;  // (present, within kProbes slots)
+    return places_[h];
+  }
+  const std::vector<int64_t>& sorted() const { return sorted_; }
+
+ private:
+  static constexpr int kProbes = 32;
+  size_t Hash(int64_t v) const {
+    return static_cast<size_t>((static_cast<uint64_t>(v) * 0x9e3779b97f4a7c15u) >> shift_);
+  }
+  int shift_ = 60;
+  size_t mask_ = 0;
+  std::vector<int64_t> keys_;
+  std::vector<uint32_t> places_;
+  std::vector<int64_t> sorted_;
+};
+
 }  // namespace
+
+bool GridOrder(const Shape& shape, const int64_t* boxes, size_t count,
+               std::vector<uint32_t>* order) {
+  if (count == 0 || count > UINT32_MAX || !NumElements(shape).ok()) return false;
+  const size_t nd = shape.size();
+  const Flat f{boxes, nd};
+  std::vector<Cuts> cuts(nd);
+  size_t cells = 1;
+  for (size_t d = 0; d < nd; ++d) {  // (the cells never outnumber the boxes: no overflow)
+    if (!cuts[d].Build(f, count, d, count / cells)) return false;
+    const std::vector<int64_t>& at = cuts[d].sorted();
+    if (at.front() != 0 || at.back() >= shape[d]) return false;  // (so every cell is not empty)
+    cells *= at.size();
+  }
+  if (cells != count) return false;
+  order->assign(count, UINT32_MAX);
+  for (size_t k = 0; k < count; ++k) {
+    size_t cell = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      const std::vector<int64_t>& at = cuts[d].sorted();
+      const uint32_t i = cuts[d].Place(f.offsets(k)[d]);
+      const int64_t end = i + 1 < at.size() ? at[i + 1] : shape[d];
+      if (f.sizes(k)[d] != end - at[i]) return false;
+      cell = cell * at.size() + i;
+    }
+    if ((*order)[cell] != UINT32_MAX) return false;
+    (*order)[cell] = static_cast<uint32_t>(k);
+  }
+  return true;
+}
 
 size_t internal::DistinctCount(std::vector<int64_t>& values, std::vector<int64_t>& table) {
   if (std::is_sorted(values.begin(), values.end())) {
@@ -78,13 +166,16 @@ size_t internal::DistinctCount(std::vector<int64_t>& values, std::vector<int64_t
 }
 
 Status internal::CheckBoxTiling(const Shape& shape, const int64_t* boxes, size_t count,
-                                const Ctx& ctx, const std::string& in, bool cover) {
+                                const Ctx& ctx, const std::string& in, bool cover, bool grid) {
   Result<int64_t> total = NumElements(shape);
   if (!total.ok()) {
     return ctx.Bad(fmt::format("{}: shape {} is invalid ({})", in, ShapeToString(shape),
                                total.status().message()));
   }
   if (count > UINT32_MAX) return ctx.Bad(fmt::format("{}: {} shards", in, count));
+  if (std::vector<uint32_t> order; grid && GridOrder(shape, boxes, count, &order)) {
+    return Status::OK();  // (a grid tiles its shape: the common layout, checked in linear time)
+  }
   const Flat f{boxes, shape.size()};
   std::vector<uint32_t> live;  // boxes that hold elements
   live.reserve(count);
@@ -157,7 +248,7 @@ Status CheckTensorTiling(const TensorRecord& t, std::string_view where) {
 
 Status CheckFlatTiling(const Shape& shape, const int64_t* boxes, size_t count,
                        std::string_view where, const std::string& in) {
-  return internal::CheckBoxTiling(shape, boxes, count, internal::Ctx{where}, in);
+  return internal::CheckBoxTiling(shape, boxes, count, internal::Ctx{where}, in, true, false);
 }
 
 }  // namespace savepoint::format
