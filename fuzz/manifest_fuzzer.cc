@@ -11,7 +11,10 @@
 //    sections' checksums in the head made right too, so that mutated records (version 4's varints)
 //    reach the record decoder and the re-encoding check.
 // Any input must give OK or a clean error: no crash, no sanitizer report, no huge allocation.
-// A decoded manifest is re-encoded and must decode again to the same JSON.
+// A decoded manifest is re-encoded and must decode again to the same JSON. The head of an indexed
+// input (whole, and each input framed as a head of versions 3 and 4) is also decoded both ways,
+// by the SAX fast path and by the DOM alone, which must agree: the same error, or the same
+// manifest and sections.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -20,6 +23,7 @@
 
 #include "format/endian.h"
 #include "format/manifest.h"
+#include "format/manifest_checks.h"
 #include "format/manifest_index.h"
 #include "util/crc32c.h"
 
@@ -71,6 +75,34 @@ void CheckParts(std::string_view bytes, bool refit) {
   }
 }
 
+// An indexed MANIFEST's head (`bytes` from the header on) decoded with and without the fast path.
+void CheckHeadPaths(std::string_view bytes) {
+  const format::internal::Ctx ctx{"fuzz"};
+  format::Manifest fast, dom;
+  if (!format::internal::CheckHeader(bytes, ctx, &fast).ok() ||
+      !format::internal::CheckHeader(bytes, ctx, &dom).ok() ||
+      fast.version < format::kIndexedFormatVersion) {
+    return;
+  }
+  const uint64_t n = format::GetU64(bytes, 16);
+  if (n > bytes.size() - format::kManifestHeaderBytes) return;
+  const std::string_view head = bytes.substr(format::kManifestHeaderBytes, n);
+  std::vector<format::SectionRef> a, b;
+  const Status sa = format::internal::DecodeHeadBody(head, ctx, &fast, &a, true);
+  const Status sb = format::internal::DecodeHeadBody(head, ctx, &dom, &b, false);
+  if (sa.ToString() != sb.ToString()) std::abort();
+  if (!sa.ok()) return;
+  if (format::ManifestToJson(fast) != format::ManifestToJson(dom) || a.size() != b.size()) {
+    std::abort();
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].bytes != b[i].bytes || a[i].crc32c != b[i].crc32c || a[i].shards != b[i].shards ||
+        a[i].chunks != b[i].chunks || a[i].stored != b[i].stored) {
+      std::abort();
+    }
+  }
+}
+
 // `bytes` with the header's body CRC (of the head, when the header's body size fits) and the
 // header's own CRC recomputed.
 std::string Refit(std::string_view bytes) {
@@ -115,9 +147,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckParts(input, false);
   const std::string refit = Refit(input);
   CheckParts(refit, true);
+  CheckHeadPaths(refit);
   if (const std::string whole = RefitSections(refit); !whole.empty()) Check(whole);
   for (uint32_t v = format::kMinFormatVersion; v <= format::kMaxFormatVersion; ++v) {
-    Check(Frame(input, v));
+    const std::string framed = Frame(input, v);
+    Check(framed);
+    if (v >= format::kIndexedFormatVersion) CheckHeadPaths(framed);
   }
   return 0;
 }

@@ -3,6 +3,7 @@
 #ifndef SAVEPOINT_FORMAT_MANIFEST_CHECKS_H_
 #define SAVEPOINT_FORMAT_MANIFEST_CHECKS_H_
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,10 +49,36 @@ Status CheckHeader(std::string_view bytes, const Ctx& ctx, Manifest* m);
 Status PlaceSections(uint64_t head_end, uint64_t file_bytes, const Ctx& ctx,
                      std::vector<SectionRef>* sections);
 
-// Decodes the JSON head of a version 3 manifest (after CheckHeader) into `m` and `sections`
-// (offsets not yet placed).
+// Decodes the JSON head of a version 3 or 4 manifest (after CheckHeader) into `m` and `sections`
+// (offsets not yet placed). With `fast`, ReadFastHead's path is tried first: a head it reads and
+// whose checks pass is decoded from it; any other is decoded from nlohmann's DOM, which gives the
+// errors. Both ways give the same result (the manifest fuzzer compares them).
 Status DecodeHeadBody(std::string_view head, const Ctx& ctx, Manifest* m,
-                      std::vector<SectionRef>* sections);
+                      std::vector<SectionRef>* sections, bool fast = true);
+
+// A tensor entry of an indexed head (docs/FORMAT.md §15), its fields as read.
+struct TensorEntry {
+  std::string name, dtype;
+  Shape shape;
+  uint64_t shards = 0, chunks = 0, section_bytes = 0, section_crc32c = 0;
+  bool stored = false;
+};
+
+// A head read by ReadFastHead: "files" and "tensors" as records, the rest of the root object as a
+// DOM.
+struct FastHead {
+  nlohmann::json rest;
+  std::vector<FileRecord> files;
+  std::vector<TensorEntry> tensors;
+};
+
+// Reads a head (its JSON, already checked for depth) in one pass of nlohmann's SAX parser
+// (head_reader.cc). Only the form writers give is read: a root object with "files" and "tensors"
+// once each, every file entry exactly "bytes" (an unsigned integer) and "name" (a string), every
+// tensor entry exactly the eight fields of a TensorEntry with their JSON types, and at most
+// kMaxFiles, kMaxTensors, kMaxRank and kMaxDimension. False for anything else (invalid JSON
+// included): the DOM path decodes it. Nothing here is checked beyond form.
+bool ReadFastHead(std::string_view head, FastHead* out);
 
 }  // namespace savepoint::format::internal
 
