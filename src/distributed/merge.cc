@@ -101,12 +101,8 @@ uint64_t SaturatingAdd(uint64_t a, uint64_t b) {
   return __builtin_add_overflow(a, b, &sum) ? UINT64_MAX : sum;
 }
 
-void AppendVarint(uint64_t v, std::string* out) {
-  char b[kMaxVarintBytes];
-  out->append(b, static_cast<size_t>(PutVarint(v, b) - b));
-}
-
-// A varint of Merged::boxes (AppendVarint, or a plan's, decoded once and checked), again.
+// A varint of Merged::boxes (the rank PutVarint wrote, or a plan's, decoded once and checked),
+// again.
 uint64_t DecodeVarint(const char** p) {
   uint64_t v = 0;
   for (int shift = 0;; shift += 7) {
@@ -249,8 +245,16 @@ Status ManifestMerger::AddShards(int rank, uint64_t n, WireReader& r) {
     t->chunks = SaturatingAdd(t->chunks, format::NumChunks(bytes, chunk_bytes_));
     info.shards.emplace_back(static_cast<uint32_t>(t - tensors_.data()),
                              static_cast<uint32_t>(t->shards++));
-    AppendVarint(static_cast<uint64_t>(rank), &t->boxes);
-    t->boxes.append(from, r.at());
+    // (One append of the rank and the box's bytes, which are short unless the rank is high.)
+    char buf[kMaxVarintBytes + 64];
+    const size_t box = static_cast<size_t>(r.at() - from);
+    char* end = PutVarint(static_cast<uint64_t>(rank), buf);
+    if (box <= 64) {
+      std::memcpy(end, from, box);
+      t->boxes.append(buf, static_cast<size_t>(end - buf) + box);
+    } else {
+      t->boxes.append(buf, end).append(from, box);
+    }
   }
   return Status::OK();
 }

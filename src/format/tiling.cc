@@ -63,11 +63,7 @@ class Cuts {
   // From the offsets in dimension `d` of `count` boxes. False when one is negative, when more than
   // `most` are distinct, or when values collide as above.
   bool Build(const Flat& f, size_t count, size_t d, size_t most) {
-    int bits = 4;
-    while ((size_t{1} << bits) < 2 * count) ++bits;
-    shift_ = 64 - bits;
-    mask_ = (size_t{1} << bits) - 1;
-    keys_.assign(mask_ + 1, -1);
+    Resize(6);  // (grown as values come: most layouts have few distinct offsets per dimension)
     sorted_.clear();
     for (size_t k = 0; k < count; ++k) {
       const int64_t v = f.offsets(k)[d];
@@ -76,11 +72,11 @@ class Cuts {
       for (int p = 0; keys_[h] != -1 && keys_[h] != v; h = (h + 1) & mask_) {
         if (++p > kProbes) return false;
       }
-      if (keys_[h] == -1) {
-        if (sorted_.size() == most) return false;
-        keys_[h] = v;
-        sorted_.push_back(v);
-      }
+      if (keys_[h] != -1) continue;
+      if (sorted_.size() == most) return false;
+      keys_[h] = v;
+      sorted_.push_back(v);
+      if (2 * sorted_.size() > mask_ && !Grow()) return false;
     }
     std::sort(sorted_.begin(), sorted_.end());
     places_.resize(keys_.size());
@@ -103,6 +99,23 @@ class Cuts {
   static constexpr int kProbes = 32;
   size_t Hash(int64_t v) const {
     return static_cast<size_t>((static_cast<uint64_t>(v) * 0x9e3779b97f4a7c15u) >> shift_);
+  }
+  void Resize(int bits) {
+    shift_ = 64 - bits;
+    mask_ = (size_t{1} << bits) - 1;
+    keys_.assign(mask_ + 1, -1);
+  }
+  // Twice the slots, the values so far placed again; false when they collide as in Build.
+  bool Grow() {
+    Resize(64 - shift_ + 1);
+    for (const int64_t v : sorted_) {
+      size_t h = Hash(v);
+      for (int p = 0; keys_[h] != -1; h = (h + 1) & mask_) {
+        if (++p > kProbes) return false;
+      }
+      keys_[h] = v;
+    }
+    return true;
   }
   int shift_ = 60;
   size_t mask_ = 0;

@@ -114,7 +114,7 @@ TEST(Tiling, WhatIsNotAGridIsSwept) {
 // must not make it quadratic) and the sweep still finds that they tile.
 TEST(Tiling, CollidingOffsetsAreLeftToTheSweep) {
   std::vector<int64_t> cuts = {0};
-  const int shift = 64 - 7;  // 40 boxes -> 128 slots
+  const int shift = 64 - 7;  // (slot 0 of 128 is slot 0 of every smaller table too)
   const uint64_t slot = (uint64_t{0} * 0x9e3779b97f4a7c15u) >> shift;
   for (int64_t v = 1; cuts.size() < 40; ++v) {
     if ((static_cast<uint64_t>(v) * 0x9e3779b97f4a7c15u) >> shift == slot) cuts.push_back(v);
