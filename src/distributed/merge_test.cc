@@ -510,6 +510,14 @@ TEST(MergePlansTest, ChecksumReportsOfManyRanksNameTheFirstBadOne) {
   reports.pop_back();
   EXPECT_THAT(dist::SaveChecksums(merged).AddAll(reports, nullptr, 4),
               StatusIs(StatusCode::kInternal, "15 checksum reports for 16 ranks"));
+  // Every cut of a report, in any shard's counts or checksums, is refused naming its rank.
+  const std::string whole = dist::EncodeCrcs(Status::OK(), JobPlan(3, kWorld, true));
+  ASSERT_TRUE(dist::SaveChecksums(merged).Add(3, whole, nullptr).ok());
+  for (size_t n = 0; n < whole.size(); ++n) {
+    EXPECT_THAT(dist::SaveChecksums(merged).Add(3, whole.substr(0, n), nullptr),
+                StatusIs(StatusCode::kInternal, "checksums of rank 3"))
+        << n;
+  }
 }
 
 // The second round of a decision must carry the plans whose digests the first carried: its

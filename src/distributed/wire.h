@@ -117,13 +117,8 @@ class WireReader {
   bool NextDims(int64_t* out, size_t* n) {
     uint64_t count, v;
     if (!Next(&count) || count > kMaxRank) return false;
-    size_t at = 0;  // (read in place: the view is moved on once; one-byte values inline)
-    const auto* p = reinterpret_cast<const uint8_t*>(in_.data());
+    size_t at = 0;  // (read in place: the view is moved on once)
     for (uint64_t d = 0; d < count; ++d) {
-      if (at < in_.size() && p[at] < 0x80) {
-        out[d] = p[at++];
-        continue;
-      }
       if (!GetVarint(in_, &at, &v)) return false;
       out[d] = static_cast<int64_t>(v);
     }

@@ -12,6 +12,9 @@ namespace {
 
 using Json = nlohmann::json;
 
+// The fields of a file entry, one bit each (kFileFields: both).
+enum : uint32_t { kFileBytes = 1, kFileName = 2, kFileFields = 3 };
+
 // The fields of a tensor entry, one bit each (kTensorFields: all of them).
 enum : uint32_t {
   kChunks = 1,
@@ -24,6 +27,12 @@ enum : uint32_t {
   kStored = 128,
   kTensorFields = 255,
 };
+
+uint32_t FileField(std::string_view key) {
+  if (key == "bytes") return kFileBytes;
+  if (key == "name") return kFileName;
+  return 0;
+}
 
 uint32_t TensorField(std::string_view key) {
   if (key == "chunks") return kChunks;
@@ -59,7 +68,7 @@ class Handler final : public nlohmann::json_sax<Json> {
   }
   bool string(string_t& v) override {
     if (!Entry()) return Put(Json(std::move(v))) != nullptr;
-    if (where_ == kFile && field_ == 2) {
+    if (where_ == kFile && field_ == kFileName) {
       file_.name = std::move(v);
     } else if (where_ == kTensor && (field_ == kName || field_ == kDtype)) {
       (field_ == kName ? tensor_.name : tensor_.dtype) = std::move(v);
@@ -95,7 +104,7 @@ class Handler final : public nlohmann::json_sax<Json> {
       return true;
     }
     if (where_ == kFile) {
-      if (field_ != 1) return false;
+      if (field_ != kFileBytes) return false;
       file_.bytes = v;
       return true;
     }
@@ -169,7 +178,7 @@ bool Handler::start_object(std::size_t) {
 
 bool Handler::key(string_t& k) {
   if (where_ == kFile || where_ == kTensor) {
-    field_ = where_ == kFile ? (k == "bytes" ? 1 : k == "name" ? 2 : 0) : TensorField(k);
+    field_ = where_ == kFile ? FileField(k) : TensorField(k);
     if (field_ == 0 || (fields_ & field_) != 0) return false;  // unknown, or twice
     fields_ |= field_;
     return true;
@@ -187,7 +196,7 @@ bool Handler::key(string_t& k) {
 
 bool Handler::end_object() {
   if (where_ == kFile) {
-    if (fields_ != 3) return false;
+    if (fields_ != kFileFields) return false;
     out_->files.push_back(std::move(file_));
     where_ = kFiles;
     return true;

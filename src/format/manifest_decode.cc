@@ -319,25 +319,6 @@ Status DecodeTensorHead(const Json& j, const Ctx& ctx, size_t i, TensorRecord* t
   return Status::OK();
 }
 
-// Versions 3 and 4: the place of tensor `t`'s section, as its head entry `j` describes it (offset
-// not yet set). Its size must be what its counts need.
-Status CheckSectionRef(uint64_t crc, const TensorRecord& t, const Manifest& m, const Ctx& ctx,
-                       const std::string& in, SectionRef* ref);
-
-Result<SectionRef> DecodeSectionRef(const Json& j, const TensorRecord& t, const Manifest& m,
-                                    const Ctx& ctx, const std::string& in) {
-  SectionRef r;
-  SP_ASSIGN_OR_RETURN(r.shards, U64(j, "shards", ctx, in));
-  SP_ASSIGN_OR_RETURN(r.chunks, U64(j, "chunks", ctx, in));
-  SP_ASSIGN_OR_RETURN(r.bytes, U64(j, "section_bytes", ctx, in));
-  SP_ASSIGN_OR_RETURN(uint64_t crc, U64(j, "section_crc32c", ctx, in));
-  SP_ASSIGN_OR_RETURN(const Json* stored, Field(j, "stored", ctx, in));
-  if (!stored->is_boolean()) return ctx.Bad(fmt::format("{}.stored is not a boolean", in));
-  r.stored = stored->get<bool>();
-  SP_RETURN_IF_ERROR(CheckSectionRef(crc, t, m, ctx, in, &r));
-  return r;
-}
-
 // The checks of a section's place once its fields are read (`crc` the section_crc32c field, put
 // into ref->crc32c).
 Status CheckSectionRef(uint64_t crc, const TensorRecord& t, const Manifest& m, const Ctx& ctx,
@@ -365,6 +346,22 @@ Status CheckSectionRef(uint64_t crc, const TensorRecord& t, const Manifest& m, c
                                r.bytes, r.shards, r.chunks));
   }
   return Status::OK();
+}
+
+// Versions 3 and 4: the place of tensor `t`'s section, as its head entry `j` describes it (offset
+// not yet set). Its size must be what its counts need.
+Result<SectionRef> DecodeSectionRef(const Json& j, const TensorRecord& t, const Manifest& m,
+                                    const Ctx& ctx, const std::string& in) {
+  SectionRef r;
+  SP_ASSIGN_OR_RETURN(r.shards, U64(j, "shards", ctx, in));
+  SP_ASSIGN_OR_RETURN(r.chunks, U64(j, "chunks", ctx, in));
+  SP_ASSIGN_OR_RETURN(r.bytes, U64(j, "section_bytes", ctx, in));
+  SP_ASSIGN_OR_RETURN(uint64_t crc, U64(j, "section_crc32c", ctx, in));
+  SP_ASSIGN_OR_RETURN(const Json* stored, Field(j, "stored", ctx, in));
+  if (!stored->is_boolean()) return ctx.Bad(fmt::format("{}.stored is not a boolean", in));
+  r.stored = stored->get<bool>();
+  SP_RETURN_IF_ERROR(CheckSectionRef(crc, t, m, ctx, in, &r));
+  return r;
 }
 
 Result<TensorRecord> DecodeTensor(const Json& j, const Manifest& m, const Ctx& ctx, size_t i) {
@@ -537,25 +534,6 @@ Status DecodeTop(const Json& root, const Ctx& ctx, Manifest* m, bool* compressio
   return Status::OK();
 }
 
-// Version 3: the head's tensor entries (no shards) and their sections, in the head's order, which
-// must be by name.
-Status AddTensorHead(TensorRecord t, const SectionRef& r, bool compression, const Ctx& ctx,
-                     const std::string& in, uint64_t* shards, Manifest* m,
-                     std::vector<SectionRef>* sections);
-
-Status DecodeTensorHeads(const Json& tensors, const Ctx& ctx, bool compression, Manifest* m,
-                         std::vector<SectionRef>* sections) {
-  uint64_t shards = 0;  // (each tensor's at most kMaxShardsPerTensor: no overflow)
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    TensorRecord t;
-    std::string in;
-    SP_RETURN_IF_ERROR(DecodeTensorHead(tensors[i], ctx, i, &t, &in));
-    SP_ASSIGN_OR_RETURN(SectionRef r, DecodeSectionRef(tensors[i], t, *m, ctx, in));
-    SP_RETURN_IF_ERROR(AddTensorHead(std::move(t), r, compression, ctx, in, &shards, m, sections));
-  }
-  return Status::OK();
-}
-
 // The head's tensor `t` with its section `r` after those before it (in name order; *shards
 // counts the shards so far).
 Status AddTensorHead(TensorRecord t, const SectionRef& r, bool compression, const Ctx& ctx,
@@ -580,6 +558,21 @@ Status AddTensorHead(TensorRecord t, const SectionRef& r, bool compression, cons
   }
   m->tensors.push_back(std::move(t));
   sections->push_back(r);
+  return Status::OK();
+}
+
+// Versions 3 and 4: the head's tensor entries (no shards) and their sections, in the head's
+// order, which must be by name.
+Status DecodeTensorHeads(const Json& tensors, const Ctx& ctx, bool compression, Manifest* m,
+                         std::vector<SectionRef>* sections) {
+  uint64_t shards = 0;  // (each tensor's at most kMaxShardsPerTensor: no overflow)
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TensorRecord t;
+    std::string in;
+    SP_RETURN_IF_ERROR(DecodeTensorHead(tensors[i], ctx, i, &t, &in));
+    SP_ASSIGN_OR_RETURN(SectionRef r, DecodeSectionRef(tensors[i], t, *m, ctx, in));
+    SP_RETURN_IF_ERROR(AddTensorHead(std::move(t), r, compression, ctx, in, &shards, m, sections));
+  }
   return Status::OK();
 }
 
