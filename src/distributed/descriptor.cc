@@ -35,11 +35,20 @@ std::string EncodePlan(const Status& status, const format::Manifest& lm, bool en
   w.U64(lm.chunk_bytes);
   w.U64(has ? lm.files[0].bytes : 0);
   w.U64(has ? lm.tensors.size() : 0);
+  std::string_view name, dtype;  // the previous shard's
   for (size_t i = 0; has && i < lm.tensors.size(); ++i) {
     const format::TensorRecord& t = lm.tensors[i];
     const format::ShardRecord& s = t.shards[0];
-    w.VStr(t.name);
-    w.VStr(DTypeName(t.dtype));
+    // The name as the bytes it shares with the previous shard's and the rest; the dtype only
+    // when it changes (a rank's tensors are in name order: most share a long prefix).
+    const size_t shared = static_cast<size_t>(
+        std::mismatch(name.begin(), name.end(), t.name.begin(), t.name.end()).first - name.begin());
+    name = t.name;
+    w.V64(shared);
+    w.VStr(name.substr(shared));
+    const std::string_view dt = DTypeName(t.dtype);
+    w.VStr(dt == dtype ? std::string_view() : dt);
+    dtype = dt;
     w.Dims(t.shape);
     w.Dims(s.offsets);
     w.Dims(s.sizes);

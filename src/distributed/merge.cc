@@ -136,6 +136,9 @@ Result<ManifestMerger::Merged*> ManifestMerger::TensorOf(int rank, size_t i, std
       t.name = name;
       t.dtype = *dt;
       t.shape.assign(shape, shape + ndim);
+      WireWriter w;
+      w.Dims(t.shape);
+      t.shape_wire = std::move(w.bytes());
     }
     at = it->second;
   }
@@ -207,23 +210,50 @@ Status ManifestMerger::SameSettings(int rank, uint64_t version, bool encrypted,
   return Status::OK();
 }
 
+ManifestMerger::Merged* ManifestMerger::Hinted(size_t i, std::string_view name,
+                                               std::string_view dtype, WireReader& r) {
+  const uint32_t at = i == 0 ? first_hint_ : tensors_[prev_].next;
+  if (at >= tensors_.size()) return nullptr;
+  Merged& t = tensors_[at];
+  // (Bytes equal to the shape's encoding decode to it: the encoding is self-delimiting.)
+  if (t.name != name || DTypeName(t.dtype) != dtype || !r.Skip(t.shape_wire)) return nullptr;
+  prev_ = at;
+  return &t;
+}
+
 Status ManifestMerger::AddShards(int rank, uint64_t n, WireReader& r) {
   RankInfo& info = ranks_[rank];
   info.shards.reserve(n);
   int64_t shape[kMaxRank], box[2 * kMaxRank];
+  std::string name;        // the shard's: `shared` bytes of the previous shard's name, then its own
+  std::string_view dtype;  // the last one given
   for (uint64_t i = 0; i < n; ++i) {
-    std::string_view name, dtype;
+    std::string_view rest, dt;
+    uint64_t shared = 0, offset = 0, bytes = 0;
     size_t nd, no, ns;
-    uint64_t offset = 0, bytes = 0;
-    if (!r.NextView(&name) || !r.NextView(&dtype) || !r.NextDims(shape, &nd)) {
-      return r.Truncated();
+    if (!r.Next(&shared) || !r.NextView(&rest) || !r.NextView(&dt)) return r.Truncated();
+    if (shared > name.size()) {
+      return InternalError(fmt::format("shard {}: its name shares {} bytes with a name of {}", i,
+                                       shared, name.size()));
     }
+    if (rest.size() > kMaxNameBytes - shared) {
+      return InternalError(fmt::format("shard {}: a name of {} bytes, over the limit of {}", i,
+                                       shared + rest.size(), kMaxNameBytes));
+    }
+    name.resize(shared);
+    name.append(rest);
+    if (!dt.empty()) dtype = dt;
+    Merged* t = Hinted(i, name, dtype, r);
+    if (t == nullptr) {
+      if (!r.NextDims(shape, &nd)) return r.Truncated();
+      SP_ASSIGN_OR_RETURN(t, TensorOf(rank, i, name, dtype, shape, nd));
+    }
+    nd = t->shape.size();
     const char* from = r.at();
     if (!r.NextDims(box, &no) || !r.NextDims(box + no, &ns) || !r.Next(&offset) ||
         !r.Next(&bytes)) {
       return r.Truncated();
     }
-    SP_ASSIGN_OR_RETURN(Merged * t, TensorOf(rank, i, name, dtype, shape, nd));
     if (no != nd || ns != nd) {
       return InvalidArgumentError(fmt::format("tensor {:?}: box rank differs from shape {}", name,
                                               ShapeToString(t->shape)));
@@ -273,6 +303,7 @@ Status ManifestMerger::Absorb(ManifestMerger&& later) {
       it = index_.emplace(t.name, static_cast<uint32_t>(tensors_.size())).first;
       Merged& added = tensors_.emplace_back();
       added.name = t.name, added.dtype = t.dtype, added.shape = t.shape;
+      added.shape_wire = t.shape_wire;
     }
     Merged& mine = tensors_[it->second];
     if (mine.dtype != t.dtype || mine.shape != t.shape) {
@@ -334,13 +365,18 @@ Result<std::shared_ptr<const MergedPlan>> ManifestMerger::Finish(int threads) {
   }));
   SP_RETURN_IF_ERROR(over_cap);
   SP_RETURN_IF_ERROR(CheckSections(*plan));
-  plan->rank_first_.reserve(world_ + 1);
-  plan->rank_chunks_.reserve(spans.size());
-  for (const RankInfo& info : ranks_) {
-    plan->rank_first_.push_back(plan->rank_chunks_.size());
-    for (auto [t, k] : info.shards) plan->rank_chunks_.push_back(spans[places[t].id + k]);
+  plan->rank_first_.assign(world_ + 1, 0);
+  for (int r = 0; r < world_; ++r) {
+    plan->rank_first_[r + 1] = plan->rank_first_[r] + ranks_[r].shards.size();
   }
-  plan->rank_first_.push_back(plan->rank_chunks_.size());
+  plan->rank_chunks_.resize(spans.size());  // (each shard is one rank's: the counts are equal)
+  (void)ForRanges(ranks_.size(), threads, [&](size_t first, size_t last) {
+    for (size_t r = first; r < last; ++r) {
+      ChunkSpan* out = &plan->rank_chunks_[plan->rank_first_[r]];
+      for (auto [t, k] : ranks_[r].shards) *out++ = spans[places[t].id + k];
+    }
+    return Status::OK();
+  });
   *this = ManifestMerger(0);
   return std::shared_ptr<const MergedPlan>(std::move(plan));
 }

@@ -97,6 +97,7 @@ class ManifestMerger {
     std::string name;
     DType dtype = DType::kU8;
     Shape shape;
+    std::string shape_wire;  // the shape as a plan encodes it (WireWriter::Dims)
     // Its shards, in the order added, as their plans encode them (checked once): per shard its
     // rank, the box's offsets and sizes (each with its count) and the extent's offset and bytes,
     // all varints. More absorbed from later ranks follow in `later` (Absorb).
@@ -126,6 +127,9 @@ class ManifestMerger {
   // dtype or shape differs from another rank's.
   Result<Merged*> TensorOf(int rank, size_t i, std::string_view name, std::string_view dtype,
                            const int64_t* shape, size_t ndim);
+  // The hint of the i-th shard (TensorOf) when it has `name` and `dtype` and `r` is at its shape's
+  // encoding (then skipped), else null: the common case, decoded without a lookup.
+  Merged* Hinted(size_t i, std::string_view name, std::string_view dtype, WireReader& r);
   Status AddShards(int rank, uint64_t n, WireReader& r);
   // Checks that `version`, `encrypted` and `chunk_bytes` of rank `rank`'s plan are the first
   // plan's (adopted when this is the first).

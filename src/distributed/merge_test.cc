@@ -190,34 +190,133 @@ TEST(ManifestMergerTest, ManifestBeyondItsCapIsRefusedBeforeAnyAllocation) {
   EXPECT_EQ((*plan)->file_index(), std::vector<int64_t>{0});
 }
 
+// A plan written here field by field (docs/FORMAT.md §16): format `version`, not encrypted,
+// chunks of 4096 bytes, a data file of `file_bytes`, `shards` shards, the k-th written by
+// shard(w, k).
+template <typename WriteShard>
+std::string HandPlan(uint64_t file_bytes, int64_t shards, WriteShard shard,
+                     uint32_t version = format::kCompactFormatVersion) {
+  const std::string head = dist::EncodePlan(Status::OK(), format::Manifest{});
+  dist::WireWriter w;
+  w.U64(version);
+  w.U64(0);     // not encrypted
+  w.U64(4096);  // chunk size
+  w.U64(file_bytes);
+  w.U64(static_cast<uint64_t>(shards));
+  for (int64_t k = 0; k < shards; ++k) shard(w, k);
+  // (the status of EncodePlan's empty plan, then this plan's fields)
+  return head.substr(0, head.size() - 40) + w.bytes();
+}
+
 // A tensor of more shards than a manifest reader accepts (format::kMaxShardsPerTensor) is refused
 // at the decision, naming it.
 TEST(ManifestMergerTest, MoreShardsThanReadersAcceptAreRefused) {
-  // One rank's plan (docs/FORMAT.md §16), written here: one element of "t" per shard.
+  // One element of "t" per shard.
   const int64_t n = int64_t{format::kMaxShardsPerTensor} + 1;
-  const std::string head = dist::EncodePlan(Status::OK(), format::Manifest{});
-  dist::WireWriter w;
-  w.U64(format::kCompactFormatVersion);
-  w.U64(0);     // not encrypted
-  w.U64(4096);  // chunk size
-  w.U64(4096 + static_cast<uint64_t>(n));
-  w.U64(static_cast<uint64_t>(n));
   const int64_t one = 1;
-  for (int64_t k = 0; k < n; ++k) {
-    w.VStr("t");
-    w.VStr("U8");
-    w.Dims(&n, 1);
-    w.Dims(&k, 1);
-    w.Dims(&one, 1);
-    w.V64(4096 + static_cast<uint64_t>(k));
-    w.V64(1);
-  }
-  // (the status of EncodePlan's empty plan, then this plan's fields)
-  const std::string plan = head.substr(0, head.size() - 40) + w.bytes();
+  const std::string plan =
+      HandPlan(4096 + static_cast<uint64_t>(n), n, [&](dist::WireWriter& w, int64_t k) {
+        w.V64(k == 0 ? 0 : 1);  // the bytes of the name shared with the previous shard's
+        w.VStr(k == 0 ? "t" : "");
+        w.VStr(k == 0 ? "U8" : "");  // (empty: the previous shard's dtype)
+        w.Dims(&n, 1);
+        w.Dims(&k, 1);
+        w.Dims(&one, 1);
+        w.V64(4096 + static_cast<uint64_t>(k));
+        w.V64(1);
+      });
   dist::ManifestMerger merger(1);
   SP_ASSERT_OK(merger.AddPlan(0, plan));
   EXPECT_THAT(merger.Finish().status(),
               StatusIs(StatusCode::kResourceExhausted, "tensor \"t\": 1048577 shards"));
+}
+
+// A plan front-codes its shards' names and gives a dtype only where it changes (docs/FORMAT.md
+// §16); the merge rebuilds both. A shape encoded otherwise than a writer does (a varint with a
+// redundant byte) is the same shape. A prefix longer than the previous name, or a name longer
+// than kMaxNameBytes, is a malformed plan.
+TEST(ManifestMergerTest, ShardNamesAreFrontCoded) {
+  const std::vector<std::pair<std::string, DType>> names = {{"block.0.attn.q", DType::kF32},
+                                                            {"block.0.attn.v", DType::kF32},
+                                                            {"block.0.mlp.up", DType::kBF16},
+                                                            {"head", DType::kBF16}};
+  format::Manifest lm, report;
+  lm.version = format::kIndexedFormatVersion;  // (its records: SaveChecksums::TakeInto)
+  lm.chunk_bytes = 4096;
+  lm.files.push_back({"data-00000-00000.spd", 4096 + 4 * 64});
+  for (size_t i = 0; i < names.size(); ++i) {
+    const auto& [name, dtype] = names[i];
+    format::ShardRecord s{{0}, {8}, 0, 4096 + i * 64, 8 * DTypeSize(dtype), {}};
+    lm.tensors.push_back({name, dtype, {8}, {s}});
+    s.crc32c = {static_cast<uint32_t>(i)};
+    report.tensors.push_back({name, dtype, {8}, {s}});
+  }
+  const std::string plan = dist::EncodePlan(Status::OK(), lm);
+  auto count = [&](std::string_view what) {
+    size_t n = 0;
+    for (size_t at = plan.find(what); at != std::string::npos; at = plan.find(what, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("block.0."), 1u);
+  EXPECT_EQ(count(DTypeName(DType::kF32)), 1u);
+  EXPECT_EQ(count(DTypeName(DType::kBF16)), 1u);
+  // Rank 1 writes the same tensors' other halves, each shape's varint 16 as 0x90 0x00.
+  const std::string other = HandPlan(
+      4096 + 4 * 64, 4,
+      [&](dist::WireWriter& w, int64_t k) {
+        w.V64(0);
+        w.VStr(names[k].first);
+        w.VStr(DTypeName(names[k].second));
+        w.Raw(std::string("\x01\x90\x00", 3));  // one dimension: 16
+        const int64_t off = 8, size = 8;
+        w.Dims(&off, 1);
+        w.Dims(&size, 1);
+        w.V64(4096 + static_cast<uint64_t>(k) * 64);
+        w.V64(8 * DTypeSize(names[k].second));
+      },
+      format::kIndexedFormatVersion);
+  for (format::TensorRecord& t : lm.tensors) t.shape = {16};
+  for (format::TensorRecord& t : report.tensors) t.shape = {16};
+  const std::string plan16 = dist::EncodePlan(Status::OK(), lm);
+  dist::ManifestMerger merger(2);
+  SP_ASSERT_OK(merger.AddPlan(0, plan16));
+  SP_ASSERT_OK(merger.AddPlan(1, other));
+  auto merged = merger.Finish();
+  SP_ASSERT_OK(merged.status());
+  dist::SaveChecksums sums(*merged);
+  SP_ASSERT_OK(sums.Add(0, dist::EncodeCrcs(Status::OK(), report)));
+  SP_ASSERT_OK(sums.Add(1, dist::EncodeCrcs(Status::OK(), report)));
+  format::Manifest m;
+  m.version = 2;
+  sums.TakeInto(&m);
+  ASSERT_EQ(m.tensors.size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ(m.tensors[i].name, names[i].first);
+    EXPECT_EQ(m.tensors[i].dtype, names[i].second);
+    EXPECT_EQ(m.tensors[i].shape, Shape{16});
+    EXPECT_EQ(m.tensors[i].shards.size(), 2u);
+  }
+  // Malformed: the second name shares 2 bytes of a name of 1; a name of kMaxNameBytes + 1.
+  const int64_t one = 1, zero = 0;
+  for (const size_t over : {size_t{1}, kMaxNameBytes}) {
+    const std::string bad = HandPlan(4096 + 2, 2, [&](dist::WireWriter& w, int64_t k) {
+      w.V64(static_cast<uint64_t>(k == 0 ? 0 : over == 1 ? 2 : 1));
+      w.VStr(k == 0 ? "t" : over == 1 ? "u" : std::string(over, 'u'));
+      w.VStr("U8");
+      w.Dims(&one, 1);
+      w.Dims(&zero, 1);
+      w.Dims(&one, 1);
+      w.V64(4096 + static_cast<uint64_t>(k));
+      w.V64(1);
+    });
+    EXPECT_THAT(dist::ManifestMerger(1).AddPlan(0, bad),
+                StatusIs(StatusCode::kInternal,
+                         over == 1 ? "plan of rank 0: shard 1: its name shares 2 bytes with a "
+                                     "name of 1"
+                                   : "plan of rank 0: shard 1: a name of 4097 bytes, over the "
+                                     "limit of 4096"))
+        << over;
+  }
 }
 
 // Version 4's records vary in size: a section that fits with its records at their smallest but

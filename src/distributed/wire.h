@@ -134,6 +134,12 @@ class WireReader {
     in_.remove_prefix(n);
     return true;
   }
+  // Whether the next bytes are `bytes` (then they are skipped).
+  bool Skip(std::string_view bytes) {
+    if (!in_.starts_with(bytes)) return false;
+    in_.remove_prefix(bytes.size());
+    return true;
+  }
   // U32 without a Result.
   bool Next32(uint32_t* out) {
     if (in_.size() < 4) return false;
