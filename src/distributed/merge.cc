@@ -124,13 +124,20 @@ Result<ManifestMerger::Merged*> ManifestMerger::TensorOf(int rank, size_t i, std
                                                          const int64_t* shape, size_t ndim) {
   // Ranks list their tensors in one order, some of them fewer (replicas that do not write): the
   // tensor that followed the previous shard's in the last plan that had it is likely this one.
-  uint32_t at = i == 0 ? first_hint_ : tensors_[prev_].next;
+  uint32_t at = HintOf(i);
   if (at >= tensors_.size() || tensors_[at].name != name) {
     auto it = index_.find(name);
     if (it == index_.end()) {
       if (tensors_.size() >= UINT32_MAX - 1) return InternalError("too many tensors");
       std::optional<DType> dt = DTypeFromName(dtype);
       if (!dt) return InternalError(fmt::format("unknown dtype {:?}", dtype));
+      if (name.size() > name_budget_) {
+        return ResourceExhaustedError(fmt::format(
+            "tensor {:.64?}: rank {}'s plans name new tensors in more bytes than the plans "
+            "allow ({} MiB, and {} per byte of plan)",
+            name, rank, kNameAllowance >> 20, kNameBytesPerPlanByte));
+      }
+      name_budget_ -= name.size();
       it = index_.emplace(std::string(name), static_cast<uint32_t>(tensors_.size())).first;
       Merged& t = tensors_.emplace_back();
       t.name = name;
@@ -142,7 +149,7 @@ Result<ManifestMerger::Merged*> ManifestMerger::TensorOf(int rank, size_t i, std
     }
     at = it->second;
   }
-  (i == 0 ? first_hint_ : tensors_[prev_].next) = at;
+  HintOf(i) = at;
   prev_ = at;
   Merged& t = tensors_[at];
   if (DTypeName(t.dtype) != dtype ||
@@ -161,6 +168,7 @@ Status ManifestMerger::AddPlan(int rank, std::string_view bytes) {
     return InternalError(fmt::format("plan of rank {} in a save of {} ranks", rank, world_));
   }
   WireReader r(bytes, fmt::format("plan of rank {}", rank));
+  name_budget_ += kNameBytesPerPlanByte * bytes.size();
   Status st;
   Status wf = ReadStatus(r, &st);
   if (!wf.ok()) return Malformed("plan", rank, wf);
@@ -171,7 +179,7 @@ Status ManifestMerger::AddPlan(int rank, std::string_view bytes) {
     SP_ASSIGN_OR_RETURN(uint64_t chunk_bytes, r.U64());
     SP_RETURN_IF_ERROR(SameSettings(rank, version, encrypted != 0, chunk_bytes));
     SP_ASSIGN_OR_RETURN(ranks_[rank].file_bytes, r.U64());
-    SP_ASSIGN_OR_RETURN(uint64_t n, r.Count(7));  // (a shard takes 7 bytes or more)
+    SP_ASSIGN_OR_RETURN(uint64_t n, r.Count(8));  // (a shard takes 8 bytes or more)
     SP_RETURN_IF_ERROR(AddShards(rank, n, r));
     return r.done() ? Status::OK() : InternalError("trailing bytes");
   }();
@@ -210,9 +218,34 @@ Status ManifestMerger::SameSettings(int rank, uint64_t version, bool encrypted,
   return Status::OK();
 }
 
+namespace {
+
+// The next shard's front-coded name into *name, which holds the previous shard's, and its dtype
+// into *dtype, which keeps the last one given (docs/FORMAT.md §16). Shard `i` of its plan.
+Status NextName(WireReader& r, uint64_t i, std::string* name, std::string_view* dtype) {
+  uint64_t shared = 0;
+  std::string_view rest, dt;
+  if (!r.Next(&shared) || !r.NextView(&rest) || !r.NextView(&dt)) return r.Truncated();
+  if (shared > name->size()) {
+    return InternalError(fmt::format("shard {}: its name shares {} bytes with a name of {}", i,
+                                     shared, name->size()));
+  }
+  if (rest.size() > kMaxNameBytes - shared) {
+    return InternalError(fmt::format("shard {}: a name of {} bytes, over the limit of {}", i,
+                                     shared + rest.size(), kMaxNameBytes));
+  }
+  name->resize(shared);
+  name->append(rest);
+  if (dt.empty() && i == 0) return InternalError("shard 0: no dtype");
+  if (!dt.empty()) *dtype = dt;
+  return Status::OK();
+}
+
+}  // namespace
+
 ManifestMerger::Merged* ManifestMerger::Hinted(size_t i, std::string_view name,
                                                std::string_view dtype, WireReader& r) {
-  const uint32_t at = i == 0 ? first_hint_ : tensors_[prev_].next;
+  const uint32_t at = HintOf(i);
   if (at >= tensors_.size()) return nullptr;
   Merged& t = tensors_[at];
   // (Bytes equal to the shape's encoding decode to it: the encoding is self-delimiting.)
@@ -228,21 +261,9 @@ Status ManifestMerger::AddShards(int rank, uint64_t n, WireReader& r) {
   std::string name;        // the shard's: `shared` bytes of the previous shard's name, then its own
   std::string_view dtype;  // the last one given
   for (uint64_t i = 0; i < n; ++i) {
-    std::string_view rest, dt;
-    uint64_t shared = 0, offset = 0, bytes = 0;
+    uint64_t offset = 0, bytes = 0;
     size_t nd, no, ns;
-    if (!r.Next(&shared) || !r.NextView(&rest) || !r.NextView(&dt)) return r.Truncated();
-    if (shared > name.size()) {
-      return InternalError(fmt::format("shard {}: its name shares {} bytes with a name of {}", i,
-                                       shared, name.size()));
-    }
-    if (rest.size() > kMaxNameBytes - shared) {
-      return InternalError(fmt::format("shard {}: a name of {} bytes, over the limit of {}", i,
-                                       shared + rest.size(), kMaxNameBytes));
-    }
-    name.resize(shared);
-    name.append(rest);
-    if (!dt.empty()) dtype = dt;
+    SP_RETURN_IF_ERROR(NextName(r, i, &name, &dtype));
     Merged* t = Hinted(i, name, dtype, r);
     if (t == nullptr) {
       if (!r.NextDims(shape, &nd)) return r.Truncated();
@@ -303,7 +324,7 @@ Status ManifestMerger::Absorb(ManifestMerger&& later) {
       it = index_.emplace(t.name, static_cast<uint32_t>(tensors_.size())).first;
       Merged& added = tensors_.emplace_back();
       added.name = t.name, added.dtype = t.dtype, added.shape = t.shape;
-      added.shape_wire = t.shape_wire;
+      added.shape_wire = std::move(t.shape_wire);
     }
     Merged& mine = tensors_[it->second];
     if (mine.dtype != t.dtype || mine.shape != t.shape) {
@@ -369,10 +390,10 @@ Result<std::shared_ptr<const MergedPlan>> ManifestMerger::Finish(int threads) {
   for (int r = 0; r < world_; ++r) {
     plan->rank_first_[r + 1] = plan->rank_first_[r] + ranks_[r].shards.size();
   }
-  plan->rank_chunks_.resize(spans.size());  // (each shard is one rank's: the counts are equal)
+  plan->rank_chunks_.resize(plan->rank_first_[world_]);  // (= spans.size(): one rank per shard)
   (void)ForRanges(ranks_.size(), threads, [&](size_t first, size_t last) {
     for (size_t r = first; r < last; ++r) {
-      ChunkSpan* out = &plan->rank_chunks_[plan->rank_first_[r]];
+      ChunkSpan* out = plan->rank_chunks_.data() + plan->rank_first_[r];
       for (auto [t, k] : ranks_[r].shards) *out++ = spans[places[t].id + k];
     }
     return Status::OK();

@@ -131,6 +131,9 @@ class ManifestMerger {
   // encoding (then skipped), else null: the common case, decoded without a lookup.
   Merged* Hinted(size_t i, std::string_view name, std::string_view dtype, WireReader& r);
   Status AddShards(int rank, uint64_t n, WireReader& r);
+  // The hint of the i-th shard of a plan: the first shard's tensor in the previous plan, else the
+  // tensor that followed the previous shard's.
+  uint32_t& HintOf(size_t i) { return i == 0 ? first_hint_ : tensors_[prev_].next; }
   // Checks that `version`, `encrypted` and `chunk_bytes` of rank `rank`'s plan are the first
   // plan's (adopted when this is the first).
   Status SameSettings(int rank, uint64_t version, bool encrypted, uint64_t chunk_bytes);
@@ -156,7 +159,13 @@ class ManifestMerger {
   std::vector<Merged> tensors_;
   std::unordered_map<std::string, uint32_t, NameHash, std::equal_to<>> index_;
   uint32_t first_hint_ = UINT32_MAX;  // the tensor of the previous plan's first shard
-  uint32_t prev_ = UINT32_MAX;        // the tensor of the shard before (AddShards)
+  // The bytes new tensors' names may still take. A front-coded name costs its plan a few bytes
+  // however long it is: the names are held to kNameBytesPerPlanByte per byte of the plans added,
+  // beyond kNameAllowance, so that a plan cannot make the merge hold hundreds of times its size.
+  static constexpr uint64_t kNameAllowance = uint64_t{16} << 20;
+  static constexpr uint64_t kNameBytesPerPlanByte = 16;
+  uint64_t name_budget_ = kNameAllowance;
+  uint32_t prev_ = UINT32_MAX;  // the tensor of the shard before (AddShards)
 };
 
 // Merges the plans of a save (plans[r] is rank r's): on `threads` threads, each merging a range

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <tuple>
 
 #include "distributed/descriptor.h"
 #include "distributed/wire.h"
@@ -231,27 +232,40 @@ TEST(ManifestMergerTest, MoreShardsThanReadersAcceptAreRefused) {
               StatusIs(StatusCode::kResourceExhausted, "tensor \"t\": 1048577 shards"));
 }
 
-// A plan front-codes its shards' names and gives a dtype only where it changes (docs/FORMAT.md
-// §16); the merge rebuilds both. A shape encoded otherwise than a writer does (a varint with a
-// redundant byte) is the same shape. A prefix longer than the previous name, or a name longer
-// than kMaxNameBytes, is a malformed plan.
-TEST(ManifestMergerTest, ShardNamesAreFrontCoded) {
+// Four tensors of 24 elements over three ranks, each writing a third: the plans front-code the
+// names and give a dtype only where it changes (docs/FORMAT.md §16).
+struct ThirdsJob {
   const std::vector<std::pair<std::string, DType>> names = {{"block.0.attn.q", DType::kF32},
                                                             {"block.0.attn.v", DType::kF32},
                                                             {"block.0.mlp.up", DType::kBF16},
                                                             {"head", DType::kBF16}};
-  format::Manifest lm, report;
-  lm.version = format::kIndexedFormatVersion;  // (its records: SaveChecksums::TakeInto)
-  lm.chunk_bytes = 4096;
-  lm.files.push_back({"data-00000-00000.spd", 4096 + 4 * 64});
-  for (size_t i = 0; i < names.size(); ++i) {
-    const auto& [name, dtype] = names[i];
-    format::ShardRecord s{{0}, {8}, 0, 4096 + i * 64, 8 * DTypeSize(dtype), {}};
-    lm.tensors.push_back({name, dtype, {8}, {s}});
-    s.crc32c = {static_cast<uint32_t>(i)};
-    report.tensors.push_back({name, dtype, {8}, {s}});
+  // Rank `rank`'s local manifest (version 3: SaveChecksums::TakeInto reads its records), with the
+  // checksums of its report; `shape` the global shape it claims.
+  format::Manifest Plan(int rank, int64_t shape = 24) const {
+    format::Manifest lm;
+    lm.version = format::kIndexedFormatVersion;
+    lm.chunk_bytes = 4096;
+    lm.files.push_back({"data", 4096 + names.size() * 64});
+    for (size_t i = 0; i < names.size(); ++i) {
+      const auto& [name, dtype] = names[i];
+      format::ShardRecord s{{8 * rank}, {8}, 0, 4096 + i * 64, 8 * DTypeSize(dtype), {}};
+      s.crc32c = {static_cast<uint32_t>(i)};
+      lm.tensors.push_back({name, dtype, {shape}, {s}});
+    }
+    return lm;
   }
-  const std::string plan = dist::EncodePlan(Status::OK(), lm);
+  std::string Encoded(int rank, int64_t shape = 24) const {
+    return dist::EncodePlan(Status::OK(), Plan(rank, shape));
+  }
+};
+
+// The merge rebuilds the names and dtypes. Rank 1's plan encodes each shape's 24 as the two
+// bytes 0x98 0x00 (a varint with a redundant byte), so its shards take the decoded path; rank 2's
+// plan, a writer's, those of the first hinted by rank 1's (their shapes' encodings compared);
+// both make the same manifest. A hinted tensor of another shape is refused as any other.
+TEST(ManifestMergerTest, ShardNamesAreFrontCoded) {
+  const ThirdsJob job;
+  const std::string plan = job.Encoded(0);
   auto count = [&](std::string_view what) {
     size_t n = 0;
     for (size_t at = plan.find(what); at != std::string::npos; at = plan.find(what, at + 1)) ++n;
@@ -260,63 +274,102 @@ TEST(ManifestMergerTest, ShardNamesAreFrontCoded) {
   EXPECT_EQ(count("block.0."), 1u);
   EXPECT_EQ(count(DTypeName(DType::kF32)), 1u);
   EXPECT_EQ(count(DTypeName(DType::kBF16)), 1u);
-  // Rank 1 writes the same tensors' other halves, each shape's varint 16 as 0x90 0x00.
-  const std::string other = HandPlan(
+  const std::string overlong = HandPlan(
       4096 + 4 * 64, 4,
       [&](dist::WireWriter& w, int64_t k) {
         w.V64(0);
-        w.VStr(names[k].first);
-        w.VStr(DTypeName(names[k].second));
-        w.Raw(std::string("\x01\x90\x00", 3));  // one dimension: 16
+        w.VStr(job.names[k].first);
+        w.VStr(DTypeName(job.names[k].second));
+        w.Raw(std::string("\x01\x98\x00", 3));  // one dimension: 24
         const int64_t off = 8, size = 8;
         w.Dims(&off, 1);
         w.Dims(&size, 1);
         w.V64(4096 + static_cast<uint64_t>(k) * 64);
-        w.V64(8 * DTypeSize(names[k].second));
+        w.V64(8 * DTypeSize(job.names[k].second));
       },
       format::kIndexedFormatVersion);
-  for (format::TensorRecord& t : lm.tensors) t.shape = {16};
-  for (format::TensorRecord& t : report.tensors) t.shape = {16};
-  const std::string plan16 = dist::EncodePlan(Status::OK(), lm);
-  dist::ManifestMerger merger(2);
-  SP_ASSERT_OK(merger.AddPlan(0, plan16));
-  SP_ASSERT_OK(merger.AddPlan(1, other));
+  dist::ManifestMerger merger(3);
+  SP_ASSERT_OK(merger.AddPlan(0, plan));
+  SP_ASSERT_OK(merger.AddPlan(1, overlong));
+  SP_ASSERT_OK(merger.AddPlan(2, job.Encoded(2)));
   auto merged = merger.Finish();
   SP_ASSERT_OK(merged.status());
   dist::SaveChecksums sums(*merged);
-  SP_ASSERT_OK(sums.Add(0, dist::EncodeCrcs(Status::OK(), report)));
-  SP_ASSERT_OK(sums.Add(1, dist::EncodeCrcs(Status::OK(), report)));
+  for (int r = 0; r < 3; ++r)
+    SP_ASSERT_OK(sums.Add(r, dist::EncodeCrcs(Status::OK(), job.Plan(r))));
   format::Manifest m;
   m.version = 2;
   sums.TakeInto(&m);
-  ASSERT_EQ(m.tensors.size(), names.size());
-  for (size_t i = 0; i < names.size(); ++i) {
-    EXPECT_EQ(m.tensors[i].name, names[i].first);
-    EXPECT_EQ(m.tensors[i].dtype, names[i].second);
-    EXPECT_EQ(m.tensors[i].shape, Shape{16});
-    EXPECT_EQ(m.tensors[i].shards.size(), 2u);
+  ASSERT_EQ(m.tensors.size(), job.names.size());
+  for (size_t i = 0; i < job.names.size(); ++i) {
+    EXPECT_EQ(m.tensors[i].name, job.names[i].first);
+    EXPECT_EQ(m.tensors[i].dtype, job.names[i].second);
+    EXPECT_EQ(m.tensors[i].shape, Shape{24});
+    ASSERT_EQ(m.tensors[i].shards.size(), 3u);
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(m.tensors[i].shards[r].offsets, Shape{8 * r});
   }
-  // Malformed: the second name shares 2 bytes of a name of 1; a name of kMaxNameBytes + 1.
+  dist::ManifestMerger other(3);
+  SP_ASSERT_OK(other.AddPlan(0, plan));
+  SP_ASSERT_OK(other.AddPlan(1, job.Encoded(1)));
+  EXPECT_THAT(other.AddPlan(2, job.Encoded(2, 25)),
+              StatusIs(StatusCode::kInvalidArgument,
+                       "tensor \"block.0.attn.q\": rank 2 has F32 [25] but another rank has F32 "
+                       "[24]"));
+}
+
+// Front-coded names from an untrusted plan: a prefix longer than the previous name, a name over
+// kMaxNameBytes and a first shard without a dtype are a malformed plan; names of 4096 bytes that
+// cost the plan 19 bytes each are refused once they exceed the merge's budget for names.
+TEST(ManifestMergerTest, HostileFrontCodedNamesAreRefused) {
   const int64_t one = 1, zero = 0;
-  for (const size_t over : {size_t{1}, kMaxNameBytes}) {
-    const std::string bad = HandPlan(4096 + 2, 2, [&](dist::WireWriter& w, int64_t k) {
-      w.V64(static_cast<uint64_t>(k == 0 ? 0 : over == 1 ? 2 : 1));
-      w.VStr(k == 0 ? "t" : over == 1 ? "u" : std::string(over, 'u'));
-      w.VStr("U8");
-      w.Dims(&one, 1);
-      w.Dims(&zero, 1);
-      w.Dims(&one, 1);
-      w.V64(4096 + static_cast<uint64_t>(k));
-      w.V64(1);
-    });
-    EXPECT_THAT(dist::ManifestMerger(1).AddPlan(0, bad),
-                StatusIs(StatusCode::kInternal,
-                         over == 1 ? "plan of rank 0: shard 1: its name shares 2 bytes with a "
-                                     "name of 1"
-                                   : "plan of rank 0: shard 1: a name of 4097 bytes, over the "
-                                     "limit of 4096"))
-        << over;
-  }
+  // Shard k's name: `shared` bytes of the previous one, then `rest`; dtype U8 unless `no_dtype`.
+  auto plan = [&](int64_t shards, auto name) {
+    return HandPlan(4096 + static_cast<uint64_t>(shards), shards,
+                    [&](dist::WireWriter& w, int64_t k) {
+                      const auto [shared, rest, dtype] = name(k);
+                      w.V64(shared);
+                      w.VStr(rest);
+                      w.VStr(dtype);
+                      w.Dims(&one, 1);
+                      w.Dims(&zero, 1);
+                      w.Dims(&one, 1);
+                      w.V64(4096 + static_cast<uint64_t>(k));
+                      w.V64(1);
+                    });
+  };
+  using Name = std::tuple<uint64_t, std::string, std::string>;
+  EXPECT_THAT(dist::ManifestMerger(1).AddPlan(
+                  0, plan(2,
+                          [](int64_t k) {
+                            return Name{k == 0 ? 0 : 2, k == 0 ? "t" : "u", "U8"};
+                          })),
+              StatusIs(StatusCode::kInternal,
+                       "plan of rank 0: shard 1: its name shares 2 bytes with a name of 1"));
+  EXPECT_THAT(
+      dist::ManifestMerger(1).AddPlan(
+          0,
+          plan(2,
+               [](int64_t k) {
+                 return Name{k == 0 ? 0 : 1, k == 0 ? "t" : std::string(kMaxNameBytes, 'u'), "U8"};
+               })),
+      StatusIs(StatusCode::kInternal,
+               "plan of rank 0: shard 1: a name of 4097 bytes, over the limit of 4096"));
+  EXPECT_THAT(dist::ManifestMerger(1).AddPlan(0, plan(1,
+                                                      [](int64_t) {
+                                                        return Name{0, "t", ""};
+                                                      })),
+              StatusIs(StatusCode::kInternal, "plan of rank 0: shard 0: no dtype"));
+  // 5,000 names of 4,096 bytes (20 MB) in 99 KB of plan: over the budget (16 MiB, and 16 bytes per
+  // plan byte) before the end.
+  const std::string base(kMaxNameBytes - 6, 'n');
+  const std::string bomb = plan(5000, [&](int64_t k) {
+    return Name{k == 0 ? 0 : base.size(), (k == 0 ? base : "") + fmt::format("{:06}", k),
+                k == 0 ? "U8" : ""};
+  });
+  EXPECT_LT(bomb.size(), 110'000u);
+  EXPECT_THAT(dist::ManifestMerger(1).AddPlan(0, bomb),
+              StatusIs(StatusCode::kResourceExhausted,
+                       "rank 0's plans name new tensors in more bytes than the plans allow"));
 }
 
 // Version 4's records vary in size: a section that fits with its records at their smallest but
