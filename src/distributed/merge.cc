@@ -122,33 +122,28 @@ int CoordinatorThreads(size_t world) {
 Result<ManifestMerger::Merged*> ManifestMerger::TensorOf(int rank, size_t i, std::string_view name,
                                                          std::string_view dtype,
                                                          const int64_t* shape, size_t ndim) {
-  // Ranks list their tensors in one order, some of them fewer (replicas that do not write): the
-  // tensor that followed the previous shard's in the last plan that had it is likely this one.
-  uint32_t at = HintOf(i);
-  if (at >= tensors_.size() || tensors_[at].name != name) {
-    auto it = index_.find(name);
-    if (it == index_.end()) {
-      if (tensors_.size() >= UINT32_MAX - 1) return InternalError("too many tensors");
-      std::optional<DType> dt = DTypeFromName(dtype);
-      if (!dt) return InternalError(fmt::format("unknown dtype {:?}", dtype));
-      if (name.size() > name_budget_) {
-        return ResourceExhaustedError(fmt::format(
-            "tensor {:.64?}: rank {}'s plans name new tensors in more bytes than the plans "
-            "allow ({} MiB, and {} per byte of plan)",
-            name, rank, kNameAllowance >> 20, kNameBytesPerPlanByte));
-      }
-      name_budget_ -= name.size();
-      it = index_.emplace(std::string(name), static_cast<uint32_t>(tensors_.size())).first;
-      Merged& t = tensors_.emplace_back();
-      t.name = name;
-      t.dtype = *dt;
-      t.shape.assign(shape, shape + ndim);
-      WireWriter w;
-      w.Dims(t.shape);
-      t.shape_wire = std::move(w.bytes());
+  auto it = index_.find(name);
+  if (it == index_.end()) {
+    if (tensors_.size() >= UINT32_MAX - 1) return InternalError("too many tensors");
+    std::optional<DType> dt = DTypeFromName(dtype);
+    if (!dt) return InternalError(fmt::format("unknown dtype {:?}", dtype));
+    if (name.size() > name_budget_) {
+      return ResourceExhaustedError(fmt::format(
+          "tensor {:.64?}: rank {}'s plans name new tensors in more bytes than the plans "
+          "allow ({} MiB, and {} per byte of plan)",
+          name, rank, kNameAllowance >> 20, kNameBytesPerPlanByte));
     }
-    at = it->second;
+    name_budget_ -= name.size();
+    it = index_.emplace(std::string(name), static_cast<uint32_t>(tensors_.size())).first;
+    Merged& t = tensors_.emplace_back();
+    t.name = name;
+    t.dtype = *dt;
+    t.shape.assign(shape, shape + ndim);
+    WireWriter w;
+    w.Dims(t.shape);
+    t.shape_wire = std::move(w.bytes());
   }
+  const uint32_t at = it->second;
   HintOf(i) = at;
   prev_ = at;
   Merged& t = tensors_[at];
@@ -245,6 +240,8 @@ Status NextName(WireReader& r, uint64_t i, std::string* name, std::string_view* 
 
 ManifestMerger::Merged* ManifestMerger::Hinted(size_t i, std::string_view name,
                                                std::string_view dtype, WireReader& r) {
+  // Ranks list their tensors in one order, some of them fewer (replicas that do not write): the
+  // tensor that followed the previous shard's in the last plan that had it is likely this one.
   const uint32_t at = HintOf(i);
   if (at >= tensors_.size()) return nullptr;
   Merged& t = tensors_[at];

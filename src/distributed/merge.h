@@ -123,8 +123,9 @@ class ManifestMerger {
     uint64_t id = 0;     // its first shard's index in the merger's order of all shards
   };
   struct Scratch;  // one thread's buffers (LayTensor)
-  // The tensor of the i-th shard of rank `rank`'s plan, added when new; InvalidArgument when its
-  // dtype or shape differs from another rank's.
+  // The tensor of the i-th shard of rank `rank`'s plan when Hinted gave none: found by name, added
+  // when new, and the hint set to it; InvalidArgument when its dtype or shape differs from another
+  // rank's.
   Result<Merged*> TensorOf(int rank, size_t i, std::string_view name, std::string_view dtype,
                            const int64_t* shape, size_t ndim);
   // The hint of the i-th shard (TensorOf) when it has `name` and `dtype` and `r` is at its shape's
