@@ -20,7 +20,9 @@
 //  3. a few ranks of a load into another layout (TP --load-tp, N / 2 ranks) run
 //     PlanDistributedLoad (open and decode the manifest, plan the reads), timed one by one.
 // --format-version 2 writes the JSON manifest (docs/FORMAT.md §3), 3 the indexed one (§15) and 4
-// (the default) the indexed one with compact records (§17), which a loading rank reads in parts.
+// (the default) the indexed one with compact records (§17), which a loading rank reads in parts;
+// 0 leaves the choice to the coordinator (SaveOptions' default: 4 beyond 65,536 shards, else 2),
+// and written_version says what it wrote.
 // DIR/scale-bench-N must not exist; the checkpoint is deleted with DeleteCheckpoint after each N.
 // Prints one JSON object per N (bench/scale_report.py makes the tables, plot and summary).
 #include <fmt/format.h>
@@ -105,7 +107,7 @@ Layout RankState(const scale::Grid& g, int rank, int64_t rows) {
 
 struct Row {
   int ranks = 0;
-  uint32_t format_version = 0;
+  uint32_t format_version = 0, written_version = 0;  // asked for; in the MANIFEST's header
   uint64_t entries = 0, plan_bytes = 0, report_bytes = 0, manifest_bytes = 0;
   double rank_plan_ms_max = 0, rank_plan_ms_mean = 0, decide_s = 0, commit_s = 0;
   double repeat_decide_s = 0, repeat_commit_s = 0, manifest_dd_s = 0;
@@ -207,7 +209,13 @@ std::string Save(const Args& a, int n, Row* row) {
       row->peak_mib = MiB(ProcBytes("VmHWM") - base);
       return "";
     }
-    if (i == 0) row->manifest_bytes = std::filesystem::file_size(path + "/MANIFEST");
+    if (i == 0) {
+      row->manifest_bytes = std::filesystem::file_size(path + "/MANIFEST");
+      std::ifstream f(path + "/MANIFEST", std::ios::binary);
+      unsigned char h[12] = {};
+      f.read(reinterpret_cast<char*>(h), sizeof(h));  // (u32 version at 8, little-endian)
+      row->written_version = h[8] | h[9] << 8 | h[10] << 16 | uint32_t{h[11]} << 24;
+    }
     if (i > 0) Must(DeleteCheckpoint(paths[i]), "delete a repeated checkpoint");
     std::string plan;  // (Commit consumed rank 0's manifest: it plans again for the next save)
     uint64_t entries = 0;
@@ -241,7 +249,8 @@ void PlanLoads(const Args& a, int n, const std::string& path, Row* row) {
 
 void Print(const Row& r) {
   fmt::print(
-      "{{\"ranks\": {}, \"format_version\": {}, \"entries\": {}, \"plan_bytes\": {}, "
+      "{{\"ranks\": {}, \"format_version\": {}, \"written_version\": {}, \"entries\": {}, "
+      "\"plan_bytes\": {}, "
       "\"report_bytes\": {}, "
       "\"rank_plan_ms_mean\": {:.3f}, \"rank_plan_ms_max\": {:.3f}, \"decide_s\": {:.3f}, "
       "\"commit_s\": {:.3f}, \"coordinate_s\": {:.3f}, \"repeat_decide_s\": {:.3f}, "
@@ -249,10 +258,10 @@ void Print(const Row& r) {
       "\"coordinator_peak_mib\": {:.0f}, "
       "\"manifest_bytes\": {}, \"load_plan_ms\": {:.1f}, \"load_peak_mib\": {:.0f}, "
       "\"error\": \"{}\"}}\n",
-      r.ranks, r.format_version, r.entries, r.plan_bytes, r.report_bytes, r.rank_plan_ms_mean,
-      r.rank_plan_ms_max, r.decide_s, r.commit_s, r.decide_s + r.commit_s, r.repeat_decide_s,
-      r.repeat_commit_s, r.repeat_decide_s + r.repeat_commit_s, r.manifest_dd_s, r.peak_mib,
-      r.manifest_bytes, r.load_plan_ms, r.load_peak_mib, r.error);
+      r.ranks, r.format_version, r.written_version, r.entries, r.plan_bytes, r.report_bytes,
+      r.rank_plan_ms_mean, r.rank_plan_ms_max, r.decide_s, r.commit_s, r.decide_s + r.commit_s,
+      r.repeat_decide_s, r.repeat_commit_s, r.repeat_decide_s + r.repeat_commit_s, r.manifest_dd_s,
+      r.peak_mib, r.manifest_bytes, r.load_plan_ms, r.load_peak_mib, r.error);
   std::fflush(stdout);
 }
 

@@ -291,7 +291,7 @@ def _describe_difference(signatures):
 
 def save(obj, path, process_group, *, async_, overwrite, metadata, io_threads, chunk_bytes,
          direct_io, create_parents, key, timeout, verify_replicas=True,
-         format_version=2):  # fmt: skip
+         format_version=0):  # fmt: skip
     """savepoint.save(..., process_group=pg): see savepoint.save."""
     group = _Group(process_group, "async" if async_ else "sync")
     job = _SaveJob(group, os.fspath(path), float(timeout), bool(verify_replicas), dict(

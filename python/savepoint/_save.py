@@ -20,7 +20,7 @@ def save(obj: Any, path: StrPath, *, async_: bool = False, compression: Compress
          chunk_bytes: int = _DEFAULT_CHUNK, direct_io: bool = True, create_parents: bool = True,
          key: Key | None = None, process_group: Any = None, timeout: float = 600.0,
          verify_replicas: bool = True, base: StrPath | None = None, concurrency: int = 0,
-         format_version: int = 2
+         format_version: int = 0
          ) -> Stats | SaveFuture | _distributed.DistributedSaveFuture:  # fmt: skip
     """Saves `obj` as a checkpoint directory at `path`, like torch.save but crash-consistent.
 
@@ -83,12 +83,14 @@ def save(obj: Any, path: StrPath, *, async_: bool = False, compression: Compress
         are copied (numpy / torch copies) and the save runs as a distributed async save does
         (a DistributedSaveFuture).
 
-    format_version: the on-disk format (docs/FORMAT.md): 2 (default), 1 for readers older than
-        version 2, 3 or 4 for the indexed manifest a loading rank reads in parts (4: compact,
-        about a quarter of 3's bytes; what a job of thousands of ranks needs: version 2's JSON
-        manifest exceeds its 256 MiB cap above about 12,000 ranks of a 70B model). Taken by a
-        synchronous save, with or without a process_group; an asynchronous single-process save
-        and sparse tables write the default (another value: InvalidArgumentError).
+    format_version: the on-disk format (docs/FORMAT.md): 0 (default) lets savepoint choose, 2
+        (packed small tensors), 1 for readers older than version 2, 3 or 4 for the indexed
+        manifest a loading rank reads in parts (4: compact, about a quarter of 3's bytes; what a
+        job of thousands of ranks needs: version 2's JSON manifest exceeds its 256 MiB cap above
+        about 12,000 ranks of a 70B model). The choice is 2, except for a save with a
+        process_group of more than 65,536 shards: 4. Taken by a synchronous save, with or without
+        a process_group; an asynchronous single-process save and sparse tables write the
+        default (another value than 0 or 2: InvalidArgumentError).
 
     Returns a dict of statistics (bytes, chunks, seconds, direct_io) for a synchronous save, a
     SaveFuture for an asynchronous one. Errors are SavepointError subclasses (the C++ message).
@@ -96,9 +98,9 @@ def save(obj: Any, path: StrPath, *, async_: bool = False, compression: Compress
     if isinstance(format_version, bool) or not isinstance(format_version, int) or \
             not 0 <= format_version < 2**32:
         raise _errors.InvalidArgumentError(
-            f"savepoint.save: format_version must be an int (1 to 4), not {format_version!r}")
+            f"savepoint.save: format_version must be an int (0 to 4), not {format_version!r}")
     sparse = base is not None or _tree.contains_table(obj)
-    if format_version != 2 and (sparse or (async_ and process_group is None)):
+    if format_version not in (0, 2) and (sparse or (async_ and process_group is None)):
         raise _errors.InvalidArgumentError(
             f"savepoint.save: format_version={format_version} is taken by a synchronous or "
             f"distributed save without sparse tables (this one writes format version 2)")

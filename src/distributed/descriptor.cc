@@ -126,6 +126,7 @@ std::string EncodeVerdict(const Verdict& v) {
   w.U64(v.file_index.size());
   w.Raw(bits);
   w.Str(v.salt);
+  w.U64(v.version);
   return out + w.bytes();
 }
 
@@ -148,6 +149,11 @@ Result<Verdict> DecodeVerdict(std::string_view bytes, int world) {
     if ((static_cast<uint8_t>(bits[i / 8]) >> (i % 8)) & 1) v.file_index[i] = files++;
   }
   SP_ASSIGN_OR_RETURN(v.salt, r.Str());
+  SP_ASSIGN_OR_RETURN(uint64_t version, r.U64());
+  if (version > format::kMaxFormatVersion) {
+    return InternalError(fmt::format("save verdict: format version {}", version));
+  }
+  v.version = static_cast<uint32_t>(version);
   return v;
 }
 

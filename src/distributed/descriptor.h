@@ -52,6 +52,10 @@ struct Verdict {
   // order, so the message carries one bit per rank.
   std::vector<int64_t> file_index;
   std::string salt;  // encrypted saves: the checkpoint's salt (else empty)
+  // The format version every rank writes: the one the ranks asked for, or the coordinator's
+  // choice when they asked for 0 (SaveOptions::format_version). 0 in a verdict that decides no
+  // save (an error, need_plans).
+  uint32_t version = 0;
 };
 std::string EncodeVerdict(const Verdict& v);
 Result<Verdict> DecodeVerdict(std::string_view bytes, int world);

@@ -592,6 +592,40 @@ TEST(DistributedTest, LoadErrorsNameWhatIsMissing) {
       << r.status().ToString();
 }
 
+// With the default SaveOptions::format_version (0), a save of more than dist::kIndexedAboveShards
+// shards is written in format version 4, manifest and data files alike, and loads back whole
+// (the small saves of the tests above are written in version 2).
+TEST(DistributedTest, SaveOfManyShardsIsIndexedByDefault) {
+  MemFileSystem mem;
+  const int64_t per_rank = static_cast<int64_t>(dist::kIndexedAboveShards) / 2 + 1;
+  Tensor t = Tensor::Empty(DType::kU8, {2 * per_rank}).value();
+  testing::FillPattern(t.view(), 3);
+  std::vector<ShardLayout> layouts(2);
+  std::vector<State> locals(2);
+  for (int r = 0; r < 2; ++r) {
+    for (int64_t k = 0; k < per_rank; ++k) {  // one row per shard, each its own local tensor
+      const int64_t row = r * per_rank + k;
+      const std::string name = fmt::format("t.{}", row);
+      layouts[r][name] = ShardSpec{{2 * per_rank}, {row}, {1}, {}, "t"};
+      Tensor one = Tensor::Empty(DType::kU8, {1}).value();
+      std::memcpy(one.data(), t.data() + row, 1);
+      SP_ASSERT_OK(locals[r].Put(name, std::move(one)));
+    }
+  }
+  for (const Status& s : OnRanks(2, [&](Communicator& c) {
+         return SaveDistributed(c, locals[c.rank()], layouts[c.rank()], "/ckpt", {},
+                                {.fs = &mem, .io_threads = 2, .direct_io = false});
+       })) {
+    SP_ASSERT_OK(s);
+  }
+  auto reader = CheckpointReader::Open("/ckpt", {}, {.fs = &mem, .direct_io = false}).value();
+  EXPECT_EQ(reader->format_version(), format::kCompactFormatVersion);
+  SP_ASSERT_OK_AND_ASSIGN(State back, Load("/ckpt", {}, {.fs = &mem, .direct_io = false}));
+  ASSERT_NE(back.FindTensor("t"), nullptr);
+  EXPECT_EQ(0, std::memcmp(back.FindTensor("t")->data(), t.data(), t.nbytes()));
+  SP_EXPECT_OK(VerifyCheckpoint("/ckpt", {}, {.fs = &mem, .direct_io = false}));
+}
+
 TEST(DistributedTest, HostileDescriptorsAreRejected) {
   dist::ManifestMerger m(2);
   Status s = m.AddPlan(0, "garbage");

@@ -188,7 +188,10 @@ Status ManifestMerger::SameSettings(int rank, uint64_t version, bool encrypted,
       chunk_bytes % format::kMinChunkBytes != 0) {  // (a rank checks its options)
     return InternalError(fmt::format("chunk size {}", chunk_bytes));
   }
-  if (version_ == 0) {
+  if (version > format::kMaxFormatVersion) {  // (0: the coordinator chooses, Finish)
+    return InternalError(fmt::format("format version {}", version));
+  }
+  if (chunk_bytes_ == 0) {  // (the first plan)
     version_ = version, version_rank_ = rank, encrypted_ = encrypted;
     chunk_bytes_ = chunk_bytes;
   }
@@ -308,7 +311,7 @@ Status ManifestMerger::AddShards(int rank, uint64_t n, WireReader& r) {
 }
 
 Status ManifestMerger::Absorb(ManifestMerger&& later) {
-  if (later.version_ == 0) return Status::OK();  // (no plan)
+  if (later.chunk_bytes_ == 0) return Status::OK();  // (no plan)
   SP_RETURN_IF_ERROR(
       SameSettings(later.version_rank_, later.version_, later.encrypted_, later.chunk_bytes_));
   // later's tensor i is this one's tensor at[i], whose shards it extends from base[i].
@@ -364,6 +367,12 @@ Result<std::shared_ptr<const MergedPlan>> ManifestMerger::Finish(int threads) {
   auto plan = std::make_shared<MergedPlan>();
   plan->world_ = world_;
   plan->version_ = static_cast<uint32_t>(version_);
+  if (version_ == 0) {  // the ranks left the version to the coordinator
+    uint64_t shards = 0;
+    for (const Merged& t : tensors_) shards += t.shards;
+    plan->version_ =
+        shards > kIndexedAboveShards ? format::kCompactFormatVersion : format::kFormatVersion;
+  }
   plan->encrypted_ = encrypted_;
   plan->chunk_bytes_ = chunk_bytes_;
   plan->file_index_.assign(world_, -1);
@@ -408,7 +417,7 @@ uint64_t LeastRecordBytes(uint32_t version, uint64_t shards, size_t ndim) {
 
 Result<std::vector<ManifestMerger::Place>> ManifestMerger::PlaceTensors(MergedPlan* plan,
                                                                         Status* over_cap) {
-  const auto version = static_cast<uint32_t>(version_);
+  const uint32_t version = plan->version_;
   uint64_t shards = 0, record_bytes = 0;
   for (const Merged& t : tensors_) {
     shards += t.shards;

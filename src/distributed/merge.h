@@ -74,6 +74,12 @@ class MergedPlan {
 // ranks (a small save is done in milliseconds), else the host's hardware threads, at most 8.
 int CoordinatorThreads(size_t world);
 
+// The format version a save whose ranks leave it to the coordinator (SaveOptions::format_version
+// 0) is written in: 4 (format::kCompactFormatVersion) when it has more shards than this, else 2.
+// Version 2's JSON manifest is decoded whole by every loading rank (about 60 bytes a shard);
+// version 4's is read by sections.
+inline constexpr uint64_t kIndexedAboveShards = uint64_t{1} << 16;
+
 // Merges per-rank plans (EncodePlan) into a MergedPlan. One merger is used by one thread at a
 // time; MergePlans runs several on ranges of ranks and joins them (Absorb).
 class ManifestMerger {
@@ -86,7 +92,8 @@ class ManifestMerger {
   // Adds the plans `later` holds (of ranks it alone was given, all after those of this merger's),
   // with the checks of AddPlan across the two; `later` is spent.
   Status Absorb(ManifestMerger&& later);
-  // After every plan: numbers the data files, places the tensors (ResourceExhausted when the
+  // After every plan: picks the format version when the plans left it to the coordinator
+  // (kIndexedAboveShards), numbers the data files, places the tensors (ResourceExhausted when the
   // manifest would exceed format::kMaxManifestFileBytes or a section its cap), then per tensor,
   // on up to `threads` threads, checks that its shards tile it exactly (InvalidArgument naming
   // the tensor otherwise) and lays out their records and chunk entries. The merger is spent.
@@ -152,10 +159,10 @@ class ManifestMerger {
   static Status CheckSections(const MergedPlan& plan);
 
   int world_;
-  uint64_t version_ = 0;  // the format version of the first plan added, and its rank
+  uint64_t version_ = 0;  // the format version of the first plan added (0: Finish picks), its rank
   int version_rank_ = 0;
   bool encrypted_ = false;    // whether that plan is encrypted
-  uint64_t chunk_bytes_ = 0;  // and its chunk size
+  uint64_t chunk_bytes_ = 0;  // and its chunk size (0 until a plan is added)
   std::vector<RankInfo> ranks_;
   std::vector<Merged> tensors_;
   std::unordered_map<std::string, uint32_t, NameHash, std::equal_to<>> index_;

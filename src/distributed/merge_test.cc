@@ -209,14 +209,12 @@ std::string HandPlan(uint64_t file_bytes, int64_t shards, WriteShard shard,
   return head.substr(0, head.size() - 40) + w.bytes();
 }
 
-// A tensor of more shards than a manifest reader accepts (format::kMaxShardsPerTensor) is refused
-// at the decision, naming it.
-TEST(ManifestMergerTest, MoreShardsThanReadersAcceptAreRefused) {
-  // One element of "t" per shard.
-  const int64_t n = int64_t{format::kMaxShardsPerTensor} + 1;
+// A plan of tensor "t" (U8) of n elements in n shards of one element, in format `version`.
+std::string ElementPlan(int64_t n, uint32_t version = format::kCompactFormatVersion) {
   const int64_t one = 1;
-  const std::string plan =
-      HandPlan(4096 + static_cast<uint64_t>(n), n, [&](dist::WireWriter& w, int64_t k) {
+  return HandPlan(
+      4096 + static_cast<uint64_t>(n), n,
+      [&](dist::WireWriter& w, int64_t k) {
         w.V64(k == 0 ? 0 : 1);  // the bytes of the name shared with the previous shard's
         w.VStr(k == 0 ? "t" : "");
         w.VStr(k == 0 ? "U8" : "");  // (empty: the previous shard's dtype)
@@ -225,11 +223,45 @@ TEST(ManifestMergerTest, MoreShardsThanReadersAcceptAreRefused) {
         w.Dims(&one, 1);
         w.V64(4096 + static_cast<uint64_t>(k));
         w.V64(1);
-      });
+      },
+      version);
+}
+
+// A tensor of more shards than a manifest reader accepts (format::kMaxShardsPerTensor) is refused
+// at the decision, naming it.
+TEST(ManifestMergerTest, MoreShardsThanReadersAcceptAreRefused) {
   dist::ManifestMerger merger(1);
-  SP_ASSERT_OK(merger.AddPlan(0, plan));
+  SP_ASSERT_OK(merger.AddPlan(0, ElementPlan(int64_t{format::kMaxShardsPerTensor} + 1)));
   EXPECT_THAT(merger.Finish().status(),
               StatusIs(StatusCode::kResourceExhausted, "tensor \"t\": 1048577 shards"));
+}
+
+// Plans that leave the format version to the coordinator (SaveOptions::format_version 0) are
+// merged into version 2, or 4 beyond dist::kIndexedAboveShards shards; a version asked for is
+// kept; ranks that differ, or a version this build does not write, are refused.
+TEST(ManifestMergerTest, CoordinatorPicksTheVersionWhenAskedTo) {
+  auto version = [](int64_t shards, uint32_t asked) -> uint32_t {
+    dist::ManifestMerger merger(1);
+    EXPECT_TRUE(merger.AddPlan(0, ElementPlan(shards, asked)).ok());
+    Result<std::shared_ptr<const dist::MergedPlan>> plan = merger.Finish();
+    EXPECT_TRUE(plan.ok()) << plan.status().ToString();
+    return plan.ok() ? (*plan)->version() : 0;
+  };
+  const auto most = static_cast<int64_t>(dist::kIndexedAboveShards);
+  EXPECT_EQ(version(1, 0), format::kFormatVersion);
+  EXPECT_EQ(version(most, 0), format::kFormatVersion);
+  EXPECT_EQ(version(most + 1, 0), format::kCompactFormatVersion);
+  EXPECT_EQ(version(most + 1, 2), 2u);
+  EXPECT_EQ(version(most + 1, 3), 3u);
+  EXPECT_EQ(version(1, 1), 1u);
+  dist::ManifestMerger mixed(2);
+  SP_ASSERT_OK(mixed.AddPlan(0, ElementPlan(1, 0)));
+  EXPECT_THAT(mixed.AddPlan(1, ElementPlan(1, 4)),
+              StatusIs(StatusCode::kInvalidArgument,
+                       "rank 1 writes format version 4, rank 0 "
+                       "version 0 (SaveOptions.format_version"));
+  EXPECT_THAT(dist::ManifestMerger(1).AddPlan(0, ElementPlan(1, format::kMaxFormatVersion + 1)),
+              StatusIs(StatusCode::kInternal, "plan of rank 0: format version 5"));
 }
 
 // Four tensors of 24 elements over three ranks, each writing a third: the plans front-code the
@@ -469,6 +501,35 @@ TEST(PlanCacheKey, SecondDecisionLeavesTheFirst) {
   SaveCoordinator two("/two", 2, {}, Io(&mem));
   EXPECT_THAT(dist::DecodeVerdict(two.Decide({plan}), 2)->status,
               StatusIs(StatusCode::kInternal, "1 plans for 2 ranks"));
+}
+
+// The verdict gives the format version: a rank that asked for 0 writes the one given (of 2 to 4,
+// which lay out a data file alike), a rank that asked for a version only that one.
+TEST(SaveVerdictTest, RankWritesTheVersionItAskedOrWasGiven) {
+  MemFileSystem mem;
+  State s;
+  static float w[4] = {1, 2, 3, 4};
+  SP_ASSERT_OK(s.PutView("w", TensorView(w, DType::kF32, {4})));
+  for (uint32_t asked : {0u, 1u}) {
+    SCOPED_TRACE(asked);
+    const SaveOptions o{.format_version = asked};
+    RankSave rank(0, 1);
+    const std::string plan = rank.Plan(s, {}, o, Io(&mem));
+    SaveCoordinator c(fmt::format("/v{}", asked), 1, o, Io(&mem));
+    SP_ASSERT_OK_AND_ASSIGN(dist::Verdict v, dist::DecodeVerdict(c.Decide({plan}), 1));
+    EXPECT_EQ(v.version, asked == 0 ? format::kFormatVersion : asked);
+    v.version = format::kCompactFormatVersion;
+    Result<std::string> report = rank.Write(dist::EncodeVerdict(v), o, Io(&mem));
+    if (asked == 0) {
+      SP_EXPECT_OK(report.status());
+    } else {
+      EXPECT_THAT(report, StatusIs(StatusCode::kInternal,
+                                   "save verdict: format version 4 for a rank that asked for 1"));
+    }
+    v.version = format::kMaxFormatVersion + 1;
+    EXPECT_THAT(dist::DecodeVerdict(dist::EncodeVerdict(v), 1),
+                StatusIs(StatusCode::kInternal, "save verdict: format version 5"));
+  }
 }
 
 TEST(ManifestMergerTest, ChecksumReportsMustMatchThePlan) {

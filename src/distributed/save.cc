@@ -81,6 +81,9 @@ Status PlanRank(const State& local, const ShardLayout& layout, int rank, int siz
   for (size_t i : writes) SP_RETURN_IF_ERROR(p->mine.PutView(shards[i].name, shards[i].view));
   SP_ASSIGN_OR_RETURN(p->tasks,
                       engine::PlanSave(p->mine, chunk_bytes, &p->m, {}, o.format_version, gathers));
+  // Until the verdict, the version asked for: 0 leaves it to the coordinator (which picks 2 or 4,
+  // versions that lay out a data file as PlanSave just did).
+  p->m.version = o.format_version;
   p->m.files[0].name = engine::DataFileName(rank, 0);
   for (size_t k = 0; k < writes.size(); ++k) {  // PlanSave keeps name order, as `writes` does
     const ShardSpec& spec = shards[writes[k]].spec;
@@ -88,6 +91,19 @@ Status PlanRank(const State& local, const ShardLayout& layout, int rank, int siz
     p->m.tensors[k].shape = spec.global_shape;
     p->m.tensors[k].shards[0].offsets = spec.offsets;
   }
+  return Status::OK();
+}
+
+// Step 4's first part: the format version the verdict gives becomes the version of the rank's
+// data file and manifest (which held the version it asked for: the same, or 0 for the
+// coordinator's choice of 2 to 4).
+Status TakeVersion(uint32_t version, format::Manifest* m) {
+  const bool chosen = m->version == 0 && version >= format::kFormatVersion;
+  if (version > format::kMaxFormatVersion || (version != m->version && !chosen)) {
+    return InternalError(fmt::format("save verdict: format version {} for a rank that asked for {}",
+                                     version, m->version));
+  }
+  m->version = version;
   return Status::OK();
 }
 
@@ -246,6 +262,7 @@ Result<std::string> RankSave::Write(std::string_view verdict, const SaveOptions&
     return FailedPreconditionError("RankSave::Write: the verdict asks for the plans, not a write");
   }
   i.p.m.checkpoint_id = i.verdict.checkpoint_id;
+  if (i.planned.ok()) SP_RETURN_IF_ERROR(dist::TakeVersion(i.verdict.version, &i.p.m));
   engine::SaveTarget target{FileSystemOf(io), "", i.verdict.tmp};
   // A rank that writes no file still derives the keys: the coordinator writes the manifest, and
   // every rank's key check is compared with the coordinator's.
@@ -331,6 +348,7 @@ std::string SaveCoordinator::Decide(const std::vector<std::string>& plans) {
       dist::CachePlan(key, c.plan);
     }
     v.file_index = c.plan->file_index();
+    v.version = c.plan->version();
     SP_ASSIGN_OR_RETURN(c.target, engine::BeginSave(c.path, c.o, c.io));
     c.began = true;
     v.tmp = c.target.tmp;
@@ -360,6 +378,7 @@ Status SaveCoordinator::Commit(const std::vector<std::string>& reports, RankSave
                                    dist::CoordinatorThreads(reports.size())));
     format::Manifest m = std::move(p->m);  // keeps the id stamp, time, writer, chunk size, salt
     m.checkpoint_id = c.verdict.checkpoint_id;
+    m.version = c.plan->version();  // (the rank's Write took it from the verdict too)
     const format::CheckpointKeys* keys = encrypted ? &p->seal.keys : nullptr;
     if (m.version >= format::kIndexedFormatVersion) {  // sections from the plan's records
       uint64_t largest = 0;

@@ -103,11 +103,10 @@ Status CheckSaveOptions(const SaveOptions& o) {
         fmt::format("SaveOptions.chunk_bytes = {}: must be a multiple of 4096 in [4 KiB, 1 GiB]",
                     o.chunk_bytes));
   }
-  if (o.format_version < format::kMinFormatVersion ||
-      o.format_version > format::kMaxFormatVersion) {
-    return InvalidArgumentError(fmt::format("SaveOptions.format_version = {}: must be {} to {}",
-                                            o.format_version, format::kMinFormatVersion,
-                                            format::kMaxFormatVersion));
+  if (o.format_version > format::kMaxFormatVersion) {  // (0: savepoint's choice)
+    return InvalidArgumentError(
+        fmt::format("SaveOptions.format_version = {}: must be 0, or {} to {}", o.format_version,
+                    format::kMinFormatVersion, format::kMaxFormatVersion));
   }
   return CheckCompression(o.compression);
 }
@@ -514,7 +513,7 @@ Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes
                                         format::Manifest* m, const Compression& compression,
                                         uint32_t version, const RowGathers* gathers,
                                         const LateTensors* late) {
-  m->version = version;
+  m->version = version == 0 ? format::kFormatVersion : version;
   m->checkpoint_id = RandomU64();
   m->created_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                       std::chrono::system_clock::now().time_since_epoch())
@@ -529,7 +528,7 @@ Result<std::vector<ChunkTask>> PlanSave(const State& state, uint64_t chunk_bytes
   // The packed region right after the header, then every other uncompressed extent 4096-aligned
   // (compressed chunks go after both, where the writer's ExtentAllocator places them).
   auto packed = [&](const format::ShardRecord& s) {
-    return !s.compressed() && Packs(version, s.bytes);
+    return !s.compressed() && Packs(m->version, s.bytes);
   };
   // Which of the three groups a tensor is in: packed, the others, then the late ones.
   auto group = [&](const format::TensorRecord& t) {

@@ -120,6 +120,8 @@ Result<SaveTarget> BeginSave(const std::string& raw_path, const SaveOptions& o,
 // (header and packed region), where the caller's ExtentAllocator starts, and the caller sets it to
 // the allocator's end() once every chunk is written.
 //
+// `version` 0 (SaveOptions::format_version's default) writes format::kFormatVersion.
+//
 // `gathers` (may be null): tensors whose rows are gathered into storage order as they are written
 // (WriteRequest::gathers); their tasks get the gather. `late` (may be null): tensors laid out, and
 // tasked, after every other one (WriteRequest::late; never packed: InternalError otherwise).
