@@ -110,5 +110,41 @@ TEST_F(ObjectStoreTest, GcRemovesUnfinishedSavesOnlyPastTheGracePeriod) {
   EXPECT_EQ(mem_.ListDir("/bucket/run/theirs").value().size(), 2u);
 }
 
+// A store whose conditional writes race (as some S3 servers' have): another save of the same
+// prefix replaced a data object after this save created it. Just before the MANIFEST is written,
+// the data object is swapped for the one another save wrote (of the same size).
+class RacyObjectStore : public testing::MemObjectStore {
+ public:
+  using MemObjectStore::MemObjectStore;
+  Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
+                                                        const FileOptions& options) override {
+    if (path == "/bucket/run/race/MANIFEST") {
+      const std::string data = "/data-00000-00000.spd";
+      SP_ASSIGN_OR_RETURN(std::string theirs,
+                          base()->ReadFile("/bucket/run/other" + data, 1 << 30));
+      SP_RETURN_IF_ERROR(base()->RemoveFile("/bucket/run/race" + data));
+      SP_RETURN_IF_ERROR(base()->WriteFileSynced("/bucket/run/race" + data, theirs));
+    }
+    return MemObjectStore::NewWritableFile(path, options);
+  }
+};
+
+// The save that finds, once its MANIFEST is written, that a data object is another save's takes
+// the MANIFEST back and fails, naming the object: no torn checkpoint is left committed.
+TEST_F(ObjectStoreTest, ADataObjectReplacedBeforeTheCommitUncommitsTheSave) {
+  RacyObjectStore racy(&mem_);
+  const State a = testing::RandomState(1, 3, 64 << 10), b = testing::RandomState(2, 3, 64 << 10);
+  const IoOptions io{.fs = &racy, .direct_io = false};
+  SP_ASSERT_OK(Save(b, "/bucket/run/other", {}, io));
+  EXPECT_THAT(Save(a, "/bucket/run/race", {}, io),
+              StatusIs(StatusCode::kIOError,
+                       "data object /bucket/run/race/data-00000-00000.spd is not this save's "
+                       "(its header: data file belongs to another checkpoint"));
+  EXPECT_FALSE(mem_.Exists("/bucket/run/race/MANIFEST"));
+  EXPECT_THAT(Load("/bucket/run/race", {}, io), StatusIs(StatusCode::kNotFound, "MANIFEST"));
+  SP_ASSERT_OK_AND_ASSIGN(State back, Load("/bucket/run/other", {}, io));  // (the other's stands)
+  EXPECT_TRUE(testing::StatesEqual(b, back));
+}
+
 }  // namespace
 }  // namespace savepoint

@@ -585,18 +585,40 @@ Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const 
 
 namespace {
 
-// Object storage: every data object of `m` is there with its size.
-Status CheckDataObjects(const SaveTarget& t, const format::Manifest& m) {
-  for (const format::FileRecord& rec : m.files) {
+// The error for data object `p` of the save to `t` when it is not the one the save wrote.
+Status NotOurObject(const SaveTarget& t, const std::string& p, const std::string& what) {
+  return IOError(
+      fmt::format("commit {}: data object {} is {} (another process removed or replaced it?); the "
+                  "checkpoint is not committed",
+                  t.path, p, what));
+}
+
+// Object storage: every data object of `m` is there with its size; with `headers`, also with the
+// header this save wrote (its checkpoint id and index: a store whose conditional writes race, as
+// some S3 servers' do, can let another save of the same prefix replace an object).
+Status CheckDataObjects(const SaveTarget& t, const format::Manifest& m, bool headers) {
+  for (uint32_t i = 0; i < m.files.size(); ++i) {
+    const format::FileRecord& rec = m.files[i];
     const std::string p = JoinPath(t.tmp, rec.name);
-    Result<FileInfo> st = t.fs->Stat(p);
-    if (!st.ok() || st->is_dir || st->size != rec.bytes) {
-      return IOError(fmt::format(
-          "commit {}: data object {} is {} (another process removed or replaced it?); the "
-          "checkpoint is not committed",
-          t.path, p,
-          st.ok() ? fmt::format("{} bytes, not {}", st->size, rec.bytes) : st.status().ToString()));
+    if (!headers) {
+      Result<FileInfo> st = t.fs->Stat(p);
+      if (!st.ok()) return NotOurObject(t, p, st.status().ToString());
+      if (st->is_dir || st->size != rec.bytes) {
+        return NotOurObject(t, p, fmt::format("{} bytes, not {}", st->size, rec.bytes));
+      }
+      continue;
     }
+    Result<std::unique_ptr<RandomAccessFile>> f = t.fs->NewRandomAccessFile(p, FileOptions{});
+    if (!f.ok()) return NotOurObject(t, p, f.status().ToString());
+    if ((*f)->size() != rec.bytes) {
+      return NotOurObject(t, p, fmt::format("{} bytes, not {}", (*f)->size(), rec.bytes));
+    }
+    std::string header(std::min(rec.bytes, format::kDataHeaderBytes), '\0');
+    Status read = (*f)->ReadAt(0, std::as_writable_bytes(std::span(header.data(), header.size())));
+    if (read.ok()) {
+      read = format::CheckDataHeader(header, m.checkpoint_id, i, m.version, "its header");
+    }
+    if (!read.ok()) return NotOurObject(t, p, fmt::format("not this save's ({})", read.message()));
   }
   return Status::OK();
 }
@@ -617,8 +639,9 @@ Status CheckManifestSize(const format::Manifest& m, std::string_view header, uin
             ? fmt::format(", its largest section {}", section)
             : "",
         m.version < format::kIndexedFormatVersion
-            ? fmt::format(": format versions {} and {} (SaveOptions.format_version = {}) keep "
-                          "the shards out of the JSON",
+            ? fmt::format(": format versions {} and {} keep the shards out of the JSON "
+                          "(SaveOptions.format_version = {}, or 0, the default, which picks it "
+                          "for a distributed save of many shards)",
                           format::kIndexedFormatVersion, format::kCompactFormatVersion,
                           format::kCompactFormatVersion)
             : ""));
@@ -682,7 +705,7 @@ Status FinishEncoded(const SaveTarget& t, WritableFile* data, const format::Mani
   // Exclusive: in object storage this write is the commit point (docs/FORMAT.md §5.1), and it
   // must not replace a MANIFEST another save published meanwhile.
   const bool objects = t.fs->IsObjectStore(t.tmp);
-  if (objects) SP_RETURN_IF_ERROR(CheckDataObjects(t, m));
+  if (objects) SP_RETURN_IF_ERROR(CheckDataObjects(t, m, /*headers=*/false));
   const std::string path = JoinPath(t.tmp, format::kManifestFileName);
   SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
                       t.fs->NewWritableFile(path, FileOptions{.exclusive = true}));
@@ -691,8 +714,10 @@ Status FinishEncoded(const SaveTarget& t, WritableFile* data, const format::Mani
   SP_RETURN_IF_ERROR(f->Close());
   if (!objects) return Status::OK();
   // Nothing stops another process (a gc that took a slow save for an abandoned one) from deleting
-  // objects in a bucket: checked again once committed, and uncommitted if one is gone.
-  Status after = CheckDataObjects(t, m);
+  // objects in a bucket, or, where the store's conditional writes race, another save of this
+  // prefix from replacing one: checked again once committed, headers included, and uncommitted
+  // if one is gone or not this save's.
+  Status after = CheckDataObjects(t, m, /*headers=*/true);
   if (!after.ok()) t.fs->RemoveFile(path).IgnoreError();
   return after;
 }
