@@ -66,6 +66,7 @@ const Real& Messages() {
     v.tmp = "/tmp/.x.savepoint-tmp";
     v.checkpoint_id = 7;
     v.file_index = r.merged->file_index();
+    v.version = r.merged->version();
     v.salt = std::string(16, 's');
     r.verdict = dist::EncodeVerdict(v);
     return r;
@@ -100,6 +101,7 @@ void Plan(const std::string& msg) {
   if (plan.ok() != joined.ok()) std::abort();
   if (!plan.ok()) return;
   if ((*plan)->file_index() != (*joined)->file_index()) std::abort();
+  if ((*plan)->version() != (*joined)->version()) std::abort();
   if ((*plan)->file_index().size() != 2) std::abort();
 }
 

@@ -154,9 +154,10 @@ struct SAVEPOINT_API SaveOptions {
   //  - 3 and 4 are version 2 with an indexed manifest, whose shards a loading rank reads in parts
   //    (4: compact records, a quarter of 3's bytes): what a job of thousands of ranks needs;
   //  - 0 (the default) leaves the choice to savepoint: 2 for a single-process save; for a
-  //    distributed save the coordinator's: 4 when the save has more than 65,536 shards (version
-  //    2's JSON manifest would make every loading rank decode megabytes, and exceeds its cap
-  //    beyond about 4 million shards), else 2. Every rank must pass the same value.
+  //    distributed save the coordinator's: 4 when the save has more than 65,536 shards or 2^20
+  //    chunks (version 2's JSON manifest would make every loading rank decode megabytes, and
+  //    exceeds its cap beyond about 4 million shards), else 2. Every rank must pass the same
+  //    value.
   uint32_t format_version = 0;
   // Optional: receives statistics of the save. An asynchronous save has them in its SaveHandle:
   // there it must be null (else InvalidArgument).

@@ -88,7 +88,7 @@ def save(obj: Any, path: StrPath, *, async_: bool = False, compression: Compress
         manifest a loading rank reads in parts (4: compact, about a quarter of 3's bytes; what a
         job of thousands of ranks needs: version 2's JSON manifest exceeds its 256 MiB cap above
         about 12,000 ranks of a 70B model). The choice is 2, except for a save with a
-        process_group of more than 65,536 shards: 4. Taken by a synchronous save, with or without
+        process_group of more than 65,536 shards or 2^20 chunks: 4. Taken by a synchronous save, with or without
         a process_group; an asynchronous single-process save and sparse tables write the
         default (another value than 0 or 2: InvalidArgumentError).
 
@@ -103,7 +103,8 @@ def save(obj: Any, path: StrPath, *, async_: bool = False, compression: Compress
     if format_version not in (0, 2) and (sparse or (async_ and process_group is None)):
         raise _errors.InvalidArgumentError(
             f"savepoint.save: format_version={format_version} is taken by a synchronous or "
-            f"distributed save without sparse tables (this one writes format version 2)")
+            f"distributed save without sparse tables (this one takes savepoint's choice, 0, "
+            f"or 2)")
     if process_group is not None and sparse:
         if compression is not None:
             raise _errors.UnimplementedError("savepoint.save: compression with a process_group")

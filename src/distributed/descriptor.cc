@@ -150,7 +150,9 @@ Result<Verdict> DecodeVerdict(std::string_view bytes, int world) {
   }
   SP_ASSIGN_OR_RETURN(v.salt, r.Str());
   SP_ASSIGN_OR_RETURN(uint64_t version, r.U64());
-  if (version > format::kMaxFormatVersion) {
+  // (A verdict that decides a save names a version this build writes; others carry 0.)
+  const bool decides = v.status.ok() && !v.need_plans;
+  if (version > format::kMaxFormatVersion || (decides && version < format::kMinFormatVersion)) {
     return InternalError(fmt::format("save verdict: format version {}", version));
   }
   v.version = static_cast<uint32_t>(version);

@@ -2,10 +2,10 @@
 // global manifest.
 //
 // Each rank plans locally (which shards it writes, where in its own data file) and sends the
-// coordinator one compact descriptor: its status, the format version it writes, its file size, and
-// per written shard the tensor name, dtype, global shape, box and extent. After writing it sends a
-// second one with the shards' CRC32Cs. The coordinator never sees the other ranks' layouts or
-// replicas: only the shards that will be in the manifest, which it needs anyway.
+// coordinator one compact descriptor: its status, the format version it asks for, its file size,
+// and per written shard the tensor name, dtype, global shape, box and extent. After writing it
+// sends a second one with the shards' CRC32Cs. The coordinator never sees the other ranks' layouts
+// or replicas: only the shards that will be in the manifest, which it needs anyway.
 #ifndef SAVEPOINT_DISTRIBUTED_DESCRIPTOR_H_
 #define SAVEPOINT_DISTRIBUTED_DESCRIPTOR_H_
 

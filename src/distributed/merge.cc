@@ -202,10 +202,13 @@ Status ManifestMerger::SameSettings(int rank, uint64_t version, bool encrypted,
         rank, chunk_bytes, version_rank_, chunk_bytes_));
   }
   if (version != version_) {
+    auto named = [](uint64_t v) {
+      return v == 0 ? std::string("0 (savepoint's choice)") : std::to_string(v);
+    };
     return InvalidArgumentError(fmt::format(
         "rank {} writes format version {}, rank {} version {} (SaveOptions.format_version must "
         "be the same on every rank)",
-        rank, version, version_rank_, version_));
+        rank, named(version), version_rank_, named(version_)));
   }
   if (encrypted != encrypted_) {
     return InvalidArgumentError(
@@ -368,10 +371,11 @@ Result<std::shared_ptr<const MergedPlan>> ManifestMerger::Finish(int threads) {
   plan->world_ = world_;
   plan->version_ = static_cast<uint32_t>(version_);
   if (version_ == 0) {  // the ranks left the version to the coordinator
-    uint64_t shards = 0;
-    for (const Merged& t : tensors_) shards += t.shards;
-    plan->version_ =
-        shards > kIndexedAboveShards ? format::kCompactFormatVersion : format::kFormatVersion;
+    uint64_t shards = 0, chunks = 0;
+    for (const Merged& t : tensors_) shards += t.shards, chunks = SaturatingAdd(chunks, t.chunks);
+    plan->version_ = shards > kIndexedAboveShards || chunks > kIndexedAboveChunks
+                         ? format::kCompactFormatVersion
+                         : format::kFormatVersion;
   }
   plan->encrypted_ = encrypted_;
   plan->chunk_bytes_ = chunk_bytes_;

@@ -75,10 +75,12 @@ class MergedPlan {
 int CoordinatorThreads(size_t world);
 
 // The format version a save whose ranks leave it to the coordinator (SaveOptions::format_version
-// 0) is written in: 4 (format::kCompactFormatVersion) when it has more shards than this, else 2.
-// Version 2's JSON manifest is decoded whole by every loading rank (about 60 bytes a shard);
-// version 4's is read by sections.
+// 0) is written in: 4 (format::kCompactFormatVersion) when it has more shards than
+// kIndexedAboveShards or more chunks than kIndexedAboveChunks, else 2. Version 2's JSON manifest
+// is decoded whole by every loading rank (about 60 bytes a shard, 11 a chunk's CRC32C); version
+// 4's is read by sections.
 inline constexpr uint64_t kIndexedAboveShards = uint64_t{1} << 16;
+inline constexpr uint64_t kIndexedAboveChunks = uint64_t{1} << 20;
 
 // Merges per-rank plans (EncodePlan) into a MergedPlan. One merger is used by one thread at a
 // time; MergePlans runs several on ranges of ranks and joins them (Absorb).
@@ -93,10 +95,11 @@ class ManifestMerger {
   // with the checks of AddPlan across the two; `later` is spent.
   Status Absorb(ManifestMerger&& later);
   // After every plan: picks the format version when the plans left it to the coordinator
-  // (kIndexedAboveShards), numbers the data files, places the tensors (ResourceExhausted when the
-  // manifest would exceed format::kMaxManifestFileBytes or a section its cap), then per tensor,
-  // on up to `threads` threads, checks that its shards tile it exactly (InvalidArgument naming
-  // the tensor otherwise) and lays out their records and chunk entries. The merger is spent.
+  // (kIndexedAboveShards, kIndexedAboveChunks), numbers the data files, places the tensors
+  // (ResourceExhausted when the manifest would exceed format::kMaxManifestFileBytes or a section
+  // its cap), then per tensor, on up to `threads` threads, checks that its shards tile it exactly
+  // (InvalidArgument naming the tensor otherwise) and lays out their records and chunk entries. The
+  // merger is spent.
   Result<std::shared_ptr<const MergedPlan>> Finish(int threads = 1);
 
  private:

@@ -254,12 +254,22 @@ TEST(ManifestMergerTest, CoordinatorPicksTheVersionWhenAskedTo) {
   EXPECT_EQ(version(most + 1, 2), 2u);
   EXPECT_EQ(version(most + 1, 3), 3u);
   EXPECT_EQ(version(1, 1), 1u);
+  // Or more chunk entries than dist::kIndexedAboveChunks (one shard of 4 KiB chunks here).
+  auto chunked = [](int64_t chunks) -> uint32_t {
+    const int64_t bytes = int64_t{4096} * chunks;
+    dist::ManifestMerger merger(1);
+    EXPECT_TRUE(merger.AddPlan(0, OneShardPlan(bytes, 4096, 4096 + uint64_t(bytes), 4096, 0)).ok());
+    Result<std::shared_ptr<const dist::MergedPlan>> plan = merger.Finish();
+    return plan.ok() ? (*plan)->version() : 0;
+  };
+  const auto chunks = static_cast<int64_t>(dist::kIndexedAboveChunks);
+  EXPECT_EQ(chunked(chunks), format::kFormatVersion);
+  EXPECT_EQ(chunked(chunks + 1), format::kCompactFormatVersion);
   dist::ManifestMerger mixed(2);
   SP_ASSERT_OK(mixed.AddPlan(0, ElementPlan(1, 0)));
   EXPECT_THAT(mixed.AddPlan(1, ElementPlan(1, 4)),
               StatusIs(StatusCode::kInvalidArgument,
-                       "rank 1 writes format version 4, rank 0 "
-                       "version 0 (SaveOptions.format_version"));
+                       "rank 1 writes format version 4, rank 0 version 0 (savepoint's choice)"));
   EXPECT_THAT(dist::ManifestMerger(1).AddPlan(0, ElementPlan(1, format::kMaxFormatVersion + 1)),
               StatusIs(StatusCode::kInternal, "plan of rank 0: format version 5"));
 }
@@ -518,17 +528,25 @@ TEST(SaveVerdictTest, RankWritesTheVersionItAskedOrWasGiven) {
     SaveCoordinator c(fmt::format("/v{}", asked), 1, o, Io(&mem));
     SP_ASSERT_OK_AND_ASSIGN(dist::Verdict v, dist::DecodeVerdict(c.Decide({plan}), 1));
     EXPECT_EQ(v.version, asked == 0 ? format::kFormatVersion : asked);
-    v.version = format::kCompactFormatVersion;
-    Result<std::string> report = rank.Write(dist::EncodeVerdict(v), o, Io(&mem));
+    dist::Verdict other = v;
+    other.version = asked == 0 ? 1 : format::kCompactFormatVersion;  // (1: another layout)
+    SP_ASSERT_OK_AND_ASSIGN(std::string refused,
+                            rank.Write(dist::EncodeVerdict(other), o, Io(&mem)));
+    EXPECT_THAT(dist::DecodeStatus(refused, "report"),
+                StatusIs(StatusCode::kInternal,
+                         fmt::format("save verdict: format version {} for a rank that asked for {}",
+                                     other.version, asked)));
     if (asked == 0) {
-      SP_EXPECT_OK(report.status());
-    } else {
-      EXPECT_THAT(report, StatusIs(StatusCode::kInternal,
-                                   "save verdict: format version 4 for a rank that asked for 1"));
+      v.version = format::kCompactFormatVersion;
+      SP_ASSERT_OK_AND_ASSIGN(std::string report, rank.Write(dist::EncodeVerdict(v), o, Io(&mem)));
+      SP_EXPECT_OK(dist::DecodeStatus(report, "report"));
     }
-    v.version = format::kMaxFormatVersion + 1;
-    EXPECT_THAT(dist::DecodeVerdict(dist::EncodeVerdict(v), 1),
-                StatusIs(StatusCode::kInternal, "save verdict: format version 5"));
+    for (uint32_t bad : {0u, format::kMaxFormatVersion + 1}) {  // (0: a verdict deciding no save)
+      v.version = bad;
+      EXPECT_THAT(
+          dist::DecodeVerdict(dist::EncodeVerdict(v), 1),
+          StatusIs(StatusCode::kInternal, fmt::format("save verdict: format version {}", bad)));
+    }
   }
 }
 

@@ -6,11 +6,13 @@
 //      own data file data-<rank>-00000.spd (engine::PlanSave). Nothing is written yet.
 //   2. Gather(plan descriptor) to the coordinator. A rank that failed to plan sends its error.
 //   3. The coordinator merges the descriptors, checks dtypes, global shapes and that the shards of
-//      every tensor tile it exactly (InvalidArgument naming the tensor), then creates the hidden
+//      every tensor tile it exactly (InvalidArgument naming the tensor), picks the format version
+//      when the ranks left it to it (SaveOptions::format_version 0), then creates the hidden
 //      temporary directory (engine::BeginSave), numbers the data files and picks the checkpoint
 //      id (and, for an encrypted save, the salt). Broadcast(verdict). On error every rank returns
 //      it; nothing was written.
-//   4. Every rank with shards writes and syncs its data file in the temporary directory. An
+//   4. Every rank with shards writes and syncs its data file in the temporary directory, its
+//      header stamped with the verdict's format version. An
 //      encrypted save: each rank derives the checkpoint's keys from its own SaveOptions::key and
 //      the coordinator's salt and seals its chunks (engine/seal.h); nonces are unique across ranks
 //      because each rank's file has its own index.
@@ -95,11 +97,13 @@ Status PlanRank(const State& local, const ShardLayout& layout, int rank, int siz
 }
 
 // Step 4's first part: the format version the verdict gives becomes the version of the rank's
-// data file and manifest (which held the version it asked for: the same, or 0 for the
-// coordinator's choice of 2 to 4).
+// data file and manifest, which held the version it asked for: the verdict's must be that one, or
+// for 0 (the coordinator's choice) one of versions 2 to 4, which lay out a data file as the
+// rank's plan did (PlanSave resolved 0 to 2).
 Status TakeVersion(uint32_t version, format::Manifest* m) {
-  const bool chosen = m->version == 0 && version >= format::kFormatVersion;
-  if (version > format::kMaxFormatVersion || (version != m->version && !chosen)) {
+  constexpr uint32_t kSameLayoutFrom = 2;  // (version 1 aligns every extent to 4096 bytes)
+  const bool chosen = m->version == 0 && version >= kSameLayoutFrom;
+  if (version == 0 || version > format::kMaxFormatVersion || (version != m->version && !chosen)) {
     return InternalError(fmt::format("save verdict: format version {} for a rank that asked for {}",
                                      version, m->version));
   }
@@ -262,13 +266,13 @@ Result<std::string> RankSave::Write(std::string_view verdict, const SaveOptions&
     return FailedPreconditionError("RankSave::Write: the verdict asks for the plans, not a write");
   }
   i.p.m.checkpoint_id = i.verdict.checkpoint_id;
-  if (i.planned.ok()) SP_RETURN_IF_ERROR(dist::TakeVersion(i.verdict.version, &i.p.m));
+  i.wrote = i.planned;
+  if (i.wrote.ok()) i.wrote = dist::TakeVersion(i.verdict.version, &i.p.m);
   engine::SaveTarget target{FileSystemOf(io), "", i.verdict.tmp};
   // A rank that writes no file still derives the keys: the coordinator writes the manifest, and
   // every rank's key check is compared with the coordinator's.
   const uint32_t file_index =
       static_cast<uint32_t>(std::max<int64_t>(i.verdict.file_index[i.rank], 0));
-  i.wrote = i.planned;
   if (i.wrote.ok() && i.p.key) i.wrote = dist::SealPlan(i.verdict, file_index, &i.p);
   if (i.wrote.ok()) i.wrote = dist::WriteRankFile(target, o, io, file_index, &i.p);
   return dist::EncodeCrcs(i.wrote, i.p.m);

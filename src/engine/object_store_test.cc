@@ -8,10 +8,14 @@
 #include <atomic>
 #include <chrono>
 
+#include "engine/data_objects.h"
 #include "io/commit.h"
 #include "io/mem_fs.h"
 #include "savepoint/catalog.h"
 #include "savepoint/checkpoint.h"
+#include "savepoint/distributed.h"
+#include "savepoint/encryption.h"
+#include "testutil/ranks.h"
 #include "testutil/testutil.h"
 
 namespace savepoint {
@@ -144,6 +148,51 @@ TEST_F(ObjectStoreTest, ADataObjectReplacedBeforeTheCommitUncommitsTheSave) {
   EXPECT_THAT(Load("/bucket/run/race", {}, io), StatusIs(StatusCode::kNotFound, "MANIFEST"));
   SP_ASSERT_OK_AND_ASSIGN(State back, Load("/bucket/run/other", {}, io));  // (the other's stands)
   EXPECT_TRUE(testing::StatesEqual(b, back));
+}
+
+// Saves whose data objects are their own pass the checks: indexed and encrypted ones, and a
+// distributed one whose only data file is rank 1's (index 0 in the manifest).
+TEST_F(ObjectStoreTest, OwnDataObjectsPassTheCommitsChecks) {
+  const State random = testing::RandomState(3, 3, 64 << 10);
+  State a;  // (tensors only: a distributed save takes values from rank 0, which has none here)
+  for (const auto& [name, e] : random.entries()) {
+    if (e.is_tensor()) SP_ASSERT_OK(a.Put(name, Tensor::CopyOf(e.tensor()).value()));
+  }
+  const IoOptions io{.fs = &fs_, .direct_io = false};
+  const std::string key(32, 'k');
+  const SaveOptions indexed{.format_version = 4}, sealed{.key = EncryptionKey::FromBytes(key)};
+  SP_ASSERT_OK(Save(a, "/bucket/run/v4", indexed, io));
+  SP_ASSERT_OK(Save(a, "/bucket/run/sealed", sealed, io));
+  ShardLayout whole;  // rank 1's: each tensor whole, held by rank 1 alone
+  for (const auto& [name, e] : a.entries()) {
+    const Shape& shape = e.tensor().shape();
+    whole[name] = ShardSpec{shape, Shape(shape.size(), 0), shape, {}};
+  }
+  for (const Status& s : testing::OnRanks(2, [&](Communicator& c) {
+         const State none;
+         const bool one = c.rank() == 1;
+         return SaveDistributed(c, one ? a : none, one ? whole : ShardLayout(), "/bucket/run/ranks",
+                                {}, io);
+       })) {
+    SP_ASSERT_OK(s);
+  }
+  EXPECT_TRUE(mem_.Exists("/bucket/run/ranks/data-00001-00000.spd"));
+  EXPECT_FALSE(mem_.Exists("/bucket/run/ranks/data-00000-00000.spd"));
+  for (const char* path : {"/bucket/run/v4", "/bucket/run/ranks"}) {
+    SP_ASSERT_OK_AND_ASSIGN(State back, Load(path, {}, io));
+    EXPECT_TRUE(testing::StatesEqual(a, back)) << path;
+  }
+  SP_EXPECT_OK(VerifyCheckpoint("/bucket/run/sealed", {.key = EncryptionKey::FromBytes(key)}, io));
+}
+
+// A MANIFEST is taken back only when it is the one the save wrote.
+TEST_F(ObjectStoreTest, OnlyTheSavesOwnManifestIsTakenBack) {
+  SP_ASSERT_OK(mem_.CreateDirs("/bucket/run/m"));
+  SP_ASSERT_OK(mem_.WriteFileSynced("/bucket/run/m/MANIFEST", "header of another save"));
+  engine::RemoveOwnManifest(&fs_, "/bucket/run/m/MANIFEST", "header of this save");
+  EXPECT_TRUE(mem_.Exists("/bucket/run/m/MANIFEST"));
+  engine::RemoveOwnManifest(&fs_, "/bucket/run/m/MANIFEST", "header of another save");
+  EXPECT_FALSE(mem_.Exists("/bucket/run/m/MANIFEST"));
 }
 
 }  // namespace

@@ -26,6 +26,7 @@
 #include <cstring>
 #include <optional>
 
+#include "engine/data_objects.h"
 #include "engine/paths.h"
 #include "engine/request.h"
 #include "engine/seal.h"
@@ -583,48 +584,6 @@ Result<std::unique_ptr<WritableFile>> CreateDataFile(const SaveTarget& t, const 
   return f;
 }
 
-namespace {
-
-// The error for data object `p` of the save to `t` when it is not the one the save wrote.
-Status NotOurObject(const SaveTarget& t, const std::string& p, const std::string& what) {
-  return IOError(
-      fmt::format("commit {}: data object {} is {} (another process removed or replaced it?); the "
-                  "checkpoint is not committed",
-                  t.path, p, what));
-}
-
-// Object storage: every data object of `m` is there with its size; with `headers`, also with the
-// header this save wrote (its checkpoint id and index: a store whose conditional writes race, as
-// some S3 servers' do, can let another save of the same prefix replace an object).
-Status CheckDataObjects(const SaveTarget& t, const format::Manifest& m, bool headers) {
-  for (uint32_t i = 0; i < m.files.size(); ++i) {
-    const format::FileRecord& rec = m.files[i];
-    const std::string p = JoinPath(t.tmp, rec.name);
-    if (!headers) {
-      Result<FileInfo> st = t.fs->Stat(p);
-      if (!st.ok()) return NotOurObject(t, p, st.status().ToString());
-      if (st->is_dir || st->size != rec.bytes) {
-        return NotOurObject(t, p, fmt::format("{} bytes, not {}", st->size, rec.bytes));
-      }
-      continue;
-    }
-    Result<std::unique_ptr<RandomAccessFile>> f = t.fs->NewRandomAccessFile(p, FileOptions{});
-    if (!f.ok()) return NotOurObject(t, p, f.status().ToString());
-    if ((*f)->size() != rec.bytes) {
-      return NotOurObject(t, p, fmt::format("{} bytes, not {}", (*f)->size(), rec.bytes));
-    }
-    std::string header(std::min(rec.bytes, format::kDataHeaderBytes), '\0');
-    Status read = (*f)->ReadAt(0, std::as_writable_bytes(std::span(header.data(), header.size())));
-    if (read.ok()) {
-      read = format::CheckDataHeader(header, m.checkpoint_id, i, m.version, "its header");
-    }
-    if (!read.ok()) return NotOurObject(t, p, fmt::format("not this save's ({})", read.message()));
-  }
-  return Status::OK();
-}
-
-}  // namespace
-
 // ResourceExhausted unless readers accept the size of `manifest` (the encoding of `m`, whose
 // largest section (versions 3 and 4) is `section` bytes): its JSON body (indexed: the head and
 // each section) within kMaxManifestBodyBytes, an indexed file within kMaxManifestFileBytes.
@@ -705,7 +664,7 @@ Status FinishEncoded(const SaveTarget& t, WritableFile* data, const format::Mani
   // Exclusive: in object storage this write is the commit point (docs/FORMAT.md §5.1), and it
   // must not replace a MANIFEST another save published meanwhile.
   const bool objects = t.fs->IsObjectStore(t.tmp);
-  if (objects) SP_RETURN_IF_ERROR(CheckDataObjects(t, m, /*headers=*/false));
+  if (objects) SP_RETURN_IF_ERROR(CheckDataObjects(t, m));
   const std::string path = JoinPath(t.tmp, format::kManifestFileName);
   SP_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> f,
                       t.fs->NewWritableFile(path, FileOptions{.exclusive = true}));
@@ -715,10 +674,11 @@ Status FinishEncoded(const SaveTarget& t, WritableFile* data, const format::Mani
   if (!objects) return Status::OK();
   // Nothing stops another process (a gc that took a slow save for an abandoned one) from deleting
   // objects in a bucket, or, where the store's conditional writes race, another save of this
-  // prefix from replacing one: checked again once committed, headers included, and uncommitted
-  // if one is gone or not this save's.
-  Status after = CheckDataObjects(t, m, /*headers=*/true);
-  if (!after.ok()) t.fs->RemoveFile(path).IgnoreError();
+  // prefix from replacing one: checked again once committed, and uncommitted if one is gone or
+  // not this save's.
+  Status after = CheckDataObjects(t, m);
+  if (!after.ok())
+    RemoveOwnManifest(t.fs, path, manifest[0].substr(0, format::kManifestHeaderBytes));
   return after;
 }
 
