@@ -22,18 +22,27 @@ Status NotOurObject(const SaveTarget& t, const std::string& p, const std::string
                   t.path, p, what));
 }
 
+// The first `n` bytes of the file at `path` (fewer when it is shorter) into *front, and its size
+// into *size: one open (a HEAD in a bucket) and one ranged read.
+Status ReadFront(FileSystem* fs, const std::string& path, uint64_t n, std::string* front,
+                 uint64_t* size) {
+  SP_ASSIGN_OR_RETURN(std::unique_ptr<RandomAccessFile> f,
+                      fs->NewRandomAccessFile(path, FileOptions{}));
+  *size = f->size();
+  front->assign(std::min(n, *size), '\0');
+  return f->ReadAt(0, std::as_writable_bytes(std::span(front->data(), front->size())));
+}
+
 // Data object `i` of `m` is there with its size and this save's header.
 Status CheckDataObject(const SaveTarget& t, const format::Manifest& m, uint32_t i) {
   const format::FileRecord& rec = m.files[i];
   const std::string p = JoinPath(t.tmp, rec.name);
-  Result<std::unique_ptr<RandomAccessFile>> f = t.fs->NewRandomAccessFile(p, FileOptions{});
-  if (!f.ok()) return NotOurObject(t, p, f.status().ToString());
-  if ((*f)->size() != rec.bytes) {
-    return NotOurObject(t, p, fmt::format("{} bytes, not {}", (*f)->size(), rec.bytes));
-  }
-  std::string header(std::min(rec.bytes, format::kDataHeaderBytes), '\0');
-  Status read = (*f)->ReadAt(0, std::as_writable_bytes(std::span(header.data(), header.size())));
-  if (!read.ok()) return NotOurObject(t, p, fmt::format("unreadable ({})", read.ToString()));
+  std::string header;
+  uint64_t size = 0;
+  Status read = ReadFront(t.fs, p, format::kDataHeaderBytes, &header, &size);
+  if (!read.ok()) return NotOurObject(t, p, read.ToString());
+  if (size != rec.bytes)
+    return NotOurObject(t, p, fmt::format("{} bytes, not {}", size, rec.bytes));
   read = format::CheckDataHeader(header, m.checkpoint_id, i, m.version, "its header");
   if (!read.ok()) return NotOurObject(t, p, fmt::format("not this save's ({})", read.message()));
   return Status::OK();
@@ -49,12 +58,11 @@ Status CheckDataObjects(const SaveTarget& t, const format::Manifest& m) {
 }
 
 void RemoveOwnManifest(FileSystem* fs, const std::string& path, std::string_view header) {
-  Result<std::unique_ptr<RandomAccessFile>> f = fs->NewRandomAccessFile(path, FileOptions{});
-  if (!f.ok() || (*f)->size() < header.size()) return;
-  std::string now(header.size(), '\0');
-  if (!(*f)->ReadAt(0, std::as_writable_bytes(std::span(now.data(), now.size()))).ok()) return;
-  f->reset();
-  if (now == header) fs->RemoveFile(path).IgnoreError();
+  std::string now;
+  uint64_t size = 0;
+  if (ReadFront(fs, path, header.size(), &now, &size).ok() && now == header) {
+    fs->RemoveFile(path).IgnoreError();
+  }
 }
 
 }  // namespace savepoint::engine

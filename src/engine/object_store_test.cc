@@ -122,7 +122,9 @@ class RacyObjectStore : public testing::MemObjectStore {
   using MemObjectStore::MemObjectStore;
   Result<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path,
                                                         const FileOptions& options) override {
-    if (path == "/bucket/run/race/MANIFEST") {
+    if (path == "/bucket/run/race/MANIFEST" && remove) {  // (as a gc that took it for abandoned)
+      SP_RETURN_IF_ERROR(base()->RemoveFile("/bucket/run/race/data-00000-00000.spd"));
+    } else if (path == "/bucket/run/race/MANIFEST") {
       const std::string data = "/data-00000-00000.spd";
       SP_ASSIGN_OR_RETURN(std::string theirs,
                           base()->ReadFile("/bucket/run/other" + data, 1 << 30));
@@ -131,6 +133,7 @@ class RacyObjectStore : public testing::MemObjectStore {
     }
     return MemObjectStore::NewWritableFile(path, options);
   }
+  bool remove = false;  // remove the data object instead of replacing it
 };
 
 // The save that finds, once its MANIFEST is written, that a data object is another save's takes
@@ -148,6 +151,19 @@ TEST_F(ObjectStoreTest, ADataObjectReplacedBeforeTheCommitUncommitsTheSave) {
   EXPECT_THAT(Load("/bucket/run/race", {}, io), StatusIs(StatusCode::kNotFound, "MANIFEST"));
   SP_ASSERT_OK_AND_ASSIGN(State back, Load("/bucket/run/other", {}, io));  // (the other's stands)
   EXPECT_TRUE(testing::StatesEqual(b, back));
+}
+
+// A data object removed just before the MANIFEST is written (another process's gc) fails the save
+// the same way, naming it.
+TEST_F(ObjectStoreTest, ADataObjectRemovedBeforeTheCommitUncommitsTheSave) {
+  RacyObjectStore racy(&mem_);
+  racy.remove = true;
+  const IoOptions io{.fs = &racy, .direct_io = false};
+  EXPECT_THAT(Save(testing::RandomState(1, 3, 64 << 10), "/bucket/run/race", {}, io),
+              StatusIs(StatusCode::kIOError,
+                       "data object /bucket/run/race/data-00000-00000.spd is not found"));
+  EXPECT_FALSE(mem_.Exists("/bucket/run/race/MANIFEST"));
+  EXPECT_THAT(Load("/bucket/run/race", {}, io), StatusIs(StatusCode::kNotFound, "MANIFEST"));
 }
 
 // Saves whose data objects are their own pass the checks: indexed and encrypted ones, and a
